@@ -1,0 +1,42 @@
+# The two commands of the README: `make demo` (the quickstart study) and `make test` (the test suite).
+# Both build .venv first; it is rebuilt only when pyproject.toml or constraints.txt change.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.sharpscale-installed
+
+# Offline and quiet: nothing is downloaded at run time, no usage reports leave the machine.
+export RAY_USAGE_STATS_ENABLED := 0
+export MLFLOW_DISABLE_TELEMETRY := true
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: demo test install ui bench-optim bench-geometry clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	# torch first and alone, pinned: a resolver left free would fetch a multi-GB build.
+	$(BIN)/pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sharpscale run studies/quickstart.yaml
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+ui: $(STAMP)
+	$(BIN)/sharpscale ui
+
+bench-optim: $(STAMP)
+	$(BIN)/python benchmarks/bench_optim.py
+
+bench-geometry: $(STAMP)
+	$(BIN)/python benchmarks/bench_geometry.py
+
+clean:
+	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs

@@ -1,0 +1,192 @@
+"""Benchmark: milliseconds of one Hessian-vector product against one gradient, per hvp_mode of analysis.geometry.
+
+    python benchmarks/bench_geometry.py --device cuda           # ViT-S/16, Mixer-B/16, ResNet-50, batch 64 fp32
+    python benchmarks/bench_geometry.py --quick --device cpu    # tiny models, a smoke run of a few seconds
+
+Needs only torch, timm and analysis.geometry. Random images and labels; the model in eval mode (as the
+metrics default). "grad" is loss forward + backward with the model as timm builds it (fused attention on,
+as in training). Per mode: "setup" is the first product (for double_backward it builds and keeps the
+gradient graph), "hvp" the steady cost of each later product on the same batch, as power iteration and
+Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import timm
+import torch
+import torch.nn.functional as F
+from timm.models.mlp_mixer import MlpMixer
+
+# name -> (timm factory name, its keyword arguments, image side)
+FULL_MODELS = {
+    "vit_small_patch16_224": ("vit_small_patch16_224", {}, 224),
+    "mixer_b16_224": ("mixer_b16_224", {}, 224),
+    "resnet50": ("resnet50", {}, 224),
+}
+# timm's mixer_* factories fix depth and width, so the tiny Mixer comes from its class.
+QUICK_MODELS = {
+    "vit_tiny(32px,p4,d2)": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}, 32),
+    "mixer(32px,p4,d2,w64)": (MlpMixer, {"img_size": 32, "patch_size": 4, "num_blocks": 2, "embed_dim": 64}, 32),
+    "resnet18(16-128ch,1111)": ("resnet18", {"layers": (1, 1, 1, 1), "channels": (16, 32, 64, 128), "stem_width": 16}, 32),
+}
+VARIANTS = (
+    ("double_backward", True),
+    ("double_backward", False),
+    ("forward_over_reverse", True),
+)
+
+
+def _load_geometry() -> types.ModuleType:
+    try:
+        from analysis import geometry
+
+        return geometry
+    except ImportError as error:
+        # analysis/__init__ also imports the run-table helpers (pandas); a GPU box with only torch and
+        # timm can still load geometry and its private helper straight from their files.
+        folder = Path(__file__).resolve().parent.parent / "analysis"
+        if not (folder / "geometry.py").exists():
+            raise SystemExit(f"cannot import analysis.geometry ({error}); run from the repository") from error
+        package = types.ModuleType("analysis")
+        package.__path__ = [str(folder)]
+        sys.modules["analysis"] = package
+        for name in ("_hvp", "geometry"):
+            spec = importlib.util.spec_from_file_location(f"analysis.{name}", folder / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[f"analysis.{name}"] = module
+            spec.loader.exec_module(module)
+        return sys.modules["analysis.geometry"]
+
+
+def _cross_entropy(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    images, labels = batch
+    return F.cross_entropy(model(images), labels)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ms(fn: Callable[[], Any], device: torch.device, warmup: int, reps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def _peak_reset(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
+def bench_model(geometry: types.ModuleType, name: str, spec: tuple, args: argparse.Namespace) -> list[dict]:
+    device = torch.device(args.device)
+    factory, kwargs, side = spec
+    if isinstance(factory, str):
+        model = timm.create_model(factory, pretrained=False, **kwargs)
+    else:
+        model = factory(**kwargs)
+    model = model.to(device).eval()
+    generator = torch.Generator(device=device).manual_seed(0)
+    images = torch.randn(args.batch, 3, side, side, device=device, generator=generator)
+    labels = torch.randint(0, model.num_classes, (args.batch,), device=device, generator=generator)
+    batch = (images, labels)
+    params = [p for p in model.parameters() if p.requires_grad]
+    num_params = sum(p.numel() for p in params)
+
+    _peak_reset(device)
+    grad_ms = _ms(lambda: torch.autograd.grad(_cross_entropy(model, batch), params), device, args.warmup, args.reps)
+    rows = [{"model": name, "variant": "grad", "params": num_params, "ms": grad_ms, "peak_gib": _peak_gib(device)}]
+    vector = torch.randn(num_params, device=device, generator=generator)
+    reference = None
+    for hvp_mode, cache in VARIANTS:
+        _peak_reset(device)
+        with geometry.hessian_operator(model, _cross_entropy, [batch], hvp_mode=hvp_mode, cache_graphs=cache) as op:
+            _sync(device)
+            start = time.perf_counter()
+            product = op(vector)
+            _sync(device)
+            setup_ms = (time.perf_counter() - start) * 1e3
+            hvp_ms = _ms(lambda: op(vector), device, args.warmup, args.reps)
+        label = hvp_mode if cache or hvp_mode != "double_backward" else f"{hvp_mode}/no-cache"
+        # The modes must agree on the product itself, or their timings compare nothing.
+        reference = product if reference is None else reference
+        mismatch = float((product - reference).norm() / reference.norm())
+        rows.append(
+            {
+                "model": name,
+                "variant": label,
+                "params": num_params,
+                "setup_ms": setup_ms,
+                "ms": hvp_ms,
+                "ratio": hvp_ms / grad_ms,
+                "rel_diff": mismatch,
+                "peak_gib": _peak_gib(device),
+            }
+        )
+    del model, batch, vector
+    _peak_reset(device)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny models and batch 8: a CPU smoke run")
+    parser.add_argument("--batch", type=int, default=None, help="batch size (64, or 8 with --quick)")
+    parser.add_argument("--reps", type=int, default=None, help="timed repetitions (20, or 3 with --quick)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed repetitions first (5, or 1 with --quick)")
+    parser.add_argument("--models", nargs="*", default=None, help="timm model names at 224px (default: the three of the issue)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    args = parser.parse_args()
+    args.batch = args.batch or (8 if args.quick else 64)
+    args.reps = args.reps or (3 if args.quick else 20)
+    args.warmup = args.warmup or (1 if args.quick else 5)
+    catalogue = QUICK_MODELS if args.quick else FULL_MODELS
+    models = {m: catalogue.get(m, (m, {}, 224)) for m in args.models} if args.models else catalogue
+
+    geometry = _load_geometry()
+    device = torch.device(args.device)
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print(
+        f"device {card} | torch {torch.__version__} | timm {timm.__version__} | batch {args.batch} fp32 | "
+        f"tf32 matmul {torch.backends.cuda.matmul.allow_tf32} cudnn {torch.backends.cudnn.allow_tf32} | "
+        f"warmup {args.warmup} reps {args.reps}"
+    )
+    rows = []
+    for name, spec in models.items():
+        rows.extend(bench_model(geometry, name, spec, args))
+
+    header = f"{'model':<24} {'variant':<26} {'setup ms':>9} {'ms':>9} {'x grad':>7} {'peak GiB':>9} {'rel diff':>9}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        setup = f"{row['setup_ms']:9.1f}" if "setup_ms" in row else " " * 9
+        ratio = f"{row['ratio']:7.2f}" if "ratio" in row else " " * 7
+        diff = f"{row['rel_diff']:9.1e}" if "rel_diff" in row else ""
+        print(f"{row['model']:<24} {row['variant']:<26} {setup} {row['ms']:9.1f} {ratio} {row['peak_gib']:9.2f} {diff}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": card, "batch": args.batch, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Throughput and memory of every optim method's train_step relative to a fused-AdamW step (needs only torch, timm, optim).
+
+    python benchmarks/bench_optim.py                       # H100 targets, all models, bf16 autocast
+    python benchmarks/bench_optim.py --quick               # tiny models on CPU, < 1 min smoke check
+    python benchmarks/bench_optim.py --models vit_s16 --methods none,sam --steps 10 --markdown out.md
+
+Every variant of one model shares the model's weights and is timed in the same process, interleaved
+round by round (the order rotates each round); each round's ratio to the fused-AdamW ``none`` step is
+taken, and the median over rounds is reported, so clock and thermal drift cancel. MESA is also
+compared with its floor: a plain step plus one extra no-grad eval-mode forward of a model copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn.functional as F
+
+import optim
+
+# Targets on the H100 (ratio of images/s to the fused-AdamW step; MESA to its floor).
+TARGETS = {"sam": 0.495, "asam": 0.495, "gsam": 0.49, "looksam": 0.80, "saf": 0.98, "mesa": 0.97}
+METHOD_HPARAMS = {
+    "none": {},
+    "sam": {"rho": 0.05},
+    "asam": {"rho": 0.5},
+    "gsam": {"rho_max": 0.1, "rho_min": 0.01, "alpha": 0.3},
+    "looksam": {"k": 5},
+    "saf": {},
+    "mesa": {},
+}
+ACTIVE_EPOCH = 6  # > e_start=5: SAF/MESA compute their loss (and MESA runs its teacher)
+SAF_SAMPLES = 50_000
+
+
+@dataclass
+class ModelSpec:
+    name: str
+    timm_name: str
+    kwargs: dict
+    img: int
+    batch: int
+    num_classes: int = 1000
+    channels_last: bool = False
+
+
+FULL = {
+    "vit_s16": ModelSpec("vit_s16", "vit_small_patch16_224", {}, 224, 128),
+    "mixer_b16": ModelSpec("mixer_b16", "mixer_b16_224", {}, 224, 128),
+    "resnet50": ModelSpec("resnet50", "resnet50", {}, 224, 128, channels_last=True),
+    "vit_s4_32": ModelSpec("vit_s4_32", "vit_small_patch16_224", {"img_size": 32, "patch_size": 4}, 32, 512, 10),
+}
+QUICK = {
+    "vit_tiny": ModelSpec("vit_tiny", "vit_small_patch16_224",
+                          {"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}, 16, 8, 10),
+    # timm's mixer_* entry points fix num_blocks/embed_dim, so the tiny one is built from the class.
+    "mixer_tiny": ModelSpec("mixer_tiny", "MlpMixer", {"img_size": 32, "patch_size": 16, "num_blocks": 1, "embed_dim": 32}, 32, 8, 10),
+    "resnet_tiny": ModelSpec("resnet_tiny", "resnet18", {"channels": (16, 32, 64, 128), "stem_width": 16}, 32, 8, 10),
+}
+
+
+@dataclass
+class Variant:
+    label: str
+    step: callable
+    base_ratio_to: str = "none"
+    extra_bytes: int = 0
+    measured_bytes: int | None = None
+    rates: list = field(default_factory=list)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _allocated(device):
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _fused_adamw(params, device):
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05, fused=True)
+
+
+def build_variants(spec, model, device, methods, autocast):
+    x = torch.randn(spec.batch, 3, spec.img, spec.img, device=device)
+    if spec.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, spec.num_classes, (spec.batch,), device=device)
+    idx = torch.randint(0, SAF_SAMPLES, (spec.batch,), device=device)
+
+    def forward():
+        with autocast():
+            logits = model(x)
+        return F.cross_entropy(logits.float(), y), logits
+
+    # Library workspaces (cuBLAS, cuDNN) are allocated on the first passes and counted by
+    # memory_allocated: create them before measuring, so the first variant is not charged for them.
+    for _ in range(2):
+        forward()[0].backward()
+        model.zero_grad(set_to_none=True)
+    variants = {}
+    for name in methods:
+        before = _allocated(device)
+        base = _fused_adamw(model.parameters(), device)
+        method = optim.create(name, base, model=model, num_samples=SAF_SAMPLES, num_classes=spec.num_classes,
+                              **METHOD_HPARAMS[name])
+        epoch = ACTIVE_EPOCH if name in ("saf", "mesa") else 0
+        v = Variant(name, lambda m=method, e=epoch: m.train_step(forward, inputs=x, indices=idx, epoch=e),
+                    base_ratio_to="mesa_floor" if name == "mesa" else "none")
+        v.step()  # allocate optimizer state, saved w, buffers
+        after = _allocated(device)
+        v.extra_bytes = method.extra_state_bytes()
+        v.measured_bytes = None if before is None else after - before  # base state + method state; 'none' subtracted later
+        variants[name] = v
+
+    if "mesa" in methods:
+        teacher = copy.deepcopy(model).eval().requires_grad_(False)
+        base = _fused_adamw(model.parameters(), device)
+
+        def floor_step():
+            base.zero_grad(set_to_none=True)
+            loss, logits = forward()
+            with torch.no_grad(), autocast():
+                teacher(x)
+            loss.backward()
+            base.step()
+
+        variants["mesa_floor"] = Variant("mesa_floor", floor_step, base_ratio_to="none")
+
+    try:
+        from pytorch_optimizer import SAM as PeerSAM
+        from pytorch_optimizer import disable_running_stats, enable_running_stats
+    except Exception:  # not installed, or incompatible with this torch: skip the peer row
+        PeerSAM = None
+    if PeerSAM is not None and "sam" in methods:
+        peer = PeerSAM(model.parameters(), torch.optim.AdamW, rho=0.05, lr=1e-4, weight_decay=0.05, fused=True)
+
+        def peer_step():
+            enable_running_stats(model)
+            loss, _ = forward()
+            loss.backward()
+            peer.first_step(zero_grad=True)
+            disable_running_stats(model)
+            forward()[0].backward()
+            peer.second_step(zero_grad=True)
+            enable_running_stats(model)
+
+        variants["peer_sam"] = Variant("peer_sam (pytorch_optimizer)", peer_step)
+    return variants
+
+
+def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
+    torch.manual_seed(0)
+    if spec.timm_name == "MlpMixer":
+        model = timm.models.MlpMixer(num_classes=spec.num_classes, **spec.kwargs).to(device)
+    else:
+        model = timm.create_model(spec.timm_name, pretrained=False, num_classes=spec.num_classes, **spec.kwargs).to(device)
+    if spec.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model.train()
+    numel = sum(p.numel() for p in model.parameters())
+    variants = build_variants(spec, model, device, methods, autocast)
+    for v in variants.values():
+        for _ in range(warmup):
+            v.step()
+    _sync(device)
+    order = list(variants)
+    ratios = {k: [] for k in variants}
+    for r in range(repeats):
+        rot = order[r % len(order):] + order[: r % len(order)]
+        times = {}
+        for k in rot:
+            v = variants[k]
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                v.step()
+            _sync(device)
+            times[k] = time.perf_counter() - t0
+            v.rates.append(steps * spec.batch / times[k])
+        for k, v in variants.items():
+            ref = v.base_ratio_to if v.base_ratio_to in times else "none"
+            ratios[k].append(times[ref] / times[k] if ref in times else float("nan"))
+    # Peak memory of one step per variant (after the timed rounds).
+    peaks = {}
+    if device.type == "cuda":
+        for k, v in variants.items():
+            _sync(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            start = torch.cuda.memory_allocated(device)
+            v.step()
+            _sync(device)
+            peaks[k] = torch.cuda.max_memory_allocated(device) - start
+    none_bytes = variants["none"].measured_bytes if "none" in variants else None
+    rows = []
+    for k, v in variants.items():
+        measured = None
+        if v.measured_bytes is not None and none_bytes is not None and k in methods:
+            measured = (v.measured_bytes - none_bytes) / numel
+        target = TARGETS.get(k)
+        ratio = statistics.median(ratios[k])
+        rows.append({
+            "model": spec.name, "variant": v.label, "img_s": statistics.median(v.rates), "ratio": ratio,
+            "ratio_to": v.base_ratio_to if k != "none" else "-", "target": target,
+            "ok": None if target is None else ratio >= target,
+            "pred_bpp": v.extra_bytes / numel if k in methods else None, "meas_bpp": measured,
+            "peak_step_mib": peaks.get(k, 0) / 2**20 if peaks else None,
+        })
+    del variants, model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows, numel
+
+
+def _fmt(v, spec):
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return format(v, spec)
+
+
+def table(rows, numels):
+    head = ["model", "params", "variant", "img/s", "ratio", "vs", "target", "met", "extra B/param (pred)",
+            "extra B/param (meas)", "step peak MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["model"], f"{numels[r['model']] / 1e6:.1f}M", r["variant"], _fmt(r["img_s"], ".1f"), _fmt(r["ratio"], ".3f"),
+            r["ratio_to"], _fmt(r["target"], ".3f"), _fmt(r["ok"], ""), _fmt(r["pred_bpp"], ".2f"),
+            _fmt(r["meas_bpp"], ".2f"), _fmt(r["peak_step_mib"], ".0f")]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny models on CPU, a smoke check in < 1 min")
+    ap.add_argument("--models", default=None, help="comma list of " + ", ".join(FULL) + " (quick: " + ", ".join(QUICK) + ")")
+    ap.add_argument("--methods", default=",".join(optim.method_names()), help="comma list of registry names")
+    ap.add_argument("--steps", type=int, default=None, help="steps per timed block (default 10; quick 2)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default 3; quick 1)")
+    ap.add_argument("--markdown", default=None, help="also write the table to this Markdown file")
+    args = ap.parse_args(argv)
+
+    specs = QUICK if args.quick else FULL
+    device = torch.device("cpu" if args.quick else args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but CUDA is not available (use --quick for a CPU smoke check)")
+    steps = args.steps or (2 if args.quick else 10)
+    repeats = args.repeats or (2 if args.quick else 5)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    names = list(specs) if args.models is None else args.models.split(",")
+    unknown = [m for m in names if m not in specs]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {list(specs)}")
+    methods = args.methods.split(",")
+    bad = [m for m in methods if m not in optim.METHODS]
+    if bad:
+        ap.error(f"unknown method(s) {bad}; choose from {list(optim.METHODS)}")
+    if "none" not in methods:
+        methods = ["none"] + methods  # the reference
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+    torch.set_float32_matmul_precision("high")
+    if args.quick:
+        torch.set_num_threads(1)  # a smoke check on shared cores: avoid oversubscription
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"# bench_optim: torch {torch.__version__}, timm {timm.__version__}, device {dev_name}, bf16 autocast, "
+          f"steps {steps} x repeats {repeats} (warmup {warmup}), SAF buffer for {SAF_SAMPLES} samples", flush=True)
+    rows, numels = [], {}
+    for name in names:
+        t0 = time.perf_counter()
+        r, numel = bench_model(specs[name], device, methods, steps, repeats, warmup, autocast)
+        rows += r
+        numels[name] = numel
+        print(f"# {name}: {time.perf_counter() - t0:.1f}s", flush=True)
+        print(table(r, numels), flush=True)
+    out = table(rows, numels)
+    print("\n" + out)
+    if args.markdown:
+        header = (f"# optim benchmark\n\ntorch {torch.__version__}, timm {timm.__version__}, device {dev_name}, "
+                  f"bf16 autocast, steps {steps} x repeats {repeats}. Ratio: images/s over the fused-AdamW step "
+                  "(MESA: over its floor, a plain step plus one no-grad forward), median of per-round ratios. "
+                  "Extra B/param: method state beyond the base optimizer, predicted (extra_state_bytes) and "
+                  "measured (torch.cuda.memory_allocated after the first step, minus the plain step's).\n\n")
+        Path(args.markdown).write_text(header + out + "\n")
+    missed = [r for r in rows if r["ok"] is False]
+    if missed and device.type == "cuda":
+        print("# targets missed: " + ", ".join(f"{r['model']}/{r['variant']} {r['ratio']:.3f} < {r['target']}" for r in missed))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

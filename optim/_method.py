@@ -1,0 +1,294 @@
+"""The one step interface (StepOutput, Method) and the machinery every method shares: BN protection, DDP no_sync, fp16 scaling, clipping."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["Method", "StepOutput", "Forward"]
+
+#: ``forward()`` runs the model on the current batch (under the caller's autocast) and returns
+#: ``(mean task loss, logits)``.
+Forward = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]
+
+
+@dataclass
+class StepOutput:
+    """What one ``Method.train_step`` returns; every tensor is detached and still on the device (no sync)."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    perturbed_loss: torch.Tensor | None
+    extra_loss: torch.Tensor | None
+    rho: float | None
+    skipped: bool = False
+
+
+def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
+    """Raise the project's ValueError for a bad hyperparameter: the name, the rule, the value and the fix."""
+    if not ok:
+        raise ValueError(f"{name} must satisfy {rule}, but got {name}={value!r}; {fix}")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP (``.module``) and/or ``torch.compile`` (``._orig_mod``) wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """ONE L2 norm over all ``tensors``: float32 accumulation for half/bf16/fp32, float64 if any tensor is float64.
+
+    One ``_foreach_norm`` per dtype, then a norm of the stacked per-tensor norms: no host sync.
+    """
+    if not tensors:
+        return torch.zeros((), dtype=torch.float32)
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    norms: list[torch.Tensor] = []
+    for (_, dtype), group in groups.items():
+        # _foreach_norm(dtype=...) accumulates in the wider type without materialising casts.
+        norms.extend(torch._foreach_norm(group, 2, dtype=torch.float64 if dtype == torch.float64 else torch.float32))
+    if len(groups) > 1:  # rare: mixed dtypes or devices
+        acc = torch.float64 if any(dt == torch.float64 for _, dt in groups) else torch.float32
+        norms = [n.to(device=tensors[0].device, dtype=acc) for n in norms]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
+    """Split aligned tensor lists into buckets of one (device, dtype) so every foreach call takes its fast path."""
+    buckets: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], ...]] = {}
+    for items in zip(*lists):
+        key = (items[0].device, items[0].dtype)
+        bucket = buckets.get(key)
+        if bucket is None:
+            bucket = buckets[key] = tuple([] for _ in lists)
+        for out, t in zip(bucket, items):
+            out.append(t)
+    return list(buckets.values())
+
+
+class _BNGuard:
+    """Snapshot BatchNorm buffers after pass 1 and restore them after pass 2.
+
+    ALGORITHMS.md: the running statistics after a step equal those of pass 1 alone. Setting momentum=0
+    is not enough (``num_batches_tracked`` still moves, and momentum=None means a cumulative average),
+    so the buffers are copied back exactly. Buffers are re-read every step: ``model.to()`` replaces them.
+    """
+
+    def __init__(self, model: nn.Module | None):
+        self.modules = [] if model is None else [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._saved: list[torch.Tensor] = []
+
+    def _buffers(self) -> list[torch.Tensor]:
+        out = []
+        for m in self.modules:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                b = getattr(m, name, None)
+                if b is not None:
+                    out.append(b)
+        return out
+
+    def snapshot(self) -> None:
+        if not self.modules:
+            return
+        bufs = self._buffers()
+        if len(self._saved) != len(bufs) or any(s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs)):
+            self._saved = [torch.empty_like(b) for b in bufs]
+        for dst, src in group_by_device_dtype(self._saved, bufs):
+            torch._foreach_copy_(dst, src)
+
+    def restore(self) -> None:
+        if not self.modules:
+            return
+        for dst, src in group_by_device_dtype(self._buffers(), self._saved):
+            torch._foreach_copy_(dst, src)
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers())
+
+
+class Method(abc.ABC):
+    """One training step of an optimisation method around a ready base optimizer.
+
+    ``train_step(forward, inputs=, indices=, epoch=)`` does every zero_grad, backward, extra loss,
+    perturbation, BN-stat protection, DDP ``no_sync``, fp16 scaling, clipping and the base step itself;
+    the training loop never branches on the method.
+    """
+
+    name: str = ""
+
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+    ):
+        if not isinstance(base_optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"base_optimizer must be a torch.optim.Optimizer instance, got {type(base_optimizer).__name__}; "
+                "build it first, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)"
+            )
+        if grad_clip is not None:
+            check(grad_clip > 0 and math.isfinite(grad_clip), "grad_clip", "0 < grad_clip < inf (or None)", grad_clip,
+                  "pass a positive max norm such as 1.0, or None for no clipping")
+        self.base_optimizer = base_optimizer
+        self.model = model
+        self.grad_clip = grad_clip
+        self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
+        self.global_perturbation = bool(global_perturbation)
+        self._bn = _BNGuard(model)
+
+    # ----------------------------------------------------------------- the interface
+    @abc.abstractmethod
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        """One optimisation step on the current batch; calls ``forward()`` once or twice."""
+
+    @property
+    @abc.abstractmethod
+    def passes_per_step(self) -> float:
+        """Forward+backward passes per step on average, for cost reporting."""
+
+    def extra_state_bytes(self) -> int:
+        """Memory the method holds beyond the base optimizer (saved w, stored directions, buffers, teacher)."""
+        return 0
+
+    def state_dict(self) -> dict:
+        return {"base_optimizer": self.base_optimizer.state_dict(), "method": self._method_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base_optimizer.load_state_dict(state["base_optimizer"])
+        self._load_method_state(state.get("method", {}))
+
+    def _method_state(self) -> dict:
+        return {}
+
+    def _load_method_state(self, state: dict) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, base={type(self.base_optimizer).__name__})"
+
+    # ----------------------------------------------------------------- shared machinery
+    def _ddp(self) -> nn.parallel.DistributedDataParallel | None:
+        return self.model if isinstance(self.model, nn.parallel.DistributedDataParallel) else None
+
+    def _all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Average ``tensors`` over the DDP replicas in place: one flat all-reduce per (device, dtype)."""
+        ddp = self._ddp()
+        if ddp is None or not tensors:
+            return
+        import torch.distributed as dist
+
+        group = ddp.process_group
+        world = dist.get_world_size(group)
+        for (bucket,) in group_by_device_dtype(tensors):
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            dist.all_reduce(flat, group=group)
+            flat.div_(world)
+            torch._foreach_copy_(bucket, [c.view_as(t) for c, t in zip(flat.split([t.numel() for t in bucket]), bucket)])
+
+    def _params(self) -> list[torch.Tensor]:
+        return [p for g in self.base_optimizer.param_groups for p in g["params"]]
+
+    def _params_with_grad(self) -> list[torch.Tensor]:
+        return [p for g in self.base_optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+    def _zero_grad(self) -> None:
+        self.base_optimizer.zero_grad(set_to_none=True)
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def _no_sync(self) -> contextlib.AbstractContextManager:
+        """DDP ``no_sync`` (wrapping forward AND backward), or nothing on one process."""
+        no_sync = getattr(self.model, "no_sync", None)
+        return no_sync() if isinstance(self.model, nn.parallel.DistributedDataParallel) and no_sync else contextlib.nullcontext()
+
+    def _local_pass(self) -> contextlib.AbstractContextManager:
+        """Pass 1 of a two-pass method: per-replica (no all-reduce) unless a global perturbation is asked for."""
+        return contextlib.nullcontext() if self.global_perturbation else self._no_sync()
+
+    def _nonfinite(self) -> torch.Tensor | None:
+        """fp16 only: a device flag (>0) if the current (scaled) grads hold an inf/nan. No host sync."""
+        if self.scaler is None:
+            return None
+        grads = [p.grad for p in self._params_with_grad()]
+        if not grads:
+            return None
+        found = torch.zeros(1, dtype=torch.float32, device=grads[0].device)
+        for (bucket,) in group_by_device_dtype(grads):
+            one = torch.ones(1, dtype=torch.float32, device=bucket[0].device)
+            f = torch.zeros(1, dtype=torch.float32, device=bucket[0].device)
+            # Multiplies by 1.0 (no change) and flags non-finite values: the scaler's own check.
+            torch._amp_foreach_non_finite_check_and_unscale_(bucket, f, one)
+            found += f.to(found.device)
+        return found
+
+    def _finish(self, found_earlier: torch.Tensor | None = None) -> bool:
+        """Final gradients are in ``p.grad``: unscale once, clip, one base step (one ``scaler.step``/``update``).
+
+        ``found_earlier``: an inf/nan flag from pass 1, folded into the scaler's verdict so an overflow
+        in either pass skips the step and lowers the scale. Returns ``skipped`` (fp16 only; one host
+        read, which ``GradScaler.step`` already does for non-fused optimizers).
+        """
+        opt = self.base_optimizer
+        scaler = self.scaler
+        if scaler is not None:
+            scaler.unscale_(opt)
+            # GradScaler keeps its verdict per device in this dict; adding pass 1's flag there is the
+            # only way to make scaler.step skip and scaler.update back off for an overflow in pass 1.
+            found_per_device = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
+            if found_earlier is not None:
+                if found_per_device:
+                    t = next(iter(found_per_device.values()))
+                    t.add_(found_earlier.to(t.device).reshape(t.shape))
+                else:
+                    found_per_device[found_earlier.device] = found_earlier.reshape(())
+        if self.grad_clip is not None:
+            # After any all-reduce and after unscale: clips the final update gradient (ALGORITHMS.md).
+            torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
+        if scaler is None:
+            opt.step()
+            return False
+        found = sum(v.to(torch.float32).sum().cpu() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+        scaler.step(opt)
+        scaler.update()
+        return bool(found > 0)
+
+
+class BaseOnly(Method):
+    """``none``: the base optimizer alone, one forward and backward per step."""
+
+    name = "none"
+
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        self._zero_grad()
+        loss, logits = forward()
+        self._backward(loss)
+        skipped = self._finish()
+        self._zero_grad()
+        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None, extra_loss=None,
+                          rho=None, skipped=skipped)
+
+    @property
+    def passes_per_step(self) -> float:
+        return 1.0

@@ -1,0 +1,250 @@
+"""SAM and ASAM (Foret et al. 2021; Kwon et al. 2021) and the two-pass engine (perturb, exact restore, BN guard) they share with GSAM and LookSAM."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ._method import Forward, Method, StepOutput, check, global_norm, group_by_device_dtype
+
+__all__ = ["SAM"]
+
+_EPS = 1e-12  # ALGORITHMS.md: eps = rho * g / (||g|| + 1e-12)
+
+
+def _check_p(p: float | int | str) -> float:
+    value = float(p) if not isinstance(p, str) else float(p.strip().lower().replace("infinity", "inf"))
+    check(value == 2.0 or value == math.inf, "p", "p == 2 or p == float('inf')", p,
+          "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)")
+    return value
+
+
+def _check_rho(name: str, rho: float) -> float:
+    check(isinstance(rho, (int, float)) and not isinstance(rho, bool) and math.isfinite(rho) and rho >= 0,
+          name, f"0 <= {name} < inf", rho, f"pass a non-negative radius such as {name}=0.05")
+    return float(rho)
+
+
+def _check_eta(eta: float) -> float:
+    check(isinstance(eta, (int, float)) and math.isfinite(eta) and eta >= 0, "eta", "0 <= eta < inf", eta,
+          "pass eta=0.01 (the ASAM authors' choice) or eta=0 for the w^2 g / || |w| g || variant")
+    return float(eta)
+
+
+class TwoPass(Method):
+    """The SAM-family engine: pass 1 gives g, ``w <- w + eps`` (w saved), pass 2 gives g_p at ``w + eps``,
+    ``w`` is copied back exactly, the final gradient (``g_p`` or a combination) goes to the base optimizer.
+
+    Subclasses set ``_keep_g`` (keep pass 1's g for ``_combine``) and ``_local_pass2`` (GSAM: pass 2 is
+    per-replica too, then one all-reduce of the combination).
+    """
+
+    _keep_g = False
+    _local_pass2 = False
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, *, p: float = 2, adaptive: bool = False,
+                 eta: float = 0.01, model: nn.Module | None = None, grad_clip: float | None = None,
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
+                         global_perturbation=global_perturbation)
+        self.p = _check_p(p)
+        self.adaptive = bool(adaptive)
+        self.eta = _check_eta(eta)
+        self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w buffer, allocated once
+        self._restore_pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
+        self._g: dict[torch.Tensor, torch.Tensor] = {}  # pass 1 gradient (GSAM, LookSAM)
+        self._g_norm: torch.Tensor | None = None  # plain ||g||
+        self._found1: torch.Tensor | None = None
+        self._last_rho: float | None = None
+
+    # ---------------------------------------------------------------- hooks
+    def _rho(self) -> float:
+        raise NotImplementedError
+
+    def _combine(self) -> None:
+        """Turn the pass 2 gradient in ``p.grad`` into the final update gradient (SAM: leave g_p)."""
+
+    # ---------------------------------------------------------------- perturbation
+    @torch.no_grad()
+    def _perturb(self, rho: float) -> None:
+        """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` stores g and ||g||.
+
+        The gradients are overwritten (they become eps) unless ``_keep_g``: pass 1's grads are cleared
+        right after, so reusing their memory saves an allocation and a pass.
+        """
+        keep = self._keep_g
+        buckets: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for group in self.base_optimizer.param_groups:
+            adaptive = bool(group.get("adaptive", self.adaptive))
+            for p in group["params"]:
+                if p.grad is None:  # no gradient in pass 1: not perturbed (ALGORITHMS.md)
+                    continue
+                key = (p.device, p.dtype, adaptive)
+                b = buckets.get(key)
+                if b is None:
+                    b = buckets[key] = ([], [])
+                b[0].append(p)
+                b[1].append(p.grad)
+        if keep:
+            self._g = {p: g for ps, gs in buckets.values() for p, g in zip(ps, gs)}
+        any_adaptive = any(k[2] for k in buckets)
+        if keep:
+            self._g_norm = global_norm([g for _, gs in buckets.values() for g in gs])
+
+        # Direction whose norm normalises eps: g, or T g with T = |w| + eta for adaptive groups (ASAM).
+        # `owned`: d may be overwritten (a fresh list, or the grads when g need not be kept).
+        work = []
+        for key, (ps, gs) in buckets.items():
+            T = None
+            d, owned = gs, not keep
+            if key[2]:
+                T = torch._foreach_abs(ps)
+                torch._foreach_add_(T, self.eta)
+                if self.p == 2:
+                    if owned:
+                        torch._foreach_mul_(d, T)
+                    else:
+                        d, owned = torch._foreach_mul(gs, T), True
+            work.append((key, ps, d, T, owned))
+
+        if self.p == 2:
+            norm = self._g_norm if keep and not any_adaptive else global_norm([t for w in work for t in w[2]])
+            scale = rho / (norm + _EPS)
+        pairs = []
+        for (device, dtype, _), ps, d, T, owned in work:
+            if self.p == 2:
+                s = scale.to(device=device, dtype=dtype)
+                if owned:
+                    eps = d
+                    torch._foreach_mul_(eps, s)
+                else:
+                    eps = torch._foreach_mul(d, s)
+            else:
+                if owned:
+                    eps = d
+                    torch._foreach_sign_(eps)
+                else:
+                    eps = torch._foreach_sign(d)
+                torch._foreach_mul_(eps, rho)
+            if T is not None:
+                torch._foreach_mul_(eps, T)  # ASAM: rho T^2 g / ||T g|| (p=2), rho T sign(g) (p=inf)
+            saved = [self._saved_buffer(p) for p in ps]
+            torch._foreach_copy_(saved, ps)
+            torch._foreach_add_(ps, eps)
+            pairs.append((ps, saved))
+        self._restore_pairs = pairs
+
+    def _saved_buffer(self, p: torch.Tensor) -> torch.Tensor:
+        buf = self._saved.get(p)
+        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
+            buf = self._saved[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+        return buf
+
+    @torch.no_grad()
+    def _restore(self) -> None:
+        for ps, saved in self._restore_pairs:
+            torch._foreach_copy_(ps, saved)  # exact: values copied back, storage never swapped
+        self._restore_pairs = None
+
+    def _pass1_nonfinite(self) -> torch.Tensor | None:
+        found = self._nonfinite()
+        if found is not None and self._ddp() is not None and not self.global_perturbation:
+            # A per-replica pass 1 overflow must skip the step on every rank, or replicas drift apart.
+            import torch.distributed as dist
+
+            dist.all_reduce(found, group=self._ddp().process_group)
+        return found
+
+    # ---------------------------------------------------------------- the protocol
+    @torch.no_grad()
+    def first_step(self) -> None:
+        """Perturb ``w`` with the current gradients (pass 1), then clear the gradients."""
+        if self._restore_pairs is not None:
+            raise RuntimeError(f"{type(self).__name__}.first_step() called twice without second_step() in between")
+        self._found1 = self._pass1_nonfinite()
+        self._bn.snapshot()
+        rho = self._rho()
+        self._last_rho = rho
+        self._perturb(rho)
+        self._zero_grad()
+
+    @torch.no_grad()
+    def second_step(self) -> bool:
+        """Restore ``w``, step the base optimizer with the pass 2 gradients, clear the gradients.
+
+        Returns whether the step was skipped (fp16 overflow in either pass).
+        """
+        if self._restore_pairs is None:
+            raise RuntimeError(f"{type(self).__name__}.second_step() called without first_step(); "
+                               "call loss.backward(); first_step(); loss_fn(model(x), y).backward(); second_step()")
+        self._bn.restore()
+        self._restore()
+        self._combine()
+        skipped = self._finish(self._found1)
+        self._found1 = None
+        self._g = {}
+        self._zero_grad()
+        return skipped
+
+    def step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Both passes: ``closure()`` computes the loss and calls backward; returns the clean loss."""
+        if closure is None:
+            raise ValueError(f"{type(self).__name__}.step needs a closure that computes the loss and calls "
+                             "backward(), e.g. step(lambda: (loss := loss_fn(model(x), y)).backward() or loss)")
+        self._zero_grad()
+        with torch.enable_grad(), self._local_pass():
+            loss = closure()
+        self.first_step()
+        with torch.enable_grad(), self._pass2():
+            closure()
+        self.second_step()
+        return loss
+
+    def _pass2(self) -> contextlib.AbstractContextManager:
+        return self._local_pass() if self._local_pass2 else contextlib.nullcontext()
+
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        self._zero_grad()
+        with self._local_pass():  # no_sync wraps forward AND backward of pass 1
+            loss, logits = forward()
+            self._backward(loss)
+        self.first_step()
+        with self._pass2():
+            perturbed_loss, _ = forward()
+            self._backward(perturbed_loss)
+        skipped = self.second_step()
+        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=perturbed_loss.detach(),
+                          extra_loss=None, rho=self._last_rho, skipped=skipped)
+
+    @property
+    def passes_per_step(self) -> float:
+        return 2.0
+
+    def extra_state_bytes(self) -> int:
+        # The saved copy of w (all trainable params once the first step ran).
+        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
+
+
+class SAM(TwoPass):
+    """Sharpness-aware minimisation; ``adaptive=True`` is ASAM (``T = |w| + eta``), ``p=inf`` the sign variant.
+
+    ``eps = rho g / (||g|| + 1e-12)`` with ONE global norm (p=2), ``rho sign(g)`` (p=inf),
+    ``rho T^2 g / (||T g|| + 1e-12)`` (ASAM). Weight decay stays in the base optimizer.
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, p: float = 2,
+                 adaptive: bool = False, eta: float = 0.01, *, model: nn.Module | None = None,
+                 grad_clip: float | None = None, scaler: torch.amp.GradScaler | None = None,
+                 global_perturbation: bool = False):
+        super().__init__(base_optimizer, p=p, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
+                         scaler=scaler, global_perturbation=global_perturbation)
+        self.rho = _check_rho("rho", rho)
+        self.name = "asam" if self.adaptive else "sam"
+
+    def _rho(self) -> float:
+        return self.rho

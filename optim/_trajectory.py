@@ -1,0 +1,260 @@
+"""SAF and MESA (Du et al. 2022): the trajectory loss, SAF's ring buffer of past logits, MESA's EMA teacher, and their one-pass Method."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._method import Forward, Method, StepOutput, check, group_by_device_dtype, unwrap
+
+__all__ = ["SAF", "MESA", "trajectory_kl", "Regularised"]
+
+
+def trajectory_kl(student_logits: torch.Tensor, target_logits: torch.Tensor, tau: float) -> torch.Tensor:
+    """``tau**2 * batch mean of KL(softmax(target/tau) || softmax(student/tau))`` (Eq. 9/13 without lambda).
+
+    ``log_softmax`` on both sides in float32 (float64 stays float64; never ``softmax().log()``, which
+    underflows to -inf); the target is detached. tau**2 keeps the gradient's size independent of tau.
+    """
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    log_s = F.log_softmax(student_logits.to(dtype) / tau, dim=-1)
+    log_t = F.log_softmax(target_logits.detach().to(dtype) / tau, dim=-1)
+    return (tau * tau) * F.kl_div(log_s, log_t, reduction="batchmean", log_target=True)
+
+
+def _check_common(lam: float, tau: float, e_start: int) -> None:
+    check(isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0, "lam", "0 <= lam < inf", lam,
+          "pass a non-negative weight for the trajectory loss, e.g. lam=0.3 (SAF) or lam=0.8 (MESA)")
+    check(isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0, "tau", "tau > 0", tau,
+          "pass a positive temperature, e.g. tau=5.0")
+    check(isinstance(e_start, int) and not isinstance(e_start, bool) and e_start >= 0, "e_start",
+          "e_start >= 0 (an integer epoch)", e_start, "pass the last epoch without the loss, e.g. e_start=5")
+
+
+def _world() -> tuple[int, object]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist
+    return 1, None
+
+
+class SAF:
+    """Sharpness-Aware training for Free: ``lam * trajectory_kl(z, z_past, tau)`` with ``z_past`` the SAME
+    sample's logits recorded ``e_tilde`` epochs ago.
+
+    Ring buffer of ``e_tilde + 1`` epoch slots x ``num_samples`` (index in the FULL training set) x
+    ``num_classes``, float16: epoch ``e`` writes slot ``e % (e_tilde+1)`` and reads slot
+    ``(e - e_tilde) % (e_tilde+1)``. Active when ``epoch > e_start`` (0-indexed); ``e_start >= e_tilde``.
+    Under data parallelism every step all-gathers (index, logits) so that each rank's buffer holds every
+    sample, whichever rank saw it (the official per-rank buffer reads wrong logits under DDP).
+    """
+
+    def __init__(self, num_samples: int, num_classes: int, lam: float = 0.3, tau: float = 5.0, e_tilde: int = 3,
+                 e_start: int = 5, *, device: torch.device | str | None = None):
+        check(isinstance(num_samples, int) and num_samples >= 1, "num_samples", "num_samples >= 1", num_samples,
+              "pass the size of the FULL training set (indices go up to num_samples - 1)")
+        check(isinstance(num_classes, int) and num_classes >= 1, "num_classes", "num_classes >= 1", num_classes,
+              "pass the number of classes (the logits' last dimension)")
+        _check_common(lam, tau, e_start)
+        check(isinstance(e_tilde, int) and not isinstance(e_tilde, bool) and e_tilde >= 1, "e_tilde",
+              "e_tilde >= 1 (an integer number of epochs)", e_tilde, "pass how many epochs back to look, e.g. e_tilde=3")
+        check(e_start >= e_tilde, "e_start", f"e_start >= e_tilde (={e_tilde})", e_start,
+              f"the loss reads logits from e_tilde epochs back, which exist only after epoch e_tilde; pass e_start >= {e_tilde}")
+        self.num_samples, self.num_classes = num_samples, num_classes
+        self.lam, self.tau, self.e_tilde, self.e_start = float(lam), float(tau), e_tilde, e_start
+        self.slots = e_tilde + 1
+        self.buffer_dtype = torch.float16
+        #: Size of the ring buffer in bytes (say it in the logs).
+        self.buffer_bytes = self.slots * num_samples * num_classes * torch.finfo(self.buffer_dtype).bits // 8
+        self.buffer: torch.Tensor | None = None
+        if device is not None:
+            self._ensure(torch.device(device))
+
+    def _ensure(self, device: torch.device) -> torch.Tensor:
+        if self.buffer is None or self.buffer.device != device:
+            old = self.buffer
+            self.buffer = torch.zeros(self.slots, self.num_samples, self.num_classes, dtype=self.buffer_dtype, device=device)
+            if old is not None:
+                self.buffer.copy_(old)
+        return self.buffer
+
+    def active(self, epoch: int) -> bool:
+        return epoch > self.e_start
+
+    def record(self, logits: torch.Tensor, indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        """Write this step's logits into epoch's slot (all ranks' samples); returns ``indices`` on the device."""
+        buf = self._ensure(logits.device)
+        idx = indices.to(device=logits.device, dtype=torch.long, non_blocking=True).reshape(-1)
+        rec = logits.detach().reshape(idx.numel(), -1).to(self.buffer_dtype)
+        world, dist = _world()
+        if world > 1:
+            # B x C numbers per rank: cheap next to a gradient all-reduce. Needs the same B on every rank
+            # (DistributedSampler gives every rank the same number of samples).
+            all_idx = [torch.empty_like(idx) for _ in range(world)]
+            all_rec = [torch.empty_like(rec) for _ in range(world)]
+            dist.all_gather(all_idx, idx)
+            dist.all_gather(all_rec, rec)
+            gidx, grec = torch.cat(all_idx), torch.cat(all_rec)
+        else:
+            gidx, grec = idx, rec
+        buf[epoch % self.slots].index_copy_(0, gidx, grec)
+        return idx
+
+    def loss(self, logits: torch.Tensor, sample_indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        """Record ``logits`` and return ``lam * trajectory_kl(logits, past, tau)`` (zero before ``e_start``)."""
+        idx = self.record(logits, sample_indices, epoch)
+        if not self.active(epoch):
+            return logits.new_zeros((), dtype=torch.float32)
+        past = self.buffer[(epoch - self.e_tilde) % self.slots].index_select(0, idx)
+        return self.lam * trajectory_kl(logits, past, self.tau)
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer}
+
+    def load_state_dict(self, state: dict) -> None:
+        buf = state.get("buffer")
+        if buf is None:
+            self.buffer = None
+            return
+        check(tuple(buf.shape) == (self.slots, self.num_samples, self.num_classes), "buffer shape",
+              f"== {(self.slots, self.num_samples, self.num_classes)}", tuple(buf.shape),
+              "load a checkpoint made with the same num_samples, num_classes and e_tilde")
+        device = self.buffer.device if self.buffer is not None else buf.device
+        self.buffer = buf.to(device=device, dtype=self.buffer_dtype).clone()
+
+
+class MESA:
+    """Memory-Efficient Sharpness-Aware training: the trajectory loss against an EMA teacher's logits.
+
+    The teacher is an exponential moving average of the model's weights AND buffers (decay ``beta``),
+    created here (a copy of the initial model) and updated by ``update()`` after every optimizer step from
+    step 0, with no bias correction. Its forward runs in eval mode under ``no_grad``, in the training
+    autocast dtype. Active when ``epoch > e_start``.
+    """
+
+    def __init__(self, model: nn.Module, beta: float = 0.9998, lam: float = 0.8, tau: float = 5.0, e_start: int = 5):
+        check(isinstance(beta, (int, float)) and 0 <= beta < 1, "beta", "0 <= beta < 1", beta,
+              "pass an EMA decay such as beta=0.9998")
+        _check_common(lam, tau, e_start)
+        self.beta, self.lam, self.tau, self.e_start = float(beta), float(lam), float(tau), e_start
+        self.student = unwrap(model)
+        self.teacher = copy.deepcopy(self.student)
+        self.teacher.requires_grad_(False)
+        self.teacher.eval()
+        self._pairs()
+
+    def _pairs(self) -> None:
+        s_named = dict(self.student.named_parameters())
+        s_named.update(self.student.named_buffers())
+        t_named = dict(self.teacher.named_parameters())
+        t_named.update(self.teacher.named_buffers())
+        self._float_t, self._float_s, self._other_t, self._other_s = [], [], [], []
+        for name, t in t_named.items():
+            s = s_named[name]
+            if t.is_floating_point():
+                self._float_t.append(t)
+                self._float_s.append(s)
+            else:  # e.g. num_batches_tracked: copied, an average of counters means nothing
+                self._other_t.append(t)
+                self._other_s.append(s)
+
+    def active(self, epoch: int) -> bool:
+        return epoch > self.e_start
+
+    @torch.no_grad()
+    def teacher_logits(self, inputs: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+        """The teacher's logits, eval mode, no_grad, in the training autocast dtype.
+
+        When the caller's autocast is no longer active here (``forward()`` entered and left it), it is
+        re-entered with the dtype the student's logits came out in.
+        """
+        device_type = inputs.device.type
+        ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if (like is not None and like.dtype in (torch.float16, torch.bfloat16)
+                and not torch.is_autocast_enabled(device_type)
+                and self._float_t and self._float_t[0].dtype != like.dtype):
+            ctx = torch.autocast(device_type, dtype=like.dtype)
+        with ctx:
+            return self.teacher(inputs)
+
+    def loss(self, inputs: torch.Tensor, logits: torch.Tensor, epoch: int) -> torch.Tensor:
+        """``lam * trajectory_kl(logits, teacher(inputs), tau)`` (zero, and no teacher forward, before ``e_start``)."""
+        if not self.active(epoch):
+            return logits.new_zeros((), dtype=torch.float32)
+        return self.lam * trajectory_kl(logits, self.teacher_logits(inputs, like=logits), self.tau)
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """``v <- beta v + (1 - beta) theta`` for weights and float buffers; other buffers copied."""
+        for ts, ss in group_by_device_dtype(self._float_t, self._float_s):
+            torch._foreach_lerp_(ts, ss, 1.0 - self.beta)
+        if self._other_t:
+            for ts, ss in group_by_device_dtype(self._other_t, self._other_s):
+                torch._foreach_copy_(ts, ss)
+
+    def state_dict(self) -> dict:
+        return {"teacher": self.teacher.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.teacher.eval()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._float_t + self._other_t)
+
+
+class Regularised(Method):
+    """``saf`` / ``mesa``: one forward and backward of ``loss + extra_loss``, then the base step (and the EMA)."""
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, regulariser: SAF | MESA, *, name: str,
+                 model: nn.Module | None = None, grad_clip: float | None = None,
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
+                         global_perturbation=global_perturbation)
+        self.regulariser = regulariser
+        self.name = name
+
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        reg = self.regulariser
+        self._zero_grad()
+        loss, logits = forward()
+        extra = None
+        if isinstance(reg, SAF):
+            if indices is None:
+                raise ValueError("saf needs indices=: each sample's index in the FULL training set, "
+                                 "to record and look up its logits; pass train_step(..., indices=idx)")
+            value = reg.loss(logits, indices, epoch)  # records every epoch, even before e_start
+            extra = value if reg.active(epoch) else None
+        elif reg.active(epoch):
+            if inputs is None:
+                raise ValueError("mesa needs inputs=: the batch the teacher is run on; pass train_step(..., inputs=x)")
+            extra = reg.loss(inputs, logits, epoch)
+        self._backward(loss + extra if extra is not None else loss)
+        skipped = self._finish()
+        self._zero_grad()
+        if isinstance(reg, MESA):
+            reg.update()  # after every step from step 0 (ALGORITHMS.md)
+        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None,
+                          extra_loss=None if extra is None else extra.detach(), rho=None, skipped=skipped)
+
+    @property
+    def passes_per_step(self) -> float:
+        # MESA adds a no-grad teacher forward: about a third of a forward+backward.
+        return 1.0 + (1.0 / 3.0 if isinstance(self.regulariser, MESA) else 0.0)
+
+    def extra_state_bytes(self) -> int:
+        reg = self.regulariser
+        return reg.buffer_bytes if isinstance(reg, SAF) else reg.nbytes()
+
+    def _method_state(self) -> dict:
+        return self.regulariser.state_dict()
+
+    def _load_method_state(self, state: dict) -> None:
+        self.regulariser.load_state_dict(state)

@@ -1,0 +1,142 @@
+"""The `sharpscale` command: run, validate and inspect studies, open the MLflow UI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def _quiet_env() -> None:
+    # Nothing leaves the machine unless the user opts in.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _cmd_validate(args) -> int:
+    from studies.spec import load_study
+
+    study = load_study(args.study, smoke=args.smoke)
+    print(f"{args.study}: valid. {len(study.cells)} cells, {study.total_trials} trials.")
+    return 0
+
+
+def _print_cells(study) -> None:
+    width = max((len(c.key) for c in study.cells), default=4)
+    print(f"{'cell':<{width}}  trials  searched")
+    for c in study.cells:
+        space = ", ".join(f"{p} ~ {d.type}" for p, d in c.space.items()) or "-"
+        print(f"{c.key or 'all':<{width}}  {c.trials:>6}  {space}")
+    print(f"{len(study.cells)} cells, {study.total_trials} trials")
+
+
+def _cmd_run(args) -> int:
+    from studies.spec import load_study
+
+    study = load_study(args.study, smoke=args.smoke)  # every user mistake surfaces here, before Ray starts
+    if args.dry_run:
+        _print_cells(study)
+        return 0
+    from studies.runner import run_study
+
+    outcome = run_study(
+        args.study, address=args.address, tracking_uri=args.tracking_uri, smoke=args.smoke, num_cpus=args.num_cpus
+    )
+    _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
+    return 1 if outcome.trials == 0 else 0
+
+
+def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
+    import pandas as pd
+
+    from analysis import load_runs, summarize
+
+    spec = study.spec
+    name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
+    runs = load_runs(name, tracking_uri=tracking_uri)
+    searched = tuple(sorted({p for c in study.cells for p in c.space}))
+    table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
+    print()
+    print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+        print(table.to_string() if not table.empty else "  (no finished trial)")
+    ui = "sharpscale ui" + ("" if tracking_uri.endswith("/mlflow.db") and str(Path.cwd()) in tracking_uri else f" --tracking-uri {tracking_uri}")
+    print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
+
+
+def _cmd_ui(args) -> int:
+    from studies.runner import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    print(f"MLflow UI on http://{args.host}:{args.port} over {uri} (Ctrl-C stops it)", flush=True)
+    # Its own process group: Ctrl-C must take down the server's workers too, not just the launcher.
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sharpscale",
+        description="Hyperparameter and data-scaling studies of sharpness-aware training on Ray Tune + Optuna, "
+        "recorded in MLflow.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a study file (validates it completely first)")
+    run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
+    run.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
+    run.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's, sqlite:///mlflow.db)")
+    run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
+    run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
+    run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    run.set_defaults(func=_cmd_run)
+
+    val = sub.add_parser("validate", help="check a study file; exit 1 listing every problem")
+    val.add_argument("study")
+    val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
+    val.set_defaults(func=_cmd_validate)
+
+    ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
+    ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
+    ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(func=_cmd_ui)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _quiet_env()
+    args = build_parser().parse_args(argv)
+    from studies.spec import StudyError
+    from trainables.config import ConfigError
+
+    try:
+        return args.func(args)
+    except (StudyError, ConfigError) as err:
+        # A user mistake: the message says what to fix; a traceback would only hide it.
+        print(f"sharpscale: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Running a study: MLflow parent runs, a Ray cluster (local or given), Tune + Optuna over every cell, a summary."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from studies.spec import Cell, LoadedStudy, load_study
+from studies.search import CellSearcher, apply_sample
+from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, tracking_client
+
+__all__ = ["StudyOutcome", "resolve_tracking_uri", "run_study"]
+
+STUDY_FILE_HASH_TAG = "sharpscale.study_file_hash"
+CELL_TAG = "sharpscale.cell"
+
+
+def resolve_tracking_uri(uri: str, base: Path | None = None) -> str:
+    """Make a relative `sqlite:///x.db` absolute, so Ray workers in other directories write to the same file."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        path = (base or Path.cwd()) / uri[len(prefix):]
+        return prefix + str(path.resolve())
+    if "://" not in uri:  # a bare path: MLflow's file store is deprecated, so a path means an SQLite file
+        return prefix + str(((base or Path.cwd()) / uri).resolve())
+    return uri
+
+
+def git_commit(where: Path) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=where, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class StudyOutcome:
+    experiment_id: str
+    study_run_id: str
+    tracking_uri: str
+    trials: int
+    errored: int
+
+
+class _Progress:
+    """One line per finished trial: counts and the best objective so far in its cell."""
+
+    def __init__(self, study: LoadedStudy):
+        from ray.tune import Callback
+
+        outer = self
+        self.total = study.total_trials
+        self.metric, self.mode = study.spec.objective.metric, study.spec.objective.mode
+        self.best: dict[str, float] = {}
+        self.done = self.failed = 0
+
+        class _Cb(Callback):
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                outer._finished(trial, trials, ok=True)
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                outer._finished(trial, trials, ok=False)
+
+        self.callback = _Cb()
+
+    def _finished(self, trial, trials, ok: bool) -> None:
+        cell = trial.config.get("cell", "")
+        result = trial.last_result or {}
+        value = result.get(self.metric)
+        diverged = bool(result.get("diverged"))
+        if ok and not diverged and isinstance(value, (int, float)) and math.isfinite(value):
+            self.done += 1
+            prev = self.best.get(cell)
+            better = prev is None or (value > prev if self.mode == "max" else value < prev)
+            if better:
+                self.best[cell] = value
+            status = f"{self.metric}={value:.4f}"
+        else:
+            self.failed += 1
+            status = "diverged" if diverged else "failed"
+        running = sum(1 for t in trials if t.status == "RUNNING")
+        best = self.best.get(cell)
+        best_txt = f"{best:.4f}" if best is not None else "-"
+        print(
+            f"[{self.done + self.failed}/{self.total}] done {self.done}, failed {self.failed}, running {running} | "
+            f"{cell or 'study'}: {status} (best {best_txt})",
+            flush=True,  # to sys.stdout as it is then: Tune pickles its callbacks, a stream can't be pickled
+        )
+
+
+def _experiment(client, name: str, artifact_location: Path) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    artifact_location.mkdir(parents=True, exist_ok=True)
+    return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
+
+
+def _find_run(client, experiment_id: str, tags: dict[str, str]):
+    clause = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
+    return runs[0] if runs else None
+
+
+def _parent_runs(client, study: LoadedStudy, experiment_id: str, commit: str, resume: bool) -> tuple[str, dict[str, str]]:
+    """The study's run and one run per cell; on resume the existing ones are reopened, never duplicated."""
+    study_tags = {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
+    run = _find_run(client, experiment_id, study_tags) if resume else None
+    if run is None:
+        run = client.create_run(
+            experiment_id,
+            run_name=study.spec.name,
+            tags={**study_tags, "sharpscale.git_commit": commit, "sharpscale.study_file": str(study.path),
+                  "mlflow.note.content": study.spec.description},
+        )
+        client.log_artifact(run.info.run_id, str(study.path))
+    else:
+        client.update_run(run.info.run_id, status="RUNNING")
+    study_run_id = run.info.run_id
+    cell_runs = {}
+    for cell in study.cells:
+        tags = {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}
+        existing = _find_run(client, experiment_id, {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}) if resume else None
+        if existing is None:
+            existing = client.create_run(
+                experiment_id,
+                run_name=cell.key or "all",
+                tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, **{f"factor.{k}": v for k, v in cell.levels.items()}},
+            )
+        else:
+            client.update_run(existing.info.run_id, status="RUNNING")
+        cell_runs[cell.key] = existing.info.run_id
+    return study_run_id, cell_runs
+
+
+def _close_dangling(client, experiment_id: str, study_run_id: str, cell_runs: dict[str, str]) -> None:
+    # A trial that Ray stopped or killed never reached its own `finish`: no run may stay RUNNING.
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
+        rid = run.info.run_id
+        if rid == study_run_id or rid in cell_runs.values():
+            continue
+        if run.data.tags.get("mlflow.parentRunId") in cell_runs.values():
+            _retry(client.set_tag, rid, STATUS_TAG, "killed")
+            _retry(client.set_terminated, rid, status="KILLED")
+
+
+def _init_ray(address: str | None, num_cpus: int | None):
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
+        ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False)
+    return True
+
+
+def run_study(
+    path: str | Path,
+    *,
+    address: str | None = None,
+    tracking_uri: str | None = None,
+    smoke: bool = False,
+    resume: bool = False,
+    num_cpus: int | None = None,
+) -> StudyOutcome:
+    """Validate the study file, run all of its trials on Ray Tune, record them in MLflow, print the summary."""
+    study = load_study(path, smoke=smoke)
+    spec = study.spec
+    uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
+    client = tracking_client(uri)
+    exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
+    experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location))
+    commit = git_commit(study.path.parent)
+    study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, resume)
+
+    storage = Path(spec.storage).resolve()
+    storage.mkdir(parents=True, exist_ok=True)
+    run_name = exp_name
+    optuna_db = storage / f"{run_name}.optuna.db"
+
+    def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "cell": cell.key,
+            "trial": apply_sample(cell.config, sample),
+            "sample": sample,
+            "objective": {"metric": spec.objective.metric, "mode": spec.objective.mode},
+            "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
+            "tags": {
+                CELL_TAG: cell.key,
+                STUDY_FILE_HASH_TAG: study.file_hash,
+                "sharpscale.git_commit": commit,
+                "sharpscale.study": spec.name,
+                **{f"factor.{k}": v for k, v in cell.levels.items()},
+            },
+        }
+
+    # Every epoch checkpoints, so Tune snapshots its state often; that is intended, not a bottleneck to warn of.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    started_ray = _init_ray(address, num_cpus)
+    status, errored, trials = "FAILED", 0, 0
+    try:
+        from ray import tune
+
+        from trainables.ray_train import run_tune_trial
+
+        searcher = CellSearcher(
+            list(study.cells),
+            metric=spec.objective.metric,
+            mode=spec.objective.mode,
+            sampler=spec.budget.sampler,
+            seed=spec.budget.seed,
+            storage_url=f"sqlite:///{optuna_db}",
+            study_name=run_name,
+            payload=payload,
+        )
+        progress = _Progress(study)
+        resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
+        trainable = tune.with_resources(run_tune_trial, resources)
+        experiment_dir = storage / run_name
+        if resume and tune.Tuner.can_restore(str(experiment_dir)):
+            tuner = tune.Tuner.restore(str(experiment_dir), trainable=trainable, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable,
+                tune_config=tune.TuneConfig(
+                    metric=spec.objective.metric,
+                    mode=spec.objective.mode,
+                    search_alg=searcher,
+                    num_samples=study.total_trials,
+                    max_concurrent_trials=spec.resources.max_concurrent_trials,
+                    time_budget_s=spec.budget.time_limit_s,
+                    # A fresh worker per trial would re-import torch, timm and MLflow each time (seconds each).
+                    reuse_actors=True,
+                    trial_name_creator=lambda t: f"{t.trial_id}",
+                    trial_dirname_creator=lambda t: f"{t.trial_id}",
+                ),
+                run_config=tune.RunConfig(
+                    name=run_name,
+                    storage_path=str(storage),
+                    failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                    callbacks=[progress.callback],
+                    verbose=0,
+                ),
+            )
+        t0 = time.perf_counter()
+        print(
+            f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
+            f"MLflow experiment {exp_name!r} at {uri}",
+            flush=True,
+        )
+        results = tuner.fit()
+        trials = len(results)
+        errored = sum(1 for r in results if r.error is not None)
+        print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)")
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        _close_dangling(client, experiment_id, study_run_id, cell_runs)
+        for rid in [study_run_id, *cell_runs.values()]:
+            _retry(client.set_terminated, rid, status=status)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored)

@@ -1,0 +1,334 @@
+"""Study files: their schema, their complete validation (every error at once), and their expansion into cells."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainables.config import ConfigError, TrialConfig, format_validation_error
+
+__all__ = ["Cell", "Study", "StudyError", "load_study", "SEARCH_SHORTHANDS"]
+
+
+class StudyError(ValueError):
+    """A study file is invalid; `problems` holds one line per error: field path, rule, value, fix."""
+
+    def __init__(self, path: str | Path, problems: list[str]):
+        self.path, self.problems = str(path), list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{self.path}: {len(self.problems)} problem(s):\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LogUniform(_Strict):
+    type: Literal["loguniform"]
+    low: float = Field(gt=0.0)
+    high: float = Field(gt=0.0)
+
+
+class Uniform(_Strict):
+    type: Literal["uniform"]
+    low: float
+    high: float
+
+
+class IntRange(_Strict):
+    type: Literal["int"]
+    low: int
+    high: int
+    log: bool = False
+
+
+class Choice(_Strict):
+    type: Literal["choice"]
+    values: list[Any] = Field(min_length=1)
+
+
+Domain = Annotated[Union[LogUniform, Uniform, IntRange, Choice], Field(discriminator="type")]
+
+
+class Objective(_Strict):
+    metric: str = "val_acc"
+    mode: Literal["max", "min"] = "max"
+
+
+class Budget(_Strict):
+    trials_per_cell: int = Field(8, ge=1, description="Optuna trials in each cell that has something to search.")
+    repeats_without_search: int = Field(1, ge=1, description="Trials of a cell with nothing to search.")
+    sampler: Literal["tpe", "random"] = "tpe"
+    seed: int = Field(0, ge=0, description="Seed of the Optuna samplers.")
+    time_limit_s: float | None = Field(None, gt=0, description="Stop launching trials after this many seconds.")
+
+
+class Resources(_Strict):
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0, description="Fractions share one GPU between small trials.")
+    max_concurrent_trials: int = Field(2, ge=1)
+    max_failures: int = Field(2, ge=0, description="Retries of a trial whose worker died (from its checkpoint).")
+
+
+class Tracking(_Strict):
+    uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI; relative sqlite paths are made absolute.")
+    artifact_location: str = Field("mlartifacts", description="Artifact root for a new experiment (made absolute).")
+    experiment: str | None = Field(None, description="Experiment name; defaults to the study name.")
+
+
+class Study(_Strict):
+    """A study file, as written."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    objective: Objective = Field(default_factory=Objective)
+    base: dict[str, Any] = Field(default_factory=dict, description="Trial config shared by every cell.")
+    factors: dict[str, dict[str, dict[str, Any]] | list[Any]] = Field(default_factory=dict)
+    search: dict[str, Domain] = Field(default_factory=dict)
+    budget: Budget = Field(default_factory=Budget)
+    resources: Resources = Field(default_factory=Resources)
+    tracking: Tracking = Field(default_factory=Tracking)
+    storage: str = Field("sharpscale_runs", description="Directory for Ray's results and Optuna's database.")
+    smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "Study":
+        problems = []
+        for key, dom in self.search.items():
+            if isinstance(dom, (LogUniform, Uniform, IntRange)) and not dom.low < dom.high:
+                problems.append(
+                    f"search.{key}: low < high must hold, got low={dom.low}, high={dom.high}. Fix: swap or widen them."
+                )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+# Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.
+def _method_hparams() -> dict[str, set[str]]:
+    from optim import METHODS
+
+    owners: dict[str, set[str]] = {}
+    for name, spec in METHODS.items():
+        for hp in spec.hparams:
+            owners.setdefault(hp, set()).add(name)
+    return owners
+
+
+SEARCH_SHORTHANDS = "bare names of method hparams (rho, alpha, lam, k, ...) mean optimizer.hparams.<name>"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of factor levels: fixed overrides plus the search space that applies to it."""
+
+    key: str                       # e.g. "arch=vit,method=sam"
+    levels: dict[str, str]         # factor -> level name
+    config: dict[str, Any]         # base + overrides, as a nested dict (validated)
+    space: dict[str, Domain]       # dotted config path -> domain
+    trials: int
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key) or "all"
+
+
+@dataclass(frozen=True)
+class LoadedStudy:
+    spec: Study
+    path: Path
+    text: str
+    cells: tuple[Cell, ...]
+
+    @property
+    def file_hash(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    @property
+    def total_trials(self) -> int:
+        return sum(c.trials for c in self.cells)
+
+
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set tree[a][b][c] = value for dotted 'a.b.c', creating levels as needed."""
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"{dotted}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "kwargs":
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _overrides_to_tree(overrides: dict[str, Any]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for key, value in overrides.items():
+        set_path(tree, key, value)
+    return tree
+
+
+def _levels(name: str, spec: dict[str, dict[str, Any]] | list[Any]) -> dict[str, dict[str, Any]]:
+    if isinstance(spec, list):  # `data.fraction: [0.1, 0.5]` — the factor is a config path, levels its values
+        return {str(v): {name: v} for v in spec}
+    return spec
+
+
+def _resolve_search_key(key: str, owners: dict[str, set[str]]) -> str:
+    return f"optimizer.hparams.{key}" if "." not in key and key in owners else key
+
+
+def _domain_probes(dom: Domain) -> list[Any]:
+    if isinstance(dom, Choice):
+        return list(dom.values)
+    return [dom.low, dom.high]
+
+
+def _known_path(path: str) -> bool:
+    node: Any = TrialConfig
+    for part in path.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None:
+            return True  # inside a free-form dict (model.kwargs, optimizer.hparams)
+        if part not in fields:
+            return False
+        node = fields[part].annotation
+    return True
+
+
+def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Cell], list[str]]:
+    """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
+    owners = _method_hparams()
+    problems: list[str] = []
+    for key in spec.search:
+        if "." in key and not _known_path(key):
+            problems.append(f"search.{key}: not a trial config path. Fix: use a path such as optimizer.lr, or {SEARCH_SHORTHANDS}.")
+        elif "." not in key and key not in owners:
+            problems.append(
+                f"search.{key}: not a method hparam ({sorted(owners)}) nor a dotted config path. "
+                f"Fix: use e.g. optimizer.lr, or one of those names."
+            )
+    for fname, fspec in spec.factors.items():
+        for level, overrides in _levels(fname, fspec).items():
+            if not isinstance(overrides, dict):
+                problems.append(
+                    f"factors.{fname}.{level}: a level must map config paths to values, got {overrides!r}. "
+                    f"Fix: write it as `{level}: {{optimizer.method: sam}}`, or give the factor a list of values."
+                )
+                continue
+            for path in overrides:
+                if not _known_path(path):
+                    problems.append(f"factors.{fname}.{level}.{path}: not a trial config path. Fix: check its spelling.")
+    if problems:
+        return [], problems
+
+    factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
+    cells: list[Cell] = []
+    combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
+    for combo in combos:
+        levels = {factor_levels[i][0]: name for i, (name, _) in enumerate(combo)}
+        tree = copy.deepcopy(spec.base)
+        for _, overrides in combo:
+            tree = deep_merge(tree, _overrides_to_tree(overrides))
+        tree = deep_merge(tree, extra or {})  # --smoke wins over every level
+        key = ",".join(f"{f}={lv}" for f, lv in levels.items())
+        label = f"cell {key}" if key else "the study"
+        method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
+        space: dict[str, Domain] = {}
+        for skey, dom in spec.search.items():
+            path = _resolve_search_key(skey, owners)
+            if path.startswith("optimizer.hparams.") and method not in owners.get(path.rsplit(".", 1)[1], set()):
+                continue  # conditional: rho only where the method has a rho
+            space[path] = dom
+        try:
+            TrialConfig.load(tree)
+            for path, dom in space.items():
+                for probe in _domain_probes(dom):
+                    probe_tree = copy.deepcopy(tree)
+                    set_path(probe_tree, path, probe)
+                    try:
+                        TrialConfig.load(probe_tree)
+                    except ConfigError as err:
+                        problems.extend(f"search.{path} = {probe!r} in {label}: {p.strip()}" for p in err.problems)
+        except ConfigError as err:
+            problems.extend(f"{label}: {p}" for p in err.problems)
+            continue
+        trials = spec.budget.trials_per_cell if space else spec.budget.repeats_without_search
+        cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
+    # A search parameter that applies to no cell is almost always a typo or a forgotten factor.
+    used = {p for c in cells for p in c.space}
+    for skey in spec.search:
+        if cells and _resolve_search_key(skey, owners) not in used:
+            problems.append(
+                f"search.{skey}: applies to no cell (no cell's method takes it). "
+                f"Fix: add a method that takes it to the factors, or remove it."
+            )
+    return cells, _dedupe(problems)
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def load_study(path: str | Path, *, smoke: bool = False) -> LoadedStudy:
+    """Read and validate a study file completely; a StudyError lists every problem at once."""
+    path = Path(path)
+    if not path.is_file():
+        raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise StudyError(path, [f"YAML syntax: {err}. Fix: correct the file's YAML."]) from None
+    if not isinstance(raw, dict):
+        raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
+    try:
+        spec = Study.model_validate(raw)
+    except ValidationError as err:
+        raise StudyError(path, _study_errors(err)) from None
+    cells, problems = expand(spec, extra=_smoke_overrides(spec) if smoke else None)
+    if problems:
+        raise StudyError(path, problems)
+    if smoke:
+        cells = [_smoke_cell(c) for c in cells]
+    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells))
+
+
+def _study_errors(err: ValidationError) -> list[str]:
+    lines = []
+    for line in format_validation_error(err):
+        lines.extend(line.split("\n"))  # the cross-field validator joins several problems
+    return lines
+
+
+# --smoke: the same study, tiny, on the embedded digits, on CPU: for CI and for checking a file before a cluster run.
+_SMOKE = {
+    "data": {"name": "digits", "root": None, "img_size": 16, "batch_size": 64, "num_workers": 0},
+    "schedule": {"epochs": 2, "warmup_epochs": 0},
+    "train": {"device": "cpu", "threads": 1},
+}
+
+
+def _smoke_overrides(spec: Study) -> dict[str, Any]:
+    return deep_merge(_SMOKE, spec.smoke)
+
+
+def _smoke_cell(cell: Cell) -> Cell:
+    return Cell(key=cell.key, levels=cell.levels, config=cell.config, space=cell.space, trials=min(cell.trials, 2))

@@ -1,0 +1,74 @@
+"""MLflow records to pandas, on a real SQLite store written by the same recorder the trials use."""
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from analysis import load_runs, summarize
+from trainables.tracking import TrackingTarget, TrialRecorder
+
+
+def _record(target, key, arch, method, rho, accs, status="finished"):
+    params = {"optimizer.method": method, "model.name": arch}
+    if rho is not None:
+        params["optimizer.hparams.rho"] = rho
+    rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
+    rec.set_tags({"factor.arch": arch, "factor.method": method, "sharpscale.cell": f"arch={arch},method={method}",
+                  "sharpscale.trial_id": key})
+    for epoch, acc in enumerate(accs):
+        rec.log_epoch({"epoch": epoch, "val_acc": acc, "train_loss": 1.0 / (epoch + 1), "bad": math.nan}, epoch)
+    rec.finish(status, None if status == "finished" else "loss became nan")
+    return rec.run_id
+
+
+@pytest.fixture
+def store(tracking_uri, tmp_path):
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("toy", artifact_location=(tmp_path / "art").as_uri())
+    target = TrackingTarget(tracking_uri, exp)
+    ids = {
+        "a": _record(target, "a", "vit", "none", None, [0.5, 0.7]),
+        "b": _record(target, "b", "vit", "sam", 0.05, [0.6, 0.8]),
+        "c": _record(target, "c", "vit", "sam", 0.5, [0.6, 0.9]),
+        "d": _record(target, "d", "vit", "sam", 2.0, [0.1], status="diverged"),
+    }
+    return tracking_uri, target, ids
+
+
+def test_one_row_per_trial_with_params_metrics_status(store):
+    uri, _, ids = store
+    runs = load_runs("toy", tracking_uri=uri)
+    assert len(runs) == 4
+    assert set(runs["run_id"]) == set(ids.values())
+    row = runs.set_index("trial_id").loc["c"]
+    assert row["val_acc"] == 0.9 and row["optimizer.hparams.rho"] == 0.5
+    assert row["status"] == "finished" and row["mlflow_status"] == "FINISHED"
+    assert row["factor.arch"] == "vit"
+    diverged = runs.set_index("trial_id").loc["d"]
+    assert diverged["status"] == "diverged" and diverged["mlflow_status"] == "FAILED"
+    assert "bad" not in runs.columns  # non-finite values are not logged as numbers
+
+
+def test_reopening_a_trial_key_reuses_its_run(store):
+    uri, target, ids = store
+    again = TrialRecorder(target, trial_key="b", run_name="b", params={})
+    assert again.run_id == ids["b"]
+    assert MlflowClient(uri).get_run(ids["b"]).info.status == "RUNNING"
+    again.finish("finished")
+    assert len(load_runs("toy", tracking_uri=uri)) == 4
+
+
+def test_summary_takes_best_finished_trial_per_cell(store):
+    uri, _, _ = store
+    table = summarize(load_runs("toy", tracking_uri=uri), metric="val_acc", show=("optimizer.hparams.rho",))
+    assert table.loc[("vit", "sam"), "best val_acc"] == 0.9
+    assert table.loc[("vit", "sam"), "optimizer.hparams.rho"] == 0.5
+    assert table.loc[("vit", "sam"), "trials"] == 3
+    assert table.loc[("vit", "none"), "best val_acc"] == 0.7
+
+
+def test_unknown_study_names_the_known_ones(store):
+    uri, _, _ = store
+    with pytest.raises(LookupError, match="no MLflow experiment .*Known: .*toy"):
+        load_runs("nope", tracking_uri=uri)

@@ -1,0 +1,202 @@
+"""DDP, 2 processes, gloo, CPU: per-replica vs global perturbation, communication counts, GSAM's single all-reduce,
+LookSAM and SAF consistency across ranks."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+import optim
+
+WORLD = 2
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(16, 5))
+
+
+def _batch(rank, step):
+    g = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(6, 3, 6, 6, generator=g), torch.randint(0, 5, (6,), generator=g)
+
+
+def _flat(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _run_method(rank, name, global_perturbation, steps=1, local=False, **hp):
+    """Returns per-step (eps, final grads, hook calls in pass 1, hook calls total), params, manual all-reduces."""
+    model = _model()
+    net = model if local else nn.parallel.DistributedDataParallel(model)
+    hook_calls = [0]
+    in_hook = [False]
+    if not local:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        def counting_hook(state, bucket):
+            hook_calls[0] += 1
+            in_hook[0] = True
+            try:
+                return default_hooks.allreduce_hook(state, bucket)
+            finally:
+                in_hook[0] = False
+
+        net.register_comm_hook(None, counting_hook)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    finals = []
+    base.register_step_pre_hook(lambda o, a, k: finals.append(_flat([p.grad for p in model.parameters()]).clone()))
+    method = optim.create(name, base, model=net, global_perturbation=global_perturbation, **hp)
+    real_all_reduce = dist.all_reduce
+    manual = [0]
+
+    numel = sum(p.numel() for p in model.parameters())
+
+    def counting_all_reduce(tensor, *a, **k):
+        # Gradient-sized all-reduces outside DDP's hook (DDP itself also all-reduces small flags).
+        manual[0] += int(tensor.numel() == numel and not in_hook[0])
+        return real_all_reduce(tensor, *a, **k)
+
+    dist.all_reduce = counting_all_reduce
+    records = []
+    try:
+        for step in range(steps):
+            x, y = _batch(rank, step)
+            snaps, calls = [], []
+
+            def forward():
+                snaps.append(_flat([p.detach() for p in model.parameters()]).clone())
+                calls.append(hook_calls[0])
+                logits = net(x)
+                return F.cross_entropy(logits, y), logits
+
+            start = hook_calls[0]
+            method.train_step(forward, inputs=x, epoch=0)
+            eps = snaps[1] - snaps[0] if len(snaps) == 2 else None
+            records.append({"eps": eps, "final": finals[-1], "pass1_calls": (calls[1] - start) if len(calls) == 2 else None,
+                            "calls": hook_calls[0] - start})
+    finally:
+        dist.all_reduce = real_all_reduce
+    return {"steps": records, "params": _flat([p.detach() for p in model.parameters()]), "manual": manual[0]}
+
+
+def _saf_reshuffled(rank):
+    """Every rank reads the logits recorded for that very sample, whichever rank saw it."""
+    n, c = 12, 3
+    saf = optim.SAF(n, c, lam=1.0, tau=1.0, e_tilde=1, e_start=1)
+
+    def logits_of(idx, epoch):  # a known function of (sample, epoch)
+        return torch.stack([torch.arange(c, dtype=torch.float32) * (i + 1) + epoch for i in idx.tolist()])
+
+    errors = []
+    for epoch in range(4):
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))  # same on every rank
+        for batch in perm[rank::WORLD].split(3):  # this rank's shard, reshuffled every epoch
+            z = logits_of(batch, epoch)
+            loss = saf.loss(z, batch, epoch)
+            if epoch >= 2:
+                want = optim.trajectory_kl(z, logits_of(batch, epoch - 1).half().float(), 1.0)
+                errors.append(float((loss - want).abs()))
+                errors.append(float((saf.buffer[(epoch - 1) % 2, batch].float() - logits_of(batch, epoch - 1).half().float()).abs().max()))
+    # After epoch 3 every sample's slot holds epoch 3's logits, including those other ranks saw.
+    full = saf.buffer[3 % 2].float()
+    errors.append(float((full - logits_of(torch.arange(n), 3).half().float()).abs().max()))
+    return errors
+
+
+def _worker(rank, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        res = {
+            "sam": _run_method(rank, "sam", False, steps=2, rho=0.05),
+            "sam_global": _run_method(rank, "sam", True, steps=2, rho=0.05),
+            "gsam": _run_method(rank, "gsam", False, steps=2, alpha=0.3, rho_max=0.05, rho_min=0.05),
+            "gsam_local": _run_method(rank, "gsam", False, steps=1, local=True, alpha=0.3, rho_max=0.05, rho_min=0.05),
+            "gsam_global": _run_method(rank, "gsam", True, steps=2, alpha=0.3, rho_max=0.05, rho_min=0.05),
+            "looksam": _run_method(rank, "looksam", False, steps=5, k=2),
+            "mesa": _run_method(rank, "mesa", False, steps=2, e_start=0, beta=0.9),
+            "saf_errors": _saf_reshuffled(rank),
+        }
+        torch.save(res, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_sam_per_replica_perturbation(ranks):
+    r0, r1 = ranks[0]["sam"], ranks[1]["sam"]
+    for s0, s1 in zip(r0["steps"], r1["steps"]):
+        assert not torch.allclose(s0["eps"], s1["eps"])  # each replica perturbs with its own gradient
+        _close(s0["final"], s1["final"])  # the update gradient is all-reduced
+        assert s0["pass1_calls"] == 0 and s1["pass1_calls"] == 0  # pass 1 under no_sync: no all-reduce
+        assert s0["calls"] >= 1  # pass 2's ordinary DDP all-reduce (same as a plain step)
+    _close(r0["params"], r1["params"])
+    assert r0["manual"] == 0
+
+
+def test_sam_global_perturbation(ranks):
+    r0, r1 = ranks[0]["sam_global"], ranks[1]["sam_global"]
+    for s0, s1 in zip(r0["steps"], r1["steps"]):
+        _close(s0["eps"], s1["eps"])
+        assert s0["pass1_calls"] >= 1
+        _close(s0["final"], s1["final"])
+    assert not torch.allclose(ranks[0]["sam"]["steps"][0]["eps"], r0["steps"][0]["eps"])
+
+
+def test_gsam_combines_locally_then_one_all_reduce(ranks):
+    r0, r1 = ranks[0]["gsam"], ranks[1]["gsam"]
+    for s0, s1 in zip(r0["steps"], r1["steps"]):
+        assert s0["calls"] == 0 and s1["calls"] == 0  # neither pass syncs through DDP
+        assert not torch.allclose(s0["eps"], s1["eps"])
+        _close(s0["final"], s1["final"])
+    assert r0["manual"] == 2  # exactly one all-reduce (one bucket) per step, two steps
+    # The all-reduced gradient is the mean of each replica's locally formed g_gsam.
+    local = [ranks[r]["gsam_local"]["steps"][0]["final"] for r in range(WORLD)]
+    _close(r0["steps"][0]["final"], sum(local) / WORLD)
+    g0, g1 = ranks[0]["gsam_global"], ranks[1]["gsam_global"]
+    for s0, s1 in zip(g0["steps"], g1["steps"]):
+        _close(s0["eps"], s1["eps"])
+        _close(s0["final"], s1["final"])
+    assert g0["manual"] == 0
+
+
+def test_looksam_replicas_stay_identical(ranks):
+    _close(ranks[0]["looksam"]["params"], ranks[1]["looksam"]["params"])
+    for s0, s1 in zip(ranks[0]["looksam"]["steps"], ranks[1]["looksam"]["steps"]):
+        _close(s0["final"], s1["final"])
+
+
+def test_mesa_under_ddp(ranks):
+    _close(ranks[0]["mesa"]["params"], ranks[1]["mesa"]["params"])
+
+
+def test_saf_reads_each_samples_own_logits_across_ranks(ranks):
+    for r in range(WORLD):
+        errors = ranks[r]["saf_errors"]
+        assert len(errors) > 4 and max(errors) < 1e-6, errors

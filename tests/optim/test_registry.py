@@ -1,0 +1,164 @@
+"""Every registry entry builds and steps with every kind of base optimizer; the registry's errors say what to fix."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import optim
+from optim import METHODS, Method, MethodSpec, StepOutput, create, method_names
+
+NAMES = list(METHODS)
+
+
+def test_registry_lists_every_method():
+    assert method_names() == ("none", "sam", "asam", "gsam", "looksam", "saf", "mesa")
+    for name, spec in METHODS.items():
+        assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
+        assert spec.needs <= {"model", "num_samples", "num_classes"}
+    with pytest.raises(TypeError):
+        METHODS["x"] = METHODS["sam"]  # read-only
+
+
+def test_defaults_come_from_the_class_signatures():
+    sig = inspect.signature(optim.SAM.__init__).parameters
+    assert METHODS["sam"].hparams == {"rho": sig["rho"].default, "p": sig["p"].default}
+    assert METHODS["asam"].hparams == {"rho": 0.5, "eta": 0.01}
+    assert METHODS["gsam"].hparams["alpha"] == inspect.signature(optim.GSAM.__init__).parameters["alpha"].default
+    assert METHODS["looksam"].hparams == {"rho": 0.1, "k": 5, "alpha": 0.7}
+    assert METHODS["saf"].hparams == {"lam": 0.3, "tau": 5.0, "e_tilde": 3, "e_start": 5}
+    assert METHODS["mesa"].hparams == {"beta": 0.9998, "lam": 0.8, "tau": 5.0, "e_start": 5}
+
+
+def _bases(model):
+    import timm.optim
+
+    yield "sgd", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    yield "adamw-fused", torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    yield "adamw-foreach", torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    yield "timm", timm.optim.create_optimizer_v2(model, "adamw", lr=1e-3, weight_decay=0.05)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_method_steps_with_every_base_optimizer(name, helpers):
+    for label, _ in _bases(helpers.make_model()):
+        model = helpers.make_model()
+        base = dict(_bases(model))[label]
+        if label == "timm":  # timm puts 1-D tensors (biases, BN) in a no-weight-decay group
+            assert {g["weight_decay"] for g in base.param_groups} == {0.0, 0.05}
+        method = helpers.build(name, model, base)
+        assert isinstance(method, Method) and method.name == name and method.base_optimizer is base
+        before = [p.detach().clone() for p in model.parameters()]
+        counter = []
+        outs = helpers.run(method, model, 3, counter=counter)
+        for out in outs:
+            assert isinstance(out, StepOutput) and not out.skipped
+            assert out.loss.ndim == 0 and not out.loss.requires_grad and torch.isfinite(out.loss)
+            assert out.logits.shape == (8, helpers.NUM_CLASSES) and not out.logits.requires_grad
+        assert all(p.grad is None for p in model.parameters())  # the method clears the grads
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), (name, label)
+        spec = METHODS[name]
+        if name in ("sam", "asam", "gsam"):
+            assert all(o.perturbed_loss is not None and o.rho > 0 for o in outs)
+        if name in ("none", "saf", "mesa"):
+            assert all(o.perturbed_loss is None and o.rho is None for o in outs)
+        if name in ("saf", "mesa"):
+            assert outs[0].extra_loss is None and outs[2].extra_loss is not None  # active when epoch > e_start=1
+        assert method.passes_per_step == pytest.approx(
+            {"none": 1, "sam": 2, "asam": 2, "gsam": 2, "looksam": 1.5, "saf": 1, "mesa": 4 / 3}[name])
+        assert len(counter) == {"looksam": 5}.get(name, round(3 * (2 if spec.two_pass else 1)))
+        assert method.extra_state_bytes() >= 0
+
+
+def test_extra_state_bytes(helpers):
+    model = helpers.make_model()
+    nbytes = sum(p.numel() * 4 for p in model.parameters())
+    assert helpers.build("none", model).extra_state_bytes() == 0
+    assert helpers.build("sam", model).extra_state_bytes() == nbytes
+    assert helpers.build("gsam", model).extra_state_bytes() == 2 * nbytes
+    saf = helpers.build("saf", model, hparams={"e_tilde": 3, "e_start": 5})
+    assert saf.regulariser.buffer_bytes == 4 * helpers.NUM_SAMPLES * helpers.NUM_CLASSES * 2
+    assert saf.extra_state_bytes() == saf.regulariser.buffer_bytes
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    assert helpers.build("mesa", model).extra_state_bytes() == nbytes + buffers
+
+
+def test_unknown_name_lists_valid_names_and_closest():
+    base = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(ValueError, match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa.*did you mean 'gsam'"):
+        create("gasm", base)
+
+
+def test_unknown_hparam_lists_accepted_ones(helpers):
+    model = helpers.make_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"'sam' does not take hparam\(s\) alpha.*accepts: rho=0.05, p=2"):
+        create("sam", base, model=model, alpha=0.1)
+    with pytest.raises(ValueError, match=r"'none' does not take hparam\(s\) rho"):
+        create("none", base, model=model, rho=0.1)
+
+
+def test_missing_context_is_named(helpers):
+    model = helpers.make_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="'saf' needs num_classes, num_samples"):
+        create("saf", base, model=model)
+    with pytest.raises(ValueError, match="'sam' needs model"):
+        create("sam", base)
+
+
+BAD = [
+    ("sam", {"rho": -0.1}, "rho", "0 <= rho"),
+    ("sam", {"rho": math.nan}, "rho", "0 <= rho"),
+    ("sam", {"p": 3}, "p", "p == 2 or p == float"),
+    ("asam", {"eta": -1.0}, "eta", "0 <= eta"),
+    ("gsam", {"alpha": -0.5}, "alpha", "0 <= alpha"),
+    ("gsam", {"rho_max": 0.01, "rho_min": 0.1}, "rho_min", "rho_min <= rho_max"),
+    ("gsam", {"lr_max": 0.01, "lr_min": 0.1}, "lr_max", "lr_max >= lr_min"),
+    ("looksam", {"k": 0}, "k", "k >= 1"),
+    ("looksam", {"k": 2.5}, "k", "k >= 1"),
+    ("looksam", {"alpha": -1}, "alpha", "alpha >= 0"),
+    ("saf", {"e_tilde": 3, "e_start": 2}, "e_start", "e_start >= e_tilde"),
+    ("saf", {"tau": 0.0}, "tau", "tau > 0"),
+    ("saf", {"lam": -1.0}, "lam", "0 <= lam"),
+    ("saf", {"e_tilde": 0}, "e_tilde", "e_tilde >= 1"),
+    ("mesa", {"beta": 1.0}, "beta", "0 <= beta < 1"),
+    ("mesa", {"beta": -0.1}, "beta", "0 <= beta < 1"),
+    ("mesa", {"tau": -1.0}, "tau", "tau > 0"),
+]
+
+
+@pytest.mark.parametrize("name,hp,field,rule", BAD, ids=[f"{b[0]}-{b[2]}-{list(b[1].values())[-1]}" for b in BAD])
+def test_bad_hparams_name_the_field_rule_value_and_fix(name, hp, field, rule, helpers):
+    model = helpers.make_model()
+    with pytest.raises(ValueError) as err:
+        helpers.build(name, model, hparams=hp)
+    msg = str(err.value)
+    assert msg.startswith(f"{field} must satisfy") and rule in msg and f"{field}=" in msg and "; " in msg, msg
+
+
+def test_bad_grad_clip(helpers):
+    with pytest.raises(ValueError, match="grad_clip must satisfy 0 < grad_clip"):
+        helpers.build("sam", helpers.make_model(), grad_clip=0.0)
+
+
+def test_sam_accepts_p_inf(helpers):
+    assert helpers.build("sam", helpers.make_model(), hparams={"p": float("inf")}).p == math.inf
+    assert helpers.build("sam", helpers.make_model(), hparams={"p": "inf"}).p == math.inf
+
+
+def test_optim_is_pure_pytorch():
+    src = Path(optim.__file__).parent
+    files = sorted(src.glob("*.py"))
+    assert len(files) >= 7
+    for f in files:
+        text = f.read_text()
+        assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.M), f
+        assert text.startswith('"""'), f"{f.name} must open with a one-line docstring"
+    assert set(optim.__all__) >= {"SAM", "GSAM", "LookSAM", "SAF", "MESA", "create", "trajectory_kl", "METHODS",
+                                  "MethodSpec", "method_names", "Method", "StepOutput"}

@@ -1,0 +1,49 @@
+"""The `sharpscale` command as a user meets it: exit codes and messages, never a traceback for a user mistake."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sharpscale(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "studies.cli", *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=120
+    )
+
+
+def test_validate_good_file():
+    out = sharpscale("validate", "studies/quickstart.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "valid" in out.stdout and "trials" in out.stdout
+
+
+def test_validate_bad_file_lists_problems_without_traceback(tmp_path):
+    bad = yaml.safe_load((REPO / "studies" / "quickstart.yaml").read_text())
+    bad["base"]["schedule"]["epochs"] = -1
+    bad["factors"]["method"]["sam"]["optimizer.method"] = "smа"
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(bad, sort_keys=False))
+    out = sharpscale("validate", str(p))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "schedule.epochs" in out.stderr and "optimizer.method" in out.stderr
+    assert "problem(s)" in out.stderr
+
+
+def test_dry_run_prints_cells_and_counts():
+    out = sharpscale("run", "--dry-run", "studies/quickstart.yaml")
+    assert out.returncode == 0, out.stderr
+    assert "arch=vit,method=sam" in out.stdout
+    assert "optimizer.hparams.rho ~ loguniform" in out.stdout
+    assert "6 cells, 15 trials" in out.stdout
+
+
+def test_help_lists_commands():
+    out = sharpscale("--help")
+    assert out.returncode == 0
+    for cmd in ("run", "validate", "ui"):
+        assert cmd in out.stdout

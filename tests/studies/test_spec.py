@@ -1,0 +1,117 @@
+"""Study files: expansion into cells, conditional search spaces, and every invalid file reported at once."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from studies.spec import StudyError, load_study
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = {
+    "name": "t",
+    "base": {"data": {"name": "digits", "img_size": 16}, "schedule": {"epochs": 2}},
+    "factors": {
+        "arch": {
+            "vit": {"model.name": "vit_tiny_patch16_224", "model.kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
+            "resnet": {"model.name": "resnet18", "model.cifar_stem": True},
+        },
+        "method": {"adamw": {"optimizer.method": "none"}, "sam": {"optimizer.method": "sam"}},
+    },
+    "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.5}},
+    "budget": {"trials_per_cell": 3},
+}
+
+
+def write(tmp_path, data) -> Path:
+    p = tmp_path / "study.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def test_cells_and_conditional_search(tmp_path):
+    study = load_study(write(tmp_path, GOOD))
+    keys = [c.key for c in study.cells]
+    assert keys == ["arch=vit,method=adamw", "arch=vit,method=sam", "arch=resnet,method=adamw", "arch=resnet,method=sam"]
+    by_key = {c.key: c for c in study.cells}
+    # rho is SAM's knob: the AdamW cells search nothing and run once.
+    assert by_key["arch=vit,method=adamw"].space == {}
+    assert by_key["arch=vit,method=adamw"].trials == 1
+    assert list(by_key["arch=vit,method=sam"].space) == ["optimizer.hparams.rho"]
+    assert by_key["arch=vit,method=sam"].trials == 3
+    assert study.total_trials == 2 * 1 + 2 * 3
+    assert by_key["arch=resnet,method=sam"].config["model"]["cifar_stem"] is True
+
+
+def test_list_factor_is_a_config_path(tmp_path):
+    data = dict(GOOD, factors={"data.fraction": [0.25, 1.0]}, search={})
+    study = load_study(write(tmp_path, data))
+    assert [c.config["data"]["fraction"] for c in study.cells] == [0.25, 1.0]
+    assert [c.levels for c in study.cells] == [{"data.fraction": "0.25"}, {"data.fraction": "1.0"}]
+
+
+def test_smoke_forces_tiny_digits_runs(tmp_path):
+    data = dict(GOOD, base={"data": {"name": "cifar10", "root": "/nowhere"}, "schedule": {"epochs": 300}})
+    study = load_study(write(tmp_path, data), smoke=True)
+    for cell in study.cells:
+        assert cell.config["data"]["name"] == "digits"
+        assert cell.config["schedule"]["epochs"] == 2
+        assert cell.trials <= 2
+
+
+def test_shipped_quickstart_is_valid_and_big_enough():
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    archs = {c.levels["arch"] for c in study.cells}
+    assert archs == {"vit", "mixer", "resnet"}
+    assert {c.config["optimizer"]["method"] for c in study.cells} == {"none", "sam"}
+    assert study.total_trials >= 12
+    assert all(c.config["data"]["name"] == "digits" for c in study.cells)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.update(epochs=3), "epochs: unknown key"),
+        (lambda d: d["base"]["schedule"].update(epochs=0), "schedule.epochs: Input should be greater than or equal to 1, got 0"),
+        (lambda d: d["search"].update(rho={"type": "loguniform", "low": 0.5, "high": 0.1}), "search.rho: low < high must hold, got low=0.5, high=0.1"),
+        (lambda d: d["search"].update(rho={"type": "loguniform", "low": -1, "high": 0.1}), "search.rho.loguniform.low: Input should be greater than 0"),
+        (lambda d: d["factors"]["method"].update(gsamm={"optimizer.method": "gsamm"}), "optimizer.method: must be one of"),
+        (lambda d: d["factors"]["method"].update(bad={"optimizer.methd": "sam"}), "factors.method.bad.optimizer.methd: not a trial config path"),
+        (lambda d: d["search"].update(rhoo={"type": "uniform", "low": 0, "high": 1}), "search.rhoo: not a method hparam"),
+        (lambda d: d["search"].update(alpha={"type": "uniform", "low": 0, "high": 1}), "search.alpha: applies to no cell"),
+        (lambda d: d["search"].update(rho={"type": "uniform", "low": -0.5, "high": 0.1}), "search.optimizer.hparams.rho = -0.5"),
+        (lambda d: d["base"]["data"].update(name="cifar10"), "data.root: required for data.name='cifar10'"),
+        (lambda d: d["base"]["data"].update(fraction=1.5), "data.fraction: Input should be less than or equal to 1"),
+        (lambda d: d.update(name="bad name!"), "name: String should match pattern"),
+        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe' or 'random'"),
+        (lambda d: d["factors"]["arch"].update(vgg={"model.name": "vgg16"}), "model.name: must be a timm ViT"),
+    ],
+)
+def test_invalid_study_names_field_rule_and_value(tmp_path, mutate, expected):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    mutate(data)
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, data))
+    assert expected in str(err.value), str(err.value)
+
+
+def test_every_error_reported_at_once(tmp_path):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["factors"]["method"]["bad"] = {"optimizer.method": "samm"}
+    data["factors"]["arch"]["vgg"] = {"model.name": "vgg16"}
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, data))
+    text = str(err.value)
+    assert "Did you mean 'sam'?" in text
+    assert "vgg16" in text
+    assert len(err.value.problems) >= 2
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(StudyError, match="does not exist"):
+        load_study(tmp_path / "nope.yaml")
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(StudyError, match="YAML syntax"):
+        load_study(p)

@@ -1,0 +1,61 @@
+"""The walking skeleton end to end: a reduced quickstart on a real local Ray cluster into a real SQLite MLflow store."""
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis import load_runs
+from studies.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, capsys):
+    study = yaml.safe_load((REPO / "studies" / "quickstart.yaml").read_text())
+    study["base"]["schedule"] = {"epochs": 2, "sched": "cosine", "warmup_epochs": 0}
+    study["budget"]["trials_per_cell"] = 2
+    study["storage"] = str(tmp_path / "runs")
+    study["tracking"]["artifact_location"] = str(tmp_path / "mlartifacts")
+    path = tmp_path / "quickstart_small.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+
+    # Through the CLI, as a user runs it; Ray is already up (the session fixture), so the runner reuses it.
+    assert main(["run", str(path), "--tracking-uri", tracking_uri]) == 0
+    printed = capsys.readouterr().out
+    expected = 3 * 1 + 3 * 2  # AdamW cells run once, SAM cells search rho twice
+    assert f"{expected} trials in" in printed and "(0 errored)" in printed
+    assert "Best val_acc per cell" in printed and "optimizer.hparams.rho" in printed
+    for arch in ("vit", "mixer", "resnet"):
+        assert arch in printed
+    assert "sharpscale ui --tracking-uri" in printed
+
+    runs = load_runs("quickstart", tracking_uri=tracking_uri)
+    assert len(runs) == expected
+    assert set(runs["mlflow_status"]) == {"FINISHED"}
+    assert set(runs["status"]) == {"finished"}
+    for col in ("train_loss", "val_loss", "val_acc"):
+        assert runs[col].map(math.isfinite).all(), col
+    assert set(runs["factor.arch"]) == {"vit", "mixer", "resnet"}
+    sam = runs[runs["optimizer.method"] == "sam"]
+    assert len(sam) == 6 and sam["optimizer.hparams.rho"].between(0.005, 0.5).all()
+    assert len(set(sam["trial_id"])) == 6
+
+    # Per-epoch history: one value per epoch, step = epoch.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    history = client.get_metric_history(runs["run_id"][0], "val_acc")
+    assert sorted(m.step for m in history) == [0, 1]
+
+    # Parents: one study run, one run per cell, nothing left RUNNING anywhere in the experiment.
+    exp = client.get_experiment_by_name("quickstart")
+    everything = client.search_runs([exp.experiment_id], max_results=1000)
+    kinds = [r.data.tags.get("sharpscale.kind") for r in everything]
+    assert kinds.count("study") == 1 and kinds.count("cell") == 6 and kinds.count("trial") == expected
+    assert all(r.info.status != "RUNNING" for r in everything)
+    study_run = next(r for r in everything if r.data.tags.get("sharpscale.kind") == "study")
+    assert [a.path for a in client.list_artifacts(study_run.info.run_id)] == ["quickstart_small.yaml"]
+    assert exp.artifact_location.startswith("file:///")

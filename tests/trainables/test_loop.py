@@ -1,0 +1,127 @@
+"""The one training loop on tiny models: every architecture and method, exact resume, divergence, bad configs."""
+
+import math
+
+import pytest
+import torch
+
+import optim
+from trainables import ConfigError, TrialConfig, TrialDiverged, fit, load_checkpoint
+
+ARCHS = {
+    "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
+    "mixer": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+    "resnet": {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16]}},
+}
+
+
+def config(arch="mixer", method="none", epochs=2, **hparams):
+    return {
+        "model": ARCHS[arch],
+        "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+        "optimizer": {"method": method, "lr": 0.003, "hparams": hparams},
+        "schedule": {"epochs": epochs, "warmup_epochs": 0},
+        "train": {"device": "cpu", "seed": 3},
+    }
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("method", ["none", "sam"])
+def test_fit_reports_every_metric(arch, method):
+    seen = []
+    metrics = fit(config(arch, method, epochs=1), reporter=lambda m, ckpt: seen.append((m, ckpt)))
+    assert len(seen) == 1 and seen[0][0] == metrics
+    for key in ("train_loss", "train_acc", "val_loss", "val_acc", "val_top5", "images_per_sec", "weight_norm", "lr"):
+        assert math.isfinite(metrics[key]), key
+    assert 0.0 <= metrics["val_acc"] <= metrics["val_top5"] <= 1.0
+    if method == "sam":
+        assert "surrogate_gap" in metrics and "sharpness_2h_rho2" in metrics
+    else:
+        assert "surrogate_gap" not in metrics
+
+
+@pytest.mark.parametrize("name", sorted(optim.METHODS))
+def test_every_registered_method_trains(name):
+    metrics = fit(config("mixer", name, epochs=1))
+    assert math.isfinite(metrics["train_loss"])
+
+
+def test_training_learns():
+    cfg = config("mixer", "sam", epochs=6, rho=0.05)
+    cfg["model"] = {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}}
+    cfg["data"]["batch_size"] = 32
+    metrics = fit(cfg)
+    assert metrics["val_acc"] > 0.8  # 10 classes: chance is 0.1
+
+
+def test_seeded_runs_are_identical():
+    a = fit(config("vit", "sam"))
+    b = fit(config("vit", "sam"))
+    assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]
+
+
+def _interrupt_after(epoch):
+    def reporter(metrics, ckpt):
+        if metrics["epoch"] == epoch:
+            raise KeyboardInterrupt  # like a worker that dies right after its checkpoint
+
+    return reporter
+
+
+def test_resume_continues_bit_exactly(tmp_path):
+    straight = tmp_path / "straight"
+    fit(config("resnet", "sam", epochs=3), checkpoint_dir=straight)
+
+    first = tmp_path / "first"
+    with pytest.raises(KeyboardInterrupt):
+        fit(config("resnet", "sam", epochs=3), checkpoint_dir=first, reporter=_interrupt_after(epoch=1))
+    assert load_checkpoint(first)["epoch"] == 1
+    resumed = tmp_path / "resumed"
+    fit(config("resnet", "sam", epochs=3), checkpoint_dir=resumed, resume_from=first)
+
+    a, b = load_checkpoint(straight), load_checkpoint(resumed)
+    assert a["epoch"] == b["epoch"] == 2
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    assert a["best"] == b["best"]
+
+
+def test_divergence_stops_the_trial():
+    cfg = config("mixer", "none", epochs=3)
+    cfg["optimizer"]["lr"] = 1e12
+    cfg["train"]["divergence_check_every"] = 1
+    with pytest.raises(TrialDiverged) as err:
+        fit(cfg)
+    assert err.value.epoch == 0 and not math.isfinite(err.value.value)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda c: c["optimizer"].update(method="sma"), "optimizer.method: must be one of"),
+        (lambda c: c["optimizer"]["hparams"].update(alpha=0.1), "optimizer.hparams: method 'none' takes no hparams"),
+        (lambda c: c["optimizer"].update(lr=-1), "optimizer.lr: Input should be greater than 0"),
+        (lambda c: c["data"].update(fraction=0), "data.fraction: Input should be greater than 0"),
+        (lambda c: c["schedule"].update(warmup_epochs=5), "schedule.warmup_epochs: must be < schedule.epochs"),
+        (lambda c: c.update(optimiser={}), "optimiser: unknown key"),
+    ],
+)
+def test_bad_config_names_the_field(mutate, expected):
+    cfg = config()
+    mutate(cfg)
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.load(cfg)
+    assert expected in str(err.value), str(err.value)
+
+
+def test_bad_hparam_value_fails_at_load():
+    cfg = config("mixer", "sam", rho=-0.1)
+    with pytest.raises(ConfigError, match="optimizer.hparams: .*rho"):
+        TrialConfig.load(cfg)
+
+
+def test_batch_larger_than_fraction_is_refused():
+    cfg = config()
+    cfg["data"].update(fraction=0.02, batch_size=128)
+    with pytest.raises(ValueError, match="data.batch_size: must not exceed the training-set size"):
+        fit(cfg)

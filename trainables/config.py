@@ -1,0 +1,216 @@
+"""The trial configuration: every knob of one training run, typed, validated, with its default, in one place."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ScheduleConfig",
+    "TrainConfig",
+    "TrialConfig",
+    "format_validation_error",
+]
+
+
+class _Strict(BaseModel):
+    # A mistyped key must fail loudly, not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelConfig(_Strict):
+    """Which timm model, and how to size it for small images."""
+
+    name: str = Field("vit_tiny_patch16_224", description="timm model name (ViT, Mixer or ResNet).")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides passed to timm (patch_size, embed_dim, depth, num_heads, num_blocks, ...).",
+    )
+    drop_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classifier.")
+    drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Stochastic depth rate.")
+    cifar_stem: bool = Field(False, description="ResNet only: 3x3 stride-1 stem, no max-pool (small images).")
+    fused_attn: bool = Field(True, description="timm's fused attention; off for double backward (Hessians).")
+
+    @field_validator("name")
+    @classmethod
+    def _known_family(cls, name: str) -> str:
+        from trainables.models import model_family
+
+        model_family(name)
+        return name
+
+
+class DataConfig(_Strict):
+    """Which dataset, which fraction of its training set, and how it is augmented."""
+
+    name: Literal["digits", "cifar10", "cifar100", "imagefolder"] = "digits"
+    root: str | None = Field(None, description="Directory holding the dataset (not needed for digits).")
+    img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
+    augment: Literal["none", "basic", "strong"] = "basic"
+    fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
+    fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
+    batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
+    eval_batch_size: int = Field(512, ge=1)
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per training process.")
+    mixup_alpha: float = Field(0.8, ge=0.0, description="Mixup alpha of the 'strong' augmentation.")
+
+    @model_validator(mode="after")
+    def _root_when_needed(self) -> "DataConfig":
+        if self.name != "digits" and self.root is None:
+            raise ValueError(
+                f"data.root: required for data.name={self.name!r}, got none. "
+                f"Fix: set data.root to the directory that holds the {self.name} files."
+            )
+        return self
+
+
+class OptimizerConfig(_Strict):
+    """The base optimizer and the sharpness-aware method wrapped around it."""
+
+    method: str = Field("none", description="Registry name in optim.METHODS (none, sam, asam, gsam, ...).")
+    base: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of the base optimizer.")
+    weight_decay: float = Field(0.05, ge=0.0, description="Decoupled for AdamW; never on 1-D tensors.")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
+    betas: tuple[float, float] = (0.9, 0.999)
+    hparams: dict[str, float | int | bool] = Field(
+        default_factory=dict, description="The method's own knobs (rho, alpha, k, lam, ...); unset ones keep optim's defaults."
+    )
+    grad_clip: float | None = Field(None, gt=0.0, description="Clip the final update gradient to this norm.")
+    global_perturbation: bool = Field(False, description="DDP: one global eps instead of per-replica eps.")
+
+    @model_validator(mode="after")
+    def _method_and_hparams(self) -> "OptimizerConfig":
+        from optim import METHODS
+
+        if self.method not in METHODS:
+            close = difflib.get_close_matches(self.method, list(METHODS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"optimizer.method: must be one of {sorted(METHODS)}, got {self.method!r}.{hint}"
+            )
+        accepted = METHODS[self.method].hparams
+        unknown = sorted(set(self.hparams) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"optimizer.hparams: method {self.method!r} takes {sorted(accepted) or 'no hparams'}, "
+                f"got {unknown}. Fix: remove them or pick a method that takes them."
+            )
+        _check_hparam_values(self.method, self.hparams)
+        return self
+
+
+def _check_hparam_values(method: str, hparams: dict[str, Any]) -> None:
+    # The method's own constructor is the one place its rules live: build it on a stand-in model
+    # so a bad value (rho < 0, k = 0, e_start < e_tilde) fails at load, long before any trial starts.
+    import torch
+
+    import optim
+
+    probe = torch.nn.Linear(2, 2)
+    base = torch.optim.SGD(probe.parameters(), lr=0.1)
+    try:
+        optim.create(method, base, model=probe, num_samples=4, num_classes=2, **hparams)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"optimizer.hparams: {err}") from None
+
+
+class ScheduleConfig(_Strict):
+    """Epochs and the learning-rate schedule (timm's schedulers, stepped every update)."""
+
+    epochs: int = Field(10, ge=1)
+    sched: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_epochs: int = Field(0, ge=0)
+    warmup_lr: float = Field(1e-6, ge=0.0)
+    min_lr: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> "ScheduleConfig":
+        if self.warmup_epochs >= self.epochs:
+            raise ValueError(
+                f"schedule.warmup_epochs: must be < schedule.epochs ({self.epochs}), got {self.warmup_epochs}. "
+                f"Fix: shorten the warm-up or train longer."
+            )
+        return self
+
+
+class TrainConfig(_Strict):
+    """How the loop runs: seed, device, precision, loss options, checkpoints."""
+
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU."
+    )
+    channels_last: bool | None = Field(None, description="None: on for CUDA, off for CPU.")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    threads: int | None = Field(None, ge=1, description="torch CPU threads per process; None leaves torch's choice.")
+    checkpoint_every: int = Field(1, ge=1, description="Epochs between checkpoints (the last epoch always saves).")
+    divergence_check_every: int = Field(
+        20, ge=1, description="Steps between checks for a non-finite loss (each check syncs the device)."
+    )
+
+
+class TrialConfig(_Strict):
+    """One trial: what `trainables.fit` runs and what MLflow records as the run's params."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @classmethod
+    def load(cls, data: "TrialConfig | dict[str, Any]") -> "TrialConfig":
+        """Validate a plain dict (or pass a TrialConfig through); a ConfigError lists every problem at once."""
+        if isinstance(data, cls):
+            return data
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err)) from None
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted-key view (`optimizer.hparams.rho`), the form logged as MLflow params."""
+        return _flatten(self.model_dump(mode="json"))
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid; the message lists each problem with its field path, rule, value and fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(f"  - {p}" for p in self.problems))
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
+    """One line per pydantic error: `path: rule, got value.` (custom validators already carry their fix)."""
+    lines = []
+    for e in err.errors():
+        path = prefix + ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{path}: unknown key. Fix: remove it or check its spelling.")
+        elif e["type"] == "value_error":
+            # Our own validators name their field themselves.
+            lines.append(msg if ":" in msg.split(" ")[0] else f"{path}: {msg}")
+        else:
+            lines.append(f"{path}: {msg}, got {e.get('input')!r}.")
+    return lines

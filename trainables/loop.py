@@ -1,0 +1,424 @@
+"""The one training loop: every method, every model, in-process or as one worker of a data-parallel group."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+
+import optim
+from trainables.config import TrialConfig
+from trainables.data import DataBundle, load_dataset
+from trainables.models import create_model, weight_norm
+
+__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "fit", "load_checkpoint"]
+
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class TrialDiverged(RuntimeError):
+    """The training loss became nan or inf: the trial stops at once, its record says why."""
+
+    def __init__(self, epoch: int, step: int, value: float):
+        self.epoch, self.step, self.value = epoch, step, value
+        super().__init__(f"training loss became {value} at epoch {epoch}, step {step}")
+
+
+class Reporter(Protocol):
+    """Receives each epoch's metrics and, when one was written, the directory of that epoch's checkpoint."""
+
+    def __call__(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None: ...
+
+
+class Recorder(Protocol):
+    """Persists a trial's metrics (MLflow in practice); only the rank-0 process records."""
+
+    def log_epoch(self, metrics: dict[str, float], epoch: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def detect(cls) -> "_Dist":
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        return cls()
+
+
+class _GlobalBatchSampler(Sampler[list[int]]):
+    """Each rank gets its contiguous slice of every global batch, so N workers see the same global batches as one.
+
+    The order is a function of (seed, epoch) alone, which makes a resumed run draw exactly the batches the
+    uninterrupted one would have drawn. The last incomplete global batch is dropped so every rank takes the
+    same number of steps (DDP would hang otherwise).
+    """
+
+    def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int):
+        self.n, self.global_batch, self.rank, self.world, self.seed = n, global_batch, rank, world, seed
+        self.local = global_batch // world
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n // self.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        perm = torch.randperm(self.n, generator=g).tolist()
+        for b in range(len(self)):
+            start = b * self.global_batch + self.rank * self.local
+            yield perm[start : start + self.local]
+
+
+def _resolve_device(cfg: TrialConfig) -> torch.device:
+    want = cfg.train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("train.device: 'cuda' asked for, but torch sees no GPU. Fix: use 'auto' or 'cpu'.")
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _precision(cfg: TrialConfig, device: torch.device) -> str:
+    if cfg.train.precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return cfg.train.precision
+
+
+def _autocast(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _base_optimizer(model: nn.Module, cfg: TrialConfig, device: torch.device) -> torch.optim.Optimizer:
+    from timm.optim import param_groups_weight_decay
+
+    opt = cfg.optimizer
+    # No weight decay on 1-D tensors (biases, norms, position embeddings as timm lists them).
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    groups = param_groups_weight_decay(model, opt.weight_decay, no_weight_decay_list=skip)
+    fused = device.type == "cuda"
+    if opt.base == "adamw":
+        return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, fused=fused)
+    return torch.optim.SGD(groups, lr=opt.lr, momentum=opt.momentum, fused=fused)
+
+
+def _scheduler(base: torch.optim.Optimizer, cfg: TrialConfig, steps_per_epoch: int):
+    from timm.scheduler import create_scheduler_v2
+
+    s = cfg.schedule
+    if s.sched == "constant":
+        return None
+    # timm calls the linear-decay schedule "poly" with power 1.
+    sched, _ = create_scheduler_v2(
+        base,
+        sched="cosine" if s.sched == "cosine" else "poly",
+        num_epochs=s.epochs,
+        decay_rate=1.0,
+        min_lr=s.min_lr,
+        warmup_lr=s.warmup_lr,
+        warmup_epochs=s.warmup_epochs,
+        step_on_epochs=False,
+        updates_per_epoch=steps_per_epoch,
+    )
+    return sched
+
+
+def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
+    if cfg.data.batch_size % d.world:
+        raise ValueError(
+            f"data.batch_size: must be divisible by the {d.world} data-parallel workers, got {cfg.data.batch_size}. "
+            f"Fix: use a multiple of {d.world}."
+        )
+    n = len(bundle.train)
+    if n < cfg.data.batch_size:
+        raise ValueError(
+            f"data.batch_size: must not exceed the training-set size ({n} samples at data.fraction="
+            f"{cfg.data.fraction}), got {cfg.data.batch_size}. Fix: lower the batch size or raise the fraction."
+        )
+    sampler = _GlobalBatchSampler(n, cfg.data.batch_size, d.rank, d.world, cfg.train.seed)
+    pin = device.type == "cuda"
+    common = dict(num_workers=cfg.data.num_workers, pin_memory=pin, persistent_workers=cfg.data.num_workers > 0)
+    train = DataLoader(bundle.train, batch_sampler=sampler, **common)
+    # Evaluation is never subsampled: each rank takes a strided share, sums are all-reduced.
+    val_idx = list(range(d.rank, len(bundle.val), d.world))
+    val = DataLoader(torch.utils.data.Subset(bundle.val, val_idx), batch_size=cfg.data.eval_batch_size, **common)
+    return train, val, sampler
+
+
+def _seed_epoch(seed: int, epoch: int, rank: int) -> None:
+    # Augmentation, dropout and mixup draw from the global generators; seeding them from (seed, epoch, rank)
+    # makes every epoch reproducible on its own, so a resumed run needs no saved generator state.
+    import random
+
+    import numpy as np
+
+    s = (seed * 1_000_003 + epoch * 7919 + rank) % (2**31)
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s)
+
+
+def _all_reduce(t: torch.Tensor, d: _Dist) -> torch.Tensor:
+    if d.world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates):
+    model.train()
+    sampler.set_epoch(epoch)
+    # Sums stay on the device: reading them every step would stall the GPU.
+    sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss, correct, seen, gap, gap_steps, 2h/rho^2
+    smoothing = cfg.train.label_smoothing
+    check_every = cfg.train.divergence_check_every
+    channels_last = _channels_last(cfg, device)
+    t0 = time.perf_counter()
+    for step, (x, y, idx) in enumerate(loader):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        target = y
+        if bundle.mixup is not None:
+            x, target = bundle.mixup(x, y)
+
+        def forward(x=x, target=target):
+            with autocast():
+                logits = model(x)
+                if target.dtype.is_floating_point:  # soft mixup targets
+                    loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+                else:
+                    loss = F.cross_entropy(logits.float(), target, label_smoothing=smoothing)
+            return loss, logits
+
+        out = method.train_step(forward, inputs=x, indices=idx, epoch=epoch)
+        num_updates += 1
+        if scheduler is not None:
+            scheduler.step_update(num_updates=num_updates)
+
+        bs = y.shape[0]
+        sums[0] += out.loss.detach().double() * bs
+        sums[1] += (out.logits.argmax(dim=-1) == y).sum()
+        sums[2] += bs
+        if out.perturbed_loss is not None:
+            gap = (out.perturbed_loss.detach() - out.loss.detach()).double()
+            sums[3] += gap
+            sums[4] += 1
+            if out.rho:
+                sums[5] += 2.0 * gap / out.rho**2
+        if (step + 1) % check_every == 0 and not math.isfinite(float(out.loss)):
+            raise TrialDiverged(epoch, step, float(out.loss))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    _all_reduce(sums, d)
+    loss, correct, seen, gap, gap_steps, sharp = sums.tolist()
+    if not math.isfinite(loss):
+        raise TrialDiverged(epoch, len(loader) - 1, loss)
+    metrics = {
+        "train_loss": loss / seen,
+        "train_acc": correct / seen,
+        "images_per_sec": seen / elapsed,
+        "epoch_time_s": elapsed,
+    }
+    if gap_steps:
+        metrics["surrogate_gap"] = gap / gap_steps
+        metrics["sharpness_2h_rho2"] = sharp / gap_steps
+    return metrics, num_updates
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, autocast, d: _Dist = _Dist()) -> dict[str, float]:
+    """Loss, top-1 and top-5 accuracy over the whole loader (summed over ranks)."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, seen
+    for x, y, _ in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            logits = model(x).float()
+        sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+        sums[1] += (top[:, 0] == y).sum()
+        sums[2] += (top == y[:, None]).any(dim=-1).sum()
+        sums[3] += y.shape[0]
+    _all_reduce(sums, d)
+    loss, top1, top5, seen = sums.tolist()
+    return {"val_loss": loss / seen, "val_acc": top1 / seen, "val_top5": top5 / seen}
+
+
+def _channels_last(cfg: TrialConfig, device: torch.device) -> bool:
+    return cfg.train.channels_last if cfg.train.channels_last is not None else device.type == "cuda"
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best) -> None:
+    state = {
+        "format": 1,
+        "epoch": epoch,
+        "num_updates": num_updates,
+        "config": cfg.model_dump(mode="json"),
+        "model": _unwrap(model).state_dict(),
+        "method": method.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "best": best,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-write never leaves a torn checkpoint
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint file (or the directory holding one) safely: tensors and plain containers only."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CHECKPOINT_FILE
+    return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def fit(
+    config: TrialConfig | dict[str, Any],
+    *,
+    checkpoint_dir: str | os.PathLike | None = None,
+    resume_from: str | os.PathLike | None = None,
+    reporter: Reporter | None = None,
+    recorder: Recorder | None = None,
+) -> dict[str, float]:
+    """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
+
+    checkpoint_dir: where each epoch's checkpoint is kept (the latest overwrites the previous); None keeps them
+    only as long as the reporter needs them. resume_from: a checkpoint file or directory to continue from.
+    reporter: gets (metrics, checkpoint directory) every epoch, on every rank (Ray Train and Tune want that).
+    recorder: persists metrics; called on rank 0 only.
+    """
+    cfg = TrialConfig.load(config)
+    d = _Dist.detect()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    device = _resolve_device(cfg)
+    precision = _precision(cfg, device)
+    autocast = _autocast(device, precision)
+
+    bundle = load_dataset(
+        cfg.data.name,
+        root=cfg.data.root,
+        img_size=cfg.data.img_size,
+        augment=cfg.data.augment,
+        fraction=cfg.data.fraction,
+        fraction_seed=cfg.data.fraction_seed,
+        mixup_alpha=cfg.data.mixup_alpha,
+    )
+    # Identical initial weights on every rank come from the seed, not from a broadcast.
+    torch.manual_seed(cfg.train.seed)
+    model = create_model(cfg.model, num_classes=bundle.num_classes, in_chans=bundle.in_chans, img_size=bundle.img_size)
+    model.to(device)
+    if _channels_last(cfg, device):
+        model.to(memory_format=torch.channels_last)
+    net: nn.Module = model
+    if d.world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    train_loader, val_loader, sampler = _loaders(bundle, cfg, d, device)
+    base = _base_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr.
+    method = optim.create(
+        cfg.optimizer.method,
+        base,
+        model=net,
+        num_samples=bundle.num_train_full,
+        num_classes=bundle.num_classes,
+        grad_clip=cfg.optimizer.grad_clip,
+        scaler=scaler,
+        global_perturbation=cfg.optimizer.global_perturbation,
+        **cfg.optimizer.hparams,
+    )
+    scheduler = _scheduler(base, cfg, len(train_loader))
+
+    start_epoch, num_updates, best = 0, 0, {}
+    if resume_from is not None:
+        state = load_checkpoint(resume_from)
+        model.load_state_dict(state["model"])
+        method.load_state_dict(state["method"])
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        if scaler is not None and state["scaler"] is not None:
+            scaler.load_state_dict(state["scaler"])
+        start_epoch, num_updates, best = state["epoch"] + 1, state["num_updates"], dict(state["best"])
+    if scheduler is not None:
+        scheduler.step_update(num_updates=num_updates)
+
+    own_dir = checkpoint_dir is None
+    ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    metrics: dict[str, float] = {}
+    try:
+        for epoch in range(start_epoch, cfg.schedule.epochs):
+            _seed_epoch(cfg.train.seed, epoch, d.rank)
+            train_metrics, num_updates = _train_epoch(
+                net, method, train_loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates
+            )
+            val_metrics = evaluate(net, val_loader, device, autocast, d)
+            metrics = {
+                "epoch": epoch,
+                **train_metrics,
+                **val_metrics,
+                "lr": base.param_groups[0]["lr"],
+                "weight_norm": float(weight_norm(model)),
+            }
+            if val_metrics["val_acc"] >= best.get("best_val_acc", -1.0):
+                best = {"best_val_acc": val_metrics["val_acc"], "best_epoch": epoch}
+            metrics.update(best)
+
+            last = epoch == cfg.schedule.epochs - 1
+            saved: Path | None = None
+            if last or (epoch + 1) % cfg.train.checkpoint_every == 0:
+                if d.rank == 0:
+                    _save(
+                        ckpt_root / CHECKPOINT_FILE,
+                        model=net, method=method, scheduler=scheduler, scaler=scaler,
+                        epoch=epoch, num_updates=num_updates, cfg=cfg, best=best,
+                    )
+                    saved = ckpt_root
+            if recorder is not None and d.rank == 0:
+                recorder.log_epoch(metrics, epoch)
+            if reporter is not None:
+                reporter(metrics, saved)
+    finally:
+        if own_dir:
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+    return metrics
+
+
+def describe_hardware(device: torch.device | None = None) -> dict[str, str]:
+    """Host and accelerator names, recorded with every trial."""
+    device = device or (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    return {"host": platform.node(), "card": card, "torch": torch.__version__}

@@ -1,0 +1,90 @@
+"""Model construction: any timm ViT, MLP-Mixer or ResNet by name, untrained, sized for the data at hand."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import timm
+import torch
+from torch import nn
+
+from trainables.config import ModelConfig
+
+__all__ = ["Family", "create_model", "model_family", "set_fused_attention"]
+
+Family = Literal["vit", "mixer", "resnet"]
+
+_FAMILY_PATTERNS: tuple[tuple[Family, re.Pattern[str]], ...] = (
+    ("vit", re.compile(r"^(vit|deit)_")),
+    ("mixer", re.compile(r"^mixer_")),
+    ("resnet", re.compile(r"^(resnet|resnext|wide_resnet|seresnet|resnetv2)")),
+)
+
+# timm's Mixer entry points hard-code these three and reject overrides ("multiple values for keyword"),
+# so an override rebuilds the variant through timm's own builder with the merged arguments.
+_MIXER_SIZES = {"s": (8, 512), "b": (12, 768), "l": (24, 1024)}
+_MIXER_NAME = re.compile(r"^mixer_([sbl])(16|32)_224$")
+
+
+def model_family(name: str) -> Family:
+    """The architecture family of a timm model name; a clear error for anything sharpscale does not support."""
+    for family, pattern in _FAMILY_PATTERNS:
+        if pattern.match(name):
+            return family
+    raise ValueError(
+        f"model.name: must be a timm ViT (vit_*, deit_*), MLP-Mixer (mixer_*) or ResNet (resnet*, resnext*, "
+        f"wide_resnet*) name, got {name!r}. Fix: pick one of timm.list_models('vit_*'), "
+        f"timm.list_models('mixer_*') or timm.list_models('resnet*')."
+    )
+
+
+def _cifar_stem(model: nn.Module) -> None:
+    # Small images lose all resolution to the 7x7/2 conv and the max-pool; the CIFAR ResNet stem keeps it.
+    conv = model.conv1
+    model.conv1 = nn.Conv2d(conv.in_channels, conv.out_channels, 3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+
+
+def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size: int) -> nn.Module:
+    """Build the configured model, untrained, for `num_classes` classes on `in_chans` x `img_size`^2 inputs."""
+    family = model_family(cfg.name)
+    kwargs: dict[str, Any] = dict(num_classes=num_classes, in_chans=in_chans, drop_rate=cfg.drop_rate)
+    if cfg.drop_path_rate:
+        kwargs["drop_path_rate"] = cfg.drop_path_rate
+    if family in ("vit", "mixer"):
+        kwargs["img_size"] = img_size
+    kwargs.update(cfg.kwargs)
+
+    mixer = _MIXER_NAME.match(cfg.name)
+    if family == "mixer" and mixer and {"patch_size", "num_blocks", "embed_dim"} & set(cfg.kwargs):
+        from timm.models import build_model_with_cfg
+        from timm.models.mlp_mixer import MlpMixer
+
+        num_blocks, embed_dim = _MIXER_SIZES[mixer.group(1)]
+        merged = dict(patch_size=int(mixer.group(2)), num_blocks=num_blocks, embed_dim=embed_dim) | kwargs
+        model = build_model_with_cfg(MlpMixer, cfg.name, pretrained=False, **merged)
+    else:
+        model = timm.create_model(cfg.name, pretrained=False, **kwargs)
+
+    if family == "resnet" and cfg.cifar_stem:
+        _cifar_stem(model)
+    set_fused_attention(model, cfg.fused_attn)
+    return model
+
+
+def set_fused_attention(model: nn.Module, enabled: bool) -> None:
+    """Switch timm's fused (flash / SDPA) attention on or off; it has no double backward, which Hessians need."""
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = enabled
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def weight_norm(model: nn.Module) -> torch.Tensor:
+    """Global L2 norm of all parameters, as a 0-d tensor (no host sync)."""
+    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
+    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))

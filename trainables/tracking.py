@@ -1,0 +1,109 @@
+"""MLflow record of one trial: exactly one run per trial key, its config, per-epoch metrics, tags and final status."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TRIAL_KEY_TAG", "TrackingTarget", "TrialRecorder", "tracking_client"]
+
+# The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
+# creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
+TRIAL_KEY_TAG = "sharpscale.trial_key"
+KIND_TAG = "sharpscale.kind"
+STATUS_TAG = "sharpscale.status"
+
+_MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """Where a trial's run goes: the store, the experiment, the parent run, and the tags it carries."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def tracking_client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def _retry(fn, *args, attempts: int = 8, **kwargs):
+    # Concurrent trials share one SQLite file; a writer can find it locked for a moment.
+    delay = 0.2
+    for i in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # MLflow wraps sqlite's OperationalError in its own exception types
+            if "locked" not in str(err).lower() or i == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class TrialRecorder:
+    """Owns one trial's MLflow run: get-or-create by trial key, log params once, metrics per epoch, close it."""
+
+    def __init__(self, target: TrackingTarget, trial_key: str, run_name: str, params: dict[str, Any]):
+        from mlflow.entities import Param
+
+        self._client = tracking_client(target.tracking_uri)
+        self.target = target
+        existing = _retry(
+            self._client.search_runs,
+            [target.experiment_id],
+            filter_string=f"tags.`{TRIAL_KEY_TAG}` = '{trial_key}'",
+            max_results=2,
+        )
+        if existing:
+            self.run_id = existing[0].info.run_id
+            _retry(self._client.update_run, self.run_id, status="RUNNING")
+            return
+        tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: trial_key, STATUS_TAG: "running", **target.tags}
+        if target.parent_run_id:
+            tags["mlflow.parentRunId"] = target.parent_run_id
+        run = _retry(self._client.create_run, target.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        params_list = [Param(k, _param_value(v)) for k, v in sorted(params.items())]
+        for i in range(0, len(params_list), 100):  # MLflow's batch limit for params
+            _retry(self._client.log_batch, self.run_id, params=params_list[i : i + 100])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        _retry(self._client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def log_epoch(self, metrics: dict[str, float], epoch: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(k, float(v), now, epoch)
+            for k, v in metrics.items()
+            if k != "epoch" and isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
+        _retry(self._client.log_batch, self.run_id, metrics=batch)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        """status: 'finished', 'failed', 'diverged' or 'killed'; MLflow's own status follows from it."""
+        tags = {STATUS_TAG: status}
+        if reason:
+            tags["sharpscale.reason"] = reason[:5000]
+        self.set_tags(tags)
+        mlflow_status = {"finished": "FINISHED", "killed": "KILLED"}.get(status, "FAILED")
+        _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
+
+
+def _param_value(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= _MAX_PARAM_LEN else text[: _MAX_PARAM_LEN - 3] + "..."
