@@ -75,9 +75,7 @@ class LossOracle:
         self.seed = seed
 
     def rng(self, index: int) -> "_Seeded | _NoOp":
-        if not self.train:
-            return _NO_OP
-        return _Seeded(self.seed * 1_000_003 + index, _model_device(self.model))
+        return fixed_rng(self.train, self.seed * 1_000_003 + index, _model_device(self.model))
 
     def batch_loss(self, index: int) -> torch.Tensor:
         with self.rng(index):
@@ -129,6 +127,11 @@ class _NoOp:
 
 
 _NO_OP = _NoOp()
+
+
+def fixed_rng(train: bool, seed: int, device: torch.device) -> "_Seeded | _NoOp":
+    """In train mode, a context that runs from `seed` and gives the caller's RNG state back; else a no-op."""
+    return _Seeded(seed, device) if train else _NO_OP
 
 
 class _Seeded:
@@ -208,7 +211,9 @@ class _Conv(torch.autograd.Function):
     """A convolution whose backward is _ConvGrad, so that the second backward is cheap."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf: tuple) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conf: tuple
+    ) -> torch.Tensor:
         stride, padding, dilation, groups = conf
         ctx.save_for_backward(x, weight)
         ctx.conf = conf
@@ -237,13 +242,16 @@ class _ConvGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, conf: tuple, need_x: bool, need_w: bool) -> tuple:
+    def forward(
+        ctx: Any, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, conf: tuple, need_x: bool, need_w: bool
+    ) -> tuple:
         stride, padding, dilation, groups = conf
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(grad_out, x, weight)
         ctx.conf = conf
+        zeros = [0] * len(stride)
         grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
-            grad_out, x, weight, None, stride, padding, dilation, False, [0] * len(stride), groups, [need_x, need_w, False]
+            grad_out, x, weight, None, stride, padding, dilation, False, zeros, groups, [need_x, need_w, False]
         )
         return grad_x, grad_w
 
@@ -436,9 +444,10 @@ def _unit(vector: torch.Tensor) -> torch.Tensor:
 
 def _orthogonalize(vector: torch.Tensor, basis: Sequence[torch.Tensor]) -> torch.Tensor:
     # Two passes of modified Gram-Schmidt: one pass loses orthogonality in float32 (Kahan's "twice is enough").
+    # The coefficients stay on the device: a host sync per basis vector would stall a GPU.
     for _ in range(2):
         for b in basis:
-            vector = vector.sub_(b, alpha=float(torch.dot(b, vector)))
+            vector.addcmul_(b, torch.dot(b, vector), value=-1)
     return vector
 
 

@@ -1,4 +1,4 @@
-"""Loss-geometry metrics of a trained model: Hessian spectrum and trace, flatness, surrogate gap, landscapes, activations."""
+"""Loss-geometry metrics of a model: Hessian spectrum and trace, flatness, sharpness, landscapes, activations."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from analysis._hvp import (
     HessianCore,
     LossOracle,
     batch_size,
+    fixed_rng,
     lanczos,
     power_iteration,
     split_batch,
@@ -396,13 +397,17 @@ def _check_batches(batches: Any) -> list[Any]:
     return batches
 
 
-def _resolve_params(model: nn.Module, params: ParamSpec | None, what: str = "params") -> tuple[list[str], list[nn.Parameter]]:
+def _resolve_params(
+    model: nn.Module, params: ParamSpec | None, what: str = "params"
+) -> tuple[list[str], list[nn.Parameter]]:
     named = list(model.named_parameters())
     if params is None:
         chosen = [(n, p) for n, p in named if p.requires_grad]
     else:
         if isinstance(params, (str, nn.Parameter, torch.Tensor)):
-            raise ValueError(f"{what} must be a list of parameter names or nn.Parameters, got one {type(params).__name__}")
+            raise ValueError(
+                f"{what} must be a list of parameter names or nn.Parameters, got one {type(params).__name__}"
+            )
         by_name = dict(named)
         by_id = {id(p): n for n, p in named}
         chosen, seen = [], set()
@@ -417,7 +422,9 @@ def _resolve_params(model: nn.Module, params: ParamSpec | None, what: str = "par
                 name = item
             elif isinstance(item, torch.Tensor):
                 if id(item) not in by_id:
-                    raise ValueError(f"{what} holds a tensor of shape {tuple(item.shape)} that is not a parameter of the model")
+                    raise ValueError(
+                        f"{what} holds a tensor of shape {tuple(item.shape)} that is not a parameter of the model"
+                    )
                 name = by_id[id(item)]
             else:
                 raise ValueError(f"{what} entries must be parameter names or nn.Parameters, got {type(item).__name__}")
@@ -525,7 +532,11 @@ class _Scope:
             module.training = flag
 
 
-def _set_params(params: Sequence[nn.Parameter], base: Sequence[torch.Tensor], steps: Sequence[tuple[float, Sequence[torch.Tensor]]]) -> None:
+def _set_params(
+    params: Sequence[nn.Parameter],
+    base: Sequence[torch.Tensor],
+    steps: Sequence[tuple[float, Sequence[torch.Tensor]]],
+) -> None:
     """params <- base + sum_i c_i d_i, written from the saved base so no rounding accumulates."""
     with torch.no_grad():
         for index, (param, start) in enumerate(zip(params, base)):
@@ -604,7 +615,7 @@ def hessian_operator(
     return _HessianOperatorScope(model, core_args, mode)
 
 
-def _solve(op: FlatOperator, *, which: str, k: int, method: str, max_iter: int, tol: float, seed: int) -> EigenOutput:
+def _solve(op: FlatOperator, which: str, k: int, method: str, max_iter: int, tol: float, seed: int) -> EigenOutput:
     solver = lanczos if method == "lanczos" else power_iteration
     return solver(
         op,
@@ -619,19 +630,16 @@ def _solve(op: FlatOperator, *, which: str, k: int, method: str, max_iter: int, 
     )
 
 
-def _eigen_result(output: EigenOutput, *, which: str, method: str, mode: str, core: HessianCore, k: int, max_iter: int, tol: float, seed: int, hvp_count: int, num_params: int) -> EigenResult:
+def _eigen_result(
+    output: EigenOutput, core: HessianCore, *, which: str, hvp_count: int, num_params: int, mode: str, **solver: Any
+) -> EigenResult:
     return EigenResult(
         eigenvalues=output.values,
         residuals=output.residuals,
         eigenvectors=tuple(v.detach() for v in output.vectors),
         which=which,
-        method=method,
         mode=mode,
         hvp_mode=core.hvp_mode,
-        k=k,
-        max_iter=max_iter,
-        tol=tol,
-        seed=seed,
         converged=output.converged,
         iterations=output.iterations,
         hvp_count=hvp_count,
@@ -640,24 +648,45 @@ def _eigen_result(output: EigenOutput, *, which: str, method: str, mode: str, co
         num_samples=core.oracle.num_samples,
         num_params=num_params,
         history=output.history,
+        **solver,
     )
 
 
-def _check_solver_args(k: int, method: str, max_iter: int, tol: float, seed: int) -> None:
-    _check_int("k", k, 1, "ask for at least one eigenvalue")
-    _check_choice("method", method, METHODS)
-    _check_int("max_iter", max_iter, 1, "allow at least one iteration")
-    _check_positive("tol", tol, "a relative tolerance such as 1e-3")
-    _check_int("seed", seed, 0, "use a non-negative seed")
+def _solver_settings(k: int, method: str, max_iter: int, tol: float, seed: int) -> dict[str, Any]:
+    return {
+        "k": _check_int("k", k, 1, "ask for at least one eigenvalue"),
+        "method": _check_choice("method", method, METHODS),
+        "max_iter": _check_int("max_iter", max_iter, 1, "allow at least one iteration"),
+        "tol": _check_positive("tol", tol, "a relative tolerance such as 1e-3"),
+        "seed": _check_int("seed", seed, 0, "use a non-negative seed"),
+    }
 
 
-def _extreme_eigenvalues(model, loss_fn, batches, *, which, k, mode, method, max_iter, tol, seed, params, hvp_mode, cache_graphs) -> EigenResult:
-    _check_solver_args(k, method, max_iter, tol, seed)
-    with hessian_operator(model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed) as op:
-        if k > op.num_params:
-            raise ValueError(f"k must be <= the number of parameters ({op.num_params}), got {k}; ask for fewer eigenvalues")
-        output = _solve(op._flat, which=which, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed)
-        return _eigen_result(output, which=which, method=method, mode=mode, core=op._core, k=k, max_iter=max_iter, tol=tol, seed=seed, hvp_count=op.hvp_count, num_params=op.num_params)
+def _extreme_eigenvalues(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Any],
+    which: str,
+    *,
+    mode: str,
+    params: ParamSpec | None,
+    hvp_mode: str,
+    cache_graphs: bool,
+    **solver: Any,
+) -> EigenResult:
+    solver = _solver_settings(**solver)
+    seed = solver["seed"]
+    with hessian_operator(
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+    ) as op:
+        if solver["k"] > op.num_params:
+            raise ValueError(
+                f"k must be <= the number of parameters ({op.num_params}), got {solver['k']}; ask for fewer eigenvalues"
+            )
+        output = _solve(op._flat, which, **solver)
+        return _eigen_result(
+            output, op._core, which=which, hvp_count=op.hvp_count, num_params=op.num_params, mode=mode, **solver
+        )
 
 
 def top_eigenvalues(
@@ -683,9 +712,13 @@ def top_eigenvalues(
     (Lanczos) or the iterations per eigenpair (power). Convergence is judged on the eigenvector (residual
     or 1-|<v_t, v_t-1>|) and on the value (relative change), both < tol. mode is "eval" or "train" (BN,
     dropout); the model's modes and buffers are restored afterwards. params restricts the Hessian to a
-    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto".
+    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto";
+    cache_graphs as in hessian_operator.
     """
-    return _extreme_eigenvalues(model, loss_fn, batches, which="largest", k=k, mode=mode, method=method, max_iter=max_iter, tol=tol, seed=seed, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs)
+    return _extreme_eigenvalues(
+        model, loss_fn, batches, "largest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+    )
 
 
 def smallest_eigenvalue(
@@ -704,7 +737,10 @@ def smallest_eigenvalue(
     cache_graphs: bool = True,
 ) -> EigenResult:
     """The k algebraically smallest Hessian eigenvalues (ascending), as top_eigenvalues does for -H."""
-    return _extreme_eigenvalues(model, loss_fn, batches, which="smallest", k=k, mode=mode, method=method, max_iter=max_iter, tol=tol, seed=seed, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs)
+    return _extreme_eigenvalues(
+        model, loss_fn, batches, "smallest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+    )
 
 
 def blockwise_top_eigenvalues(
@@ -726,28 +762,36 @@ def blockwise_top_eigenvalues(
     groups maps a name to parameter names or nn.Parameters (see default_parameter_groups). With
     double_backward and cache_graphs, one gradient graph over the union of the groups serves every block.
     """
-    _check_solver_args(1, method, max_iter, tol, seed)
+    solver = _solver_settings(1, method, max_iter, tol, seed)
     if not isinstance(groups, Mapping) or not groups:
-        raise ValueError(f"groups must be a non-empty dict of name -> parameters, got {groups!r}; see default_parameter_groups(model)")
-    resolved_groups = {}
+        raise ValueError(
+            f"groups must be a non-empty dict of name -> parameters, got {groups!r}; "
+            "see default_parameter_groups(model)"
+        )
+    members = {}
     for name, spec in groups.items():
         if isinstance(spec, (list, tuple)) and not spec:
             raise ValueError(f"groups[{name!r}] is empty; give each group at least one parameter or drop it")
-        resolved_groups[name] = _resolve_params(model, spec, what=f"groups[{name!r}]")[0]
-    union = list(dict.fromkeys(n for names in resolved_groups.values() for n in names))
+        members[name] = _resolve_params(model, spec, what=f"groups[{name!r}]")[0]
+    union = list(dict.fromkeys(n for names in members.values() for n in names))
     results = []
-    with hessian_operator(model, loss_fn, batches, mode=mode, params=union, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed) as op:
+    with hessian_operator(
+        model, loss_fn, batches, mode=mode, params=union, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+    ) as op:
         core = op._core
         position = {name: i for i, name in enumerate(core.names)}
-        for group, names in resolved_groups.items():
+        for names in members.values():
             block = FlatOperator(core, [position[n] for n in names])
             before = core.hvp_count
-            output = _solve(block, which="largest", k=1, method=method, max_iter=max_iter, tol=tol, seed=seed)
+            output = _solve(block, "largest", **solver)
             results.append(
-                _eigen_result(output, which="largest", method=method, mode=mode, core=core, k=1, max_iter=max_iter, tol=tol, seed=seed, hvp_count=core.hvp_count - before, num_params=block.size)
+                _eigen_result(
+                    output, core, which="largest", hvp_count=core.hvp_count - before, num_params=block.size, mode=mode,
+                    **solver,
+                )
             )
         return BlockwiseEigenResult(
-            groups=tuple(resolved_groups),
+            groups=tuple(members),
             results=tuple(results),
             mode=mode,
             hvp_mode=core.hvp_mode,
@@ -771,12 +815,15 @@ def hessian_trace(
     """Hutchinson's estimate tr(H) ~ mean_i z_i^T H z_i with Rademacher z_i, and its standard error."""
     _check_int("samples", samples, 2, "a standard error needs at least two probe vectors")
     _check_int("seed", seed, 0, "use a non-negative seed")
-    with hessian_operator(model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed) as op:
+    with hessian_operator(
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+    ) as op:
         flat = op._flat
         generator = _generator(flat.device, seed)
         estimates = []
         for _ in range(samples):
-            z = torch.randint(0, 2, (flat.size,), generator=generator, device=flat.device).to(flat.dtype).mul_(2).sub_(1)
+            z = torch.randint(0, 2, (flat.size,), generator=generator, device=flat.device).to(flat.dtype)
+            z.mul_(2).sub_(1)
             estimates.append(float(torch.dot(z, flat(z))))
         return TraceResult(
             trace=float(np.mean(estimates)),
@@ -795,7 +842,9 @@ def hessian_trace(
 # ------------------------------------------------------------------------------ zeroth/first order
 
 
-def _perturbation_setup(model: nn.Module, loss_fn: LossFn, batches: Any, mode: str, params: ParamSpec | None, seed: int):
+def _perturbation_setup(
+    model: nn.Module, loss_fn: LossFn, batches: Any, mode: str, params: ParamSpec | None, seed: int
+) -> tuple[str, list[Any], list[nn.Parameter], LossOracle]:
     mode = _check_choice("mode", mode, MODES)
     batches = _check_batches(batches)
     names, chosen = _resolve_params(model, params)
@@ -843,7 +892,13 @@ def average_flatness(
     )
 
 
-def _ascent_gap(oracle: LossOracle, chosen: Sequence[nn.Parameter], base: Sequence[torch.Tensor], rho: float, indices: Sequence[int] | None) -> tuple[float, float, float]:
+def _ascent_gap(
+    oracle: LossOracle,
+    chosen: Sequence[nn.Parameter],
+    base: Sequence[torch.Tensor],
+    rho: float,
+    indices: Sequence[int] | None,
+) -> tuple[float, float, float]:
     """(L(w), L(w + rho g/||g||), ||g||) on the selected batches; parameters are left at base."""
     loss, grad = oracle.value_and_grad(chosen, indices)
     norm = float(grad.float().norm() if grad.dtype in (torch.float16, torch.bfloat16) else grad.norm())
@@ -915,7 +970,8 @@ def m_sharpness(
         subbatches.extend(split_batch(batch, size, m))
         dropped += size % m
     if not subbatches:
-        raise ValueError(f"m must be <= the largest batch size ({max(batch_size(b) for b in batches)}), got {m}; use a smaller m")
+        largest = max(batch_size(b) for b in batches)
+        raise ValueError(f"m must be <= the largest batch size ({largest}), got {m}; use a smaller m")
     mode, _, chosen, oracle = _perturbation_setup(model, loss_fn, subbatches, mode, params, seed)
     values = []
     with _Scope(model, mode, keep_params=True) as scope:
@@ -974,7 +1030,9 @@ def _grid(steps: int, span: float) -> list[float]:
     return [span * (i - half) / half for i in range(steps)]
 
 
-def _landscape(model: nn.Module, loss_fn: LossFn, batches: Any, *, dims: int, steps: int, span: float, seed: int, mode: str) -> LandscapeResult:
+def _landscape(
+    model: nn.Module, loss_fn: LossFn, batches: Any, *, dims: int, steps: int, span: float, seed: int, mode: str
+) -> LandscapeResult:
     steps = _check_int("steps", steps, 2, "use at least two grid points per axis (odd counts include alpha=0)")
     span = _check_positive("span", span, "the largest |alpha| of the grid, e.g. 1.0")
     _check_int("seed", seed, 0, "use a non-negative seed")
@@ -1123,16 +1181,19 @@ def active_neuron_fraction(
     mode: str = "eval",
     batch_size: int = 256,
     activations: Mapping[str, Sequence[nn.Module]] | None = None,
+    seed: int = 0,
 ) -> ActiveNeuronResult:
     """Per block, the share of hidden activations > 0 over the given inputs (Chen et al. 2022, Figure 2).
 
     Counted at the output of the activation module inside each block's mlp / mlp_channels /
     mlp_tokens (for GELU, > 0 exactly where its input is > 0); for a timm ResNet, over every act* of each
     residual block. `activations` maps block names to modules to count instead. inputs: a tensor of
-    samples (fed in chunks of batch_size) or a list of input batches.
+    samples (fed in chunks of batch_size) or a list of input batches. In train mode, dropout draws from
+    `seed` (the caller's RNG state is left alone).
     """
     mode = _check_choice("mode", mode, MODES)
     _check_int("batch_size", batch_size, 1, "feed at least one sample at a time")
+    _check_int("seed", seed, 0, "use a non-negative seed")
     groups = dict(activations) if activations is not None else _activation_groups(model)
     if not groups:
         raise ValueError(
@@ -1155,8 +1216,9 @@ def active_neuron_fraction(
             for module in modules:
                 handles.append(module.register_forward_hook(counter(name)))
         with _Scope(model, mode, keep_params=False), torch.no_grad():
-            for chunk in _input_chunks(inputs, batch_size):
-                model(chunk)
+            for index, chunk in enumerate(_input_chunks(inputs, batch_size)):
+                with fixed_rng(mode == "train", seed + index, chunk.device):
+                    model(chunk)
                 samples += chunk.shape[0]
     finally:
         for handle in handles:
@@ -1211,7 +1273,8 @@ def linearity_missing_rate(
     the model's output) as neither y_i nor y_j (Chen et al. 2022, Table 6; Zhang et al. 2018).
 
     pairs: how many different-label pairs to draw at random (with replacement), or None for every
-    such pair i < j (exact; O(N^2) memory, for small samples).
+    such pair i < j (exact; O(N^2) memory, for small samples). `seed` draws the pairs (and, in train
+    mode, the dropout masks; the caller's RNG state is left alone).
     """
     mode = _check_choice("mode", mode, MODES)
     _check_int("seed", seed, 0, "use a non-negative seed")
@@ -1235,7 +1298,8 @@ def linearity_missing_rate(
             i = first[start : start + batch_size]
             j = second[start : start + batch_size]
             mid = (inputs[i.to(inputs.device)] + inputs[j.to(inputs.device)]) / 2
-            predicted = model(mid).argmax(dim=-1).cpu()
+            with fixed_rng(mode == "train", seed + start, mid.device):
+                predicted = model(mid).argmax(dim=-1).cpu()
             misses += int(((predicted != cpu_labels[i]) & (predicted != cpu_labels[j])).sum())
     count = first.numel()
     rate = misses / count

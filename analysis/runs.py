@@ -1,14 +1,15 @@
-"""MLflow records to pandas: one row per trial, and the per-cell summary a study prints at its end."""
+"""MLflow records to pandas: one row per trial, per-epoch curves, and the per-cell summary a study prints at its end."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Literal, Sequence
 
 import pandas as pd
 
-__all__ = ["load_runs", "summarize"]
+__all__ = ["load_curves", "load_runs", "summarize"]
 
 _TRIAL_FILTER = "tags.`sharpscale.kind` = 'trial'"
 
@@ -29,15 +30,9 @@ def _numeric(series: pd.Series) -> pd.Series:
     return converted if converted.notna().sum() == series.notna().sum() else series
 
 
-def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataFrame:
-    """The study's trials, one row each: run ids, status, factors, params (dotted config paths), final metrics.
-
-    study: the study's name (its MLflow experiment; smoke runs live in `<name>-smoke`) or its YAML file.
-    tracking_uri: the MLflow store; a relative `sqlite:///` path is taken from the current directory.
-    """
+def _open_experiment(study: str | Path, tracking_uri: str | None):
+    """(client, experiment, absolute uri) of a study; a LookupError names the experiments that do exist."""
     from mlflow.tracking import MlflowClient
-
-    from trainables.tracking import STATUS_TAG
 
     uri = _absolute_uri(tracking_uri or "sqlite:///mlflow.db")
     client = MlflowClient(tracking_uri=uri)
@@ -46,34 +41,126 @@ def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataF
     if exp is None:
         known = sorted(e.name for e in client.search_experiments())
         raise LookupError(f"study {name!r}: no MLflow experiment of that name at {uri}. Known: {known}.")
-    rows = []
+    return client, exp, uri
+
+
+def _trial_runs(client, experiment_id: str) -> Iterable:
     token = None
     while True:
-        page = client.search_runs([exp.experiment_id], filter_string=_TRIAL_FILTER, max_results=1000, page_token=token)
-        for run in page:
-            tags = run.data.tags
-            row = {
-                "run_id": run.info.run_id,
-                "trial_id": tags.get("sharpscale.trial_id"),
-                "cell": tags.get("sharpscale.cell", ""),
-                "status": tags.get(STATUS_TAG, "unknown"),
-                "mlflow_status": run.info.status,
-                "start_time": pd.Timestamp(run.info.start_time, unit="ms"),
-            }
-            row.update({f"factor.{k[7:]}": v for k, v in tags.items() if k.startswith("factor.")})
-            row.update(run.data.params)
-            row.update(run.data.metrics)
-            rows.append(row)
+        page = client.search_runs([experiment_id], filter_string=_TRIAL_FILTER, max_results=1000, page_token=token)
+        yield from page
         token = page.token
         if not token:
             break
+
+
+def _identity(run) -> dict:
+    tags = run.data.tags
+    row = {
+        "run_id": run.info.run_id,
+        "trial_id": tags.get("sharpscale.trial_id"),
+        "cell": tags.get("sharpscale.cell", ""),
+    }
+    row.update({f"factor.{k[7:]}": v for k, v in tags.items() if k.startswith("factor.")})
+    return row
+
+
+def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataFrame:
+    """The study's trials, one row each: run ids, status, factors, params (dotted config paths), final metrics.
+
+    study: the study's name (its MLflow experiment; smoke runs live in `<name>-smoke`) or its YAML file.
+    tracking_uri: the MLflow store; a relative `sqlite:///` path is taken from the current directory.
+    """
+    from trainables.tracking import STATUS_TAG
+
+    client, exp, _ = _open_experiment(study, tracking_uri)
+    rows = []
+    for run in _trial_runs(client, exp.experiment_id):
+        row = _identity(run)
+        row.update(
+            {
+                "status": run.data.tags.get(STATUS_TAG, "unknown"),
+                "mlflow_status": run.info.status,
+                "start_time": pd.Timestamp(run.info.start_time, unit="ms"),
+            }
+        )
+        row.update(run.data.params)
+        row.update(run.data.metrics)
+        rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
+    first = ["run_id", "trial_id", "cell", "status", "mlflow_status", "start_time"]
+    df = df[first + [c for c in df.columns if c not in first]]
     for col in df.columns:
         if (df[col].dtype == object or pd.api.types.is_string_dtype(df[col])) and col not in ("run_id", "trial_id", "cell", "status", "mlflow_status"):
             df[col] = _numeric(df[col])
     return df.sort_values("start_time").reset_index(drop=True)
+
+
+def load_curves(
+    study: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    metrics: Sequence[str] = ("train_loss", "val_loss", "val_acc"),
+    run_ids: Sequence[str] | None = None,
+    max_workers: int = 4,
+) -> pd.DataFrame:
+    """Per-epoch histories of the study's trials as a tidy long table.
+
+    Columns: run_id, trial_id, cell, the factor.* columns, metric, step (the epoch), value; sorted by
+    run, metric, step. metrics: the metric keys to fetch; a trial that never logged one simply has no rows
+    for it. run_ids: only these trials (e.g. `load_runs(...)` filtered to the best per cell); an id that is
+    not a trial of the study is an error. One step logged twice (a trial resumed from an earlier
+    checkpoint re-runs epochs) keeps its latest value. MLflow serves one (run, metric) history per call,
+    so the calls that can return something (the run has that metric) run on `max_workers` threads.
+    """
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    metrics = tuple(metrics)
+    if not metrics:
+        raise ValueError("metrics must name at least one metric, got an empty sequence; e.g. metrics=('val_acc',)")
+    if not isinstance(max_workers, int) or max_workers < 1:
+        raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}; use 1 to fetch serially")
+    client, exp, uri = _open_experiment(study, tracking_uri)
+    runs = list(_trial_runs(client, exp.experiment_id))
+    if run_ids is not None:
+        wanted = list(dict.fromkeys(run_ids))
+        known = {r.info.run_id for r in runs}
+        missing = [r for r in wanted if r not in known]
+        if missing:
+            raise ValueError(
+                f"run_ids: {len(missing)} id(s) are not trials of study {exp.name!r} at {uri}: {missing[:5]}. "
+                "Fix: take the ids from load_runs(...)['run_id'] of the same study and store."
+            )
+        runs = [r for r in runs if r.info.run_id in set(wanted)]
+    # The run's latest-metric map says which histories exist: no call is spent on a metric it never logged.
+    jobs = [(run, key) for run in runs for key in metrics if key in run.data.metrics]
+
+    def fetch(job):
+        run, key = job
+        return run, key, client.get_metric_history(run.info.run_id, key)
+
+    if max_workers > 1 and len(jobs) > 1:
+        with ThreadPoolExecutor(max_workers=max_workers) as pool:
+            results = list(pool.map(fetch, jobs))
+    else:
+        results = [fetch(j) for j in jobs]
+    factor_cols = sorted({k for run in runs for k in _identity(run) if k.startswith("factor.")})
+    rows = []
+    for run, key, history in results:
+        ident = _identity(run)
+        latest: dict[int, tuple[int, float]] = {}
+        for m in history:
+            if m.step not in latest or m.timestamp >= latest[m.step][0]:
+                latest[m.step] = (m.timestamp, m.value)
+        for step, (_, value) in latest.items():
+            rows.append({**ident, "metric": key, "step": int(step), "value": float(value)})
+    columns = ["run_id", "trial_id", "cell", *factor_cols, "metric", "step", "value"]
+    df = pd.DataFrame(rows, columns=columns)
+    df["step"] = df["step"].astype("int64")
+    df["value"] = df["value"].astype("float64")
+    return df.sort_values(["run_id", "metric", "step"]).reset_index(drop=True)
 
 
 def _absolute_uri(uri: str) -> str:

@@ -36,7 +36,11 @@ FULL_MODELS = {
 QUICK_MODELS = {
     "vit_tiny(32px,p4,d2)": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "depth": 2}, 32),
     "mixer(32px,p4,d2,w64)": (MlpMixer, {"img_size": 32, "patch_size": 4, "num_blocks": 2, "embed_dim": 64}, 32),
-    "resnet18(16-128ch,1111)": ("resnet18", {"layers": (1, 1, 1, 1), "channels": (16, 32, 64, 128), "stem_width": 16}, 32),
+    "resnet18(16-128ch,1111)": (
+        "resnet18",
+        {"layers": (1, 1, 1, 1), "channels": (16, 32, 64, 128), "stem_width": 16},
+        32,
+    ),
 }
 VARIANTS = (
     ("double_backward", True),
@@ -155,7 +159,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=None, help="batch size (64, or 8 with --quick)")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (20, or 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed repetitions first (5, or 1 with --quick)")
-    parser.add_argument("--models", nargs="*", default=None, help="timm model names at 224px (default: the three of the issue)")
+    parser.add_argument(
+        "--models", nargs="*", default=None, help="timm model names at 224px (default: the three of the issue)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args()
     args.batch = args.batch or (8 if args.quick else 64)
@@ -166,6 +172,8 @@ def main() -> None:
 
     geometry = _load_geometry()
     device = torch.device(args.device)
+    if args.quick and device.type == "cpu":
+        torch.set_num_threads(1)  # a smoke run on a shared machine: one thread contends least
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(
         f"device {card} | torch {torch.__version__} | timm {timm.__version__} | batch {args.batch} fp32 | "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import math
 import statistics
 import sys
@@ -178,23 +179,40 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
         for _ in range(warmup):
             v.step()
     _sync(device)
-    order = list(variants)
-    ratios = {k: [] for k in variants}
-    for r in range(repeats):
-        rot = order[r % len(order):] + order[: r % len(order)]
-        times = {}
-        for k in rot:
-            v = variants[k]
+    def timed(v):
+        # The collector's pauses land on whichever variant is running: collect before, not during.
+        gc.collect()
+        gc.disable()
+        try:
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(steps):
                 v.step()
             _sync(device)
-            times[k] = time.perf_counter() - t0
-            v.rates.append(steps * spec.batch / times[k])
-        for k, v in variants.items():
-            ref = v.base_ratio_to if v.base_ratio_to in times else "none"
-            ratios[k].append(times[ref] / times[k] if ref in times else float("nan"))
+            return time.perf_counter() - t0
+        finally:
+            gc.enable()
+
+    # Each variant is timed between two blocks of its reference (the fused-AdamW step, or MESA's
+    # floor) and its ratio is taken against their mean: drift within a round cancels. The variant
+    # order rotates from round to round.
+    others = [k for k in variants if k != "none"]
+    ratios = {k: [] for k in variants}
+    for r in range(repeats):
+        rot = others[r % len(others):] + others[: r % len(others)] if others else []
+        ref_time = timed(variants["none"])
+        variants["none"].rates.append(steps * spec.batch / ref_time)
+        ratios["none"].append(1.0)
+        for k in rot:
+            v = variants[k]
+            ref = variants[v.base_ratio_to] if v.base_ratio_to in variants else variants["none"]
+            before = ref_time if ref is variants["none"] else timed(ref)
+            t = timed(v)
+            after = timed(ref)
+            if ref is variants["none"]:
+                ref_time = after
+            v.rates.append(steps * spec.batch / t)
+            ratios[k].append(0.5 * (before + after) / t)
     # Peak memory of one step per variant (after the timed rounds).
     peaks = {}
     if device.type == "cuda":

@@ -37,45 +37,45 @@ class LookSAM(TwoPass):
         self.alpha = float(alpha)
         self.name = "looksam"
         self._step = 0
-        self._gv: dict[torch.Tensor, torch.Tensor] = {}
+        self._gv: dict[torch.Tensor, torch.Tensor] = {}  # param -> stored g_v (views of _gv_buf)
+        self._gv_buf: dict[torch.Tensor, torch.Tensor] = {}
         self._gv_norm: torch.Tensor | None = None
-        self._pending: tuple[dict[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def _rho(self) -> float:
         return self.rho
 
     @torch.no_grad()
     def _combine(self) -> None:
-        """On a SAM step: keep g_s as the update; compute the new g_v (committed only if the step is taken)."""
+        """On a SAM step: keep g_s as the update; store ``g_v`` (in persistent buffers, no allocation)."""
         params = self._params_with_grad()
         if not params:
             return
         gs = [p.grad for p in params]
         g = [self._g[p] if p in self._g else torch.zeros_like(p.grad) for p in params]
-        d = [None] * len(params)
-        for idx, (gss, gg) in zip(_bucket_indices(gs), group_by_device_dtype(gs, g)):
-            for i, t in zip(idx, torch._foreach_sub(gss, gg)):
-                d[i] = t
+        gv = [self._buffer(self._gv_buf, p) for p in params]
+        for gvs, gss, gg in group_by_device_dtype(gv, gs, g):
+            torch._foreach_copy_(gvs, gss)
+            torch._foreach_sub_(gvs, gg)  # d = g_s - g
         # <g_s, g> from norms, as in GSAM: (||g_s||^2 + ||g||^2 - ||g_s - g||^2)/2.
         gs_norm = global_norm(gs)
-        d_norm = global_norm(d)
+        d_norm = global_norm(gv)
         g_norm = self._g_norm.to(gs_norm)
         dot = 0.5 * (gs_norm.square() + g_norm.square() - d_norm.square())
         one_minus_c = 1.0 - dot / (g_norm + _EPS).square()
-        # g_v = g_s - c g = (g_s - g) + (1 - c) g
-        for ds, gg in group_by_device_dtype(d, g):
+        # g_v = g_s - c g = (g_s - g) + (1 - c) g   (g's buffer is free to overwrite now)
+        for gvs, gg in group_by_device_dtype(gv, g):
             torch._foreach_mul_(gg, one_minus_c.to(device=gg[0].device, dtype=gg[0].dtype))
-            torch._foreach_add_(ds, gg)
+            torch._foreach_add_(gvs, gg)
         if not self.global_perturbation:
-            self._all_reduce_mean(d)
-        self._pending = (dict(zip(params, d)), global_norm(d))
+            self._all_reduce_mean(gv)
+        self._gv = dict(zip(params, gv))
+        self._gv_norm = global_norm(gv)
 
     @torch.no_grad()
     def second_step(self) -> bool:
         skipped = super().second_step()
-        if self._pending is not None and not skipped:
-            self._gv, self._gv_norm = self._pending
-        self._pending = None
+        if skipped:  # fp16 overflow: g_v may hold inf/nan; the next step recomputes it with two passes
+            self._gv, self._gv_norm = {}, None
         return skipped
 
     def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
@@ -117,15 +117,11 @@ class LookSAM(TwoPass):
     def _load_method_state(self, state: dict) -> None:
         params = self._params()
         self._step = int(state.get("step", 0))
-        self._gv = {params[int(i)]: t.to(device=params[int(i)].device, dtype=params[int(i)].dtype).clone()
-                    for i, t in state.get("g_v", {}).items()}
+        self._gv = {}
+        for i, t in state.get("g_v", {}).items():
+            p = params[int(i)]
+            self._gv[p] = self._buffer(self._gv_buf, p)
+            self._gv[p].copy_(t)
         norm = state.get("g_v_norm")
         self._gv_norm = None if norm is None else norm.to(params[0].device).clone()
 
-
-def _bucket_indices(tensors: list[torch.Tensor]) -> list[list[int]]:
-    """Positions of each (device, dtype) bucket, in the order ``group_by_device_dtype`` yields them."""
-    buckets: dict[tuple, list[int]] = {}
-    for i, t in enumerate(tensors):
-        buckets.setdefault((t.device, t.dtype), []).append(i)
-    return list(buckets.values())

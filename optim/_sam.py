@@ -55,8 +55,11 @@ class TwoPass(Method):
         self.adaptive = bool(adaptive)
         self.eta = _check_eta(eta)
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w buffer, allocated once
+        self._gbuf: dict[torch.Tensor, torch.Tensor] = {}  # param -> pass 1 g buffer (GSAM, LookSAM)
+        self._plan_key: list | None = None
+        self._plan_cache: list = []
         self._restore_pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
-        self._g: dict[torch.Tensor, torch.Tensor] = {}  # pass 1 gradient (GSAM, LookSAM)
+        self._g: dict[torch.Tensor, torch.Tensor] = {}  # param -> its pass 1 gradient (in _gbuf)
         self._g_norm: torch.Tensor | None = None  # plain ||g||
         self._found1: torch.Tensor | None = None
         self._last_rho: float | None = None
@@ -69,80 +72,83 @@ class TwoPass(Method):
         """Turn the pass 2 gradient in ``p.grad`` into the final update gradient (SAM: leave g_p)."""
 
     # ---------------------------------------------------------------- perturbation
-    @torch.no_grad()
-    def _perturb(self, rho: float) -> None:
-        """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` stores g and ||g||.
+    def _plan(self) -> list[tuple[bool, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]]:
+        """Buckets of (adaptive, params, saved-w buffers, g buffers) for the params that have a gradient.
 
-        The gradients are overwritten (they become eps) unless ``_keep_g``: pass 1's grads are cleared
-        right after, so reusing their memory saves an allocation and a pass.
+        Cached while the set of params with gradients is unchanged: the per-step cost on the host is a
+        loop over the params, with no allocation (the step is often host-bound on small models).
         """
-        keep = self._keep_g
-        buckets: dict[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        entries = []
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                if p.grad is None:  # no gradient in pass 1: not perturbed (ALGORITHMS.md)
-                    continue
-                key = (p.device, p.dtype, adaptive)
-                b = buckets.get(key)
-                if b is None:
-                    b = buckets[key] = ([], [])
-                b[0].append(p)
-                b[1].append(p.grad)
-        if keep:
-            self._g = {p: g for ps, gs in buckets.values() for p, g in zip(ps, gs)}
-        any_adaptive = any(k[2] for k in buckets)
-        if keep:
-            self._g_norm = global_norm([g for _, gs in buckets.values() for g in gs])
+                if p.grad is not None:  # no gradient in pass 1: not perturbed (ALGORITHMS.md)
+                    entries.append((p, adaptive))
+        key = [(id(p), a) for p, a in entries]
+        if key == self._plan_key:
+            return self._plan_cache
+        buckets: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
+        for p, adaptive in entries:
+            b = buckets.setdefault((p.device, p.dtype, adaptive), ([], [], []))
+            b[0].append(p)
+            b[1].append(self._buffer(self._saved, p))
+            if self._keep_g:
+                b[2].append(self._buffer(self._gbuf, p))
+        self._plan_key = key
+        self._plan_cache = [(k[2], ps, saved, g if self._keep_g else None) for k, (ps, saved, g) in buckets.items()]
+        self._g = {p: g for _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
+        return self._plan_cache
 
-        # Direction whose norm normalises eps: g, or T g with T = |w| + eta for adaptive groups (ASAM).
-        # `owned`: d may be overwritten (a fresh list, or the grads when g need not be kept).
-        work = []
-        for key, (ps, gs) in buckets.items():
-            T = None
-            d, owned = gs, not keep
-            if key[2]:
-                T = torch._foreach_abs(ps)
-                torch._foreach_add_(T, self.eta)
-                if self.p == 2:
-                    if owned:
-                        torch._foreach_mul_(d, T)
-                    else:
-                        d, owned = torch._foreach_mul(gs, T), True
-            work.append((key, ps, d, T, owned))
-
-        if self.p == 2:
-            norm = self._g_norm if keep and not any_adaptive else global_norm([t for w in work for t in w[2]])
-            scale = rho / (norm + _EPS)
-        pairs = []
-        for (device, dtype, _), ps, d, T, owned in work:
-            if self.p == 2:
-                s = scale.to(device=device, dtype=dtype)
-                if owned:
-                    eps = d
-                    torch._foreach_mul_(eps, s)
-                else:
-                    eps = torch._foreach_mul(d, s)
-            else:
-                if owned:
-                    eps = d
-                    torch._foreach_sign_(eps)
-                else:
-                    eps = torch._foreach_sign(d)
-                torch._foreach_mul_(eps, rho)
-            if T is not None:
-                torch._foreach_mul_(eps, T)  # ASAM: rho T^2 g / ||T g|| (p=2), rho T sign(g) (p=inf)
-            saved = [self._saved_buffer(p) for p in ps]
-            torch._foreach_copy_(saved, ps)
-            torch._foreach_add_(ps, eps)
-            pairs.append((ps, saved))
-        self._restore_pairs = pairs
-
-    def _saved_buffer(self, p: torch.Tensor) -> torch.Tensor:
-        buf = self._saved.get(p)
+    @staticmethod
+    def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
+        buf = store.get(p)
         if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
-            buf = self._saved[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+            buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
         return buf
+
+    @torch.no_grad()
+    def _perturb(self, rho: float) -> None:
+        """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` copies g (and ||g||).
+
+        eps is formed in place in the gradients (cleared right after), and ASAM's ``T = |w| + eta`` in the
+        saved-w buffer before it receives w: no allocation per step, only persistent buffers.
+        """
+        plan = self._plan()
+        grads = [[p.grad for p in ps] for _, ps, _, _ in plan]
+        if self._keep_g:
+            for (_, _, _, gbuf), gs in zip(plan, grads):
+                torch._foreach_copy_(gbuf, gs)
+            self._g_norm = global_norm([g for gs in grads for g in gs])
+        if self.p == 2:
+            # ASAM: g <- T g, whose norm normalises eps (T lives in the saved-w buffer for now).
+            for (adaptive, ps, saved, _), gs in zip(plan, grads):
+                if adaptive:
+                    torch._foreach_copy_(saved, ps)
+                    torch._foreach_abs_(saved)
+                    torch._foreach_add_(saved, self.eta)
+                    torch._foreach_mul_(gs, saved)
+            if self._keep_g and not any(a for a, _, _, _ in plan):
+                norm = self._g_norm
+            else:
+                norm = global_norm([g for gs in grads for g in gs])
+            scale = rho / (norm + _EPS)
+        for (adaptive, ps, saved, _), gs in zip(plan, grads):
+            if self.p == 2:
+                torch._foreach_mul_(gs, scale if gs[0].dtype == scale.dtype and gs[0].device == scale.device
+                                    else scale.to(device=gs[0].device, dtype=gs[0].dtype))
+                if adaptive:
+                    torch._foreach_mul_(gs, saved)  # eps = rho T^2 g / ||T g||
+            else:
+                torch._foreach_sign_(gs)
+                torch._foreach_mul_(gs, rho)
+                if adaptive:  # eps = rho T sign(T g) = rho T sign(g)
+                    torch._foreach_copy_(saved, ps)
+                    torch._foreach_abs_(saved)
+                    torch._foreach_add_(saved, self.eta)
+                    torch._foreach_mul_(gs, saved)
+            torch._foreach_copy_(saved, ps)
+            torch._foreach_add_(ps, gs)
+        self._restore_pairs = [(ps, saved) for _, ps, saved, _ in plan]
 
     @torch.no_grad()
     def _restore(self) -> None:
@@ -186,7 +192,6 @@ class TwoPass(Method):
         self._combine()
         skipped = self._finish(self._found1)
         self._found1 = None
-        self._g = {}
         self._zero_grad()
         return skipped
 

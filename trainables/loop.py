@@ -188,6 +188,15 @@ def _all_reduce(t: torch.Tensor, d: _Dist) -> torch.Tensor:
     return t
 
 
+def _check_finite(loss: torch.Tensor, d: _Dist, epoch: int, step: int) -> None:
+    # Collective: if one rank alone raised, the others would wait forever in their next all-reduce.
+    bad = (~torch.isfinite(loss.detach().float())).float().reshape(1)
+    if d.world > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    if bad.item():
+        raise TrialDiverged(epoch, step, float(loss))
+
+
 def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates):
     model.train()
     sampler.set_epoch(epoch)
@@ -230,8 +239,8 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
             sums[4] += 1
             if out.rho:
                 sums[5] += 2.0 * gap / out.rho**2
-        if (step + 1) % check_every == 0 and not math.isfinite(float(out.loss)):
-            raise TrialDiverged(epoch, step, float(out.loss))
+        if (step + 1) % check_every == 0:
+            _check_finite(out.loss, d, epoch, step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0

@@ -1,62 +1,162 @@
-"""The thin Ray layer: a Tune function trainable (and a Ray Train worker loop) around `trainables.fit`."""
+"""The thin Ray layer around `trainables.fit`: a Tune function trainable, and Ray Train for data-parallel trials."""
 
 from __future__ import annotations
 
 import math
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainables.config import TrialConfig
 from trainables.loop import TrialDiverged, describe_hardware, fit
 from trainables.tracking import TrackingTarget, TrialRecorder
 
-__all__ = ["run_tune_trial"]
+__all__ = ["DistributedPlan", "fit_distributed", "run_tune_trial", "train_worker_loop"]
 
 
-def _hardware_tags() -> dict[str, str]:
-    return {f"sharpscale.{k}": v for k, v in describe_hardware().items()}
+@dataclass(frozen=True)
+class DistributedPlan:
+    """How a trial runs: in the trial's own process (workers=1), or as a Ray Train group of DDP workers."""
+
+    workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_failures: int = 2        # worker deaths survived per trial, each resumed from the last checkpoint
+    storage_path: str | None = None  # Ray Train's checkpoints (shared storage on a cluster)
+
+
+def _tags(extra: dict[str, str]) -> dict[str, str]:
+    tags = {f"sharpscale.{k}": v for k, v in describe_hardware().items()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            # Several Ray nodes can share one host name; the node id tells them apart.
+            tags["sharpscale.ray_node_id"] = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    return {**tags, **extra}
+
+
+def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialConfig) -> TrialRecorder | None:
+    if not payload.get("tracking"):
+        return None
+    recorder = TrialRecorder(TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params=cfg.flat())
+    recorder.set_tags(_tags({"sharpscale.trial_id": trial_id, **payload.get("tags", {})}))
+    return recorder
+
+
+def _execute(cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str) -> None:
+    """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
+
+    sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
+    checkpoint: the one to resume from, or None.
+    """
+    run_id = recorder.run_id if recorder is not None else None
+
+    def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+        sink({"diverged": 0, **metrics, "mlflow_run_id": run_id}, checkpoint=ckpt)
+
+    try:
+        if checkpoint is None:
+            fit(cfg, reporter=report, recorder=recorder)
+        else:
+            with checkpoint.as_directory() as ckpt_dir:
+                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder)
+    except TrialDiverged as err:
+        if recorder is not None:
+            recorder.finish("diverged", str(err))
+        # A last result so the searcher learns of it: the objective is nan, never a number to optimise.
+        report({metric: math.nan, "diverged": 1, "epoch": err.epoch}, None)
+        return
+    except BaseException as err:
+        # Ray retries the trial from its checkpoint; the retry reopens this same run.
+        if recorder is not None:
+            recorder.finish("failed", "".join(traceback.format_exception(err))[-4000:])
+        raise
+    if recorder is not None:
+        recorder.finish("finished")
+
+
+def train_worker_loop(payload: dict[str, Any]) -> None:
+    """Ray Train's per-worker function: the same loop, one DDP rank; rank 0 records and checkpoints."""
+    import ray.train
+
+    ctx = ray.train.get_context()
+    cfg = TrialConfig.load(payload["trial"])
+    trial_id = payload.get("trial_id") or ctx.get_experiment_name()
+    recorder = _recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg) if ctx.get_world_rank() == 0 else None
+    _execute(
+        cfg,
+        checkpoint=ray.train.get_checkpoint(),
+        sink=ray.train.report,
+        checkpoint_cls=ray.train.Checkpoint,
+        recorder=recorder,
+        metric=payload.get("objective", {}).get("metric", "val_acc"),
+    )
+
+
+def _trainer(payload: dict[str, Any], plan: DistributedPlan, name: str, callbacks: list):
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        train_worker_loop,
+        train_loop_config=payload,
+        torch_config=TorchConfig(backend="nccl" if plan.gpus_per_worker > 0 else "gloo"),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=plan.workers,
+            use_gpu=plan.gpus_per_worker > 0,
+            resources_per_worker={"CPU": plan.cpus_per_worker, **({"GPU": plan.gpus_per_worker} if plan.gpus_per_worker else {})},
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=plan.storage_path,
+            # Finite on both levels: a trial that keeps dying must end, not hold its workers forever.
+            failure_config=ray.train.FailureConfig(max_failures=plan.max_failures, controller_failure_limit=plan.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+            callbacks=callbacks,
+        ),
+    )
+
+
+def fit_distributed(config: TrialConfig | dict[str, Any], *, plan: DistributedPlan, name: str, payload: dict[str, Any] | None = None):
+    """Run one trial as a Ray Train job of `plan.workers` DDP workers (Ray must be initialised); returns its Result.
+
+    A run with the same `name` and `plan.storage_path` resumes from its latest checkpoint.
+    """
+    cfg = TrialConfig.load(config)
+    body = {**(payload or {}), "trial": cfg.model_dump(mode="json"), "trial_id": (payload or {}).get("trial_id") or name}
+    return _trainer(body, plan, name, callbacks=[]).fit()
 
 
 def run_tune_trial(payload: dict[str, Any]) -> None:
-    """Tune function trainable: one trial, resumed from Tune's checkpoint when there is one, recorded in MLflow.
+    """Tune function trainable: one trial, resumed from its checkpoint when there is one, recorded in MLflow.
 
     payload: {"trial": trial config dict, "tracking": TrackingTarget fields, "objective": {"metric", "mode"},
-    "tags": extra run tags, "run_name": str}.
+    "tags": extra run tags, "plan": DistributedPlan fields}.
     """
     from ray import tune
 
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
-    cfg = TrialConfig.load(payload["trial"])
-    target = TrackingTarget(**payload["tracking"])
-    recorder = TrialRecorder(
-        target,
-        trial_key=trial_id,
-        run_name=payload.get("run_name") or ctx.get_trial_name(),
-        params=cfg.flat(),
-    )
-    recorder.set_tags({"sharpscale.trial_id": trial_id, **_hardware_tags(), **payload.get("tags", {})})
-    metric = payload["objective"]["metric"]
+    plan = DistributedPlan(**payload.get("plan", {}))
+    payload = {**payload, "trial_id": trial_id, "run_name": payload.get("run_name") or ctx.get_trial_name()}
+    if plan.workers > 1:
+        from ray.tune.integration.ray_train import TuneReportCallback
 
-    def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
-        checkpoint = tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        tune.report({**metrics, "diverged": 0, "mlflow_run_id": recorder.run_id}, checkpoint=checkpoint)
-
-    resume = tune.get_checkpoint()
-    try:
-        if resume is not None:
-            with resume.as_directory() as ckpt_dir:
-                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder)
-        else:
-            fit(cfg, reporter=report, recorder=recorder)
-    except TrialDiverged as err:
-        recorder.finish("diverged", str(err))
-        # A final result so the searcher sees the failure; the objective is nan, never a number to optimise.
-        tune.report({metric: math.nan, "diverged": 1, "epoch": err.epoch, "mlflow_run_id": recorder.run_id})
+        # Ray Train owns the workers and their checkpoints; a restarted trial finds them under the same name.
+        _trainer(payload, plan, name=f"{payload.get('study', 'trial')}-{trial_id}", callbacks=[TuneReportCallback()]).fit()
         return
-    except BaseException as err:
-        # Ray retries the trial from its checkpoint; the run reopens under the same trial key.
-        recorder.finish("failed", "".join(traceback.format_exception(err))[-4000:])
-        raise
-    recorder.finish("finished")
+
+    cfg = TrialConfig.load(payload["trial"])
+    _execute(
+        cfg,
+        checkpoint=tune.get_checkpoint(),
+        sink=tune.report,
+        checkpoint_cls=tune.Checkpoint,
+        recorder=_recorder(payload, trial_id, payload["run_name"], cfg),
+        metric=payload.get("objective", {}).get("metric", "val_acc"),
+    )

@@ -1,0 +1,268 @@
+"""A study's report: every table (Markdown and CSV) and plot (PNG) that its records support, logged to its study run under report/."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
+from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame
+from analysis.tables import _markdown, _resolve_level, rho_sensitivity, sam_gain, scaling_table
+
+__all__ = ["ARTIFACT_DIR", "write_report"]
+
+ARTIFACT_DIR = "report"
+_RHO = "optimizer.hparams.rho"
+_FRACTION = "data.fraction"
+_SEED = "train.seed"
+
+
+def _objective(study: str | Path) -> tuple[str, str] | None:
+    """The study file's objective (metric, mode) when `study` is its YAML path."""
+    p = Path(study)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        import yaml
+
+        raw = yaml.safe_load(p.read_text()) or {}
+        obj = raw.get("objective") or {}
+        return obj.get("metric", "val_acc"), obj.get("mode", "max")
+    return None
+
+
+def _study_run_id(client, experiment) -> str:
+    from trainables.tracking import KIND_TAG
+
+    found = client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.`{KIND_TAG}` = 'study'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not found:
+        raise LookupError(
+            f"experiment {experiment.name!r} has no study run (tag {KIND_TAG}=study) to log the report to. "
+            "Fix: run the study with `sharpscale run`, which creates it, or pass log_to_mlflow=False."
+        )
+    return found[0].info.run_id  # a resumed study with an edited file has several: the latest one
+
+
+def _distinct(runs: pd.DataFrame, col: str, *, positive: bool = False) -> list:
+    if col not in runs.columns:
+        return []
+    ok = runs[runs["status"] == "finished"][col]
+    values = pd.to_numeric(ok, errors="coerce").dropna()
+    if positive:
+        values = values[values > 0]
+    return sorted(values.unique().tolist())
+
+
+class _Writer:
+    """Writes the report's files, remembering each path in order."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir = out_dir
+        self.paths: list[Path] = []
+        self.sections: list[str] = []
+
+    def text(self, name: str, text: str) -> Path:
+        path = self.out_dir / name
+        path.write_text(text)
+        self.paths.append(path)
+        return path
+
+    def csv(self, name: str, frame: pd.DataFrame, *, index: bool = True) -> Path:
+        path = self.out_dir / name
+        frame.to_csv(path, index=index)
+        self.paths.append(path)
+        return path
+
+    def figure(self, name: str, fig) -> Path:
+        path = self.out_dir / name
+        fig.savefig(path, dpi=120)
+        self.paths.append(path)
+        return path
+
+    def section(self, title: str, body: str, image: str | None = None) -> None:
+        self.sections.append(f"## {title}\n\n{body.strip()}\n" + (f"\n![{title}]({image})\n" if image else ""))
+
+
+def _fmt(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    out = frame.copy()
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            out[col] = out[col].map(lambda v: "–" if not math.isfinite(v) else f"{v:.{digits}g}")
+    return out
+
+
+def write_report(
+    study: str | Path,
+    *,
+    tracking_uri: str | None = None,
+    out_dir: str | Path,
+    log_to_mlflow: bool = True,
+    metric: str | None = None,
+    mode: Literal["max", "min"] | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> list[Path]:
+    """Write every table and plot the study's records support into out_dir; log them to its study run under report/.
+
+    study: its name (MLflow experiment) or YAML file, as for load_runs. metric / mode: default to the study
+    file's objective, else val_acc / max. What is written, decided from the columns present:
+      - always: summary.md/.csv (best trial per cell, `summarize`), curves.png (per-epoch curves of each
+        cell's best trial) when histories exist, and report.md, an index of everything with the notes;
+      - more than one data.fraction: scaling.md/.csv (Table 5 shape), scaling.png (log-log error vs
+        fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and data_multiplier.md/.csv;
+        for each method beside the baseline (the level running optimizer.method 'none'):
+        gain_<level>.md/.csv and gain_<level>.png;
+      - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
+        rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
+    Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
+    and re-issued. Returns the written paths. With log_to_mlflow, the files go to the latest run tagged
+    sharpscale.kind=study in the study's experiment, under report/ (LookupError when there is none).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    objective = _objective(study) or ("val_acc", "max")
+    metric = metric or objective[0]
+    mode = mode or objective[1]
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    client, experiment, _ = _open_experiment(study, tracking_uri)
+    study_run = _study_run_id(client, experiment) if log_to_mlflow else None
+    runs = load_runs(study, tracking_uri=tracking_uri)
+    if runs.empty:
+        raise ValueError(f"study {_experiment_name(study)!r} has no trial runs yet; run it before writing its report")
+    if metric not in runs.columns:
+        metrics = sorted(c for c in runs.columns if c in ("val_acc", "val_loss", "train_loss", "best_val_acc", "val_top5"))
+        raise ValueError(f"metric {metric!r} was never logged by the study's trials; logged metrics include {metrics}")
+
+    w = _Writer(out)
+    percent = "acc" in metric and mode == "max"
+    scale, digits = (100.0, 2) if percent else (1.0, 4)
+    unit = " (%)" if percent else ""
+    arch = "factor.arch" if "factor.arch" in runs.columns else "model.name"
+    method = "factor.method" if "factor.method" in runs.columns else "optimizer.method"
+    seed_col = _SEED if _SEED in runs.columns else None
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # Per-cell summary: always.
+        summary_runs = runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
+        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns))
+        w.text("summary.md", f"Best finished trial per cell ({metric}, {mode}).\n\n" + _markdown(_fmt(summary)))
+        w.csv("summary.csv", summary)
+        w.section("Per-cell summary", _markdown(_fmt(summary)))
+
+        best_ids = _best_run_ids(runs, metric, mode)
+        if best_ids:
+            curves = load_curves(study, tracking_uri=tracking_uri, metrics=("train_loss", "val_loss", metric), run_ids=best_ids)
+            if not curves.empty:
+                w.figure("curves.png", plot_curves(curves))
+                w.section("Learning curves", "Per-epoch curves of each cell's best trial.", "curves.png")
+
+        fractions = _distinct(runs, _FRACTION)
+        if len(fractions) >= 2:
+            _scaling_section(w, runs, arch=arch, method=method, seed=seed_col, metric=metric, mode=mode,
+                             fractions=fractions, scale=scale, digits=digits, unit=unit, n_boot=n_boot, boot_seed=seed)
+
+        if len(_distinct(runs, _RHO, positive=True)) >= 2:
+            _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,
+                         by=(_FRACTION,) if len(fractions) >= 2 else (), n_boot=n_boot, boot_seed=seed)
+
+    notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
+                               if not issubclass(c.category, (DeprecationWarning, FutureWarning))))
+    head = (f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
+            f"({int((runs['status'] == 'finished').sum())} finished); objective {metric} ({mode}).\n\n")
+    if notes:
+        head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
+    w.text("report.md", head + "\n".join(w.sections))
+    for c in caught:
+        if not issubclass(c.category, (DeprecationWarning, FutureWarning)):
+            warnings.warn(c.message, c.category, stacklevel=2)
+
+    if study_run is not None:
+        for path in w.paths:
+            client.log_artifact(study_run, str(path), ARTIFACT_DIR)
+    return w.paths
+
+
+def _best_run_ids(runs: pd.DataFrame, metric: str, mode: str) -> list[str]:
+    ok = runs[(runs["status"] == "finished") & pd.to_numeric(runs[metric], errors="coerce").notna()]
+    if ok.empty:
+        return []
+    values = pd.to_numeric(ok[metric], errors="coerce")
+    idx = values.groupby(ok["cell"]).idxmax() if mode == "max" else values.groupby(ok["cell"]).idxmin()
+    return ok.loc[idx.values, "run_id"].tolist()
+
+
+def _baseline_level(runs: pd.DataFrame, method: str) -> str | None:
+    try:
+        return _resolve_level(runs, method, "none", "baseline")
+    except ValueError:
+        return None
+
+
+def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed) -> None:
+    table = scaling_table(runs, arch=arch, method=method, fraction=_FRACTION, seed=seed, metric=metric, mode=mode)
+    md = table.to_markdown(digits=digits, scale=scale)
+    w.text("scaling.md", md)
+    w.csv("scaling.csv", table.long(), index=False)
+    fits = fit_scaling_table(table, n_boot=n_boot, seed=boot_seed) if len(fractions) >= 3 else {}
+    w.figure("scaling.png", plot_error_vs_n(table, fits))
+    w.section(f"Data scaling{unit}", md, "scaling.png")
+    if fits:
+        frame = fits_frame(fits)
+        fits_md = ("Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
+                   "n = training-set fraction; intervals from a residual bootstrap.\n\n" + _markdown(_fmt(frame)))
+        w.text("scaling_fits.md", fits_md)
+        w.csv("scaling_fits.csv", frame)
+        w.section("Power-law fits", fits_md)
+    base = _baseline_level(runs, method)
+    if base is None or seed is None:  # a gain needs a baseline and seeds to pair
+        return
+    for level in sorted(runs[method].dropna().astype(str).unique()):
+        if level == base:
+            continue
+        gain = sam_gain(runs, baseline=base, treatment=level, arch=arch, method=method, fraction=_FRACTION,
+                        seed=seed, metric=metric, mode=mode, n_boot=max(n_boot, 100), boot_seed=boot_seed)
+        slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+        gain_md = (f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
+                   f"percentile bootstrap interval over the pairs.\n\n" + _markdown(_fmt(gain)))
+        w.text(f"gain_{slug}.md", gain_md)
+        w.csv(f"gain_{slug}.csv", gain)
+        w.figure(f"gain_{slug}.png", plot_gain(gain))
+        w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
+        rows = []
+        for a in sorted({k[0] for k in fits}):
+            fv, ft = fits.get((a, base)), fits.get((a, level))
+            if fv is None or ft is None:
+                continue
+            for f in fractions:
+                m = data_multiplier(fv, ft, float(f))
+                rows.append({"arch": a, "treatment": level, "fraction": f, "multiplier": m.multiplier,
+                             "low": m.interval[0], "high": m.interval[1], "explanation": m.explanation})
+        if rows:
+            mult = pd.DataFrame(rows)
+            mult_md = (f"How many times more data {base} needs to match {level}'s fitted error at each fraction.\n\n"
+                       + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"]))))
+            w.text(f"data_multiplier_{slug}.md", mult_md)
+            w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
+            w.section(f"Data multiplier of {level}", mult_md)
+
+
+def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, boot_seed) -> None:
+    base = _baseline_level(runs, method)
+    result = rho_sensitivity(runs, param=_RHO, arch=arch, method=method, by=by, metric=metric, mode=mode,
+                             baseline=base, n_boot=max(n_boot, 100), boot_seed=boot_seed)
+    md = result.to_markdown()
+    w.text("rho_sensitivity.md", md)
+    w.csv("rho_levels.csv", result.levels, index=False)
+    w.csv("rho_best.csv", result.best)
+    w.figure("rho_sensitivity.png", plot_rho_sensitivity(result))
+    w.section("rho sensitivity", md, "rho_sensitivity.png")

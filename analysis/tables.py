@@ -1,0 +1,525 @@
+"""Paper-shaped tables from a study's trials: data scaling (Chen et al. 2022, Table 5), SAM's paired gain, rho sensitivity (Table 13)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "FewSamplesWarning",
+    "RhoSensitivity",
+    "ScalingTable",
+    "best_of_search",
+    "format_cell",
+    "rho_sensitivity",
+    "sam_gain",
+    "scaling_table",
+]
+
+Mode = Literal["max", "min"]
+
+
+class FewSamplesWarning(UserWarning):
+    """A statistic rests on too few independent samples (seeds, pairs, trials) to be trusted."""
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+
+def _require_columns(runs: pd.DataFrame, **named: str | None) -> None:
+    """A ValueError naming each argument whose column is absent, and the columns that do exist."""
+    if not isinstance(runs, pd.DataFrame):
+        raise ValueError(f"runs must be a pandas DataFrame (from analysis.load_runs), got {type(runs).__name__}")
+    missing = [f"{arg}={col!r}" for arg, col in named.items() if col is not None and col not in runs.columns]
+    if missing:
+        present = ", ".join(map(repr, runs.columns)) if len(runs.columns) else "none (the DataFrame is empty)"
+        raise ValueError(
+            f"runs has no column for {', '.join(missing)}. Columns present: {present}. "
+            "Fix: pass the name of an existing column (factor levels are 'factor.<name>', config values "
+            "their dotted paths such as 'data.fraction'), or None where the argument allows it."
+        )
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses and errors")
+
+
+def _check_confidence(confidence: float) -> None:
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}; e.g. 0.95 for a 95% interval")
+
+
+def _check_n_boot(n_boot: int) -> None:
+    if not (isinstance(n_boot, (int, np.integer)) and n_boot >= 100):
+        raise ValueError(f"n_boot must be an int >= 100, got {n_boot!r}; percentile intervals need many resamples, e.g. 2000")
+
+
+def _ok(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Finished trials with a finite value of `metric`: diverged, failed and killed trials never win a search."""
+    values = pd.to_numeric(runs[metric], errors="coerce")
+    finished = runs["status"] == "finished" if "status" in runs.columns else pd.Series(True, index=runs.index)
+    out = runs[finished & np.isfinite(values.astype("float64"))].copy()
+    out[metric] = values[out.index].astype("float64")
+    return out
+
+
+def _sort_key(values: Sequence) -> list:
+    """Levels in numeric order when they are numbers ('0.1' < '0.25' < '1'), else as text."""
+    def key(v):
+        try:
+            return (0, float(v), "")
+        except (TypeError, ValueError):
+            return (1, 0.0, str(v))
+
+    return sorted(values, key=key)
+
+
+def format_cell(mean: float, sd: float, n: int, *, digits: int = 3) -> str:
+    """'mean ± sd (n)'; sd reads '–' with a single seed and the whole cell '– (0)' with none."""
+    if n == 0 or not math.isfinite(mean):
+        return f"– ({n})"
+    sd_text = f"{sd:.{digits}f}" if n > 1 and math.isfinite(sd) else "–"
+    return f"{mean:.{digits}f} ± {sd_text} ({n})"
+
+
+# ------------------------------------------------------------------------------------------ data scaling
+
+
+def best_of_search(
+    runs: pd.DataFrame,
+    *,
+    keys: Sequence[str],
+    metric: str = "val_acc",
+    mode: Mode = "max",
+) -> pd.DataFrame:
+    """The best finished trial of each group of `keys` (one row per group): keys, run_id, metric, trials.
+
+    `trials` counts every trial of the group, finished or not. A group whose trials come from more than one
+    cell would compare trials of different settings (another factor the keys leave out): that is an error
+    that names the factor, never a silent maximum across it.
+    """
+    _check_mode(mode)
+    keys = list(keys)
+    _require_columns(runs, metric=metric, **{f"keys[{i}]": k for i, k in enumerate(keys)})
+    if "cell" in runs.columns and len(runs):
+        grouped = runs.groupby(keys, dropna=True)
+        spread = grouped["cell"].nunique()
+        bad = spread[spread > 1]
+        if len(bad):
+            example = bad.index[0]
+            cells = sorted(grouped.get_group(example if isinstance(example, tuple) else (example,))["cell"].unique())
+            other = [c for c in runs.columns if c.startswith("factor.") and c not in keys and grouped[c].nunique().max() > 1]
+            raise ValueError(
+                f"the groups of {keys} mix trials of several cells, e.g. {example!r} holds cells {cells[:4]}; "
+                f"the factor(s) {other or 'unknown'} vary inside a group. Fix: filter runs to one level of "
+                "each such factor first (e.g. runs[runs['factor.aug'] == 'none']) or add it to the keys."
+            )
+    counts = runs.groupby(keys, dropna=True).size().rename("trials")
+    ok = _ok(runs, metric)
+    if ok.empty:
+        out = counts.reset_index()
+        out["run_id"], out[metric] = None, np.nan
+        return out[keys + ["run_id", metric, "trials"]]
+    pick = ok.groupby(keys, dropna=True)[metric]
+    idx = pick.idxmax() if mode == "max" else pick.idxmin()
+    best = ok.loc[idx.values, keys + ["run_id", metric]].set_index(keys)
+    return best.join(counts, how="outer").reset_index()
+
+
+@dataclass(frozen=True)
+class ScalingTable:
+    """Best-of-search `metric` per (arch, method, fraction, seed), then mean, sd (ddof=1) and n over seeds.
+
+    mean, sd, n: rows (arch, method), columns the fractions in ascending order. best: the chosen trial of
+    each (arch, method, fraction, seed) with its run_id, value and the number of trials it was chosen from.
+    """
+
+    mean: pd.DataFrame
+    sd: pd.DataFrame
+    n: pd.DataFrame
+    best: pd.DataFrame
+    metric: str
+    mode: str
+    columns: dict[str, str | None] = field(default_factory=dict)
+
+    def formatted(self, *, digits: int = 3, scale: float = 1.0) -> pd.DataFrame:
+        """Strings 'mean ± sd (n)', e.g. scale=100 for accuracies in percent as in the paper."""
+        out = pd.DataFrame(index=self.mean.index, columns=self.mean.columns, dtype=object)
+        for r in self.mean.index:
+            for c in self.mean.columns:
+                out.loc[r, c] = format_cell(
+                    float(self.mean.loc[r, c]) * scale, float(self.sd.loc[r, c]) * scale, int(self.n.loc[r, c]), digits=digits
+                )
+        return out
+
+    def to_markdown(self, *, digits: int = 3, scale: float = 1.0) -> str:
+        """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'."""
+        frac_name = (self.columns.get("fraction") or "fraction").removeprefix("factor.")
+        caption = f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (number of seeds)."
+        return caption + "\n\n" + _markdown(self.formatted(digits=digits, scale=scale))
+
+    def to_csv(self, path=None) -> str | None:
+        """Long CSV, one line per (arch, method, fraction): mean, sd, n (numbers, not formatted text)."""
+        long = self.long()
+        return long.to_csv(path, index=False) if path is not None else long.to_csv(index=False)
+
+    def long(self) -> pd.DataFrame:
+        """The table as long data: arch, method, fraction, mean, sd, n."""
+        frames = {"mean": self.mean, "sd": self.sd, "n": self.n}
+        parts = []
+        for name, frame in frames.items():
+            part = frame.stack(future_stack=True).rename(name)
+            parts.append(part)
+        out = pd.concat(parts, axis=1).reset_index()
+        out.columns = ["arch", "method", "fraction", "mean", "sd", "n"]
+        out["n"] = out["n"].astype("int64")
+        return out
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    """A pipe table without the `tabulate` dependency that DataFrame.to_markdown needs."""
+    index_names = [str(n) if n is not None else "" for n in df.index.names]
+    header = index_names + [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for idx, row in df.iterrows():
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        lines.append("| " + " | ".join([str(i) for i in idx] + [str(v) for v in row.tolist()]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def scaling_table(
+    runs: pd.DataFrame,
+    *,
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    fraction: str = "data.fraction",
+    seed: str | None = "train.seed",
+    metric: str = "val_acc",
+    mode: Mode = "max",
+) -> ScalingTable:
+    """Data-scaling table in the shape of Chen et al. 2022, Table 5: architecture x method by training-set fraction.
+
+    For each (arch, method, fraction, seed) the best finished trial of the search is taken ("best of search":
+    a trial that diverged or failed never counts), then mean ± sd over seeds. seed=None treats all trials
+    as one seed. Combinations whose trials all failed stay in the table with n = 0.
+    """
+    _check_mode(mode)
+    _require_columns(runs, arch=arch, method=method, fraction=fraction, seed=seed, metric=metric)
+    data = runs.copy()
+    seed_col = seed
+    if seed is None:
+        seed_col = "__seed"
+        data[seed_col] = 0
+    keys = [arch, method, fraction, seed_col]
+    best = best_of_search(data, keys=keys, metric=metric, mode=mode)
+    stats = best.groupby([arch, method, fraction], dropna=True)[metric].agg(["mean", "std", "count"])
+    fractions = _sort_key(stats.index.get_level_values(2).unique())
+    rows = pd.MultiIndex.from_tuples(
+        sorted({(a, m) for a, m, _ in stats.index}, key=lambda t: (str(t[0]), str(t[1]))),
+        names=[arch.removeprefix("factor."), method.removeprefix("factor.")],
+    )
+
+    def pivot(col: str) -> pd.DataFrame:
+        wide = stats[col].unstack(level=2).reindex(columns=fractions)
+        wide.index = pd.MultiIndex.from_tuples(list(wide.index), names=rows.names)
+        wide = wide.reindex(rows)
+        wide.columns.name = fraction.removeprefix("factor.")
+        return wide
+
+    n = pivot("count").fillna(0).astype("int64")
+    if seed is None:
+        best = best.drop(columns=[seed_col])
+    return ScalingTable(
+        mean=pivot("mean").astype("float64"),
+        sd=pivot("std").astype("float64"),
+        n=n,
+        best=best,
+        metric=metric,
+        mode=mode,
+        columns={"arch": arch, "method": method, "fraction": fraction, "seed": seed},
+    )
+
+
+# -------------------------------------------------------------------------------------------- SAM's gain
+
+
+def _resolve_level(runs: pd.DataFrame, method: str, level: str, arg: str) -> str:
+    """A level of the `method` column, given either the level's name or the optimizer it runs ('none', 'sam')."""
+    levels = sorted(runs[method].dropna().astype(str).unique())
+    if level in levels:
+        return level
+    if "optimizer.method" in runs.columns and method != "optimizer.method":
+        owners = sorted(runs.loc[runs["optimizer.method"].astype(str) == level, method].dropna().astype(str).unique())
+        if len(owners) == 1:
+            return owners[0]
+        if len(owners) > 1:
+            raise ValueError(
+                f"{arg}={level!r}: several levels of {method!r} run optimizer.method={level!r}: {owners}. "
+                f"Fix: name one of them as {arg}."
+            )
+    raise ValueError(
+        f"{arg}={level!r} is neither a level of {method!r} ({levels}) nor an optimizer.method of one. "
+        f"Fix: pass one of {levels}."
+    )
+
+
+def _bootstrap_mean_ci(values: np.ndarray, *, n_boot: int, confidence: float, rng: np.random.Generator) -> tuple[float, float]:
+    if len(values) == 0:
+        return math.nan, math.nan
+    draws = rng.integers(0, len(values), size=(n_boot, len(values)))
+    means = values[draws].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    lo, hi = np.quantile(means, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def sam_gain(
+    runs: pd.DataFrame,
+    *,
+    baseline: str = "none",
+    treatment: str = "sam",
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    fraction: str = "data.fraction",
+    seed: str = "train.seed",
+    metric: str = "val_acc",
+    mode: Mode = "max",
+    n_boot: int = 10_000,
+    confidence: float = 0.95,
+    boot_seed: int = 0,
+) -> pd.DataFrame:
+    """Gain of `treatment` over `baseline` per (arch, fraction): best-of-search metric, paired by seed.
+
+    baseline / treatment: a level of the `method` column, or the optimizer a level runs (`optimizer.method`,
+    so "none" finds the level 'adamw' of the quickstart). Each side takes its best finished trial per seed
+    (as scaling_table does); a seed counts as a pair only where both sides have one. gain is the mean of
+    the paired differences (treatment - baseline, whatever `mode`: positive means the treatment scored
+    higher); ci_low / ci_high the percentile interval of that mean over `n_boot` resamples of the pairs with
+    replacement (numpy Generator seeded with `boot_seed`). Rows with fewer than 3 pairs get a
+    FewSamplesWarning: with 1 pair the interval is a point and with 2 it has only 3 distinct values.
+    Columns: baseline, treatment (their means over the paired seeds), gain, sd, ci_low, ci_high, n_pairs.
+    """
+    _check_mode(mode)
+    _check_n_boot(n_boot)
+    _check_confidence(confidence)
+    _require_columns(runs, arch=arch, method=method, fraction=fraction, seed=seed, metric=metric)
+    base_level = _resolve_level(runs, method, baseline, "baseline")
+    treat_level = _resolve_level(runs, method, treatment, "treatment")
+    if base_level == treat_level:
+        raise ValueError(f"baseline and treatment are the same level {base_level!r} of {method!r}; pick two different levels")
+    data = runs[runs[method].astype(str).isin([base_level, treat_level])]
+    best = best_of_search(data, keys=[arch, method, fraction, seed], metric=metric, mode=mode)
+    wide = best.pivot_table(index=[arch, fraction, seed], columns=method, values=metric, aggfunc="first")
+    for level in (base_level, treat_level):
+        if level not in wide.columns:
+            wide[level] = np.nan
+    rng = np.random.default_rng(boot_seed)
+    rows, few = [], []
+    groups = sorted({(a, f) for a, f, _ in wide.index}, key=lambda t: (str(t[0]), float(t[1]) if _isnum(t[1]) else str(t[1])))
+    for a, f in groups:
+        part = wide.xs((a, f), level=[0, 1])
+        pairs = part[[base_level, treat_level]].dropna()
+        diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
+        lo, hi = _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng)
+        if len(diffs) < 3:
+            few.append(f"{a}@{f}: {len(diffs)}")
+        rows.append(
+            {
+                "arch": a,
+                "fraction": f,
+                "baseline": float(pairs[base_level].mean()) if len(pairs) else math.nan,
+                "treatment": float(pairs[treat_level].mean()) if len(pairs) else math.nan,
+                "gain": float(diffs.mean()) if len(diffs) else math.nan,
+                "sd": float(diffs.std(ddof=1)) if len(diffs) > 1 else math.nan,
+                "ci_low": lo,
+                "ci_high": hi,
+                "n_pairs": int(len(diffs)),
+            }
+        )
+    if few:
+        warnings.warn(
+            f"sam_gain({treat_level!r} - {base_level!r}): fewer than 3 seed pairs for (arch@fraction: pairs) "
+            f"{', '.join(few)}; their bootstrap intervals are too short to trust. Run more seeds (train.seed as a factor).",
+            FewSamplesWarning,
+            stacklevel=2,
+        )
+    out = pd.DataFrame(rows, columns=["arch", "fraction", "baseline", "treatment", "gain", "sd", "ci_low", "ci_high", "n_pairs"])
+    out = out.set_index(["arch", "fraction"])
+    out.attrs.update(baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, n_boot=n_boot)
+    return out
+
+
+def _isnum(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------ rho sensitivity
+
+
+@dataclass(frozen=True)
+class RhoSensitivity:
+    """Accuracy against rho per group (arch, plus `by`), the best rho of each group and its bootstrap interval.
+
+    levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
+    this level was the best). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
+    and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
+    """
+
+    levels: pd.DataFrame
+    best: pd.DataFrame
+    param: str
+    metric: str
+    mode: str
+    confidence: float
+
+    def to_markdown(self, *, digits: int = 3) -> str:
+        lv = self.levels.copy()
+        lv["rho"] = lv["rho"].map(lambda v: f"{v:.4g}")
+        lv["value"] = [format_cell(m, s, int(n), digits=digits) for m, s, n in zip(lv["mean"], lv["sd"], lv["n"])]
+        lv["p_best"] = lv["p_best"].map(lambda v: f"{v:.2f}")
+        groups = [c for c in self.best.index.names]
+        a = _markdown(lv.set_index(groups + ["rho"])[["value", "p_best"]])
+        best = self.best.copy()
+        for col in ("best_rho", "rho_low", "rho_high"):
+            best[col] = best[col].map(lambda v: f"{v:.4g}")
+        for col in ("best_mean", "baseline"):
+            if col in best.columns:
+                best[col] = best[col].map(lambda v: f"{v:.{digits}f}" if math.isfinite(v) else "–")
+        b = _markdown(best)
+        pct = int(round(self.confidence * 100))
+        return (
+            f"{self.metric} against {self.param}: mean ± sd (trials) per level; p_best = share of bootstrap "
+            f"resamples in which the level is best.\n\n{a}\nBest {self.param} per group, with the {pct}% "
+            f"bootstrap interval of the best level.\n\n{b}"
+        )
+
+
+def _log_bins(values: np.ndarray, bins: int) -> np.ndarray:
+    """Index of each value's bin among `bins` equal-width bins of log(value) over the values' range."""
+    logs = np.log(values)
+    lo, hi = logs.min(), logs.max()
+    if hi == lo:
+        return np.zeros(len(values), dtype=int)
+    return np.minimum(((logs - lo) / (hi - lo) * bins).astype(int), bins - 1)
+
+
+def rho_sensitivity(
+    runs: pd.DataFrame,
+    *,
+    param: str = "optimizer.hparams.rho",
+    arch: str = "factor.arch",
+    method: str | None = "factor.method",
+    by: Sequence[str] = (),
+    metric: str = "val_acc",
+    mode: Mode = "max",
+    bins: int | None = None,
+    baseline: str | None = None,
+    n_boot: int = 2000,
+    confidence: float = 0.95,
+    boot_seed: int = 0,
+) -> RhoSensitivity:
+    """Metric against SAM's rho per architecture (Chen et al. 2022, Table 13), with the best rho and its interval.
+
+    Trials: the finished ones with a finite metric and a positive value of `param`; trials without one
+    (methods that take no rho) only feed `baseline`. Groups: arch, then `method` when that column exists
+    (SAM's and ASAM's rho live on different scales, so they are never pooled), then each column of `by`
+    (e.g. 'data.fraction'); every other column is pooled. Levels: bins=None keeps each distinct rho
+    value as its own level (a grid search, or one level per trial of a continuous search); bins=k puts
+    the group's trials into k equal-width bins of log(rho), each level placed at the geometric mean of
+    its trials' rho. Best rho: the level with the best mean metric. Its interval: resample the group's
+    trials with replacement `n_boot` times (seeded), recompute the level means (levels not drawn drop
+    out) and take the best level of each resample; rho_low / rho_high are the lower and upper
+    `confidence` percentiles of those best levels (always levels that exist), p_best each level's share.
+    baseline: a level of `method` (or the optimizer it runs, e.g. 'none') whose mean metric is shown as
+    the rho = 0 reference.
+    """
+    _check_mode(mode)
+    _check_n_boot(n_boot)
+    _check_confidence(confidence)
+    if bins is not None and not (isinstance(bins, int) and bins >= 2):
+        raise ValueError(f"bins must be None (one level per distinct rho) or an int >= 2, got {bins!r}")
+    by = list(by)
+    if method is not None and method not in runs.columns:
+        method = None  # a study with one method needs no method factor
+    _require_columns(runs, param=param, arch=arch, metric=metric, **{f"by[{i}]": c for i, c in enumerate(by)})
+    ok = _ok(runs, metric)
+    rho_values = pd.to_numeric(ok[param], errors="coerce").astype("float64")
+    with_rho = ok[np.isfinite(rho_values) & (rho_values > 0)].copy()
+    with_rho["__rho"] = rho_values[with_rho.index]
+    if with_rho.empty:
+        raise ValueError(
+            f"no finished trial has a positive {param!r} and a finite {metric!r}; "
+            "rho sensitivity needs trials of a method that takes that parameter (e.g. factor.method = sam)."
+        )
+    groups = [arch] + ([method] if method else []) + by
+    rng = np.random.default_rng(boot_seed)
+    tail = (1.0 - confidence) / 2.0
+    level_rows, best_rows = [], []
+    base_means = None
+    if baseline is not None:
+        if method is None:
+            raise ValueError("baseline needs a method column: pass method='factor.method' (or another column naming the method)")
+        base_level = _resolve_level(runs, method, baseline, "baseline")
+        base_trials = ok[ok[method].astype(str) == base_level]
+        base_means = base_trials.groupby([arch] + by, dropna=True)[metric].mean()
+    for key, part in with_rho.groupby(groups, dropna=True, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        rho = part["__rho"].to_numpy()
+        values = part[metric].to_numpy(dtype="float64")
+        if bins is None:
+            level_rho, codes = np.unique(rho, return_inverse=True)
+        else:
+            raw = _log_bins(rho, bins)
+            used, codes = np.unique(raw, return_inverse=True)
+            level_rho = np.array([math.exp(np.log(rho[codes == i]).mean()) for i in range(len(used))])
+        k = len(level_rho)
+        sums = np.bincount(codes, weights=values, minlength=k)
+        counts = np.bincount(codes, minlength=k)
+        means = sums / counts
+        sds = np.array([values[codes == i].std(ddof=1) if counts[i] > 1 else math.nan for i in range(k)])
+        best = int(np.nanargmax(means) if mode == "max" else np.nanargmin(means))
+        # Bootstrap over trials: the level means of each resample come from bincounts of the drawn trials.
+        draws = rng.integers(0, len(values), size=(n_boot, len(values)))
+        drawn_codes = codes[draws]
+        offsets = (np.arange(n_boot) * k)[:, None]
+        flat = (drawn_codes + offsets).ravel()
+        b_sums = np.bincount(flat, weights=values[draws].ravel(), minlength=n_boot * k).reshape(n_boot, k)
+        b_counts = np.bincount(flat, minlength=n_boot * k).reshape(n_boot, k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            b_means = np.where(b_counts > 0, b_sums / np.maximum(b_counts, 1), np.nan)
+        filled = np.where(np.isnan(b_means), -np.inf if mode == "max" else np.inf, b_means)
+        b_best = filled.argmax(axis=1) if mode == "max" else filled.argmin(axis=1)
+        p_best = np.bincount(b_best, minlength=k) / n_boot
+        best_rhos = level_rho[b_best]
+        rho_low = float(np.quantile(best_rhos, tail, method="lower"))
+        rho_high = float(np.quantile(best_rhos, 1.0 - tail, method="higher"))
+        for i in range(k):
+            level_rows.append({**dict(zip(groups, key)), "rho": float(level_rho[i]), "mean": float(means[i]),
+                               "sd": float(sds[i]), "n": int(counts[i]), "p_best": float(p_best[i])})
+        row = {**dict(zip(groups, key)), "best_rho": float(level_rho[best]), "best_mean": float(means[best]),
+               "rho_low": rho_low, "rho_high": rho_high, "levels": k, "n_trials": int(len(values))}
+        if base_means is not None:
+            bkey = (key[0], *key[len(groups) - len(by):]) if by else key[0]
+            row["baseline"] = float(base_means.get(bkey, math.nan))
+        best_rows.append(row)
+    names = [g.removeprefix("factor.") for g in groups]
+    levels = pd.DataFrame(level_rows).rename(columns=dict(zip(groups, names)))
+    best_df = pd.DataFrame(best_rows).rename(columns=dict(zip(groups, names))).set_index(names)
+    thin = [", ".join(map(str, idx if isinstance(idx, tuple) else (idx,))) for idx, n in best_df["n_trials"].items() if n < 3]
+    if thin:
+        warnings.warn(
+            f"rho_sensitivity: fewer than 3 trials with {param} in group(s) {thin}; the best rho there is a guess.",
+            FewSamplesWarning,
+            stacklevel=2,
+        )
+    return RhoSensitivity(levels=levels, best=best_df, param=param, metric=metric, mode=mode, confidence=confidence)
