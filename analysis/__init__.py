@@ -1,5 +1,48 @@
 """Results of studies as data: MLflow records to pandas, tables, plots and loss-geometry metrics (never needs Ray)."""
 
-from analysis.runs import load_runs, summarize
+from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+from analysis.report import write_report
+from analysis.runs import load_curves, load_runs, summarize
+from analysis.scaling import (
+    DataMultiplier,
+    FloorNotIdentifiedWarning,
+    PowerLawFit,
+    data_multiplier,
+    fit_power_law,
+    fit_scaling_table,
+    fits_frame,
+)
+from analysis.tables import (
+    FewSamplesWarning,
+    RhoSensitivity,
+    ScalingTable,
+    best_of_search,
+    rho_sensitivity,
+    sam_gain,
+    scaling_table,
+)
 
-__all__ = ["load_runs", "summarize"]
+__all__ = [
+    "DataMultiplier",
+    "FewSamplesWarning",
+    "FloorNotIdentifiedWarning",
+    "PowerLawFit",
+    "RhoSensitivity",
+    "ScalingTable",
+    "best_of_search",
+    "data_multiplier",
+    "fit_power_law",
+    "fit_scaling_table",
+    "fits_frame",
+    "load_curves",
+    "load_runs",
+    "plot_curves",
+    "plot_error_vs_n",
+    "plot_gain",
+    "plot_rho_sensitivity",
+    "rho_sensitivity",
+    "sam_gain",
+    "scaling_table",
+    "summarize",
+    "write_report",
+]

@@ -43,7 +43,8 @@ def split_batch(batch: Any, size: int, m: int) -> list[Any]:
         if isinstance(item, dict):
             return {key: take(value, start) for key, value in item.items()}
         if isinstance(item, (list, tuple)):
-            return type(item)(take(value, start) for value in item)
+            values = [take(value, start) for value in item]
+            return type(item)(*values) if hasattr(item, "_fields") else type(item)(values)
         return item
 
     return [take(batch, start) for start in range(0, size - m + 1, m)]

@@ -58,13 +58,14 @@ MODES = ("eval", "train")
 METHODS = ("lanczos", "power")
 
 # hvp_mode="auto", by timm model class. Measured with benchmarks/bench_geometry.py (batch 64 fp32, eval,
-# NVIDIA H200, torch 2.11): ms per HVP / ms per gradient (the gradient with fused attention on)
-#                      double_backward (graph cached)   forward_over_reverse
-#   ViT-S/16           138.8 / 54.0  = 2.57x            207.5 / 54.0  = 3.84x
-#   Mixer-B/16         295.2 / 122.6 = 2.41x            429.6 / 122.6 = 3.50x
-#   ResNet-50           74.2 / 32.0  = 2.32x            274.1 / 32.0  = 8.56x
-# double_backward also used less memory on all three, so it is the choice everywhere; forward_over_reverse
-# stays as an independent check and for layers whose double backward is missing.
+# NVIDIA H200, torch 2.11): ms per HVP / ms per gradient (the gradient with timm's fused attention on)
+#               double_backward, graph cached   (rebuilt each HVP)   forward_over_reverse
+#   ViT-S/16    138.8 / 54.1  = 2.57x            3.57x                200.8 / 54.1  = 3.71x
+#   Mixer-B/16  295.1 / 122.7 = 2.41x            3.40x                429.0 / 122.7 = 3.50x
+#   ResNet-50    70.5 / 31.9  = 2.21x            3.84x                216.3 / 31.9  = 6.79x
+# (ResNet-50 with PyTorch's stock convolution double backward: 5.32x; see _hvp._CheapSecondOrder.)
+# double_backward is faster and leaner in memory on all three, so it is the choice for each; any other
+# model gets it too. forward_over_reverse stays as an independent computation of the same products.
 _AUTO_HVP_MODE = {
     "VisionTransformer": "double_backward",
     "MlpMixer": "double_backward",
@@ -571,7 +572,7 @@ class HessianOperator:
     def __call__(self, vector: torch.Tensor) -> torch.Tensor:
         if vector.shape != (self.num_params,):
             raise ValueError(f"vector must have shape ({self.num_params},), got {tuple(vector.shape)}")
-        return self._flat(vector.to(self._flat.dtype))
+        return self._flat(vector.to(device=self._flat.device, dtype=self._flat.dtype))
 
 
 class _HessianOperatorScope:
@@ -607,6 +608,7 @@ def hessian_operator(
     masks in train mode.
     """
     mode = _check_choice("mode", mode, MODES)
+    _check_int("seed", seed, 0, "use a non-negative seed")
     batches = _check_batches(batches)
     names, chosen = _resolve_params(model, params)
     resolved = _resolve_hvp_mode(model, hvp_mode)

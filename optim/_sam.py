@@ -110,8 +110,8 @@ class TwoPass(Method):
     def _perturb(self, rho: float) -> None:
         """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` copies g (and ||g||).
 
-        eps is formed in place in the gradients (cleared right after), and ASAM's ``T = |w| + eta`` in the
-        saved-w buffer before it receives w: no allocation per step, only persistent buffers.
+        eps is formed in place in the gradients (cleared right after) or, for ASAM, in the parameters once
+        w is saved: no allocation per step, only persistent buffers.
         """
         plan = self._plan()
         grads = [[p.grad for p in ps] for _, ps, _, _ in plan]
@@ -119,14 +119,16 @@ class TwoPass(Method):
             for (_, _, _, gbuf), gs in zip(plan, grads):
                 torch._foreach_copy_(gbuf, gs)
             self._g_norm = global_norm([g for gs in grads for g in gs])
+        # w is saved first; an adaptive bucket then holds T = |w| + eta in the parameters themselves
+        # (w is safe in the buffer), so eps = s T (T g) and w + eps take no extra buffer and fewer passes.
+        for (adaptive, ps, saved, _), gs in zip(plan, grads):
+            torch._foreach_copy_(saved, ps)
+            if adaptive:
+                torch._foreach_abs_(ps)
+                torch._foreach_add_(ps, self.eta)
+                if self.p == 2:
+                    torch._foreach_mul_(gs, ps)  # T g, whose norm normalises eps
         if self.p == 2:
-            # ASAM: g <- T g, whose norm normalises eps (T lives in the saved-w buffer for now).
-            for (adaptive, ps, saved, _), gs in zip(plan, grads):
-                if adaptive:
-                    torch._foreach_copy_(saved, ps)
-                    torch._foreach_abs_(saved)
-                    torch._foreach_add_(saved, self.eta)
-                    torch._foreach_mul_(gs, saved)
             if self._keep_g and not any(a for a, _, _, _ in plan):
                 norm = self._g_norm
             else:
@@ -134,20 +136,23 @@ class TwoPass(Method):
             scale = rho / (norm + _EPS)
         for (adaptive, ps, saved, _), gs in zip(plan, grads):
             if self.p == 2:
-                torch._foreach_mul_(gs, scale if gs[0].dtype == scale.dtype and gs[0].device == scale.device
-                                    else scale.to(device=gs[0].device, dtype=gs[0].dtype))
+                s = scale if gs[0].dtype == scale.dtype and gs[0].device == scale.device else scale.to(gs[0])
                 if adaptive:
-                    torch._foreach_mul_(gs, saved)  # eps = rho T^2 g / ||T g||
+                    torch._foreach_mul_(ps, s)
+                    torch._foreach_mul_(ps, gs)  # eps = rho T^2 g / ||T g||
+                else:
+                    torch._foreach_mul_(gs, s)  # eps = rho g / ||g||
             else:
                 torch._foreach_sign_(gs)
-                torch._foreach_mul_(gs, rho)
-                if adaptive:  # eps = rho T sign(T g) = rho T sign(g)
-                    torch._foreach_copy_(saved, ps)
-                    torch._foreach_abs_(saved)
-                    torch._foreach_add_(saved, self.eta)
-                    torch._foreach_mul_(gs, saved)
-            torch._foreach_copy_(saved, ps)
-            torch._foreach_add_(ps, gs)
+                if adaptive:
+                    torch._foreach_mul_(ps, gs)
+                    torch._foreach_mul_(ps, rho)  # eps = rho T sign(T g) = rho T sign(g)
+                else:
+                    torch._foreach_mul_(gs, rho)  # eps = rho sign(g)
+            if adaptive:
+                torch._foreach_add_(ps, saved)  # eps + w
+            else:
+                torch._foreach_add_(ps, gs)  # w + eps
         self._restore_pairs = [(ps, saved) for _, ps, saved, _ in plan]
 
     @torch.no_grad()

@@ -48,10 +48,44 @@ def _cmd_run(args) -> int:
     from studies.runner import run_study
 
     outcome = run_study(
-        args.study, address=args.address, tracking_uri=args.tracking_uri, smoke=args.smoke, num_cpus=args.num_cpus
+        args.study,
+        address=args.address,
+        tracking_uri=args.tracking_uri,
+        smoke=args.smoke,
+        num_cpus=args.num_cpus,
+        resume=args.command == "resume",
     )
     _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
     return 1 if outcome.trials == 0 else 0
+
+
+def _cmd_status(args) -> int:
+    import pandas as pd
+
+    from analysis import load_runs
+    from studies.runner import resolve_tracking_uri
+    from studies.spec import load_study
+
+    study = load_study(args.study, smoke=args.smoke)
+    spec = study.spec
+    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    runs = load_runs(name, tracking_uri=uri)
+    planned = pd.Series({c.key: c.trials for c in study.cells}, name="planned")
+    if runs.empty:
+        counts = pd.DataFrame(index=planned.index)
+    else:
+        counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
+        metric = spec.objective.metric
+        if metric in runs:
+            finished = runs[runs["status"] == "finished"]
+            best = finished.groupby("cell")[metric].max() if spec.objective.mode == "max" else finished.groupby("cell")[metric].min()
+            counts[f"best {metric}"] = best
+    table = counts.join(planned, how="right").fillna(0)
+    print(f"{name}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+        print(table.to_string())
+    return 0
 
 
 def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
@@ -111,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
     run.set_defaults(func=_cmd_run)
 
+    res = sub.add_parser("resume", help="finish an interrupted study: finished trials are not re-run, no run is duplicated")
+    res.add_argument("study", help="the study file that was run")
+    res.add_argument("--address", default=None, help="existing Ray cluster; default: start a local one")
+    res.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
+    res.add_argument("--smoke", action="store_true", help="resume the --smoke run of the study")
+    res.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    res.set_defaults(func=_cmd_run, dry_run=False)
+
+    st = sub.add_parser("status", help="trials per cell and status, and the best so far, from MLflow")
+    st.add_argument("study")
+    st.add_argument("--tracking-uri", default=None)
+    st.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
+    st.set_defaults(func=_cmd_status)
+
     val = sub.add_parser("validate", help="check a study file; exit 1 listing every problem")
     val.add_argument("study")
     val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
@@ -132,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (StudyError, ConfigError) as err:
+    except (StudyError, ConfigError, LookupError) as err:
         # A user mistake: the message says what to fix; a traceback would only hide it.
         print(f"sharpscale: error: {err}", file=sys.stderr)
         return 2

@@ -6,12 +6,13 @@ import math
 import os
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from studies.spec import Cell, LoadedStudy, load_study
+from studies.spec import Cell, LoadedStudy, StudyError, load_study
 from studies.search import CellSearcher, apply_sample
+from trainables.ray_train import DistributedPlan
 from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, tracking_client
 
 __all__ = ["StudyOutcome", "resolve_tracking_uri", "run_study"]
@@ -144,15 +145,56 @@ def _parent_runs(client, study: LoadedStudy, experiment_id: str, commit: str, re
     return study_run_id, cell_runs
 
 
-def _close_dangling(client, experiment_id: str, study_run_id: str, cell_runs: dict[str, str]) -> None:
-    # A trial that Ray stopped or killed never reached its own `finish`: no run may stay RUNNING.
+def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: bool) -> None:
+    """No trial run may stay RUNNING: one Ray stopped (ASHA) or killed never reached its own `finish`.
+
+    After a normal end such a trial was stopped early on purpose; after an interruption `resume` reopens it.
+    """
+    status = "killed" if interrupted else "early_stopped"
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
-        rid = run.info.run_id
-        if rid == study_run_id or rid in cell_runs.values():
-            continue
         if run.data.tags.get("mlflow.parentRunId") in cell_runs.values():
-            _retry(client.set_tag, rid, STATUS_TAG, "killed")
-            _retry(client.set_terminated, rid, status="KILLED")
+            _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
+            _retry(client.set_terminated, run.info.run_id, status="KILLED")
+
+
+def _drop_lost_trials(client, experiment_id: str, known: set[str]) -> None:
+    """Soft-delete the runs of trials that the interrupted driver started but never snapshotted.
+
+    Tune cannot resume a trial it has no record of; the searcher issues a new trial in its place. The lost
+    one's run is deleted from the active record (restorable with `mlflow runs restore`), so MLflow keeps
+    exactly one run per trial of the study.
+    """
+    for run in client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000):
+        if run.data.tags.get("sharpscale.trial_id") not in known:
+            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "lost")
+            if run.info.status == "RUNNING":
+                _retry(client.set_terminated, run.info.run_id, status="KILLED")
+            _retry(client.delete_run, run.info.run_id)
+
+
+def _trial_resources(plan: DistributedPlan):
+    if plan.workers > 1:
+        # The trial itself only drives a Ray Train group, which books its own workers' resources.
+        return {"cpu": 0}
+    return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker, **plan.custom}
+
+
+def _scheduler(study: LoadedStudy):
+    asha = study.spec.budget.asha
+    if asha is None:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    from trainables.config import TrialConfig
+
+    # One result per epoch, so ASHA's rungs are epochs.
+    epochs = max(TrialConfig.load(c.config).schedule.epochs for c in study.cells)
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        grace_period=min(asha.grace_period, epochs),
+        reduction_factor=asha.reduction_factor,
+        max_t=epochs,
+    )
 
 
 def _init_ray(address: str | None, num_cpus: int | None):
@@ -192,8 +234,20 @@ def run_study(
     run_name = exp_name
     optuna_db = storage / f"{run_name}.optuna.db"
 
+    res = study.resources
+    plan = DistributedPlan(
+        workers=res.workers_per_trial,
+        cpus_per_worker=res.cpus_per_trial,
+        gpus_per_worker=res.gpus_per_trial,
+        custom=dict(res.custom),
+        max_failures=res.max_failures,
+        storage_path=str(storage / run_name / "train"),
+    )
+
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {
+            "study": run_name,
+            "plan": asdict(plan),
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample),
             "sample": sample,
@@ -210,6 +264,8 @@ def run_study(
 
     # Every epoch checkpoints, so Tune snapshots its state often; that is intended, not a bottleneck to warn of.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # A trial that starts after Tune's last snapshot is unknown to `resume`: snapshot often to keep that window small.
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
     started_ray = _init_ray(address, num_cpus)
     status, errored, trials = "FAILED", 0, 0
     try:
@@ -228,11 +284,16 @@ def run_study(
             payload=payload,
         )
         progress = _Progress(study)
-        resources = {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial}
-        trainable = tune.with_resources(run_tune_trial, resources)
+        trainable = tune.with_resources(run_tune_trial, _trial_resources(plan))
         experiment_dir = storage / run_name
-        if resume and tune.Tuner.can_restore(str(experiment_dir)):
-            tuner = tune.Tuner.restore(str(experiment_dir), trainable=trainable, resume_errored=True)
+        if resume:
+            if not tune.Tuner.can_restore(str(experiment_dir)):
+                raise StudyError(study.path, [
+                    f"resume: no interrupted run of this study under {experiment_dir}. "
+                    f"Fix: start it with `sharpscale run`, or check the study's `storage` directory."
+                ])
+            # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
+            tuner = tune.Tuner.restore(str(experiment_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -240,6 +301,7 @@ def run_study(
                     metric=spec.objective.metric,
                     mode=spec.objective.mode,
                     search_alg=searcher,
+                    scheduler=_scheduler(study),
                     num_samples=study.total_trials,
                     max_concurrent_trials=spec.resources.max_concurrent_trials,
                     time_budget_s=spec.budget.time_limit_s,
@@ -264,6 +326,8 @@ def run_study(
             flush=True,
         )
         results = tuner.fit()
+        if resume:
+            _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results})
         trials = len(results)
         errored = sum(1 for r in results if r.error is not None)
         print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)")
@@ -272,7 +336,7 @@ def run_study(
         status = "KILLED"
         raise
     finally:
-        _close_dangling(client, experiment_id, study_run_id, cell_runs)
+        _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED")
         for rid in [study_run_id, *cell_runs.values()]:
             _retry(client.set_terminated, rid, status=status)
         if started_ray:

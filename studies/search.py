@@ -30,11 +30,17 @@ def optuna_distribution(dom: Domain):
     raise TypeError(f"unknown domain {dom!r}")
 
 
-def _sampler(kind: str, seed: int):
+def _sampler(kind: str, seed: int, space: dict[str, Domain]):
     import optuna
 
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        grid = {
+            path: list(dom.values) if isinstance(dom, Choice) else list(range(dom.low, dom.high + 1))
+            for path, dom in space.items()
+        }
+        return optuna.samplers.GridSampler(grid, seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
 
 
@@ -73,7 +79,7 @@ class CellSearcher(Searcher):
                 space={path: optuna_distribution(dom) for path, dom in cell.space.items()},
                 metric=metric,
                 mode=mode,
-                sampler=_sampler(sampler, seed + i),
+                sampler=_sampler(sampler, seed + i, cell.space),
                 study_name=f"{study_name}:{cell.key or 'all'}",
                 storage=self._storage(),
             )
@@ -147,9 +153,15 @@ class CellSearcher(Searcher):
             trials = {t.number: t for t in s._ot_study.get_trials(deepcopy=False)}
             import optuna
 
+            tracked = set()
             for tune_id, number in saved["ot_trials"].items():
                 if number in trials and tune_id not in s._completed_trials:
                     s._ot_trials[tune_id] = optuna.trial.Trial(s._ot_study, trials[number]._trial_id)
+                    tracked.add(number)
+            # Asked after the last snapshot, so no Tune trial will ever report it: fail it, or it stays RUNNING.
+            for number, frozen in trials.items():
+                if frozen.state == optuna.trial.TrialState.RUNNING and number not in tracked:
+                    s._ot_study.tell(number, state=optuna.trial.TrialState.FAIL)
 
 
 def apply_sample(config: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:

@@ -63,17 +63,32 @@ class Objective(_Strict):
     mode: Literal["max", "min"] = "max"
 
 
+class Asha(_Strict):
+    grace_period: int = Field(1, ge=1, description="Epochs every trial runs before it can be stopped.")
+    reduction_factor: float = Field(3.0, gt=1.0)
+
+
 class Budget(_Strict):
-    trials_per_cell: int = Field(8, ge=1, description="Optuna trials in each cell that has something to search.")
+    trials_per_cell: int | None = Field(
+        None, ge=1, description="Trials in each cell that searches something; None: 8, or the grid's size."
+    )
     repeats_without_search: int = Field(1, ge=1, description="Trials of a cell with nothing to search.")
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Literal["tpe", "random", "grid"] = Field("tpe", description="grid: every combination of choice values.")
     seed: int = Field(0, ge=0, description="Seed of the Optuna samplers.")
+    asha: Asha | None = Field(None, description="Early stopping of poor trials (ASHA over epochs); off when absent.")
     time_limit_s: float | None = Field(None, gt=0, description="Stop launching trials after this many seconds.")
 
 
+DEFAULT_TRIALS_PER_CELL = 8
+
+
 class Resources(_Strict):
-    cpus_per_trial: float = Field(1.0, gt=0)
-    gpus_per_trial: float = Field(0.0, ge=0, description="Fractions share one GPU between small trials.")
+    cpus_per_trial: float = Field(1.0, gt=0, description="CPUs of each trial (of each worker when workers > 1).")
+    gpus_per_trial: float = Field(0.0, ge=0, description="GPUs likewise; fractions share one GPU between small trials.")
+    workers_per_trial: int = Field(1, ge=1, description="Ray Train DDP workers of each trial (1: in the trial's process).")
+    custom: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources each trial (each worker) needs, e.g. {node_a: 1}."
+    )
     max_concurrent_trials: int = Field(2, ge=1)
     max_failures: int = Field(2, ge=0, description="Retries of a trial whose worker died (from its checkpoint).")
 
@@ -107,6 +122,13 @@ class Study(_Strict):
                 problems.append(
                     f"search.{key}: low < high must hold, got low={dom.low}, high={dom.high}. Fix: swap or widen them."
                 )
+        if self.budget.sampler == "grid":
+            for key, dom in self.search.items():
+                if not isinstance(dom, (Choice, IntRange)):
+                    problems.append(
+                        f"search.{key}: budget.sampler 'grid' needs choice or int domains, got {dom.type}. "
+                        f"Fix: list the values, e.g. {{type: choice, values: [0.01, 0.05, 0.1]}}, or use sampler tpe."
+                    )
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -152,9 +174,18 @@ class LoadedStudy:
     def file_hash(self) -> str:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
+    smoke: bool = False
+
     @property
     def total_trials(self) -> int:
         return sum(c.trials for c in self.cells)
+
+    @property
+    def resources(self) -> "Resources":
+        """The study's resources; a smoke run is one CPU process per trial whatever the file asks for."""
+        if not self.smoke:
+            return self.spec.resources
+        return self.spec.resources.model_copy(update={"cpus_per_trial": 1.0, "gpus_per_trial": 0.0, "workers_per_trial": 1, "custom": {}})
 
 
 def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -270,7 +301,9 @@ def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Ce
         except ConfigError as err:
             problems.extend(f"{label}: {p}" for p in err.problems)
             continue
-        trials = spec.budget.trials_per_cell if space else spec.budget.repeats_without_search
+        trials, problem = _cell_trials(spec.budget, space, label)
+        if problem:
+            problems.append(problem)
         cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
     # A search parameter that applies to no cell is almost always a typo or a forgotten factor.
     used = {p for c in cells for p in c.space}
@@ -281,6 +314,27 @@ def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Ce
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
     return cells, _dedupe(problems)
+
+
+def grid_size(space: dict[str, Domain]) -> int:
+    size = 1
+    for dom in space.values():
+        size *= len(dom.values) if isinstance(dom, Choice) else dom.high - dom.low + 1
+    return size
+
+
+def _cell_trials(budget: Budget, space: dict[str, Domain], label: str) -> tuple[int, str | None]:
+    if not space:
+        return budget.repeats_without_search, None
+    if budget.sampler != "grid":
+        return budget.trials_per_cell or DEFAULT_TRIALS_PER_CELL, None
+    size = grid_size(space)
+    if budget.trials_per_cell not in (None, size):
+        return size, (
+            f"budget.trials_per_cell: with sampler 'grid' {label} has {size} grid points, got {budget.trials_per_cell}. "
+            f"Fix: leave trials_per_cell unset (it follows the grid) or change the grid."
+        )
+    return size, None
 
 
 def _dedupe(items: list[str]) -> list[str]:
@@ -308,7 +362,7 @@ def load_study(path: str | Path, *, smoke: bool = False) -> LoadedStudy:
         raise StudyError(path, problems)
     if smoke:
         cells = [_smoke_cell(c) for c in cells]
-    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells))
+    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke)
 
 
 def _study_errors(err: ValidationError) -> list[str]:

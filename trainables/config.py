@@ -49,7 +49,7 @@ class ModelConfig(_Strict):
 class DataConfig(_Strict):
     """Which dataset, which fraction of its training set, and how it is augmented."""
 
-    name: Literal["digits", "cifar10", "cifar100", "imagefolder"] = "digits"
+    name: Literal["digits", "cifar10", "cifar100", "imagefolder", "synthetic"] = "digits"
     root: str | None = Field(None, description="Directory holding the dataset (not needed for digits).")
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
@@ -59,10 +59,12 @@ class DataConfig(_Strict):
     eval_batch_size: int = Field(512, ge=1)
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes per training process.")
     mixup_alpha: float = Field(0.8, ge=0.0, description="Mixup alpha of the 'strong' augmentation.")
+    synthetic_samples: int = Field(4096, ge=1, description="synthetic only: training-set size (throughput runs).")
+    synthetic_classes: int = Field(10, ge=2, description="synthetic only: number of classes.")
 
     @model_validator(mode="after")
     def _root_when_needed(self) -> "DataConfig":
-        if self.name != "digits" and self.root is None:
+        if self.name not in ("digits", "synthetic") and self.root is None:
             raise ValueError(
                 f"data.root: required for data.name={self.name!r}, got none. "
                 f"Fix: set data.root to the directory that holds the {self.name} files."

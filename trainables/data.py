@@ -32,10 +32,10 @@ __all__ = [
     "load_dataset",
 ]
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 AUGMENTATIONS = ("none", "basic", "strong")
 
-DatasetName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
+DatasetName = Literal["digits", "cifar10", "cifar100", "imagefolder", "synthetic"]
 Augmentation = Literal["none", "basic", "strong"]
 MixupFn = Callable[[torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
@@ -229,6 +229,53 @@ class _FolderImages(_IndexedDataset):
 
     def _image(self, index: int) -> torch.Tensor:
         return self._folder[index][0]
+
+
+class _SyntheticImages(Dataset):
+    """Random normalised images and labels for throughput measurements: no decoding, no augmentation.
+
+    A small pool of images is reused so that memory stays flat at any size; `get_batch` hands out a whole
+    batch with one gather (on the GPU after `to_device`), so the loader costs almost nothing next to a step.
+    """
+
+    _POOL = 256
+
+    def __init__(self, num_samples: int, num_classes: int, img_size: int, seed: int, keep: np.ndarray | None = None):
+        g = torch.Generator().manual_seed(seed)
+        self._pool = torch.randn(min(self._POOL, num_samples), 3, img_size, img_size, generator=g)
+        self.indices = np.arange(num_samples, dtype=np.int64) if keep is None else np.asarray(keep, dtype=np.int64)
+        self.targets = self.indices % num_classes
+        self._index = torch.from_numpy(self.indices.copy())
+        self._labels = torch.from_numpy(self.targets.copy())
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        index = int(self.indices[i])
+        return self._pool[index % len(self._pool)].cpu().clone(), int(self.targets[i]), index
+
+    def to_device(self, device: torch.device) -> None:
+        """Keep the pool where the model is: a benchmark then measures the loop, not a host-to-device copy."""
+        self._pool, self._labels = self._pool.to(device), self._labels.to(device)
+
+    def get_batch(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        pos = torch.as_tensor(positions, dtype=torch.int64)
+        index = self._index[pos]
+        dev = self._pool.device
+        images = self._pool.index_select(0, (index % len(self._pool)).to(dev, non_blocking=True))
+        return images, self._labels.index_select(0, pos.to(dev, non_blocking=True)), index
+
+
+def _load_synthetic(img_size: int | None, num_samples: int, num_classes: int, train_indices_for) -> DataBundle:
+    size = img_size or 32
+    keep = train_indices_for(np.arange(num_samples, dtype=np.int64) % num_classes)
+    return DataBundle(
+        train=_SyntheticImages(num_samples, num_classes, size, seed=0, keep=keep),
+        val=_SyntheticImages(max(num_samples // 8, num_classes), num_classes, size, seed=1),
+        num_classes=num_classes, in_chans=3, img_size=size, num_train_full=num_samples,
+        train_indices=keep, mixup=None, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), name="synthetic",
+    )
 
 
 # --------------------------------------------------------------------------- mixup
@@ -609,6 +656,8 @@ def load_dataset(
     fraction_seed: int = 0,
     mixup_alpha: float = 0.8,
     randaugment: str = "rand-m9-mstd0.5",
+    synthetic_samples: int = 4096,
+    synthetic_classes: int = 10,
 ) -> DataBundle:
     """Load dataset `name` with a stratified `fraction` of its training set and the chosen augmentation.
 
@@ -617,6 +666,8 @@ def load_dataset(
       pixel; `strong` = basic + mixup (no RandAugment on 8x8 glyphs).
     - cifar10 / cifar100: the python-pickle files under `root`; val is the test batch;
       `basic` = pad-and-crop + horizontal flip; `strong` = basic + RandAugment + mixup.
+    - synthetic: random images (`synthetic_samples` of them, `synthetic_classes` classes, `img_size`
+      default 32), for throughput benchmarks; no augmentation.
     - imagefolder: `root/train/<class>/...` and `root/val/<class>/...`; `basic` = timm's
       Inception-style random-resized crop + flip; `strong` adds RandAugment + mixup;
       `none` uses the eval resize + centre crop for training too.
@@ -636,6 +687,8 @@ def load_dataset(
     mixup_alpha = float(mixup_alpha)
     if name == "digits":
         return _load_digits(img_size, augment, train_indices_for, mixup_alpha)
+    if name == "synthetic":
+        return _load_synthetic(img_size, int(synthetic_samples), int(synthetic_classes), train_indices_for)
     path = Path(root).expanduser()
     if name in ("cifar10", "cifar100"):
         return _load_cifar(name, path, img_size, augment, train_indices_for, mixup_alpha, randaugment)

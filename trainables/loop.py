@@ -46,7 +46,7 @@ class Reporter(Protocol):
 class Recorder(Protocol):
     """Persists a trial's metrics (MLflow in practice); only the rank-0 process records."""
 
-    def log_epoch(self, metrics: dict[str, float], epoch: int) -> None: ...
+    def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,14 @@ class _GlobalBatchSampler(Sampler[list[int]]):
         for b in range(len(self)):
             start = b * self.global_batch + self.rank * self.local
             yield perm[start : start + self.local]
+
+
+class _Batched(torch.utils.data.Dataset):
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, items: list[int]):
+        return self.dataset.get_batch(items)
 
 
 def _resolve_device(cfg: TrialConfig) -> torch.device:
@@ -162,7 +170,12 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
     sampler = _GlobalBatchSampler(n, cfg.data.batch_size, d.rank, d.world, cfg.train.seed)
     pin = device.type == "cuda"
     common = dict(num_workers=cfg.data.num_workers, pin_memory=pin, persistent_workers=cfg.data.num_workers > 0)
-    train = DataLoader(bundle.train, batch_sampler=sampler, **common)
+    if hasattr(bundle.train, "get_batch"):
+        # A dataset that gathers a whole batch at once (on the device) skips per-sample fetching and collation.
+        bundle.train.to_device(device)
+        train = DataLoader(_Batched(bundle.train), sampler=sampler, batch_size=None, num_workers=0)
+    else:
+        train = DataLoader(bundle.train, batch_sampler=sampler, **common)
     # Evaluation is never subsampled: each rank takes a strided share, sums are all-reduced.
     val_idx = list(range(d.rank, len(bundle.val), d.world))
     val = DataLoader(torch.utils.data.Subset(bundle.val, val_idx), batch_size=cfg.data.eval_batch_size, **common)
@@ -287,10 +300,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best) -> None:
+def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at) -> None:
     state = {
         "format": 1,
         "epoch": epoch,
+        "metrics": metrics,
+        "logged_at": logged_at,
         "num_updates": num_updates,
         "config": cfg.model_dump(mode="json"),
         "model": _unwrap(model).state_dict(),
@@ -343,6 +358,8 @@ def fit(
         fraction=cfg.data.fraction,
         fraction_seed=cfg.data.fraction_seed,
         mixup_alpha=cfg.data.mixup_alpha,
+        synthetic_samples=cfg.data.synthetic_samples,
+        synthetic_classes=cfg.data.synthetic_classes,
     )
     # Identical initial weights on every rank come from the seed, not from a broadcast.
     torch.manual_seed(cfg.train.seed)
@@ -381,6 +398,10 @@ def fit(
         if scaler is not None and state["scaler"] is not None:
             scaler.load_state_dict(state["scaler"])
         start_epoch, num_updates, best = state["epoch"] + 1, state["num_updates"], dict(state["best"])
+        if recorder is not None and d.rank == 0:
+            # The interruption may have come between the checkpoint and the record: log that epoch again,
+            # with its original timestamp, which MLflow stores once however often it is sent.
+            recorder.log_epoch(state["metrics"], state["epoch"], state["logged_at"])
     if scheduler is not None:
         scheduler.step_update(num_updates=num_updates)
 
@@ -406,20 +427,23 @@ def fit(
                 best = {"best_val_acc": val_metrics["val_acc"], "best_epoch": epoch}
             metrics.update(best)
 
+            logged_at = int(time.time() * 1000)
             last = epoch == cfg.schedule.epochs - 1
             saved: Path | None = None
             if last or (epoch + 1) % cfg.train.checkpoint_every == 0:
                 if d.rank == 0:
                     _save(
                         ckpt_root / CHECKPOINT_FILE,
-                        model=net, method=method, scheduler=scheduler, scaler=scaler,
-                        epoch=epoch, num_updates=num_updates, cfg=cfg, best=best,
+                        model=net, method=method, scheduler=scheduler, scaler=scaler, epoch=epoch,
+                        num_updates=num_updates, cfg=cfg, best=best, metrics=metrics, logged_at=logged_at,
                     )
                     saved = ckpt_root
-            if recorder is not None and d.rank == 0:
-                recorder.log_epoch(metrics, epoch)
+            # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
+            # or re-logs this epoch on resume, never leaves it logged twice.
             if reporter is not None:
                 reporter(metrics, saved)
+            if recorder is not None and d.rank == 0:
+                recorder.log_epoch(metrics, epoch, logged_at)
     finally:
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)

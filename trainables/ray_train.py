@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +22,7 @@ class DistributedPlan:
     workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    custom: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
     max_failures: int = 2        # worker deaths survived per trial, each resumed from the last checkpoint
     storage_path: str | None = None  # Ray Train's checkpoints (shared storage on a cluster)
 
@@ -109,7 +110,11 @@ def _trainer(payload: dict[str, Any], plan: DistributedPlan, name: str, callback
         scaling_config=ray.train.ScalingConfig(
             num_workers=plan.workers,
             use_gpu=plan.gpus_per_worker > 0,
-            resources_per_worker={"CPU": plan.cpus_per_worker, **({"GPU": plan.gpus_per_worker} if plan.gpus_per_worker else {})},
+            resources_per_worker={
+                "CPU": plan.cpus_per_worker,
+                **({"GPU": plan.gpus_per_worker} if plan.gpus_per_worker else {}),
+                **plan.custom,
+            },
         ),
         run_config=ray.train.RunConfig(
             name=name,

@@ -80,10 +80,11 @@ class TrialRecorder:
 
         _retry(self._client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    def log_epoch(self, metrics: dict[str, float], epoch: int) -> None:
+    def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int | None = None) -> None:
+        """One epoch's metrics at step=epoch; resending the same epoch with the same timestamp is a no-op."""
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
+        now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         batch = [
             Metric(k, float(v), now, epoch)
             for k, v in metrics.items()

@@ -1,0 +1,181 @@
+"""Throughput of the one training loop: `trainables.fit` against a bare step, and SAM's data-parallel scaling.
+
+Needs only torch, timm and pydantic (no Ray, Optuna or MLflow). Every ratio is taken side by side in one run.
+
+  python benchmarks/bench_trainables.py single            # fit vs bare forward/backward/step, 1 GPU
+  python benchmarks/bench_trainables.py ddp --gpus 2      # SAM per-replica vs global eps on 2 GPUs vs 1 GPU
+  python benchmarks/bench_trainables.py single --quick    # tiny CPU smoke of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import timm  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+MODELS = {
+    "vit_s16": ("vit_small_patch16_224", {}, 224, 128),
+    "mixer_b16": ("mixer_b16_224", {}, 224, 128),
+    "resnet50": ("resnet50", {}, 224, 128),
+    "vit_s_p4_32": ("vit_small_patch16_224", {"img_size": 32, "patch_size": 4}, 32, 512),
+}
+QUICK = {"vit_tiny": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 32, 32)}
+
+
+def _config(name, kwargs, img, batch, *, method="none", steps=30, device="cuda", epochs=2, hparams=None, global_eps=False):
+    kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
+    return {
+        "model": {"name": name, "kwargs": kwargs},
+        "data": {"name": "synthetic", "img_size": img, "batch_size": batch, "synthetic_samples": batch * steps,
+                 "synthetic_classes": 1000 if img >= 64 else 10, "eval_batch_size": batch},
+        "optimizer": {"method": method, "lr": 1e-3, "hparams": hparams or {}, "global_perturbation": global_eps},
+        "schedule": {"epochs": epochs, "sched": "cosine", "warmup_epochs": 0},
+        "train": {"device": device, "precision": "bf16" if device == "cuda" else "fp32", "checkpoint_every": 1000},
+    }
+
+
+def bare(name, kwargs, img, batch, steps, device) -> float:
+    """images/s of the plainest correct step: same model, fused AdamW, bf16 autocast, channels_last, no weight decay on 1-D."""
+    from timm.optim import param_groups_weight_decay
+
+    torch.manual_seed(0)
+    num_classes = 1000 if img >= 64 else 10
+    model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs).to(device)
+    cuda = device == "cuda"
+    if cuda:
+        model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(param_groups_weight_decay(model, 0.05), lr=1e-3, fused=cuda)
+    x = torch.randn(batch, 3, img, img, device=device)
+    if cuda:
+        x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, num_classes, (batch,), device=device)
+    ctx = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else torch.enable_grad
+
+    def step():
+        with ctx():
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(5):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def loop(name, kwargs, img, batch, steps, device, **kw) -> float:
+    """images/s of `trainables.fit`'s second epoch (the first pays for warm-up), eval excluded."""
+    from trainables import fit
+
+    seen = []
+    fit(_config(name, kwargs, img, batch, steps=steps, device=device, **kw), reporter=lambda m, c: seen.append(m["images_per_sec"]))
+    return seen[-1]
+
+
+def cmd_single(args) -> None:
+    device = "cpu" if args.quick else "cuda"
+    models = QUICK if args.quick else {k: MODELS[k] for k in args.models}
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"# trainables.fit vs bare step, {card}, bf16 autocast, method none (fused AdamW)")
+    print("| model | batch | bare img/s | fit img/s | fit / bare |")
+    print("| --- | --- | --- | --- | --- |")
+    for key, (name, kwargs, img, batch) in models.items():
+        bares, fits = [], []
+        for _ in range(args.repeats):  # interleaved, so clock and thermal drift hit both alike
+            bares.append(bare(name, kwargs, img, batch, args.steps, device))
+            fits.append(loop(name, kwargs, img, batch, args.steps, device))
+        b, f = statistics.median(bares), statistics.median(fits)
+        print(f"| {key} | {batch} | {b:.0f} | {f:.0f} | {f / b:.3f} |", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, world, port, cfg, out_path):
+    import torch.distributed as dist
+
+    from trainables import fit
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world)
+    try:
+        seen = []
+        fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
+        if rank == 0:
+            Path(out_path).write_text(json.dumps(seen[-1]))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ddp(world, cfg) -> float:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ips.json"
+        mp.spawn(_ddp_worker, args=(world, _free_port(), cfg, str(out)), nprocs=world, join=True)
+        return json.loads(out.read_text())
+
+
+def cmd_ddp(args) -> None:
+    world = args.gpus
+    card = torch.cuda.get_device_name()
+    print(f"# SAM data-parallel scaling, {world} x {card}, bf16, per-GPU batch fixed")
+    print("| model | per-GPU batch | 1 GPU SAM img/s | per-replica eps img/s | scaling | global eps img/s | per-replica / global |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for key in args.models:
+        name, kwargs, img, batch = MODELS[key]
+        one, local, glob = [], [], []
+        for _ in range(args.repeats):
+            one.append(loop(name, kwargs, img, batch, args.steps, "cuda", method="sam", hparams={"rho": 0.05}))
+            cfg = _config(name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05})
+            local.append(_run_ddp(world, cfg))
+            cfg_g = _config(name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05}, global_eps=True)
+            glob.append(_run_ddp(world, cfg_g))
+        o, l, g = statistics.median(one), statistics.median(local), statistics.median(glob)
+        print(f"| {key} | {batch} | {o:.0f} | {l:.0f} | {l / o:.2f}x | {g:.0f} | {l / g:.3f} |", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="part", required=True)
+    s = sub.add_parser("single")
+    s.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    s.add_argument("--steps", type=int, default=40)
+    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--quick", action="store_true", help="tiny model on CPU: checks the script, measures nothing")
+    s.set_defaults(func=cmd_single)
+    d = sub.add_parser("ddp")
+    d.add_argument("--gpus", type=int, default=2)
+    d.add_argument("--models", nargs="+", default=["vit_s16", "resnet50"], choices=list(MODELS))
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--repeats", type=int, default=2)
+    d.set_defaults(func=cmd_ddp)
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

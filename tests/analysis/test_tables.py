@@ -1,0 +1,341 @@
+"""Tables, fits, plots and the report on a real SQLite MLflow store whose trials carry known numbers."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from analysis import (
+    FewSamplesWarning,
+    FloorNotIdentifiedWarning,
+    data_multiplier,
+    fit_power_law,
+    fit_scaling_table,
+    load_curves,
+    load_runs,
+    plot_error_vs_n,
+    plot_gain,
+    plot_rho_sensitivity,
+    rho_sensitivity,
+    sam_gain,
+    scaling_table,
+    write_report,
+)
+from trainables.tracking import KIND_TAG, TrackingTarget, TrialRecorder
+
+ARCHS = ("resnet", "vit")
+FRACTIONS = (0.1, 0.25, 0.5, 1.0)
+SEEDS = (0, 1, 2)
+# Seed offsets of the best trial; different per method, so the paired differences are not all equal.
+DELTA = {"adamw": (-0.01, 0.0, 0.01), "sam": (0.0, -0.01, 0.01)}
+# The one combination whose seed 2 failed: (arch, method, fraction) -> the seeds that finished.
+FAILED = ("resnet", "adamw", 0.1, 2)
+RHO_BEST = {"vit": 0.2, "resnet": 0.02}
+RHO_GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def error(arch: str, method: str, fraction: float) -> float:
+    """The known error curves: a f^-0.5 + c per (arch, method)."""
+    a, c = {("vit", "adamw"): (0.1, 0.10), ("vit", "sam"): (0.06, 0.08),
+            ("resnet", "adamw"): (0.05, 0.06), ("resnet", "sam"): (0.04, 0.05)}[(arch, method)]
+    return a * fraction**-0.5 + c
+
+
+def base_acc(arch, method, fraction):
+    return 1.0 - error(arch, method, fraction)
+
+
+def _record(target, key, params, factors, cell, values, status="finished"):
+    rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
+    rec.set_tags({**{f"factor.{k}": str(v) for k, v in factors.items()}, "sharpscale.cell": cell, "sharpscale.trial_id": key})
+    for epoch, value in enumerate(values):
+        rec.log_epoch({"val_acc": value, "train_loss": 1.0 / (epoch + 1)}, epoch)
+    rec.finish(status, None if status == "finished" else "loss became nan")
+    return rec.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """One store for the module (a new SQLite store costs seconds): a data-scaling study and a rho grid."""
+    root = tmp_path_factory.mktemp("store")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("scaling", artifact_location=(root / "art").as_uri())
+    study_run = client.create_run(exp, run_name="scaling", tags={KIND_TAG: "study"}).info.run_id
+    target = TrackingTarget(uri, exp, parent_run_id=study_run)
+    for arch in ARCHS:
+        for method in ("adamw", "sam"):
+            for fraction in FRACTIONS:
+                for s in SEEDS:
+                    factors = {"arch": arch, "method": method, "data.fraction": fraction, "train.seed": s}
+                    cell = ",".join(f"{k}={v}" for k, v in factors.items())
+                    params = {"model.name": arch, "optimizer.method": "none" if method == "adamw" else method,
+                              "data.fraction": fraction, "train.seed": s}
+                    best = base_acc(arch, method, fraction) + DELTA[method][s]
+                    key = f"{arch}-{method}-{fraction}-{s}"
+                    if (arch, method, fraction, s) == FAILED:
+                        _record(target, key, params, factors, cell, [0.99], status="failed")
+                        continue
+                    if method == "adamw":
+                        # Two repeats: the best counts, the other is worse by 0.05.
+                        _record(target, key + "-a", params, factors, cell, [best - 0.2, best])
+                        _record(target, key + "-b", params, factors, cell, [best - 0.05])
+                    else:
+                        win, lose = (0.2, 0.05) if arch == "vit" else (0.05, 0.2)
+                        _record(target, key + "-a", {**params, "optimizer.hparams.rho": win}, factors, cell, [best - 0.2, best])
+                        _record(target, key + "-b", {**params, "optimizer.hparams.rho": lose}, factors, cell, [best - 0.05])
+    # One diverged trial whose last logged accuracy beats every other: it must never win a search.
+    _record(target, "vit-sam-diverged", {"model.name": "vit", "optimizer.method": "sam", "data.fraction": 1.0,
+                                         "train.seed": 0, "optimizer.hparams.rho": 2.0},
+            {"arch": "vit", "method": "sam", "data.fraction": 1.0, "train.seed": 0},
+            "arch=vit,method=sam,data.fraction=1.0,train.seed=0", [0.999], status="diverged")
+
+    rho_exp = client.create_experiment("rho", artifact_location=(root / "art-rho").as_uri())
+    rho_target = TrackingTarget(uri, rho_exp)
+    for arch in ARCHS:
+        for rho in RHO_GRID:
+            for s in (0, 1):
+                # A parabola in log10(rho), peaked at the architecture's best rho; seeds differ by 0.002.
+                acc = 0.9 - 0.05 * (math.log10(rho) - math.log10(RHO_BEST[arch])) ** 2 + (0.002 if s else -0.002)
+                factors = {"arch": arch, "method": "sam"}
+                _record(rho_target, f"{arch}-{rho}-{s}", {"model.name": arch, "optimizer.method": "sam",
+                        "optimizer.hparams.rho": rho, "train.seed": s}, factors, "arch={arch},method=sam".format(arch=arch), [acc])
+    return uri, study_run
+
+
+@pytest.fixture(scope="module")
+def runs(store):
+    return load_runs("scaling", tracking_uri=store[0])
+
+
+# ------------------------------------------------------------------------------------------ scaling table
+
+
+def test_scaling_table_takes_best_of_search_then_mean_sd_over_seeds(runs):
+    table = scaling_table(runs)
+    assert list(table.mean.columns) == list(FRACTIONS)
+    assert list(table.mean.index) == [("resnet", "adamw"), ("resnet", "sam"), ("vit", "adamw"), ("vit", "sam")]
+    for arch in ARCHS:
+        for method in ("adamw", "sam"):
+            for f in FRACTIONS:
+                if (arch, method, f) == FAILED[:3]:
+                    continue
+                # Offsets (-0.01, 0, 0.01) in some order: mean = the base accuracy, sd = 0.01 exactly.
+                assert table.mean.loc[(arch, method), f] == pytest.approx(base_acc(arch, method, f), abs=1e-12)
+                assert table.sd.loc[(arch, method), f] == pytest.approx(0.01, abs=1e-12)
+                assert table.n.loc[(arch, method), f] == 3
+    # The failed seed 2 is left out: seeds 0 and 1 remain (offsets -0.01 and 0).
+    b = base_acc("resnet", "adamw", 0.1)
+    assert table.n.loc[("resnet", "adamw"), 0.1] == 2
+    assert table.mean.loc[("resnet", "adamw"), 0.1] == pytest.approx(b - 0.005, abs=1e-12)
+    assert table.sd.loc[("resnet", "adamw"), 0.1] == pytest.approx(0.01 / math.sqrt(2), abs=1e-12)
+    # The diverged trial (0.999) never wins: vit/sam at 1.0 keeps its base accuracy.
+    assert table.mean.loc[("vit", "sam"), 1.0] == pytest.approx(base_acc("vit", "sam", 1.0), abs=1e-12)
+    assert (table.best["val_acc"].dropna() < 0.99).all() and table.best["val_acc"].isna().sum() == 1  # the failed seed
+    text = table.formatted(digits=2, scale=100.0)
+    assert text.loc[("vit", "adamw"), 0.25] == f"{100 * base_acc('vit', 'adamw', 0.25):.2f} ± 1.00 (3)"
+    assert text.loc[("resnet", "adamw"), 0.1] == f"{100 * (b - 0.005):.2f} ± 0.71 (2)"
+    md = table.to_markdown(digits=2, scale=100.0)
+    assert md.count("\n| ") == 4 + 1 and "± 1.00 (3)" in md  # header + 4 rows
+    long = table.long()
+    assert len(long) == 16 and set(long.columns) == {"arch", "method", "fraction", "mean", "sd", "n"}
+
+
+def test_scaling_table_names_a_missing_column_and_the_ones_present(runs):
+    with pytest.raises(ValueError, match=r"fraction='data.frac'.*Columns present: .*'data.fraction'"):
+        scaling_table(runs, fraction="data.frac")
+
+
+def test_best_of_search_refuses_to_maximise_across_another_factor(runs):
+    # Without the seed in the keys, a group holds the cells of three seeds.
+    with pytest.raises(ValueError, match=r"several cells.*factor\.train\.seed"):
+        scaling_table(runs, seed=None)
+
+
+# ------------------------------------------------------------------------------------------------- gain
+
+
+def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
+    with pytest.warns(FewSamplesWarning, match=r"resnet@0.1: 2"):
+        gain = sam_gain(runs, baseline="none", treatment="sam", n_boot=2000, boot_seed=1)
+    assert gain.attrs["baseline"] == "adamw"  # found through optimizer.method = none
+    for arch in ARCHS:
+        for f in FRACTIONS:
+            row = gain.loc[(arch, f)]
+            true_gain = base_acc(arch, "sam", f) - base_acc(arch, "adamw", f)
+            if (arch, f) == ("resnet", 0.1):
+                # Seeds 0 and 1: sam offsets (0, -0.01), adamw (-0.01, 0): differences +0.01 and -0.01.
+                assert row["n_pairs"] == 2
+                assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
+                continue
+            assert row["n_pairs"] == 3
+            # Paired differences: offsets (0 - -0.01, -0.01 - 0, 0.01 - 0.01) = (+0.01, -0.01, 0).
+            assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
+            assert row["sd"] == pytest.approx(0.01, abs=1e-12)
+            assert row["ci_low"] < true_gain < row["ci_high"]
+            assert row["ci_high"] - row["ci_low"] < 0.03
+    again = sam_gain(runs[runs["factor.arch"] == "vit"], baseline="adamw", treatment="sam", n_boot=2000, boot_seed=1)
+    assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # seeded: reproducible
+
+
+def test_sam_gain_unknown_level_lists_the_levels(runs):
+    with pytest.raises(ValueError, match=r"treatment='gsam'.*\['adamw', 'sam'\]"):
+        sam_gain(runs, treatment="gsam")
+
+
+# ------------------------------------------------------------------------------------------- power laws
+
+
+def test_power_law_recovers_known_parameters_without_noise():
+    n = np.geomspace(100, 1e5, 8)
+    fit = fit_power_law(n, 2.0 * n**-0.5 + 0.1, n_boot=100)
+    assert (fit.a, fit.b, fit.c) == pytest.approx((2.0, 0.5, 0.1), rel=1e-6)
+    assert fit.floor_identified and fit.note == ""
+    assert fit.predict(400.0) == pytest.approx(0.2, rel=1e-6)
+
+
+def test_power_law_with_noise_has_intervals_that_contain_the_truth():
+    rng = np.random.default_rng(3)
+    n = np.repeat(np.geomspace(100, 1e5, 8), 3)  # three seeds per size
+    err = 2.0 * n**-0.5 + 0.1 + rng.normal(0.0, 0.003, len(n))
+    fit = fit_power_law(n, err, n_boot=300, seed=0)
+    assert fit.b == pytest.approx(0.5, abs=0.05) and fit.c == pytest.approx(0.1, abs=0.005)
+    for name, truth in (("a", 2.0), ("b", 0.5), ("c", 0.1)):
+        lo, hi = fit.intervals[name]
+        assert lo <= truth <= hi, (name, lo, hi)
+    assert fit.floor_identified
+    assert fit.samples.shape == (300, 3)
+
+
+def test_power_law_warns_and_flags_an_unidentifiable_floor():
+    n = np.array([0.1, 0.3, 1.0])
+    with pytest.warns(FloorNotIdentifiedWarning, match="only 3 distinct n"):
+        fit = fit_power_law(n, 0.1 * n**-0.5 + 0.1, n_boot=100)
+    assert not fit.floor_identified and math.isnan(fit.intervals["c"][0])
+    # A curve still steep at the largest n: the floor's interval covers most of [0, min err].
+    rng = np.random.default_rng(0)
+    n = np.repeat(np.geomspace(100, 1e5, 6), 3)
+    with pytest.warns(FloorNotIdentifiedWarning, match="insensitive to the floor"):
+        fit = fit_power_law(n, 0.5 * n**-0.3 + 0.05 + rng.normal(0, 0.01, len(n)), n_boot=200)
+    assert not fit.floor_identified
+
+
+def test_power_law_rejects_too_few_points():
+    with pytest.raises(ValueError, match="at least 3 points"):
+        fit_power_law([1.0, 2.0], [0.3, 0.2])
+
+
+def test_data_multiplier_on_known_curves():
+    f = np.array([0.1, 0.25, 0.5, 1.0])
+    vanilla = fit_power_law(f, 0.3 * f**-0.5 + 0.1, n_boot=100)
+    sam = fit_power_law(f, 0.2 * f**-0.5 + 0.05, n_boot=100)
+    # SAM's error at n=1 is 0.25; 0.3 n'^-0.5 + 0.1 = 0.25 gives n' = 4.
+    m = data_multiplier(vanilla, sam, 1.0)
+    assert m.multiplier == pytest.approx(4.0, rel=1e-6) and m.reachable and m.extrapolated
+    assert m.interval[0] <= 4.0 + 1e-6 and m.interval[1] >= 4.0 - 1e-6
+    # At n=0.25 SAM's error is 0.45: n' = (0.3 / 0.35)^2.
+    assert data_multiplier(vanilla, sam, 0.25).multiplier == pytest.approx((0.3 / 0.35) ** 2 / 0.25, rel=1e-6)
+    # A vanilla floor (0.3) above SAM's error at n=1 (0.25): unreachable, said so.
+    high_floor = fit_power_law(f, 0.3 * f**-0.5 + 0.3, n_boot=100)
+    m = data_multiplier(high_floor, sam, 1.0)
+    assert m.multiplier == math.inf and not m.reachable and "unreachable" in m.explanation
+
+
+def test_fit_scaling_table_recovers_the_generating_curves(runs):
+    table = scaling_table(runs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FloorNotIdentifiedWarning)
+        fits = fit_scaling_table(table, n_boot=100)
+    fit = fits[("vit", "adamw")]
+    # Seed offsets average out at every fraction, so the fit goes through the generating curve.
+    assert fit.b == pytest.approx(0.5, abs=0.05)
+    assert fit.predict(0.5) == pytest.approx(error("vit", "adamw", 0.5), abs=0.003)
+
+
+# ------------------------------------------------------------------------------------------------- rho
+
+
+def test_rho_sensitivity_picks_each_architectures_best_rho(store):
+    runs = load_runs("rho", tracking_uri=store[0])
+    result = rho_sensitivity(runs, n_boot=500)
+    assert result.best.loc[("vit", "sam"), "best_rho"] == 0.2
+    assert result.best.loc[("resnet", "sam"), "best_rho"] == 0.02
+    vit = result.levels[result.levels["arch"] == "vit"].set_index("rho")
+    assert vit.loc[0.2, "mean"] == pytest.approx(0.9, abs=1e-12) and vit.loc[0.2, "n"] == 2
+    assert vit.loc[0.2, "sd"] == pytest.approx(0.004 / math.sqrt(2), abs=1e-12)
+    assert result.best.loc[("vit", "sam"), "rho_low"] <= 0.2 <= result.best.loc[("vit", "sam"), "rho_high"]
+    assert vit["p_best"].sum() == pytest.approx(1.0) and vit["p_best"].idxmax() == 0.2
+    binned = rho_sensitivity(runs, bins=3, n_boot=500)
+    assert len(binned.levels[binned.levels["arch"] == "vit"]) == 3
+
+
+def test_rho_sensitivity_on_the_scaling_study_splits_by_fraction(runs):
+    result = rho_sensitivity(runs, by=("data.fraction",), baseline="none", n_boot=200)
+    assert result.best.loc[("vit", "sam", 0.5), "best_rho"] == 0.2
+    assert result.best.loc[("resnet", "sam", 0.5), "best_rho"] == 0.05
+    # The baseline (rho = 0 column of Table 13): the mean over adamw's finished trials, both repeats.
+    assert result.best.loc[("vit", "sam", 0.5), "baseline"] == pytest.approx(base_acc("vit", "adamw", 0.5) - 0.025, abs=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- curves, plots
+
+
+def test_load_curves_is_tidy_per_epoch(store, runs):
+    ids = runs[runs["trial_id"] == "vit-sam-0.5-1-a"]["run_id"].tolist()
+    curves = load_curves("scaling", tracking_uri=store[0], metrics=("val_acc", "train_loss"), run_ids=ids)
+    assert list(curves.columns) == ["run_id", "trial_id", "cell", "factor.arch", "factor.data.fraction",
+                                    "factor.method", "factor.train.seed", "metric", "step", "value"]
+    acc = curves[curves["metric"] == "val_acc"]
+    best = base_acc("vit", "sam", 0.5) - 0.01
+    assert acc["step"].tolist() == [0, 1] and acc["value"].tolist() == pytest.approx([best - 0.2, best])
+    assert curves[curves["metric"] == "train_loss"]["value"].tolist() == [1.0, 0.5]
+    with pytest.raises(ValueError, match="not trials of study"):
+        load_curves("scaling", tracking_uri=store[0], run_ids=["nope"])
+
+
+def test_plots_write_png_files(runs, tmp_path):
+    table = scaling_table(runs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = fit_scaling_table(table, n_boot=100)
+        gain = sam_gain(runs, n_boot=200)
+        rho = rho_sensitivity(runs, by=("data.fraction",), n_boot=200)
+    paths = [tmp_path / "scaling.png", tmp_path / "gain.png", tmp_path / "rho.png"]
+    figs = [plot_error_vs_n(table, fits, path=paths[0]), plot_gain(gain, path=paths[1]), plot_rho_sensitivity(rho, path=paths[2])]
+    for path, fig in zip(paths, figs):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+        assert fig.axes[0].get_xscale() == "log"
+    assert figs[0].axes[0].get_yscale() == "log"
+    with pytest.raises(ValueError, match=r"must end in \.png"):
+        plot_gain(gain, path=tmp_path / "gain.pdf")
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(store, tmp_path):
+    uri, study_run = store
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        paths = write_report("scaling", tracking_uri=uri, out_dir=tmp_path / "report", n_boot=200)
+    names = {p.name for p in paths}
+    expected = {"summary.md", "summary.csv", "curves.png", "scaling.md", "scaling.csv", "scaling.png",
+                "scaling_fits.md", "scaling_fits.csv", "gain_sam.md", "gain_sam.csv", "gain_sam.png",
+                "data_multiplier_sam.md", "data_multiplier_sam.csv", "rho_sensitivity.md", "rho_levels.csv",
+                "rho_best.csv", "rho_sensitivity.png", "report.md"}
+    assert names == expected
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Data scaling (%)" in report and "FewSamplesWarning" in report and "![rho sensitivity]" in report
+    logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
+    assert logged == {f"report/{n}" for n in expected}
+
+
+def test_write_report_without_a_study_run_says_how_to_proceed(store, tmp_path):
+    with pytest.raises(LookupError, match="log_to_mlflow=False"):
+        write_report("rho", tracking_uri=store[0], out_dir=tmp_path)
+    paths = write_report("rho", tracking_uri=store[0], out_dir=tmp_path, log_to_mlflow=False, n_boot=200)
+    assert {p.name for p in paths} >= {"summary.md", "rho_sensitivity.png", "report.md"}
+    assert "scaling.md" not in {p.name for p in paths}  # one fraction: no data-scaling table
