@@ -34,6 +34,14 @@ def _finish(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
+def _panels(keys: list, width: float = 4.2, height: float = 3.8) -> tuple[Figure, dict]:
+    """One axes per distinct first key (the architecture), side by side, sharing the y axis."""
+    firsts = list(dict.fromkeys(k[0] for k in keys))
+    fig = _figure(max(width * len(firsts), 5.0), height)
+    axes = fig.subplots(1, max(len(firsts), 1), squeeze=False, sharey=True)[0]
+    return fig, dict(zip(firsts, axes))
+
+
 def plot_error_vs_n(
     table: ScalingTable,
     fits: Mapping[tuple[str, str], PowerLawFit] | None = None,
@@ -42,41 +50,42 @@ def plot_error_vs_n(
     path: str | Path | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Error against training-set size on log-log axes: mean ± sd over seeds per (arch, method), fitted curves dashed.
+    """Error against training-set size on log-log axes, one panel per arch: mean ± sd over seeds per method, fits dashed.
 
     as_error: plot 1 - metric (None: when the table maximised its metric, i.e. an accuracy). fits: from
     fit_scaling_table; each curve is drawn over the measured range and its floor c as a dotted line.
     """
     if as_error is None:
         as_error = table.mode == "max"
-    fig = _figure()
-    ax = fig.add_subplot()
-    colors = {}
-    for i, key in enumerate(table.mean.index):
+    keys = [tuple(map(str, k)) for k in table.mean.index]
+    fig, panels = _panels(keys)
+    methods = list(dict.fromkeys(k[1] for k in keys))
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    for key, (arch, method) in zip(table.mean.index, keys):
+        ax = panels[arch]
         mean = table.mean.loc[key]
-        sd = table.sd.loc[key].fillna(0.0)
         x = np.asarray([float(v) for v in mean.index])
         y = mean.to_numpy(dtype="float64")
         y = 1.0 - y if as_error else y
+        sd = table.sd.loc[key].fillna(0.0).to_numpy(dtype="float64")
         keep = np.isfinite(y) & (y > 0)
-        label = " / ".join(map(str, key))
-        color = f"C{i % 10}"
-        colors[tuple(map(str, key))] = color
-        ax.errorbar(x[keep], y[keep], yerr=sd.to_numpy(dtype="float64")[keep], fmt="o-", color=color, label=label, capsize=3)
-    for key, fit in (fits or {}).items():
-        color = colors.get(tuple(map(str, key)), "gray")
-        grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
-        ax.plot(grid, fit.predict(grid), "--", color=color, alpha=0.8,
-                label=f"fit: {fit.a:.3g} n^-{fit.b:.2f} + {fit.c:.3g}" + ("" if fit.floor_identified else " (floor?)"))
-        if fit.c > 0:
-            ax.axhline(fit.c, color=color, linestyle=":", linewidth=0.8)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+        ax.errorbar(x[keep], y[keep], yerr=sd[keep], fmt="o-", color=colors[method], label=method, capsize=3)
+        fit = (fits or {}).get((arch, method))
+        if fit is not None:
+            grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
+            ax.plot(grid, fit.predict(grid), "--", color=colors[method], alpha=0.8,
+                    label=f"{fit.a:.3g} n^-{fit.b:.2f} + {fit.c:.3g}" + ("" if fit.floor_identified else " (floor?)"))
+            if fit.c > 0:
+                ax.axhline(fit.c, color=colors[method], linestyle=":", linewidth=0.8)
     frac = (table.columns.get("fraction") or "n").removeprefix("factor.")
-    ax.set_xlabel(f"training-set size ({frac})")
-    ax.set_ylabel(f"1 - {table.metric}" if as_error else table.metric)
-    ax.set_title(title or f"Data scaling: best-of-search {table.metric}")
-    ax.legend(fontsize=7)
+    for arch, ax in panels.items():
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(arch)
+        ax.set_xlabel(f"training-set size ({frac})")
+        ax.legend(fontsize=6)
+    next(iter(panels.values())).set_ylabel(f"1 - {table.metric}" if as_error else table.metric)
+    fig.suptitle(title or f"Data scaling: best-of-search {table.metric}, mean ± sd over seeds")
     return _finish(fig, path)
 
 
@@ -107,27 +116,31 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
 
 
 def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = None, title: str | None = None) -> Figure:
-    """Metric against rho (log x) per group: mean ± sd per level, the best level starred, its interval shaded."""
-    fig = _figure()
-    ax = fig.add_subplot()
+    """Metric against rho (log x), one panel per arch: mean ± sd per level, the best level starred, its interval shaded."""
     groups = list(result.best.index.names)
+    keys = [k if isinstance(k, tuple) else (k,) for k in result.best.index]
+    fig, panels = _panels([tuple(map(str, k)) for k in keys])
     for i, (key, part) in enumerate(result.levels.groupby(groups, sort=True)):
         key = key if isinstance(key, tuple) else (key,)
+        ax = panels[str(key[0])]
         part = part.sort_values("rho")
         color = f"C{i % 10}"
-        label = " / ".join(map(str, key))
+        label = " / ".join(map(str, key[1:])) or str(key[0])
         ax.errorbar(part["rho"], part["mean"], yerr=part["sd"].fillna(0.0), fmt="o-", color=color, capsize=3, label=label)
         best = result.best.loc[key if len(key) > 1 else key[0]]
-        ax.plot([best["best_rho"]], [best["best_mean"]], marker="*", markersize=16, color=color, markeredgecolor="black")
+        ax.plot([best["best_rho"]], [best["best_mean"]], marker="*", markersize=14, color=color, markeredgecolor="black")
         if best["rho_high"] > best["rho_low"]:
             ax.axvspan(best["rho_low"], best["rho_high"], color=color, alpha=0.12)
         if "baseline" in best.index and math.isfinite(best["baseline"]):
             ax.axhline(best["baseline"], color=color, linestyle="--", linewidth=0.9)
-    ax.set_xscale("log")
-    ax.set_xlabel(result.param)
-    ax.set_ylabel(result.metric)
-    ax.set_title(title or f"{result.metric} vs {result.param.rsplit('.', 1)[-1]}: best starred, {result.confidence:.0%} interval shaded")
-    ax.legend(fontsize=8)
+    for arch, ax in panels.items():
+        ax.set_xscale("log")
+        ax.set_title(arch)
+        ax.set_xlabel(result.param)
+        ax.legend(fontsize=6)
+    next(iter(panels.values())).set_ylabel(result.metric)
+    name = result.param.rsplit(".", 1)[-1]
+    fig.suptitle(title or f"{result.metric} vs {name}: best starred, its {result.confidence:.0%} interval shaded, rho = 0 dashed")
     return _finish(fig, path)
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
 from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
 from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame
-from analysis.tables import _markdown, _resolve_level, rho_sensitivity, sam_gain, scaling_table
+from analysis.tables import _markdown, method_pairs, rho_sensitivity, sam_gain, scaling_table
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
 
@@ -95,7 +95,7 @@ def _fmt(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     out = frame.copy()
     for col in out.columns:
         if pd.api.types.is_float_dtype(out[col]):
-            out[col] = out[col].map(lambda v: "–" if not math.isfinite(v) else f"{v:.{digits}g}")
+            out[col] = out[col].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}g}")  # inf prints as inf
     return out
 
 
@@ -117,9 +117,9 @@ def write_report(
       - always: summary.md/.csv (best trial per cell, `summarize`), curves.png (per-epoch curves of each
         cell's best trial) when histories exist, and report.md, an index of everything with the notes;
       - more than one data.fraction: scaling.md/.csv (Table 5 shape), scaling.png (log-log error vs
-        fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and data_multiplier.md/.csv;
-        for each method beside the baseline (the level running optimizer.method 'none'):
-        gain_<level>.md/.csv and gain_<level>.png;
+        fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
+        for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
+        with AUG): gain_<level>.md/.csv and gain_<level>.png;
       - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
@@ -201,11 +201,10 @@ def _best_run_ids(runs: pd.DataFrame, metric: str, mode: str) -> list[str]:
     return ok.loc[idx.values, "run_id"].tolist()
 
 
-def _baseline_level(runs: pd.DataFrame, method: str) -> str | None:
-    try:
-        return _resolve_level(runs, method, "none", "baseline")
-    except ValueError:
-        return None
+def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:
+    if "optimizer.method" not in runs.columns or method not in runs.columns:
+        return []
+    return method_pairs(runs, method=method)
 
 
 def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed) -> None:
@@ -223,12 +222,9 @@ def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, frac
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
         w.section("Power-law fits", fits_md)
-    base = _baseline_level(runs, method)
-    if base is None or seed is None:  # a gain needs a baseline and seeds to pair
+    if seed is None:  # a gain pairs seeds
         return
-    for level in sorted(runs[method].dropna().astype(str).unique()):
-        if level == base:
-            continue
+    for level, base in _pairs(runs, method):
         gain = sam_gain(runs, baseline=base, treatment=level, arch=arch, method=method, fraction=_FRACTION,
                         seed=seed, metric=metric, mode=mode, n_boot=max(n_boot, 100), boot_seed=boot_seed)
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
@@ -257,7 +253,9 @@ def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, frac
 
 
 def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, boot_seed) -> None:
-    base = _baseline_level(runs, method)
+    # The rho = 0 reference line: the plain level, when every sharpness-aware level pairs with the same one.
+    bases = {b for _, b in _pairs(runs, method)}
+    base = bases.pop() if len(bases) == 1 else None
     result = rho_sensitivity(runs, param=_RHO, arch=arch, method=method, by=by, metric=metric, mode=mode,
                              baseline=base, n_boot=max(n_boot, 100), boot_seed=boot_seed)
     md = result.to_markdown()

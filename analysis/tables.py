@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ __all__ = [
     "ScalingTable",
     "best_of_search",
     "format_cell",
+    "method_pairs",
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
@@ -35,7 +37,11 @@ def _require_columns(runs: pd.DataFrame, **named: str | None) -> None:
     """A ValueError naming each argument whose column is absent, and the columns that do exist."""
     if not isinstance(runs, pd.DataFrame):
         raise ValueError(f"runs must be a pandas DataFrame (from analysis.load_runs), got {type(runs).__name__}")
-    missing = [f"{arg}={col!r}" for arg, col in named.items() if col is not None and col not in runs.columns]
+    missing = []
+    for arg, col in named.items():
+        if col is not None and col not in runs.columns:
+            close = difflib.get_close_matches(str(col), [str(c) for c in runs.columns], n=1)
+            missing.append(f"{arg}={col!r}" + (f" (closest: {close[0]!r})" if close else ""))
     if missing:
         present = ", ".join(map(repr, runs.columns)) if len(runs.columns) else "none (the DataFrame is empty)"
         raise ValueError(
@@ -171,15 +177,13 @@ class ScalingTable:
 
     def long(self) -> pd.DataFrame:
         """The table as long data: arch, method, fraction, mean, sd, n."""
-        frames = {"mean": self.mean, "sd": self.sd, "n": self.n}
-        parts = []
-        for name, frame in frames.items():
-            part = frame.stack(future_stack=True).rename(name)
-            parts.append(part)
-        out = pd.concat(parts, axis=1).reset_index()
-        out.columns = ["arch", "method", "fraction", "mean", "sd", "n"]
-        out["n"] = out["n"].astype("int64")
-        return out
+        rows = [
+            {"arch": a, "method": m, "fraction": f, "mean": float(self.mean.loc[(a, m), f]),
+             "sd": float(self.sd.loc[(a, m), f]), "n": int(self.n.loc[(a, m), f])}
+            for a, m in self.mean.index
+            for f in self.mean.columns
+        ]
+        return pd.DataFrame(rows, columns=["arch", "method", "fraction", "mean", "sd", "n"])
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -267,6 +271,51 @@ def _resolve_level(runs: pd.DataFrame, method: str, level: str, arg: str) -> str
         f"{arg}={level!r} is neither a level of {method!r} ({levels}) nor an optimizer.method of one. "
         f"Fix: pass one of {levels}."
     )
+
+
+_CONFIG_SECTIONS = ("data.", "model.", "schedule.", "train.")  # the trial config's sections, optimizer aside
+
+
+def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[tuple[str, str]]:
+    """(treatment, baseline) level pairs of `method`: each level that runs a sharpness-aware optimizer with
+    the plain-optimizer level (optimizer.method 'none') that shares its other settings.
+
+    "Its other settings" are the config values a level fixes (data.augment: strong for 'sam_aug'), so
+    Table 5's SAM pairs with Vanilla and SAM + AUG with AUG. A level with no plain level that agrees on
+    every setting both fix, or with several equally good, gets none. Needs the `optimizer.method` column.
+    """
+    _require_columns(runs, method=method, **{"optimizer.method": "optimizer.method"})
+    levels = sorted(runs[method].dropna().astype(str).unique())
+    config = [c for c in runs.columns if c.startswith(_CONFIG_SECTIONS) and c != method]
+
+    def fixed(level: str) -> dict:
+        part = runs[runs[method].astype(str) == level]
+        out = {}
+        for c in config:
+            values = part[c].dropna().astype(str).unique()
+            if len(values) == 1:
+                out[c] = values[0]
+        return out
+
+    optimizer = {lv: set(runs.loc[runs[method].astype(str) == lv, "optimizer.method"].dropna().astype(str)) for lv in levels}
+    plain = [lv for lv in levels if optimizer[lv] == {"none"}]
+    signatures = {lv: fixed(lv) for lv in levels}
+    pairs = []
+    for lv in levels:
+        if lv in plain or not optimizer[lv]:
+            continue
+        sig = signatures[lv]
+        scores = {}
+        for base in plain:
+            shared = set(sig) & set(signatures[base])
+            if all(sig[c] == signatures[base][c] for c in shared):
+                scores[base] = len(shared)
+        if scores:
+            top = max(scores.values())
+            best = [b for b, v in scores.items() if v == top]
+            if len(best) == 1:
+                pairs.append((lv, best[0]))
+    return pairs
 
 
 def _bootstrap_mean_ci(values: np.ndarray, *, n_boot: int, confidence: float, rng: np.random.Generator) -> tuple[float, float]:

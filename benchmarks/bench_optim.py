@@ -273,7 +273,7 @@ def main(argv=None):
     ap.add_argument("--models", default=None, help="comma list of " + ", ".join(FULL) + " (quick: " + ", ".join(QUICK) + ")")
     ap.add_argument("--methods", default=",".join(optim.method_names()), help="comma list of registry names")
     ap.add_argument("--steps", type=int, default=None, help="steps per timed block (default 10; quick 2)")
-    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 5; quick 2)")
+    ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 7; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default 3; quick 1)")
     ap.add_argument("--markdown", default=None, help="also write the table to this Markdown file")
     args = ap.parse_args(argv)
@@ -283,7 +283,7 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but CUDA is not available (use --quick for a CPU smoke check)")
     steps = args.steps or (2 if args.quick else 10)
-    repeats = args.repeats or (2 if args.quick else 5)
+    repeats = args.repeats or (2 if args.quick else 7)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     names = list(specs) if args.models is None else args.models.split(",")
     unknown = [m for m in names if m not in specs]

@@ -21,10 +21,31 @@ def _quiet_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _overrides(args) -> dict:
+    import yaml
+
+    from studies.spec import StudyError
+
+    out = {}
+    for item in getattr(args, "set", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise StudyError(args.study, [f"--set {item!r}: must be KEY=VALUE with KEY a dotted config path. Fix: e.g. --set data.root=/data/cifar10"])
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _add_set(parser) -> None:
+    parser.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", default=[],
+        help="override a trial config path for every cell, e.g. --set data.root=/data/cifar10 (repeatable)",
+    )
+
+
 def _cmd_validate(args) -> int:
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke)
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
     print(f"{args.study}: valid. {len(study.cells)} cells, {study.total_trials} trials.")
     return 0
 
@@ -41,7 +62,7 @@ def _print_cells(study) -> None:
 def _cmd_run(args) -> int:
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke)  # every user mistake surfaces here, before Ray starts
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))  # every mistake surfaces here, before Ray starts
     if args.dry_run:
         _print_cells(study)
         return 0
@@ -54,6 +75,7 @@ def _cmd_run(args) -> int:
         smoke=args.smoke,
         num_cpus=args.num_cpus,
         resume=args.command == "resume",
+        overrides=_overrides(args),
     )
     _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
     return 1 if outcome.trials == 0 else 0
@@ -66,7 +88,7 @@ def _cmd_status(args) -> int:
     from studies.runner import resolve_tracking_uri
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke)
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
     spec = study.spec
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
@@ -143,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
     run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    _add_set(run)
     run.set_defaults(func=_cmd_run)
 
     res = sub.add_parser("resume", help="finish an interrupted study: finished trials are not re-run, no run is duplicated")
@@ -151,17 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
     res.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     res.add_argument("--smoke", action="store_true", help="resume the --smoke run of the study")
     res.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    _add_set(res)
     res.set_defaults(func=_cmd_run, dry_run=False)
 
     st = sub.add_parser("status", help="trials per cell and status, and the best so far, from MLflow")
     st.add_argument("study")
     st.add_argument("--tracking-uri", default=None)
     st.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
+    _add_set(st)
     st.set_defaults(func=_cmd_status)
 
     val = sub.add_parser("validate", help="check a study file; exit 1 listing every problem")
     val.add_argument("study")
     val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
+    _add_set(val)
     val.set_defaults(func=_cmd_validate)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")

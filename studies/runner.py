@@ -126,6 +126,8 @@ def _parent_runs(client, study: LoadedStudy, experiment_id: str, commit: str, re
                   "mlflow.note.content": study.spec.description},
         )
         client.log_artifact(run.info.run_id, str(study.path))
+        if study.overrides:
+            client.log_dict(run.info.run_id, {"overrides": study.overrides, "smoke": study.smoke}, "overrides.yaml")
     else:
         client.update_run(run.info.run_id, status="RUNNING")
     study_run_id = run.info.run_id
@@ -218,9 +220,14 @@ def run_study(
     smoke: bool = False,
     resume: bool = False,
     num_cpus: int | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> StudyOutcome:
-    """Validate the study file, run all of its trials on Ray Tune, record them in MLflow, print the summary."""
-    study = load_study(path, smoke=smoke)
+    """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
+
+    resume: continue the interrupted run of the same file (and the same overrides) instead of starting anew.
+    overrides: dotted trial-config paths set for every cell (the CLI's --set).
+    """
+    study = load_study(path, smoke=smoke, overrides=overrides)
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)

@@ -172,9 +172,17 @@ class LoadedStudy:
 
     @property
     def file_hash(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+        return hashlib.sha256(self.file_text_with_overrides.encode()).hexdigest()[:16]
 
     smoke: bool = False
+    overrides: dict[str, Any] | None = None
+
+    @property
+    def file_text_with_overrides(self) -> str:
+        """What was run: the file, and the --set overrides on top of it (also hashed and logged)."""
+        if not self.overrides:
+            return self.text
+        return self.text + "\n# --set overrides:\n" + yaml.safe_dump({"overrides": self.overrides}, sort_keys=True)
 
     @property
     def total_trials(self) -> int:
@@ -244,7 +252,7 @@ def _known_path(path: str) -> bool:
     return True
 
 
-def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Cell], list[str]]:
+def expand(spec: Study, *, smoke: bool = False) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
     problems: list[str] = []
@@ -271,14 +279,24 @@ def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Ce
         return [], problems
 
     factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
+    if smoke:
+        # Every named level (each architecture, each method) stays; a list of values (fractions, seeds) keeps its first.
+        factor_levels = [
+            (f, dict(list(levels.items())[:1]) if isinstance(spec.factors[f], list) else levels)
+            for f, levels in factor_levels
+        ]
     cells: list[Cell] = []
+    missing_roots: dict[str, list[str]] = {}
     combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
     for combo in combos:
         levels = {factor_levels[i][0]: name for i, (name, _) in enumerate(combo)}
         tree = copy.deepcopy(spec.base)
         for _, overrides in combo:
             tree = deep_merge(tree, _overrides_to_tree(overrides))
-        tree = deep_merge(tree, extra or {})  # --smoke wins over every level
+        if smoke:
+            tree = _smoke_tree(tree, spec.smoke)  # --smoke wins over every level
+        elif problem := _missing_root(tree):
+            missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")
         key = ",".join(f"{f}={lv}" for f, lv in levels.items())
         label = f"cell {key}" if key else "the study"
         method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
@@ -304,7 +322,12 @@ def expand(spec: Study, *, extra: dict[str, Any] | None = None) -> tuple[list[Ce
         trials, problem = _cell_trials(spec.budget, space, label)
         if problem:
             problems.append(problem)
+        if smoke:
+            trials = 1
         cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
+    for problem, where in missing_roots.items():
+        listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
+        problems.append(f"{problem} (cells: {listed})")
     # A search parameter that applies to no cell is almost always a typo or a forgotten factor.
     used = {p for c in cells for p in c.space}
     for skey in spec.search:
@@ -341,8 +364,11 @@ def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def load_study(path: str | Path, *, smoke: bool = False) -> LoadedStudy:
-    """Read and validate a study file completely; a StudyError lists every problem at once."""
+def load_study(path: str | Path, *, smoke: bool = False, overrides: dict[str, Any] | None = None) -> LoadedStudy:
+    """Read and validate a study file completely; a StudyError lists every problem at once.
+
+    overrides: dotted trial-config paths set in `base` (the CLI's `--set data.root=/data`), before validation.
+    """
     path = Path(path)
     if not path.is_file():
         raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
@@ -353,16 +379,21 @@ def load_study(path: str | Path, *, smoke: bool = False) -> LoadedStudy:
         raise StudyError(path, [f"YAML syntax: {err}. Fix: correct the file's YAML."]) from None
     if not isinstance(raw, dict):
         raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
+    bad = [k for k in (overrides or {}) if not _known_path(k)]
+    if bad:
+        raise StudyError(path, [f"--set {k}: not a trial config path. Fix: use a path such as data.root or optimizer.lr." for k in bad])
+    for key, value in (overrides or {}).items():
+        base = raw.setdefault("base", {})
+        if isinstance(base, dict):
+            set_path(base, key, value)
     try:
         spec = Study.model_validate(raw)
     except ValidationError as err:
         raise StudyError(path, _study_errors(err)) from None
-    cells, problems = expand(spec, extra=_smoke_overrides(spec) if smoke else None)
+    cells, problems = expand(spec, smoke=smoke)
     if problems:
         raise StudyError(path, problems)
-    if smoke:
-        cells = [_smoke_cell(c) for c in cells]
-    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke)
+    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {}))
 
 
 def _study_errors(err: ValidationError) -> list[str]:
@@ -378,11 +409,31 @@ _SMOKE = {
     "schedule": {"epochs": 2, "warmup_epochs": 0},
     "train": {"device": "cpu", "threads": 1},
 }
+# One tiny model per family: the smoke run keeps each cell's architecture family, not its size.
+_SMOKE_MODELS = {
+    "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2}},
+    "mixer": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 32}},
+    "resnet": {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 16, 16, 32]}},
+}
 
 
-def _smoke_overrides(spec: Study) -> dict[str, Any]:
-    return deep_merge(_SMOKE, spec.smoke)
+def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    from trainables.models import model_family
+
+    name = tree.get("model", {}).get("name", TrialConfig().model.name)
+    try:
+        tiny = _SMOKE_MODELS[model_family(name)]
+    except ValueError:
+        tiny = {}  # an unknown family is reported by the cell's own validation
+    model = {k: v for k, v in tree.get("model", {}).items() if k in ("drop_rate", "drop_path_rate")}
+    return deep_merge(deep_merge({**tree, "model": {**model, **tiny}}, _SMOKE), extra)
 
 
-def _smoke_cell(cell: Cell) -> Cell:
-    return Cell(key=cell.key, levels=cell.levels, config=cell.config, space=cell.space, trials=min(cell.trials, 2))
+def _missing_root(tree: dict[str, Any]) -> str | None:
+    root = tree.get("data", {}).get("root")
+    if root is None or Path(root).expanduser().exists():
+        return None
+    return (
+        f"data.root: the directory must exist, got {root!r}. Fix: point it at the dataset "
+        f"(sharpscale run --set data.root=/path/to/data), or check the file with --smoke on the embedded digits."
+    )

@@ -19,7 +19,7 @@ TINY_VIT = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_r
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    """A quickstart-shaped study (arch x method, rho searched for SAM) over three training-set fractions, 4 epochs each."""
+    """A quickstart-shaped study (arch x method, rho searched for SAM) over three training-set fractions, 3 epochs each."""
     root = tmp_path_factory.mktemp("nbstore")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -41,8 +41,8 @@ def store(tmp_path_factory):
                     rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
                     rec.set_tags({**{f"factor.{k}": v for k, v in factors.items()}, "sharpscale.cell": cell,
                                   "sharpscale.trial_id": key})
-                    for epoch in range(4):
-                        progress = (epoch + 1) / 4
+                    for epoch in range(3):
+                        progress = (epoch + 1) / 3
                         rec.log_epoch({"val_acc": final * progress, "train_loss": 2.0 / (epoch + 1),
                                        "val_loss": 2.2 / (epoch + 1)}, epoch)
                     rec.finish("finished")
@@ -91,4 +91,5 @@ def test_study_notebook_runs_against_a_store(name, store, tmp_path, monkeypatch)
 def test_geometry_notebook_runs_on_a_trial_checkpoint(checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("SHARPSCALE_CHECKPOINT", str(checkpoint))
     monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "64")
+    monkeypatch.setenv("SHARPSCALE_THREADS", "1")  # tiny model: spinning threads only slow a shared CI machine
     _run("geometry", tmp_path)
