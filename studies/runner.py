@@ -176,8 +176,9 @@ def _drop_lost_trials(client, experiment_id: str, known: set[str]) -> None:
 
 def _trial_resources(plan: DistributedPlan):
     if plan.workers > 1:
-        # The trial itself only drives a Ray Train group, which books its own workers' resources.
-        return {"cpu": 0}
+        # The trial itself only drives a Ray Train group, which books its own workers' resources; Tune
+        # refuses an empty request, so the driver holds 1% of a CPU.
+        return {"cpu": 0.01}
     return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker, **plan.custom}
 
 

@@ -196,7 +196,7 @@ def test_method_pairs_match_each_sam_level_with_the_plain_level_of_the_same_sett
     )
     assert sorted(method_pairs(table5)) == [("sam", "vanilla"), ("sam_aug", "aug")]
     with pytest.raises(ValueError, match=r"several levels .* \['aug', 'vanilla'\]"):
-        sam_gain(table5.assign(**{"data.fraction": 1.0, "val_acc": 0.5, "status": "finished"}), baseline="none")
+        sam_gain(table5.assign(**{"data.fraction": 1.0, "val_acc": 0.5, "status": "finished"}), baseline="none", arch="model.name")
 
 
 # ------------------------------------------------------------------------------------------- power laws
