@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
@@ -79,8 +80,8 @@ def plot_error_vs_n(
                 ax.axhline(fit.c, color=colors[method], linestyle=":", linewidth=0.8)
     frac = (table.columns.get("fraction") or "n").removeprefix("factor.")
     for arch, ax in panels.items():
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log_axis(ax.xaxis, ax.set_xscale)
+        _log_axis(ax.yaxis, ax.set_yscale)
         ax.set_title(arch)
         ax.set_xlabel(f"training-set size ({frac})")
         ax.legend(fontsize=6)
@@ -104,7 +105,7 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
         hi = np.nan_to_num(part["ci_high"].to_numpy(dtype="float64")[order] - y)
         ax.errorbar(x[order], y, yerr=[lo, hi], fmt="o-", capsize=3, color=f"C{i % 10}", label=str(arch))
     ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xscale("log")
+    _log_axis(ax.xaxis, ax.set_xscale)
     ax.set_xlabel("training-set fraction")
     metric = gain.attrs.get("metric", "metric")
     pair = f"{gain.attrs.get('treatment', 'treatment')} - {gain.attrs.get('baseline', 'baseline')}"
@@ -134,7 +135,7 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         if "baseline" in best.index and math.isfinite(best["baseline"]):
             ax.axhline(best["baseline"], color=color, linestyle="--", linewidth=0.9)
     for arch, ax in panels.items():
-        ax.set_xscale("log")
+        _log_axis(ax.xaxis, ax.set_xscale)
         ax.set_title(arch)
         ax.set_xlabel(result.param)
         ax.legend(fontsize=6)
@@ -170,3 +171,9 @@ def plot_curves(
     if len(hues) <= 12:
         axes[0].legend(fontsize=6)
     return _finish(fig, path)
+
+
+def _log_axis(axis, set_scale) -> None:
+    # Over less than a decade matplotlib labels the minor ticks too, and the labels run into each other.
+    set_scale("log")
+    axis.set_minor_formatter(NullFormatter())

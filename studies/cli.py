@@ -150,6 +150,25 @@ def _cmd_ui(args) -> int:
                 proc.wait()
 
 
+def _cmd_report(args) -> int:
+    from analysis.report import write_report
+    from studies.runner import resolve_tracking_uri
+    from studies.spec import load_study
+
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
+    spec = study.spec
+    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    out_dir = Path(args.out or f"reports/{name}")
+    files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
+                         metric=spec.objective.metric, mode=spec.objective.mode)
+    for f in files:
+        print(f)
+    where = "" if args.no_mlflow else " and logged under report/ to the study's MLflow run"
+    print(f"{len(files)} files written to {out_dir}{where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sharpscale",
@@ -189,6 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
     _add_set(val)
     val.set_defaults(func=_cmd_validate)
+
+    rep = sub.add_parser("report", help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow")
+    rep.add_argument("study", help="the study file")
+    rep.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
+    rep.add_argument("--out", default=None, help="output directory (default: reports/<study>)")
+    rep.add_argument("--smoke", action="store_true", help="report on the --smoke run of the study")
+    rep.add_argument("--no-mlflow", action="store_true", help="write the files only, log nothing")
+    _add_set(rep)
+    rep.set_defaults(func=_cmd_report)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
     ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)

@@ -128,6 +128,7 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path):
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
+    server_pgid = None
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -153,6 +154,7 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path):
         assert not _group_alive(server_pgid), "MLflow server processes survived SIGTERM"
         assert f"MLflow tracking server on http://127.0.0.1:{port}" in launcher.stdout.read()
     finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
+        for pgid in (launcher.pid, server_pgid):
+            if pgid is not None and _group_alive(pgid):
+                os.killpg(pgid, signal.SIGKILL)
         launcher.wait()
