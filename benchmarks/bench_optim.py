@@ -234,7 +234,8 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
         rows.append({
             "model": spec.name, "variant": v.label, "img_s": statistics.median(v.rates), "ratio": ratio,
             "ratio_to": v.base_ratio_to if k != "none" else "-", "target": target,
-            "ok": None if target is None else ratio >= target,
+            # The targets are for the H100; on the CPU (--quick) the table is a smoke check only.
+            "ok": None if target is None or device.type != "cuda" else ratio >= target,
             "pred_bpp": v.extra_bytes / numel if k in methods else None, "meas_bpp": measured,
             "peak_step_mib": peaks.get(k, 0) / 2**20 if peaks else None,
         })

@@ -106,7 +106,9 @@ class _BNGuard:
         if not self.modules:
             return
         bufs = self._buffers()
-        if len(self._saved) != len(bufs) or any(s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs)):
+        stale = len(self._saved) != len(bufs) or any(
+            s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs))
+        if stale:
             self._saved = [torch.empty_like(b) for b in bufs]
         for dst, src in group_by_device_dtype(self._saved, bufs):
             torch._foreach_copy_(dst, src)

@@ -3,7 +3,6 @@ LookSAM and SAF consistency across ranks."""
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
@@ -111,9 +110,10 @@ def _saf_reshuffled(rank):
     return errors
 
 
-def _worker(rank, port, out):
+def _worker(rank, out):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=WORLD)
     try:
         res = {
             "sam": _run_method(rank, "sam", False, steps=2, rho=0.05),
@@ -130,18 +130,12 @@ def _worker(rank, port, out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     out = tmp_path_factory.mktemp("ddp")
-    mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(out),), nprocs=WORLD, join=True)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
