@@ -1111,42 +1111,13 @@ def loss_landscape_2d(
 def default_parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     """Parameter groups of a timm ViT, MLP-Mixer or ResNet for blockwise_top_eigenvalues, by parameter name.
 
-    ViT: "patch_embed", "attn" (all blocks), "mlp" (all blocks), then "blocks.N", "blocks.N.attn",
-    "blocks.N.mlp". Mixer: "stem", "mlp_tokens", "mlp_channels", "blocks.N", "blocks.N.mlp_tokens",
-    "blocks.N.mlp_channels". These are the columns of Chen et al. 2022, Table 4. ResNet: "stem"
-    (conv1, bn1), "layer1" .. "layer4", "fc".
+    The groups are `trainables.models.parameter_groups` (the one definition): the columns of Table 4 of
+    Chen et al. 2022 (patch embedding / stem, attention or token MLP, channel MLP, each block), plus norms and
+    head; ResNets by stage.
     """
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    from trainables.models import parameter_groups
 
-    def under(prefix: str) -> list[str]:
-        return [n for n in names if n.startswith(prefix + ".")]
-
-    def component(part: str) -> list[str]:
-        return [n for n in names if n.startswith("blocks.") and n.split(".")[2:3] == [part]]
-
-    blocks = sorted({int(n.split(".")[1]) for n in names if n.startswith("blocks.") and n.split(".")[1].isdigit()})
-    if under("patch_embed") and component("attn"):
-        parts, groups = ("attn", "mlp"), {"patch_embed": under("patch_embed")}
-    elif under("stem") and component("mlp_tokens"):
-        parts, groups = ("mlp_tokens", "mlp_channels"), {"stem": under("stem")}
-    elif under("conv1") and under("layer1"):
-        groups = {"stem": under("conv1") + under("bn1")}
-        groups.update({f"layer{i}": under(f"layer{i}") for i in range(1, 5)})
-        groups["fc"] = under("fc")
-        return {name: group for name, group in groups.items() if group}
-    else:
-        raise ValueError(
-            f"cannot derive parameter groups for a {type(model).__name__}: expected timm parameter names of a ViT "
-            "(patch_embed.*, blocks.N.attn.*), an MLP-Mixer (stem.*, blocks.N.mlp_tokens.*) or a ResNet "
-            "(conv1.*, layer1.*); pass the groups to blockwise_top_eigenvalues explicitly"
-        )
-    for part in parts:
-        groups[part] = component(part)
-    for i in blocks:
-        groups[f"blocks.{i}"] = under(f"blocks.{i}")
-        for part in parts:
-            groups[f"blocks.{i}.{part}"] = under(f"blocks.{i}.{part}")
-    return {name: group for name, group in groups.items() if group}
+    return parameter_groups(model)
 
 
 def _activation_groups(model: nn.Module) -> dict[str, list[nn.Module]]:

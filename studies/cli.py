@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
+
+from studies import server as server_cli
 
 __all__ = ["main"]
 
@@ -78,7 +78,10 @@ def _cmd_run(args) -> int:
         overrides=_overrides(args),
     )
     _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
-    return 1 if outcome.trials == 0 else 0
+    if outcome.errored:
+        print(f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
+              f"runs' sharpscale.reason tags", file=sys.stderr)
+    return 1 if outcome.trials == 0 or outcome.errored else 0
 
 
 def _cmd_status(args) -> int:
@@ -134,20 +137,7 @@ def _cmd_ui(args) -> int:
     uri = resolve_tracking_uri(args.tracking_uri)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     print(f"MLflow UI on http://{args.host}:{args.port} over {uri} (Ctrl-C stops it)", flush=True)
-    # Its own process group: Ctrl-C must take down the server's workers too, not just the launcher.
-    proc = subprocess.Popen(cmd, start_new_session=True)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    return server_cli.run_in_process_group(cmd)
 
 
 def _cmd_report(args) -> int:
@@ -217,6 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-mlflow", action="store_true", help="write the files only, log nothing")
     _add_set(rep)
     rep.set_defaults(func=_cmd_report)
+
+    srv = sub.add_parser(
+        "server",
+        help="MLflow tracking server for a cluster: artifacts over HTTP, loopback unless --host (Ctrl-C/SIGTERM stops it)",
+    )
+    server_cli.add_arguments(srv)
+    srv.set_defaults(func=server_cli.from_args)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
     ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)

@@ -98,14 +98,35 @@ class _Progress:
         )
 
 
-def _experiment(client, name: str, artifact_location: Path) -> str:
+def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
+    if tracking_uri.startswith(("http://", "https://")):
+        # The server's own artifact store (mlflow-artifacts:/): every node uploads over HTTP, none needs a shared disk.
+        return client.create_experiment(name)
     artifact_location.mkdir(parents=True, exist_ok=True)
     return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _warn_split_records(address: str | None, uri: str) -> None:
+    # On a cluster every node must reach one store: a local file or a loopback server splits the records.
+    if address in (None, "local"):
+        return
+    local = uri.startswith("sqlite:") or "://127." in uri or "://localhost" in uri
+    if local:
+        print(
+            f"sharpscale: warning: --address {address} with tracking URI {uri}: trials on other nodes cannot reach it "
+            f"and their records will be missing. Fix: start `sharpscale server --host <head's private IP>` and pass "
+            f"--tracking-uri http://<head's private IP>:5000 (docs/cluster.md).",
+            flush=True,
+        )
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]):
@@ -233,14 +254,22 @@ def run_study(
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
     exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
-    experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location))
+    _warn_split_records(address, uri)
+    experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
     commit = git_commit(study.path.parent)
     study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, resume)
 
-    storage = Path(spec.storage).resolve()
-    storage.mkdir(parents=True, exist_ok=True)
     run_name = exp_name
-    optuna_db = storage / f"{run_name}.optuna.db"
+    # Ray's results may live on shared storage (s3://, gs://, an NFS path); Optuna's SQLite file stays on the
+    # driver's own disk, beside the local results or under ./sharpscale_runs when the results are remote.
+    if _is_uri(spec.storage):
+        storage_path = spec.storage.rstrip("/")
+        local_dir = Path("sharpscale_runs").resolve()
+    else:
+        local_dir = Path(spec.storage).expanduser().resolve()
+        storage_path = str(local_dir)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    optuna_db = local_dir / f"{run_name}.optuna.db"
 
     res = study.resources
     plan = DistributedPlan(
@@ -249,13 +278,14 @@ def run_study(
         gpus_per_worker=res.gpus_per_trial,
         custom=dict(res.custom),
         max_failures=res.max_failures,
-        storage_path=str(storage / run_name / "train"),
+        storage_path=f"{storage_path}/{run_name}/train",
     )
 
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {
             "study": run_name,
             "plan": asdict(plan),
+            "log_checkpoint": spec.tracking.log_checkpoint,
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample),
             "sample": sample,
@@ -293,15 +323,15 @@ def run_study(
         )
         progress = _Progress(study)
         trainable = tune.with_resources(run_tune_trial, _trial_resources(plan))
-        experiment_dir = storage / run_name
+        experiment_dir = f"{storage_path}/{run_name}"
         if resume:
-            if not tune.Tuner.can_restore(str(experiment_dir)):
+            if not tune.Tuner.can_restore(experiment_dir):
                 raise StudyError(study.path, [
                     f"resume: no interrupted run of this study under {experiment_dir}. "
                     f"Fix: start it with `sharpscale run`, or check the study's `storage` directory."
                 ])
             # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
-            tuner = tune.Tuner.restore(str(experiment_dir), trainable=trainable, resume_unfinished=True, resume_errored=True)
+            tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
         else:
             tuner = tune.Tuner(
                 trainable,
@@ -320,7 +350,7 @@ def run_study(
                 ),
                 run_config=tune.RunConfig(
                     name=run_name,
-                    storage_path=str(storage),
+                    storage_path=storage_path,
                     failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                     callbacks=[progress.callback],

@@ -97,6 +97,7 @@ class Tracking(_Strict):
     uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI; relative sqlite paths are made absolute.")
     artifact_location: str = Field("mlartifacts", description="Artifact root for a new experiment (made absolute).")
     experiment: str | None = Field(None, description="Experiment name; defaults to the study name.")
+    log_checkpoint: bool = Field(False, description="Keep each trial's final checkpoint as an artifact of its run.")
 
 
 class Study(_Strict):

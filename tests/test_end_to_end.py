@@ -3,6 +3,8 @@
 import math
 from pathlib import Path
 
+import torch
+
 import pytest
 import yaml
 
@@ -19,6 +21,7 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     study["budget"]["trials_per_cell"] = 2
     study["storage"] = str(tmp_path / "runs")
     study["tracking"]["artifact_location"] = str(tmp_path / "mlartifacts")
+    study["tracking"]["log_checkpoint"] = True
     path = tmp_path / "quickstart_small.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
 
@@ -59,3 +62,32 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     study_run = next(r for r in everything if r.data.tags.get("sharpscale.kind") == "study")
     assert [a.path for a in client.list_artifacts(study_run.info.run_id)] == ["quickstart_small.yaml"]
     assert exp.artifact_location.startswith("file:///")
+
+    # The report and the status, as a user asks for them after the run.
+    capsys.readouterr()
+    assert main(["report", str(path), "--tracking-uri", tracking_uri, "--out", str(tmp_path / "report")]) == 0
+    assert {"summary.md", "summary.csv", "rho_sensitivity.png", "report.md"} <= {p.name for p in (tmp_path / "report").iterdir()}
+    logged = {a.path for a in client.list_artifacts(study_run.info.run_id, "report")}
+    assert {"report/summary.md", "report/report.md"} <= logged
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0
+    status = capsys.readouterr().out
+    assert f"{expected} of {expected} trials recorded" in status and "arch=mixer,method=sam" in status
+
+    # From a trial's checkpoint artifact to its loss geometry, logged back to the same run and read by load_runs.
+    import torch.nn.functional as F
+
+    from analysis import geometry, log_geometry
+    from trainables import load_dataset, load_model
+
+    run_id = sam["run_id"].iloc[0]
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == ["checkpoint/checkpoint.pt"]
+    local = client.download_artifacts(run_id, "checkpoint/checkpoint.pt", str(tmp_path / "dl"))
+    model, cfg = load_model(local)
+    assert cfg.optimizer.method == "sam"
+    bundle = load_dataset("digits", img_size=cfg.data.img_size, augment="none")
+    x, y, _ = next(iter(torch.utils.data.DataLoader(bundle.val, batch_size=64)))
+    top = geometry.top_eigenvalues(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), [(x, y)], k=1, max_iter=30)
+    log_geometry(run_id, top, tracking_uri=tracking_uri)
+    again = load_runs("quickstart", tracking_uri=tracking_uri).set_index("run_id")
+    assert again.loc[run_id, "geometry/lambda_max"] == pytest.approx(top.eigenvalues[0])
+    assert {a.path for a in client.list_artifacts(run_id, "geometry")} >= {"geometry/eigen.json", "geometry/eigen.npz"}

@@ -10,8 +10,8 @@ from trainables.config import (
     TrialConfig,
 )
 from trainables.data import DataBundle, fraction_indices, load_dataset
-from trainables.loop import TrialDiverged, evaluate, fit, load_checkpoint
-from trainables.models import create_model, model_family, set_fused_attention
+from trainables.loop import TrialDiverged, evaluate, fit, load_checkpoint, load_model
+from trainables.models import create_model, model_family, parameter_groups, set_fused_attention
 
 __all__ = [
     "ConfigError",
@@ -29,6 +29,8 @@ __all__ = [
     "fraction_indices",
     "load_checkpoint",
     "load_dataset",
+    "load_model",
     "model_family",
+    "parameter_groups",
     "set_fused_attention",
 ]

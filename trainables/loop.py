@@ -24,7 +24,7 @@ from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
 
-__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "fit", "load_checkpoint"]
+__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "evaluate", "fit", "load_checkpoint", "load_model"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -46,7 +46,11 @@ class Reporter(Protocol):
 class Recorder(Protocol):
     """Persists a trial's metrics (MLflow in practice); only the rank-0 process records."""
 
+    wants_checkpoint: bool  # keep the final checkpoint as an artifact of the run
+
     def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int) -> None: ...
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -300,9 +304,10 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at) -> None:
+def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at, meta) -> None:
     state = {
         "format": 1,
+        "model_meta": meta,  # what create_model needs besides the config: load_model works without the data
         "epoch": epoch,
         "metrics": metrics,
         "logged_at": logged_at,
@@ -325,6 +330,15 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if p.is_dir():
         p = p / CHECKPOINT_FILE
     return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def load_model(path: str | os.PathLike) -> tuple[nn.Module, TrialConfig]:
+    """The trained model of a checkpoint (file or directory), on the CPU in eval mode, and its trial config."""
+    state = load_checkpoint(path)
+    cfg = TrialConfig.load(state["config"])
+    model = create_model(cfg.model, **state["model_meta"])
+    model.load_state_dict(state["model"])
+    return model.eval(), cfg
 
 
 def fit(
@@ -436,6 +450,7 @@ def fit(
                         ckpt_root / CHECKPOINT_FILE,
                         model=net, method=method, scheduler=scheduler, scaler=scaler, epoch=epoch,
                         num_updates=num_updates, cfg=cfg, best=best, metrics=metrics, logged_at=logged_at,
+                        meta={"num_classes": bundle.num_classes, "in_chans": bundle.in_chans, "img_size": bundle.img_size},
                     )
                     saved = ckpt_root
             # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
@@ -444,6 +459,8 @@ def fit(
                 reporter(metrics, saved)
             if recorder is not None and d.rank == 0:
                 recorder.log_epoch(metrics, epoch, logged_at)
+                if last and recorder.wants_checkpoint:
+                    recorder.log_artifact(ckpt_root / CHECKPOINT_FILE, "checkpoint")
     finally:
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)

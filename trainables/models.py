@@ -11,7 +11,7 @@ from torch import nn
 
 from trainables.config import ModelConfig
 
-__all__ = ["Family", "create_model", "model_family", "set_fused_attention"]
+__all__ = ["Family", "create_model", "model_family", "parameter_groups", "set_fused_attention"]
 
 Family = Literal["vit", "mixer", "resnet"]
 
@@ -88,3 +88,46 @@ def weight_norm(model: nn.Module) -> torch.Tensor:
     """Global L2 norm of all parameters, as a 0-d tensor (no host sync)."""
     norms = torch._foreach_norm([p.detach() for p in model.parameters()])
     return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+
+
+def parameter_groups(model: nn.Module) -> dict[str, list[str]]:
+    """Named parameter groups of a timm ViT, MLP-Mixer or ResNet, by parameter name (for per-block analysis).
+
+    ViT: "patch_embed", "attn" and "mlp" (over all blocks), "norms", "head", then "blocks.N", "blocks.N.attn",
+    "blocks.N.mlp". Mixer: "stem", "mlp_tokens", "mlp_channels", "norms", "head", "blocks.N",
+    "blocks.N.mlp_tokens", "blocks.N.mlp_channels" (Table 4 of Chen et al. 2022). ResNet: "stem" (conv1, bn1),
+    "layer1" .. "layer4", "fc". Empty groups are left out.
+    """
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    def under(prefix: str) -> list[str]:
+        return [n for n in names if n.startswith(prefix + ".")]
+
+    def component(part: str) -> list[str]:
+        return [n for n in names if n.startswith("blocks.") and n.split(".")[2:3] == [part]]
+
+    blocks = sorted({int(n.split(".")[1]) for n in names if n.startswith("blocks.") and n.split(".")[1].isdigit()})
+    if under("patch_embed") and component("attn"):
+        parts, groups = ("attn", "mlp"), {"patch_embed": under("patch_embed")}
+    elif under("stem") and component("mlp_tokens"):
+        parts, groups = ("mlp_tokens", "mlp_channels"), {"stem": under("stem")}
+    elif under("conv1") and under("layer1"):
+        groups = {"stem": under("conv1") + under("bn1")}
+        groups.update({f"layer{i}": under(f"layer{i}") for i in range(1, 5)})
+        groups["fc"] = under("fc")
+        return {name: group for name, group in groups.items() if group}
+    else:
+        raise ValueError(
+            f"cannot derive parameter groups for a {type(model).__name__}: expected timm parameter names of a ViT "
+            "(patch_embed.*, blocks.N.attn.*), an MLP-Mixer (stem.*, blocks.N.mlp_tokens.*) or a ResNet "
+            "(conv1.*, layer1.*); pass the groups explicitly"
+        )
+    for part in parts:
+        groups[part] = component(part)
+    groups["norms"] = [n for n in names if ".norm" in n or n.startswith("norm") or n.startswith("fc_norm")]
+    groups["head"] = under("head")
+    for i in blocks:
+        groups[f"blocks.{i}"] = under(f"blocks.{i}")
+        for part in parts:
+            groups[f"blocks.{i}.{part}"] = under(f"blocks.{i}.{part}")
+    return {name: group for name, group in groups.items() if group}

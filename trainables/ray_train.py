@@ -43,7 +43,10 @@ def _tags(extra: dict[str, str]) -> dict[str, str]:
 def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialConfig) -> TrialRecorder | None:
     if not payload.get("tracking"):
         return None
-    recorder = TrialRecorder(TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params=cfg.flat())
+    recorder = TrialRecorder(
+        TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params=cfg.flat(),
+        wants_checkpoint=bool(payload.get("log_checkpoint")),
+    )
     recorder.set_tags(_tags({"sharpscale.trial_id": trial_id, **payload.get("tags", {})}))
     return recorder
 

@@ -51,11 +51,14 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
 class TrialRecorder:
     """Owns one trial's MLflow run: get-or-create by trial key, log params once, metrics per epoch, close it."""
 
-    def __init__(self, target: TrackingTarget, trial_key: str, run_name: str, params: dict[str, Any]):
+    def __init__(
+        self, target: TrackingTarget, trial_key: str, run_name: str, params: dict[str, Any], *, wants_checkpoint: bool = False
+    ):
         from mlflow.entities import Param
 
         self._client = tracking_client(target.tracking_uri)
         self.target = target
+        self.wants_checkpoint = wants_checkpoint
         existing = _retry(
             self._client.search_runs,
             [target.experiment_id],

@@ -501,8 +501,12 @@ def test_default_parameter_groups_of_tiny_timm_models():
     vit = tiny_vit()
     groups = geometry.default_parameter_groups(vit)
     assert list(groups) == [
-        "patch_embed", "attn", "mlp", "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1", "blocks.1.attn", "blocks.1.mlp",
+        "patch_embed", "attn", "mlp", "norms", "head",
+        "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1", "blocks.1.attn", "blocks.1.mlp",
     ]
+    assert groups["head"] == ["head.weight", "head.bias"]
+    norm_modules = {n for n, m in vit.named_modules() if isinstance(m, nn.LayerNorm)}
+    assert set(groups["norms"]) == {n for n, _ in vit.named_parameters() if n.rpartition(".")[0] in norm_modules}
     assert groups["patch_embed"] == ["patch_embed.proj.weight", "patch_embed.proj.bias"]
     assert groups["attn"] == groups["blocks.0.attn"] + groups["blocks.1.attn"]
     assert set(groups["blocks.1"]) == {n for n, _ in vit.named_parameters() if n.startswith("blocks.1.")}

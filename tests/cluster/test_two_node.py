@@ -288,11 +288,6 @@ def test_study_runs_on_both_nodes_and_reaches_mlflow_through_the_server(cluster,
         print(f"two-node cluster and MLflow server up in {t_up:.0f} s; study and checks done in {t_all:.0f} s")
 
         # Uploaded over HTTP into the server's own store, not written to a path on the client's disk.
-        if not exp.artifact_location.startswith("mlflow-artifacts:"):
-            pytest.xfail(
-                f"the runner pins the experiment's artifact location to {exp.artifact_location}: clients write "
-                "artifacts to their own disk, not through the server. Fix in studies/runner.py::_experiment: with an "
-                "http(s) tracking URI, create the experiment without artifact_location."
-            )
+        assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
         assert (server_artifacts / exp.experiment_id / study_run.info.run_id / "artifacts" / study.name).is_file()
         assert not any((tmp_path / "client_side_mlartifacts").rglob("*.yaml"))
