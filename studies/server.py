@@ -25,7 +25,9 @@ __all__ = [
     "DEFAULT_BACKEND_STORE_URI",
     "ServerError",
     "add_arguments",
+    "free_port",
     "from_args",
+    "group_alive",
     "is_loopback",
     "mlflow_server_command",
     "redact_uri",
@@ -124,13 +126,14 @@ def stop_process_group(proc: subprocess.Popen, timeout_s: float = STOP_TIMEOUT_S
         except subprocess.TimeoutExpired:
             continue
         deadline = time.monotonic() + timeout_s
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
+        while group_alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _group_alive(proc.pid):
+        if not group_alive(proc.pid):
             return
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True while any process of the process group `pgid` is alive."""
     try:
         os.killpg(pgid, 0)
         return True
@@ -201,6 +204,21 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args) -> list[str]:
+    """The `mlflow server` command line, with the loud warning a non-loopback bind deserves."""
+    cmd = mlflow_server_command(
+        backend_store_uri=backend_store_uri,
+        artifacts_destination=artifacts_destination,
+        host=host,
+        port=port,
+        workers=workers,
+        extra_args=extra_args,
+    )
+    if not is_loopback(host):
+        print(_no_auth_warning(host, port), file=sys.stderr, flush=True)
+    return cmd
+
+
 def serve(
     *,
     backend_store_uri: str = DEFAULT_BACKEND_STORE_URI,
@@ -215,16 +233,7 @@ def serve(
     Loopback only unless `host` says otherwise (then a warning: MLflow has no authentication). Artifacts are
     proxied (`--serve-artifacts`) to `artifacts_destination`: a directory here, or s3://, gs://, ... URIs.
     """
-    cmd = mlflow_server_command(
-        backend_store_uri=backend_store_uri,
-        artifacts_destination=artifacts_destination,
-        host=host,
-        port=port,
-        workers=workers,
-        extra_args=extra_args,
-    )
-    if not is_loopback(host):
-        print(_no_auth_warning(host, port), file=sys.stderr, flush=True)
+    cmd = _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args)
     backend, artifacts = cmd[cmd.index("--backend-store-uri") + 1], cmd[cmd.index("--artifacts-destination") + 1]
     print(
         f"MLflow tracking server on {_url(host, port)}: runs in {redact_uri(backend)}, artifacts in "
@@ -242,7 +251,8 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -273,17 +283,8 @@ def start_server(
     port=None picks a free one. The server's output goes to `log_path` (a temporary file by default), whose end is
     in the ServerError raised when it does not come up within `timeout_s`. On exit its whole process group stops.
     """
-    port = port or _free_port(host)
-    cmd = mlflow_server_command(
-        backend_store_uri=backend_store_uri,
-        artifacts_destination=artifacts_destination,
-        host=host,
-        port=port,
-        workers=workers,
-        extra_args=extra_args,
-    )
-    if not is_loopback(host):
-        print(_no_auth_warning(host, port), file=sys.stderr, flush=True)
+    port = port or free_port(host)
+    cmd = _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args)
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
         os.close(fd)

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(600)
-def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, capsys):
+def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, capsys, monkeypatch):
     study = yaml.safe_load((REPO / "studies" / "quickstart.yaml").read_text())
     study["base"]["schedule"] = {"epochs": 2, "sched": "cosine", "warmup_epochs": 0}
     study["budget"]["trials_per_cell"] = 2
@@ -91,3 +91,18 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     again = load_runs("quickstart", tracking_uri=tracking_uri).set_index("run_id")
     assert again.loc[run_id, "geometry/lambda_max"] == pytest.approx(top.eigenvalues[0])
     assert {a.path for a in client.list_artifacts(run_id, "geometry")} >= {"geometry/eigen.json", "geometry/eigen.npz"}
+
+    # The shipped notebooks, top to bottom in a real kernel, on these quickstart results and this trial's checkpoint.
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebooks = REPO / "analysis" / "notebooks"
+    env = {"SHARPSCALE_TRACKING_URI": tracking_uri, "SHARPSCALE_STUDY": "quickstart", "SHARPSCALE_N_BOOT": "200",
+           "SHARPSCALE_CHECKPOINT": local, "SHARPSCALE_GEOMETRY_SAMPLES": "64", "SHARPSCALE_THREADS": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for name in ("data_scaling", "rho_sensitivity", "geometry"):
+        nb = nbformat.read(notebooks / f"{name}.ipynb", as_version=4)
+        NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+        assert not errors, (name, errors)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,15 @@ import urllib.request
 import pytest
 
 from studies import server
-from studies.server import ServerError, is_loopback, mlflow_server_command, redact_uri, start_server
+from studies.server import (
+    ServerError,
+    free_port,
+    group_alive,
+    is_loopback,
+    mlflow_server_command,
+    redact_uri,
+    start_server,
+)
 
 
 def _opt(cmd: list[str], name: str) -> str:
@@ -101,23 +108,11 @@ def test_start_server_reports_the_servers_own_error(tmp_path):
             pass
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.timeout(300)
 def test_sigterm_stops_the_server_and_all_its_processes(tmp_path):
-    port = _free_port()
+    port = free_port()
     code = (
         "import sys; from studies.server import serve; "
         f"sys.exit(serve(backend_store_uri='sqlite:///{tmp_path / 'mlflow.db'}', "
@@ -148,12 +143,12 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path):
         launcher.send_signal(signal.SIGTERM)  # what `kill`, systemd or a container runtime sends
         assert launcher.wait(timeout=60) == 0
         deadline = time.monotonic() + 30
-        while _group_alive(server_pgid) and time.monotonic() < deadline:
+        while group_alive(server_pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _group_alive(server_pgid), "MLflow server processes survived SIGTERM"
+        assert not group_alive(server_pgid), "MLflow server processes survived SIGTERM"
         assert f"MLflow tracking server on http://127.0.0.1:{port}" in launcher.stdout.read()
     finally:
         for pgid in (launcher.pid, server_pgid):
-            if pgid is not None and _group_alive(pgid):
+            if pgid is not None and group_alive(pgid):
                 os.killpg(pgid, signal.SIGKILL)
         launcher.wait()

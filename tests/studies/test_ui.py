@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -10,24 +9,14 @@ import urllib.request
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from studies.server import free_port, group_alive
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 @pytest.mark.timeout(180)
 def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", tracking_uri, "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -52,9 +41,9 @@ def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri):
         proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
         assert proc.wait(timeout=30) == 0
         deadline = time.time() + 20
-        while _group_alive(server_pgid) and time.time() < deadline:
+        while group_alive(server_pgid) and time.time() < deadline:
             time.sleep(0.5)
-        assert not _group_alive(server_pgid), "MLflow server processes survived Ctrl-C"
+        assert not group_alive(server_pgid), "MLflow server processes survived Ctrl-C"
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
     finally:
