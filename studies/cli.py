@@ -127,8 +127,19 @@ def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
     print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string() if not table.empty else "  (no finished trial)")
-    ui = "sharpscale ui" + ("" if tracking_uri.endswith("/mlflow.db") and str(Path.cwd()) in tracking_uri else f" --tracking-uri {tracking_uri}")
+    ui = f"{_prog()} ui" + ("" if tracking_uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" else f" --tracking-uri {tracking_uri}")
     print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
+
+
+def _prog() -> str:
+    """How the user invoked us (`.venv/bin/sharpscale`), so a printed command works when pasted."""
+    exe = Path(sys.argv[0])
+    if exe.name != "sharpscale":
+        return "sharpscale"
+    try:
+        return str(exe.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 def _cmd_ui(args) -> int:
