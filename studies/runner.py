@@ -173,11 +173,18 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
 
     After a normal end such a trial was stopped early on purpose; after an interruption `resume` reopens it.
     """
-    status = "killed" if interrupted else "early_stopped"
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
-        if run.data.tags.get("mlflow.parentRunId") in cell_runs.values():
-            _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
-            _retry(client.set_terminated, run.info.run_id, status="KILLED")
+        if run.data.tags.get("mlflow.parentRunId") not in cell_runs.values():
+            continue
+        # A trial whose actor Ray reclaimed right after its last epoch did finish: its record says so.
+        epochs = int(run.data.params.get("schedule.epochs", 0))
+        logged = {m.step for m in client.get_metric_history(run.info.run_id, "val_loss")}
+        if epochs and logged >= set(range(epochs)):
+            status, mlflow_status = "finished", "FINISHED"
+        else:
+            status, mlflow_status = ("killed" if interrupted else "early_stopped"), "KILLED"
+        _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
+        _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
 
 
 def _drop_lost_trials(client, experiment_id: str, known: set[str]) -> None:

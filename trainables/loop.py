@@ -24,7 +24,7 @@ from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
 
-__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "evaluate", "fit", "load_checkpoint", "load_model"]
+__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -35,6 +35,14 @@ class TrialDiverged(RuntimeError):
     def __init__(self, epoch: int, step: int, value: float):
         self.epoch, self.step, self.value = epoch, step, value
         super().__init__(f"training loss became {value} at epoch {epoch}, step {step}")
+
+
+class TrialStopped(Exception):
+    """The trial's driver (Ray Tune's scheduler, e.g. ASHA) stopped it after taking this epoch's result."""
+
+    def __init__(self, epoch: int, final: bool):
+        self.epoch, self.final = epoch, final
+        super().__init__(f"stopped by the scheduler after epoch {epoch}")
 
 
 class Reporter(Protocol):
@@ -456,7 +464,14 @@ def fit(
             # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
             # or re-logs this epoch on resume, never leaves it logged twice.
             if reporter is not None:
-                reporter(metrics, saved)
+                try:
+                    reporter(metrics, saved)
+                except SystemExit:
+                    # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
+                    # checkpoint: record the epoch and leave as stopped, not as failed.
+                    if recorder is not None and d.rank == 0:
+                        recorder.log_epoch(metrics, epoch, logged_at)
+                    raise TrialStopped(epoch, final=last) from None
             if recorder is not None and d.rank == 0:
                 recorder.log_epoch(metrics, epoch, logged_at)
                 if last and recorder.wants_checkpoint:

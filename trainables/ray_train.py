@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.loop import TrialDiverged, describe_hardware, fit
+from trainables.loop import TrialDiverged, TrialStopped, describe_hardware, fit
 from trainables.tracking import TrackingTarget, TrialRecorder
 
 __all__ = ["DistributedPlan", "fit_distributed", "run_tune_trial", "train_worker_loop"]
@@ -69,6 +69,14 @@ def _execute(cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, re
         else:
             with checkpoint.as_directory() as ckpt_dir:
                 fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder)
+    except TrialStopped as stop:
+        if recorder is not None:
+            if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
+                recorder.finish("finished")
+            else:
+                recorder.finish("early_stopped", str(stop))
+        # Tune's function runner expects its stop to come back as SystemExit; a plain return breaks actor reuse.
+        raise SystemExit(0) from None
     except TrialDiverged as err:
         if recorder is not None:
             recorder.finish("diverged", str(err))

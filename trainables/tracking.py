@@ -99,12 +99,12 @@ class TrialRecorder:
         _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
 
     def finish(self, status: str, reason: str | None = None) -> None:
-        """status: 'finished', 'failed', 'diverged' or 'killed'; MLflow's own status follows from it."""
+        """status: 'finished', 'early_stopped', 'failed', 'diverged' or 'killed'; MLflow's status follows from it."""
         tags = {STATUS_TAG: status}
         if reason:
             tags["sharpscale.reason"] = reason[:5000]
         self.set_tags(tags)
-        mlflow_status = {"finished": "FINISHED", "killed": "KILLED"}.get(status, "FAILED")
+        mlflow_status = {"finished": "FINISHED", "early_stopped": "KILLED", "killed": "KILLED"}.get(status, "FAILED")
         _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
 
 
