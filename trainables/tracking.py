@@ -17,6 +17,7 @@ KIND_TAG = "sharpscale.kind"
 STATUS_TAG = "sharpscale.status"
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+_EPOCH_KEY = "train_loss"  # logged every epoch: its steps say which epochs a run holds
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,9 @@ class TrialRecorder:
         if existing:
             self.run_id = existing[0].info.run_id
             _retry(self._client.update_run, self.run_id, status="RUNNING")
+            self._logged = {m.step for m in _retry(self._client.get_metric_history, self.run_id, _EPOCH_KEY)}
             return
+        self._logged: set[int] = set()
         tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: trial_key, STATUS_TAG: "running", **target.tags}
         if target.parent_run_id:
             tags["mlflow.parentRunId"] = target.parent_run_id
@@ -84,8 +87,15 @@ class TrialRecorder:
         _retry(self._client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int | None = None) -> None:
-        """One epoch's metrics at step=epoch; resending the same epoch with the same timestamp is a no-op."""
+        """One epoch's metrics at step=epoch, once: an epoch already recorded keeps its first record.
+
+        A retried or resumed trial can re-run epochs that were recorded before the interruption (Ray resumes
+        from the last checkpoint its driver knew of); MLflow cannot delete a metric value, so the first stands.
+        """
         from mlflow.entities import Metric
+
+        if epoch in self._logged:
+            return
 
         now = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         batch = [
@@ -94,6 +104,8 @@ class TrialRecorder:
             if k != "epoch" and isinstance(v, (int, float)) and math.isfinite(float(v))
         ]
         _retry(self._client.log_batch, self.run_id, metrics=batch)
+        if any(m.key == _EPOCH_KEY for m in batch):
+            self._logged.add(epoch)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)

@@ -72,3 +72,13 @@ def test_unknown_study_names_the_known_ones(store):
     uri, _, _ = store
     with pytest.raises(LookupError, match="no MLflow experiment .*Known: .*toy"):
         load_runs("nope", tracking_uri=uri)
+
+
+def test_a_re_run_epoch_keeps_its_first_record(store):
+    uri, target, ids = store
+    again = TrialRecorder(target, trial_key="c", run_name="c", params={})
+    again.log_epoch({"val_acc": 0.1, "train_loss": 9.0}, 1)  # epoch 1 of trial c was recorded as 0.9 before
+    again.log_epoch({"val_acc": 0.95, "train_loss": 0.3}, 2)  # a new epoch is recorded
+    again.finish("finished")
+    history = MlflowClient(uri).get_metric_history(ids["c"], "val_acc")
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.6), (1, 0.9), (2, 0.95)]
