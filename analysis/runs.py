@@ -34,7 +34,9 @@ def _open_experiment(study: str | Path, tracking_uri: str | None):
     """(client, experiment, absolute uri) of a study; a LookupError names the experiments that do exist."""
     from mlflow.tracking import MlflowClient
 
-    uri = _absolute_uri(tracking_uri or "sqlite:///mlflow.db")
+    from trainables.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri or "sqlite:///mlflow.db")
     client = MlflowClient(tracking_uri=uri)
     name = _experiment_name(study)
     exp = client.get_experiment_by_name(name)
@@ -161,13 +163,6 @@ def load_curves(
     df["step"] = df["step"].astype("int64")
     df["value"] = df["value"].astype("float64")
     return df.sort_values(["run_id", "metric", "step"]).reset_index(drop=True)
-
-
-def _absolute_uri(uri: str) -> str:
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + str(Path(uri[len(prefix):]).resolve())
-    return uri
 
 
 def summarize(

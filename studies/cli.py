@@ -88,7 +88,7 @@ def _cmd_status(args) -> int:
     import pandas as pd
 
     from analysis import load_runs
-    from studies.runner import resolve_tracking_uri
+    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
@@ -143,7 +143,7 @@ def _prog() -> str:
 
 
 def _cmd_ui(args) -> int:
-    from studies.runner import resolve_tracking_uri
+    from trainables.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
@@ -153,7 +153,7 @@ def _cmd_ui(args) -> int:
 
 def _cmd_report(args) -> int:
     from analysis.report import write_report
-    from studies.runner import resolve_tracking_uri
+    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))

@@ -13,23 +13,12 @@ from typing import Any
 from studies.spec import Cell, LoadedStudy, StudyError, load_study
 from studies.search import CellSearcher, apply_sample
 from trainables.ray_train import DistributedPlan
-from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, tracking_client
+from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, resolve_tracking_uri, tracking_client
 
 __all__ = ["StudyOutcome", "resolve_tracking_uri", "run_study"]
 
 STUDY_FILE_HASH_TAG = "sharpscale.study_file_hash"
 CELL_TAG = "sharpscale.cell"
-
-
-def resolve_tracking_uri(uri: str, base: Path | None = None) -> str:
-    """Make a relative `sqlite:///x.db` absolute, so Ray workers in other directories write to the same file."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = (base or Path.cwd()) / uri[len(prefix):]
-        return prefix + str(path.resolve())
-    if "://" not in uri:  # a bare path: MLflow's file store is deprecated, so a path means an SQLite file
-        return prefix + str(((base or Path.cwd()) / uri).resolve())
-    return uri
 
 
 def git_commit(where: Path) -> str:

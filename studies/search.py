@@ -89,10 +89,6 @@ class CellSearcher(Searcher):
 
         return optuna.storages.RDBStorage(self._storage_url, engine_kwargs={"connect_args": {"timeout": 30}})
 
-    @property
-    def issued(self) -> dict[str, int]:
-        return dict(self._issued)
-
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True  # fixed at construction; Tune's own metric/mode must agree (the runner sets both)
 
@@ -124,9 +120,6 @@ class CellSearcher(Searcher):
             inner.on_trial_complete(trial_id, result=None, error=True)
         else:
             inner.on_trial_complete(trial_id, result=result, error=False)
-
-    def get_state(self) -> dict:
-        return {"issued": self._issued, "trial_cell": self._trial_cell}
 
     def save(self, checkpoint_path: str) -> None:
         inner = {}

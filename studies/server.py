@@ -88,7 +88,7 @@ def mlflow_server_command(
     backend_store_uri: `sqlite:///mlflow.db` or `postgresql://user@host/db`; the password of the latter comes from
     PGPASSFILE (~/.pgpass) or PGPASSWORD, never from this URI or the repository. Any other SQLAlchemy URI passes through.
     """
-    from studies.runner import resolve_tracking_uri  # lazy: keeps `import studies.server` to the standard library
+    from trainables.tracking import resolve_tracking_uri  # lazy: keeps `import studies.server` to the standard library
 
     if port < 0 or port > 65535:
         raise ValueError(f"port: 0 <= port <= 65535 must hold, got port={port}.")

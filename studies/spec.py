@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -158,10 +157,6 @@ class Cell:
     config: dict[str, Any]         # base + overrides, as a nested dict (validated)
     space: dict[str, Domain]       # dotted config path -> domain
     trials: int
-
-    @property
-    def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.key) or "all"
 
 
 @dataclass(frozen=True)

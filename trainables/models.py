@@ -80,10 +80,6 @@ def set_fused_attention(model: nn.Module, enabled: bool) -> None:
             module.fused_attn = enabled
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
 def weight_norm(model: nn.Module) -> torch.Tensor:
     """Global L2 norm of all parameters, as a 0-d tensor (no host sync)."""
     norms = torch._foreach_norm([p.detach() for p in model.parameters()])

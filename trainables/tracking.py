@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRIAL_KEY_TAG", "TrackingTarget", "TrialRecorder", "tracking_client"]
+__all__ = ["TRIAL_KEY_TAG", "TrackingTarget", "TrialRecorder", "resolve_tracking_uri", "tracking_client"]
 
 # The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
 # creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
@@ -28,6 +28,17 @@ class TrackingTarget:
     experiment_id: str
     parent_run_id: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_tracking_uri(uri: str, base: Path | None = None) -> str:
+    """Make a relative `sqlite:///x.db` absolute, so Ray workers in other directories write to the same file."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        path = (base or Path.cwd()) / uri[len(prefix):]
+        return prefix + str(path.resolve())
+    if "://" not in uri:  # a bare path: MLflow's file store is deprecated, so a path means an SQLite file
+        return prefix + str(((base or Path.cwd()) / uri).resolve())
+    return uri
 
 
 def tracking_client(tracking_uri: str):
