@@ -305,7 +305,7 @@ def run_study(
     try:
         from ray import tune
 
-        from trainables.ray_train import run_tune_trial
+        from trainables.ray_train import tune_trainable
 
         searcher = CellSearcher(
             list(study.cells),
@@ -318,7 +318,7 @@ def run_study(
             payload=payload,
         )
         progress = _Progress(study)
-        trainable = tune.with_resources(run_tune_trial, _trial_resources(plan))
+        trainable = tune.with_resources(tune_trainable(), _trial_resources(plan))
         experiment_dir = f"{storage_path}/{run_name}"
         if resume:
             if not tune.Tuner.can_restore(experiment_dir):

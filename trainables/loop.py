@@ -356,6 +356,7 @@ def fit(
     resume_from: str | os.PathLike | None = None,
     reporter: Reporter | None = None,
     recorder: Recorder | None = None,
+    report_resumed: bool = False,
 ) -> dict[str, float]:
     """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
 
@@ -363,6 +364,8 @@ def fit(
     only as long as the reporter needs them. resume_from: a checkpoint file or directory to continue from.
     reporter: gets (metrics, checkpoint directory) every epoch, on every rank (Ray Train and Tune want that).
     recorder: persists metrics; called on rank 0 only.
+    report_resumed: hand the resumed checkpoint's epoch to the reporter again before going on, for a reporter
+    whose own record stops before that checkpoint (Tune's, when its snapshot is older than the checkpoint).
     """
     cfg = TrialConfig.load(config)
     d = _Dist.detect()
@@ -411,8 +414,9 @@ def fit(
     scheduler = _scheduler(base, cfg, len(train_loader))
 
     start_epoch, num_updates, best = 0, 0, {}
+    resumed: dict[str, Any] | None = None
     if resume_from is not None:
-        state = load_checkpoint(resume_from)
+        state = resumed = load_checkpoint(resume_from)
         model.load_state_dict(state["model"])
         method.load_state_dict(state["method"])
         if scheduler is not None and state["scheduler"] is not None:
@@ -420,17 +424,46 @@ def fit(
         if scaler is not None and state["scaler"] is not None:
             scaler.load_state_dict(state["scaler"])
         start_epoch, num_updates, best = state["epoch"] + 1, state["num_updates"], dict(state["best"])
-        if recorder is not None and d.rank == 0:
-            # The interruption may have come between the checkpoint and the record: log that epoch again,
-            # with its original timestamp, which MLflow stores once however often it is sent.
-            recorder.log_epoch(state["metrics"], state["epoch"], state["logged_at"])
     if scheduler is not None:
         scheduler.step_update(num_updates=num_updates)
+
+    def deliver(metrics: dict[str, float], epoch: int, saved: Path | None, logged_at: int) -> None:
+        # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
+        # or re-logs this epoch on resume, never leaves it logged twice.
+        if reporter is not None:
+            try:
+                reporter(metrics, saved)
+            except SystemExit:
+                # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
+                # checkpoint: record the epoch and leave as stopped, not as failed.
+                if recorder is not None and d.rank == 0:
+                    recorder.log_epoch(metrics, epoch, logged_at)
+                raise TrialStopped(epoch, final=epoch == cfg.schedule.epochs - 1) from None
+        if recorder is not None and d.rank == 0:
+            recorder.log_epoch(metrics, epoch, logged_at)
+
+    def keep_final(path: Path) -> None:
+        if recorder is not None and d.rank == 0 and recorder.wants_checkpoint:
+            recorder.log_artifact(path, "checkpoint")
+
+    metrics: dict[str, float] = {}
+    if resumed is not None:
+        where = Path(resume_from)
+        where = where if where.is_dir() else where.parent
+        metrics = resumed["metrics"]
+        if report_resumed:
+            deliver(metrics, resumed["epoch"], where, resumed["logged_at"])
+        elif recorder is not None and d.rank == 0:
+            # The interruption may have come between the checkpoint and the record: log that epoch again,
+            # with its original timestamp, which MLflow stores once however often it is sent.
+            recorder.log_epoch(metrics, resumed["epoch"], resumed["logged_at"])
+        if start_epoch >= cfg.schedule.epochs:
+            # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
+            keep_final(where / CHECKPOINT_FILE)
 
     own_dir = checkpoint_dir is None
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    metrics: dict[str, float] = {}
     try:
         for epoch in range(start_epoch, cfg.schedule.epochs):
             _seed_epoch(cfg.train.seed, epoch, d.rank)
@@ -461,21 +494,9 @@ def fit(
                         meta={"num_classes": bundle.num_classes, "in_chans": bundle.in_chans, "img_size": bundle.img_size},
                     )
                     saved = ckpt_root
-            # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
-            # or re-logs this epoch on resume, never leaves it logged twice.
-            if reporter is not None:
-                try:
-                    reporter(metrics, saved)
-                except SystemExit:
-                    # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
-                    # checkpoint: record the epoch and leave as stopped, not as failed.
-                    if recorder is not None and d.rank == 0:
-                        recorder.log_epoch(metrics, epoch, logged_at)
-                    raise TrialStopped(epoch, final=last) from None
-            if recorder is not None and d.rank == 0:
-                recorder.log_epoch(metrics, epoch, logged_at)
-                if last and recorder.wants_checkpoint:
-                    recorder.log_artifact(ckpt_root / CHECKPOINT_FILE, "checkpoint")
+            deliver(metrics, epoch, saved, logged_at)
+            if last:
+                keep_final(ckpt_root / CHECKPOINT_FILE)
     finally:
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.loop import TrialDiverged, TrialStopped, describe_hardware, fit
+from trainables.loop import CHECKPOINT_FILE, TrialDiverged, TrialStopped, describe_hardware, fit, load_checkpoint
 from trainables.tracking import TrackingTarget, TrialRecorder
 
-__all__ = ["DistributedPlan", "fit_distributed", "run_tune_trial", "train_worker_loop"]
+__all__ = ["DistributedPlan", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,14 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
     return recorder
 
 
-def _execute(cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str) -> None:
+def _execute(
+    cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str,
+    report_resumed: bool = False,
+) -> None:
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
-    checkpoint: the one to resume from, or None.
+    checkpoint: the one to resume from, or None; report_resumed: see `fit`.
     """
     run_id = recorder.run_id if recorder is not None else None
 
@@ -68,7 +75,7 @@ def _execute(cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, re
             fit(cfg, reporter=report, recorder=recorder)
         else:
             with checkpoint.as_directory() as ckpt_dir:
-                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder)
+                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder, report_resumed=report_resumed)
     except TrialStopped as stop:
         if recorder is not None:
             if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
@@ -148,6 +155,78 @@ def fit_distributed(config: TrialConfig | dict[str, Any], *, plan: DistributedPl
     return _trainer(body, plan, name, callbacks=[]).fit()
 
 
+# Checkpoint paths that `_restore_point` rebuilt from a newer checkpoint than Tune's record (this actor process).
+_REBUILT: set[str] = set()
+
+
+def _checkpoint_index(name: str) -> int | None:
+    match = re.fullmatch(r"checkpoint_(\d+)", name)
+    return int(match.group(1)) if match else None
+
+
+def _restore_point(result):
+    """The checkpoint a resumed trial starts from, when Tune's record may name one that no longer exists.
+
+    Tune deletes a trial's older checkpoint as soon as a newer one arrives (num_to_keep), but snapshots its own
+    state a moment later; a driver killed in between leaves a snapshot naming a deleted checkpoint, and Tune
+    would fail the trial on resume. The newest complete checkpoint of the trial is copied to the recorded
+    path and the trial continues from it; the later directories the killed driver left are removed, since
+    Tune will number its next checkpoints after the recorded one. Returns None when the trial has no complete
+    checkpoint at all: it starts again from its first epoch.
+    """
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    checkpoint = result.checkpoint
+    fs, path = checkpoint.filesystem, checkpoint.path
+
+    def complete(where: str) -> bool:
+        return fs.get_file_info(posixpath.join(where, CHECKPOINT_FILE)).type == pafs.FileType.File
+
+    if complete(path):
+        return result
+    parent, name = posixpath.split(path)
+    recorded = _checkpoint_index(name)
+    found = {
+        index: info.path
+        for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+        if info.type == pafs.FileType.Directory and (index := _checkpoint_index(info.base_name)) is not None
+        and complete(info.path)
+    }
+    # The recorded directory must exist: Tune deletes it when the trial's next checkpoint arrives.
+    fs.create_dir(path)
+    if not found:
+        logger.warning("sharpscale: trial checkpoint %s is gone and no other exists; the trial starts again", path)
+        return None
+    newest = found[max(found)]
+    pafs.copy_files(newest, path, source_filesystem=fs, destination_filesystem=fs)
+    for index, where in found.items():
+        if recorded is not None and index > recorded:
+            fs.delete_dir(where)
+    logger.warning("sharpscale: trial checkpoint %s is gone; continuing from the newer %s", path, newest)
+    with type(checkpoint)(path, filesystem=fs).as_directory() as local:
+        epoch = load_checkpoint(local)["epoch"]
+    _REBUILT.add(path)
+    # Tune counts one result per epoch; the checkpoint's epoch is reported again once the trial runs.
+    return type(result)(checkpoint=checkpoint, metrics={**result.metrics, "training_iteration": epoch})
+
+
+def tune_trainable():
+    """`run_tune_trial` as a Tune trainable class whose resume survives a checkpoint Tune's snapshot outlived."""
+    from ray.tune.trainable import wrap_function
+
+    class SharpscaleTrial(wrap_function(run_tune_trial)):
+        def restore(self, checkpoint_path):
+            if hasattr(checkpoint_path, "checkpoint"):
+                checkpoint_path = _restore_point(checkpoint_path)
+                if checkpoint_path is None:
+                    return None
+            return super().restore(checkpoint_path)
+
+    return SharpscaleTrial
+
+
 def run_tune_trial(payload: dict[str, Any]) -> None:
     """Tune function trainable: one trial, resumed from its checkpoint when there is one, recorded in MLflow.
 
@@ -168,11 +247,17 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
         return
 
     cfg = TrialConfig.load(payload["trial"])
+    checkpoint = tune.get_checkpoint()
+    rebuilt = checkpoint is not None and checkpoint.path in _REBUILT
+    if rebuilt:
+        _REBUILT.discard(checkpoint.path)
     _execute(
         cfg,
-        checkpoint=tune.get_checkpoint(),
+        checkpoint=checkpoint,
         sink=tune.report,
         checkpoint_cls=tune.Checkpoint,
         recorder=_recorder(payload, trial_id, payload["run_name"], cfg),
         metric=payload.get("objective", {}).get("metric", "val_acc"),
+        # Tune's record of a rebuilt trial stops before its checkpoint: give it that epoch's result first.
+        report_resumed=rebuilt,
     )

@@ -86,6 +86,27 @@ def test_resume_continues_bit_exactly(tmp_path):
     assert a["best"] == b["best"]
 
 
+def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path):
+    cfg = config("mixer", "none", epochs=3)
+    first = tmp_path / "first"
+    with pytest.raises(KeyboardInterrupt):
+        fit(cfg, checkpoint_dir=first, reporter=_interrupt_after(epoch=1))
+    done = tmp_path / "done"
+
+    def seen_by(**kw):
+        seen = []
+        fit(cfg, checkpoint_dir=done, resume_from=first, reporter=lambda m, c: seen.append((m["epoch"], c is not None)), **kw)
+        return seen
+
+    assert seen_by() == [(2, True)]
+    # For a reporter whose record ends before the checkpoint: its epoch first, with its checkpoint.
+    assert seen_by(report_resumed=True) == [(1, True), (2, True)]
+
+    # Resumed at its last epoch, the trial has nothing left to train and returns that epoch's metrics.
+    seen = []
+    final = fit(cfg, resume_from=done, reporter=lambda m, c: seen.append(m))
+    assert seen == [] and final == load_checkpoint(done)["metrics"] and final["epoch"] == 2
+
 def test_divergence_stops_the_trial():
     cfg = config("mixer", "none", epochs=3)
     cfg["optimizer"]["lr"] = 1e12
