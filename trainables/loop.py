@@ -416,31 +416,32 @@ def fit(
     start_epoch, num_updates, best = 0, 0, {}
     resumed: dict[str, Any] | None = None
     if resume_from is not None:
-        state = resumed = load_checkpoint(resume_from)
-        model.load_state_dict(state["model"])
-        method.load_state_dict(state["method"])
-        if scheduler is not None and state["scheduler"] is not None:
-            scheduler.load_state_dict(state["scheduler"])
-        if scaler is not None and state["scaler"] is not None:
-            scaler.load_state_dict(state["scaler"])
-        start_epoch, num_updates, best = state["epoch"] + 1, state["num_updates"], dict(state["best"])
+        resumed = load_checkpoint(resume_from)
+        model.load_state_dict(resumed["model"])
+        method.load_state_dict(resumed["method"])
+        if scheduler is not None and resumed["scheduler"] is not None:
+            scheduler.load_state_dict(resumed["scheduler"])
+        if scaler is not None and resumed["scaler"] is not None:
+            scaler.load_state_dict(resumed["scaler"])
+        start_epoch, num_updates, best = resumed["epoch"] + 1, resumed["num_updates"], dict(resumed["best"])
     if scheduler is not None:
         scheduler.step_update(num_updates=num_updates)
 
     def deliver(metrics: dict[str, float], epoch: int, saved: Path | None, logged_at: int) -> None:
         # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
         # or re-logs this epoch on resume, never leaves it logged twice.
+        stopped = False
         if reporter is not None:
             try:
                 reporter(metrics, saved)
             except SystemExit:
                 # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
                 # checkpoint: record the epoch and leave as stopped, not as failed.
-                if recorder is not None and d.rank == 0:
-                    recorder.log_epoch(metrics, epoch, logged_at)
-                raise TrialStopped(epoch, final=epoch == cfg.schedule.epochs - 1) from None
+                stopped = True
         if recorder is not None and d.rank == 0:
             recorder.log_epoch(metrics, epoch, logged_at)
+        if stopped:
+            raise TrialStopped(epoch, final=epoch == cfg.schedule.epochs - 1)
 
     def keep_final(path: Path) -> None:
         if recorder is not None and d.rank == 0 and recorder.wants_checkpoint:
