@@ -5,11 +5,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 from nbclient import NotebookClient
 
 from trainables import TrialConfig
-from trainables.tracking import KIND_TAG, TrackingTarget, TrialRecorder
+from trainables.tracking import TrialRecorder
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "analysis" / "notebooks"
 NAMES = ("data_scaling", "rho_sensitivity", "geometry")
@@ -18,14 +17,10 @@ TINY_VIT = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_r
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, study_store):
     """A quickstart-shaped study (arch x method, rho searched for SAM) over three training-set fractions, 3 epochs each."""
     root = tmp_path_factory.mktemp("nbstore")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("nbstudy", artifact_location=(root / "art").as_uri())
-    study_run = client.create_run(exp, run_name="nbstudy", tags={KIND_TAG: "study"}).info.run_id
-    target = TrackingTarget(uri, exp, parent_run_id=study_run)
+    uri, target, _ = study_store(root, "nbstudy")
     for arch, skill in (("vit", 0.80), ("mixer", 0.85)):
         for method, rhos in (("adamw", (None,)), ("sam", (0.02, 0.2))):
             for fraction in (0.25, 0.5, 1.0):

@@ -24,7 +24,7 @@ from analysis import (
     scaling_table,
     write_report,
 )
-from trainables.tracking import KIND_TAG, TrackingTarget, TrialRecorder
+from trainables.tracking import TrackingTarget, TrialRecorder
 
 ARCHS = ("resnet", "vit")
 FRACTIONS = (0.1, 0.25, 0.5, 1.0)
@@ -58,14 +58,10 @@ def _record(target, key, params, factors, cell, values, status="finished"):
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, study_store):
     """One store for the module (a new SQLite store costs seconds): a data-scaling study and a rho grid."""
     root = tmp_path_factory.mktemp("store")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("scaling", artifact_location=(root / "art").as_uri())
-    study_run = client.create_run(exp, run_name="scaling", tags={KIND_TAG: "study"}).info.run_id
-    target = TrackingTarget(uri, exp, parent_run_id=study_run)
+    uri, target, study_run = study_store(root, "scaling")
     for arch in ARCHS:
         for method in ("adamw", "sam"):
             for fraction in FRACTIONS:
@@ -91,7 +87,7 @@ def store(tmp_path_factory):
             {"arch": "vit", "method": "sam", "data.fraction": 1.0, "train.seed": 0},
             "arch=vit,method=sam,data.fraction=1.0,train.seed=0", [0.999], status="diverged")
 
-    rho_exp = client.create_experiment("rho", artifact_location=(root / "art-rho").as_uri())
+    rho_exp = MlflowClient(uri).create_experiment("rho", artifact_location=(root / "art-rho").as_uri())
     rho_target = TrackingTarget(uri, rho_exp)
     for arch in ARCHS:
         for rho in RHO_GRID:

@@ -1,0 +1,23 @@
+"""Shared set-up for the analysis tests: a real SQLite MLflow store laid out as the runner lays out a study."""
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from trainables.tracking import KIND_TAG, TrackingTarget
+
+
+def _study_store(root: Path, name: str) -> tuple[str, TrackingTarget, str]:
+    """A new store under root holding experiment `name` and its study run: (uri, target for trials, study run id)."""
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment(name, artifact_location=(root / "art").as_uri())
+    study_run = client.create_run(exp, run_name=name, tags={KIND_TAG: "study"}).info.run_id
+    return uri, TrackingTarget(uri, exp, parent_run_id=study_run), study_run
+
+
+@pytest.fixture(scope="session")
+def study_store():
+    """`_study_store`, as a fixture: the tests run under --import-mode=importlib, where conftest is no module."""
+    return _study_store
