@@ -47,9 +47,9 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """Which dataset, which fraction of its training set, and how it is augmented."""
+    """Which dataset (a name in `trainables.data.DATASETS`), which fraction of its training set, how it is fed."""
 
-    name: Literal["digits", "cifar10", "cifar100", "imagefolder", "synthetic"] = "digits"
+    name: str = Field("digits", description="Registry name in trainables.data.DATASETS (digits, cifar10, ...).")
     root: str | None = Field(None, description="Directory holding the dataset (not needed for digits).")
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
@@ -57,18 +57,61 @@ class DataConfig(_Strict):
     fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
     batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
     eval_batch_size: int = Field(512, ge=1)
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes per training process.")
-    mixup_alpha: float = Field(0.8, ge=0.0, description="Mixup alpha of the 'strong' augmentation.")
+    num_workers: int | None = Field(
+        None, ge=0,
+        description="DataLoader worker processes per training process; None: none for in-memory and device-resident "
+        "data, else one per CPU the trial's torch threads allow, less one (at most 16).",
+    )
+    device_resident: bool | None = Field(
+        None,
+        description="Keep the dataset on the training device and augment batches there; None: on for CUDA trials of "
+        "datasets that allow it (digits, CIFAR at native size, augment none or basic).",
+    )
+    mixup_alpha: float = Field(0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation.")
+    randaugment: str = Field("rand-m9-mstd0.5", description="timm RandAugment string of the 'strong' augmentation.")
     synthetic_samples: int = Field(4096, ge=1, description="synthetic only: training-set size (throughput runs).")
     synthetic_classes: int = Field(10, ge=2, description="synthetic only: number of classes.")
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from trainables.data import DATASETS
+
+        if name not in DATASETS:
+            close = difflib.get_close_matches(name, list(DATASETS), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"must be one of {sorted(DATASETS)}, got {name!r}.{hint}")
+        return name
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _known_augment(cls, augment: Any) -> Any:
+        options = ("none", "basic", "strong")
+        if isinstance(augment, str) and augment not in options:
+            close = difflib.get_close_matches(augment, options, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"must be one of {list(options)}, got {augment!r}.{hint}")
+        return augment
+
     @model_validator(mode="after")
-    def _root_when_needed(self) -> "DataConfig":
-        if self.name not in ("digits", "synthetic") and self.root is None:
-            raise ValueError(
+    def _dataset_rules(self) -> "DataConfig":
+        from trainables.data import DATASETS, rand_augment_problem, resident_problem
+
+        spec = DATASETS[self.name]
+        problems = []
+        if spec.needs_root and self.root is None:
+            problems.append(
                 f"data.root: required for data.name={self.name!r}, got none. "
-                f"Fix: set data.root to the directory that holds the {self.name} files."
+                f"Fix: set data.root to the directory that holds the {self.name} files ({spec.layout})."
             )
+        if self.augment == "strong" and (problem := rand_augment_problem(self.randaugment)):
+            problems.append(f"data.randaugment: {problem}. Fix: use e.g. 'rand-m9-mstd0.5'.")
+        if self.device_resident and (problem := resident_problem(spec, self.augment, self.img_size)):
+            problems.append(
+                f"data.device_resident: true is impossible here: {problem}. Fix: leave it unset (auto) or false."
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
 
@@ -211,8 +254,9 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
         if e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key. Fix: remove it or check its spelling.")
         elif e["type"] == "value_error":
-            # Our own validators name their field themselves.
-            lines.append(msg if ":" in msg.split(" ")[0] else f"{path}: {msg}")
+            # Our own validators name their field themselves, one problem a line.
+            for line in msg.split("\n"):
+                lines.append(line if ":" in line.split(" ")[0] else f"{path}: {line}")
         else:
             lines.append(f"{path}: {msg}, got {e.get('input')!r}.")
     return lines

@@ -1,8 +1,7 @@
-"""Datasets for sharpscale: digits, CIFAR-10/100 and ImageFolder trees, fraction subsets and augmentation."""
+"""Datasets for sharpscale: the dataset registry, fraction subsets, and augmentation on the host or on the device."""
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 import numbers
@@ -10,33 +9,29 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-from timm.data import Mixup, create_transform
-from timm.data.auto_augment import rand_augment_transform
-from timm.data.mixup import mixup_target
 from torch.utils.data import Dataset
-from torchvision import transforms as T
-from torchvision.datasets import ImageFolder
+
+if TYPE_CHECKING:
+    from trainables.config import DataConfig
+
+# timm, torchvision and PIL are imported where they are used: validating a study file reads this registry
+# and must not pay for them.
 
 __all__ = [
-    "AUGMENTATIONS",
     "DATASETS",
     "DataBundle",
     "DatasetError",
+    "DatasetSpec",
     "fraction_indices",
     "load_dataset",
+    "random_crop_flip",
 ]
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-AUGMENTATIONS = ("none", "basic", "strong")
-
-DatasetName = Literal["digits", "cifar10", "cifar100", "imagefolder", "synthetic"]
-Augmentation = Literal["none", "basic", "strong"]
 MixupFn = Callable[[torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 # The true per-pixel statistics of the training sets. The often copied CIFAR-10 std
@@ -78,8 +73,8 @@ class DatasetError(ValueError):
 class DataBundle:
     """Everything a trainer needs from a dataset.
 
-    Items of `train` and `val` are `(image, label, index)`: a CHW float32 normalised image, an
-    int label and an int index. A train item's index is its position in the FULL training set
+    Items of `train` and `val` are `(image, label, index)`: a CHW image (float32 and normalised, or
+    uint8 pixels that `prepare` normalises on the device), an int label and an int index. A train item's index is its position in the FULL training set
     (also inside a fraction subset: SAF's buffer is keyed by it); a val item's index is its
     position in the val set. The default collate turns labels and indices into int64 tensors.
     """
@@ -96,10 +91,38 @@ class DataBundle:
     std: tuple[float, ...]
     name: str = ""
     classes: tuple[str, ...] = field(default=())
+    resident: bool = False  # whole splits live on the training device; batches are gathered and augmented there
 
     @property
     def num_train(self) -> int:
         return int(len(self.train_indices))
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """A batch as the model takes it: uint8 pixels are normalised here, on whatever device they are.
+
+        Host workers hand over uint8 (a quarter of the bytes to collate, pin and copy); the arithmetic is
+        torchvision's ToTensor + Normalize, so the result equals the host-side transform's.
+        """
+        if x.dtype != torch.uint8:
+            return x
+        mean, std = _stats_on(self.mean, self.std, x.device)
+        return x.float().div(255).sub(mean).div(std)
+
+
+@functools.lru_cache(maxsize=16)
+def _stats_on(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: a tensor built from host values every step is a pageable copy, which makes the
+    # host wait for the device and leaves the device idle while the next step is launched.
+    return (torch.tensor(mean, device=device).view(1, -1, 1, 1), torch.tensor(std, device=device).view(1, -1, 1, 1))
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without a stall: through pinned memory, asynchronously, when that is a GPU."""
+    if device.type != "cuda":
+        return t.to(device)
+    # A copy from pageable memory synchronises with the device; one from pinned memory does not (PyTorch's
+    # caching host allocator keeps the pinned block until the copy has finished).
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 # --------------------------------------------------------------------------- fractions
@@ -209,19 +232,44 @@ class _TensorImages(_IndexedDataset):
 
 
 class _UInt8Images(_IndexedDataset):
-    """uint8 HWC images in memory, converted to PIL and passed through a torchvision transform."""
+    """uint8 HWC images in memory, out as CHW uint8: an optional random crop/flip by slicing, then a PIL transform.
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, indices: np.ndarray, transform: Callable) -> None:
+    `pad` > 0: the images are stored padded by `pad` and each item is a random crop back to the original size,
+    `flip` adds a random horizontal flip. The draws are torchvision's RandomCrop(padding=pad) and
+    RandomHorizontalFlip() draws, in their order, so the pixels equal that pipeline's; slicing a padded array
+    is only several times cheaper than PIL's pad-and-crop. `transform` (PIL in, tensor out), when given, runs
+    after, e.g. RandAugment + PILToTensor.
+    """
+
+    decodes_on_host = True  # per-sample work on the host: worth DataLoader workers
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, indices: np.ndarray, transform: Callable | None,
+                 *, pad: int = 0, flip: bool = False) -> None:
         super().__init__(labels, indices)
-        self._images = images
+        self._images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else images
+        self._pad, self._flip = pad, flip
         self.transform = transform
 
     def _image(self, index: int) -> torch.Tensor:
-        return self.transform(Image.fromarray(self._images[index]))
+        img = self._images[index]
+        if self._pad:
+            size = img.shape[0] - 2 * self._pad
+            top = int(torch.randint(0, 2 * self._pad + 1, size=(1,)))
+            left = int(torch.randint(0, 2 * self._pad + 1, size=(1,)))
+            img = img[top : top + size, left : left + size]
+        if self._flip and torch.rand(1) < 0.5:
+            img = img[:, ::-1]
+        if self.transform is None:
+            return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+        from PIL import Image
+
+        return self.transform(Image.fromarray(np.ascontiguousarray(img)))
 
 
 class _FolderImages(_IndexedDataset):
     """Files of a torchvision ImageFolder, loaded on access."""
+
+    decodes_on_host = True
 
     def __init__(self, folder, indices: np.ndarray) -> None:
         super().__init__(np.asarray(folder.targets, dtype=np.int64), indices)
@@ -229,6 +277,69 @@ class _FolderImages(_IndexedDataset):
 
     def _image(self, index: int) -> torch.Tensor:
         return self._folder[index][0]
+
+
+class _ResidentImages(Dataset):
+    """A whole split as one tensor on the training device: each batch is gathered and augmented there at once.
+
+    `pad` > 0 takes a random crop of the padded image (offsets uniform in 0..2*pad, per sample), `flip` a
+    random horizontal flip (probability 1/2, per sample): the distribution of the host path's RandomCrop +
+    RandomHorizontalFlip. The draws come from torch's global generator on the host, which the loop seeds per
+    (seed, epoch, rank) exactly as for the host path, so a run is reproducible and a resumed epoch redraws
+    the same crops.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: np.ndarray, indices: np.ndarray, *, pad: int = 0,
+                 flip: bool = False, fill: float = 0.0) -> None:
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.targets = labels[self.indices]
+        self._images = images  # the full split: indices are positions in it
+        self._labels = torch.tensor(labels, dtype=torch.int64)  # a copy: the cached label arrays are read-only
+        self._index = torch.from_numpy(self.indices.copy())
+        self._pad, self._flip, self._fill = pad, flip, fill
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        x, y, index = self.get_batch([i])
+        return x[0].cpu(), int(y[0]), int(index[0])
+
+    def to_device(self, device: torch.device) -> None:
+        """Move the split once; every later batch is a gather on the device."""
+        self._images, self._labels = self._images.to(device), self._labels.to(device)
+
+    def get_batch(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        index = self._index[torch.as_tensor(positions, dtype=torch.int64)]
+        on_dev = _to_device(index, self._images.device)
+        x = self._images.index_select(0, on_dev)
+        if self._pad or self._flip:
+            x = random_crop_flip(x, pad=self._pad, flip=self._flip, fill=self._fill)
+        return x, self._labels.index_select(0, on_dev), index
+
+
+def random_crop_flip(x: torch.Tensor, *, pad: int, flip: bool, fill: float = 0.0,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """Per-sample random crop of the `pad`-padded batch `x` (N, C, H, W) back to H x W, then a random flip.
+
+    Offsets and flips are drawn on the host (from `generator`, default torch's global one), with the
+    distributions of torchvision's RandomCrop(padding=pad) and RandomHorizontalFlip(); the crop is one gather
+    on x's device, and a flip only reverses the gathered columns, so it costs nothing extra.
+    """
+    n, c, h, w = x.shape
+    draws = torch.empty(n, 3, dtype=torch.int64)
+    draws[:, :2] = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator)
+    draws[:, 2] = (torch.rand(n, generator=generator) < 0.5) if flip else 0
+    draws = _to_device(draws, x.device)
+    if pad:
+        x = F.pad(x, (pad, pad, pad, pad), value=fill)
+    wp = w + 2 * pad
+    rows = draws[:, 0:1] + torch.arange(h, device=x.device)  # (N, H)
+    cols = draws[:, 1:2] + torch.arange(w, device=x.device)  # (N, W)
+    if flip:
+        cols = torch.where(draws[:, 2:3].bool(), cols.flip(1), cols)
+    flat = (rows[:, :, None] * wp + cols[:, None, :]).view(n, 1, h * w).expand(n, c, h * w)
+    return x.reshape(n, c, -1).gather(2, flat).view(n, c, h, w)
 
 
 class _SyntheticImages(Dataset):
@@ -263,12 +374,12 @@ class _SyntheticImages(Dataset):
         pos = torch.as_tensor(positions, dtype=torch.int64)
         index = self._index[pos]
         dev = self._pool.device
-        images = self._pool.index_select(0, (index % len(self._pool)).to(dev, non_blocking=True))
-        return images, self._labels.index_select(0, pos.to(dev, non_blocking=True)), index
+        images = self._pool.index_select(0, _to_device(index % len(self._pool), dev))
+        return images, self._labels.index_select(0, _to_device(pos, dev)), index
 
 
-def _load_synthetic(img_size: int | None, num_samples: int, num_classes: int, train_indices_for) -> DataBundle:
-    size = img_size or 32
+def _load_synthetic(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    size, num_samples, num_classes = cfg.img_size or 32, cfg.synthetic_samples, cfg.synthetic_classes
     keep = train_indices_for(np.arange(num_samples, dtype=np.int64) % num_classes)
     return DataBundle(
         train=_SyntheticImages(num_samples, num_classes, size, seed=0, keep=keep),
@@ -281,21 +392,31 @@ def _load_synthetic(img_size: int | None, num_samples: int, num_classes: int, tr
 # --------------------------------------------------------------------------- mixup
 
 
-class _BatchMixup(Mixup):
-    """timm's batch-mode Mixup that also takes the odd-sized last batch of an epoch."""
+@functools.cache
+def _batch_mixup_class():
+    from timm.data import Mixup
+    from timm.data.mixup import mixup_target
 
-    def __call__(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Batch mode pairs sample i with n-1-i, defined for odd n too (the middle sample is
-        # paired with itself); timm's even-size assert is there for its per-pair modes.
-        lam = self._mix_batch(x)
-        return x, mixup_target(target, self.num_classes, lam, self.label_smoothing)
+    class _BatchMixup(Mixup):
+        """timm's batch-mode Mixup that also takes the odd-sized last batch of an epoch."""
+
+        def __call__(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            # Batch mode pairs sample i with n-1-i, defined for odd n too (the middle sample is
+            # paired with itself); timm's even-size assert is there for its per-pair modes.
+            lam = self._mix_batch(x)
+            return x, mixup_target(target, self.num_classes, lam, self.label_smoothing)
+
+    return _BatchMixup
 
 
-def _make_mixup(alpha: float, num_classes: int) -> MixupFn | None:
-    if alpha <= 0:
+def _make_mixup(cfg: "DataConfig", num_classes: int) -> MixupFn | None:
+    # Mixup works on whole batches on the training device, after the batch is there (the loop applies it).
+    if cfg.augment != "strong" or cfg.mixup_alpha <= 0:
         return None
     # Label smoothing is the loss's business, not the data's: 0 here.
-    return _BatchMixup(mixup_alpha=alpha, cutmix_alpha=0.0, mode="batch", label_smoothing=0.0, num_classes=num_classes)
+    return _batch_mixup_class()(
+        mixup_alpha=cfg.mixup_alpha, cutmix_alpha=0.0, mode="batch", label_smoothing=0.0, num_classes=num_classes
+    )
 
 
 # --------------------------------------------------------------------------- digits
@@ -332,25 +453,32 @@ def _digits_arrays(img_size: int) -> tuple[torch.Tensor, np.ndarray, torch.Tenso
     return train_x.contiguous(), train_y, val_x.contiguous(), val_y, mean, std
 
 
-def _load_digits(img_size: int | None, augment: str, train_indices_for, mixup_alpha: float) -> DataBundle:
-    size = _DIGITS_NATIVE_SIZE if img_size is None else img_size
+def _load_digits(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    size = _DIGITS_NATIVE_SIZE if cfg.img_size is None else cfg.img_size
     train_x, train_y, val_x, val_y, mean, std = _digits_arrays(size)
-    pad = 0
-    if augment != "none":
-        # One native pixel of translation whatever the resize, so the augmentation means the same.
-        pad = max(1, round(size / _DIGITS_NATIVE_SIZE))
-        # Pad with the normalised background value (raw 0), which is what a shifted digit shows.
-        train_x = F.pad(train_x, (pad, pad, pad, pad), value=-mean / std)
+    # One native pixel of translation whatever the resize, so the augmentation means the same.
+    pad = 0 if cfg.augment == "none" else max(1, round(size / _DIGITS_NATIVE_SIZE))
+    # Padding shows the normalised background value (raw 0), which is what a shifted digit shows.
+    background = -mean / std
     indices = train_indices_for(train_y)
+    if resident:
+        train: Dataset = _ResidentImages(train_x, train_y, indices, pad=pad, fill=background)
+        val: Dataset = _ResidentImages(val_x, val_y, np.arange(len(val_y)))
+    else:
+        if pad:
+            train_x = F.pad(train_x, (pad, pad, pad, pad), value=background)
+        train = _TensorImages(train_x, train_y, indices, pad=pad)
+        val = _TensorImages(val_x, val_y, np.arange(len(val_y)))
     return DataBundle(
-        train=_TensorImages(train_x, train_y, indices, pad=pad),
-        val=_TensorImages(val_x, val_y, np.arange(len(val_y))),
+        train=train,
+        val=val,
+        resident=resident,
         num_classes=10,
         in_chans=1,
         img_size=size,
         num_train_full=len(train_y),
         train_indices=indices,
-        mixup=_make_mixup(mixup_alpha, 10) if augment == "strong" else None,
+        mixup=_make_mixup(cfg, 10),
         mean=(mean,),
         std=(std,),
         name="digits",
@@ -470,28 +598,60 @@ def _find_cifar_dir(name: str, root: Path) -> Path:
     raise _cifar_error(name, root, _describe(root))
 
 
-def _cifar_transforms(augment: str, size: int, mean, std, randaugment: str):
-    resize = [T.Resize(size, interpolation=T.InterpolationMode.BICUBIC)] if size != 32 else []
-    tail = [T.ToTensor(), T.Normalize(mean, std)]
-    eval_tf = T.Compose(resize + tail)
-    if augment == "none":
-        return eval_tf, eval_tf
+def _cifar_pad(size: int) -> int:
     # The classic 4-pixel padding at 32 px, scaled with the image.
-    train = resize + [T.RandomCrop(size, padding=max(1, 4 * size // 32)), T.RandomHorizontalFlip()]
-    if augment == "strong":
-        train.append(_rand_augment(randaugment, size, mean))
-    return T.Compose(train + tail), eval_tf
+    return max(1, 4 * size // 32)
+
+
+def _cifar_host_splits(cfg: "DataConfig", train: tuple, val: tuple, size: int, mean) -> tuple[Dataset, Dataset]:
+    """The host-side (DataLoader worker) form of CIFAR's splits; items are CHW uint8, normalised on the device."""
+    from torchvision import transforms as T
+
+    # uint8 out: workers collate and pin a quarter of the bytes; DataBundle.prepare normalises on the device.
+    rand_aug = [_rand_augment(cfg.randaugment, size, mean), T.PILToTensor()] if cfg.augment == "strong" else []
+    if size == 32:
+        # Native size: crop and flip by slicing (same draws, same pixels as torchvision's), PIL only for RandAugment.
+        pad = 0 if cfg.augment == "none" else _cifar_pad(size)
+        return (
+            _UInt8Images(*train, T.Compose(rand_aug) if rand_aug else None, pad=pad, flip=pad > 0),
+            _UInt8Images(*val, None),
+        )
+    resize = [T.Resize(size, interpolation=T.InterpolationMode.BICUBIC)]
+    eval_tf = T.Compose([*resize, T.PILToTensor()])
+    train_tf = eval_tf
+    if cfg.augment != "none":
+        crop_flip = [T.RandomCrop(size, padding=_cifar_pad(size)), T.RandomHorizontalFlip()]
+        train_tf = T.Compose([*resize, *crop_flip, *(rand_aug or [T.PILToTensor()])])
+    return _UInt8Images(*train, train_tf), _UInt8Images(*val, eval_tf)
+
+
+def rand_augment_problem(config: object) -> str | None:
+    """Why `config` is not a timm RandAugment string, or None when it is one."""
+    if not isinstance(config, str):
+        return f"must be a string such as 'rand-m9-mstd0.5', got {config!r}"
+    try:
+        _rand_augment(config, 32, (0.5, 0.5, 0.5))
+    except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
+        return (
+            f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
+            f"after 'rand'), got {config!r} ({type(exc).__name__}: {exc})"
+        )
+    return None
 
 
 def _rand_augment(config: str, size: int, mean: Sequence[float]):
+    from timm.data.auto_augment import rand_augment_transform
+
     # The same hyper-parameters timm's create_transform passes: translation relative to the
     # image size and fill with the dataset mean.
     hparams = dict(translate_const=int(size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
     return rand_augment_transform(config, hparams)
 
 
-def _load_cifar(name: str, root: Path, img_size, augment, train_indices_for, mixup_alpha, randaugment) -> DataBundle:
+def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    name = cfg.name
     num_classes = 10 if name == "cifar10" else 100
+    assert root is not None  # the registry entry needs a root; DataConfig enforces it
     base = _find_cifar_dir(name, root)
     _, train_files, test_files, meta_file = _cifar_files(name)
     absent = [f for f in (*train_files, *test_files, meta_file) if not (base / f).is_file()]
@@ -505,20 +665,29 @@ def _load_cifar(name: str, root: Path, img_size, augment, train_indices_for, mix
     val_x = np.concatenate([p[0] for p in val_parts])
     val_y = np.concatenate([p[1] for p in val_parts])
 
-    size = 32 if img_size is None else img_size
+    size = 32 if cfg.img_size is None else cfg.img_size
     mean, std = _CIFAR_STATS[name]
-    train_tf, eval_tf = _cifar_transforms(augment, size, mean, std, randaugment)
     indices = train_indices_for(train_y)
+    # CIFAR has no separate validation split: val is the official test batch.
+    if resident:
+        def chw(images: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+
+        pad = 0 if cfg.augment == "none" else _cifar_pad(size)
+        train: Dataset = _ResidentImages(chw(train_x), train_y, indices, pad=pad, flip=pad > 0)
+        val: Dataset = _ResidentImages(chw(val_x), val_y, np.arange(len(val_y)))
+    else:
+        train, val = _cifar_host_splits(cfg, (train_x, train_y, indices), (val_x, val_y, np.arange(len(val_y))), size, mean)
     return DataBundle(
-        train=_UInt8Images(train_x, train_y, indices, train_tf),
-        # CIFAR has no separate validation split: val is the official test batch.
-        val=_UInt8Images(val_x, val_y, np.arange(len(val_y)), eval_tf),
+        train=train,
+        val=val,
+        resident=resident,
         num_classes=num_classes,
         in_chans=3,
         img_size=size,
         num_train_full=len(train_y),
         train_indices=indices,
-        mixup=_make_mixup(mixup_alpha, num_classes) if augment == "strong" else None,
+        mixup=_make_mixup(cfg, num_classes),
         mean=mean,
         std=std,
         name=name,
@@ -537,6 +706,8 @@ def _imagefolder_error(path: Path, found: str) -> DatasetError:
 
 
 def _open_folder(split_dir: Path, transform):
+    from torchvision.datasets import ImageFolder
+
     if not split_dir.is_dir():
         raise _imagefolder_error(split_dir, _describe(split_dir))
     try:
@@ -545,10 +716,14 @@ def _open_folder(split_dir: Path, transform):
         raise _imagefolder_error(split_dir, f"{_describe(split_dir)} ({exc})") from exc
 
 
-def _load_imagefolder(root: Path, img_size, augment, train_indices_for, mixup_alpha, randaugment) -> DataBundle:
+def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    from timm.data import create_transform
+
+    assert root is not None  # the registry entry needs a root; DataConfig enforces it
+    augment = cfg.augment
     if not root.is_dir():
         raise _imagefolder_error(root, _describe(root))
-    size = 224 if img_size is None else img_size
+    size = 224 if cfg.img_size is None else cfg.img_size
     # Bicubic as in the ViT/DeiT recipes; colour jitter off so that `basic` is crop + flip only.
     common = dict(interpolation="bicubic", mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
     eval_tf = create_transform(size, is_training=False, **common)
@@ -559,7 +734,7 @@ def _load_imagefolder(root: Path, img_size, augment, train_indices_for, mixup_al
             size,
             is_training=True,
             color_jitter=None,
-            auto_augment=randaugment if augment == "strong" else None,
+            auto_augment=cfg.randaugment if augment == "strong" else None,
             **common,
         )
     train = _open_folder(root / "train", train_tf)
@@ -582,7 +757,7 @@ def _load_imagefolder(root: Path, img_size, augment, train_indices_for, mixup_al
         img_size=size,
         num_train_full=len(targets),
         train_indices=indices,
-        mixup=_make_mixup(mixup_alpha, num_classes) if augment == "strong" else None,
+        mixup=_make_mixup(cfg, num_classes),
         mean=_IMAGENET_MEAN,
         std=_IMAGENET_STD,
         name="imagefolder",
@@ -590,106 +765,92 @@ def _load_imagefolder(root: Path, img_size, augment, train_indices_for, mixup_al
     )
 
 
-# --------------------------------------------------------------------------- entry point
+# --------------------------------------------------------------------------- the registry
 
 
-def _closest(value: object, options: Sequence[str]) -> str:
-    match = difflib.get_close_matches(str(value), options, n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+Loader = Callable[["DataConfig", "Path | None", Callable[[np.ndarray], np.ndarray], bool], DataBundle]
 
 
-def _argument_problems(name, root, img_size, augment, fraction, fraction_seed, mixup_alpha, randaugment) -> list[str]:
-    problems = []
-    if name not in DATASETS:
-        problems.append(f"`name` must be one of {list(DATASETS)}, got name={name!r}{_closest(name, DATASETS)}")
-    if augment not in AUGMENTATIONS:
-        problems.append(
-            f"`augment` must be one of {list(AUGMENTATIONS)}, got augment={augment!r}{_closest(augment, AUGMENTATIONS)}"
-        )
-    fraction_problem = _fraction_problem(fraction)
-    if fraction_problem:
-        problems.append(fraction_problem)
-    if isinstance(fraction_seed, bool) or not isinstance(fraction_seed, numbers.Integral) or fraction_seed < 0:
-        problems.append(f"`fraction_seed` must be an integer >= 0, got fraction_seed={fraction_seed!r}")
-    bad_size = isinstance(img_size, bool) or not isinstance(img_size, numbers.Integral) or img_size < 1
-    if img_size is not None and bad_size:
-        problems.append(
-            f"`img_size` must be None (the dataset's native size) or an integer >= 1, got img_size={img_size!r}"
-        )
-    if (
-        isinstance(mixup_alpha, bool)
-        or not isinstance(mixup_alpha, numbers.Real)
-        or not math.isfinite(mixup_alpha)
-        or mixup_alpha < 0
-    ):
-        problems.append(
-            f"`mixup_alpha` must be a finite number >= 0 (0 turns mixup off), got mixup_alpha={mixup_alpha!r}"
-        )
-    if name in ("cifar10", "cifar100", "imagefolder") and root is None:
-        problems.append(f"`root` is required for name={name!r}: set it to the folder that holds the data")
-    if root is not None and not isinstance(root, (str, os.PathLike)):
-        problems.append(f"`root` must be a path, got root={root!r}")
-    if not isinstance(randaugment, str):
-        problems.append(
-            f"`randaugment` must be a timm RandAugment string such as 'rand-m9-mstd0.5', "
-            f"got randaugment={randaugment!r}"
-        )
-    elif augment == "strong" and name in ("cifar10", "cifar100", "imagefolder"):
-        try:
-            _rand_augment(randaugment, 32, _IMAGENET_MEAN)
-        except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
-            problems.append(
-                f"`randaugment` must be a timm RandAugment string such as 'rand-m9-mstd0.5' "
-                f"(sections m, n, p, mstd, mmax, inc, t after 'rand'), got randaugment={randaugment!r} "
-                f"({type(exc).__name__}: {exc})"
-            )
-    return problems
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One registered dataset: how to load it, and what the config rules need to know about it.
 
-
-def load_dataset(
-    name: DatasetName,
-    *,
-    root: str | os.PathLike | None = None,
-    img_size: int | None = None,
-    augment: Augmentation = "basic",
-    fraction: float = 1.0,
-    fraction_seed: int = 0,
-    mixup_alpha: float = 0.8,
-    randaugment: str = "rand-m9-mstd0.5",
-    synthetic_samples: int = 4096,
-    synthetic_classes: int = 10,
-) -> DataBundle:
-    """Load dataset `name` with a stratified `fraction` of its training set and the chosen augmentation.
-
-    - digits: scikit-learn's 8x8 digits, a fixed stratified 80/20 train/val split, in-memory tensors;
-      `img_size` (default 8) resizes once at load. `basic` = random translation by one native
-      pixel; `strong` = basic + mixup (no RandAugment on 8x8 glyphs).
-    - cifar10 / cifar100: the python-pickle files under `root`; val is the test batch;
-      `basic` = pad-and-crop + horizontal flip; `strong` = basic + RandAugment + mixup.
-    - synthetic: random images (`synthetic_samples` of them, `synthetic_classes` classes, `img_size`
-      default 32), for throughput benchmarks; no augmentation.
-    - imagefolder: `root/train/<class>/...` and `root/val/<class>/...`; `basic` = timm's
-      Inception-style random-resized crop + flip; `strong` adds RandAugment + mixup;
-      `none` uses the eval resize + centre crop for training too.
-
-    `mixup` in the bundle is batch-level and set only for `augment="strong"` with
-    `mixup_alpha > 0`; it mixes `x` in place and returns soft targets. Every argument problem is
-    reported in one DatasetError; a bad path or file raises DatasetError naming the path, the
-    expected layout, what was found and the fix.
+    load(cfg, root, train_indices_for, resident): the bundle; `root` is the local directory (None when the
+    dataset needs none), `train_indices_for(labels)` the fraction subset, `resident` whether to build the
+    device-resident form.
     """
-    problems = _argument_problems(name, root, img_size, augment, fraction, fraction_seed, mixup_alpha, randaugment)
-    if problems:
-        raise DatasetError("load_dataset got invalid arguments:\n  - " + "\n  - ".join(problems))
+
+    name: str
+    description: str
+    load: Loader
+    needs_root: bool
+    layout: str = ""  # what `root` must hold, for error messages and docs
+    # Small enough to keep on the accelerator: `none`/`basic` augmentation then runs batched on the device.
+    # (`strong` keeps RandAugment in host workers.)
+    device_resident: bool = False
+    native_size: int | None = None  # the only img_size the resident form takes (None: any)
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec("digits", "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
+                    _load_digits, needs_root=False, device_resident=True),
+        DatasetSpec("cifar10", "CIFAR-10, the python-version pickles; val is the test batch",
+                    _load_cifar, needs_root=True, layout=_CIFAR_LAYOUT["cifar10"], device_resident=True, native_size=32),
+        DatasetSpec("cifar100", "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
+                    _load_cifar, needs_root=True, layout=_CIFAR_LAYOUT["cifar100"], device_resident=True, native_size=32),
+        DatasetSpec("imagefolder", "any train/val tree of class folders (ImageNet-style), decoded per sample",
+                    _load_imagefolder, needs_root=True, layout=_IMAGEFOLDER_LAYOUT),
+        DatasetSpec("synthetic", "random images for throughput measurements; no augmentation",
+                    _load_synthetic, needs_root=False),
+    )
+}
+
+
+def resident_problem(spec: DatasetSpec, augment: str, img_size: int | None) -> str | None:
+    """Why this dataset cannot take the device-resident form with these settings, or None when it can."""
+    if not spec.device_resident:
+        return f"dataset {spec.name!r} is not registered as device-resident (it does not fit in device memory)"
+    if augment == "strong":
+        return "augment 'strong' runs RandAugment on host workers"
+    if spec.native_size is not None and img_size not in (None, spec.native_size):
+        return f"the resident form keeps {spec.name}'s native {spec.native_size} px, got img_size={img_size}"
+    return None
+
+
+def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | None = None, **fields: Any) -> DataBundle:
+    """The dataset that `data` (a DataConfig, or a registry name plus DataConfig fields) describes.
+
+    `data.device_resident` None (auto) builds the device-resident form when `device` is a CUDA device and
+    the dataset allows it (`resident_problem`); True builds it on any device. Every field problem is
+    reported at once in one DatasetError; a bad path or file raises DatasetError naming the path, the
+    expected layout, what was found and the fix. See `DATASETS` for what each dataset is and how
+    `basic`/`strong` augment it (`strong` adds mixup, applied by the loop to whole batches on the device).
+    """
+    from trainables.config import DataConfig, format_validation_error
+
+    if isinstance(data, DataConfig):
+        if fields:
+            raise TypeError("load_dataset: pass either a DataConfig or a name with fields, not both")
+        cfg = data
+    else:
+        from pydantic import ValidationError
+
+        try:
+            paths_as_str = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in fields.items()}
+            cfg = DataConfig.model_validate({"name": data, **paths_as_str})
+        except ValidationError as err:
+            lines = format_validation_error(err, prefix="data.")
+            raise DatasetError("load_dataset got invalid arguments:\n  - " + "\n  - ".join(lines)) from None
+    spec = DATASETS[cfg.name]
+    resident = cfg.device_resident
+    if resident is None:
+        on_cuda = device is not None and torch.device(device).type == "cuda"
+        resident = on_cuda and resident_problem(spec, cfg.augment, cfg.img_size) is None
 
     def train_indices_for(labels: np.ndarray) -> np.ndarray:
-        return _stratified_prefix(labels, float(fraction), int(fraction_seed))
+        return _stratified_prefix(labels, float(cfg.fraction), int(cfg.fraction_seed))
 
-    mixup_alpha = float(mixup_alpha)
-    if name == "digits":
-        return _load_digits(img_size, augment, train_indices_for, mixup_alpha)
-    if name == "synthetic":
-        return _load_synthetic(img_size, int(synthetic_samples), int(synthetic_classes), train_indices_for)
-    path = Path(root).expanduser()
-    if name in ("cifar10", "cifar100"):
-        return _load_cifar(name, path, img_size, augment, train_indices_for, mixup_alpha, randaugment)
-    return _load_imagefolder(path, img_size, augment, train_indices_for, mixup_alpha, randaugment)
+    root = None if cfg.root is None else Path(cfg.root).expanduser()
+    return spec.load(cfg, root, train_indices_for, resident)

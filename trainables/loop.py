@@ -167,6 +167,21 @@ def _scheduler(base: torch.optim.Optimizer, cfg: TrialConfig, steps_per_epoch: i
     return sched
 
 
+def _num_workers(cfg: TrialConfig, dataset) -> int:
+    if cfg.data.num_workers is not None:
+        return cfg.data.num_workers
+    if hasattr(dataset, "get_batch") or not getattr(dataset, "decodes_on_host", False):
+        return 0  # in memory or on the device: a worker would only add a copy
+    # What the trial's CPUs allow: torch's thread count follows them (Ray sets OMP_NUM_THREADS to a trial's
+    # CPUs; train.threads overrides it), and one CPU stays with the process that drives the device.
+    return max(0, min(16, torch.get_num_threads() - 1))
+
+
+def _batch_loader(dataset, sampler) -> DataLoader:
+    # A dataset that gathers a whole batch at once (on the device) skips per-sample fetching and collation.
+    return DataLoader(_Batched(dataset), sampler=sampler, batch_size=None, num_workers=0)
+
+
 def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
     if cfg.data.batch_size % d.world:
         raise ValueError(
@@ -181,16 +196,24 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
         )
     sampler = _GlobalBatchSampler(n, cfg.data.batch_size, d.rank, d.world, cfg.train.seed)
     pin = device.type == "cuda"
-    common = dict(num_workers=cfg.data.num_workers, pin_memory=pin, persistent_workers=cfg.data.num_workers > 0)
+
+    def common(dataset) -> dict[str, Any]:
+        workers = _num_workers(cfg, dataset)
+        return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
+
     if hasattr(bundle.train, "get_batch"):
-        # A dataset that gathers a whole batch at once (on the device) skips per-sample fetching and collation.
         bundle.train.to_device(device)
-        train = DataLoader(_Batched(bundle.train), sampler=sampler, batch_size=None, num_workers=0)
+        train = _batch_loader(bundle.train, sampler)
     else:
-        train = DataLoader(bundle.train, batch_sampler=sampler, **common)
+        train = DataLoader(bundle.train, batch_sampler=sampler, **common(bundle.train))
     # Evaluation is never subsampled: each rank takes a strided share, sums are all-reduced.
     val_idx = list(range(d.rank, len(bundle.val), d.world))
-    val = DataLoader(torch.utils.data.Subset(bundle.val, val_idx), batch_size=cfg.data.eval_batch_size, **common)
+    if hasattr(bundle.val, "get_batch"):
+        bundle.val.to_device(device)
+        val = _batch_loader(bundle.val, torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False))
+    else:
+        subset = torch.utils.data.Subset(bundle.val, val_idx)
+        val = DataLoader(subset, batch_size=cfg.data.eval_batch_size, **common(bundle.val))
     return train, val, sampler
 
 
@@ -232,7 +255,7 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     channels_last = _channels_last(cfg, device)
     t0 = time.perf_counter()
     for step, (x, y, idx) in enumerate(loader):
-        x = x.to(device, non_blocking=True)
+        x = bundle.prepare(x.to(device, non_blocking=True))
         y = y.to(device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -286,12 +309,15 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, autocast, d: _Dist = _Dist()) -> dict[str, float]:
-    """Loss, top-1 and top-5 accuracy over the whole loader (summed over ranks)."""
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: torch.device, autocast, d: _Dist = _Dist(),
+    prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+) -> dict[str, float]:
+    """Loss, top-1 and top-5 accuracy over the whole loader (summed over ranks); `prepare` is the bundle's."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, seen
     for x, y, _ in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = prepare(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
         with autocast():
             logits = model(x).float()
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
@@ -375,17 +401,7 @@ def fit(
     precision = _precision(cfg, device)
     autocast = _autocast(device, precision)
 
-    bundle = load_dataset(
-        cfg.data.name,
-        root=cfg.data.root,
-        img_size=cfg.data.img_size,
-        augment=cfg.data.augment,
-        fraction=cfg.data.fraction,
-        fraction_seed=cfg.data.fraction_seed,
-        mixup_alpha=cfg.data.mixup_alpha,
-        synthetic_samples=cfg.data.synthetic_samples,
-        synthetic_classes=cfg.data.synthetic_classes,
-    )
+    bundle = load_dataset(cfg.data, device=device)
     # Identical initial weights on every rank come from the seed, not from a broadcast.
     torch.manual_seed(cfg.train.seed)
     model = create_model(cfg.model, num_classes=bundle.num_classes, in_chans=bundle.in_chans, img_size=bundle.img_size)
@@ -471,7 +487,7 @@ def fit(
             train_metrics, num_updates = _train_epoch(
                 net, method, train_loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates
             )
-            val_metrics = evaluate(net, val_loader, device, autocast, d)
+            val_metrics = evaluate(net, val_loader, device, autocast, d, prepare=bundle.prepare)
             metrics = {
                 "epoch": epoch,
                 **train_metrics,

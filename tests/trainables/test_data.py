@@ -20,43 +20,6 @@ DIGITS_TOTAL = 1797  # scikit-learn's load_digits
 # --------------------------------------------------------------------------- fake data on disk
 
 
-def _write_fake_cifar(root: Path, name: str = "cifar10", per_batch: int = 4, n_test: int = 6, seed: int = 0) -> dict:
-    """Write a tiny CIFAR tree in the official python-pickle format (Python 2 style bytes keys).
-
-    Returns the arrays written: train/test data (N, 3072) uint8 and labels, in file order.
-    """
-    rng = np.random.default_rng(seed)
-    num_classes = 10 if name == "cifar10" else 100
-    folder = root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
-    folder.mkdir(parents=True, exist_ok=True)
-    label_key = b"labels" if name == "cifar10" else b"fine_labels"
-    train_files = [f"data_batch_{i}" for i in range(1, 6)] if name == "cifar10" else ["train"]
-    test_file = "test_batch" if name == "cifar10" else "test"
-    meta_file, names_key = ("batches.meta", b"label_names") if name == "cifar10" else ("meta", b"fine_label_names")
-
-    def dump(path: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
-        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-        labels = rng.integers(0, num_classes, size=n)
-        batch = {b"batch_label": b"fake", label_key: labels.tolist(), b"data": data, b"filenames": [b"x.png"] * n}
-        if name == "cifar100":
-            batch[b"coarse_labels"] = (labels // 5).tolist()
-        path.write_bytes(pickle.dumps(batch, protocol=2))
-        return data, labels
-
-    n_train = per_batch * 5 if name == "cifar10" else per_batch
-    parts = [dump(folder / f, n_train // len(train_files)) for f in train_files]
-    test = dump(folder / test_file, n_test)
-    names = [f"class_{i}".encode() for i in range(num_classes)]
-    (folder / meta_file).write_bytes(pickle.dumps({names_key: names}, protocol=2))
-    return {
-        "folder": folder,
-        "train_data": np.concatenate([p[0] for p in parts]),
-        "train_labels": np.concatenate([p[1] for p in parts]),
-        "test_data": test[0],
-        "test_labels": test[1],
-    }
-
-
 def _write_fake_imagefolder(root: Path, classes: dict[str, tuple[str, ...]], per_class: int = 3) -> Path:
     """Write `root/<split>/<class>/<i>.png|jpg` small RGB images; `classes` maps split -> class names."""
     rng = np.random.default_rng(0)
@@ -68,11 +31,6 @@ def _write_fake_imagefolder(root: Path, classes: dict[str, tuple[str, ...]], per
                 pixels = rng.integers(0, 256, size=(30 + i, 40, 3), dtype=np.uint8)
                 Image.fromarray(pixels).save(d / f"{i}.{'png' if i % 2 else 'jpg'}")
     return root
-
-
-@pytest.fixture
-def fake_cifar10(tmp_path: Path) -> dict:
-    return _write_fake_cifar(tmp_path, "cifar10")
 
 
 def _unnormalise(x: torch.Tensor, mean, std) -> torch.Tensor:
@@ -132,13 +90,15 @@ def test_load_dataset_reports_every_argument_problem_at_once():
     with pytest.raises(DatasetError) as info:
         load_dataset("cifar", augment="stronk", fraction=0, img_size=0, mixup_alpha=-1, fraction_seed=-2)
     message = str(info.value)
-    fields = ("`name`", "`augment`", "`fraction`", "`img_size`", "`mixup_alpha`", "`fraction_seed`")
-    for expected in (*fields, "did you mean 'cifar10'", "did you mean 'strong'"):
+    fields = ("data.name:", "data.augment:", "data.fraction:", "data.img_size:", "data.mixup_alpha:", "data.fraction_seed:")
+    for expected in (*fields, "Did you mean 'cifar10'", "Did you mean 'strong'", "got -2", "got 'stronk'"):
         assert expected in message
-    with pytest.raises(DatasetError, match="`root` is required"):
+    with pytest.raises(DatasetError, match="data.root: required for data.name='cifar10'"):
         load_dataset("cifar10")
-    with pytest.raises(DatasetError, match="`randaugment`"):
+    with pytest.raises(DatasetError, match="data.randaugment: must be a timm RandAugment string .*'rand-q9'"):
         load_dataset("cifar10", root="/nonexistent", augment="strong", randaugment="rand-q9")
+    with pytest.raises(DatasetError, match="data.device_resident: true is impossible here: augment 'strong'"):
+        load_dataset("cifar10", root="/nonexistent", augment="strong", device_resident=True)
 
 
 # --------------------------------------------------------------------------- digits
@@ -227,10 +187,13 @@ def test_fake_cifar10_loads_with_labels_pixels_and_indices(fake_cifar10, tmp_pat
     assert b.classes[:2] == ("class_0", "class_1")
     for k in (0, 7, 19):
         x, y, index = b.train[k]
-        assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+        # Host workers hand over uint8 pixels; the bundle normalises them where the batch is.
+        assert x.shape == (3, 32, 32) and x.dtype == torch.uint8
         assert (y, index) == (fake_cifar10["train_labels"][k], k)
         expected = torch.from_numpy(fake_cifar10["train_data"][k].reshape(3, 32, 32)).float() / 255
-        torch.testing.assert_close(_unnormalise(x, b.mean, b.std), expected, rtol=0, atol=1e-5)
+        normalised = b.prepare(x[None])[0]
+        assert normalised.dtype == torch.float32
+        torch.testing.assert_close(_unnormalise(normalised, b.mean, b.std), expected, rtol=0, atol=1e-5)
     assert [b.val[k][1] for k in range(6)] == fake_cifar10["test_labels"].tolist()
     # The official files were written by numpy 1.x, whose arrays name `numpy.core.multiarray`.
     first = fake_cifar10["folder"] / "data_batch_1"
@@ -245,8 +208,8 @@ def test_fake_cifar10_loads_with_labels_pixels_and_indices(fake_cifar10, tmp_pat
     assert direct.train[0][0].shape == (3, 32, 32)
 
 
-def test_fake_cifar100_loads(tmp_path):
-    written = _write_fake_cifar(tmp_path, "cifar100", per_batch=12, n_test=5)
+def test_fake_cifar100_loads(tmp_path, write_fake_cifar):
+    written = write_fake_cifar(tmp_path, "cifar100", per_batch=12, n_test=5)
     b = load_dataset("cifar100", root=tmp_path, augment="strong", img_size=40)
     assert (b.num_classes, b.num_train_full, len(b.val), b.img_size) == (100, 12, 5, 40)
     x, y, index = b.train[3]
