@@ -23,6 +23,8 @@ from torch.utils.data import Dataset
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
 
+from trainables.staging import stage_root
+
 __all__ = [
     "AUGMENTATIONS",
     "DATASETS",
@@ -689,7 +691,7 @@ def load_dataset(
         return _load_digits(img_size, augment, train_indices_for, mixup_alpha)
     if name == "synthetic":
         return _load_synthetic(img_size, int(synthetic_samples), int(synthetic_classes), train_indices_for)
-    path = Path(root).expanduser()
+    path = stage_root(root)
     if name in ("cifar10", "cifar100"):
         return _load_cifar(name, path, img_size, augment, train_indices_for, mixup_alpha, randaugment)
     return _load_imagefolder(path, img_size, augment, train_indices_for, mixup_alpha, randaugment)

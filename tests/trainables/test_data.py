@@ -20,43 +20,6 @@ DIGITS_TOTAL = 1797  # scikit-learn's load_digits
 # --------------------------------------------------------------------------- fake data on disk
 
 
-def _write_fake_cifar(root: Path, name: str = "cifar10", per_batch: int = 4, n_test: int = 6, seed: int = 0) -> dict:
-    """Write a tiny CIFAR tree in the official python-pickle format (Python 2 style bytes keys).
-
-    Returns the arrays written: train/test data (N, 3072) uint8 and labels, in file order.
-    """
-    rng = np.random.default_rng(seed)
-    num_classes = 10 if name == "cifar10" else 100
-    folder = root / ("cifar-10-batches-py" if name == "cifar10" else "cifar-100-python")
-    folder.mkdir(parents=True, exist_ok=True)
-    label_key = b"labels" if name == "cifar10" else b"fine_labels"
-    train_files = [f"data_batch_{i}" for i in range(1, 6)] if name == "cifar10" else ["train"]
-    test_file = "test_batch" if name == "cifar10" else "test"
-    meta_file, names_key = ("batches.meta", b"label_names") if name == "cifar10" else ("meta", b"fine_label_names")
-
-    def dump(path: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
-        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
-        labels = rng.integers(0, num_classes, size=n)
-        batch = {b"batch_label": b"fake", label_key: labels.tolist(), b"data": data, b"filenames": [b"x.png"] * n}
-        if name == "cifar100":
-            batch[b"coarse_labels"] = (labels // 5).tolist()
-        path.write_bytes(pickle.dumps(batch, protocol=2))
-        return data, labels
-
-    n_train = per_batch * 5 if name == "cifar10" else per_batch
-    parts = [dump(folder / f, n_train // len(train_files)) for f in train_files]
-    test = dump(folder / test_file, n_test)
-    names = [f"class_{i}".encode() for i in range(num_classes)]
-    (folder / meta_file).write_bytes(pickle.dumps({names_key: names}, protocol=2))
-    return {
-        "folder": folder,
-        "train_data": np.concatenate([p[0] for p in parts]),
-        "train_labels": np.concatenate([p[1] for p in parts]),
-        "test_data": test[0],
-        "test_labels": test[1],
-    }
-
-
 def _write_fake_imagefolder(root: Path, classes: dict[str, tuple[str, ...]], per_class: int = 3) -> Path:
     """Write `root/<split>/<class>/<i>.png|jpg` small RGB images; `classes` maps split -> class names."""
     rng = np.random.default_rng(0)
@@ -71,8 +34,8 @@ def _write_fake_imagefolder(root: Path, classes: dict[str, tuple[str, ...]], per
 
 
 @pytest.fixture
-def fake_cifar10(tmp_path: Path) -> dict:
-    return _write_fake_cifar(tmp_path, "cifar10")
+def fake_cifar10(tmp_path: Path, write_fake_cifar) -> dict:
+    return write_fake_cifar(tmp_path, "cifar10")
 
 
 def _unnormalise(x: torch.Tensor, mean, std) -> torch.Tensor:
@@ -245,8 +208,8 @@ def test_fake_cifar10_loads_with_labels_pixels_and_indices(fake_cifar10, tmp_pat
     assert direct.train[0][0].shape == (3, 32, 32)
 
 
-def test_fake_cifar100_loads(tmp_path):
-    written = _write_fake_cifar(tmp_path, "cifar100", per_batch=12, n_test=5)
+def test_fake_cifar100_loads(tmp_path, write_fake_cifar):
+    written = write_fake_cifar(tmp_path, "cifar100", per_batch=12, n_test=5)
     b = load_dataset("cifar100", root=tmp_path, augment="strong", img_size=40)
     assert (b.num_classes, b.num_train_full, len(b.val), b.img_size) == (100, 12, 5, 40)
     x, y, index = b.train[3]
