@@ -50,7 +50,7 @@ class DataConfig(_Strict):
     """Which dataset, which fraction of its training set, and how it is augmented."""
 
     name: Literal["digits", "cifar10", "cifar100", "imagefolder", "synthetic"] = "digits"
-    root: str | None = Field(None, description="Directory holding the dataset (not needed for digits).")
+    root: str | None = Field(None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once.")
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
