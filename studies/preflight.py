@@ -17,11 +17,14 @@ _SHOWN_NODES = 5
 
 def data_roots(study: LoadedStudy) -> list[tuple[str, str]]:
     """The distinct (data.name, data.root) pairs of the study's cells that name a root."""
+    from trainables.config import DataConfig
+
+    default_name = DataConfig.model_fields["name"].default
     pairs = set()
     for cell in study.cells:
         data = cell.config.get("data") or {}
         if data.get("root") is not None:
-            pairs.add((str(data.get("name")), str(data["root"])))
+            pairs.add((str(data.get("name", default_name)), str(data["root"])))
     return sorted(pairs)
 
 
@@ -111,6 +114,8 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
     res = study.resources
     request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
     nodes = [n for n in ray.nodes() if n.get("Alive") and _can_host(n.get("Resources", {}), request)]
+    if not nodes:
+        return  # none can host a trial yet (an autoscaler adds them): Tune waits, and each trial checks its own root
     check = ray.remote(num_cpus=0, max_retries=0)(_check_node)
     pending = {
         check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(roots): node

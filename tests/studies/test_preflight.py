@@ -14,7 +14,7 @@ from studies.spec import StudyError, load_study
 from trainables.tracking import KIND_TAG
 
 
-def _study(tmp_path, roots: list[str], name: str = "preflight"):
+def _study(tmp_path, roots: list[str], name: str = "preflight", resources: dict | None = None):
     """A CIFAR-10 study with one cell per data root (nothing of it runs unless the preflight passes)."""
     study = {
         "name": name,
@@ -25,7 +25,7 @@ def _study(tmp_path, roots: list[str], name: str = "preflight"):
             "train": {"device": "cpu", "threads": 1},
         },
         "factors": {"data.root": roots},
-        "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1},
+        "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1, **(resources or {})},
         "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
         "storage": str(tmp_path / "runs"),
     }
@@ -72,6 +72,16 @@ def test_every_unreadable_root_is_reported_with_node_reason_and_fix(ray_cluster,
     assert "does not hold the cifar10 layout" in by_root[str(empty)] and "missing: cifar-10-batches-py/data_batch_1" in by_root[str(empty)]
     assert "does not exist, seen from this node" in by_root[missing_uri] and f"--to {missing_uri}" in by_root[missing_uri]
     assert not any(good_local in p or good_uri in p for p in problems)
+
+
+@pytest.mark.ray
+def test_only_nodes_that_can_host_a_trial_are_asked(ray_cluster, tmp_path):
+    missing_uri = (tmp_path / "no-bucket" / "cifar10").as_uri()
+    # No node of this cluster has the marker: none could run a trial, so none is asked (an autoscaler adds it later).
+    pinned = load_study(_study(tmp_path, [missing_uri], resources={"custom": {"absent_marker": 1}}))
+    check_data_on_nodes(pinned, timeout_s=120)
+    with pytest.raises(StudyError, match="does not exist, seen from this node"):
+        check_data_on_nodes(load_study(_study(tmp_path, [missing_uri])), timeout_s=120)
 
 
 @pytest.mark.ray
