@@ -170,6 +170,36 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_data_fetch(args) -> int:
+    from trainables.fetch import FetchError, fetch_dataset
+
+    try:
+        where = fetch_dataset(args.dataset, args.to, url=args.url, md5=args.md5, log=lambda msg: print(msg, flush=True))
+    except FetchError as err:
+        print(f"sharpscale: error: {err}", file=sys.stderr)
+        return 2
+    print(f"Use it with: --set data.root={where}   (or data.root: {where} in the study file)")
+    return 0
+
+
+def _add_data(sub) -> None:
+    data = sub.add_parser("data", help="put datasets where every node of a cluster reads them")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    fetch = data_sub.add_parser(
+        "fetch",
+        help="download a dataset's official archive, check its md5, unpack it into DIR or upload it to a URI",
+        description="Download the official python-version archive of DATASET, check its md5, unpack it safely and "
+        "put its folder (cifar-10-batches-py or cifar-100-python) in DIR, or upload it under a URI that pyarrow.fs "
+        "opens (s3://, gs://, file://, ...). DIR_OR_URI is then what data.root names; each node stages a URI "
+        "root once into its local cache ($SHARPSCALE_DATA_CACHE, default ~/.cache/sharpscale/data).",
+    )
+    fetch.add_argument("dataset", metavar="DATASET", help="cifar10 or cifar100")
+    fetch.add_argument("--to", required=True, metavar="DIR_OR_URI", help="a directory, or a URI such as s3://BUCKET/cifar10")
+    fetch.add_argument("--url", default=None, help="the archive's URL on a mirror (default: the official one)")
+    fetch.add_argument("--md5", default=None, help="the md5 of the archive at --url (default: the official archive's)")
+    fetch.set_defaults(func=_cmd_data_fetch)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="sharpscale",
@@ -225,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server_cli.add_arguments(srv)
     srv.set_defaults(func=server_cli.from_args)
+
+    _add_data(sub)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
     ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studies.preflight import check_data_on_nodes
 from studies.spec import Cell, LoadedStudy, StudyError, load_study
 from studies.search import CellSearcher, apply_sample
 from trainables.ray_train import DistributedPlan
@@ -303,6 +304,7 @@ def run_study(
     started_ray = _init_ray(address, num_cpus)
     status, errored, trials = "FAILED", 0, 0
     try:
+        check_data_on_nodes(study)  # before any trial: a node that cannot read the data fails the study here
         from ray import tune
 
         from trainables.ray_train import tune_trainable

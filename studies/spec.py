@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trainables.config import ConfigError, TrialConfig, format_validation_error
+from trainables.staging import is_uri
 
 __all__ = ["Cell", "Study", "StudyError", "load_study", "SEARCH_SHORTHANDS"]
 
@@ -427,9 +428,11 @@ def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def _missing_root(tree: dict[str, Any]) -> str | None:
     root = tree.get("data", {}).get("root")
-    if root is None or Path(root).expanduser().exists():
+    # A URI is read on the nodes, not here: the runner's preflight checks it on each of them.
+    if root is None or is_uri(root) or Path(root).expanduser().exists():
         return None
     return (
         f"data.root: the directory must exist, got {root!r}. Fix: point it at the dataset "
-        f"(sharpscale run --set data.root=/path/to/data), or check the file with --smoke on the embedded digits."
+        f"(sharpscale run --set data.root=/path/to/data), give the URI of a copy every node reads "
+        f"(sharpscale data fetch cifar10 --to s3://BUCKET/cifar10), or check the file with --smoke on the embedded digits."
     )

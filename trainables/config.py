@@ -50,7 +50,7 @@ class DataConfig(_Strict):
     """Which dataset (a name in `trainables.data.DATASETS`), which fraction of its training set, how it is fed."""
 
     name: str = Field("digits", description="Registry name in trainables.data.DATASETS (digits, cifar10, ...).")
-    root: str | None = Field(None, description="Directory holding the dataset (not needed for digits).")
+    root: str | None = Field(None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once.")
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # timm, torchvision and PIL are imported where they are used: validating a study file reads this registry
 # and must not pay for them.
 
+from trainables.staging import stage_root
+
 __all__ = [
     "DATASETS",
     "DataBundle",
@@ -852,5 +854,6 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
     def train_indices_for(labels: np.ndarray) -> np.ndarray:
         return _stratified_prefix(labels, float(cfg.fraction), int(cfg.fraction_seed))
 
-    root = None if cfg.root is None else Path(cfg.root).expanduser()
+    # A URI root is staged once per node into its local cache; a path is used in place.
+    root = None if cfg.root is None else stage_root(cfg.root)
     return spec.load(cfg, root, train_indices_for, resident)

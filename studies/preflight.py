@@ -1,0 +1,153 @@
+"""Before any trial: every node that can host one reads every data root of the study, or the study fails naming them."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from pathlib import Path
+
+from studies.spec import LoadedStudy, StudyError
+
+__all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "data_roots"]
+
+NODE_CHECK_TIMEOUT_S = 120.0
+_GUIDE = "docs/cluster.md, 'Data on every node'"
+_SHOWN_NODES = 5
+
+
+def data_roots(study: LoadedStudy) -> list[tuple[str, str]]:
+    """The distinct (data.name, data.root) pairs of the study's cells that name a root."""
+    from trainables.config import DataConfig
+
+    default_name = DataConfig.model_fields["name"].default
+    pairs = set()
+    for cell in study.cells:
+        data = cell.config.get("data") or {}
+        if data.get("root") is not None:
+            pairs.add((str(data.get("name", default_name)), str(data["root"])))
+    return sorted(pairs)
+
+
+def _fix_for(name: str, root: str) -> str:
+    from trainables.fetch import ARCHIVES
+
+    if name in ARCHIVES:
+        return f"`sharpscale data fetch {name} --to {root}` puts it there"
+    return "copy the dataset's folder there"
+
+
+def _root_problem(name: str, root: str) -> tuple[str, str] | None:
+    """(reason, fix) when this node cannot read data root `root` of dataset `name`, else None."""
+    from trainables.fetch import layout_problem
+    from trainables.staging import StagingError, cache_path, is_staged, is_uri, open_uri
+
+    if is_uri(root):
+        if is_staged(root):
+            target = cache_path(root)
+            problem = layout_problem(name, target)
+            if problem:
+                return f"its copy staged on this node at {target} {problem}", f"correct the data at the URI, then delete {target}"
+            return None
+        try:
+            from pyarrow import fs as pafs
+
+            filesystem, path = open_uri(root)
+            info = filesystem.get_file_info(path)
+            if info.type == pafs.FileType.NotFound:
+                return "does not exist, seen from this node", f"{_fix_for(name, root)}, or correct the URI"
+            if info.type != pafs.FileType.Directory:
+                return "is a file, not a directory", "point data.root at the directory that holds the dataset"
+            problem = layout_problem(name, root)
+        except StagingError as exc:
+            return f"pyarrow cannot open it here ({exc.__cause__ or exc})", (
+                "use a scheme pyarrow.fs knows (s3://, gs://, hdfs://, abfs://, file://) or a path"
+            )
+        except OSError as exc:
+            return f"cannot be read from this node ({exc})", (
+                "give this node access to it (instance profile, service account or credentials in its environment)"
+            )
+        return (problem, f"{_fix_for(name, root)}, or correct the URI") if problem else None
+    path = Path(root).expanduser()
+    if not path.exists():
+        return f"no such directory on this node ({path})", (
+            f"put the data at that path on every node (a shared filesystem mounted on all of them), or store it "
+            f"once where every node reads it and set data.root to its URI, e.g. `sharpscale data fetch {name} "
+            f"--to s3://BUCKET/{name}` and data.root: s3://BUCKET/{name} ({_GUIDE})"
+        )
+    if not path.is_dir():
+        return f"{path} is a file, not a directory", "point data.root at the directory that holds the dataset"
+    if not os.access(path, os.R_OK | os.X_OK):
+        return f"{path} is not readable by this node's Ray workers (user {getpass.getuser()})", "make it readable"
+    problem = layout_problem(name, path)
+    return (problem, f"{_fix_for(name, str(path))} on this node, or correct data.root") if problem else None
+
+
+def _check_node(roots: list[tuple[str, str]]) -> list[tuple[str, str, str, str]]:
+    """Run on one node: [(name, root, reason, fix)] for each root it cannot read."""
+    out = []
+    for name, root in roots:
+        problem = _root_problem(name, root)
+        if problem:
+            out.append((name, root, *problem))
+    return out
+
+
+def _can_host(total: dict[str, float], request: dict[str, float]) -> bool:
+    return all(total.get(key, 0.0) >= amount for key, amount in request.items() if amount > 0)
+
+
+def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIMEOUT_S) -> None:
+    """Raise StudyError when a node that can host a trial cannot read one of the study's data roots.
+
+    Runs one small task (no CPU booked) on every alive node whose resources fit one trial (one worker of
+    it), pinned there by node affinity. A local root must exist there and have the dataset's layout; a URI
+    root must be in that node's staging cache or be a directory pyarrow lists there with the layout. Every
+    failure of every node is reported at once: node, root, reason, fix. Nodes that join later (autoscaling)
+    are not checked; a trial there reports an unreadable root itself. Needs Ray initialised.
+    """
+    roots = data_roots(study)
+    if not roots:
+        return
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    res = study.resources
+    request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
+    nodes = [n for n in ray.nodes() if n.get("Alive") and _can_host(n.get("Resources", {}), request)]
+    if not nodes:
+        return  # none can host a trial yet (an autoscaler adds them): Tune waits, and each trial checks its own root
+    check = ray.remote(num_cpus=0, max_retries=0)(_check_node)
+    pending = {
+        check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(roots): node
+        for node in nodes
+    }
+    ready, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
+    failures: dict[tuple[str, str, str], list[str]] = {}
+
+    def label(node) -> str:
+        return f"{node.get('NodeManagerAddress', '?')} ({node['NodeID'][:8]})"
+
+    for ref in ready:
+        node = pending[ref]
+        try:
+            found = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - whatever broke the check there, the node is not known to be fit
+            found = [("-", root, f"the check could not run there ({type(exc).__name__}: {exc})",
+                      "check the node with `ray status` and its logs") for _, root in roots]
+        for _name, root, reason, fix in found:
+            failures.setdefault((root, reason, fix), []).append(label(node))
+    for ref in late:
+        ray.cancel(ref, force=True)
+        node = pending[ref]
+        for _, root in roots:
+            failures.setdefault(
+                (root, f"the node did not answer within {timeout_s:g} s", "check the node with `ray status`"), []
+            ).append(label(node))
+    if not failures:
+        return
+    problems = []
+    for (root, reason, fix), where in sorted(failures.items()):
+        shown = ", ".join(where[:_SHOWN_NODES]) + (f" and {len(where) - _SHOWN_NODES} more" if len(where) > _SHOWN_NODES else "")
+        node_word = "node" if len(where) == 1 else f"{len(where)} nodes"
+        problems.append(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}.")
+    raise StudyError(study.path, problems)
