@@ -96,13 +96,14 @@ class DataConfig(_Strict):
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
         from trainables.data import DATASETS, rand_augment_problem, resident_problem
+        from trainables.fetch import expected_layout
 
         spec = DATASETS[self.name]
         problems = []
         if spec.needs_root and self.root is None:
             problems.append(
                 f"data.root: required for data.name={self.name!r}, got none. "
-                f"Fix: set data.root to the directory that holds the {self.name} files ({spec.layout})."
+                f"Fix: set data.root to the directory that holds the {self.name} files ({expected_layout(self.name)})."
             )
         if self.augment == "strong" and (problem := rand_augment_problem(self.randaugment)):
             problems.append(f"data.randaugment: {problem}. Fix: use e.g. 'rand-m9-mstd0.5'.")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # timm, torchvision and PIL are imported where they are used: validating a study file reads this registry
 # and must not pay for them.
 
+from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
 
 __all__ = [
@@ -50,22 +51,6 @@ _IMAGENET_STD = (0.229, 0.224, 0.225)
 _DIGITS_SPLIT_SEED = 20240601
 _DIGITS_VAL_FRACTION = 0.2
 _DIGITS_NATIVE_SIZE = 8
-
-_CIFAR_LAYOUT = {
-    "cifar10": (
-        "<root>/cifar-10-batches-py/{data_batch_1, ..., data_batch_5, test_batch, batches.meta} "
-        "(the 'CIFAR-10 python version' pickles), or root pointing at the cifar-10-batches-py folder itself"
-    ),
-    "cifar100": (
-        "<root>/cifar-100-python/{train, test, meta} "
-        "(the 'CIFAR-100 python version' pickles), or root pointing at the cifar-100-python folder itself"
-    ),
-}
-_IMAGEFOLDER_LAYOUT = (
-    "<root>/train/<class_name>/<image>.jpg|png and <root>/val/<class_name>/<image>.jpg|png "
-    "with the same class folders in train and val"
-)
-
 
 class DatasetError(ValueError):
     """A dataset argument or the data on disk is not what sharpscale expects."""
@@ -527,18 +512,17 @@ def _describe(path: Path) -> str:
 
 
 def _cifar_error(name: str, path: Path, found: str) -> DatasetError:
-    folder = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
+    folder = ARCHIVES[name].folder
     return DatasetError(
-        f"{name} data at '{path}' is not usable: expected {_CIFAR_LAYOUT[name]}; found {found}. "
+        f"{name} data at '{path}' is not usable: expected {expected_layout(name)}; found {found}. "
         f"Fix: extract the official python-version archive so that '{folder}' is complete, and set "
         f"`root` to the folder that contains '{folder}' (or to '{folder}' itself)."
     )
 
 
 def _cifar_files(name: str) -> tuple[str, tuple[str, ...], tuple[str, ...], str]:
-    if name == "cifar10":
-        return "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), "batches.meta"
-    return "cifar-100-python", ("train",), ("test",), "meta"
+    a = ARCHIVES[name]
+    return a.folder, a.train_files, a.test_files, a.meta_file
 
 
 def _read_pickle(name: str, path: Path) -> dict:
@@ -702,7 +686,7 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
 
 def _imagefolder_error(path: Path, found: str) -> DatasetError:
     return DatasetError(
-        f"imagefolder data at '{path}' is not usable: expected {_IMAGEFOLDER_LAYOUT}; found {found}. "
+        f"imagefolder data at '{path}' is not usable: expected {expected_layout('imagefolder')}; found {found}. "
         f"Fix: set `root` to the folder holding 'train' and 'val', each with one sub-folder of images per class."
     )
 
@@ -786,7 +770,6 @@ class DatasetSpec:
     description: str
     load: Loader
     needs_root: bool
-    layout: str = ""  # what `root` must hold, for error messages and docs
     # Small enough to keep on the accelerator: `none`/`basic` augmentation then runs batched on the device.
     # (`strong` keeps RandAugment in host workers.)
     device_resident: bool = False
@@ -799,11 +782,11 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec("digits", "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
                     _load_digits, needs_root=False, device_resident=True),
         DatasetSpec("cifar10", "CIFAR-10, the python-version pickles; val is the test batch",
-                    _load_cifar, needs_root=True, layout=_CIFAR_LAYOUT["cifar10"], device_resident=True, native_size=32),
+                    _load_cifar, needs_root=True, device_resident=True, native_size=32),
         DatasetSpec("cifar100", "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
-                    _load_cifar, needs_root=True, layout=_CIFAR_LAYOUT["cifar100"], device_resident=True, native_size=32),
+                    _load_cifar, needs_root=True, device_resident=True, native_size=32),
         DatasetSpec("imagefolder", "any train/val tree of class folders (ImageNet-style), decoded per sample",
-                    _load_imagefolder, needs_root=True, layout=_IMAGEFOLDER_LAYOUT),
+                    _load_imagefolder, needs_root=True),
         DatasetSpec("synthetic", "random images for throughput measurements; no augmentation",
                     _load_synthetic, needs_root=False),
     )

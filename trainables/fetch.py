@@ -26,12 +26,21 @@ _DOWNLOAD_TIMEOUT_S = 60
 
 @dataclass(frozen=True)
 class Archive:
-    """An official archive: where it is, its md5, the folder it unpacks to and the files trainables.data reads there."""
+    """An official archive: where it is, its md5, the folder it unpacks to and the files trainables.data reads there.
+
+    The one home of these facts: trainables.data reads the folder and file names from here.
+    """
 
     url: str
     md5: str
     folder: str
-    files: tuple[str, ...]
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    meta_file: str
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (*self.train_files, *self.test_files, self.meta_file)
 
 
 ARCHIVES: dict[str, Archive] = {
@@ -39,13 +48,17 @@ ARCHIVES: dict[str, Archive] = {
         url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
         md5="c58f30108f718f92721af3b95e74349a",
         folder="cifar-10-batches-py",
-        files=(*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta"),
+        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
+        test_files=("test_batch",),
+        meta_file="batches.meta",
     ),
     "cifar100": Archive(
         url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
         md5="eb9058c3a382ffc7106e4002c42a8d85",
         folder="cifar-100-python",
-        files=("train", "test", "meta"),
+        train_files=("train",),
+        test_files=("test",),
+        meta_file="meta",
     ),
 }
 
@@ -64,9 +77,12 @@ def expected_layout(name: str) -> str:
     """The layout a data root of dataset `name` must have, in words ('' for datasets that need no root)."""
     if name in ARCHIVES:
         a = ARCHIVES[name]
-        return f"<root>/{a.folder}/{{{', '.join(a.files)}}}, or those files directly in <root>"
+        return f"<root>/{a.folder}/{{{', '.join(a.files)}}} (the official python-version pickles), or those files directly in <root>"
     if name == "imagefolder":
-        return "<root>/train/<class>/<images> and <root>/val/<class>/<images>"
+        return (
+            "<root>/train/<class_name>/<image>.jpg|png and <root>/val/<class_name>/<image>.jpg|png "
+            "with the same class folders in train and val"
+        )
     return ""
 
 
