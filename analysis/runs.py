@@ -24,10 +24,26 @@ def _experiment_name(study: str | Path) -> str:
     return str(study)
 
 
-def _numeric(series: pd.Series) -> pd.Series:
-    converted = pd.to_numeric(series, errors="coerce")
-    # Keep text columns as text: only convert when every present value is a number.
-    return converted if converted.notna().sum() == series.notna().sum() else series
+# MLflow keeps params as text; these are how the trial config's None, True and False read there.
+_MISSING, _BOOLS = {"None", ""}, {"True": True, "False": False}
+
+
+def _typed(series: pd.Series) -> pd.Series:
+    """A param column with the dtype its values had in the trial config: float/int, bool, or text; None -> missing."""
+    present = series[series.notna()].astype(str)
+    present = present[~present.isin(_MISSING)]
+    values = series.where(series.notna() & ~series.astype(str).isin(_MISSING))
+    if present.empty:
+        return pd.Series(float("nan"), index=series.index, dtype="float64")
+    if present.isin(list(_BOOLS)).all():
+        mapped = values.map(_BOOLS)
+        return mapped.astype(bool) if mapped.notna().all() else mapped.astype("boolean")
+    converted = pd.to_numeric(values, errors="coerce")
+    if converted.notna().sum() == len(present):
+        # Whole numbers stay integers when nothing is missing (epochs, seeds, batch sizes).
+        whole = converted.dropna().mod(1).eq(0).all() and converted.notna().all()
+        return converted.astype("int64") if whole and present.str.fullmatch(r"-?\d+").all() else converted
+    return values.astype(object)
 
 
 def _open_experiment(study: str | Path, tracking_uri: str | None):
@@ -93,10 +109,14 @@ def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataF
     if df.empty:
         return df
     first = ["run_id", "trial_id", "cell", "status", "mlflow_status", "start_time"]
+    text = set(first) | {c for c in df.columns if c.startswith("factor.")}
+    # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
+    empty = [c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()]
+    df = df.drop(columns=empty)
     df = df[first + [c for c in df.columns if c not in first]]
     for col in df.columns:
-        if (df[col].dtype == object or pd.api.types.is_string_dtype(df[col])) and col not in ("run_id", "trial_id", "cell", "status", "mlflow_status"):
-            df[col] = _numeric(df[col])
+        if col not in text and (df[col].dtype == object or pd.api.types.is_string_dtype(df[col])):
+            df[col] = _typed(df[col])
     return df.sort_values("start_time").reset_index(drop=True)
 
 

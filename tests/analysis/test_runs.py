@@ -82,3 +82,28 @@ def test_a_re_run_epoch_keeps_its_first_record(store):
     again.finish("finished")
     history = MlflowClient(uri).get_metric_history(ids["c"], "val_acc")
     assert sorted((m.step, m.value) for m in history) == [(0, 0.6), (1, 0.9), (2, 0.95)]
+
+
+def test_params_come_back_with_the_config_s_dtypes(tracking_uri, tmp_path):
+    # What TrialConfig.flat() logs: None, booleans, ints, floats, text, a tuple, an empty section.
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("typed", artifact_location=(tmp_path / "art").as_uri())
+    target = TrackingTarget(tracking_uri, exp)
+    for key, grad_clip, resident, hparams in (("a", None, None, {}), ("b", 1.0, True, {"optimizer.hparams.rho": 0.05})):
+        params = {"optimizer.grad_clip": grad_clip, "data.device_resident": resident, "model.fused_attn": True,
+                  "schedule.epochs": 10, "optimizer.lr": 0.001, "model.name": "resnet18", "optimizer.betas": [0.9, 0.999],
+                  "train.channels_last": None, **({"optimizer.hparams": {}} if not hparams else hparams)}
+        rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
+        rec.set_tags({"sharpscale.trial_id": key})
+        rec.log_epoch({"val_acc": 0.5}, 0)
+        rec.finish("finished")
+    runs = load_runs("typed", tracking_uri=tracking_uri).set_index("trial_id")
+    assert runs["optimizer.grad_clip"].dtype == "float64" and math.isnan(runs.loc["a", "optimizer.grad_clip"])
+    assert runs.loc["b", "optimizer.grad_clip"] == 1.0
+    assert runs["model.fused_attn"].dtype == bool and runs["model.fused_attn"].tolist() == [True, True]
+    assert runs["data.device_resident"].dtype == "boolean" and runs["data.device_resident"].isna().loc["a"]
+    assert runs["schedule.epochs"].dtype == "int64" and runs["optimizer.lr"].dtype == "float64"
+    assert runs["model.name"].tolist() == ["resnet18", "resnet18"]
+    assert runs["train.channels_last"].isna().all()
+    assert "optimizer.hparams" not in runs.columns  # the empty section is no column
+    assert "None" not in runs.astype(str).to_numpy().ravel().tolist()
