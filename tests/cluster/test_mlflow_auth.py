@@ -9,6 +9,8 @@ exactly what the test started (never `ray stop`: it would kill every Ray cluster
 
 from __future__ import annotations
 
+import argparse
+import base64
 import contextlib
 import json
 import os
@@ -66,8 +68,6 @@ def auth_server(tmp_path_factory):
 def _status(url: str, auth: tuple[str, str] | None = None) -> int:
     request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
     if auth:
-        import base64
-
         request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
@@ -106,7 +106,7 @@ def test_auth_options_are_checked_before_anything_starts(tmp_path, monkeypatch, 
     started = []
     monkeypatch.setattr(server, "run_in_process_group", lambda cmd, **kw: started.append(cmd) or 0)
     monkeypatch.delenv("MLFLOW_AUTH_ADMIN_PASSWORD", raising=False)
-    parser = server.argparse.ArgumentParser()
+    parser = argparse.ArgumentParser()
     server.add_arguments(parser)
 
     def run(*argv):
