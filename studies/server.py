@@ -561,16 +561,16 @@ def start_server(
     in the ServerError raised when it does not come up within `timeout_s`. On exit its whole process group stops.
     """
     port = port or free_port(host)
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
-        os.close(fd)
-        log_path = name
-    log_path = Path(log_path)
     url = _url(host, port)
     with _prepared(
         backend_store_uri=backend_store_uri, artifacts_destination=artifacts_destination, host=host, port=port,
         workers=workers, allowed_host=allowed_host, allowed_origin=allowed_origin, auth=auth, extra_args=extra_args,
     ) as (cmd, env):
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        log_path = Path(log_path)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
