@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser(
         "server",
-        help="MLflow tracking server for a cluster: artifacts over HTTP, loopback unless --host (Ctrl-C/SIGTERM stops it)",
+        help="MLflow tracking server for a cluster: artifacts over HTTP, loopback unless --host, the head's names "
+        "and --allowed-host accepted, --auth for a login (Ctrl-C/SIGTERM stops it)",
     )
     server_cli.add_arguments(srv)
     srv.set_defaults(func=server_cli.from_args)

@@ -221,13 +221,17 @@ def _scheduler(study: LoadedStudy):
 def _init_ray(address: str | None, num_cpus: int | None):
     import ray
 
+    from trainables.tracking import trial_runtime_env
+
     if ray.is_initialized():
         return False
+    runtime_env = trial_runtime_env()  # the driver's MLflow credentials, for trials on any node
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
     else:
         # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
-        ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False)
+        ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False,
+                 runtime_env=runtime_env)
     return True
 
 

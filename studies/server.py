@@ -1,13 +1,16 @@
 """The MLflow tracking server of a cluster (`sharpscale server`), and the process-group runner it shares with
-`sharpscale ui`: a real `mlflow server` that serves artifacts over HTTP and leaves no process behind when stopped."""
+`sharpscale ui`: a real `mlflow server` that serves artifacts over HTTP, admits the head's own names, can require a
+login (MLflow's basic auth), and leaves no process behind when stopped."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import ipaddress
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -17,19 +20,27 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 __all__ = [
+    "DEFAULT_ADMIN_USERNAME",
     "DEFAULT_ARTIFACTS_DESTINATION",
     "DEFAULT_BACKEND_STORE_URI",
+    "Auth",
     "ServerError",
+    "ServerOptionError",
     "add_arguments",
+    "allowed_hosts",
+    "allowed_origins",
+    "auth_database_uri",
     "free_port",
     "from_args",
     "group_alive",
     "is_loopback",
     "mlflow_server_command",
+    "own_host_names",
     "redact_uri",
     "run_in_process_group",
     "serve",
@@ -40,15 +51,64 @@ __all__ = [
 DEFAULT_BACKEND_STORE_URI = "sqlite:///mlflow.db"
 DEFAULT_ARTIFACTS_DESTINATION = "./mlartifacts"
 DEFAULT_PORT = 5000
+DEFAULT_ADMIN_USERNAME = "admin"
 STOP_TIMEOUT_S = 15.0
+
+# MLflow's own environment variables that `--auth` reads or sets (names from mlflow.environment_variables).
+_ADMIN_USERNAME_ENV = "MLFLOW_AUTH_ADMIN_USERNAME"
+_ADMIN_PASSWORD_ENV = "MLFLOW_AUTH_ADMIN_PASSWORD"
+_AUTH_CONFIG_ENV = "MLFLOW_AUTH_CONFIG_PATH"
+_SECRET_KEY_ENV = "MLFLOW_FLASK_SERVER_SECRET_KEY"
+
+# `mlflow server` options that sharpscale sets itself, and what to use instead of passing them after `--`.
+_OWNED_OPTIONS = {
+    "--backend-store-uri": "--backend-store-uri before --",
+    "--artifacts-destination": "--artifacts-destination before --",
+    "--serve-artifacts": "nothing: artifacts are always served over HTTP",
+    "--no-serve-artifacts": "nothing: artifacts are always served over HTTP",
+    "--host": "--host before --",
+    "-h": "--host before --",
+    "--port": "--port before --",
+    "-p": "--port before --",
+    "--workers": "--workers before --",
+    "-w": "--workers before --",
+    "--allowed-hosts": "--allowed-host NAME (repeatable) before --",
+    "--cors-allowed-origins": "--allowed-origin ORIGIN (repeatable) before --",
+    "--disable-security-middleware": "--allowed-host NAME for each name clients use; the host check stays on",
+    "--app-name": "--auth for MLflow's basic auth",
+}
+# Settings of MLflow's host and origin checks that would silently replace or switch off the lists built here.
+_OWNED_ENV = {
+    "MLFLOW_SERVER_ALLOWED_HOSTS": "--allowed-host NAME",
+    "MLFLOW_SERVER_CORS_ALLOWED_ORIGINS": "--allowed-origin ORIGIN",
+    "MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE": "--allowed-host NAME for each name clients use",
+}
+_PROBE_HOST = "sharpscale-probe.invalid"  # a name no allowed-host pattern may match: it would admit any host
 
 
 class ServerError(RuntimeError):
     """The MLflow server did not come up; the message carries the end of its log."""
 
 
+class ServerOptionError(ValueError):
+    """An option of `sharpscale server` is wrong; the message names it, the rule, the value and the fix."""
+
+
 class _StopRequested(Exception):
     """SIGTERM or SIGHUP reached the launcher: stop the server as Ctrl-C would."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    """`sharpscale server --auth`: MLflow's basic-auth app (every request needs a user name and password).
+
+    The admin user is created on the first start, named by MLFLOW_AUTH_ADMIN_USERNAME (default `admin`), with
+    the password from `password_file` or else from MLFLOW_AUTH_ADMIN_PASSWORD. Users and permissions live in
+    `database_uri`, by default beside the backend store (see `auth_database_uri`).
+    """
+
+    password_file: str | None = None
+    database_uri: str | None = None
 
 
 def is_loopback(host: str) -> bool:
@@ -66,6 +126,172 @@ def redact_uri(uri: str) -> str:
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]+):[^@/]*@", r"\1:***@", uri)
 
 
+def own_host_names() -> list[str]:
+    """This machine's names and the address of every interface it has: what a client may write in a Host header
+    to reach a server here (host name, FQDN, localhost, IPv4 and IPv6 addresses; IPv6 scope ids dropped)."""
+    import psutil  # lazy: keeps `import studies.server` to the standard library
+
+    names = [socket.gethostname(), socket.getfqdn(), "localhost"]
+    for addresses in psutil.net_if_addrs().values():
+        names += [a.address.split("%", 1)[0] for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)]
+    return list(dict.fromkeys(n.lower() for n in names if n))
+
+
+def _ipv6(entry: str) -> str | None:
+    try:
+        address = ipaddress.ip_address(entry.strip("[]"))
+    except ValueError:
+        return None
+    return str(address) if address.version == 6 else None
+
+
+def _has_port(entry: str) -> bool:
+    return re.search(r"(^[^:]+|\])(:[0-9]+)$", entry) is not None
+
+
+def _host_patterns(entry: str) -> list[str]:
+    """One host as MLflow matches Host headers: exactly, or by fnmatch when the pattern holds `*`. A client sends
+    the port too unless it is the scheme's default, so a name without a port also admits it with any port (as
+    MLflow's own defaults do for localhost); an IPv6 address is bracketed, and `[` escaped for fnmatch."""
+    if (v6 := _ipv6(entry)) is not None:
+        return [f"[{v6}]", f"[[]{v6}]:*"]
+    return [entry] if _has_port(entry) else [entry, f"{entry}:*"]
+
+
+def _check_allowed_host(entry: str) -> str:
+    field = "--allowed-host"
+    if not entry or re.search(r"[\s,/]", entry):
+        raise ServerOptionError(
+            f"{field}: a host name, an address or a pattern without spaces, commas or slashes (one name per option) "
+            f"must be given, got {entry!r}. Fix: e.g. {field} mlflow.internal {field} raycluster-head-svc"
+        )
+    if any(fnmatch.fnmatch(probe, p) for p in _host_patterns(entry.lower()) for probe in (_PROBE_HOST, f"{_PROBE_HOST}:80")):
+        raise ServerOptionError(
+            f"{field}: a pattern must not admit every host (that switches MLflow's DNS-rebinding check off), got "
+            f"{entry!r}. Fix: name the hosts clients use, e.g. {field} '*.svc.cluster.local'"
+        )
+    return entry.lower()
+
+
+def allowed_hosts(extra: Sequence[str] = ()) -> list[str]:
+    """The Host headers `sharpscale server` admits: MLflow's defaults (localhost on any port, private addresses),
+    this machine's names and addresses (`own_host_names`), and `extra` (the `--allowed-host` names), each as
+    MLflow matches it. Never `*`: a request addressed to any other name gets 403."""
+    # Not in MLflow's documented API; tests/cluster/test_server.py pins what it returns.
+    from mlflow.server.security_utils import get_default_allowed_hosts
+
+    patterns = list(get_default_allowed_hosts())
+    for entry in [*own_host_names(), *(_check_allowed_host(e) for e in extra)]:
+        patterns += _host_patterns(entry)
+    return list(dict.fromkeys(patterns))
+
+
+def allowed_origins(port: int, hosts: Sequence[str] = (), extra: Sequence[str] = ()) -> list[str]:
+    """The browser origins that may change state (MLflow's CORS check; localhost origins it admits itself): the
+    UI as served under this machine's names and the `--allowed-host` names (`http://NAME:PORT`, or the name's
+    own port), plus `extra` (the `--allowed-origin` values, e.g. https://mlflow.example.com behind a proxy)."""
+    origins = []
+    for entry in [*own_host_names(), *(_check_allowed_host(h) for h in hosts)]:
+        if (v6 := _ipv6(entry)) is not None:
+            origins.append(f"http://[{v6}]:{port}")
+        elif "*" not in entry:
+            origins.append(f"http://{entry}" if _has_port(entry) else f"http://{entry}:{port}")
+    for origin in extra:
+        if not re.fullmatch(r"https?://[^\s,/*]+", origin):
+            raise ServerOptionError(
+                f"--allowed-origin: scheme://host[:port] with no path, spaces, commas or '*' must be given, got "
+                f"{origin!r}. Fix: e.g. --allowed-origin https://mlflow.example.com"
+            )
+        origins.append(origin.lower())
+    return list(dict.fromkeys(origins))
+
+
+def _check_extra_args(extra_args: Sequence[str], environ: Mapping[str, str]) -> None:
+    for arg in extra_args:
+        option = arg.split("=", 1)[0]
+        if option in _OWNED_OPTIONS:
+            raise ServerOptionError(
+                f"extra mlflow server options: sharpscale sets {option} itself, got {arg!r} after --. "
+                f"Fix: use {_OWNED_OPTIONS[option]}."
+            )
+    for name, fix in _OWNED_ENV.items():
+        if environ.get(name, "").strip().lower() not in ("", "0", "false"):
+            raise ServerOptionError(
+                f"environment: sharpscale server builds MLflow's host and origin checks itself, but {name} is set "
+                f"(to {environ[name]!r}), which would replace or switch them off. Fix: unset {name} and use {fix}."
+            )
+
+
+def auth_database_uri(backend_store_uri: str) -> str:
+    """Where `--auth` keeps users and permissions by default: beside the backend store. An SQLite store
+    `.../mlflow.db` gets `.../mlflow-auth.db`; any other database (PostgreSQL, MySQL) holds the auth tables
+    itself (they do not clash with MLflow's, and have their own migration table)."""
+    from trainables.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(backend_store_uri)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix):
+        path = Path(uri[len(prefix):])
+        return prefix + str(path.with_name(f"{path.stem}-auth{path.suffix or '.db'}"))
+    return uri
+
+
+def _auth_env(auth: Auth, backend_store_uri: str, config_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's environment for basic auth, after checking the admin password is given once. The config file
+    written to `config_dir` holds no secret: the password reaches MLflow through MLFLOW_AUTH_ADMIN_PASSWORD."""
+    import importlib.util
+
+    from trainables.tracking import resolve_tracking_uri
+
+    if importlib.util.find_spec("flask_wtf") is None:  # what MLflow's basic-auth app imports first
+        raise ServerOptionError(
+            "--auth: MLflow's basic-auth app needs the mlflow[auth] extra (Flask-WTF), which is not installed here. "
+            "Fix: pip install -c constraints.txt '.[auth]' in the repository (`make install` does), or "
+            "pip install 'mlflow[auth]>=3.17,<3.18'."
+        )
+    password = environ.get(_ADMIN_PASSWORD_ENV) or None
+    if auth.password_file is not None:
+        if password is not None:
+            raise ServerOptionError(
+                f"--admin-password-file: give the admin password once, but {_ADMIN_PASSWORD_ENV} is set as well. "
+                f"Fix: unset {_ADMIN_PASSWORD_ENV} or drop --admin-password-file."
+            )
+        try:
+            password = Path(auth.password_file).expanduser().read_text().rstrip("\r\n")
+        except OSError as err:
+            raise ServerOptionError(
+                f"--admin-password-file: a readable file holding the admin password must be given, got "
+                f"{auth.password_file!r} ({err.strerror}). Fix: create it with mode 600, e.g. "
+                f"`(umask 077; python -c 'import secrets; print(secrets.token_urlsafe(24))' > FILE)`."
+            ) from None
+        if not password:
+            raise ServerOptionError(
+                f"--admin-password-file: the file must hold the admin password, got an empty file "
+                f"{auth.password_file!r}. Fix: write the password (12 characters or more) into it."
+            )
+    if password is None:
+        raise ServerOptionError(
+            f"--auth: MLflow needs an admin password to create its admin user, got neither --admin-password-file "
+            f"nor {_ADMIN_PASSWORD_ENV}. Fix: --admin-password-file FILE (mode 600, 12 characters or more), or "
+            f"export {_ADMIN_PASSWORD_ENV} in the server's environment."
+        )
+    database = resolve_tracking_uri(auth.database_uri) if auth.database_uri else auth_database_uri(backend_store_uri)
+    config = config_dir / "basic_auth.ini"
+    config.write_text(
+        "[mlflow]\n"
+        "default_permission = READ\n"
+        f"database_uri = {database}\n"
+        f"admin_username = {DEFAULT_ADMIN_USERNAME}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
+    return {
+        _AUTH_CONFIG_ENV: str(config),
+        _ADMIN_PASSWORD_ENV: password,
+        # CSRF tokens of the login forms; one random key per start is enough for a single server.
+        _SECRET_KEY_ENV: environ.get(_SECRET_KEY_ENV) or secrets.token_hex(32),
+    }
+
+
 def _resolve_artifacts_destination(destination: str, base: Path | None = None) -> str:
     # A relative directory is taken from where the command runs, once: the server's workers must agree on it.
     if "://" in destination or destination.startswith("mlflow-artifacts:"):
@@ -80,20 +306,28 @@ def mlflow_server_command(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     workers: int | None = None,
+    allowed_host: Sequence[str] = (),
+    allowed_origin: Sequence[str] = (),
+    auth: bool = False,
     extra_args: Sequence[str] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The `python -m mlflow server` command line: relative SQLite paths and artifact directories made absolute,
-    `--serve-artifacts` always on (clients on other nodes upload artifacts over HTTP; no shared filesystem).
+    """The `python -m mlflow server` command line, every option checked: relative SQLite paths and artifact
+    directories made absolute, `--serve-artifacts` always on (clients on other nodes upload artifacts over HTTP; no
+    shared filesystem), the Host headers and origins of `allowed_hosts` / `allowed_origins` (MLflow's defaults, this
+    machine's names, `allowed_host`, `allowed_origin`), and MLflow's basic-auth app when `auth`.
 
     backend_store_uri: `sqlite:///mlflow.db` or `postgresql://user@host/db`; the password of the latter comes from
     PGPASSFILE (~/.pgpass) or PGPASSWORD, never from this URI or the repository. Any other SQLAlchemy URI passes through.
+    extra_args: further `mlflow server` options; those sharpscale sets itself are refused (ServerOptionError).
     """
     from trainables.tracking import resolve_tracking_uri  # lazy: keeps `import studies.server` to the standard library
 
     if port < 0 or port > 65535:
-        raise ValueError(f"port: 0 <= port <= 65535 must hold, got port={port}.")
+        raise ServerOptionError(f"port: 0 <= port <= 65535 must hold, got port={port}. Fix: e.g. --port {DEFAULT_PORT}.")
     if workers is not None and workers < 1:
-        raise ValueError(f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for MLflow's default.")
+        raise ServerOptionError(f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for MLflow's default.")
+    _check_extra_args(extra_args, os.environ if environ is None else environ)
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--backend-store-uri", resolve_tracking_uri(backend_store_uri),
@@ -101,18 +335,28 @@ def mlflow_server_command(
         "--serve-artifacts",
         "--host", host,
         "--port", str(port),
+        "--allowed-hosts", ",".join(allowed_hosts(allowed_host)),
+        "--cors-allowed-origins", ",".join(allowed_origins(port, allowed_host, allowed_origin)),
     ]
     if workers is not None:
         cmd += ["--workers", str(workers)]
+    if auth:
+        cmd += ["--app-name", "basic-auth"]
     return cmd + list(extra_args)
 
 
-def _no_auth_warning(host: str, port: int) -> str:
+def _exposure_warning(host: str, port: int, auth: bool) -> str:
+    if auth:
+        return (
+            f"NOTE: the MLflow server listens on {host}:{port}, not on loopback, with basic auth over plain HTTP:\n"
+            "  user names and passwords cross the network unencrypted. Keep the port closed to everything but the\n"
+            "  cluster's own nodes, reach the UI through an SSH tunnel, or put a TLS proxy in front. docs/cluster.md."
+        )
     return (
-        f"WARNING: the MLflow server listens on {host}:{port}, not on loopback, and MLflow has no authentication:\n"
+        f"WARNING: the MLflow server listens on {host}:{port}, not on loopback, and requires no login:\n"
         f"  anyone who can reach {host}:{port} can read, change and delete every run and artifact.\n"
         "  Keep the port closed to everything but the cluster's own nodes (security group / firewall), reach the\n"
-        "  UI through an SSH tunnel, or add MLflow's basic auth (`-- --app-name basic-auth`). docs/cluster.md, Security."
+        "  UI through an SSH tunnel, or require a login with --auth. docs/cluster.md, Security."
     )
 
 
@@ -204,19 +448,47 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args) -> list[str]:
-    """The `mlflow server` command line, with the loud warning a non-loopback bind deserves."""
+@contextlib.contextmanager
+def _prepared(
+    *, backend_store_uri, artifacts_destination, host, port, workers, allowed_host, allowed_origin, auth, extra_args
+) -> Iterator[tuple[list[str], dict[str, str]]]:
+    """Every option checked (ServerOptionError before anything starts), then the server's command line and
+    environment, with the loud warning a non-loopback bind deserves. The auth config file (no secret in it) lives
+    in a private temporary directory until the server is gone."""
     cmd = mlflow_server_command(
         backend_store_uri=backend_store_uri,
         artifacts_destination=artifacts_destination,
         host=host,
         port=port,
         workers=workers,
+        allowed_host=allowed_host,
+        allowed_origin=allowed_origin,
+        auth=auth is not None,
         extra_args=extra_args,
     )
-    if not is_loopback(host):
-        print(_no_auth_warning(host, port), file=sys.stderr, flush=True)
-    return cmd
+    env = _child_env()
+    with tempfile.TemporaryDirectory(prefix="sharpscale-mlflow-") as config_dir:
+        if auth is not None:
+            env.update(_auth_env(auth, backend_store_uri, Path(config_dir), os.environ))
+        if not is_loopback(host):
+            print(_exposure_warning(host, port, auth is not None), file=sys.stderr, flush=True)
+        yield cmd, env
+
+
+def _describe(cmd: Sequence[str], env: Mapping[str, str], host: str, port: int, allowed_host: Sequence[str]) -> str:
+    backend, artifacts = cmd[cmd.index("--backend-store-uri") + 1], cmd[cmd.index("--artifacts-destination") + 1]
+    names = ", ".join(dict.fromkeys([*own_host_names(), *(h.lower() for h in allowed_host)]))
+    lines = [
+        f"MLflow tracking server on {_url(host, port)}: runs in {redact_uri(backend)}, artifacts in "
+        f"{redact_uri(artifacts)} (served over HTTP). Ctrl-C stops it.",
+        f"Accepts requests addressed to {names}, and to localhost and private addresses (any port); "
+        "other Host headers get 403 (add names with --allowed-host).",
+    ]
+    if _AUTH_CONFIG_ENV in env and "basic-auth" in cmd:
+        database = re.search(r"^database_uri = (.*)$", Path(env[_AUTH_CONFIG_ENV]).read_text(), re.M).group(1)
+        user = env.get(_ADMIN_USERNAME_ENV) or DEFAULT_ADMIN_USERNAME
+        lines.append(f"Login required (MLflow basic auth): admin user {user!r}; users and permissions in {redact_uri(database)}.")
+    return "\n".join(lines)
 
 
 def serve(
@@ -226,21 +498,23 @@ def serve(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     workers: int | None = None,
+    allowed_host: Sequence[str] = (),
+    allowed_origin: Sequence[str] = (),
+    auth: Auth | None = None,
     extra_args: Sequence[str] = (),
 ) -> int:
     """Run the MLflow tracking server in the foreground until Ctrl-C or SIGTERM; returns its exit status.
 
-    Loopback only unless `host` says otherwise (then a warning: MLflow has no authentication). Artifacts are
-    proxied (`--serve-artifacts`) to `artifacts_destination`: a directory here, or s3://, gs://, ... URIs.
+    Loopback only unless `host` says otherwise (then a warning, louder without `auth`). Artifacts are proxied
+    (`--serve-artifacts`) to `artifacts_destination`: a directory here, or s3://, gs://, ... URIs. Requests must be
+    addressed to a name of `allowed_hosts(allowed_host)`. With `auth`, every request needs a login.
     """
-    cmd = _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args)
-    backend, artifacts = cmd[cmd.index("--backend-store-uri") + 1], cmd[cmd.index("--artifacts-destination") + 1]
-    print(
-        f"MLflow tracking server on {_url(host, port)}: runs in {redact_uri(backend)}, artifacts in "
-        f"{redact_uri(artifacts)} (served over HTTP). Ctrl-C stops it.",
-        flush=True,
-    )
-    return run_in_process_group(cmd, env=_child_env())
+    with _prepared(
+        backend_store_uri=backend_store_uri, artifacts_destination=artifacts_destination, host=host, port=port,
+        workers=workers, allowed_host=allowed_host, allowed_origin=allowed_origin, auth=auth, extra_args=extra_args,
+    ) as (cmd, env):
+        print(_describe(cmd, env, host, port, allowed_host), flush=True)
+        return run_in_process_group(cmd, env=env)
 
 
 def _url(host: str, port: int) -> str:
@@ -274,6 +548,9 @@ def start_server(
     host: str = "127.0.0.1",
     port: int | None = None,
     workers: int | None = 1,
+    allowed_host: Sequence[str] = (),
+    allowed_origin: Sequence[str] = (),
+    auth: Auth | None = None,
     extra_args: Sequence[str] = (),
     log_path: str | Path | None = None,
     timeout_s: float = 120.0,
@@ -284,76 +561,121 @@ def start_server(
     in the ServerError raised when it does not come up within `timeout_s`. On exit its whole process group stops.
     """
     port = port or free_port(host)
-    cmd = _checked_command(backend_store_uri, artifacts_destination, host, port, workers, extra_args)
-    if log_path is None:
-        fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
-        os.close(fd)
-        log_path = name
-    log_path = Path(log_path)
     url = _url(host, port)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=_child_env())
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise ServerError(
-                    f"mlflow server exited with status {proc.returncode} before answering on {url}; "
-                    f"its log ({log_path}) ends with:\n{_tail(log_path)}"
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    f"mlflow server did not answer on {url}/health within {timeout_s:.0f} s; "
-                    f"its log ({log_path}) ends with:\n{_tail(log_path)}"
-                )
-            time.sleep(0.25)
-        yield proc, url
-    finally:
-        stop_process_group(proc)
+    with _prepared(
+        backend_store_uri=backend_store_uri, artifacts_destination=artifacts_destination, host=host, port=port,
+        workers=workers, allowed_host=allowed_host, allowed_origin=allowed_origin, auth=auth, extra_args=extra_args,
+    ) as (cmd, env):
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        log_path = Path(log_path)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                if proc.poll() is not None:
+                    raise ServerError(
+                        f"mlflow server exited with status {proc.returncode} before answering on {url}; "
+                        f"its log ({log_path}) ends with:\n{_tail(log_path)}"
+                    )
+                try:  # /health needs neither an allowed Host header nor a login
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except (urllib.error.URLError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerError(
+                        f"mlflow server did not answer on {url}/health within {timeout_s:.0f} s; "
+                        f"its log ({log_path}) ends with:\n{_tail(log_path)}"
+                    )
+                time.sleep(0.25)
+            yield proc, url
+        finally:
+            stop_process_group(proc)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `sharpscale server`, for the CLI."""
     parser.add_argument(
         "--backend-store-uri",
-        default=DEFAULT_BACKEND_STORE_URI,
-        help="where runs are stored: sqlite:///mlflow.db (relative paths made absolute) or "
-        "postgresql://user@host/db (password from PGPASSFILE or PGPASSWORD, never in the URI)",
+        default=DEFAULT_BACKEND_STORE_URI, metavar="URI",
+        help="where runs are stored: sqlite:///mlflow.db (relative paths made absolute; the default) or "
+        "postgresql://user@host:5432/db (needs psycopg2-binary; password from ~/.pgpass, PGPASSFILE or PGPASSWORD, "
+        "never in the URI)",
     )
     parser.add_argument(
         "--artifacts-destination",
-        default=DEFAULT_ARTIFACTS_DESTINATION,
-        help="where the server stores the artifacts that clients upload over HTTP: a directory, s3://bucket/prefix, "
-        "gs://bucket/prefix (default: ./mlartifacts)",
+        default=DEFAULT_ARTIFACTS_DESTINATION, metavar="DEST",
+        help="where the server stores the artifacts that clients upload over HTTP: a directory, s3://bucket/prefix "
+        "(needs boto3; credentials from the head's instance profile or AWS_* variables), gs://bucket/prefix "
+        "(default: ./mlartifacts)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1",
-        help="bind address (default: loopback only; MLflow has no authentication, see docs/cluster.md)",
+        help="bind address (default: 127.0.0.1, loopback only; 0.0.0.0 for every interface, with a warning)",
     )
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     parser.add_argument("--workers", type=int, default=None, help="server worker processes (default: MLflow's, 4)")
     parser.add_argument(
+        "--allowed-host", action="append", default=[], metavar="NAME",
+        help="also accept requests addressed to NAME (with any port, unless NAME:PORT), e.g. a KubeRay Service name "
+        "or a DNS alias; fnmatch patterns such as '*.svc.cluster.local' work; repeatable. Always accepted: "
+        "this machine's host name, FQDN and interface addresses, localhost and private addresses; others get 403",
+    )
+    parser.add_argument(
+        "--allowed-origin", action="append", default=[], metavar="ORIGIN",
+        help="also let browser pages from ORIGIN change data (MLflow's CORS check), e.g. https://mlflow.example.com "
+        "behind a TLS proxy; the UI under every accepted name is allowed already; repeatable",
+    )
+    parser.add_argument(
+        "--auth", action="store_true",
+        help="require a login: MLflow's basic auth (needs the auth extra: pip install '.[auth]'). The admin user "
+        f"(MLFLOW_AUTH_ADMIN_USERNAME, default {DEFAULT_ADMIN_USERNAME}) is created on the first start with the "
+        "password from --admin-password-file or MLFLOW_AUTH_ADMIN_PASSWORD; clients log in with "
+        "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD",
+    )
+    parser.add_argument(
+        "--admin-password-file", default=None, metavar="PATH",
+        help="with --auth: file holding the admin password (12+ characters, mode 600), instead of "
+        "MLFLOW_AUTH_ADMIN_PASSWORD; never printed",
+    )
+    parser.add_argument(
+        "--auth-database-uri", default=None, metavar="URI",
+        help="with --auth: where users and permissions are stored (default: beside the backend store, "
+        "mlflow-auth.db next to an SQLite mlflow.db, or the same PostgreSQL database)",
+    )
+    parser.add_argument(
         "extra_args", nargs=argparse.REMAINDER,
-        help="after --: options passed to `mlflow server` unchanged, e.g. -- --app-name basic-auth",
+        help="after --: further `mlflow server` options passed unchanged, e.g. -- --static-prefix /mlflow "
+        "(not those set above: they are refused with the option to use instead)",
     )
 
 
 def from_args(args: argparse.Namespace) -> int:
-    """`sharpscale server` with the options of `add_arguments`."""
+    """`sharpscale server` with the options of `add_arguments`; a bad option exits 2 with its message."""
     extra = list(args.extra_args)
     if extra[:1] == ["--"]:
         extra = extra[1:]
-    return serve(
-        backend_store_uri=args.backend_store_uri,
-        artifacts_destination=args.artifacts_destination,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        extra_args=extra,
-    )
+    try:
+        for option, value in (("--admin-password-file", args.admin_password_file), ("--auth-database-uri", args.auth_database_uri)):
+            if value is not None and not args.auth:
+                raise ServerOptionError(f"{option}: it only applies with --auth, got {option} {value} alone. Fix: add --auth.")
+        auth = Auth(password_file=args.admin_password_file, database_uri=args.auth_database_uri) if args.auth else None
+        return serve(
+            backend_store_uri=args.backend_store_uri,
+            artifacts_destination=args.artifacts_destination,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            allowed_host=args.allowed_host,
+            allowed_origin=args.allowed_origin,
+            auth=auth,
+            extra_args=extra,
+        )
+    except ServerOptionError as err:
+        print(f"sharpscale server: error: {err}", file=sys.stderr)
+        return 2

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRIAL_KEY_TAG", "TrackingTarget", "TrialRecorder", "resolve_tracking_uri", "tracking_client"]
+__all__ = [
+    "TRIAL_KEY_TAG",
+    "TrackingTarget",
+    "TrialRecorder",
+    "resolve_tracking_uri",
+    "trial_runtime_env",
+    "tracking_client",
+]
 
 # The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
 # creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
@@ -39,6 +49,26 @@ def resolve_tracking_uri(uri: str, base: Path | None = None) -> str:
     if "://" not in uri:  # a bare path: MLflow's file store is deprecated, so a path means an SQLite file
         return prefix + str(((base or Path.cwd()) / uri).resolve())
     return uri
+
+
+def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The Ray runtime environment that gives every trial the MLflow credentials of the driver's environment.
+
+    Trials create MlflowClients on Ray's worker processes, which do not inherit the driver's environment when
+    Ray runs elsewhere (`--address`); an MLflow server started with `sharpscale server --auth` answers them 401.
+    Forwarded, when set: MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN. None when none
+    is set. A variable that a Ray job's own runtime environment already sets (`ray job submit --runtime-env-json`)
+    is left to it: it reaches every worker anyway, and ray.init refuses a key set twice.
+    """
+    from mlflow.environment_variables import MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME
+
+    environ = os.environ if environ is None else environ
+    # Set by Ray's job supervisor for a submitted job's driver; tests/studies pin its name and layout.
+    job = json.loads(environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}")
+    from_job = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
+    names = (MLFLOW_TRACKING_USERNAME.name, MLFLOW_TRACKING_PASSWORD.name, MLFLOW_TRACKING_TOKEN.name)
+    env_vars = {name: environ[name] for name in names if environ.get(name) and name not in from_job}
+    return {"env_vars": env_vars} if env_vars else None
 
 
 def tracking_client(tracking_uri: str):

@@ -1,10 +1,14 @@
-"""`sharpscale server`: the mlflow server command it builds, its warnings, and a real server stopped by SIGTERM."""
+"""`sharpscale server`: the mlflow server command it builds, its warnings, its host and origin checks against a real
+server (Host headers sent to 127.0.0.1), and a real server stopped by SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,10 +19,13 @@ import pytest
 from studies import server
 from studies.server import (
     ServerError,
+    ServerOptionError,
+    allowed_hosts,
     free_port,
     group_alive,
     is_loopback,
     mlflow_server_command,
+    own_host_names,
     redact_uri,
     start_server,
 )
@@ -44,11 +51,12 @@ def test_command_passes_remote_stores_through():
         backend_store_uri="postgresql://sharpscale@db.internal/mlflow",
         artifacts_destination="s3://bucket/mlartifacts",
         workers=2,
-        extra_args=["--app-name", "basic-auth"],
+        extra_args=["--x-frame-options", "DENY"],
     )
     assert _opt(cmd, "--backend-store-uri") == "postgresql://sharpscale@db.internal/mlflow"
     assert _opt(cmd, "--artifacts-destination") == "s3://bucket/mlartifacts"
-    assert _opt(cmd, "--workers") == "2" and cmd[-2:] == ["--app-name", "basic-auth"]
+    assert _opt(cmd, "--workers") == "2" and cmd[-2:] == ["--x-frame-options", "DENY"]
+    assert "--app-name" not in cmd
 
 
 @pytest.mark.parametrize("bad", [{"port": 70000}, {"workers": 0}])
@@ -77,7 +85,7 @@ def test_serve_warns_loudly_off_loopback_and_never_prints_a_password(monkeypatch
     monkeypatch.setattr(server, "run_in_process_group", lambda cmd, **kw: seen.append(cmd) or 0)
     assert server.serve(host="0.0.0.0", backend_store_uri="postgresql://u:hunter2@db/mlflow") == 0
     out = capsys.readouterr()
-    assert "WARNING" in out.err and "no authentication" in out.err and "0.0.0.0:5000" in out.err
+    assert "WARNING" in out.err and "requires no login" in out.err and "--auth" in out.err and "0.0.0.0:5000" in out.err
     assert "hunter2" not in out.out + out.err
     assert _opt(seen[0], "--host") == "0.0.0.0"
 
@@ -90,12 +98,92 @@ def test_cli_options_and_passthrough(monkeypatch):
     server.add_arguments(parser)
     calls = []
     monkeypatch.setattr(server, "serve", lambda **kw: calls.append(kw) or 0)
-    args = parser.parse_args(["--port", "5001", "--workers", "2", "--", "--app-name", "basic-auth"])
+    args = parser.parse_args([
+        "--port", "5001", "--workers", "2", "--allowed-host", "head-svc", "--allowed-host", "mlflow.internal",
+        "--allowed-origin", "https://mlflow.example.com", "--", "--static-prefix", "/mlflow",
+    ])
     assert server.from_args(args) == 0
     assert calls == [{
         "backend_store_uri": "sqlite:///mlflow.db", "artifacts_destination": "./mlartifacts", "host": "127.0.0.1",
-        "port": 5001, "workers": 2, "extra_args": ["--app-name", "basic-auth"],
+        "port": 5001, "workers": 2, "allowed_host": ["head-svc", "mlflow.internal"],
+        "allowed_origin": ["https://mlflow.example.com"], "auth": None, "extra_args": ["--static-prefix", "/mlflow"],
     }]
+
+
+def test_allowed_hosts_are_mlflows_defaults_plus_this_machines_names():
+    from mlflow.server.security_utils import get_default_allowed_hosts  # not MLflow's documented API: pinned here
+
+    defaults = get_default_allowed_hosts()
+    assert {"localhost", "localhost:*", "127.0.0.1:*", "10.*", "192.168.*", "172.16.*"} <= set(defaults)
+    hosts = allowed_hosts(["head-svc", "mlflow.internal:8443", "*.svc.cluster.local"])
+    assert hosts[: len(defaults)] == defaults and "*" not in hosts
+    names = own_host_names()
+    assert {socket.gethostname().lower(), socket.getfqdn().lower(), "localhost", "127.0.0.1"} <= set(names)
+    for name in names:
+        assert name in hosts or f"[{name}]" in hosts  # every address of every interface, IPv6 bracketed
+    assert {"head-svc", "head-svc:*", "mlflow.internal:8443", "*.svc.cluster.local:*"} <= set(hosts)
+    assert "mlflow.internal" not in hosts  # a name given with its port admits that port only
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"allowed_host": ["*"]}, "--allowed-host"),
+        ({"allowed_host": ["*:*"]}, "--allowed-host"),
+        ({"allowed_host": ["a,b"]}, "--allowed-host"),
+        ({"allowed_host": ["http://head:5000"]}, "--allowed-host"),
+        ({"allowed_origin": ["*"]}, "--allowed-origin"),
+        ({"allowed_origin": ["https://x.example/path"]}, "--allowed-origin"),
+        ({"extra_args": ["--allowed-hosts", "*"]}, "--allowed-host NAME"),
+        ({"extra_args": ["--cors-allowed-origins=*"]}, "--allowed-origin ORIGIN"),
+        ({"extra_args": ["--disable-security-middleware"]}, "the host check stays on"),
+        ({"extra_args": ["--host", "0.0.0.0"]}, "--host before --"),
+        ({"environ": {"MLFLOW_SERVER_ALLOWED_HOSTS": "*"}}, "unset MLFLOW_SERVER_ALLOWED_HOSTS"),
+        ({"environ": {"MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE": "true"}}, "unset MLFLOW_SERVER_DISABLE"),
+    ],
+)
+def test_bad_host_options_are_refused_naming_the_fix(kwargs, field):
+    with pytest.raises(ServerOptionError, match="Fix:") as err:
+        mlflow_server_command(**kwargs)
+    assert field in str(err.value)
+
+
+def _request(port: int, host_header: str, method: str = "GET", path: str = "/api/2.0/mlflow/experiments/search?max_results=1",
+             body: dict | None = None, origin: str | None = None) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # loopback only; the Host header says the rest
+    try:
+        headers = {"Host": host_header, "Content-Type": "application/json"}
+        if origin:
+            headers["Origin"] = origin
+        conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(240)
+def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_path):
+    svc = "raycluster-sharpscale-head-svc"
+    with start_server(
+        backend_store_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifacts_destination=str(tmp_path / "art"),
+        allowed_host=[svc, "*.svc.cluster.local"], log_path=tmp_path / "server.log", timeout_s=180,
+    ) as (_, url):
+        port = int(url.rsplit(":", 1)[1])
+        admitted = [f"{svc}:{port}", svc, f"{svc}.default.svc.cluster.local:{port}", "localhost", f"127.0.0.1:{port}"]
+        for name in own_host_names():  # host name, FQDN, every interface address (here also a non-private one)
+            bracketed = f"[{name}]" if ":" in name else name
+            admitted += [bracketed, f"{bracketed}:{port}"]
+        refused = ["evil.example.com", f"evil.example.com:{port}", f"203.0.113.7:{port}", f"{svc}.evil.example:{port}"]
+        got = {h: _request(port, h) for h in admitted + refused}
+        assert got == {**{h: 200 for h in admitted}, **{h: 403 for h in refused}}, got
+
+        # The UI as served under the head's own name may change data (MLflow's CORS check); another site may not.
+        head = socket.gethostname().lower()
+        create = {"method": "POST", "path": "/api/2.0/mlflow/experiments/create"}
+        assert _request(port, f"{head}:{port}", **create, body={"name": "from-ui"}, origin=f"http://{head}:{port}") == 200
+        assert _request(port, f"{head}:{port}", **create, body={"name": "x"}, origin="http://evil.example.com") == 403
 
 
 @pytest.mark.timeout(120)
