@@ -101,6 +101,8 @@ class Tracking(_Strict):
 
 
 class Checkpoints(_Strict):
+    """Tune's checkpoints of each trial; their cadence is the trial config's train.checkpoint_every."""
+
     keep: int = Field(
         KEEP_CHECKPOINTS, ge=1,
         description="Checkpoints kept per trial (Tune's num_to_keep). Tune snapshots its own state after a trial "
@@ -146,6 +148,7 @@ class Study(_Strict):
         "storage; for a URI storage, under sharpscale_runs/ beside the study file (multi-node: set it).",
     )
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
 
     @field_validator("shared_mounts")
     @classmethod
@@ -175,7 +178,6 @@ class Study(_Strict):
                 f"or sqlite:///path, journal:///abs/path on shared storage, or an RDB URL such as postgresql://user@host/db."
             )
         return spec
-    smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
 
     @model_validator(mode="after")
     def _ranges(self) -> "Study":

@@ -139,7 +139,7 @@ def _optuna_trials(url: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_path, monkeypatch, tracking_uri):
+def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys):
     from studies.runner import OPTUNA_STORAGE_TAG, STORAGE_TAG, run_study
 
     path = write(tmp_path / "studies", tracking={"artifact_location": str(tmp_path / "mlartifacts")})
@@ -172,6 +172,11 @@ def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_pat
     assert _optuna_trials(optuna_url) == ["COMPLETE", "COMPLETE"]  # the same database, nothing asked again
     for where in (first, second, tmp_path / "studies"):
         assert not (where / "sharpscale_runs").exists(), where
+
+    from studies.cli import main
+
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0
+    assert f"State (recorded by its study run): Ray storage {storage}, Optuna {optuna_url}" in capsys.readouterr().out
 
     # A resumed run cannot switch Optuna databases: Tune restores its searcher with the one it started with.
     with pytest.raises(StudyError, match="optuna_storage: a resumed run reopens the Optuna storage it started with"):
