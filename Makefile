@@ -39,4 +39,4 @@ bench-geometry: $(STAMP)
 	$(BIN)/python benchmarks/bench_geometry.py
 
 clean:
-	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs
+	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs studies/sharpscale_runs

@@ -30,16 +30,32 @@ def _overrides(args) -> dict:
     for item in getattr(args, "set", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise StudyError(args.study, [f"--set {item!r}: must be KEY=VALUE with KEY a dotted config path. Fix: e.g. --set data.root=/data/cifar10"])
+            raise StudyError(args.study, [
+                f"--set {item!r}: must be KEY=VALUE with KEY a dotted config path or study setting. "
+                f"Fix: e.g. --set data.root=/data/cifar10 or --set storage=/mnt/shared/sharpscale_runs"
+            ])
         out[key.strip()] = yaml.safe_load(value)
+    if getattr(args, "storage", None) is not None:
+        out["storage"] = args.storage  # a path or URI as typed: YAML would turn some into other types
     return out
 
 
-def _add_set(parser) -> None:
-    parser.add_argument(
+def _study_options() -> argparse.ArgumentParser:
+    """Options shared by every command that reads a study file."""
+    from studies.spec import SETTABLE_FIELDS
+
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
         "--set", action="append", metavar="KEY=VALUE", default=[],
-        help="override a trial config path for every cell, e.g. --set data.root=/data/cifar10 (repeatable)",
+        help="override a trial config path for every cell (--set data.root=/data/cifar10) or a study setting "
+        f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable",
     )
+    parent.add_argument(
+        "--storage", default=None, metavar="PATH_OR_URI",
+        help="Ray's results and checkpoints (and, by default, Optuna's database beside them) for this run, instead of "
+        "the study's `storage:`; same as --set storage=...: a directory, or s3:// / gs:// (docs/cluster.md)",
+    )
+    return parent
 
 
 def _cmd_validate(args) -> int:
@@ -47,6 +63,8 @@ def _cmd_validate(args) -> int:
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
     print(f"{args.study}: valid. {len(study.cells)} cells, {study.total_trials} trials.")
+    name = (study.spec.tracking.experiment or study.spec.name) + ("-smoke" if args.smoke else "")
+    print(f"State: Ray storage {study.storage}, Optuna {study.optuna_storage(name)} (a resumed run keeps its recorded ones).")
     return 0
 
 
@@ -108,9 +126,23 @@ def _cmd_status(args) -> int:
             counts[f"best {metric}"] = best
     table = counts.join(planned, how="right").fillna(0)
     print(f"{name}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
+    print(_state_line(study, uri, name))
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string())
     return 0
+
+
+def _state_line(study, uri: str, name: str) -> str:
+    """Where the study's state is: as its latest study run recorded it, else as this file would put it."""
+    from studies.runner import find_study_run, state_locations
+    from trainables.tracking import tracking_client
+
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(name)
+    run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
+    where = state_locations(study, name, run.data.tags if run is not None else None)
+    origin = "recorded by its study run" if run is not None else "from the study file; no study run recorded yet"
+    return f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
 
 
 def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
@@ -207,46 +239,49 @@ def build_parser() -> argparse.ArgumentParser:
         "recorded in MLflow.",
     )
     sub = p.add_subparsers(dest="command", required=True)
+    study_options = [_study_options()]
 
-    run = sub.add_parser("run", help="run a study file (validates it completely first)")
+    run = sub.add_parser("run", parents=study_options, help="run a study file (validates it completely first)")
     run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
     run.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
     run.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's, sqlite:///mlflow.db)")
     run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
     run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
-    _add_set(run)
     run.set_defaults(func=_cmd_run)
 
-    res = sub.add_parser("resume", help="finish an interrupted study: finished trials are not re-run, no run is duplicated")
+    res = sub.add_parser(
+        "resume", parents=study_options,
+        help="finish an interrupted study: finished trials are not re-run, no run is duplicated; its state is where "
+        "the interrupted run recorded it",
+    )
     res.add_argument("study", help="the study file that was run")
     res.add_argument("--address", default=None, help="existing Ray cluster; default: start a local one")
     res.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     res.add_argument("--smoke", action="store_true", help="resume the --smoke run of the study")
     res.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
-    _add_set(res)
     res.set_defaults(func=_cmd_run, dry_run=False)
 
-    st = sub.add_parser("status", help="trials per cell and status, and the best so far, from MLflow")
+    st = sub.add_parser("status", parents=study_options, help="trials per cell and status, and the best so far, from MLflow")
     st.add_argument("study")
     st.add_argument("--tracking-uri", default=None)
     st.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
-    _add_set(st)
     st.set_defaults(func=_cmd_status)
 
-    val = sub.add_parser("validate", help="check a study file; exit 1 listing every problem")
+    val = sub.add_parser("validate", parents=study_options, help="check a study file; exit 2 listing every problem")
     val.add_argument("study")
     val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
-    _add_set(val)
     val.set_defaults(func=_cmd_validate)
 
-    rep = sub.add_parser("report", help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow")
+    rep = sub.add_parser(
+        "report", parents=study_options,
+        help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow",
+    )
     rep.add_argument("study", help="the study file")
     rep.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     rep.add_argument("--out", default=None, help="output directory (default: reports/<study>)")
     rep.add_argument("--smoke", action="store_true", help="report on the --smoke run of the study")
     rep.add_argument("--no-mlflow", action="store_true", help="write the files only, log nothing")
-    _add_set(rep)
     rep.set_defaults(func=_cmd_report)
 
     srv = sub.add_parser(

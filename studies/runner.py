@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -11,15 +10,57 @@ from pathlib import Path
 from typing import Any
 
 from studies.preflight import check_data_on_nodes
-from studies.spec import Cell, LoadedStudy, StudyError, load_study
+from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from studies.search import CellSearcher, apply_sample
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, resolve_tracking_uri, tracking_client
 
-__all__ = ["StudyOutcome", "resolve_tracking_uri", "run_study"]
+__all__ = ["StateLocations", "StudyOutcome", "check_cluster_storage", "resolve_tracking_uri", "run_study", "state_locations"]
 
 STUDY_FILE_HASH_TAG = "sharpscale.study_file_hash"
 CELL_TAG = "sharpscale.cell"
+# Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
+STORAGE_TAG = "sharpscale.storage"
+OPTUNA_STORAGE_TAG = "sharpscale.optuna_storage"
+
+
+@dataclass(frozen=True)
+class StateLocations:
+    """Where a study run keeps its state: Ray's results and checkpoints, Optuna's database."""
+
+    storage: str
+    optuna_storage: str
+    shared: bool             # every node reaches `storage`
+    optuna_default: bool     # optuna_storage was not set, only derived
+
+    def tags(self) -> dict[str, str]:
+        return {STORAGE_TAG: self.storage, OPTUNA_STORAGE_TAG: self.optuna_storage}
+
+
+def state_locations(study: LoadedStudy, run_name: str, recorded: dict[str, str] | None = None) -> StateLocations:
+    """Where the study's state goes; `recorded`: the tags of the study run being resumed.
+
+    A resumed run keeps its recorded Ray storage unless `storage` is overridden (the results were moved), and
+    always its Optuna storage: Tune restores the searcher, with the storage it was built with.
+    """
+    overridden = study.location_overrides
+    storage, optuna = study.storage, study.optuna_storage(run_name)
+    if recorded and STORAGE_TAG in recorded:
+        if "storage" not in overridden:
+            storage = recorded[STORAGE_TAG]
+        kept = recorded.get(OPTUNA_STORAGE_TAG, optuna)
+        if "optuna_storage" in overridden and optuna != kept:
+            raise StudyError(study.path, [
+                f"optuna_storage: a resumed run reopens the Optuna storage it started with, {kept}; got {optuna}. "
+                f"Fix: drop the optuna_storage override (and keep the database at {kept}), or start a new run."
+            ])
+        optuna = kept
+    return StateLocations(
+        storage=storage,
+        optuna_storage=optuna,
+        shared=storage_is_shared(storage, study.spec.shared_mounts),
+        optuna_default=study.spec.optuna_storage is None,
+    )
 
 
 def git_commit(where: Path) -> str:
@@ -101,10 +142,6 @@ def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -
     return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
 
 
-def _is_uri(path: str) -> bool:
-    return "://" in path
-
-
 def _warn_split_records(address: str | None, uri: str) -> None:
     # On a cluster every node must reach one store: a local file or a loopback server splits the records.
     if address in (None, "local"):
@@ -125,21 +162,33 @@ def _find_run(client, experiment_id: str, tags: dict[str, str]):
     return runs[0] if runs else None
 
 
-def _parent_runs(client, study: LoadedStudy, experiment_id: str, commit: str, resume: bool) -> tuple[str, dict[str, str]]:
-    """The study's run and one run per cell; on resume the existing ones are reopened, never duplicated."""
-    study_tags = {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
-    run = _find_run(client, experiment_id, study_tags) if resume else None
+def _study_tags(study: LoadedStudy) -> dict[str, str]:
+    return {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
+
+
+def find_study_run(client, experiment_id: str, study: LoadedStudy):
+    """The newest study run of this file (and these overrides) in the experiment, or None."""
+    return _find_run(client, experiment_id, _study_tags(study))
+
+
+def _parent_runs(
+    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations
+) -> tuple[str, dict[str, str]]:
+    """The study's run and one run per cell; on resume (`run`: the study run found) they are reopened, never duplicated."""
+    resume = run is not None
     if run is None:
         run = client.create_run(
             experiment_id,
             run_name=study.spec.name,
-            tags={**study_tags, "sharpscale.git_commit": commit, "sharpscale.study_file": str(study.path),
-                  "mlflow.note.content": study.spec.description},
+            tags={**_study_tags(study), "sharpscale.git_commit": commit, "sharpscale.study_file": str(study.path),
+                  "mlflow.note.content": study.spec.description, **locations.tags()},
         )
         client.log_artifact(run.info.run_id, str(study.path))
         if study.overrides:
             client.log_dict(run.info.run_id, {"overrides": study.overrides, "smoke": study.smoke}, "overrides.yaml")
     else:
+        for key, value in locations.tags().items():
+            client.set_tag(run.info.run_id, key, value)
         client.update_run(run.info.run_id, status="RUNNING")
     study_run_id = run.info.run_id
     cell_runs = {}
@@ -218,6 +267,74 @@ def _scheduler(study: LoadedStudy):
     )
 
 
+def _trials_leave_this_node(plan: DistributedPlan) -> bool:
+    """Whether the connected cluster runs trials on nodes other than this driver's: it has several (alive)
+    nodes, or this node cannot host one trial (a head that offers no CPU/GPU; the autoscaler adds the workers)."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) > 1:
+        return True
+    here = ray.get_runtime_context().get_node_id()
+    offers = next((n.get("Resources", {}) for n in alive if n.get("NodeID") == here), {})
+    needs = {"CPU": plan.cpus_per_worker, "GPU": plan.gpus_per_worker, **plan.custom}
+    return any(offers.get(name, 0.0) < amount for name, amount in needs.items() if amount > 0)
+
+
+def check_cluster_storage(study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, *, connected: bool) -> None:
+    """Refuse, before any trial, state that the cluster's other nodes cannot reach or that dies with this node.
+
+    connected: the driver joined an existing cluster (--address); a cluster it started itself is this node alone.
+    """
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if not (nodes > 1 or (connected and _trials_leave_this_node(plan))):
+        return
+    where = f"the Ray cluster runs trials on other nodes than this driver's ({nodes} node(s) alive now)"
+    problems = []
+    if not locations.shared:
+        mounts = study.spec.shared_mounts
+        problems.append(
+            f"storage: a path on this node, got {locations.storage!r}, and {where}: the first checkpoint written on "
+            f"another node would fail (\"Unable to set up cluster storage\"). Fix: use storage that every node "
+            f"reaches: a path on an NFS/EFS mount seen at the same place on every node, listed in shared_mounts "
+            f"(e.g. --storage /mnt/shared/sharpscale_runs with `shared_mounts: [/mnt/shared]` in the study file"
+            f"{'; listed now: ' + ', '.join(mounts) if mounts else ''}), or a bucket: --storage s3://BUCKET/sharpscale_runs "
+            f"or gs://BUCKET/sharpscale_runs (docs/cluster.md)."
+        )
+    elif locations.optuna_default and "://" in locations.storage:
+        problems.append(
+            f"optuna_storage: required when storage is a URI ({locations.storage}) and {where}: its default, "
+            f"{locations.optuna_storage}, is a file on this node only, lost with its container. Fix: set "
+            f"optuna_storage in the study file or with --set optuna_storage=..., e.g. "
+            f"journal:///mnt/shared/sharpscale_runs/{study.spec.name}.optuna.journal on an NFS mount, or an RDB URL "
+            f"such as postgresql://USER@HOST:5432/optuna."
+        )
+    if problems:
+        raise StudyError(study.path, problems)
+
+
+def _ensure_local_dirs(study: LoadedStudy, locations: StateLocations) -> None:
+    """Create the local directories the study writes to, or say why not (before any trial starts)."""
+    paths = [] if "://" in locations.storage else [("storage", Path(locations.storage))]
+    if locations.optuna_storage.startswith("sqlite:///"):
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("sqlite:///"):]).parent))
+    elif locations.optuna_storage.startswith("journal:///"):
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("journal://"):]).parent))
+    problems = []
+    for field, path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problems.append(
+                f"{field}: cannot create the directory {path} ({err.strerror}). Fix: mount the storage it names on this "
+                f"node, or choose another one for this run, e.g. --storage ~/sharpscale_runs."
+            )
+    if problems:
+        raise StudyError(study.path, problems)
+
+
 def _init_ray(address: str | None, num_cpus: int | None):
     import ray
 
@@ -247,30 +364,20 @@ def run_study(
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
-    resume: continue the interrupted run of the same file (and the same overrides) instead of starting anew.
-    overrides: dotted trial-config paths set for every cell (the CLI's --set).
+    resume: continue the interrupted run of the same file (and the same overrides) instead of starting anew; its
+    state is where that run recorded it (the study run's tags) unless `storage`/`optuna_storage` are overridden.
+    overrides: dotted trial-config paths and study settings (`storage`, ...) set for this run (the CLI's --set).
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
     exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
+    run_name = exp_name
     _warn_split_records(address, uri)
     experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
-    commit = git_commit(study.path.parent)
-    study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, resume)
-
-    run_name = exp_name
-    # Ray's results may live on shared storage (s3://, gs://, an NFS path); Optuna's SQLite file stays on the
-    # driver's own disk, beside the local results or under ./sharpscale_runs when the results are remote.
-    if _is_uri(spec.storage):
-        storage_path = spec.storage.rstrip("/")
-        local_dir = Path("sharpscale_runs").resolve()
-    else:
-        local_dir = Path(spec.storage).expanduser().resolve()
-        storage_path = str(local_dir)
-    local_dir.mkdir(parents=True, exist_ok=True)
-    optuna_db = local_dir / f"{run_name}.optuna.db"
+    previous = find_study_run(client, experiment_id, study) if resume else None
+    locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
 
     res = study.resources
     plan = DistributedPlan(
@@ -279,8 +386,40 @@ def run_study(
         gpus_per_worker=res.gpus_per_trial,
         custom=dict(res.custom),
         max_failures=res.max_failures,
-        storage_path=f"{storage_path}/{run_name}/train",
+        storage_path=f"{locations.storage}/{run_name}/train",
+        keep_checkpoints=spec.checkpoints.keep,
     )
+
+    started_ray = _init_ray(address, num_cpus)
+    try:
+        # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
+        check_cluster_storage(study, locations, plan, connected=bool(address))
+        _ensure_local_dirs(study, locations)
+        experiment_dir = f"{locations.storage}/{run_name}"
+        if resume:
+            from ray import tune
+
+            if not tune.Tuner.can_restore(experiment_dir):
+                raise StudyError(study.path, [
+                    f"resume: no interrupted run of this study under {experiment_dir}. "
+                    f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
+                ])
+        commit = git_commit(study.path.parent)
+        study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, previous, locations)
+        return _tune(study, locations, plan, client, uri, exp_name, experiment_id, commit, study_run_id, cell_runs, resume)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _tune(
+    study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, client, uri: str, exp_name: str,
+    experiment_id: str, commit: str, study_run_id: str, cell_runs: dict[str, str], resume: bool,
+) -> StudyOutcome:
+    spec = study.spec
+    run_name = exp_name
 
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -301,11 +440,6 @@ def run_study(
             },
         }
 
-    # Every epoch checkpoints, so Tune snapshots its state often; that is intended, not a bottleneck to warn of.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # A trial that starts after Tune's last snapshot is unknown to `resume`: snapshot often to keep that window small.
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")
-    started_ray = _init_ray(address, num_cpus)
     status, errored, trials = "FAILED", 0, 0
     try:
         check_data_on_nodes(study)  # before any trial: a node that cannot read the data fails the study here
@@ -319,19 +453,14 @@ def run_study(
             mode=spec.objective.mode,
             sampler=spec.budget.sampler,
             seed=spec.budget.seed,
-            storage_url=f"sqlite:///{optuna_db}",
+            storage_url=locations.optuna_storage,
             study_name=run_name,
             payload=payload,
         )
         progress = _Progress(study)
         trainable = tune.with_resources(tune_trainable(), _trial_resources(plan))
-        experiment_dir = f"{storage_path}/{run_name}"
+        experiment_dir = f"{locations.storage}/{run_name}"
         if resume:
-            if not tune.Tuner.can_restore(experiment_dir):
-                raise StudyError(study.path, [
-                    f"resume: no interrupted run of this study under {experiment_dir}. "
-                    f"Fix: start it with `sharpscale run`, or check the study's `storage` directory."
-                ])
             # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
             tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
         else:
@@ -352,9 +481,11 @@ def run_study(
                 ),
                 run_config=tune.RunConfig(
                     name=run_name,
-                    storage_path=storage_path,
+                    storage_path=locations.storage,
                     failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                    # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
+                    # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
+                    checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
                     callbacks=[progress.callback],
                     verbose=0,
                 ),
@@ -362,7 +493,7 @@ def run_study(
         t0 = time.perf_counter()
         print(
             f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
-            f"MLflow experiment {exp_name!r} at {uri}",
+            f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}",
             flush=True,
         )
         results = tuner.fit()
@@ -379,8 +510,4 @@ def run_study(
         _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED")
         for rid in [study_run_id, *cell_runs.values()]:
             _retry(client.set_terminated, rid, status=status)
-        if started_ray:
-            import ray
-
-            ray.shutdown()
     return StudyOutcome(experiment_id, study_run_id, uri, trials, errored)

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainables.config import ConfigError, TrialConfig, format_validation_error
+from trainables.ray_train import KEEP_CHECKPOINTS
 from trainables.staging import is_uri
 
-__all__ = ["Cell", "Study", "StudyError", "load_study", "SEARCH_SHORTHANDS"]
+__all__ = ["Cell", "Study", "StudyError", "load_study", "optuna_storage_url", "storage_is_shared", "SEARCH_SHORTHANDS"]
 
 
 class StudyError(ValueError):
@@ -100,6 +101,25 @@ class Tracking(_Strict):
     log_checkpoint: bool = Field(False, description="Keep each trial's final checkpoint as an artifact of its run.")
 
 
+class Checkpoints(_Strict):
+    """Tune's checkpoints of each trial; their cadence is the trial config's train.checkpoint_every."""
+
+    keep: int = Field(
+        KEEP_CHECKPOINTS, ge=1,
+        description="Checkpoints kept per trial (Tune's num_to_keep). Tune snapshots its own state after a trial "
+        "writes this many, so 2 or more keeps the one a killed driver's snapshot names, and halves the snapshots.",
+    )
+
+
+# Where a study keeps its state: not part of what it computes, so neither in the file hash nor needed to find
+# the run again (`resume` reads the resolved values back from the study run's tags).
+LOCATION_FIELDS = ("storage", "shared_mounts", "optuna_storage")
+# Study fields `--set` may change; the rest define the study itself (edit the file) or are trial paths (`base`).
+SETTABLE_FIELDS = ("budget", "resources", "tracking", "checkpoints", *LOCATION_FIELDS)
+DEFAULT_STORAGE = "sharpscale_runs"
+_RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
+
+
 class Study(_Strict):
     """A study file, as written."""
 
@@ -112,8 +132,53 @@ class Study(_Strict):
     budget: Budget = Field(default_factory=Budget)
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)
-    storage: str = Field("sharpscale_runs", description="Directory for Ray's results and Optuna's database.")
+    storage: str = Field(
+        DEFAULT_STORAGE,
+        description="Ray's results and checkpoints: a directory (relative: to the study file's directory) or a URI "
+        "(s3://, gs://). On a multi-node cluster a URI, or a path under one of shared_mounts.",
+    )
+    shared_mounts: list[str] = Field(
+        default_factory=list,
+        description="Absolute directories mounted at the same path on every node (NFS, EFS); a storage path under "
+        "one of them is accepted on a multi-node cluster.",
+    )
+    optuna_storage: str | None = Field(
+        None,
+        description="Optuna's database: a path or sqlite:/// URL (relative: to the study file's directory), an RDB "
+        "URL (postgresql://...), or journal:///abs/path. None: <storage>/<experiment>.optuna.db beside a path "
+        "storage; for a URI storage, under sharpscale_runs/ beside the study file (multi-node: set it).",
+    )
+    checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
+
+    @field_validator("shared_mounts")
+    @classmethod
+    def _mounts_absolute(cls, mounts: list[str]) -> list[str]:
+        relative = [m for m in mounts if not Path(m).expanduser().is_absolute()]
+        if relative:
+            raise ValueError(
+                f"shared_mounts: every entry must be an absolute directory that all nodes mount, got {relative}. "
+                f"Fix: write the mount point, e.g. /mnt/shared."
+            )
+        return mounts
+
+    @field_validator("optuna_storage")
+    @classmethod
+    def _optuna_storage_form(cls, spec: str | None) -> str | None:
+        if spec is None or not _is_uri(spec):
+            return spec
+        scheme = spec.split("://", 1)[0].split("+", 1)[0].lower()
+        if scheme == "journal" and not spec[len("journal://"):].startswith("/"):
+            raise ValueError(
+                f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {spec!r}. "
+                f"Fix: e.g. journal:///mnt/shared/sharpscale_runs/STUDY.optuna.journal."
+            )
+        if scheme not in ("journal", *_RDB_SCHEMES):
+            raise ValueError(
+                f"optuna_storage: Optuna stores in a file or a database, not in {scheme}://, got {spec!r}. Fix: a path "
+                f"or sqlite:///path, journal:///abs/path on shared storage, or an RDB URL such as postgresql://user@host/db."
+            )
+        return spec
 
     @model_validator(mode="after")
     def _ranges(self) -> "Study":
@@ -133,6 +198,10 @@ class Study(_Strict):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+
+def _is_uri(value: str) -> bool:
+    return "://" in value
 
 
 # Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.
@@ -176,10 +245,29 @@ class LoadedStudy:
 
     @property
     def file_text_with_overrides(self) -> str:
-        """What was run: the file, and the --set overrides on top of it (also hashed and logged)."""
-        if not self.overrides:
+        """What was run: the file, and the --set overrides on top of it (hashed); where its state lives is not."""
+        computed = {k: v for k, v in (self.overrides or {}).items() if k.split(".", 1)[0] not in LOCATION_FIELDS}
+        if not computed:
             return self.text
-        return self.text + "\n# --set overrides:\n" + yaml.safe_dump({"overrides": self.overrides}, sort_keys=True)
+        return self.text + "\n# --set overrides:\n" + yaml.safe_dump({"overrides": computed}, sort_keys=True)
+
+    @property
+    def location_overrides(self) -> dict[str, Any]:
+        """The --set/--storage overrides of where the study keeps its state."""
+        return {k: v for k, v in (self.overrides or {}).items() if k.split(".", 1)[0] in LOCATION_FIELDS}
+
+    @property
+    def storage(self) -> str:
+        """Ray's storage, resolved: a URI as written, a path made absolute against the study file's directory."""
+        return resolve_storage(self.spec.storage, self.path.parent)
+
+    def optuna_storage(self, run_name: str) -> str:
+        """Optuna's storage URL, resolved (see `Study.optuna_storage`); never relative to the working directory."""
+        spec = self.spec.optuna_storage
+        if spec is None:
+            beside = self.storage if not _is_uri(self.storage) else str(self.path.parent / DEFAULT_STORAGE)
+            return f"sqlite:///{Path(beside) / f'{run_name}.optuna.db'}"
+        return optuna_storage_url(spec, self.path.parent)
 
     @property
     def total_trials(self) -> int:
@@ -191,6 +279,29 @@ class LoadedStudy:
         if not self.smoke:
             return self.spec.resources
         return self.spec.resources.model_copy(update={"cpus_per_trial": 1.0, "gpus_per_trial": 0.0, "workers_per_trial": 1, "custom": {}})
+
+
+def resolve_storage(storage: str, base: Path) -> str:
+    if _is_uri(storage):
+        return storage.rstrip("/")
+    return str((base / Path(storage).expanduser()).resolve())
+
+
+def optuna_storage_url(spec: str, base: Path) -> str:
+    """A study file's `optuna_storage` as the URL Optuna opens: paths and relative sqlite:/// made absolute."""
+    if spec.startswith("sqlite:///"):
+        return f"sqlite:///{(base / Path(spec[len('sqlite:///'):]).expanduser()).resolve()}"
+    if _is_uri(spec):
+        return spec
+    return f"sqlite:///{(base / Path(spec).expanduser()).resolve()}"
+
+
+def storage_is_shared(storage: str, shared_mounts: list[str]) -> bool:
+    """Whether every node reaches `storage`: a URI, or a path under one of the declared shared mounts."""
+    if _is_uri(storage):
+        return True
+    path = Path(storage).resolve()
+    return any(path.is_relative_to(Path(m).expanduser().resolve()) for m in shared_mounts)
 
 
 def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -364,7 +475,8 @@ def _dedupe(items: list[str]) -> list[str]:
 def load_study(path: str | Path, *, smoke: bool = False, overrides: dict[str, Any] | None = None) -> LoadedStudy:
     """Read and validate a study file completely; a StudyError lists every problem at once.
 
-    overrides: dotted trial-config paths set in `base` (the CLI's `--set data.root=/data`), before validation.
+    overrides: dotted trial-config paths set in `base` (the CLI's `--set data.root=/data`), and dotted study
+    settings (`storage`, `budget.time_limit_s`, `checkpoints.keep`, ...: `SETTABLE_FIELDS`), before validation.
     """
     path = Path(path)
     if not path.is_file():
@@ -376,20 +488,33 @@ def load_study(path: str | Path, *, smoke: bool = False, overrides: dict[str, An
         raise StudyError(path, [f"YAML syntax: {err}. Fix: correct the file's YAML."]) from None
     if not isinstance(raw, dict):
         raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
-    bad = [k for k in (overrides or {}) if not _known_path(k)]
-    if bad:
-        raise StudyError(path, [f"--set {k}: not a trial config path. Fix: use a path such as data.root or optimizer.lr." for k in bad])
+    bad = []
     for key, value in (overrides or {}).items():
-        base = raw.setdefault("base", {})
-        if isinstance(base, dict):
+        root = key.split(".", 1)[0]
+        if root in SETTABLE_FIELDS:
+            try:
+                set_path(raw, key, value)
+            except ValueError:
+                bad.append(f"--set {key}: {root!r} takes a value, not fields. Fix: --set {root}=VALUE.")
+        elif root in Study.model_fields:
+            bad.append(
+                f"--set {key}: `{root}` defines the study and is not set from the command line. Fix: edit the file, "
+                f"or set a trial config path (data.root, optimizer.lr) or a setting ({', '.join(SETTABLE_FIELDS)})."
+            )
+        elif not _known_path(key):
+            bad.append(
+                f"--set {key}: neither a trial config path nor a study setting. Fix: use a path such as data.root or "
+                f"optimizer.lr, or one of {', '.join(SETTABLE_FIELDS)} (e.g. storage=/mnt/shared/runs)."
+            )
+        elif isinstance(base := raw.setdefault("base", {}), dict):
             set_path(base, key, value)
     try:
         spec = Study.model_validate(raw)
     except ValidationError as err:
-        raise StudyError(path, _study_errors(err)) from None
+        raise StudyError(path, bad + _study_errors(err)) from None
     cells, problems = expand(spec, smoke=smoke)
-    if problems:
-        raise StudyError(path, problems)
+    if bad or problems:
+        raise StudyError(path, bad + problems)
     return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {}))
 
 

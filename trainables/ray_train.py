@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import traceback
 from dataclasses import dataclass, field
@@ -14,9 +15,13 @@ from trainables.config import TrialConfig
 from trainables.loop import CHECKPOINT_FILE, TrialDiverged, TrialStopped, describe_hardware, fit, load_checkpoint
 from trainables.tracking import TrackingTarget, TrialRecorder
 
-__all__ = ["DistributedPlan", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
+__all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
 
 logger = logging.getLogger(__name__)
+
+# Checkpoints kept per trial. Two: Tune's snapshot of its own state may lag one checkpoint behind (it is forced
+# only every `num_to_keep` checkpoints), and the one it names must still exist when a killed driver resumes.
+KEEP_CHECKPOINTS = 2
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class DistributedPlan:
     custom: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
     max_failures: int = 2        # worker deaths survived per trial, each resumed from the last checkpoint
     storage_path: str | None = None  # Ray Train's checkpoints (shared storage on a cluster)
+    keep_checkpoints: int = KEEP_CHECKPOINTS
 
 
 def _tags(extra: dict[str, str]) -> dict[str, str]:
@@ -55,6 +61,32 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
     return recorder
 
 
+def check_device(cfg: TrialConfig) -> None:
+    """Refuse `train.device: auto` falling back to CPU when Ray gave this trial GPUs that torch cannot see.
+
+    Ray advertises a node's GPUs even where the container has no access to them (docker run without
+    `--gpus all`, a missing NVIDIA container toolkit); `auto` would then train on the CPU without a word.
+    """
+    try:
+        import ray
+    except ImportError:
+        return
+    import torch
+
+    if cfg.train.device != "auto" or not ray.is_initialized():
+        return
+    given = ray.get_gpu_ids()
+    if given and not torch.cuda.is_available():
+        raise RuntimeError(
+            f"train.device: 'auto' must use the GPU(s) Ray assigned to this trial (ray.get_gpu_ids() = {given}, "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}), but torch sees none "
+            f"(torch {torch.__version__}, CUDA build {torch.version.cuda}), so it would train on the CPU. Fix: give "
+            f"the container the GPUs (docker run --gpus all, the NVIDIA container toolkit on the node; "
+            f"ray_cluster.yaml's run_options) and a CUDA build of torch; or, to train on CPU on purpose, set "
+            f"train.device: cpu and resources.gpus_per_trial: 0."
+        )
+
+
 def _execute(
     cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str,
     report_resumed: bool = False,
@@ -71,6 +103,7 @@ def _execute(
         sink({"diverged": 0, **metrics, "mlflow_run_id": run_id}, checkpoint=ckpt)
 
     try:
+        check_device(cfg)
         if checkpoint is None:
             fit(cfg, reporter=report, recorder=recorder)
         else:
@@ -139,7 +172,7 @@ def _trainer(payload: dict[str, Any], plan: DistributedPlan, name: str, callback
             storage_path=plan.storage_path,
             # Finite on both levels: a trial that keeps dying must end, not hold its workers forever.
             failure_config=ray.train.FailureConfig(max_failures=plan.max_failures, controller_failure_limit=plan.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=plan.keep_checkpoints),
             callbacks=callbacks,
         ),
     )

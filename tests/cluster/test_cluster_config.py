@@ -47,7 +47,7 @@ def test_cluster_yaml_passes_rays_own_validation():
     head = config["head_node_type"]
     workers = {name: t for name, t in types.items() if name != head}
     assert len(workers) == 2  # counts what the checks below cover
-    assert types[head]["resources"].get("GPU", 0) == 0 and types[head]["max_workers"] == 0
+    assert types[head]["max_workers"] == 0
     for name, node_type in workers.items():
         assert node_type["min_workers"] == 0, f"{name}: GPU workers must scale from zero"
         assert node_type["resources"]["GPU"] >= 1, name
@@ -78,14 +78,69 @@ def test_head_keeps_dashboard_on_loopback_and_runs_the_mlflow_server():
     assert "--address=$RAY_HEAD_IP:6379" in workers
 
 
+# One made-up credential per pattern: the scan below only means something if each pattern catches its kind.
+_FAKE_SECRETS = [
+    "AKIA" + "ABCDEFGHIJKLMNOP",
+    "aws_secret_access_key = x",
+    "-----BEGIN RSA " + "PRIVATE KEY-----",
+    "postgresql://sharpscale:" + "hunter2@db.internal:5432/mlflow",
+    "password: " + "Zm9vYmFyYmF6cXV4MTIzNA",
+]
+
+
 def test_no_credentials_in_committed_cluster_files():
-    files = [CLUSTER_YAML, DOCKERFILE, REPO / ".dockerignore", REPO / "docs" / "cluster.md"]
-    for path in files:
+    for fake, pattern in zip(_FAKE_SECRETS, _SECRETS, strict=True):
+        assert pattern.search(fake), f"{pattern.pattern} misses {fake!r}"
+    for path in [CLUSTER_YAML, DOCKERFILE, REPO / ".dockerignore", REPO / "docs" / "cluster.md"]:
         text = path.read_text()
         for pattern in _SECRETS:
             match = pattern.search(text)
             assert match is None, f"{path.name}: looks like a credential: {match.group(0)!r}"
-    assert len(files) == 4
+
+
+def test_cluster_scales_far_enough_and_its_workers_see_their_gpus():
+    config = _prepared()
+    types, head = config["available_node_types"], config["head_node_type"]
+    workers = {name: t for name, t in types.items() if name != head}
+    # The largest GPU count one node type reaches within the cluster's own cap: 16 nodes of 4 GPUs.
+    reach = max(t["resources"]["GPU"] * min(t["max_workers"], config["max_workers"]) for t in workers.values())
+    assert reach >= 64, (config["max_workers"], {n: (t["max_workers"], t["resources"]) for n, t in workers.items()})
+    docker = config["docker"]
+    worker_options = docker.get("run_options", []) + docker.get("worker_run_options", [])
+    assert "--gpus all" in worker_options, worker_options
+    # The head is a CPU instance: asking Docker for GPUs there would fail the container's start.
+    assert "--gpus all" not in docker.get("run_options", []) + docker.get("head_run_options", [])
+
+
+def test_head_runs_no_trials():
+    config = _load()
+    head = config["available_node_types"][config["head_node_type"]]
+    assert head["resources"] == {"CPU": 0, "GPU": 0}
+    start = " ".join(config["head_start_ray_commands"])
+    assert re.search(r"ray start --head\b[^;]*--num-cpus=0", start) and "--num-gpus=0" in start, start
+
+
+def test_every_node_mounts_the_shared_storage_the_cluster_ready_studies_use():
+    from studies.spec import load_study, storage_is_shared
+
+    config = _load()
+    volumes = [o.split()[1].split(":") for o in config["docker"]["run_options"] if o.startswith("-v ")]
+    shared = {inside for outside, inside in volumes if outside == inside}
+    mounts = [c for c in config["initialization_commands"] if not c.lstrip().startswith("#") and "mount -t nfs" in c]
+    assert len(mounts) == 1 and all(f" {m}" in mounts[0] for m in shared), (mounts, shared)
+    for name in ("rho_sensitivity", "data_scaling"):
+        study = load_study(REPO / "studies" / f"{name}.yaml", smoke=True)  # smoke: no dataset needed here
+        assert study.spec.shared_mounts and set(study.spec.shared_mounts) <= shared, (name, study.spec.shared_mounts)
+        assert storage_is_shared(study.storage, study.spec.shared_mounts), (name, study.storage)
+        # Optuna's database defaults to beside the results: on the shared mount too.
+        assert study.optuna_storage(name).startswith(f"sqlite:///{study.storage}/"), study.optuna_storage(name)
+
+
+def test_docs_name_what_ray_up_needs_and_walk_through_a_shipped_study():
+    doc = (REPO / "docs" / "cluster.md").read_text()
+    assert "pip install boto3" in doc
+    assert re.search(r"sharpscale run --address auto [^\n]*studies/rho_sensitivity\.yaml", doc)
+    assert "--storage" in doc and "shared_mounts" in doc and "optuna_storage" in doc
 
 
 def _from_lines() -> list[str]:

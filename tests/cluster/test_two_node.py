@@ -211,8 +211,10 @@ def _study(tmp_path: Path) -> Path:
         "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
         "budget": {"trials_per_cell": 2, "repeats_without_search": 2, "sampler": "random", "seed": 0},
         "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2, "max_failures": 0},
-        # What a study sets on a cluster: Ray's storage on a path every node sees (here both nodes share a disk).
+        # What a study sets on a cluster: Ray's storage on a path every node sees (here both nodes share a disk),
+        # under a directory declared mounted on every node.
         "storage": str(tmp_path / "shared_storage"),
+        "shared_mounts": [str(tmp_path)],
         "tracking": {"artifact_location": str(tmp_path / "client_side_mlartifacts")},
     }
     path = tmp_path / "two_node.yaml"

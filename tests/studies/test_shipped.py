@@ -29,9 +29,10 @@ def test_opens_with_question_table_and_cost(path):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
 def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
-    monkeypatch.chdir(tmp_path)  # the study's relative storage and artifact folders land here
+    monkeypatch.chdir(tmp_path)  # the study's relative artifact folder lands here
     study = load_study(path, smoke=True)
-    outcome = run_study(path, smoke=True, tracking_uri=tracking_uri)
+    # Not the study's own storage: beside the repository's study files, or a cluster's shared mount.
+    outcome = run_study(path, smoke=True, tracking_uri=tracking_uri, overrides={"storage": str(tmp_path / "runs")})
     assert outcome.trials == study.total_trials == len(study.cells)
     assert outcome.errored == 0
     runs = load_runs(f"{study.spec.name}-smoke", tracking_uri=tracking_uri)
