@@ -395,6 +395,7 @@ def run_study(
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
         check_cluster_storage(study, locations, plan, connected=bool(address))
         _ensure_local_dirs(study, locations)
+        check_data_on_nodes(study)  # a node that cannot read the data fails the study here
         experiment_dir = f"{locations.storage}/{run_name}"
         if resume:
             from ray import tune
@@ -442,7 +443,6 @@ def _tune(
 
     status, errored, trials = "FAILED", 0, 0
     try:
-        check_data_on_nodes(study)  # before any trial: a node that cannot read the data fails the study here
         from ray import tune
 
         from trainables.ray_train import tune_trainable
