@@ -80,7 +80,8 @@ def _print_cells(study) -> None:
 def _cmd_run(args) -> int:
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))  # every mistake surfaces here, before Ray starts
+    # Every mistake surfaces here, before Ray starts; a dry run reads only the file, so it needs no data.
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=not args.dry_run)
     if args.dry_run:
         _print_cells(study)
         return 0
@@ -109,7 +110,8 @@ def _cmd_status(args) -> int:
     from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
+    # Reads the file and MLflow only: the data need not be on this machine.
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
@@ -188,7 +190,7 @@ def _cmd_report(args) -> int:
     from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
-    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")

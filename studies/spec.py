@@ -360,7 +360,7 @@ def _known_path(path: str) -> bool:
     return True
 
 
-def expand(spec: Study, *, smoke: bool = False) -> tuple[list[Cell], list[str]]:
+def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
     problems: list[str] = []
@@ -403,7 +403,7 @@ def expand(spec: Study, *, smoke: bool = False) -> tuple[list[Cell], list[str]]:
             tree = deep_merge(tree, _overrides_to_tree(overrides))
         if smoke:
             tree = _smoke_tree(tree, spec.smoke)  # --smoke wins over every level
-        elif problem := _missing_root(tree):
+        elif require_data and (problem := _missing_root(tree)):
             missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")
         key = ",".join(f"{f}={lv}" for f, lv in levels.items())
         label = f"cell {key}" if key else "the study"
@@ -472,7 +472,9 @@ def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def load_study(path: str | Path, *, smoke: bool = False, overrides: dict[str, Any] | None = None) -> LoadedStudy:
+def load_study(
+    path: str | Path, *, smoke: bool = False, overrides: dict[str, Any] | None = None, require_data: bool = True
+) -> LoadedStudy:
     """Read and validate a study file completely; a StudyError lists every problem at once.
 
     overrides: dotted trial-config paths set in `base` (the CLI's `--set data.root=/data`), and dotted study
@@ -512,7 +514,7 @@ def load_study(path: str | Path, *, smoke: bool = False, overrides: dict[str, An
         spec = Study.model_validate(raw)
     except ValidationError as err:
         raise StudyError(path, bad + _study_errors(err)) from None
-    cells, problems = expand(spec, smoke=smoke)
+    cells, problems = expand(spec, smoke=smoke, require_data=require_data)
     if bad or problems:
         raise StudyError(path, bad + problems)
     return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {}))

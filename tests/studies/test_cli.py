@@ -47,3 +47,17 @@ def test_help_lists_commands():
     assert out.returncode == 0
     for cmd in ("run", "validate", "ui"):
         assert cmd in out.stdout
+
+
+def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path):
+    # rho_sensitivity reads CIFAR-10 from data.root, which this machine does not have.
+    study = "studies/rho_sensitivity.yaml"
+    missing = ["--set", f"data.root={tmp_path / 'no-cifar'}", "--storage", str(tmp_path / "runs")]
+    dry = sharpscale("run", "--dry-run", study, *missing)
+    assert dry.returncode == 0, dry.stderr
+    assert "arch=vit,method=sam" in dry.stdout
+    status = sharpscale("status", study, *missing, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "data.root" not in status.stderr  # it may find no experiment, but never asks for the data
+    for command in (("validate",), ("run",)):
+        out = sharpscale(*command, study, *missing)
+        assert out.returncode == 2 and "data.root: the directory must exist" in out.stderr, out.stderr
