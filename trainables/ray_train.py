@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.loop import CHECKPOINT_FILE, TrialDiverged, TrialStopped, describe_hardware, fit, load_checkpoint
 from trainables.tracking import TrackingTarget, TrialRecorder
 
 __all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
@@ -38,6 +37,8 @@ class DistributedPlan:
 
 
 def _tags(extra: dict[str, str]) -> dict[str, str]:
+    from trainables.loop import describe_hardware
+
     tags = {f"sharpscale.{k}": v for k, v in describe_hardware().items()}
     try:
         import ray
@@ -96,6 +97,8 @@ def _execute(
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
     checkpoint: the one to resume from, or None; report_resumed: see `fit`.
     """
+    from trainables.loop import TrialDiverged, TrialStopped, fit
+
     run_id = recorder.run_id if recorder is not None else None
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
@@ -210,6 +213,8 @@ def _restore_point(result):
     import posixpath
 
     import pyarrow.fs as pafs
+
+    from trainables.loop import CHECKPOINT_FILE, load_checkpoint
 
     checkpoint = result.checkpoint
     fs, path = checkpoint.filesystem, checkpoint.path
