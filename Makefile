@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/sharpscale run studies/quickstart.yaml
+	$(BIN)/sharpscale run --new-launch studies/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

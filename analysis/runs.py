@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal, Sequence, Union
 
 import pandas as pd
 
@@ -72,28 +72,51 @@ def _trial_runs(client, experiment_id: str) -> Iterable:
             break
 
 
+Launch = Union[int, Literal["latest", "all"]]
+
+
+def _launch(run) -> int:
+    from trainables.tracking import LAUNCH_TAG
+
+    return int(run.data.tags.get(LAUNCH_TAG, "1"))  # runs recorded before launches existed are the first
+
+
+def _of_launch(runs: list, launch: Launch) -> list:
+    """The trial runs of one launch of the study (`latest`: the newest), or all of them (`all`)."""
+    if launch == "all" or not runs:
+        return runs
+    if launch == "latest":
+        launch = max(_launch(r) for r in runs)
+    elif isinstance(launch, bool) or not isinstance(launch, int) or launch < 1:
+        raise ValueError(f"launch must be 'latest', 'all' or a launch number >= 1, got {launch!r}")
+    return [r for r in runs if _launch(r) == launch]
+
+
 def _identity(run) -> dict:
     tags = run.data.tags
     row = {
         "run_id": run.info.run_id,
         "trial_id": tags.get("sharpscale.trial_id"),
         "cell": tags.get("sharpscale.cell", ""),
+        "launch": _launch(run),
     }
     row.update({f"factor.{k[7:]}": v for k, v in tags.items() if k.startswith("factor.")})
     return row
 
 
-def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataFrame:
-    """The study's trials, one row each: run ids, status, factors, params (dotted config paths), final metrics.
+def load_runs(study: str | Path, *, tracking_uri: str | None = None, launch: Launch = "latest") -> pd.DataFrame:
+    """The study's trials, one row each: run ids, launch, status, factors, params (dotted config paths), final metrics.
 
     study: the study's name (its MLflow experiment; smoke runs live in `<name>-smoke`) or its YAML file.
     tracking_uri: the MLflow store; a relative `sqlite:///` path is taken from the current directory.
+    launch: which launch of the study (`sharpscale run --new-launch` starts another): the newest by default, a
+    number, or 'all' (then group or filter by the `launch` column: launches are not replicates of each other).
     """
     from trainables.tracking import STATUS_TAG
 
     client, exp, _ = _open_experiment(study, tracking_uri)
     rows = []
-    for run in _trial_runs(client, exp.experiment_id):
+    for run in _of_launch(list(_trial_runs(client, exp.experiment_id)), launch):
         row = _identity(run)
         row.update(
             {
@@ -108,7 +131,7 @@ def load_runs(study: str | Path, *, tracking_uri: str | None = None) -> pd.DataF
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    first = ["run_id", "trial_id", "cell", "status", "mlflow_status", "start_time"]
+    first = ["run_id", "trial_id", "cell", "launch", "status", "mlflow_status", "start_time"]
     text = set(first) | {c for c in df.columns if c.startswith("factor.")}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
     empty = [c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()]
@@ -127,6 +150,7 @@ def load_curves(
     metrics: Sequence[str] = ("train_loss", "val_loss", "val_acc"),
     run_ids: Sequence[str] | None = None,
     max_workers: int = 4,
+    launch: Launch = "latest",
 ) -> pd.DataFrame:
     """Per-epoch histories of the study's trials as a tidy long table.
 
@@ -135,7 +159,8 @@ def load_curves(
     for it. run_ids: only these trials (e.g. `load_runs(...)` filtered to the best per cell); an id that is
     not a trial of the study is an error. One step logged twice (a trial resumed from an earlier
     checkpoint re-runs epochs) keeps its latest value. MLflow serves one (run, metric) history per call,
-    so the calls that can return something (the run has that metric) run on `max_workers` threads.
+    so the calls that can return something (the run has that metric) run on `max_workers` threads. launch: as
+    for `load_runs` (ignored when `run_ids` names the trials).
     """
     if isinstance(metrics, str):
         metrics = (metrics,)
@@ -146,7 +171,9 @@ def load_curves(
         raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}; use 1 to fetch serially")
     client, exp, uri = _open_experiment(study, tracking_uri)
     runs = list(_trial_runs(client, exp.experiment_id))
-    if run_ids is not None:
+    if run_ids is None:
+        runs = _of_launch(runs, launch)
+    else:
         wanted = list(dict.fromkeys(run_ids))
         known = {r.info.run_id for r in runs}
         missing = [r for r in wanted if r not in known]
@@ -178,7 +205,7 @@ def load_curves(
                 latest[m.step] = (m.timestamp, m.value)
         for step, (_, value) in latest.items():
             rows.append({**ident, "metric": key, "step": int(step), "value": float(value)})
-    columns = ["run_id", "trial_id", "cell", *factor_cols, "metric", "step", "value"]
+    columns = ["run_id", "trial_id", "cell", "launch", *factor_cols, "metric", "step", "value"]
     df = pd.DataFrame(rows, columns=columns)
     df["step"] = df["step"].astype("int64")
     df["value"] = df["value"].astype("float64")

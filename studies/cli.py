@@ -95,6 +95,7 @@ def _cmd_run(args) -> int:
         num_cpus=args.num_cpus,
         resume=args.command == "resume",
         overrides=_overrides(args),
+        new_launch=getattr(args, "new_launch", False),
     )
     _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
     if outcome.errored:
@@ -127,7 +128,8 @@ def _cmd_status(args) -> int:
             best = finished.groupby("cell")[metric].max() if spec.objective.mode == "max" else finished.groupby("cell")[metric].min()
             counts[f"best {metric}"] = best
     table = counts.join(planned, how="right").fillna(0)
-    print(f"{name}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
+    launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
+    print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
     print(_state_line(study, uri, name))
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string())
@@ -250,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
     run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    run.add_argument(
+        "--new-launch", action="store_true",
+        help="the study already ran into this experiment: start another launch, kept apart from the earlier ones "
+        "(without it such a run is refused; `resume` continues the newest launch instead)",
+    )
     run.set_defaults(func=_cmd_run)
 
     res = sub.add_parser(

@@ -13,7 +13,15 @@ from studies.preflight import check_data_on_nodes
 from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from studies.search import CellSearcher, apply_sample
 from trainables.ray_train import DistributedPlan
-from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, _retry, resolve_tracking_uri, tracking_client
+from trainables.tracking import (
+    KIND_TAG,
+    LAUNCH_TAG,
+    STATUS_TAG,
+    TrackingTarget,
+    _retry,
+    resolve_tracking_uri,
+    tracking_client,
+)
 
 __all__ = ["StateLocations", "StudyOutcome", "check_cluster_storage", "resolve_tracking_uri", "run_study", "state_locations"]
 
@@ -166,22 +174,50 @@ def _study_tags(study: LoadedStudy) -> dict[str, str]:
     return {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
 
 
+def launch_run_name(exp_name: str, launch: int) -> str:
+    """The name of a launch's Tune experiment and Optuna studies: the first keeps the study's, later ones are numbered."""
+    return exp_name if launch == 1 else f"{exp_name}-launch{launch}"
+
+
+def _launch_of(run) -> int:
+    return int(run.data.tags.get(LAUNCH_TAG, "1"))
+
+
+def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
+    """The launch a new run of the study starts: 1, or the next one when asked for; refused when that would mix runs."""
+    earlier = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'study'", max_results=10_000)
+    if not earlier:
+        return 1
+    newest = max(_launch_of(r) for r in earlier)
+    if not new_launch:
+        trials = len(client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000))
+        raise StudyError(study.path, [
+            f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
+            f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
+            f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
+            f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
+            f"tracking.experiment to a new name."
+        ])
+    return newest + 1
+
+
 def find_study_run(client, experiment_id: str, study: LoadedStudy):
     """The newest study run of this file (and these overrides) in the experiment, or None."""
     return _find_run(client, experiment_id, _study_tags(study))
 
 
 def _parent_runs(
-    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations
+    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations, launch: int
 ) -> tuple[str, dict[str, str]]:
     """The study's run and one run per cell; on resume (`run`: the study run found) they are reopened, never duplicated."""
     resume = run is not None
     if run is None:
         run = client.create_run(
             experiment_id,
-            run_name=study.spec.name,
-            tags={**_study_tags(study), "sharpscale.git_commit": commit, "sharpscale.study_file": str(study.path),
-                  "mlflow.note.content": study.spec.description, **locations.tags()},
+            run_name=study.spec.name if launch == 1 else f"{study.spec.name} (launch {launch})",
+            tags={**_study_tags(study), LAUNCH_TAG: str(launch), "sharpscale.git_commit": commit,
+                  "sharpscale.study_file": str(study.path), "mlflow.note.content": study.spec.description,
+                  **locations.tags()},
         )
         client.log_artifact(run.info.run_id, str(study.path))
         if study.overrides:
@@ -199,7 +235,8 @@ def _parent_runs(
             existing = client.create_run(
                 experiment_id,
                 run_name=cell.key or "all",
-                tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, **{f"factor.{k}": v for k, v in cell.levels.items()}},
+                tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
+                      **{f"factor.{k}": v for k, v in cell.levels.items()}},
             )
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
@@ -226,7 +263,7 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
 
 
-def _drop_lost_trials(client, experiment_id: str, known: set[str]) -> None:
+def _drop_lost_trials(client, experiment_id: str, known: set[str], launch: int) -> None:
     """Soft-delete the runs of trials that the interrupted driver started but never snapshotted.
 
     Tune cannot resume a trial it has no record of; the searcher issues a new trial in its place. The lost
@@ -234,7 +271,7 @@ def _drop_lost_trials(client, experiment_id: str, known: set[str]) -> None:
     exactly one run per trial of the study.
     """
     for run in client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000):
-        if run.data.tags.get("sharpscale.trial_id") not in known:
+        if _launch_of(run) == launch and run.data.tags.get("sharpscale.trial_id") not in known:
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "lost")
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
@@ -361,22 +398,29 @@ def run_study(
     resume: bool = False,
     num_cpus: int | None = None,
     overrides: dict[str, Any] | None = None,
+    new_launch: bool = False,
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
     resume: continue the interrupted run of the same file (and the same overrides) instead of starting anew; its
     state is where that run recorded it (the study run's tags) unless `storage`/`optuna_storage` are overridden.
     overrides: dotted trial-config paths and study settings (`storage`, ...) set for this run (the CLI's --set).
+    new_launch: the experiment already holds runs of the study and this starts another launch, with its own Tune
+    experiment and Optuna studies, kept apart by analysis; without it such a run is refused (never mixed in).
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
     exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
-    run_name = exp_name
     _warn_split_records(address, uri)
     experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
     previous = find_study_run(client, experiment_id, study) if resume else None
+    if resume:
+        launch = _launch_of(previous) if previous is not None else 1
+    else:
+        launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
+    run_name = launch_run_name(exp_name, launch)
     locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
 
     res = study.resources
@@ -406,8 +450,9 @@ def run_study(
                     f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
                 ])
         commit = git_commit(study.path.parent)
-        study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, previous, locations)
-        return _tune(study, locations, plan, client, uri, exp_name, experiment_id, commit, study_run_id, cell_runs, resume)
+        study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, previous, locations, launch)
+        return _tune(study, locations, plan, client, uri, exp_name, run_name, launch, experiment_id, commit,
+                     study_run_id, cell_runs, resume)
     finally:
         if started_ray:
             import ray
@@ -417,10 +462,10 @@ def run_study(
 
 def _tune(
     study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, client, uri: str, exp_name: str,
-    experiment_id: str, commit: str, study_run_id: str, cell_runs: dict[str, str], resume: bool,
+    run_name: str, launch: int, experiment_id: str, commit: str, study_run_id: str, cell_runs: dict[str, str],
+    resume: bool,
 ) -> StudyOutcome:
     spec = study.spec
-    run_name = exp_name
 
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -435,6 +480,7 @@ def _tune(
             "tags": {
                 CELL_TAG: cell.key,
                 STUDY_FILE_HASH_TAG: study.file_hash,
+                LAUNCH_TAG: str(launch),
                 "sharpscale.git_commit": commit,
                 "sharpscale.study": spec.name,
                 **{f"factor.{k}": v for k, v in cell.levels.items()},
@@ -498,7 +544,7 @@ def _tune(
         )
         results = tuner.fit()
         if resume:
-            _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results})
+            _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
         trials = len(results)
         errored = sum(1 for r in results if r.error is not None)
         print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)")

@@ -25,6 +25,9 @@ __all__ = [
 TRIAL_KEY_TAG = "sharpscale.trial_key"
 KIND_TAG = "sharpscale.kind"
 STATUS_TAG = "sharpscale.status"
+# Which launch of its study a run belongs to (1, 2, ...): `sharpscale run --new-launch` starts another one, and
+# analysis keeps launches apart so that a second launch never passes for more replicates of the first.
+LAUNCH_TAG = "sharpscale.launch"
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 _EPOCH_KEY = "train_loss"  # logged every epoch: its steps say which epochs a run holds
