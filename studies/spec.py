@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -94,11 +95,33 @@ class Resources(_Strict):
     max_failures: int = Field(2, ge=0, description="Retries of a trial whose worker died (from its checkpoint).")
 
 
+# A study's name and its experiment's name become file and directory names under `storage` (Ray's results, the
+# Optuna database, the report folder): one path component, nothing that climbs out or starts elsewhere.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+def _name_problem(field: str, value: str) -> str | None:
+    if re.fullmatch(NAME_PATTERN, value) and ".." not in value:
+        return None
+    return (
+        f"{field}: must be one file-name component (letters, digits, '_', '.', '-', starting with a letter or digit, "
+        f"no '..'), because it names directories under `storage`; got {value[:80]!r}. Fix: e.g. "
+        f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', value).strip('-.') or 'my-study'!r}."
+    )
+
+
 class Tracking(_Strict):
     uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI; relative sqlite paths are made absolute.")
     artifact_location: str = Field("mlartifacts", description="Artifact root for a new experiment (made absolute).")
     experiment: str | None = Field(None, description="Experiment name; defaults to the study name.")
     log_checkpoint: bool = Field(False, description="Keep each trial's final checkpoint as an artifact of its run.")
+
+    @field_validator("experiment")
+    @classmethod
+    def _one_component(cls, value: str | None) -> str | None:
+        if value is not None and (problem := _name_problem("tracking.experiment", value)):
+            raise ValueError(problem)
+        return value
 
 
 class Checkpoints(_Strict):
@@ -123,7 +146,14 @@ _RDB_SCHEMES = ("sqlite", "postgresql", "mysql", "oracle", "mssql")
 class Study(_Strict):
     """A study file, as written."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_one_component(cls, value: str) -> str:
+        if problem := _name_problem("name", value):
+            raise ValueError(problem)
+        return value
     description: str = ""
     objective: Objective = Field(default_factory=Objective)
     base: dict[str, Any] = Field(default_factory=dict, description="Trial config shared by every cell.")

@@ -83,7 +83,7 @@ def test_shipped_quickstart_is_valid_and_big_enough():
         (lambda d: d["search"].update(rho={"type": "uniform", "low": -0.5, "high": 0.1}), "search.optimizer.hparams.rho = -0.5"),
         (lambda d: d["base"]["data"].update(name="cifar10"), "data.root: required for data.name='cifar10'"),
         (lambda d: d["base"]["data"].update(fraction=1.5), "data.fraction: Input should be less than or equal to 1"),
-        (lambda d: d.update(name="bad name!"), "name: String should match pattern"),
+        (lambda d: d.update(name="bad name!"), "name: must be one file-name component"),
         (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'random' or 'grid'"),
         (lambda d: d["factors"]["arch"].update(vgg={"model.name": "vgg16"}), "model.name: must be a timm ViT"),
     ],
@@ -115,3 +115,19 @@ def test_missing_file_and_bad_yaml(tmp_path):
     p.write_text("name: [unclosed\n")
     with pytest.raises(StudyError, match="YAML syntax"):
         load_study(p)
+
+
+@pytest.mark.parametrize("field", ["name", "experiment"])
+@pytest.mark.parametrize("bad", ["/tmp/x", "../../escaped", "a/b", "..", "x..y", "-dash", ""])
+def test_names_that_become_paths_cannot_leave_storage(tmp_path, field, bad):
+    study = {"name": "ok", "tracking": {}}
+    if field == "name":
+        study["name"] = bad
+    else:
+        study["tracking"]["experiment"] = bad
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(study))
+    with pytest.raises(StudyError) as info:
+        load_study(path)
+    where = "name" if field == "name" else "tracking.experiment"
+    assert f"{where}: must be one file-name component" in str(info.value) and "Fix:" in str(info.value)
