@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -37,7 +38,7 @@ class LookSAM(TwoPass):
         self.rho = _check_rho("rho", rho)
         check(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "k >= 1 (an integer)", k,
               "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)")
-        check(isinstance(alpha, (int, float)) and alpha >= 0 and alpha == alpha, "alpha", "alpha >= 0", alpha,
+        check(isinstance(alpha, (int, float)) and not math.isnan(alpha) and alpha >= 0, "alpha", "alpha >= 0", alpha,
               "pass a non-negative weight for the stored direction, e.g. alpha=0.7")
         self.k = k
         self.alpha = float(alpha)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Method", "StepOutput", "Forward"]
+__all__ = ["Forward", "Method", "StepOutput"]
 
 #: ``forward()`` runs the model on the current batch (under the caller's autocast) and returns
 #: ``(mean task loss, logits)``.

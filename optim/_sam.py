@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._method import Forward, Method, StepOutput, check, global_norm, group_by_device_dtype
+from ._method import Forward, Method, StepOutput, check, global_norm
 
 __all__ = ["SAM"]
 
@@ -23,7 +23,7 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x != 0, x, torch.ones_like(x))
 
 
-def _check_p(p: float | int | str) -> float:
+def _check_p(p: float | str) -> float:
     value = float(p) if not isinstance(p, str) else float(p.strip().lower().replace("infinity", "inf"))
     check(value == 2.0 or value == math.inf, "p", "p == 2 or p == float('inf')", p,
           "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)")

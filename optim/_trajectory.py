@@ -12,7 +12,7 @@ from torch import nn
 
 from ._method import Forward, Method, StepOutput, check, group_by_device_dtype, unwrap
 
-__all__ = ["SAF", "MESA", "trajectory_kl", "Regularised"]
+__all__ = ["MESA", "SAF", "Regularised", "trajectory_kl"]
 
 
 def trajectory_kl(student_logits: torch.Tensor, target_logits: torch.Tensor, tau: float) -> torch.Tensor:
