@@ -120,6 +120,12 @@ def build_variants(spec, model, device, methods, autocast):
         method = optim.create(name, base, model=model, num_samples=SAF_SAMPLES, num_classes=spec.num_classes,
                               **METHOD_HPARAMS[name])
         epoch = ACTIVE_EPOCH if name in ("saf", "mesa") else 0
+        if name == "saf":
+            # The active step reads the logits of epoch ACTIVE_EPOCH - e_tilde, which must have been recorded
+            # (SAF refuses to read an epoch that recorded nothing): record them once, outside the timing.
+            reg = method.regulariser
+            with torch.no_grad():
+                reg.record(forward()[1], idx, ACTIVE_EPOCH - reg.e_tilde)
         v = Variant(name, lambda m=method, e=epoch: m.train_step(forward, inputs=x, indices=idx, epoch=e),
                     base_ratio_to="mesa_floor" if name == "mesa" else "none")
         v.step()  # allocate optimizer state, saved w, buffers

@@ -9,13 +9,13 @@ from ._trajectory import MESA, SAF, trajectory_kl
 
 __all__ = [
     "GSAM",
-    "LookSAM",
     "MESA",
     "METHODS",
-    "Method",
-    "MethodSpec",
     "SAF",
     "SAM",
+    "LookSAM",
+    "Method",
+    "MethodSpec",
     "StepOutput",
     "create",
     "method_names",

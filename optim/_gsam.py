@@ -1,4 +1,4 @@
-"""GSAM (Zhuang et al. 2022): SAM plus an ascent along g's component orthogonal to g_p; alpha=0 with rho_max == rho_min reduces it to SAM exactly."""
+"""GSAM (Zhuang et al. 2022): SAM plus an ascent along g's component orthogonal to g_p, with a radius that follows the lr schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ._method import check, global_norm, group_by_device_dtype
-from ._sam import _EPS, TwoPass, _check_rho
+from ._sam import TwoPass, _check_rho, nonzero
 
 __all__ = ["GSAM"]
 
@@ -17,13 +17,15 @@ class GSAM(TwoPass):
     """Surrogate-gap guided SAM.
 
     Update direction (Algorithm 1, step 4): ``g_gsam = g_p - alpha (g - <g, g_p_hat> g_p_hat)``,
-    ``g_p_hat = g_p / ||g_p||``, with plain norms even when the perturbation is adaptive. Radius
-    (step 0): ``rho_t = rho_min + (rho_max - rho_min)(lr_t - lr_min)/(lr_max - lr_min)`` from the base
-    optimizer's actual current lr (param group 0); ``lr_max=None`` is that group's initial lr.
-    ``alpha=0`` and ``rho_max == rho_min`` give SAM exactly.
+    ``g_p_hat = g_p / ||g_p||``, with plain norms even when the perturbation is adaptive; a parameter
+    without a gradient in a pass counts as zero there, so one with a pass 1 gradient only moves by
+    ``-alpha g``. Radius (step 0): ``rho_t`` follows the schedule's multiplier ``s_t`` of the base lr,
+    ``rho_min + (rho_max - rho_min)(s_t - s_min)/(s_max - s_min)`` clamped into ``[rho_min, rho_max]``,
+    with ``lr_max``/``lr_min`` in units of param group 0's base lr (docs/algorithms.md, "GSAM").
+    ``alpha=0`` and ``rho_max == rho_min`` give SAM exactly; ``rho_max = 0`` the base optimizer.
 
     Under DDP both passes are per-replica, the combination is formed locally, then ONE all-reduce of
-    ``g_gsam`` (ALGORITHMS.md); with ``global_perturbation=True`` both passes are synced instead.
+    ``g_gsam``; with ``global_perturbation=True`` both passes are synced instead.
     """
 
     _keep_g = True
@@ -42,30 +44,69 @@ class GSAM(TwoPass):
         check(isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0, "alpha", "0 <= alpha < inf",
               alpha, "pass a non-negative ascent weight such as alpha=0.3 (alpha=0 is SAM)")
         self.alpha = float(alpha)
-        group0 = base_optimizer.param_groups[0]
-        if lr_max is None:
-            lr_max = float(group0.get("initial_lr", group0["lr"]))
         check(isinstance(lr_min, (int, float)) and math.isfinite(lr_min) and lr_min >= 0, "lr_min",
               "0 <= lr_min < inf", lr_min, "pass the schedule's final lr, e.g. lr_min=0.0")
-        check(isinstance(lr_max, (int, float)) and math.isfinite(lr_max) and lr_max >= lr_min, "lr_max",
-              "lr_max >= lr_min", lr_max, f"pass the schedule's peak lr (>= lr_min={lr_min}), or None for the base optimizer's lr")
-        self.lr_max = float(lr_max)
+        check(lr_max is None or (isinstance(lr_max, (int, float)) and math.isfinite(lr_max) and lr_max >= lr_min),
+              "lr_max", "lr_max >= lr_min", lr_max,
+              f"pass the schedule's peak lr (>= lr_min={lr_min}) in units of param group 0's base lr, or None "
+              "for group 0's max_lr (OneCycleLR) or base lr")
+        self._lr_max = None if lr_max is None else float(lr_max)
         self.lr_min = float(lr_min)
+        # Each group's lr now: its base lr until a scheduler records one as ``initial_lr``.
+        self._lr_at_init = [float(g["lr"]) for g in base_optimizer.param_groups]
         self.rho_t = self._rho()
         self.name = "gsam"
 
+    @property
+    def lr_max(self) -> float:
+        """The peak lr in units of param group 0's base lr: as given, else group 0's ``max_lr`` (set by
+        OneCycleLR), else its base lr. Read at every step, so a scheduler built after the method counts."""
+        if self._lr_max is not None:
+            return self._lr_max
+        group0 = self.base_optimizer.param_groups[0]
+        return float(group0.get("max_lr", self._base_lr(0)))
+
+    def _base_lr(self, i: int) -> float:
+        group = self.base_optimizer.param_groups[i]
+        if "initial_lr" in group:  # set by torch and timm schedulers: lr = initial_lr * multiplier
+            return float(group["initial_lr"])
+        return self._lr_at_init[i] if i < len(self._lr_at_init) else float(group["lr"])
+
+    def multiplier(self) -> float:
+        """The schedule's multiplier ``s_t`` of the base lr, the same for every group whatever its scaling.
+
+        Read from the first group whose timm ``lr_scale`` is 1 (absent counts as 1): there ``lr = base *
+        s_t`` under torch schedulers (which ignore ``lr_scale``) and timm ones (which multiply by it) alike.
+        With layer decay, group 0 is usually the most decayed one, and its lr alone gave ``rho_t`` far below
+        ``rho_max`` at the peak (docs/algorithms.md, "GSAM"). Without such a group, group 0's lr is divided
+        by its ``lr_scale`` (timm's convention).
+        """
+        groups = self.base_optimizer.param_groups
+        ref = next((i for i, g in enumerate(groups) if float(g.get("lr_scale", 1.0)) == 1.0), 0)
+        base = self._base_lr(ref) * float(groups[ref].get("lr_scale", 1.0))
+        return float(groups[ref]["lr"]) / base if base > 0 else 1.0
+
     def _rho(self) -> float:
-        """rho_t from the actual current lr (a Python float: no device sync)."""
-        if self.rho_max == self.rho_min or self.lr_max == self.lr_min:
+        """rho_t from the schedule's position (a Python float: no device sync), clamped into [rho_min, rho_max]."""
+        lr_max, lr_min, base0 = self.lr_max, self.lr_min, self._base_lr(0)
+        if self.rho_max == self.rho_min or lr_max <= lr_min or base0 <= 0:
             rho = self.rho_max
         else:
-            lr = float(self.base_optimizer.param_groups[0]["lr"])
-            rho = self.rho_min + (self.rho_max - self.rho_min) * (lr - self.lr_min) / (self.lr_max - self.lr_min)
+            lr = self.multiplier() * base0  # the current lr in group 0's base units
+            rho = self.rho_min + (self.rho_max - self.rho_min) * (lr - lr_min) / (lr_max - lr_min)
+            rho = min(max(rho, self.rho_min), self.rho_max)
         self.rho_t = rho
         return rho
 
     @torch.no_grad()
     def _combine(self) -> None:
+        if self.alpha != 0.0:
+            # Missing gradients count as zero (docs/algorithms.md): a parameter with a pass 1 gradient only
+            # gets g_p = 0, so that every norm below runs over the same set and it moves by -alpha g. Not
+            # with alpha = 0, which must stay SAM (such a parameter is then not updated at all).
+            for p in self._g:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         params = self._params_with_grad()
         if self.alpha != 0.0 and params:
             gp = [p.grad for p in params]
@@ -73,7 +114,7 @@ class GSAM(TwoPass):
             g = [self._g[p] if p in self._g else torch.zeros_like(p.grad) for p in params]
             # <g, g_p> from norms (||g||^2 + ||g_p||^2 - ||g - g_p||^2)/2: two foreach norms instead of one
             # small kernel per tensor. The error (~1e-7 (||g||^2+||g_p||^2) in fp32) is of the same order
-            # as a direct fp32 dot's, since g and g_p are close.
+            # as a direct fp32 dot's, since g and g_p are close. All three norms are over ``params``.
             gp_norm = global_norm(gp)
             for gs, gps in group_by_device_dtype(g, gp):
                 torch._foreach_sub_(gs, gps)  # g becomes d = g - g_p (g itself is no longer needed)
@@ -81,9 +122,12 @@ class GSAM(TwoPass):
             d_norm = global_norm(d)
             g_norm = self._g_norm.to(gp_norm)
             dot = 0.5 * (g_norm.square() + gp_norm.square() - d_norm.square())
-            c = dot / (gp_norm + _EPS).square()
-            # g_gsam = g_p - alpha (g - c g_p) = (1 - alpha + alpha c) g_p - alpha d
-            coef = 1.0 - self.alpha + self.alpha * c
+            # No +1e-12 here: with rho = 0, g_p == g gives c == 1 exactly and the update is g_p (the base
+            # optimizer's); with g_p == 0 the projection is zero, and so is dot.
+            c = dot / nonzero(gp_norm.square())
+            # g_gsam = g_p - alpha (g - c g_p) = (1 - alpha (1 - c)) g_p - alpha d; the coefficient is
+            # written so that c == 1 gives exactly 1.
+            coef = 1.0 - self.alpha * (1.0 - c)
             for gps, ds in group_by_device_dtype(gp, d):
                 torch._foreach_mul_(gps, coef.to(device=gps[0].device, dtype=gps[0].dtype))
                 torch._foreach_add_(gps, ds, alpha=-self.alpha)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from ._method import Forward, StepOutput, check, global_norm, group_by_device_dtype
-from ._sam import _EPS, TwoPass, _check_rho
+from ._sam import TwoPass, _check_rho, nonzero
 
 __all__ = ["LookSAM"]
 
@@ -14,8 +17,12 @@ __all__ = ["LookSAM"]
 class LookSAM(TwoPass):
     """Every k-th step (steps 0, k, 2k, ...): two passes give g and the SAM gradient g_s, the update uses g_s,
     and ``g_v = g_s - (<g_s, g>/||g||^2) g`` is stored. Other steps: ONE pass, update with
-    ``g + alpha (||g|| / ||g_v||) g_v``. Norms and projections are global. Over N steps the model is
-    evaluated N + ceil(N/k) times.
+    ``g + alpha (||g|| / ||g_v||) g_v``. Norms and projections are global, a missing gradient counts as
+    zero in them, and a zero ``g_v`` stays zero (so ``rho = 0`` is the base optimizer exactly). Over N steps
+    the model is evaluated N + ceil(N/k) times, through ``train_step`` and ``step(closure)`` alike.
+
+    A step skipped for an fp16 overflow does not count: the stored g_v and the step counter are left as
+    they were, so the next step is the same kind of step again.
 
     Under DDP with per-replica perturbation, g (pass 1) is local, so g_v is averaged over replicas once
     per k steps; otherwise replicas would apply different updates on the one-pass steps.
@@ -31,74 +38,120 @@ class LookSAM(TwoPass):
         self.rho = _check_rho("rho", rho)
         check(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "k >= 1 (an integer)", k,
               "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)")
-        check(isinstance(alpha, (int, float)) and alpha >= 0 and alpha == alpha, "alpha", "alpha >= 0", alpha,
+        check(isinstance(alpha, (int, float)) and not math.isnan(alpha) and alpha >= 0, "alpha", "alpha >= 0", alpha,
               "pass a non-negative weight for the stored direction, e.g. alpha=0.7")
         self.k = k
         self.alpha = float(alpha)
         self.name = "looksam"
         self._step = 0
-        self._gv: dict[torch.Tensor, torch.Tensor] = {}  # param -> stored g_v (views of _gv_buf)
+        self._gv: dict[torch.Tensor, torch.Tensor] = {}  # param -> stored g_v (in _gv_buf)
         self._gv_buf: dict[torch.Tensor, torch.Tensor] = {}
         self._gv_norm: torch.Tensor | None = None
+        self._pending: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
 
     def _rho(self) -> float:
         return self.rho
 
+    def _sam_step_due(self) -> bool:
+        return self._step % self.k == 0 or not self._gv
+
     @torch.no_grad()
     def _combine(self) -> None:
-        """On a SAM step: keep g_s as the update; store ``g_v`` (in persistent buffers, no allocation)."""
-        params = self._params_with_grad()
+        """On a SAM step: ``p.grad`` (g_s) stays the update; g_v is formed in pass 1's g buffers and becomes
+        the stored one in ``second_step`` only if the step was not skipped."""
+        g_of = self._g
+        # Missing gradients count as zero (docs/algorithms.md): g_v covers every parameter with a gradient
+        # in either pass, and all norms run over that one set.
+        params = [p for p in self._params() if p.grad is not None or p in g_of]
         if not params:
+            self._pending = None
             return
-        gs = [p.grad for p in params]
-        g = [self._g[p] if p in self._g else torch.zeros_like(p.grad) for p in params]
-        gv = [self._buffer(self._gv_buf, p) for p in params]
-        for gvs, gss, gg in group_by_device_dtype(gv, gs, g):
-            torch._foreach_copy_(gvs, gss)
-            torch._foreach_sub_(gvs, gg)  # d = g_s - g
-        # <g_s, g> from norms, as in GSAM: (||g_s||^2 + ||g||^2 - ||g_s - g||^2)/2.
+        gs = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        g = [g_of[p] if p in g_of else self._buffer(self._gbuf, p).zero_() for p in params]
         gs_norm = global_norm(gs)
-        d_norm = global_norm(gv)
         g_norm = self._g_norm.to(gs_norm)
+        for gg, gss in group_by_device_dtype(g, gs):
+            torch._foreach_sub_(gg, gss)  # g - g_s
+        d_norm = global_norm(g)
+        # <g_s, g> from norms, as in GSAM: (||g_s||^2 + ||g||^2 - ||g_s - g||^2)/2, over one parameter set.
         dot = 0.5 * (gs_norm.square() + g_norm.square() - d_norm.square())
-        one_minus_c = 1.0 - dot / (g_norm + _EPS).square()
-        # g_v = g_s - c g = (g_s - g) + (1 - c) g   (g's buffer is free to overwrite now)
-        for gvs, gg in group_by_device_dtype(gv, g):
-            torch._foreach_mul_(gg, one_minus_c.to(device=gg[0].device, dtype=gg[0].dtype))
-            torch._foreach_add_(gvs, gg)
+        # No +1e-12: with rho = 0, g_s == g gives c == 1 and g_v == 0 exactly; with g == 0, c = 0, g_v = g_s.
+        c = dot / nonzero(g_norm.square())
+        # g_v = g_s - c g = c (g_s - g) + (1 - c) g_s = lerp(g_s - g, g_s, 1 - c), in place in g's buffers.
+        for gg, gss in group_by_device_dtype(g, gs):
+            torch._foreach_neg_(gg)
+            torch._foreach_lerp_(gg, gss, (1.0 - c).to(device=gg[0].device, dtype=gg[0].dtype))
         if not self.global_perturbation:
-            self._all_reduce_mean(gv)
-        self._gv = dict(zip(params, gv))
-        self._gv_norm = global_norm(gv)
+            self._all_reduce_mean(g)
+        self._pending = (params, g, global_norm(g))
 
     @torch.no_grad()
     def second_step(self) -> bool:
         skipped = super().second_step()
-        if skipped:  # fp16 overflow: g_v may hold inf/nan; the next step recomputes it with two passes
-            self._gv, self._gv_norm = {}, None
+        pending, self._pending = self._pending, None
+        if not skipped and pending is not None:  # on a skipped step the stored g_v stays as it was
+            params, gv_new, norm = pending
+            gv = [self._buffer(self._gv_buf, p) for p in params]
+            for dst, src in group_by_device_dtype(gv, gv_new):
+                torch._foreach_copy_(dst, src)
+            self._gv = dict(zip(params, gv))
+            self._gv_norm = norm
         return skipped
+
+    @torch.no_grad()
+    def _reuse(self) -> None:
+        """One-pass step: ``p.grad <- g + alpha (||g|| / ||g_v||) g_v``.
+
+        A parameter with a stored g_v but no gradient now has g = 0 there, so it moves along g_v alone
+        (frozen parameters, ``requires_grad=False``, are left alone). A zero g_v adds nothing.
+        """
+        if not self._gv:
+            return
+        coef = self.alpha * global_norm([p.grad for p in self._params_with_grad()]) / nonzero(self._gv_norm)
+        grads, dirs = [], []
+        for p, v in self._gv.items():
+            if p.grad is None:
+                if not p.requires_grad:
+                    continue
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+            dirs.append(v)
+        for gg, gv in group_by_device_dtype(grads, dirs):
+            torch._foreach_add_(gg, torch._foreach_mul(gv, coef.to(device=gv[0].device, dtype=gv[0].dtype)))
 
     def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
                    indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
-        step = self._step
-        self._step += 1
-        if step % self.k == 0 or not self._gv:
-            return super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
-        self._zero_grad()
-        loss, logits = forward()
-        self._backward(loss)
-        with torch.no_grad():
-            params = self._params_with_grad()
-            g_all = [p.grad for p in params]
-            pairs = [(p.grad, self._gv[p]) for p in params if p in self._gv]
-            if pairs:
-                coef = self.alpha * global_norm(g_all) / (self._gv_norm + _EPS)
-                for gg, gv in group_by_device_dtype([a for a, _ in pairs], [b for _, b in pairs]):
-                    torch._foreach_add_(gg, torch._foreach_mul(gv, coef.to(device=gv[0].device, dtype=gv[0].dtype)))
-        skipped = self._finish()
-        self._zero_grad()
-        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None, extra_loss=None,
-                          rho=None, skipped=skipped)
+        if self._sam_step_due():
+            out = super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
+        else:
+            self._zero_grad()
+            loss, logits = forward()
+            self._backward(loss)
+            self._reuse()
+            skipped = self._finish()
+            self._zero_grad()
+            out = StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None, extra_loss=None,
+                             rho=None, skipped=skipped)
+        if not out.skipped:
+            self._step += 1
+        return out
+
+    def step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """One step on the same schedule as ``train_step``: ``closure()`` (loss and backward) runs twice on
+        a SAM step and once on the others; returns the clean loss."""
+        self._check_closure(closure)
+        if self._sam_step_due():
+            loss, skipped = self._closure_two_pass(closure)
+        else:
+            self._zero_grad()
+            with torch.enable_grad():
+                loss = closure()
+            self._reuse()
+            skipped = self._finish()
+            self._zero_grad()
+        if not skipped:
+            self._step += 1
+        return loss
 
     @property
     def passes_per_step(self) -> float:
@@ -124,4 +177,3 @@ class LookSAM(TwoPass):
             self._gv[p].copy_(t)
         norm = state.get("g_v_norm")
         self._gv_norm = None if norm is None else norm.to(params[0].device).clone()
-

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Method", "StepOutput", "Forward"]
+__all__ = ["Forward", "Method", "StepOutput"]
 
 #: ``forward()`` runs the model on the current batch (under the caller's autocast) and returns
 #: ``(mean task loss, logits)``.
@@ -84,7 +84,7 @@ def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[tor
 class _BNGuard:
     """Snapshot BatchNorm buffers after pass 1 and restore them after pass 2.
 
-    ALGORITHMS.md: the running statistics after a step equal those of pass 1 alone. Setting momentum=0
+    docs/algorithms.md ("BatchNorm"): the running statistics after a step equal those of pass 1 alone. Setting momentum=0
     is not enough (``num_batches_tracked`` still moves, and momentum=None means a cumulative average),
     so the buffers are copied back exactly. Buffers are re-read every step: ``model.to()`` replaces them.
     """
@@ -132,6 +132,8 @@ class Method(abc.ABC):
     """
 
     name: str = ""
+    #: Two-pass methods need the model (BN protection, DDP no_sync): one rule for the classes and create().
+    needs_model: bool = False
 
     def __init__(
         self,
@@ -150,6 +152,11 @@ class Method(abc.ABC):
         if grad_clip is not None:
             check(grad_clip > 0 and math.isfinite(grad_clip), "grad_clip", "0 < grad_clip < inf (or None)", grad_clip,
                   "pass a positive max norm such as 1.0, or None for no clipping")
+        if self.needs_model and not isinstance(model, nn.Module):
+            raise ValueError(
+                f"model must be the nn.Module being trained (the DDP wrapper if any), but got model={model!r}; "
+                f"{type(self).__name__} needs it to keep BatchNorm statistics to pass 1 alone and to run pass 1 "
+                f"under DDP no_sync: pass model=net (optim.create asks for it too)")
         self.base_optimizer = base_optimizer
         self.model = model
         self.grad_clip = grad_clip
@@ -173,11 +180,23 @@ class Method(abc.ABC):
         return 0
 
     def state_dict(self) -> dict:
-        return {"base_optimizer": self.base_optimizer.state_dict(), "method": self._method_state()}
+        """The base optimizer's state, the method's own, and the GradScaler's (``None`` without fp16 scaling).
+
+        The scaler is included because the method drives it (which steps it skips and backs off on): a
+        resumed run continues the trajectory only with the same loss scale. A caller that also saves the
+        scaler itself saves the same state twice, which is harmless.
+        """
+        return {"base_optimizer": self.base_optimizer.state_dict(), "method": self._method_state(),
+                "scaler": None if self.scaler is None else self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``. A checkpoint's scaler state is loaded when this method has a scaler; a
+        checkpoint without one (no fp16 then, or older) leaves the scaler as it is."""
         self.base_optimizer.load_state_dict(state["base_optimizer"])
         self._load_method_state(state.get("method", {}))
+        scaler_state = state.get("scaler")
+        if self.scaler is not None and scaler_state:
+            self.scaler.load_state_dict(scaler_state)
 
     def _method_state(self) -> dict:
         return {}
@@ -245,35 +264,60 @@ class Method(abc.ABC):
         return found
 
     def _finish(self, found_earlier: torch.Tensor | None = None) -> bool:
-        """Final gradients are in ``p.grad``: unscale once, clip, one base step (one ``scaler.step``/``update``).
+        """Final gradients are in ``p.grad``: unscale once, clip, one base step, one ``scaler.update``.
 
-        ``found_earlier``: an inf/nan flag from pass 1, folded into the scaler's verdict so an overflow
-        in either pass skips the step and lowers the scale. Returns ``skipped`` (fp16 only; one host
-        read, which ``GradScaler.step`` already does for non-fused optimizers).
+        ``found_earlier``: an inf/nan flag from pass 1. An overflow in either pass skips the step: the base
+        optimizer is not called at all, so its state (Adam's ``step``, SGD's momentum) is untouched for
+        fused and non-fused bases alike, and ``scaler.update`` backs off once. Returns ``skipped`` (fp16
+        only; one host read, which ``GradScaler.step`` does anyway for non-fused optimizers).
         """
         opt = self.base_optimizer
         scaler = self.scaler
-        if scaler is not None:
-            scaler.unscale_(opt)
-            # GradScaler keeps its verdict per device in this dict; adding pass 1's flag there is the
-            # only way to make scaler.step skip and scaler.update back off for an overflow in pass 1.
-            found_per_device = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
-            if found_earlier is not None:
-                if found_per_device:
-                    t = next(iter(found_per_device.values()))
-                    t.add_(found_earlier.to(t.device).reshape(t.shape))
-                else:
-                    found_per_device[found_earlier.device] = found_earlier.reshape(())
-        if self.grad_clip is not None:
-            # After any all-reduce and after unscale: clips the final update gradient (ALGORITHMS.md).
-            torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
         if scaler is None:
+            if self.grad_clip is not None:
+                # After any all-reduce: clips the final update gradient (docs/algorithms.md, "Clipping").
+                torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
             opt.step()
             return False
-        found = sum(v.to(torch.float32).sum().cpu() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+        scaler.unscale_(opt)
+        flags = _found_inf_per_device(scaler, opt)
+        total = torch.zeros((), dtype=torch.float32)
+        for f in flags.values():
+            total = total + f.to(torch.float32).sum().cpu()
+        if found_earlier is not None:
+            total = total + found_earlier.to(torch.float32).sum().cpu()
+        if bool(total > 0):
+            # Not scaler.step: a fused AdamW/SGD would be called with found_inf = (sum of both passes' flags)
+            # and its kernel skips only when that equals 1.0 (2.0 stepped with NaN gradients and moved
+            # Adam's step backwards); a skipped fused SGD first step also leaves an uninitialised momentum
+            # buffer. update() backs off once when any recorded flag is non-zero, so pass 1's verdict is
+            # written where update() reads it.
+            if flags:
+                next(iter(flags.values())).fill_(1.0)
+            else:
+                flags[found_earlier.device] = torch.ones((), dtype=torch.float32, device=found_earlier.device)
+            scaler.update()
+            return True
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
         scaler.step(opt)
         scaler.update()
-        return bool(found > 0)
+        return False
+
+
+def _found_inf_per_device(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> dict:
+    """The scaler's per-device inf/nan verdict for ``opt`` after ``unscale_`` (a private of GradScaler).
+
+    ``GradScaler`` has no public way to read or add to its verdict; ``update()`` reads this dict, so a
+    pass 1 overflow must be recorded here. tests/optim/test_overflow.py pins the layout.
+    """
+    state = getattr(scaler, "_per_optimizer_states", None)
+    if state is None or "found_inf_per_device" not in state[id(opt)]:
+        raise RuntimeError(
+            "torch.amp.GradScaler no longer keeps _per_optimizer_states[id(optimizer)]['found_inf_per_device']; "
+            f"optim needs it to skip a step on an overflow in pass 1 (torch {torch.__version__}); "
+            "update optim._method._found_inf_per_device for this torch version")
+    return state[id(opt)]["found_inf_per_device"]
 
 
 class BaseOnly(Method):

@@ -9,14 +9,21 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._method import Forward, Method, StepOutput, check, global_norm, group_by_device_dtype
+from ._method import Forward, Method, StepOutput, check, global_norm
 
 __all__ = ["SAM"]
 
-_EPS = 1e-12  # ALGORITHMS.md: eps = rho * g / (||g|| + 1e-12)
+# eps = rho g / (||g|| + 1e-12) (docs/algorithms.md, SAM). Where it would divide a result that is defined
+# exactly (rho = 0, a zero direction), the methods use nonzero() instead, so the guard changes nothing there.
+_EPS = 1e-12
 
 
-def _check_p(p: float | int | str) -> float:
+def nonzero(x: torch.Tensor) -> torch.Tensor:
+    """``x`` where it is non-zero, else 1: a divisor for ``a / x`` whose numerator is zero when ``x`` is (no sync)."""
+    return torch.where(x != 0, x, torch.ones_like(x))
+
+
+def _check_p(p: float | str) -> float:
     value = float(p) if not isinstance(p, str) else float(p.strip().lower().replace("infinity", "inf"))
     check(value == 2.0 or value == math.inf, "p", "p == 2 or p == float('inf')", p,
           "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)")
@@ -45,6 +52,7 @@ class TwoPass(Method):
 
     _keep_g = False
     _local_pass2 = False
+    needs_model = True
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, *, p: float = 2, adaptive: bool = False,
                  eta: float = 0.01, model: nn.Module | None = None, grad_clip: float | None = None,
@@ -82,7 +90,7 @@ class TwoPass(Method):
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                if p.grad is not None:  # no gradient in pass 1: not perturbed (ALGORITHMS.md)
+                if p.grad is not None:  # no gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients")
                     entries.append((p, adaptive))
         key = [(id(p), a) for p, a in entries]
         if key == self._plan_key:
@@ -202,17 +210,24 @@ class TwoPass(Method):
 
     def step(self, closure: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Both passes: ``closure()`` computes the loss and calls backward; returns the clean loss."""
+        self._check_closure(closure)
+        loss, _ = self._closure_two_pass(closure)
+        return loss
+
+    def _check_closure(self, closure) -> None:
         if closure is None:
-            raise ValueError(f"{type(self).__name__}.step needs a closure that computes the loss and calls "
-                             "backward(), e.g. step(lambda: (loss := loss_fn(model(x), y)).backward() or loss)")
+            raise ValueError(f"closure must be a callable that computes the loss and calls backward(), but got "
+                             f"closure=None; pass {type(self).__name__}.step(closure) with e.g. "
+                             "closure = lambda: (loss := loss_fn(model(x), y)).backward() or loss")
+
+    def _closure_two_pass(self, closure: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
         self._zero_grad()
         with torch.enable_grad(), self._local_pass():
             loss = closure()
         self.first_step()
         with torch.enable_grad(), self._pass2():
             closure()
-        self.second_step()
-        return loss
+        return loss, self.second_step()
 
     def _pass2(self) -> contextlib.AbstractContextManager:
         return self._local_pass() if self._local_pass2 else contextlib.nullcontext()

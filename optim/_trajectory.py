@@ -12,7 +12,7 @@ from torch import nn
 
 from ._method import Forward, Method, StepOutput, check, group_by_device_dtype, unwrap
 
-__all__ = ["SAF", "MESA", "trajectory_kl", "Regularised"]
+__all__ = ["MESA", "SAF", "Regularised", "trajectory_kl"]
 
 
 def trajectory_kl(student_logits: torch.Tensor, target_logits: torch.Tensor, tau: float) -> torch.Tensor:
@@ -30,6 +30,25 @@ def _weighted_kl(student_logits: torch.Tensor, target_logits: torch.Tensor, tau:
     log_s = F.log_softmax(student_logits.to(dtype) / tau, dim=-1)
     log_t = F.log_softmax(target_logits.detach().to(dtype) / tau, dim=-1)
     return (weight * tau * tau) * F.kl_div(log_s, log_t, reduction="batchmean", log_target=True)
+
+
+def _recorded_kl(student_logits: torch.Tensor, past: torch.Tensor, tau: float, weight: float) -> torch.Tensor:
+    """``_weighted_kl`` averaged over the samples that have a record (rows of ``past`` without NaN).
+
+    A sample with no logits from ``e_tilde`` epochs ago (first seen, or skipped by the sampler that
+    epoch) has no trajectory target: it is left out of the loss and of the mean, instead of being
+    pulled towards the uniform distribution that a zero-filled buffer would give. Its target is
+    replaced by its own detached logits, whose KL and gradient are exactly zero (no NaN leaks into the
+    sum), and the mean divides by the number recorded: no host sync.
+    """
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    z = student_logits.reshape(past.shape[0], -1)
+    recorded = ~torch.isnan(past).any(dim=-1)
+    target = torch.where(recorded[:, None], past.to(dtype), z.detach().to(dtype))
+    log_s = F.log_softmax(z.to(dtype) / tau, dim=-1)
+    log_t = F.log_softmax(target / tau, dim=-1)
+    per_sample = F.kl_div(log_s, log_t, reduction="none", log_target=True).sum(dim=-1)
+    return (weight * tau * tau) * per_sample.sum() / recorded.sum().clamp(min=1).to(dtype)
 
 
 def _check_common(lam: float, tau: float, e_start: int) -> None:
@@ -56,6 +75,10 @@ class SAF:
     Ring buffer of ``e_tilde + 1`` epoch slots x ``num_samples`` (index in the FULL training set) x
     ``num_classes``, float16: epoch ``e`` writes slot ``e % (e_tilde+1)`` and reads slot
     ``(e - e_tilde) % (e_tilde+1)``. Active when ``epoch > e_start`` (0-indexed); ``e_start >= e_tilde``.
+    A slot is emptied (NaN) when a new epoch starts writing it, so a sample not seen in epoch
+    ``e - e_tilde`` has no record and is left out of the loss (never a zero or an older epoch's logits).
+    Reading an epoch that recorded nothing at all (a resume without this state, an epoch number that
+    jumped) raises.
     Under data parallelism every step all-gathers (index, logits) so that each rank's buffer holds every
     sample, whichever rank saw it (the official per-rank buffer reads wrong logits under DDP).
     """
@@ -78,13 +101,16 @@ class SAF:
         #: Size of the ring buffer in bytes (say it in the logs).
         self.buffer_bytes = self.slots * num_samples * num_classes * torch.finfo(self.buffer_dtype).bits // 8
         self.buffer: torch.Tensor | None = None
+        #: The epoch each slot holds (-1: none yet; None: unknown, from a checkpoint made before this was kept).
+        self.slot_epochs: list[int | None] = [-1] * self.slots
         if device is not None:
             self._ensure(torch.device(device))
 
     def _ensure(self, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.device != device:
             old = self.buffer
-            self.buffer = torch.zeros(self.slots, self.num_samples, self.num_classes, dtype=self.buffer_dtype, device=device)
+            self.buffer = torch.full((self.slots, self.num_samples, self.num_classes), math.nan,
+                                     dtype=self.buffer_dtype, device=device)
             if old is not None:
                 self.buffer.copy_(old)
         return self.buffer
@@ -95,6 +121,12 @@ class SAF:
     def record(self, logits: torch.Tensor, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """Write this step's logits into epoch's slot (all ranks' samples); returns ``indices`` on the device."""
         buf = self._ensure(logits.device)
+        slot = epoch % self.slots
+        if self.slot_epochs[slot] != epoch:
+            # The slot held epoch - slots: empty it, or a sample unseen this epoch would later read logits
+            # from 2 e_tilde + 1 epochs back.
+            buf[slot].fill_(math.nan)
+            self.slot_epochs[slot] = epoch
         idx = indices.to(device=logits.device, dtype=torch.long, non_blocking=True).reshape(-1)
         rec = logits.detach().reshape(idx.numel(), -1).to(self.buffer_dtype)
         world, dist = _world()
@@ -108,22 +140,40 @@ class SAF:
             gidx, grec = torch.cat(all_idx), torch.cat(all_rec)
         else:
             gidx, grec = idx, rec
-        buf[epoch % self.slots].index_copy_(0, gidx, grec)
+        buf[slot].index_copy_(0, gidx, grec)
         return idx
 
     def loss(self, logits: torch.Tensor, sample_indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """Record ``logits`` and return ``lam * trajectory_kl(logits, past, tau)`` (zero before ``e_start``)."""
-        idx = self.record(logits, sample_indices, epoch)
+        value = self.past_loss(logits, sample_indices, epoch)
+        self.record(logits, sample_indices, epoch)
+        return value
+
+    def past_loss(self, logits: torch.Tensor, sample_indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        """``lam * trajectory_kl(logits, past, tau)`` over the samples recorded ``e_tilde`` epochs ago (zero before
+        ``e_start``), without recording: epoch ``e`` reads another slot than it writes, so the write can wait
+        until the step is known not to be skipped."""
         if not self.active(epoch):
             return logits.new_zeros((), dtype=torch.float32)
-        past = self.buffer[(epoch - self.e_tilde) % self.slots].index_select(0, idx)
-        return _weighted_kl(logits, past, self.tau, self.lam)
+        past_epoch = epoch - self.e_tilde
+        read = past_epoch % self.slots
+        held = self.slot_epochs[read]
+        if held is not None and held != past_epoch:
+            raise ValueError(
+                f"epoch must follow on from the recorded epochs: SAF at epoch={epoch} reads the logits of epoch "
+                f"{past_epoch} (e_tilde={self.e_tilde}), but that slot holds "
+                f"{'nothing' if held < 0 else f'epoch {held}'}; call train_step in every epoch from 0 on "
+                "(recording starts before e_start), and on resume load the method's state_dict()")
+        buf = self._ensure(logits.device)
+        idx = sample_indices.to(device=logits.device, dtype=torch.long, non_blocking=True).reshape(-1)
+        return _recorded_kl(logits, buf[read].index_select(0, idx), self.tau, self.lam)
 
     def state_dict(self) -> dict:
-        return {"buffer": self.buffer}
+        return {"buffer": self.buffer, "slot_epochs": list(self.slot_epochs)}
 
     def load_state_dict(self, state: dict) -> None:
         buf = state.get("buffer")
+        self.slot_epochs = list(state.get("slot_epochs", [None] * self.slots))
         if buf is None:
             self.buffer = None
             return
@@ -235,17 +285,22 @@ class Regularised(Method):
             if indices is None:
                 raise ValueError("saf needs indices=: each sample's index in the FULL training set, "
                                  "to record and look up its logits; pass train_step(..., indices=idx)")
-            value = reg.loss(logits, indices, epoch)  # records every epoch, even before e_start
-            extra = value if reg.active(epoch) else None
-        elif reg.active(epoch):
-            if inputs is None:
+            extra = reg.past_loss(logits, indices, epoch) if reg.active(epoch) else None
+        else:
+            if inputs is None:  # at every step, not only once the loss is active: fail in the first minute
                 raise ValueError("mesa needs inputs=: the batch the teacher is run on; pass train_step(..., inputs=x)")
-            extra = reg.loss(inputs, logits, epoch)
+            if reg.active(epoch):
+                extra = reg.loss(inputs, logits, epoch)
         self._backward(loss + extra if extra is not None else loss)
         skipped = self._finish()
         self._zero_grad()
-        if isinstance(reg, MESA):
-            reg.update()  # after every step from step 0 (ALGORITHMS.md)
+        # Method state moves only on a step taken (docs/algorithms.md, "Mixed precision"): SAF records every
+        # epoch, even before e_start; MESA's EMA follows every step from step 0.
+        if not skipped:
+            if isinstance(reg, SAF):
+                reg.record(logits, indices, epoch)
+            else:
+                reg.update()
         return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None,
                           extra_loss=None if extra is None else extra.detach(), rho=None, skipped=skipped)
 

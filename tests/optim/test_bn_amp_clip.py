@@ -97,7 +97,8 @@ def test_fp16_inf_in_either_pass_skips_and_lowers_scale(name, bad_call, helpers)
         out = method.train_step(_inf_forward(model, x, y, bad_call), inputs=x, indices=idx)
         assert out.skipped
         assert scaler.get_scale() == 2.0**9
-        assert scaler.calls == {"unscale_": 1, "step": 1, "update": 1}
+        # Skipped: the base optimizer is not called at all, so neither is scaler.step (test_overflow.py says why).
+        assert scaler.calls == {"unscale_": 1, "step": 0, "update": 1}
         for a, b in zip(before, model.parameters()):
             torch.testing.assert_close(a, b, rtol=0, atol=0)  # w restored exactly, no step taken
         assert not method.base_optimizer.state  # the base optimizer never stepped

@@ -71,7 +71,7 @@ def test_sam_p2():
     out = step(method, model)
     g = model.grad(w0)
     eps = rho * g / (g.norm() + 1e-12)
-    # Weight decay at the restored w, applied once (ALGORITHMS.md).
+    # Weight decay at the restored w, applied once (docs/algorithms.md, "SAM").
     torch.testing.assert_close(model.w.detach(), w0 - lr * (model.grad(w0 + eps) + wd * w0), **TOL)
     r = w0 + eps - model.c
     torch.testing.assert_close(out.perturbed_loss, 0.5 * r @ model.H @ r, **TOL)
@@ -230,7 +230,7 @@ def test_gsam_rho_schedule_follows_the_actual_lr(helpers):
         sched.step()
     assert rhos == pytest.approx([0.04 + 0.16 * f for f in (1.0, 0.75, 0.5)], rel=1e-12)
     # lr_max == lr_min: rho_t = rho_max
-    assert optim.GSAM(base, rho_max=0.3, rho_min=0.1, lr_max=0.0, lr_min=0.0)._rho() == 0.3
+    assert optim.GSAM(base, rho_max=0.3, rho_min=0.1, lr_max=0.0, lr_min=0.0, model=model).rho_t == 0.3
 
 
 def test_params_without_gradient_in_pass_1_are_not_perturbed_and_still_updated():

@@ -3,7 +3,7 @@ BN model under SGD with momentum and weight decay, parameters equal within rtol 
 
 Configured so that only the shared algorithm is compared:
 - BatchNorm: the peer leaves it to the caller (SAM) or sets momentum=0 in pass 2 (GSAM), which keeps
-  running_mean/var but still bumps num_batches_tracked; we restore all three (ALGORITHMS.md). So the
+  running_mean/var but still bumps num_batches_tracked; we restore all three (docs/algorithms.md, "BatchNorm"). So the
   peer's pass 2 runs with momentum=0 and we compare parameters and running_mean/var, not the counter.
 - ASAM: the peer's T is |w| (no eta): compare with eta=0.
 - GSAM: the peer's g_p_hat has its 1e-12 inside a product of norms and it un-perturbs by subtracting eps

@@ -1,0 +1,357 @@
+"""Float64 references written from docs/algorithms.md: several tensors in two param groups over several steps with
+momentum-SGD and AdamW state and an lr schedule, for every registry method; and the corners (missing gradients,
+rho = 0 is the base optimizer, LookSAM's closure schedule)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import optim
+from optim import METHODS
+
+D_IN, HID, C, B, STEPS = 4, 5, 3, 6, 4
+LR = (0.1, 0.05)  # group 0: weights (with weight decay), group 1: biases (without)
+WD = (0.01, 0.0)
+DECAY = 0.15  # LambdaLR multiplier 1 - DECAY t
+TOL = {"rtol": 1e-9, "atol": 1e-12}
+
+HP = {
+    "none": {},
+    "sam": {"rho": 0.05},
+    "asam": {"rho": 0.5, "eta": 0.01},
+    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "alpha": 0.3, "lr_max": LR[0], "lr_min": 0.0},
+    "looksam": {"rho": 0.1, "k": 2, "alpha": 0.7},
+    "saf": {"lam": 0.3, "tau": 2.0, "e_tilde": 1, "e_start": 1},
+    "mesa": {"beta": 0.9, "lam": 0.8, "tau": 2.0, "e_start": 1},
+}
+
+
+# ----------------------------------------------------------------------------- the model, functionally
+def net(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(D_IN, HID), nn.Tanh(), nn.Linear(HID, C)).double()
+
+
+def tensors(model) -> list[torch.Tensor]:
+    """W1, W2, b1, b2: the order of the two param groups (weights, then biases)."""
+    return [model[0].weight, model[2].weight, model[0].bias, model[2].bias]
+
+
+def groups_of(model) -> list[dict]:
+    w = tensors(model)
+    return [{"params": w[:2], "lr": LR[0], "weight_decay": WD[0]}, {"params": w[2:], "lr": LR[1], "weight_decay": WD[1]}]
+
+
+GROUP_OF = (0, 0, 1, 1)  # group of each tensor in tensors()
+
+
+def logits_of(ws, x):
+    w1, w2, b1, b2 = ws
+    return torch.tanh(x @ w1.T + b1) @ w2.T + b2
+
+
+def batch(t: int):
+    g = torch.Generator().manual_seed(500 + t)
+    x = torch.randn(B, D_IN, generator=g, dtype=torch.float64)
+    y = torch.randint(0, C, (B,), generator=g)
+    return x, y, torch.randperm(B, generator=g)  # every sample once per step ("epoch")
+
+
+def kl(target_logits, student_logits, tau):
+    """mean over the batch of KL(softmax(target/tau) || softmax(student/tau)), written out."""
+    log_t = torch.log_softmax(target_logits / tau, -1)
+    log_s = torch.log_softmax(student_logits / tau, -1)
+    return (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+
+
+def loss_grad(ws, x, y, target=None, lam=0.0, tau=1.0):
+    """Loss, logits and gradient at ``ws`` (cross-entropy + lam tau^2 KL(target || student) when a target is given)."""
+    ws = [w.detach().clone().requires_grad_(True) for w in ws]
+    z = logits_of(ws, x)
+    loss = F.cross_entropy(z, y)
+    if target is not None:
+        loss = loss + lam * tau**2 * kl(target, z, tau)
+    return loss.detach(), z.detach(), [g.detach() for g in torch.autograd.grad(loss, ws)]
+
+
+def norm(vs) -> torch.Tensor:
+    return torch.sqrt(sum((v * v).sum() for v in vs))
+
+
+def dot(a, b) -> torch.Tensor:
+    return sum((u * v).sum() for u, v in zip(a, b))
+
+
+# ----------------------------------------------------------------------------- the base optimizers, by the book
+class RefSGD:
+    """torch.optim.SGD's documented rule: d = g + wd w; b = d (first step) or mu b + d; w <- w - lr b."""
+
+    def __init__(self, mu=0.9):
+        self.mu, self.buf = mu, {}
+
+    def step(self, ws, us, lrs, wds):
+        out = []
+        for i, (w, u, lr, wd) in enumerate(zip(ws, us, lrs, wds)):
+            if u is None:
+                out.append(w)
+                continue
+            d = u + wd * w
+            self.buf[i] = d if i not in self.buf else self.mu * self.buf[i] + d
+            out.append(w - lr * self.buf[i])
+        return out
+
+
+class RefAdamW:
+    """torch.optim.AdamW's documented rule: w <- w (1 - lr wd); Adam moments with bias correction."""
+
+    def __init__(self, b1=0.9, b2=0.999, eps=1e-8):
+        self.b1, self.b2, self.eps, self.m, self.v, self.t = b1, b2, eps, {}, {}, {}
+
+    def step(self, ws, us, lrs, wds):
+        out = []
+        for i, (w, u, lr, wd) in enumerate(zip(ws, us, lrs, wds)):
+            if u is None:
+                out.append(w)
+                continue
+            self.t[i] = self.t.get(i, 0) + 1
+            self.m[i] = self.b1 * self.m.get(i, torch.zeros_like(w)) + (1 - self.b1) * u
+            self.v[i] = self.b2 * self.v.get(i, torch.zeros_like(w)) + (1 - self.b2) * u * u
+            m_hat = self.m[i] / (1 - self.b1 ** self.t[i])
+            v_hat = self.v[i] / (1 - self.b2 ** self.t[i])
+            out.append(w * (1 - lr * wd) - lr * m_hat / (v_hat.sqrt() + self.eps))
+        return out
+
+
+BASES = {
+    "sgd-momentum": (lambda gs: torch.optim.SGD(gs, lr=LR[0], momentum=0.9), RefSGD),
+    "sgd-momentum-fused": (lambda gs: torch.optim.SGD(gs, lr=LR[0], momentum=0.9, fused=True), RefSGD),
+    "adamw": (lambda gs: torch.optim.AdamW(gs, lr=LR[0]), RefAdamW),
+    "adamw-fused": (lambda gs: torch.optim.AdamW(gs, lr=LR[0], fused=True), RefAdamW),
+}
+
+
+# ----------------------------------------------------------------------------- each method, by the book
+def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
+    hp = {**HP[name], **(hp or {})}
+    ws = [w.detach().clone() for w in ws]
+    teacher = [w.clone() for w in ws]
+    past, g_v = {}, None
+    for t in range(steps):
+        x, y, idx = batch(t)
+        s = 1.0 - DECAY * t
+        lrs = [LR[GROUP_OF[i]] * s for i in range(4)]
+        wds = [WD[GROUP_OF[i]] for i in range(4)]
+        _, z, g = loss_grad(ws, x, y)
+        if name == "none":
+            u = g
+        elif name in ("sam", "asam"):
+            if name == "sam":
+                eps = [hp["rho"] * gi / (norm(g) + 1e-12) for gi in g]
+            else:
+                T = [w.abs() + hp["eta"] for w in ws]
+                tg = [ti * gi for ti, gi in zip(T, g)]
+                eps = [hp["rho"] * ti * ti * gi / (norm(tg) + 1e-12) for ti, gi in zip(T, g)]
+            u = loss_grad([w + e for w, e in zip(ws, eps)], x, y)[2]
+        elif name == "gsam":
+            lr0 = LR[0] * s  # group 0's lr is in its own base units
+            rho = hp["rho_min"] + (hp["rho_max"] - hp["rho_min"]) * (lr0 - hp["lr_min"]) / (hp["lr_max"] - hp["lr_min"])
+            rho = min(max(rho, hp["rho_min"]), hp["rho_max"])
+            gp = loss_grad([w + rho * gi / (norm(g) + 1e-12) for w, gi in zip(ws, g)], x, y)[2]
+            gp_hat = [v / norm(gp) for v in gp]
+            c = dot(g, gp_hat)
+            u = [p - hp["alpha"] * (gi - c * h) for p, gi, h in zip(gp, g, gp_hat)]
+        elif name == "looksam":
+            if t % hp["k"] == 0:
+                gs = loss_grad([w + hp["rho"] * gi / (norm(g) + 1e-12) for w, gi in zip(ws, g)], x, y)[2]
+                g_v = [a - dot(gs, g) / dot(g, g) * b for a, b in zip(gs, g)]
+                u = gs
+            else:
+                u = [gi + hp["alpha"] * norm(g) / norm(g_v) * v for gi, v in zip(g, g_v)]
+        elif name == "saf":
+            stored = torch.empty(B, C, dtype=torch.float64)
+            stored[idx] = z.to(torch.float16).to(torch.float64)  # the buffer is half precision
+            past[t] = stored
+            if t > hp["e_start"]:
+                u = loss_grad(ws, x, y, target=past[t - hp["e_tilde"]][idx], lam=hp["lam"], tau=hp["tau"])[2]
+            else:
+                u = g
+        elif name == "mesa":
+            if t > hp["e_start"]:
+                u = loss_grad(ws, x, y, target=logits_of(teacher, x), lam=hp["lam"], tau=hp["tau"])[2]
+            else:
+                u = g
+        ws = base_ref.step(ws, u, lrs, wds)
+        teacher = [hp.get("beta", 0.0) * v + (1 - hp.get("beta", 0.0)) * w for v, w in zip(teacher, ws)]
+    return ws
+
+
+def ours(name: str, make_base, steps=STEPS, hp=None, seed=0):
+    model = net(seed)
+    base = make_base(groups_of(model))
+    sched = torch.optim.lr_scheduler.LambdaLR(base, lambda t: 1.0 - DECAY * t)
+    method = optim.create(name, base, model=model, num_samples=B, num_classes=C, **{**HP[name], **(hp or {})})
+    for t in range(steps):
+        x, y, idx = batch(t)
+
+        def forward(x=x, y=y):
+            z = model(x)
+            return F.cross_entropy(z, y), z
+
+        method.train_step(forward, inputs=x, indices=idx, epoch=t)
+        sched.step()
+    return [w.detach().clone() for w in tensors(model)]
+
+
+@pytest.mark.parametrize("base", list(BASES))
+@pytest.mark.parametrize("name", list(METHODS))
+def test_multi_tensor_multi_group_multi_step_reference(name, base):
+    make_base, ref_cls = BASES[base]
+    got = ours(name, make_base)
+    want = reference(name, ref_cls(), tensors(net()))
+    moved = [not torch.equal(a, b) for a, b in zip(got, tensors(net()))]
+    assert all(moved)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+# ----------------------------------------------------------------------------- rho = 0 is the base optimizer
+ZERO_RHO = {"sam": {"rho": 0.0}, "asam": {"rho": 0.0}, "gsam": {"rho_max": 0.0, "rho_min": 0.0},
+            "looksam": {"rho": 0.0}}
+
+
+@pytest.mark.parametrize("base", ["sgd-momentum", "adamw"])
+@pytest.mark.parametrize("name", [n for n, s in METHODS.items() if s.two_pass])
+def test_rho_zero_is_the_base_optimizer_exactly(name, base):
+    # docs/algorithms.md, "Small-norm guards": no +1e-12 may leave a trace where the exact answer is defined.
+    # Old LookSAM kept ||g_v|| = 2e-12 and rescaled it to alpha ||g||; old GSAM's c was 1 - 2e-12/||g||.
+    assert set(ZERO_RHO) == {n for n, s in METHODS.items() if s.two_pass}
+    make_base, _ = BASES[base]
+    got = ours(name, make_base, steps=5, hp=ZERO_RHO[name])
+    want = ours("none", make_base, steps=5)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- missing gradients
+class Branchy(nn.Module):
+    """A trunk ``a`` and a branch ``b`` that a forward may leave out (stochastic depth, an MoE expert without tokens)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.a = nn.Parameter(torch.randn(4, generator=g, dtype=torch.float64))
+        self.b = nn.Parameter(torch.randn(3, generator=g, dtype=torch.float64))
+        self.M = torch.randn(5, 4, generator=g, dtype=torch.float64)
+        self.N = torch.randn(3, 3, generator=g, dtype=torch.float64)
+        self.t = torch.randn(5, generator=g, dtype=torch.float64)
+
+
+def branchy_loss(m, a, b, use_b: bool):
+    loss = 0.5 * ((m.M @ a - m.t) ** 2).sum() + 0.25 * (a**4).sum()
+    if use_b:
+        loss = loss + 0.5 * ((m.N @ b) ** 2).sum() + (a[:3] @ b) ** 2
+    return loss
+
+
+def branchy_grad(m, a, b, use_b):
+    """(g_a, g_b) with g_b = 0 when b is left out: missing counts as zero (docs/algorithms.md)."""
+    a, b = a.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
+    ga, gb = torch.autograd.grad(branchy_loss(m, a, b, use_b), [a, b], allow_unused=True, materialize_grads=True)
+    return [ga, gb]
+
+
+def branchy_run(name, uses, steps, lr=0.1, **hp):
+    """Our method on Branchy; ``uses[i]`` says whether b is in the i-th forward overall."""
+    m = Branchy()
+    method = optim.create(name, torch.optim.SGD(m.parameters(), lr=lr), model=m, **hp)
+    calls = []
+
+    def forward():
+        use_b = uses[len(calls)]
+        calls.append(1)
+        return branchy_loss(m, m.a, m.b, use_b), m.a.detach()[None]
+
+    for _ in range(steps):
+        method.train_step(forward)
+    assert len(calls) == len(uses)
+    return m
+
+
+@pytest.mark.parametrize("missing_in", [2, 1], ids=["b-in-pass-1-only", "b-in-pass-2-only"])
+def test_gsam_counts_a_missing_gradient_as_zero(missing_in):
+    lr, alpha, rho = 0.1, 0.4, 0.3
+    uses = [missing_in != 1, missing_in != 2]
+    m = branchy_run("gsam", uses, 1, lr=lr, alpha=alpha, rho_max=rho, rho_min=rho)
+    ref = Branchy()
+    w = [ref.a.detach(), ref.b.detach()]
+    g = branchy_grad(ref, *w, uses[0])
+    eps = [rho * gi / (norm(g) + 1e-12) for gi in g]
+    gp = branchy_grad(ref, *[wi + e for wi, e in zip(w, eps)], uses[1])
+    gp_hat = [v / norm(gp) for v in gp]
+    c = dot(g, gp_hat)
+    u = [p - alpha * (gi - c * h) for p, gi, h in zip(gp, g, gp_hat)]
+    # b with a pass 1 gradient only moves by -lr * (-alpha g_b); every coordinate of a depends on c.
+    torch.testing.assert_close(m.a.detach(), w[0] - lr * u[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(m.b.detach(), w[1] - lr * u[1], rtol=0, atol=1e-12)
+    assert not torch.equal(m.b.detach(), w[1])
+
+
+@pytest.mark.parametrize("b_in_reuse", [True, False], ids=["b-in-reuse-step", "b-not-in-reuse-step"])
+@pytest.mark.parametrize("missing_in", [2, 1], ids=["b-in-pass-1-only", "b-in-pass-2-only"])
+def test_looksam_counts_a_missing_gradient_as_zero(missing_in, b_in_reuse):
+    lr, alpha, rho = 0.1, 0.7, 0.3
+    uses = [missing_in != 1, missing_in != 2, b_in_reuse]  # SAM step (two passes), then one reuse step
+    m = branchy_run("looksam", uses, 2, lr=lr, alpha=alpha, rho=rho, k=2)
+    ref = Branchy()
+    w = [ref.a.detach(), ref.b.detach()]
+    g = branchy_grad(ref, *w, uses[0])
+    gs = branchy_grad(ref, *[wi + rho * gi / (norm(g) + 1e-12) for wi, gi in zip(w, g)], uses[1])
+    g_v = [s - dot(gs, g) / dot(g, g) * gi for s, gi in zip(gs, g)]
+    # SAM step: the update is g_s; a parameter without a pass 2 gradient gets none (SGD leaves it alone).
+    w1 = [w[0] - lr * gs[0], w[1] - lr * gs[1] if uses[1] else w[1]]
+    g1 = branchy_grad(ref, *w1, uses[2])
+    # Reuse step: g + alpha ||g|| / ||g_v|| g_v, with g_b = 0 when b is left out (it still moves along g_v).
+    w2 = [wi - lr * (gi + alpha * norm(g1) / norm(g_v) * v) for wi, gi, v in zip(w1, g1, g_v)]
+    torch.testing.assert_close(m.a.detach(), w2[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(m.b.detach(), w2[1], rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- LookSAM's closure schedule
+def test_looksam_step_closure_follows_the_train_step_schedule():
+    n, k = 6, 3
+    results, counts = {}, {}
+    for mode in ("train_step", "closure", "sam"):
+        model = net()
+        base = torch.optim.SGD(groups_of(model), lr=LR[0], momentum=0.9)
+        method = (optim.create("sam", base, model=model, rho=0.1) if mode == "sam"
+                  else optim.create("looksam", base, model=model, rho=0.1, k=k, alpha=0.7))
+        calls = []
+        for t in range(n):
+            x, y, _ = batch(t)
+
+            def forward(model=model, calls=calls, x=x, y=y):
+                calls.append(1)
+                z = model(x)
+                return F.cross_entropy(z, y), z
+
+            def closure(forward=forward):
+                loss = forward()[0]
+                loss.backward()
+                return loss
+
+            if mode == "closure":
+                loss = method.step(closure)
+                assert loss.ndim == 0
+            else:
+                method.train_step(forward)
+        results[mode] = [w.detach().clone() for w in tensors(model)]
+        counts[mode] = len(calls)
+    assert counts == {"train_step": n + math.ceil(n / k), "closure": n + math.ceil(n / k), "sam": 2 * n}
+    for a, b in zip(results["closure"], results["train_step"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(results["closure"], results["sam"]))
