@@ -904,7 +904,7 @@ def _ascent_gap(
     """(L(w), L(w + rho g/||g||), ||g||) on the selected batches; parameters are left at base."""
     loss, grad = oracle.value_and_grad(chosen, indices)
     norm = float(grad.float().norm() if grad.dtype in (torch.float16, torch.bfloat16) else grad.norm())
-    # ALGORITHMS.md (SAM): eps = rho g / (||g|| + 1e-12), one global norm.
+    # docs/algorithms.md (SAM): eps = rho g / (||g|| + 1e-12), one global norm.
     eps = grad.mul_(rho / (norm + 1e-12))
     sizes = [p.numel() for p in chosen]
     _set_params(chosen, base, [(1.0, [e.view_as(p) for e, p in zip(torch.split(eps, sizes), chosen)])])
