@@ -219,8 +219,14 @@ def summarize(
     mode: Literal["max", "min"] = "max",
     show: tuple[str, ...] = ("optimizer.hparams.rho",),
 ) -> pd.DataFrame:
-    """Best trial per cell: the factors as the index, the best metric, the value of each `show` column there."""
-    factors = [c for c in runs.columns if c.startswith("factor.")]
+    """Best trial per cell: the factors as the index, the best metric, the value of each `show` column there.
+
+    A study without factors is one cell (index `cell`, the empty name); with no finished trial carrying the
+    metric (every trial failed, or none ran) the table is empty: a normal outcome, not an error.
+    """
+    if runs.empty or metric not in runs.columns:
+        return pd.DataFrame()
+    factors = [c for c in runs.columns if c.startswith("factor.")] or ["cell"]
     ok = runs[(runs["status"] == "finished") & runs[metric].map(lambda v: isinstance(v, float) and math.isfinite(v))]
     if ok.empty:
         return pd.DataFrame()
@@ -228,5 +234,5 @@ def summarize(
     best = ok.loc[idx.values, factors + [metric] + [c for c in show if c in ok.columns]]
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
-    out.index.names = [f[7:] for f in factors]
+    out.index.names = [f.removeprefix("factor.") for f in factors]
     return out.rename(columns={metric: f"best {metric}"})

@@ -107,3 +107,20 @@ def test_params_come_back_with_the_config_s_dtypes(tracking_uri, tmp_path):
     assert runs["train.channels_last"].isna().all()
     assert "optimizer.hparams" not in runs.columns  # the empty section is no column
     assert "None" not in runs.astype(str).to_numpy().ravel().tolist()
+
+
+def test_summary_of_a_study_without_factors_or_finished_trials(tracking_uri, tmp_path):
+    client = MlflowClient(tracking_uri)
+    target = TrackingTarget(tracking_uri, client.create_experiment("plain", artifact_location=(tmp_path / "a").as_uri()))
+    for key, status, accs in (("x", "finished", [0.4, 0.6]), ("y", "diverged", [0.2])):
+        rec = TrialRecorder(target, trial_key=key, run_name=key, params={"optimizer.hparams.rho": 0.1})
+        rec.set_tags({"sharpscale.trial_id": key})
+        for epoch, acc in enumerate(accs):
+            rec.log_epoch({"val_acc": acc}, epoch)
+        rec.finish(status)
+    runs = load_runs("plain", tracking_uri=tracking_uri)
+    table = summarize(runs, metric="val_acc")
+    assert table.index.names == ["cell"] and table["best val_acc"].tolist() == [0.6] and table["trials"].tolist() == [2]
+    failed = runs.assign(status="failed")
+    assert summarize(failed, metric="val_acc").empty  # every trial failed: an empty table, no KeyError
+    assert summarize(runs.drop(columns=["val_acc"]), metric="val_acc").empty
