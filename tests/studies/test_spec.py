@@ -84,7 +84,7 @@ def test_shipped_quickstart_is_valid_and_big_enough():
         (lambda d: d["base"]["data"].update(name="cifar10"), "data.root: required for data.name='cifar10'"),
         (lambda d: d["base"]["data"].update(fraction=1.5), "data.fraction: Input should be less than or equal to 1"),
         (lambda d: d.update(name="bad name!"), "name: String should match pattern"),
-        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'random' or 'grid'"),
+        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'gp', 'random' or 'grid'"),
         (lambda d: d["factors"]["arch"].update(vgg={"model.name": "vgg16"}), "model.name: must be a timm ViT"),
     ],
 )
