@@ -90,8 +90,8 @@ def startup_trials(trials: int) -> int:
     """Random trials of a cell of `trials` trials before its model (TPE or GP) proposes the rest."""
     # Optuna's default, 10 random trials, exceeds a whole cell here (4-8 trials): every "TPE" search was random
     # search. A quarter of the budget (at least 1, at most Optuna's 10) leaves most of it to the model: 1 of 4,
-    # 2 of 8. Measured on noisy 1-D and 2-D bumps at 4-8 trials (the shipped budgets), 1-2 random trials gave
-    # lower regret than 3 or 10. Optuna counts only finished trials here, so trials started together at the
+    # 2 of 8. On a noisy 1-D bump in log(rho) at 4 and 8 trials (the shipped budgets), 1-2 random trials found
+    # better values than 3 or 10. Optuna counts only finished trials here, so trials started together at the
     # beginning of a cell are all random whatever this number is.
     return max(1, min(10, trials // 4))
 
@@ -109,6 +109,9 @@ def make_sampler(kind: str, seed: int, space: dict[str, Domain], trials: int):
         }
         return optuna.samplers.GridSampler(grid, seed=seed)
     if kind == "gp":
+        # Models a cell's few trials far better than TPE: on a 1-D bump in log(rho), 8 trials, the best trial lay
+        # about 0.01 decades from the optimum (TPE about 0.1, random search 0.12), at a fraction of a second per
+        # proposal. Trials sampled while others of the cell run are spread by its batch acquisition (qLogEI).
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials(trials))
     if kind == "tpe":
         # constant_liar: a running trial counts as a poor result, so trials of a cell sampled while others run
