@@ -14,6 +14,7 @@ import numpy as np
 import optuna
 import pytest
 
+from studies.runner import _max_concurrent_trials
 from studies.search import (
     CELL_ATTR,
     MLFLOW_RUN_ATTR,
@@ -25,6 +26,7 @@ from studies.search import (
     startup_trials,
 )
 from studies.spec import Budget, Cell, Choice, LogUniform, load_study
+from trainables.ray_train import DistributedPlan
 
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "studies").glob("*.yaml"))
 RHO = "optimizer.hparams.rho"
@@ -231,3 +233,16 @@ def test_bad_storage_spec_is_named_with_its_fix(spec, words):
 def test_every_sampler_a_study_file_may_name_builds(kind):
     space = {RHO: Choice(type="choice", values=[0.05, 0.1])} if kind == "grid" else SPACE
     assert isinstance(make_sampler(kind, 0, space, 8), optuna.samplers.BaseSampler)
+
+
+def test_concurrency_is_left_to_tune_unless_trials_are_worker_groups():
+    cluster = {"CPU": 64.0, "GPU": 16.0, "node_a": 2.0}
+    one = DistributedPlan(workers=1, cpus_per_worker=4, gpus_per_worker=1)
+    assert _max_concurrent_trials(None, one, cluster) is None  # Tune places them: 16 at once, one per GPU
+    assert _max_concurrent_trials(3, one, cluster) == 3
+    # A 4-worker DDP trial books only its workers through Ray Train: 16 GPUs hold 4 such trials, 64 CPUs 8.
+    ddp = DistributedPlan(workers=4, cpus_per_worker=2, gpus_per_worker=1)
+    assert _max_concurrent_trials(None, ddp, cluster) == 4
+    pinned = DistributedPlan(workers=2, cpus_per_worker=1, custom={"node_a": 1})
+    assert _max_concurrent_trials(None, pinned, cluster) == 1
+    assert _max_concurrent_trials(None, DistributedPlan(workers=2, cpus_per_worker=64), cluster) == 1  # never 0
