@@ -286,6 +286,21 @@ def _trial_resources(plan: DistributedPlan):
     return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker, **plan.custom}
 
 
+def _max_concurrent_trials(limit: int | None, plan: DistributedPlan, total: dict[str, float]) -> int | None:
+    """Tune's cap on trials running at once: the study's, else none where Tune places trials by their requests.
+
+    total: the cluster's resources (`ray.cluster_resources()`).
+    """
+    if limit is not None or plan.workers == 1:
+        return limit
+    # A multi-worker trial itself books a sliver of one CPU (its workers are Ray Train's): uncapped, Tune would
+    # start every trial at once, all sampled before any result, their worker groups queued. Cap it at the worker
+    # groups the cluster holds.
+    per_trial = {"CPU": plan.cpus_per_worker, "GPU": plan.gpus_per_worker, **plan.custom}
+    fits = [int(total.get(name, 0.0) // (amount * plan.workers)) for name, amount in per_trial.items() if amount > 0]
+    return max(1, min(fits)) if fits else None
+
+
 def _scheduler(study: LoadedStudy):
     asha = study.spec.budget.asha
     if asha is None:
@@ -489,6 +504,7 @@ def _tune(
 
     status, errored, trials = "FAILED", 0, 0
     try:
+        import ray
         from ray import tune
 
         from trainables.ray_train import tune_trainable
@@ -518,7 +534,9 @@ def _tune(
                     search_alg=searcher,
                     scheduler=_scheduler(study),
                     num_samples=study.total_trials,
-                    max_concurrent_trials=spec.resources.max_concurrent_trials,
+                    max_concurrent_trials=_max_concurrent_trials(
+                        spec.resources.max_concurrent_trials, plan, ray.cluster_resources()
+                    ),
                     time_budget_s=spec.budget.time_limit_s,
                     # A fresh worker per trial would re-import torch, timm and MLflow each time (seconds each).
                     reuse_actors=True,

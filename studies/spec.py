@@ -75,7 +75,11 @@ class Budget(_Strict):
         None, ge=1, description="Trials in each cell that searches something; None: 8, or the grid's size."
     )
     repeats_without_search: int = Field(1, ge=1, description="Trials of a cell with nothing to search.")
-    sampler: Literal["tpe", "random", "grid"] = Field("tpe", description="grid: every combination of choice values.")
+    sampler: Literal["tpe", "gp", "random", "grid"] = Field(
+        "tpe",
+        description="tpe: Optuna's TPE (multivariate, constant liar); gp: Optuna's Gaussian-process sampler; "
+        "grid: every combination of choice values. tpe and gp start with a few random trials (studies.search).",
+    )
     seed: int = Field(0, ge=0, description="Seed of the Optuna samplers.")
     asha: Asha | None = Field(None, description="Early stopping of poor trials (ASHA over epochs); off when absent.")
     time_limit_s: float | None = Field(None, gt=0, description="Stop launching trials after this many seconds.")
@@ -91,7 +95,12 @@ class Resources(_Strict):
     custom: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each trial (each worker) needs, e.g. {node_a: 1}."
     )
-    max_concurrent_trials: int = Field(2, ge=1)
+    max_concurrent_trials: int | None = Field(
+        None,
+        ge=1,
+        description="Trials running at once; None: as many as the cluster's resources hold (Tune places trials by "
+        "their requests above).",
+    )
     max_failures: int = Field(2, ge=0, description="Retries of a trial whose worker died (from its checkpoint).")
 
 

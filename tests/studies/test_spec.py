@@ -66,6 +66,7 @@ def test_shipped_quickstart_is_valid_and_big_enough():
     assert archs == {"vit", "mixer", "resnet"}
     assert {c.config["optimizer"]["method"] for c in study.cells} == {"none", "sam"}
     assert study.total_trials >= 12
+    assert study.spec.resources.max_concurrent_trials == 2  # on many cores too: TPE sees results before most trials
     assert all(c.config["data"]["name"] == "digits" for c in study.cells)
 
 
@@ -84,8 +85,9 @@ def test_shipped_quickstart_is_valid_and_big_enough():
         (lambda d: d["base"]["data"].update(name="cifar10"), "data.root: required for data.name='cifar10'"),
         (lambda d: d["base"]["data"].update(fraction=1.5), "data.fraction: Input should be less than or equal to 1"),
         (lambda d: d.update(name="bad name!"), "name: must be one file-name component"),
-        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'random' or 'grid'"),
+        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'gp', 'random' or 'grid'"),
         (lambda d: d["factors"]["arch"].update(vgg={"model.name": "vgg16"}), "model.name: must be a timm ViT"),
+        (lambda d: d.update(resources={"max_concurrent_trials": 0}), "resources.max_concurrent_trials: Input should be greater than or equal to 1"),
     ],
 )
 def test_invalid_study_names_field_rule_and_value(tmp_path, mutate, expected):
