@@ -13,6 +13,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
+from trainables.tracking import RUN_ID_RESULT_KEY
 
 __all__ = [
     "CellSearcher",
@@ -27,8 +28,6 @@ __all__ = [
 TUNE_TRIAL_ATTR = "tune_trial_id"
 CELL_ATTR = "cell"
 MLFLOW_RUN_ATTR = "mlflow_run_id"
-# The key under which the trainable reports its MLflow run id in every result (trainables/ray_train.py, `_execute`).
-RUN_ID_RESULT_KEY = "mlflow_run_id"
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -73,7 +72,11 @@ def open_optuna_storage(spec: str):
 
 def optuna_distribution(dom: Domain):
     """The Optuna distribution of a study-file domain."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
 
     if isinstance(dom, LogUniform):
         return FloatDistribution(dom.low, dom.high, log=True)

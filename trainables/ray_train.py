@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.tracking import TrackingTarget, TrialRecorder
+from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
 __all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
 
@@ -103,7 +103,7 @@ def _execute(
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
         ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        sink({"diverged": 0, **metrics, "mlflow_run_id": run_id}, checkpoint=ckpt)
+        sink({"diverged": 0, **metrics, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
 
     try:
         check_device(cfg)

@@ -28,6 +28,8 @@ STATUS_TAG = "sharpscale.status"
 # Which launch of its study a run belongs to (1, 2, ...): `sharpscale run --new-launch` starts another one, and
 # analysis keeps launches apart so that a second launch never passes for more replicates of the first.
 LAUNCH_TAG = "sharpscale.launch"
+# The key under which a trial reports its MLflow run id with every result, so the searcher can label its trial.
+RUN_ID_RESULT_KEY = "mlflow_run_id"
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 _EPOCH_KEY = "train_loss"  # logged every epoch: its steps say which epochs a run holds
@@ -63,7 +65,11 @@ def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
     is set. A variable that a Ray job's own runtime environment already sets (`ray job submit --runtime-env-json`)
     is left to it: it reaches every worker anyway, and ray.init refuses a key set twice.
     """
-    from mlflow.environment_variables import MLFLOW_TRACKING_PASSWORD, MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME
+    from mlflow.environment_variables import (
+        MLFLOW_TRACKING_PASSWORD,
+        MLFLOW_TRACKING_TOKEN,
+        MLFLOW_TRACKING_USERNAME,
+    )
 
     environ = os.environ if environ is None else environ
     # Set by Ray's job supervisor for a submitted job's driver; tests/studies pin its name and layout.
