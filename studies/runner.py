@@ -240,11 +240,14 @@ def run_study(
     resume: bool = False,
     num_cpus: int | None = None,
     overrides: dict[str, Any] | None = None,
+    trainable: Any = None,
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
     resume: continue the interrupted run of the same file (and the same overrides) instead of starting anew.
     overrides: dotted trial-config paths set for every cell (the CLI's --set).
+    trainable: the Tune trainable each trial runs, given the payload dict built below; None: the real one
+    (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
     spec = study.spec
@@ -320,7 +323,7 @@ def run_study(
             payload=payload,
         )
         progress = _Progress(study)
-        trainable = tune.with_resources(tune_trainable(), _trial_resources(plan))
+        trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
         experiment_dir = f"{storage_path}/{run_name}"
         if resume:
             if not tune.Tuner.can_restore(experiment_dir):
