@@ -403,6 +403,7 @@ def _check_records(url: str, experiment: str, expected_trials: int, epochs: int)
 
     with ThreadPoolExecutor(8) as pool:
         histories = list(pool.map(history, runs))
+    steps = {r.data.tags.get("sharpscale.trial_id"): h for r, h in zip(runs, histories, strict=True)}
     stored = sum(len(set(steps) & set(range(epochs))) for h in histories for steps in h.values())
     values = sum(len(steps) for h in histories for steps in h.values())
     expected = expected_trials * epochs * len(METRICS)
@@ -413,7 +414,8 @@ def _check_records(url: str, experiment: str, expected_trials: int, epochs: int)
         "metric_values_expected": expected,
         "metric_values_stored": stored,
         "metric_values_duplicated": values - stored,
-        "metrics_lost": expected - stored,
+        "metrics_missing_of_full_run": expected - stored,  # > 0 also when a time limit cut the study short
+        "_steps": steps,
         "trial_run_s_median": statistics.median((b - a) / 1e3 for a, b in spans) if spans else None,
         "first_start_ms": min(a for a, _ in spans) if spans else None,
         "first_start_to_last_end_s": (max(b for _, b in spans) - min(a for a, _ in spans)) / 1e3 if spans else None,
@@ -422,12 +424,18 @@ def _check_records(url: str, experiment: str, expected_trials: int, epochs: int)
 
 def _tune_results(experiment_dir: Path, epochs: int) -> dict:
     """What the Tune driver received: one result.json line per report, per trial."""
-    per_trial = []
+    received = {}
     for result in experiment_dir.glob("*/result.json"):
         lines = [json.loads(x) for x in result.read_text().splitlines() if x.strip()]
-        per_trial.append(len({r["training_iteration"] for r in lines}))
+        received[result.parent.name] = {r["training_iteration"] - 1 for r in lines}  # iteration 1 is epoch 0
+    per_trial = [len(v) for v in received.values()]
     return {"tune_trials": len(per_trial), "tune_results": sum(per_trial),
-            "tune_trials_short": sum(1 for n in per_trial if n < epochs)}
+            "tune_trials_short": sum(1 for n in per_trial if n < epochs), "_received": received}
+
+
+def _lost(received: dict[str, set[int]], steps: dict[str, dict[str, list[int]]]) -> int:
+    """Metric values a trial reported to Tune (per epoch, each metric) that MLflow does not hold."""
+    return sum(len(epochs - set(steps.get(trial, {}).get(m, []))) for trial, epochs in received.items() for m in METRICS)
 
 
 def _optuna_states(db: Path) -> dict:
@@ -546,6 +554,7 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
                 out["to_first_trial_s"] = (out["first_start_ms"] - t1_epoch_ms) / 1e3
                 out["trials_per_min_steady"] = 60 * out["mlflow_trial_runs"] / out["first_start_to_last_end_s"]
             out.update(_tune_results(workdir / "ray_results" / STUDY_NAME, args.epochs))
+            out["metrics_lost"] = _lost(out.pop("_received"), out.pop("_steps"))
             out["optuna_states"] = _optuna_states(workdir / "ray_results" / f"{STUDY_NAME}.optuna.db")
             killed = cluster.stop()
     finally:
