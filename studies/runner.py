@@ -414,6 +414,7 @@ def run_study(
     num_cpus: int | None = None,
     overrides: dict[str, Any] | None = None,
     new_launch: bool = False,
+    trainable: Any = None,
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
@@ -422,6 +423,8 @@ def run_study(
     overrides: dotted trial-config paths and study settings (`storage`, ...) set for this run (the CLI's --set).
     new_launch: the experiment already holds runs of the study and this starts another launch, with its own Tune
     experiment and Optuna studies, kept apart by analysis; without it such a run is refused (never mixed in).
+    trainable: the Tune trainable each trial runs, given the payload dict built below; None: the real one
+    (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
     spec = study.spec
@@ -467,7 +470,7 @@ def run_study(
         commit = git_commit(study.path.parent)
         study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, previous, locations, launch)
         return _tune(study, locations, plan, client, uri, exp_name, run_name, launch, experiment_id, commit,
-                     study_run_id, cell_runs, resume)
+                     study_run_id, cell_runs, resume, trainable)
     finally:
         if started_ray:
             import ray
@@ -478,7 +481,7 @@ def run_study(
 def _tune(
     study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, client, uri: str, exp_name: str,
     run_name: str, launch: int, experiment_id: str, commit: str, study_run_id: str, cell_runs: dict[str, str],
-    resume: bool,
+    resume: bool, trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
 
@@ -520,7 +523,7 @@ def _tune(
             payload=payload,
         )
         progress = _Progress(study)
-        trainable = tune.with_resources(tune_trainable(), _trial_resources(plan))
+        trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
         experiment_dir = f"{locations.storage}/{run_name}"
         if resume:
             # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
