@@ -48,4 +48,10 @@ def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2)
     finally:
         if proc.poll() is None:
+            # A failed assertion must not leave the server behind: it runs in its own process group below the launcher.
+            for child in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split():
+                try:
+                    os.killpg(os.getpgid(int(child)), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             os.killpg(proc.pid, signal.SIGKILL)
