@@ -564,6 +564,10 @@ def _tune(
             flush=True,
         )
         results = tuner.fit()
+        limit = spec.budget.time_limit_s
+        if limit is not None and time.perf_counter() - t0 >= limit:
+            # Tune stopped the trials still running at the time limit; none of them will report again.
+            searcher.fail_unfinished()
         if resume:
             _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
         trials = len(results)

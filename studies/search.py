@@ -278,6 +278,24 @@ class CellSearcher(Searcher):
         else:
             study.tell(number, float(value), skip_if_finished=True)
 
+    def fail_unfinished(self) -> int:
+        """Tell FAIL to every trial of the cells' studies still RUNNING; returns how many.
+
+        For after Tune has stopped trials for good (the study's time limit): a stopped trial never reaches
+        `on_trial_complete`, and its Optuna trial would stay RUNNING forever.
+        """
+        import optuna
+
+        failed = 0
+        for key in self._order:
+            if not self._cells[key].space:
+                continue
+            study = self._study(key)
+            for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+                failed += 1
+        return failed
+
     def save(self, checkpoint_path: str) -> None:
         state = {"issued": self._issued, "trial_cell": self._trial_cell, "live": self._live, "run_ids": self._run_ids}
         with open(checkpoint_path, "wb") as f:

@@ -246,3 +246,14 @@ def test_concurrency_is_left_to_tune_unless_trials_are_worker_groups():
     pinned = DistributedPlan(workers=2, cpus_per_worker=1, custom={"node_a": 1})
     assert _max_concurrent_trials(None, pinned, cluster) == 1
     assert _max_concurrent_trials(None, DistributedPlan(workers=2, cpus_per_worker=64), cluster) == 1  # never 0
+
+
+def test_trials_stopped_for_good_are_failed_not_left_running(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = _searcher(storage, 4)
+    for tid in ("t0", "t1", "t2"):
+        searcher.suggest(tid)
+    searcher.on_trial_complete("t0", {"val_acc": 0.6})
+    assert searcher.fail_unfinished() == 2  # t1 and t2: stopped at the study's time limit
+    assert [t.state for t in _study(storage).trials] == [COMPLETE, FAIL, FAIL]
+    assert searcher.fail_unfinished() == 0
