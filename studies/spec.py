@@ -82,7 +82,9 @@ class Budget(_Strict):
     )
     seed: int = Field(0, ge=0, description="Seed of the Optuna samplers.")
     asha: Asha | None = Field(None, description="Early stopping of poor trials (ASHA over epochs); off when absent.")
-    time_limit_s: float | None = Field(None, gt=0, description="Stop launching trials after this many seconds.")
+    time_limit_s: float | None = Field(
+        None, gt=0, description="End the study after this many seconds: no new trial starts, running ones are stopped."
+    )
 
 
 DEFAULT_TRIALS_PER_CELL = 8
