@@ -295,8 +295,9 @@ def test_rho_sensitivity_on_the_scaling_study_splits_by_fraction(runs):
 def test_load_curves_is_tidy_per_epoch(store, runs):
     ids = runs[runs["trial_id"] == "vit-sam-0.5-1-a"]["run_id"].tolist()
     curves = load_curves("scaling", tracking_uri=store[0], metrics=("val_acc", "train_loss"), run_ids=ids)
-    assert list(curves.columns) == ["run_id", "trial_id", "cell", "factor.arch", "factor.data.fraction",
+    assert list(curves.columns) == ["run_id", "trial_id", "cell", "launch", "factor.arch", "factor.data.fraction",
                                     "factor.method", "factor.train.seed", "metric", "step", "value"]
+    assert set(curves["launch"]) == {1}  # recorded before launches were tagged: the first
     acc = curves[curves["metric"] == "val_acc"]
     best = base_acc("vit", "sam", 0.5) - 0.01
     assert acc["step"].tolist() == [0, 1] and acc["value"].tolist() == pytest.approx([best - 0.2, best])
