@@ -49,15 +49,17 @@ def test_help_lists_commands():
         assert cmd in out.stdout
 
 
-def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path):
+def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path, capsys):
+    # In-process (the CLI's own main): four commands without four interpreter start-ups.
+    from studies.cli import main
+
     # rho_sensitivity reads CIFAR-10 from data.root, which this machine does not have.
-    study = "studies/rho_sensitivity.yaml"
+    study = str(REPO / "studies" / "rho_sensitivity.yaml")
     missing = ["--set", f"data.root={tmp_path / 'no-cifar'}", "--storage", str(tmp_path / "runs")]
-    dry = sharpscale("run", "--dry-run", study, *missing)
-    assert dry.returncode == 0, dry.stderr
-    assert "arch=vit,method=sam" in dry.stdout
-    status = sharpscale("status", study, *missing, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert "data.root" not in status.stderr  # it may find no experiment, but never asks for the data
-    for command in (("validate",), ("run",)):
-        out = sharpscale(*command, study, *missing)
-        assert out.returncode == 2 and "data.root: the directory must exist" in out.stderr, out.stderr
+    assert main(["run", "--dry-run", study, *missing]) == 0
+    assert "arch=vit,method=sam" in capsys.readouterr().out
+    main(["status", study, *missing, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    assert "data.root" not in capsys.readouterr().err  # it may find no experiment, but never asks for the data
+    for command in ("validate", "run"):
+        assert main([command, study, *missing]) == 2
+        assert "data.root: the directory must exist" in capsys.readouterr().err
