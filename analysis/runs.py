@@ -41,8 +41,8 @@ def _typed(series: pd.Series) -> pd.Series:
     converted = pd.to_numeric(values, errors="coerce")
     if converted.notna().sum() == len(present):
         # Whole numbers stay integers when nothing is missing (epochs, seeds, batch sizes).
-        whole = converted.dropna().mod(1).eq(0).all() and converted.notna().all()
-        return converted.astype("int64") if whole and present.str.fullmatch(r"-?\d+").all() else converted
+        whole = converted.notna().all() and present.str.fullmatch(r"-?\d+").all()
+        return converted.astype("int64") if whole else converted
     return values.astype(object)
 
 

@@ -170,7 +170,7 @@ def _scheduler(base: torch.optim.Optimizer, cfg: TrialConfig, steps_per_epoch: i
 def _num_workers(cfg: TrialConfig, dataset) -> int:
     if cfg.data.num_workers is not None:
         return cfg.data.num_workers
-    if hasattr(dataset, "get_batch") or not getattr(dataset, "decodes_on_host", False):
+    if not getattr(dataset, "decodes_on_host", False):
         return 0  # in memory or on the device: a worker would only add a copy
     # What the trial's CPUs allow: torch's thread count follows them (Ray sets OMP_NUM_THREADS to a trial's
     # CPUs; train.threads overrides it), and one CPU stays with the process that drives the device.
