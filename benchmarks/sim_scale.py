@@ -24,7 +24,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -124,27 +123,6 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 # ---------------------------------------------------------------- the cluster: real `ray start` nodes on loopback
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):  # held open together, so no two are the same
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _pids_naming(text: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.add(int(entry.name))
-    return found - {os.getpid()}
 
 
 def _pids_in_groups(groups: set[int]) -> set[int]:
@@ -167,10 +145,12 @@ class LocalCluster:
     """
 
     def __init__(self, workdir: Path, *, nodes: int, gpus: int, cpus: int, epoch_s: float, ckpt_bytes: int):
+        from studies.server import free_ports
+
         # Short: Ray's Unix sockets live below it and a socket path may not exceed 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="sss-", dir="/tmp"))
         self.logs = workdir
-        ports = _free_ports(3 + nodes)
+        ports = free_ports(3 + nodes)
         gcs, client, dashboard, agents = ports[0], ports[1], ports[2], ports[3:]
         self.address = f"127.0.0.1:{gcs}"
         self.env = {
@@ -225,7 +205,9 @@ class LocalCluster:
                 time.sleep(0.5)
 
     def processes(self) -> set[int]:
-        return _pids_in_groups({p.pid for p in self.nodes}) | _pids_naming(str(self.temp_dir))
+        from studies.server import pids_naming
+
+        return _pids_in_groups({p.pid for p in self.nodes}) | pids_naming(str(self.temp_dir))
 
     def stop(self, timeout_s: float = 60.0) -> list[int]:
         """Stop every node; returns the pids that needed SIGKILL."""
@@ -483,6 +465,8 @@ def _write_study(path: Path, *, trials: int, concurrency: int, epochs: int, stor
 
 def simulate(args: argparse.Namespace, workdir: Path) -> dict:
     """Start the cluster and the server, run the study through `run_study`, measure, stop everything."""
+    from studies.server import pids_naming
+
     import psutil
 
     from studies import runner
@@ -565,7 +549,7 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
 
         shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     out["ray_pids_killed_at_stop"] = len(killed)
-    out["leftover_processes"] = len(_pids_naming(str(cluster.temp_dir)))
+    out["leftover_processes"] = len(pids_naming(str(cluster.temp_dir)))
     return out
 
 

@@ -533,6 +533,31 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct TCP ports free on `host` now (held open together while chosen, so no two are the same)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def pids_naming(text: str) -> set[int]:
+    """Processes (other than this one) whose command line contains `text`, e.g. a cluster's unique temp dir."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.add(int(entry.name))
+    return found - {os.getpid()}
+
+
 def _tail(path: Path, chars: int = 4000) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]

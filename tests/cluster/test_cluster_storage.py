@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.test_two_node import TwoNodeCluster, _pids_naming
+from studies.server import pids_naming
+from tests.cluster.test_two_node import TwoNodeCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -115,4 +116,4 @@ def test_node_local_state_refused_on_a_multi_node_cluster(cluster, tmp_path):
     assert "journal:///" in problems["bucket_without_optuna"][0]
 
     assert cluster.stop() == []
-    assert not _pids_naming(str(cluster.temp_dir))
+    assert not pids_naming(str(cluster.temp_dir))

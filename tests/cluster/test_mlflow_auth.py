@@ -17,7 +17,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ import pytest
 import yaml
 
 from studies import server
-from studies.server import Auth, group_alive, start_server
+from studies.server import Auth, free_ports, group_alive, pids_naming, start_server
 from trainables.tracking import trial_runtime_env
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -183,24 +182,12 @@ def test_trial_runtime_env_forwards_the_drivers_mlflow_credentials_only():
     assert _merge_runtime_env(job["runtime_env"], trial_runtime_env(env)) is None  # what the rule avoids
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):  # held open together, so no two are the same
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
 
 @contextlib.contextmanager
 def _ray_head(logs: Path):
     """One `ray start --head --block` node, its services on this machine only, without MLflow credentials."""
     temp_dir = Path(tempfile.mkdtemp(prefix="ssauth-", dir="/tmp"))  # short: Ray's socket paths are limited
-    gcs, dashboard, client, agent = _free_ports(4)
+    gcs, dashboard, client, agent = free_ports(4)
     log = logs / "ray-head.log"
     with open(log, "wb") as out:
         head = subprocess.Popen(
@@ -224,20 +211,11 @@ def _ray_head(logs: Path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(head.pid, signal.SIGKILL)
         head.wait(timeout=30)
-        for pid in _pids_naming(str(temp_dir)):  # a Ray process that left the group still names its temp dir
+        for pid in pids_naming(str(temp_dir)):  # a Ray process that left the group still names its temp dir
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
-
-def _pids_naming(text: str) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.add(int(entry.name))
-    return found - {os.getpid()}
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.server import start_server
+from studies.server import free_ports, pids_naming, start_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,29 +40,6 @@ TRIALS = 4  # 2 cells x 2 trials: two waves of two concurrent trials
 EPOCHS = 6
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):  # held open together, so no two are the same
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _pids_naming(text: str) -> set[int]:
-    """Processes whose command line contains `text` (the cluster's unique temp dir)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                found.add(int(entry.name))
-    return found - {os.getpid()}
 
 
 def _pids_in_group(pgid: int) -> set[int]:
@@ -86,7 +62,7 @@ class TwoNodeCluster:
         # Short: Ray's Unix sockets live below it and a socket path may not exceed 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="ss2n-", dir="/tmp"))
         self.logs = logs
-        gcs, dashboard, client, agent_a, agent_b = _free_ports(5)
+        gcs, dashboard, client, agent_a, agent_b = free_ports(5)
         self.address = f"127.0.0.1:{gcs}"
         self.env = {
             **os.environ,
@@ -138,7 +114,7 @@ class TwoNodeCluster:
     def stop(self, timeout_s: float = 60.0) -> list[str]:
         """Stop both nodes; returns the command lines of processes that had to be SIGKILLed or that survived."""
         groups = {proc.pid for proc in self.nodes.values()}
-        members = set().union(*(_pids_in_group(g) for g in groups)) | _pids_naming(str(self.temp_dir))
+        members = set().union(*(_pids_in_group(g) for g in groups)) | pids_naming(str(self.temp_dir))
         for proc in reversed(list(self.nodes.values())):  # the worker first: it drains into a live head
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -155,7 +131,7 @@ class TwoNodeCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
         # Anything that left the groups but still names this cluster's temp dir (there should be nothing).
-        for pid in _pids_naming(str(self.temp_dir)):
+        for pid in pids_naming(str(self.temp_dir)):
             killed.append(_cmdline(pid))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -257,7 +233,7 @@ def test_study_runs_on_both_nodes_and_reaches_mlflow_through_the_server(cluster,
 
         leftovers = cluster.stop()
         assert leftovers == [], f"Ray processes outlived SIGTERM to their node's process group: {leftovers}"
-        assert not _pids_naming(str(cluster.temp_dir)), "a process of the test cluster is still running"
+        assert not pids_naming(str(cluster.temp_dir)), "a process of the test cluster is still running"
 
         marker = {node_id: [r for r in res if r in ("node_a", "node_b")] for node_id, res in nodes.items()}
         assert sorted(m for ms in marker.values() for m in ms) == ["node_a", "node_b"], nodes
