@@ -1,29 +1,39 @@
 """Results of studies as data: MLflow records to pandas, tables, plots and loss-geometry metrics (never needs Ray)."""
 
-from analysis import geometry
-from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
-from analysis.record import log_geometry
-from analysis.report import write_report
-from analysis.runs import load_curves, load_runs, summarize
-from analysis.scaling import (
-    DataMultiplier,
-    FloorNotIdentifiedWarning,
-    PowerLawFit,
-    data_multiplier,
-    fit_power_law,
-    fit_scaling_table,
-    fits_frame,
-)
-from analysis.tables import (
-    FewSamplesWarning,
-    RhoSensitivity,
-    ScalingTable,
-    best_of_search,
-    method_pairs,
-    rho_sensitivity,
-    sam_gain,
-    scaling_table,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Each public name and the submodule that defines it. Submodules load on first use (PEP 562), so that
+# `from analysis import load_runs` (`sharpscale status`) does not pay for torch (geometry) or matplotlib (plots).
+_HOMES = {
+    "plot_curves": "plots",
+    "plot_error_vs_n": "plots",
+    "plot_gain": "plots",
+    "plot_rho_sensitivity": "plots",
+    "log_geometry": "record",
+    "write_report": "report",
+    "load_curves": "runs",
+    "load_runs": "runs",
+    "summarize": "runs",
+    "DataMultiplier": "scaling",
+    "FloorNotIdentifiedWarning": "scaling",
+    "PowerLawFit": "scaling",
+    "data_multiplier": "scaling",
+    "fit_power_law": "scaling",
+    "fit_scaling_table": "scaling",
+    "fits_frame": "scaling",
+    "FewSamplesWarning": "tables",
+    "RhoSensitivity": "tables",
+    "ScalingTable": "tables",
+    "best_of_search": "tables",
+    "method_pairs": "tables",
+    "rho_sensitivity": "tables",
+    "sam_gain": "tables",
+    "scaling_table": "tables",
+}
+_SUBMODULES = ("geometry",)  # public as modules: `from analysis import geometry`
 
 __all__ = [
     "DataMultiplier",
@@ -39,8 +49,8 @@ __all__ = [
     "fits_frame",
     "geometry",
     "load_curves",
-    "log_geometry",
     "load_runs",
+    "log_geometry",
     "method_pairs",
     "plot_curves",
     "plot_error_vs_n",
@@ -52,3 +62,44 @@ __all__ = [
     "summarize",
     "write_report",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
+    from analysis import geometry
+    from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+    from analysis.record import log_geometry
+    from analysis.report import write_report
+    from analysis.runs import load_curves, load_runs, summarize
+    from analysis.scaling import (
+        DataMultiplier,
+        FloorNotIdentifiedWarning,
+        PowerLawFit,
+        data_multiplier,
+        fit_power_law,
+        fit_scaling_table,
+        fits_frame,
+    )
+    from analysis.tables import (
+        FewSamplesWarning,
+        RhoSensitivity,
+        ScalingTable,
+        best_of_search,
+        method_pairs,
+        rho_sensitivity,
+        sam_gain,
+        scaling_table,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    elif (home := _HOMES.get(name)) is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-import timm
 import torch
 from torch import nn
 
@@ -55,6 +54,8 @@ def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size:
     if family in ("vit", "mixer"):
         kwargs["img_size"] = img_size
     kwargs.update(cfg.kwargs)
+
+    import timm  # here, not at the top: validating a study reads model_family and must not pay for timm
 
     mixer = _MIXER_NAME.match(cfg.name)
     if family == "mixer" and mixer and {"patch_size", "num_blocks", "embed_dim"} & set(cfg.kwargs):
