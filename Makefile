@@ -1,4 +1,4 @@
-# The two commands of the README: `make demo` (the quickstart study) and `make test` (the test suite).
+# The two commands of the README: `make demo` (the quickstart study) and `make test` (lint, then the test suite).
 # Both build .venv first; it is rebuilt only when pyproject.toml or constraints.txt change.
 PYTHON ?= python3.11
 VENV   := .venv
@@ -11,7 +11,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test install ui bench-optim bench-geometry clean
+.PHONY: demo test lint install ui bench-optim bench-geometry bench-startup clean
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/sharpscale run --new-launch studies/quickstart.yaml
 
-test: $(STAMP)
+# Lint first: it takes a second and fails before half an hour of tests does. Rules: [tool.ruff] in pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest
 
 ui: $(STAMP)
@@ -37,6 +41,9 @@ bench-optim: $(STAMP)
 
 bench-geometry: $(STAMP)
 	$(BIN)/python benchmarks/bench_geometry.py
+
+bench-startup: $(STAMP)
+	$(BIN)/python benchmarks/bench_startup.py
 
 clean:
 	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs studies/sharpscale_runs

@@ -10,9 +10,10 @@ from typing import Literal
 import pandas as pd
 
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
-from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
+from analysis.runs import _open_experiment, load_curves, load_runs, summarize
 from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame
 from analysis.tables import _markdown, method_pairs, rho_sensitivity, sam_gain, scaling_table
+from trainables.naming import KIND_TAG, kind_filter
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
 
@@ -35,11 +36,9 @@ def _objective(study: str | Path) -> tuple[str, str] | None:
 
 
 def _study_run_id(client, experiment) -> str:
-    from trainables.tracking import KIND_TAG
-
     found = client.search_runs(
         [experiment.experiment_id],
-        filter_string=f"tags.`{KIND_TAG}` = 'study'",
+        filter_string=kind_filter("study"),
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
@@ -109,10 +108,11 @@ def write_report(
     mode: Literal["max", "min"] | None = None,
     n_boot: int = 2000,
     seed: int = 0,
+    smoke: bool = False,
 ) -> list[Path]:
     """Write every table and plot the study's records support into out_dir; log them to its study run under report/.
 
-    study: its name (MLflow experiment) or YAML file, as for load_runs. metric / mode: default to the study
+    study: its name (MLflow experiment) or YAML file, as for load_runs; smoke: its --smoke runs, likewise. metric / mode: default to the study
     file's objective, else val_acc / max. What is written, decided from the columns present:
       - always: summary.md/.csv (best trial per cell, `summarize`), curves.png (per-epoch curves of each
         cell's best trial) when histories exist, and report.md, an index of everything with the notes;
@@ -133,11 +133,11 @@ def write_report(
     mode = mode or objective[1]
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-    client, experiment, _ = _open_experiment(study, tracking_uri)
+    client, experiment, _ = _open_experiment(study, tracking_uri, smoke=smoke)
     study_run = _study_run_id(client, experiment) if log_to_mlflow else None
-    runs = load_runs(study, tracking_uri=tracking_uri)
+    runs = load_runs(study, tracking_uri=tracking_uri, smoke=smoke)
     if runs.empty:
-        raise ValueError(f"study {_experiment_name(study)!r} has no trial runs yet; run it before writing its report")
+        raise ValueError(f"study {experiment.name!r} has no trial runs yet; run it before writing its report")
     if metric not in runs.columns:
         metrics = sorted(c for c in runs.columns if c in ("val_acc", "val_loss", "train_loss", "best_val_acc", "val_top5"))
         raise ValueError(f"metric {metric!r} was never logged by the study's trials; logged metrics include {metrics}")
@@ -161,7 +161,7 @@ def write_report(
 
         best_ids = _best_run_ids(runs, metric, mode)
         if best_ids:
-            curves = load_curves(study, tracking_uri=tracking_uri, metrics=("train_loss", "val_loss", metric), run_ids=best_ids)
+            curves = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=("train_loss", "val_loss", metric), run_ids=best_ids)
             if not curves.empty:
                 w.figure("curves.png", plot_curves(curves))
                 w.section("Learning curves", "Per-epoch curves of each cell's best trial.", "curves.png")

@@ -3,25 +3,37 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Iterable, Literal, Sequence, Union
 
 import pandas as pd
 
+from trainables.naming import (
+    CELL_TAG,
+    DEFAULT_TRACKING_URI,
+    FACTOR_PREFIX,
+    LAUNCH_TAG,
+    STATUS_TAG,
+    TRIAL_ID_TAG,
+    experiment_name,
+    kind_filter,
+)
+
 __all__ = ["load_curves", "load_runs", "summarize"]
 
-_TRIAL_FILTER = "tags.`sharpscale.kind` = 'trial'"
+_TRIAL_FILTER = kind_filter("trial")
 
 
-def _experiment_name(study: str | Path) -> str:
+def _experiment_name(study: str | Path, *, smoke: bool = False) -> str:
+    """The MLflow experiment of a study given by its name or its YAML file (`smoke`: of its --smoke runs)."""
     p = Path(study)
     if p.suffix in (".yaml", ".yml") and p.is_file():
         import yaml
 
         raw = yaml.safe_load(p.read_text()) or {}
-        return (raw.get("tracking") or {}).get("experiment") or raw["name"]
-    return str(study)
+        return experiment_name(raw["name"], (raw.get("tracking") or {}).get("experiment"), smoke=smoke)
+    return experiment_name(str(study), smoke=smoke)
 
 
 # MLflow keeps params as text; these are how the trial config's None, True and False read there.
@@ -46,15 +58,15 @@ def _typed(series: pd.Series) -> pd.Series:
     return values.astype(object)
 
 
-def _open_experiment(study: str | Path, tracking_uri: str | None):
+def _open_experiment(study: str | Path, tracking_uri: str | None, *, smoke: bool = False):
     """(client, experiment, absolute uri) of a study; a LookupError names the experiments that do exist."""
     from mlflow.tracking import MlflowClient
 
     from trainables.tracking import resolve_tracking_uri
 
-    uri = resolve_tracking_uri(tracking_uri or "sqlite:///mlflow.db")
+    uri = resolve_tracking_uri(tracking_uri or DEFAULT_TRACKING_URI)
     client = MlflowClient(tracking_uri=uri)
-    name = _experiment_name(study)
+    name = _experiment_name(study, smoke=smoke)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         known = sorted(e.name for e in client.search_experiments())
@@ -76,8 +88,6 @@ Launch = Union[int, Literal["latest", "all"]]
 
 
 def _launch(run) -> int:
-    from trainables.tracking import LAUNCH_TAG
-
     return int(run.data.tags.get(LAUNCH_TAG, "1"))  # runs recorded before launches existed are the first
 
 
@@ -96,25 +106,26 @@ def _identity(run) -> dict:
     tags = run.data.tags
     row = {
         "run_id": run.info.run_id,
-        "trial_id": tags.get("sharpscale.trial_id"),
-        "cell": tags.get("sharpscale.cell", ""),
+        "trial_id": tags.get(TRIAL_ID_TAG),
+        "cell": tags.get(CELL_TAG, ""),
         "launch": _launch(run),
     }
-    row.update({f"factor.{k[7:]}": v for k, v in tags.items() if k.startswith("factor.")})
+    row.update({k: v for k, v in tags.items() if k.startswith(FACTOR_PREFIX)})
     return row
 
 
-def load_runs(study: str | Path, *, tracking_uri: str | None = None, launch: Launch = "latest") -> pd.DataFrame:
+def load_runs(
+    study: str | Path, *, tracking_uri: str | None = None, launch: Launch = "latest", smoke: bool = False
+) -> pd.DataFrame:
     """The study's trials, one row each: run ids, launch, status, factors, params (dotted config paths), final metrics.
 
-    study: the study's name (its MLflow experiment; smoke runs live in `<name>-smoke`) or its YAML file.
+    study: the study's name or its YAML file (then its `tracking.experiment`, else its name, is the experiment).
+    smoke: the study's --smoke runs (they live in the experiment `<experiment>-smoke`).
     tracking_uri: the MLflow store; a relative `sqlite:///` path is taken from the current directory.
     launch: which launch of the study (`sharpscale run --new-launch` starts another): the newest by default, a
     number, or 'all' (then group or filter by the `launch` column: launches are not replicates of each other).
     """
-    from trainables.tracking import STATUS_TAG
-
-    client, exp, _ = _open_experiment(study, tracking_uri)
+    client, exp, _ = _open_experiment(study, tracking_uri, smoke=smoke)
     rows = []
     for run in _of_launch(list(_trial_runs(client, exp.experiment_id)), launch):
         row = _identity(run)
@@ -132,7 +143,7 @@ def load_runs(study: str | Path, *, tracking_uri: str | None = None, launch: Lau
     if df.empty:
         return df
     first = ["run_id", "trial_id", "cell", "launch", "status", "mlflow_status", "start_time"]
-    text = set(first) | {c for c in df.columns if c.startswith("factor.")}
+    text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
     empty = [c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()]
     df = df.drop(columns=empty)
@@ -151,6 +162,7 @@ def load_curves(
     run_ids: Sequence[str] | None = None,
     max_workers: int = 4,
     launch: Launch = "latest",
+    smoke: bool = False,
 ) -> pd.DataFrame:
     """Per-epoch histories of the study's trials as a tidy long table.
 
@@ -160,7 +172,7 @@ def load_curves(
     not a trial of the study is an error. One step logged twice (a trial resumed from an earlier
     checkpoint re-runs epochs) keeps its latest value. MLflow serves one (run, metric) history per call,
     so the calls that can return something (the run has that metric) run on `max_workers` threads. launch: as
-    for `load_runs` (ignored when `run_ids` names the trials).
+    for `load_runs` (ignored when `run_ids` names the trials). smoke: as for `load_runs`.
     """
     if isinstance(metrics, str):
         metrics = (metrics,)
@@ -169,7 +181,7 @@ def load_curves(
         raise ValueError("metrics must name at least one metric, got an empty sequence; e.g. metrics=('val_acc',)")
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}; use 1 to fetch serially")
-    client, exp, uri = _open_experiment(study, tracking_uri)
+    client, exp, uri = _open_experiment(study, tracking_uri, smoke=smoke)
     runs = list(_trial_runs(client, exp.experiment_id))
     if run_ids is None:
         runs = _of_launch(runs, launch)
@@ -195,7 +207,7 @@ def load_curves(
             results = list(pool.map(fetch, jobs))
     else:
         results = [fetch(j) for j in jobs]
-    factor_cols = sorted({k for run in runs for k in _identity(run) if k.startswith("factor.")})
+    factor_cols = sorted({k for run in runs for k in _identity(run) if k.startswith(FACTOR_PREFIX)})
     rows = []
     for run, key, history in results:
         ident = _identity(run)
@@ -226,7 +238,7 @@ def summarize(
     """
     if runs.empty or metric not in runs.columns:
         return pd.DataFrame()
-    factors = [c for c in runs.columns if c.startswith("factor.")] or ["cell"]
+    factors = [c for c in runs.columns if c.startswith(FACTOR_PREFIX)] or ["cell"]
     ok = runs[(runs["status"] == "finished") & runs[metric].map(lambda v: isinstance(v, float) and math.isfinite(v))]
     if ok.empty:
         return pd.DataFrame()
@@ -234,5 +246,5 @@ def summarize(
     best = ok.loc[idx.values, factors + [metric] + [c for c in show if c in ok.columns]]
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
-    out.index.names = [f.removeprefix("factor.") for f in factors]
+    out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]
     return out.rename(columns={metric: f"best {metric}"})

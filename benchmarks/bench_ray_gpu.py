@@ -26,7 +26,6 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import yaml  # noqa: E402
-
 from bench_data import write_fake_cifar10  # noqa: E402
 
 
@@ -35,6 +34,7 @@ def cmd_study(args) -> None:
 
     from analysis import load_runs
     from studies.runner import run_study
+    from trainables.naming import tag
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -50,11 +50,11 @@ def cmd_study(args) -> None:
         t0 = time.perf_counter()
         outcome = run_study(path, tracking_uri=uri, smoke=args.smoke)
         wall = time.perf_counter() - t0
-        runs = load_runs(study["name"] + ("-smoke" if args.smoke else ""), tracking_uri=uri)
+        runs = load_runs(path, tracking_uri=uri, smoke=args.smoke)
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(uri)
-        runs["card"] = [client.get_run(r).data.tags.get("sharpscale.card", "?") for r in runs["run_id"]]
+        runs["card"] = [client.get_run(r).data.tags.get(tag("card"), "?") for r in runs["run_id"]]
         cols = ["cell", "status", "card", "optimizer.hparams.rho", "images_per_sec", "val_acc"]
         print(f"# {args.study} reduced ({args.epochs} epochs, {args.n_train} fake CIFAR-10 images, "
               f"{args.trials_per_cell} trials per searched cell): {outcome.trials} trials, {outcome.errored} errored, "

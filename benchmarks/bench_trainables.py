@@ -154,8 +154,8 @@ def cmd_ddp(args) -> None:
             local.append(_run_ddp(world, cfg))
             cfg_g = _config(name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05}, global_eps=True)
             glob.append(_run_ddp(world, cfg_g))
-        o, l, g = statistics.median(one), statistics.median(local), statistics.median(glob)
-        print(f"| {key} | {batch} | {o:.0f} | {l:.0f} | {l / o:.2f}x | {g:.0f} | {l / g:.3f} |", flush=True)
+        o, loc, g = statistics.median(one), statistics.median(local), statistics.median(glob)
+        print(f"| {key} | {batch} | {o:.0f} | {loc:.0f} | {loc / o:.2f}x | {g:.0f} | {loc / g:.3f} |", flush=True)
 
 
 def main() -> None:

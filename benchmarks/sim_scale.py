@@ -52,6 +52,7 @@ def sim_trial(payload: dict) -> None:
     import ray
     from ray import tune
 
+    from trainables.naming import RAY_NODE_ID_TAG, TRIAL_ID_TAG
     from trainables.tracking import TrackingTarget, TrialRecorder
 
     ctx = tune.get_context()
@@ -66,7 +67,7 @@ def sim_trial(payload: dict) -> None:
         params=params, wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
     recorder.set_tags({
-        "sharpscale.trial_id": trial_id, "sharpscale.ray_node_id": ray.get_runtime_context().get_node_id(),
+        TRIAL_ID_TAG: trial_id, RAY_NODE_ID_TAG: ray.get_runtime_context().get_node_id(),
         **payload.get("tags", {}),
     })
     start = 0
@@ -376,16 +377,18 @@ def _check_records(url: str, experiment: str, expected_trials: int, epochs: int)
 
     from mlflow.tracking import MlflowClient
 
+    from trainables.naming import TRIAL_ID_TAG, kind_filter
+
     client = MlflowClient(url)
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], filter_string="tags.`sharpscale.kind` = 'trial'", max_results=50_000)
+    runs = client.search_runs([exp.experiment_id], filter_string=kind_filter("trial"), max_results=50_000)
 
     def history(run):
         return {m: [h.step for h in client.get_metric_history(run.info.run_id, m)] for m in METRICS}
 
     with ThreadPoolExecutor(8) as pool:
         histories = list(pool.map(history, runs))
-    steps = {r.data.tags.get("sharpscale.trial_id"): h for r, h in zip(runs, histories, strict=True)}
+    steps = {r.data.tags.get(TRIAL_ID_TAG): h for r, h in zip(runs, histories, strict=True)}
     stored = sum(len(set(steps) & set(range(epochs))) for h in histories for steps in h.values())
     values = sum(len(steps) for h in histories for steps in h.values())
     expected = expected_trials * epochs * len(METRICS)
@@ -465,12 +468,10 @@ def _write_study(path: Path, *, trials: int, concurrency: int, epochs: int, stor
 
 def simulate(args: argparse.Namespace, workdir: Path) -> dict:
     """Start the cluster and the server, run the study through `run_study`, measure, stop everything."""
-    from studies.server import pids_naming
-
     import psutil
 
     from studies import runner
-    from studies.server import start_server
+    from studies.server import pids_naming, start_server
 
     need = args.concurrency * WORKER_MB / 1024 + 3
     available = psutil.virtual_memory().available / 2**30

@@ -8,10 +8,9 @@ import sys
 from pathlib import Path
 
 from studies import server as server_cli
+from trainables.naming import DEFAULT_TRACKING_URI, REASON_TAG
 
 __all__ = ["main"]
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 def _quiet_env() -> None:
@@ -63,8 +62,8 @@ def _cmd_validate(args) -> int:
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args))
     print(f"{args.study}: valid. {len(study.cells)} cells, {study.total_trials} trials.")
-    name = (study.spec.tracking.experiment or study.spec.name) + ("-smoke" if args.smoke else "")
-    print(f"State: Ray storage {study.storage}, Optuna {study.optuna_storage(name)} (a resumed run keeps its recorded ones).")
+    optuna = study.optuna_storage(study.experiment_name)
+    print(f"State: Ray storage {study.storage}, Optuna {optuna} (a resumed run keeps its recorded ones).")
     return 0
 
 
@@ -97,10 +96,10 @@ def _cmd_run(args) -> int:
         overrides=_overrides(args),
         new_launch=getattr(args, "new_launch", False),
     )
-    _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
+    _print_summary(study, outcome.tracking_uri)
     if outcome.errored:
         print(f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
-              f"runs' sharpscale.reason tags", file=sys.stderr)
+              f"runs' {REASON_TAG} tags", file=sys.stderr)
     return 1 if outcome.trials == 0 or outcome.errored else 0
 
 
@@ -108,14 +107,14 @@ def _cmd_status(args) -> int:
     import pandas as pd
 
     from analysis import load_runs
-    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
+    from trainables.tracking import resolve_tracking_uri
 
     # Reads the file and MLflow only: the data need not be on this machine.
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
-    name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    name = study.experiment_name
     runs = load_runs(name, tracking_uri=uri)
     planned = pd.Series({c.key: c.trials for c in study.cells}, name="planned")
     if runs.empty:
@@ -149,21 +148,23 @@ def _state_line(study, uri: str, name: str) -> str:
     return f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
 
 
-def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
+def _print_summary(study, tracking_uri: str) -> None:
     import pandas as pd
 
     from analysis import load_runs, summarize
 
     spec = study.spec
-    name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
-    runs = load_runs(name, tracking_uri=tracking_uri)
+    runs = load_runs(study.experiment_name, tracking_uri=tracking_uri)
     searched = tuple(sorted({p for c in study.cells for p in c.space}))
     table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
     print()
     print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string() if not table.empty else "  (no finished trial)")
-    ui = f"{_prog()} ui" + ("" if tracking_uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" else f" --tracking-uri {tracking_uri}")
+    from trainables.tracking import resolve_tracking_uri
+
+    default = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
+    ui = f"{_prog()} ui" + ("" if default else f" --tracking-uri {tracking_uri}")
     print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
 
 
@@ -189,13 +190,13 @@ def _cmd_ui(args) -> int:
 
 def _cmd_report(args) -> int:
     from analysis.report import write_report
-    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
+    from trainables.tracking import resolve_tracking_uri
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
-    name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    name = study.experiment_name
     out_dir = Path(args.out or f"reports/{name}")
     files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
                          metric=spec.objective.metric, mode=spec.objective.mode)
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=study_options, help="run a study file (validates it completely first)")
     run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
     run.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
-    run.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's, sqlite:///mlflow.db)")
+    run.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: the study's, {DEFAULT_TRACKING_URI})")
     run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
     run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")

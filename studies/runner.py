@@ -10,26 +10,32 @@ from pathlib import Path
 from typing import Any
 
 from studies.preflight import check_data_on_nodes
-from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from studies.search import CellSearcher, apply_sample
-from trainables.ray_train import DistributedPlan
-from trainables.tracking import (
+from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
+from trainables.naming import (
+    CELL_TAG,
+    GIT_COMMIT_TAG,
     KIND_TAG,
     LAUNCH_TAG,
+    NOTE_TAG,
+    OPTUNA_STORAGE_TAG,
+    PARENT_RUN_TAG,
     STATUS_TAG,
-    TrackingTarget,
-    _retry,
-    resolve_tracking_uri,
-    tracking_client,
+    STORAGE_TAG,
+    STUDY_FILE_HASH_TAG,
+    STUDY_FILE_TAG,
+    STUDY_TAG,
+    TRIAL_ID_TAG,
+    cell_run_name,
+    factor_tag,
+    kind_filter,
+    launch_name,
+    study_run_name,
 )
+from trainables.ray_train import DistributedPlan
+from trainables.tracking import TrackingTarget, _retry, resolve_tracking_uri, tracking_client
 
 __all__ = ["StateLocations", "StudyOutcome", "check_cluster_storage", "resolve_tracking_uri", "run_study", "state_locations"]
-
-STUDY_FILE_HASH_TAG = "sharpscale.study_file_hash"
-CELL_TAG = "sharpscale.cell"
-# Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
-STORAGE_TAG = "sharpscale.storage"
-OPTUNA_STORAGE_TAG = "sharpscale.optuna_storage"
 
 
 @dataclass(frozen=True)
@@ -174,23 +180,18 @@ def _study_tags(study: LoadedStudy) -> dict[str, str]:
     return {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
 
 
-def launch_run_name(exp_name: str, launch: int) -> str:
-    """The name of a launch's Tune experiment and Optuna studies: the first keeps the study's, later ones are numbered."""
-    return exp_name if launch == 1 else f"{exp_name}-launch{launch}"
-
-
 def _launch_of(run) -> int:
     return int(run.data.tags.get(LAUNCH_TAG, "1"))
 
 
 def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
     """The launch a new run of the study starts: 1, or the next one when asked for; refused when that would mix runs."""
-    earlier = client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'study'", max_results=10_000)
+    earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
     if not earlier:
         return 1
     newest = max(_launch_of(r) for r in earlier)
     if not new_launch:
-        trials = len(client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000))
+        trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
         raise StudyError(study.path, [
             f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
             f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
@@ -214,9 +215,9 @@ def _parent_runs(
     if run is None:
         run = client.create_run(
             experiment_id,
-            run_name=study.spec.name if launch == 1 else f"{study.spec.name} (launch {launch})",
-            tags={**_study_tags(study), LAUNCH_TAG: str(launch), "sharpscale.git_commit": commit,
-                  "sharpscale.study_file": str(study.path), "mlflow.note.content": study.spec.description,
+            run_name=study_run_name(study.spec.name, launch),
+            tags={**_study_tags(study), LAUNCH_TAG: str(launch), GIT_COMMIT_TAG: commit,
+                  STUDY_FILE_TAG: str(study.path), NOTE_TAG: study.spec.description,
                   **locations.tags()},
         )
         client.log_artifact(run.info.run_id, str(study.path))
@@ -229,14 +230,14 @@ def _parent_runs(
     study_run_id = run.info.run_id
     cell_runs = {}
     for cell in study.cells:
-        tags = {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}
-        existing = _find_run(client, experiment_id, {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}) if resume else None
+        tags = {KIND_TAG: "cell", CELL_TAG: cell.key, PARENT_RUN_TAG: study_run_id}
+        existing = _find_run(client, experiment_id, tags) if resume else None
         if existing is None:
             existing = client.create_run(
                 experiment_id,
-                run_name=cell.key or "all",
+                run_name=cell_run_name(cell.key),
                 tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
-                      **{f"factor.{k}": v for k, v in cell.levels.items()}},
+                      **{factor_tag(k): v for k, v in cell.levels.items()}},
             )
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
@@ -250,7 +251,7 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
     After a normal end such a trial was stopped early on purpose; after an interruption `resume` reopens it.
     """
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
-        if run.data.tags.get("mlflow.parentRunId") not in cell_runs.values():
+        if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
             continue
         # A trial whose actor Ray reclaimed right after its last epoch did finish: its record says so.
         epochs = int(run.data.params.get("schedule.epochs", 0))
@@ -270,8 +271,8 @@ def _drop_lost_trials(client, experiment_id: str, known: set[str], launch: int) 
     one's run is deleted from the active record (restorable with `mlflow runs restore`), so MLflow keeps
     exactly one run per trial of the study.
     """
-    for run in client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000):
-        if _launch_of(run) == launch and run.data.tags.get("sharpscale.trial_id") not in known:
+    for run in client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000):
+        if _launch_of(run) == launch and run.data.tags.get(TRIAL_ID_TAG) not in known:
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "lost")
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
@@ -430,7 +431,7 @@ def run_study(
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
-    exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
+    exp_name = study.experiment_name
     _warn_split_records(address, uri)
     experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
     previous = find_study_run(client, experiment_id, study) if resume else None
@@ -438,7 +439,7 @@ def run_study(
         launch = _launch_of(previous) if previous is not None else 1
     else:
         launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
-    run_name = launch_run_name(exp_name, launch)
+    run_name = launch_name(exp_name, launch)
     locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
 
     res = study.resources
@@ -499,9 +500,9 @@ def _tune(
                 CELL_TAG: cell.key,
                 STUDY_FILE_HASH_TAG: study.file_hash,
                 LAUNCH_TAG: str(launch),
-                "sharpscale.git_commit": commit,
-                "sharpscale.study": spec.name,
-                **{f"factor.{k}": v for k, v in cell.levels.items()},
+                GIT_COMMIT_TAG: commit,
+                STUDY_TAG: spec.name,
+                **{factor_tag(k): v for k, v in cell.levels.items()},
             },
         }
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI
+
 __all__ = [
     "DEFAULT_ADMIN_USERNAME",
     "DEFAULT_ARTIFACTS_DESTINATION",
@@ -48,8 +50,9 @@ __all__ = [
     "stop_process_group",
 ]
 
-DEFAULT_BACKEND_STORE_URI = "sqlite:///mlflow.db"
-DEFAULT_ARTIFACTS_DESTINATION = "./mlartifacts"
+# The server serves the store and artifact root that studies write to when nothing else is given.
+DEFAULT_BACKEND_STORE_URI = DEFAULT_TRACKING_URI
+DEFAULT_ARTIFACTS_DESTINATION = f"./{DEFAULT_ARTIFACT_ROOT}"
 DEFAULT_PORT = 5000
 DEFAULT_ADMIN_USERNAME = "admin"
 STOP_TIMEOUT_S = 15.0
@@ -628,7 +631,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend-store-uri",
         default=DEFAULT_BACKEND_STORE_URI, metavar="URI",
-        help="where runs are stored: sqlite:///mlflow.db (relative paths made absolute; the default) or "
+        help=f"where runs are stored: {DEFAULT_BACKEND_STORE_URI} (relative paths made absolute; the default) or "
         "postgresql://user@host:5432/db (needs psycopg2-binary; password from ~/.pgpass, PGPASSFILE or PGPASSWORD, "
         "never in the URI)",
     )
@@ -637,7 +640,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_ARTIFACTS_DESTINATION, metavar="DEST",
         help="where the server stores the artifacts that clients upload over HTTP: a directory, s3://bucket/prefix "
         "(needs boto3; credentials from the head's instance profile or AWS_* variables), gs://bucket/prefix "
-        "(default: ./mlartifacts)",
+        f"(default: {DEFAULT_ARTIFACTS_DESTINATION})",
     )
     parser.add_argument(
         "--host", default="127.0.0.1",

@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainables.config import ConfigError, TrialConfig, format_validation_error
+from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, experiment_name
 from trainables.ray_train import KEEP_CHECKPOINTS
 from trainables.staging import is_uri
 
@@ -122,8 +123,8 @@ def _name_problem(field: str, value: str) -> str | None:
 
 
 class Tracking(_Strict):
-    uri: str = Field("sqlite:///mlflow.db", description="MLflow tracking URI; relative sqlite paths are made absolute.")
-    artifact_location: str = Field("mlartifacts", description="Artifact root for a new experiment (made absolute).")
+    uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking URI; relative sqlite paths are made absolute.")
+    artifact_location: str = Field(DEFAULT_ARTIFACT_ROOT, description="Artifact root for a new experiment (made absolute).")
     experiment: str | None = Field(None, description="Experiment name; defaults to the study name.")
     log_checkpoint: bool = Field(False, description="Keep each trial's final checkpoint as an artifact of its run.")
 
@@ -309,6 +310,11 @@ class LoadedStudy:
             beside = self.storage if not _is_uri(self.storage) else str(self.path.parent / DEFAULT_STORAGE)
             return f"sqlite:///{Path(beside) / f'{run_name}.optuna.db'}"
         return optuna_storage_url(spec, self.path.parent)
+
+    @property
+    def experiment_name(self) -> str:
+        """The MLflow experiment this study (in this form: --smoke or not) records into."""
+        return experiment_name(self.spec.name, self.spec.tracking.experiment, smoke=self.smoke)
 
     @property
     def total_trials(self) -> int:

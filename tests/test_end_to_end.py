@@ -3,9 +3,8 @@
 import math
 from pathlib import Path
 
-import torch
-
 import pytest
+import torch
 import yaml
 
 from analysis import load_runs

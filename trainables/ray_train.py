@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
+from trainables.naming import RAY_NODE_ID_TAG, TRIAL_ID_TAG, tag
 from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
 __all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
@@ -39,13 +40,13 @@ class DistributedPlan:
 def _tags(extra: dict[str, str]) -> dict[str, str]:
     from trainables.loop import describe_hardware
 
-    tags = {f"sharpscale.{k}": v for k, v in describe_hardware().items()}
+    tags = {tag(k): v for k, v in describe_hardware().items()}
     try:
         import ray
 
         if ray.is_initialized():
             # Several Ray nodes can share one host name; the node id tells them apart.
-            tags["sharpscale.ray_node_id"] = ray.get_runtime_context().get_node_id()
+            tags[RAY_NODE_ID_TAG] = ray.get_runtime_context().get_node_id()
     except ImportError:
         pass
     return {**tags, **extra}
@@ -58,7 +59,7 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
         TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params=cfg.flat(),
         wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
-    recorder.set_tags(_tags({"sharpscale.trial_id": trial_id, **payload.get("tags", {})}))
+    recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))
     return recorder
 
 

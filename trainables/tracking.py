@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainables.naming import KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
+
 __all__ = [
-    "TRIAL_KEY_TAG",
     "TrackingTarget",
     "TrialRecorder",
     "resolve_tracking_uri",
@@ -20,14 +21,6 @@ __all__ = [
     "tracking_client",
 ]
 
-# The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
-# creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
-TRIAL_KEY_TAG = "sharpscale.trial_key"
-KIND_TAG = "sharpscale.kind"
-STATUS_TAG = "sharpscale.status"
-# Which launch of its study a run belongs to (1, 2, ...): `sharpscale run --new-launch` starts another one, and
-# analysis keeps launches apart so that a second launch never passes for more replicates of the first.
-LAUNCH_TAG = "sharpscale.launch"
 # The key under which a trial reports its MLflow run id with every result, so the searcher can label its trial.
 RUN_ID_RESULT_KEY = "mlflow_run_id"
 
@@ -124,7 +117,7 @@ class TrialRecorder:
         self._logged: set[int] = set()
         tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: trial_key, STATUS_TAG: "running", **target.tags}
         if target.parent_run_id:
-            tags["mlflow.parentRunId"] = target.parent_run_id
+            tags[PARENT_RUN_TAG] = target.parent_run_id
         run = _retry(self._client.create_run, target.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params_list = [Param(k, _param_value(v)) for k, v in sorted(params.items())]
@@ -164,7 +157,7 @@ class TrialRecorder:
         """status: 'finished', 'early_stopped', 'failed', 'diverged' or 'killed'; MLflow's status follows from it."""
         tags = {STATUS_TAG: status}
         if reason:
-            tags["sharpscale.reason"] = reason[:5000]
+            tags[REASON_TAG] = reason[:5000]
         self.set_tags(tags)
         mlflow_status = {"finished": "FINISHED", "early_stopped": "KILLED", "killed": "KILLED"}.get(status, "FAILED")
         _retry(self._client.set_terminated, self.run_id, status=mlflow_status)

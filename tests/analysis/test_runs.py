@@ -6,6 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis import load_runs, summarize
+from trainables.naming import TRIAL_ID_TAG
 from trainables.tracking import TrackingTarget, TrialRecorder
 
 
@@ -48,6 +49,19 @@ def test_one_row_per_trial_with_params_metrics_status(store):
     diverged = runs.set_index("trial_id").loc["d"]
     assert diverged["status"] == "diverged" and diverged["mlflow_status"] == "FAILED"
     assert "bad" not in runs.columns  # non-finite values are not logged as numbers
+
+
+def test_a_study_file_names_its_experiment_and_its_smoke_experiment(store, tmp_path):
+    uri, target, _ = store
+    study = tmp_path / "toy.yaml"
+    study.write_text("name: other\ntracking: {experiment: toy}\n")  # tracking.experiment wins over the name
+    assert len(load_runs(study, tracking_uri=uri)) == 4
+    smoke = MlflowClient(uri).create_experiment("toy-smoke", artifact_location=(tmp_path / "art").as_uri())
+    rec = TrialRecorder(TrackingTarget(uri, smoke), trial_key="s", run_name="s", params={})
+    rec.set_tags({TRIAL_ID_TAG: "s"})
+    rec.finish("finished")
+    assert list(load_runs(study, tracking_uri=uri, smoke=True)["trial_id"]) == ["s"]
+    assert list(load_runs("toy", tracking_uri=uri, smoke=True)["trial_id"]) == ["s"]
 
 
 def test_reopening_a_trial_key_reuses_its_run(store):

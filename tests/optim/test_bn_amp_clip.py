@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import optim
 from optim import METHODS
 
 TWO_PASS = [n for n, s in METHODS.items() if s.two_pass]

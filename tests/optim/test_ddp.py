@@ -3,7 +3,6 @@ LookSAM and SAF consistency across ranks."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist

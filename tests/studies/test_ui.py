@@ -12,8 +12,6 @@ import pytest
 from studies.server import free_port, group_alive
 
 
-
-
 @pytest.mark.timeout(180)
 def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri):
     port = free_port()

@@ -1,0 +1,117 @@
+"""MLflow names: the default tracking URI, experiment and run names, and every tag key sharpscale writes or reads.
+
+The one home of these strings: the trial's record (trainables.tracking), the study runner and CLI (studies) and
+the readers (analysis) import them from here, so a renamed tag cannot leave a reader looking for the old one.
+Plain strings only: no MLflow import.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = [
+    "CELL_TAG",
+    "DEFAULT_ARTIFACT_ROOT",
+    "DEFAULT_TRACKING_URI",
+    "FACTOR_PREFIX",
+    "GIT_COMMIT_TAG",
+    "KIND_TAG",
+    "LAUNCH_TAG",
+    "NOTE_TAG",
+    "OPTUNA_STORAGE_TAG",
+    "PARENT_RUN_TAG",
+    "RAY_NODE_ID_TAG",
+    "REASON_TAG",
+    "STATUS_TAG",
+    "STORAGE_TAG",
+    "STUDY_FILE_HASH_TAG",
+    "STUDY_FILE_TAG",
+    "STUDY_TAG",
+    "TAG_PREFIX",
+    "TRIAL_ID_TAG",
+    "TRIAL_KEY_TAG",
+    "Kind",
+    "cell_run_name",
+    "experiment_name",
+    "factor_tag",
+    "kind_filter",
+    "launch_name",
+    "study_run_name",
+    "tag",
+]
+
+# Relative sqlite paths are made absolute against the working directory (trainables.tracking.resolve_tracking_uri).
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# Where a new experiment keeps its artifacts when the study does not say (relative: to the working directory).
+DEFAULT_ARTIFACT_ROOT = "mlartifacts"
+_SMOKE_SUFFIX = "-smoke"
+
+TAG_PREFIX = "sharpscale."
+
+
+def tag(key: str) -> str:
+    """The tag key of a sharpscale-owned name (`card` -> `sharpscale.card`), e.g. for the hardware description."""
+    return TAG_PREFIX + key
+
+
+# Which kind of run this is: a study's parent run, one cell's run under it, or one trial's run under that.
+Kind = Literal["study", "cell", "trial"]
+KIND_TAG = tag("kind")
+# What became of a trial: running, finished, diverged, failed, early_stopped, killed, lost (trainables.tracking).
+STATUS_TAG = tag("status")
+# Why a trial failed or diverged, when it did (the message, truncated).
+REASON_TAG = tag("reason")
+# The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
+# creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
+TRIAL_KEY_TAG = tag("trial_key")
+# Tune's id of the trial (the searcher's and the resume logic's handle on it).
+TRIAL_ID_TAG = tag("trial_id")
+# The Ray node a trial ran on: several nodes can share one host name. The trial's hardware is described by
+# tag(key) for each key of trainables.loop.describe_hardware (`sharpscale.card`, ...).
+RAY_NODE_ID_TAG = tag("ray_node_id")
+# Which launch of its study a run belongs to (1, 2, ...): `sharpscale run --new-launch` starts another one, and
+# analysis keeps launches apart so that a second launch never passes for more replicates of the first.
+LAUNCH_TAG = tag("launch")
+CELL_TAG = tag("cell")
+STUDY_TAG = tag("study")
+STUDY_FILE_TAG = tag("study_file")
+# The hash of the study file and its --set overrides: finds the study run of the same study again on resume.
+STUDY_FILE_HASH_TAG = tag("study_file_hash")
+GIT_COMMIT_TAG = tag("git_commit")
+# Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
+STORAGE_TAG = tag("storage")
+OPTUNA_STORAGE_TAG = tag("optuna_storage")
+# One tag per factor of the study, `factor.<name>` = the cell's level (analysis turns them into columns).
+FACTOR_PREFIX = "factor."
+# MLflow's own system tags (its UI nests runs by the first and shows the second as the run's description).
+PARENT_RUN_TAG = "mlflow.parentRunId"
+NOTE_TAG = "mlflow.note.content"
+
+
+def factor_tag(factor: str) -> str:
+    return FACTOR_PREFIX + factor
+
+
+def kind_filter(kind: Kind) -> str:
+    """The MLflow search filter that selects the runs of one kind."""
+    return f"tags.`{KIND_TAG}` = '{kind}'"
+
+
+def experiment_name(study: str, experiment: str | None = None, *, smoke: bool = False) -> str:
+    """The MLflow experiment of a study: its `tracking.experiment`, else its name; `--smoke` runs go to `<that>-smoke`."""
+    return (experiment or study) + (_SMOKE_SUFFIX if smoke else "")
+
+
+def launch_name(experiment: str, launch: int) -> str:
+    """The name of a launch's Tune experiment and Optuna studies: the first keeps the experiment's, later ones are numbered."""
+    return experiment if launch == 1 else f"{experiment}-launch{launch}"
+
+
+def study_run_name(study: str, launch: int) -> str:
+    """The MLflow run name of a study's parent run."""
+    return study if launch == 1 else f"{study} (launch {launch})"
+
+
+def cell_run_name(cell_key: str) -> str:
+    """The MLflow run name of a cell's run: its factor levels (`arch=vit,method=sam`), `all` for a study without factors."""
+    return cell_key or "all"
