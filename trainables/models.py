@@ -83,8 +83,7 @@ def set_fused_attention(model: nn.Module, enabled: bool) -> None:
 
 def weight_norm(model: nn.Module) -> torch.Tensor:
     """Global L2 norm of all parameters, as a 0-d tensor (no host sync)."""
-    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
-    return torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    return torch.nn.utils.get_total_norm([p.detach() for p in model.parameters()]).float()
 
 
 def parameter_groups(model: nn.Module) -> dict[str, list[str]]:

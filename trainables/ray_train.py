@@ -253,6 +253,8 @@ def _restore_point(result):
 
 def tune_trainable():
     """`run_tune_trial` as a Tune trainable class whose resume survives a checkpoint Tune's snapshot outlived."""
+    # Ray's DeveloperAPI wrap_function, and the private _TrainingResult Tune passes to restore: no public hook runs
+    # before a function trainable restores. tests/trainables/test_ray_pins.py fails on a Ray that changed either.
     from ray.tune.trainable import wrap_function
 
     class SharpscaleTrial(wrap_function(run_tune_trial)):

@@ -1,0 +1,31 @@
+"""Pins of the Ray internals that `trainables.ray_train.tune_trainable` relies on: a Ray release that changes them
+fails here, by name, instead of silently skipping the repair of a resumed trial's checkpoint."""
+
+import inspect
+
+
+def test_tune_trainable_is_a_function_trainable_that_overrides_restore():
+    # wrap_function is Ray's DeveloperAPI (ray.tune.trainable.__all__), the only way to add to a function
+    # trainable's restore without rewriting the loop as a class Trainable.
+    import ray.tune.trainable as rtt
+
+    from trainables.ray_train import tune_trainable
+
+    assert "wrap_function" in rtt.__all__
+    cls = tune_trainable()
+    assert issubclass(cls, rtt.FunctionTrainable)
+    assert "restore" in vars(cls)
+
+
+def test_tune_restores_a_trial_from_a_training_result_with_checkpoint_and_metrics():
+    # Tune calls Trainable.restore with the trial's latest _TrainingResult (Ray's private type); _restore_point
+    # reads its .checkpoint and .metrics and builds another with type(result)(checkpoint=..., metrics=...).
+    from ray.train._internal.session import _TrainingResult
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.trainable import Trainable
+
+    source = inspect.getsource(TuneController._schedule_trial_restore)
+    assert "latest_checkpoint_result" in source and '"restore"' in source
+    assert "_TrainingResult" in str(inspect.signature(Trainable.restore).parameters["checkpoint_path"].annotation)
+    result = _TrainingResult(checkpoint=None, metrics={"training_iteration": 3})
+    assert result.checkpoint is None and result.metrics == {"training_iteration": 3}
