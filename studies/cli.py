@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from studies import server as server_cli
@@ -13,11 +15,21 @@ from trainables.naming import DEFAULT_TRACKING_URI, REASON_TAG
 __all__ = ["main"]
 
 
-def _quiet_env() -> None:
-    # Nothing leaves the machine unless the user opts in.
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Nothing leaves the machine unless the user opts in (a value the user set is kept).
+QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+
+
+@contextlib.contextmanager
+def _quiet_env() -> Iterator[None]:
+    """QUIET_ENV for the command's duration: Ray's workers and MLflow's clients started by it inherit it, and a
+    caller of main() in its own process (a test, a notebook) gets its environment back unchanged."""
+    added = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _overrides(args) -> dict:
@@ -313,13 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _quiet_env()
     args = build_parser().parse_args(argv)
     from studies.spec import StudyError
     from trainables.config import ConfigError
 
     try:
-        return args.func(args)
+        with _quiet_env():
+            return args.func(args)
     except (StudyError, ConfigError, LookupError) as err:
         # A user mistake: the message says what to fix; a traceback would only hide it.
         print(f"sharpscale: error: {err}", file=sys.stderr)

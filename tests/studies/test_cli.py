@@ -63,3 +63,17 @@ def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path, capsy
     for command in ("validate", "run"):
         assert main([command, study, *missing]) == 2
         assert "data.root: the directory must exist" in capsys.readouterr().err
+
+
+def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path):
+    import os
+
+    from studies import cli
+
+    for key in cli.QUIET_ENV:
+        monkeypatch.delenv(key, raising=False)
+    seen = {}
+    monkeypatch.setattr(cli, "_cmd_validate", lambda args: seen.update({k: os.environ.get(k) for k in cli.QUIET_ENV}) or 0)
+    assert cli.main(["validate", str(tmp_path / "study.yaml")]) == 0
+    assert seen == cli.QUIET_ENV  # Ray and MLflow started by the command see it
+    assert not [key for key in cli.QUIET_ENV if key in os.environ]  # the caller's environment is as it was
