@@ -3,8 +3,8 @@
 Each round runs, as fresh subprocesses one after the other, `python -c "import yaml, pydantic"` (the floor: what
 reading and checking a study file cannot avoid), `sharpscale --help` and `sharpscale validate` of every study file
 in studies/; a data root that exists is passed with --set so the cifar studies validate on any machine. The table
-gives each command's median seconds over the rounds and the median of its per-round ratio to the floor (the ratio
-is what survives a loaded machine). Targets of issue 14 on the 2-core CPU machine: --help < 1 s, validate < 3 s.
+gives each command's median wall and CPU seconds over the rounds and the median of its per-round ratios to the floor
+(on a machine others load, the CPU seconds and the ratios move least). Targets of issue 14 on the 2-core CPU machine: --help < 1 s, validate < 3 s.
 
   python benchmarks/bench_startup.py [--repeats 5]
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,13 +43,16 @@ def _commands(data_root: str) -> dict[str, list[str]]:
     return commands
 
 
-def _time(cmd: list[str], env: dict[str, str]) -> float:
+def _time(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run; the CPU time barely moves when others load the machine."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -61,22 +65,21 @@ def main() -> None:
     env.update(RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
     with tempfile.TemporaryDirectory(prefix="bench_startup_root_") as data_root:
         commands = _commands(data_root)
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        ratios: dict[str, list[float]] = {name: [] for name in commands}
+        rows: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in commands}
         for r in range(args.repeats):
-            round_times = {name: _time(cmd, env) for name, cmd in commands.items()}
-            floor = round_times["import yaml, pydantic"]
-            for name, t in round_times.items():
-                times[name].append(t)
-                ratios[name].append(t / floor)
-            print(f"round {r + 1}/{args.repeats}: " + ", ".join(f"{t:.2f}" for t in round_times.values()), flush=True)
+            measured = {name: _time(cmd, env) for name, cmd in commands.items()}
+            wall0, cpu0 = measured["import yaml, pydantic"]
+            for name, (wall, cpu) in measured.items():
+                rows[name].append((wall, wall / wall0, cpu, cpu / cpu0))
+            print(f"round {r + 1}/{args.repeats} (wall s): " + ", ".join(f"{w:.2f}" for w, _ in measured.values()), flush=True)
 
-    print(f"\n{args.repeats} rounds, median; ratio = median of per-round ratios to `import yaml, pydantic`\n")
+    print(f"\n{args.repeats} rounds, medians; ratios are per-round ratios to `import yaml, pydantic`, then their median\n")
     width = max(len(n) for n in commands)
-    print(f"{'command':<{width}}  {'seconds':>8}  {'ratio':>6}  target")
-    for name in commands:
+    print(f"{'command':<{width}}  {'wall s':>7}  {'ratio':>6}  {'CPU s':>6}  {'ratio':>6}  target (wall)")
+    for name, runs in rows.items():
+        med = [statistics.median(col) for col in zip(*runs, strict=True)]
         target = next((f"< {s:g} s" for key, s in TARGETS.items() if key in name), "")
-        print(f"{name:<{width}}  {statistics.median(times[name]):8.2f}  {statistics.median(ratios[name]):6.1f}  {target}")
+        print(f"{name:<{width}}  {med[0]:7.2f}  {med[1]:6.1f}  {med[2]:6.2f}  {med[3]:6.1f}  {target}")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -148,8 +149,21 @@ class OptimizerConfig(_Strict):
                 f"optimizer.hparams: method {self.method!r} takes {sorted(accepted) or 'no hparams'}, "
                 f"got {unknown}. Fix: remove them or pick a method that takes them."
             )
-        _check_hparam_values(self.method, self.hparams)
+        # The type is part of the key: 1, 1.0 and True are equal, but a method may take only one of them.
+        problem = _hparam_problem(self.method, tuple(sorted((k, type(v), v) for k, v in self.hparams.items())))
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+@functools.lru_cache(maxsize=1024)
+def _hparam_problem(method: str, hparams: tuple[tuple[str, type, Any], ...]) -> str | None:
+    # Cached: a study validates every cell and every search bound, mostly with the same few settings.
+    try:
+        _check_hparam_values(method, {k: v for k, _, v in hparams})
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _check_hparam_values(method: str, hparams: dict[str, Any]) -> None:
