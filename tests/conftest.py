@@ -7,6 +7,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import copy
 import pickle
 from pathlib import Path
 
@@ -18,6 +19,31 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
+
+
+# One tiny model per family, the one every test that trains a model starts from: a few thousand parameters at
+# 16 px, seconds on one CPU thread. A test that needs another size says so through overrides of timm's kwargs.
+TINY_MODELS = {
+    "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
+    "mixer": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+    "resnet": {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16]}},
+}
+
+
+def _tiny_model(family: str = "mixer", *, dotted: bool = False, **kwargs) -> dict:
+    """The trial config's `model` section of a tiny `family` model, timm kwargs overridden by `kwargs`.
+
+    dotted: as the dotted paths a study's factor level sets ({"model.name": ..., "model.kwargs": ...}).
+    """
+    model = copy.deepcopy(TINY_MODELS[family])
+    model["kwargs"].update(kwargs)
+    return {f"model.{k}": v for k, v in model.items()} if dotted else model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """`_tiny_model`, as a fixture: the tests run under --import-mode=importlib, where conftest is no module."""
+    return _tiny_model
 
 
 @pytest.fixture(scope="session")

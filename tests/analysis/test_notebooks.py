@@ -13,7 +13,6 @@ from trainables.tracking import TrialRecorder
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "analysis" / "notebooks"
 NAMES = ("data_scaling", "rho_sensitivity", "geometry")
 # The quickstart's tiny ViT, for a checkpoint the geometry notebook loads as it would load a trial's.
-TINY_VIT = {"patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_ratio": 2, "global_pool": "avg", "class_token": False}
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +44,12 @@ def store(tmp_path_factory, study_store):
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, tiny_model):
     """A checkpoint in the trials' format (config + model state) of an untrained tiny ViT."""
     from trainables import create_model
 
     cfg = TrialConfig.load({"data": {"name": "digits", "img_size": 16},
-                            "model": {"name": "vit_tiny_patch16_224", "kwargs": TINY_VIT}})
+                            "model": tiny_model("vit", embed_dim=32, depth=2, mlp_ratio=2, global_pool="avg", class_token=False)})
     model = create_model(cfg.model, num_classes=10, in_chans=1, img_size=16)
     path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pt"
     torch.save({"format": 1, "config": cfg.model_dump(mode="json"), "model": model.state_dict()}, path)

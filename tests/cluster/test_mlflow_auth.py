@@ -220,7 +220,7 @@ def _ray_head(logs: Path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
-def test_a_trial_on_a_cluster_without_credentials_logs_in_with_the_drivers(auth_server, tmp_path):
+def test_a_trial_on_a_cluster_without_credentials_logs_in_with_the_drivers(auth_server, tmp_path, tiny_model):
     from mlflow.server import get_app_client
     from mlflow.tracking import MlflowClient
 
@@ -235,7 +235,7 @@ def test_a_trial_on_a_cluster_without_credentials_logs_in_with_the_drivers(auth_
     study = {
         "name": "auth-trial",
         "base": {
-            "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+            "model": tiny_model("mixer"),
             "data": {"name": "digits", "img_size": 16, "batch_size": 256},
             "optimizer": {"method": "none", "lr": 0.003},
             "schedule": {"epochs": 1, "warmup_epochs": 0},

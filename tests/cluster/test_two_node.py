@@ -171,13 +171,13 @@ nodes = {n.node_id: sorted(n.resources_total) for n in list_nodes(address=sys.ar
 print("NODES " + json.dumps(nodes))
 """
 
-def _study(tmp_path: Path) -> Path:
+def _study(tmp_path: Path, tiny_model) -> Path:
     study = {
         "name": "two-node",
         "description": "AdamW vs SAM on digits, a tiny Mixer, spread over two Ray nodes.",
         "objective": {"metric": "val_acc", "mode": "max"},
         "base": {
-            "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}},
+            "model": tiny_model("mixer", num_blocks=2, embed_dim=64),
             "data": {"name": "digits", "img_size": 32, "augment": "none", "batch_size": 64},
             "optimizer": {"base": "adamw", "lr": 0.004},
             "schedule": {"epochs": EPOCHS, "sched": "constant", "warmup_epochs": 0},
@@ -198,10 +198,10 @@ def _study(tmp_path: Path) -> Path:
     return path
 
 
-def test_study_runs_on_both_nodes_and_reaches_mlflow_through_the_server(cluster, tmp_path):
+def test_study_runs_on_both_nodes_and_reaches_mlflow_through_the_server(cluster, tmp_path, tiny_model):
     from mlflow.tracking import MlflowClient
 
-    study = _study(tmp_path)
+    study = _study(tmp_path, tiny_model)
     server_artifacts = tmp_path / "server_mlartifacts"
     t0 = time.monotonic()
     cluster.start_head()  # the nodes boot while the MLflow server does

@@ -16,7 +16,6 @@ from analysis import load_runs
 from studies.runner import run_study
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_MIXER = {"model.name": "mixer_s16_224", "model.kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}}
 
 
 def _study(tmp_path, name, factors, search, epochs=2, trials=2, concurrent=2):
@@ -50,11 +49,11 @@ def _optuna_states(tmp_path, name):
 
 
 @pytest.mark.timeout(600)
-def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_path, tracking_uri):
+def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_path, tracking_uri, tiny_model):
     path = _study(
         tmp_path,
         "nan",
-        factors={"arch": {"mixer": TINY_MIXER}, "lr": {"ok": {"optimizer.lr": 0.003}, "explode": {"optimizer.lr": 1e12}}},
+        factors={"arch": {"mixer": tiny_model("mixer", dotted=True)}, "lr": {"ok": {"optimizer.lr": 0.003}, "explode": {"optimizer.lr": 1e12}}},
         search={"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
     )
     outcome = run_study(path, tracking_uri=tracking_uri)
@@ -82,11 +81,11 @@ def _finished(tracking_uri, name):
 
 
 @pytest.mark.timeout(900)
-def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri):
+def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     path = _study(
         tmp_path,
         "killme",
-        factors={"arch": {"mixer": TINY_MIXER}, "method": {"sam": {"optimizer.method": "sam"}, "asam": {"optimizer.method": "asam"}}},
+        factors={"arch": {"mixer": tiny_model("mixer", dotted=True)}, "method": {"sam": {"optimizer.method": "sam"}, "asam": {"optimizer.method": "asam"}}},
         search={"rho": {"type": "loguniform", "low": 0.01, "high": 1.0}},
         epochs=4,
         trials=3,

@@ -11,11 +11,11 @@ from studies.runner import run_study
 from studies.spec import StudyError
 
 
-def _study(tmp_path: Path) -> Path:
+def _study(tmp_path: Path, tiny_model) -> Path:
     study = {
         "name": "twice",
         "base": {
-            "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+            "model": tiny_model("mixer"),
             "data": {"name": "digits", "img_size": 16, "batch_size": 128},
             "optimizer": {"method": "sam"},
             "schedule": {"epochs": 1, "warmup_epochs": 0},
@@ -35,8 +35,8 @@ def _study(tmp_path: Path) -> Path:
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_a_second_run_is_refused_or_a_new_launch_kept_apart(ray_cluster, tmp_path, tracking_uri):
-    path = _study(tmp_path)
+def test_a_second_run_is_refused_or_a_new_launch_kept_apart(ray_cluster, tmp_path, tracking_uri, tiny_model):
+    path = _study(tmp_path, tiny_model)
     first = run_study(path, tracking_uri=tracking_uri)
     assert (first.trials, first.errored) == (2, 0)
 

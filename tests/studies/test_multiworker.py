@@ -9,11 +9,11 @@ from studies.runner import run_study
 
 
 @pytest.mark.timeout(600)
-def test_two_worker_trials_are_recorded_once(ray_cluster, tmp_path, tracking_uri):
+def test_two_worker_trials_are_recorded_once(ray_cluster, tmp_path, tracking_uri, tiny_model):
     study = {
         "name": "ddp",
         "base": {
-            "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+            "model": tiny_model("mixer"),
             "data": {"name": "digits", "img_size": 16, "batch_size": 128},
             "optimizer": {"method": "sam"},
             "schedule": {"epochs": 2, "warmup_epochs": 0},

@@ -13,13 +13,13 @@ from studies.runner import run_study
 from studies.spec import StudyError, load_study
 
 
-def _study(tmp_path, roots: list[str], name: str = "preflight", resources: dict | None = None):
+def _study(tmp_path, tiny_model, roots: list[str], name: str = "preflight", resources: dict | None = None):
     """A CIFAR-10 study with one cell per data root (nothing of it runs unless the preflight passes)."""
     study = {
         "name": name,
         "base": {
             "data": {"name": "cifar10", "root": roots[0], "augment": "none", "batch_size": 8},
-            "model": {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [4, 4, 4, 4]}},
+            "model": tiny_model("resnet", channels=[4, 4, 4, 4]),
             "schedule": {"epochs": 1, "warmup_epochs": 0},
             "train": {"device": "cpu", "threads": 1},
         },
@@ -43,21 +43,21 @@ def good_roots(tmp_path, write_fake_cifar) -> tuple[str, str]:
 
 
 @pytest.mark.ray
-def test_readable_roots_pass(ray_cluster, tmp_path, good_roots):
-    study = load_study(_study(tmp_path, list(good_roots)))
+def test_readable_roots_pass(ray_cluster, tmp_path, good_roots, tiny_model):
+    study = load_study(_study(tmp_path, tiny_model, list(good_roots)))
     assert data_roots(study) == sorted(("cifar10", r) for r in good_roots)
     check_data_on_nodes(study, timeout_s=120)
 
 
 @pytest.mark.ray
-def test_every_unreadable_root_is_reported_with_node_reason_and_fix(ray_cluster, tmp_path, good_roots):
+def test_every_unreadable_root_is_reported_with_node_reason_and_fix(ray_cluster, tmp_path, good_roots, tiny_model):
     good_local, good_uri = good_roots
     gone, empty = tmp_path / "gone", tmp_path / "empty"
     gone.mkdir()
     empty.mkdir()
     missing_uri = (tmp_path / "no-bucket" / "cifar10").as_uri()
     # A local path must exist on the driver to pass validation; it is removed afterwards, as if only the driver had it.
-    study = load_study(_study(tmp_path, [good_local, good_uri, str(gone), str(empty), missing_uri]))
+    study = load_study(_study(tmp_path, tiny_model, [good_local, good_uri, str(gone), str(empty), missing_uri]))
     shutil.rmtree(gone)
     with pytest.raises(StudyError) as info:
         check_data_on_nodes(study, timeout_s=120)
@@ -74,19 +74,19 @@ def test_every_unreadable_root_is_reported_with_node_reason_and_fix(ray_cluster,
 
 
 @pytest.mark.ray
-def test_only_nodes_that_can_host_a_trial_are_asked(ray_cluster, tmp_path):
+def test_only_nodes_that_can_host_a_trial_are_asked(ray_cluster, tmp_path, tiny_model):
     missing_uri = (tmp_path / "no-bucket" / "cifar10").as_uri()
     # No node of this cluster has the marker: none could run a trial, so none is asked (an autoscaler adds it later).
-    pinned = load_study(_study(tmp_path, [missing_uri], resources={"custom": {"absent_marker": 1}}))
+    pinned = load_study(_study(tmp_path, tiny_model, [missing_uri], resources={"custom": {"absent_marker": 1}}))
     check_data_on_nodes(pinned, timeout_s=120)
     with pytest.raises(StudyError, match="does not exist, seen from this node"):
-        check_data_on_nodes(load_study(_study(tmp_path, [missing_uri])), timeout_s=120)
+        check_data_on_nodes(load_study(_study(tmp_path, tiny_model, [missing_uri])), timeout_s=120)
 
 
 @pytest.mark.ray
-def test_a_study_whose_data_no_node_reads_fails_before_any_trial(ray_cluster, tmp_path, tracking_uri, good_roots):
+def test_a_study_whose_data_no_node_reads_fails_before_any_trial(ray_cluster, tmp_path, tracking_uri, good_roots, tiny_model):
     missing_uri = (tmp_path / "no-bucket" / "cifar10").as_uri()
-    path = _study(tmp_path, [good_roots[0], missing_uri], name="unreadable")
+    path = _study(tmp_path, tiny_model, [good_roots[0], missing_uri], name="unreadable")
     load_study(path)  # the driver cannot tell: a URI is read on the nodes
     with pytest.raises(StudyError, match=r"data.root .*no-bucket/cifar10.* does not exist, seen from this node"):
         run_study(path, tracking_uri=tracking_uri)
@@ -97,9 +97,9 @@ def test_a_study_whose_data_no_node_reads_fails_before_any_trial(ray_cluster, tm
     assert not (tmp_path / "runs" / "unreadable").exists()  # Tune never started
 
 
-def test_the_driver_demands_a_local_root_but_not_a_uri(tmp_path):
+def test_the_driver_demands_a_local_root_but_not_a_uri(tmp_path, tiny_model):
     with pytest.raises(StudyError, match=r"data.root: the directory must exist, got '/nowhere/cifar10'.*Fix:"):
-        load_study(_study(tmp_path, ["/nowhere/cifar10"]))
+        load_study(_study(tmp_path, tiny_model, ["/nowhere/cifar10"]))
     # No store is contacted at validation: the bucket need not exist for the file to be valid.
-    study = load_study(_study(tmp_path, ["s3://sharpscale-no-such-bucket/cifar10", "gs://nor-this/cifar10"]))
+    study = load_study(_study(tmp_path, tiny_model, ["s3://sharpscale-no-such-bucket/cifar10", "gs://nor-this/cifar10"]))
     assert [r for _, r in data_roots(study)] == ["gs://nor-this/cifar10", "s3://sharpscale-no-such-bucket/cifar10"]

@@ -7,26 +7,29 @@ from mlflow.tracking import MlflowClient
 from analysis import load_runs
 from studies.runner import run_study
 
-TINY = {
-    "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
-    "data": {"name": "digits", "img_size": 16, "batch_size": 128},
-    "optimizer": {"method": "sam"},
-    "train": {"device": "cpu", "threads": 1},
-}
 
+@pytest.fixture
+def write(tmp_path, tiny_model):
+    def make(name, **fields):
+        base = {
+            "model": tiny_model("mixer"),
+            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+            "optimizer": {"method": "sam"},
+            "train": {"device": "cpu", "threads": 1},
+            "schedule": fields.pop("schedule"),
+        }
+        study = {"name": name, "base": base, **fields,
+                 "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(study, sort_keys=False))
+        return path
 
-def _write(tmp_path, name, **fields):
-    study = {"name": name, "base": {**TINY, "schedule": fields.pop("schedule")}, **fields,
-             "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
+    return make
 
 
 @pytest.mark.timeout(600)
-def test_grid_sampler_visits_each_point_once(ray_cluster, tmp_path, tracking_uri):
-    path = _write(
-        tmp_path, "grid",
+def test_grid_sampler_visits_each_point_once(ray_cluster, tmp_path, tracking_uri, write):
+    path = write("grid",
         schedule={"epochs": 1, "warmup_epochs": 0},
         search={"rho": {"type": "choice", "values": [0.01, 0.05, 0.2]}},
         budget={"sampler": "grid"},
@@ -38,10 +41,9 @@ def test_grid_sampler_visits_each_point_once(ray_cluster, tmp_path, tracking_uri
 
 
 @pytest.mark.timeout(600)
-def test_asha_stops_poor_trials_and_leaves_nothing_running(ray_cluster, tmp_path, tracking_uri):
+def test_asha_stops_poor_trials_and_leaves_nothing_running(ray_cluster, tmp_path, tracking_uri, write):
     epochs = 4
-    path = _write(
-        tmp_path, "asha",
+    path = write("asha",
         schedule={"epochs": epochs, "warmup_epochs": 0},
         search={"optimizer.lr": {"type": "loguniform", "low": 1e-5, "high": 1e-2}},
         budget={"trials_per_cell": 6, "asha": {"grace_period": 1, "reduction_factor": 2}, "seed": 3},

@@ -18,7 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 STUDY = {
     "name": "state",
     "base": {
-        "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
         "data": {"name": "digits", "img_size": 16, "batch_size": 256, "augment": "none"},
         "optimizer": {"method": "sam", "lr": 0.003},
         "schedule": {"epochs": 3, "warmup_epochs": 0},
@@ -30,14 +29,21 @@ STUDY = {
 }
 
 
-def write(where: Path, **changes) -> Path:
-    where.mkdir(parents=True, exist_ok=True)
-    path = where / "study.yaml"
-    path.write_text(yaml.safe_dump({**STUDY, **changes}, sort_keys=False))
-    return path
+@pytest.fixture
+def write(tiny_model):
+    """Write the study (with `changes`) into `where`; the model is the shared tiny Mixer."""
+
+    def make(where: Path, **changes) -> Path:
+        where.mkdir(parents=True, exist_ok=True)
+        path = where / "study.yaml"
+        study = {**STUDY, "base": {"model": tiny_model("mixer"), **STUDY["base"]}}
+        path.write_text(yaml.safe_dump({**study, **changes}, sort_keys=False))
+        return path
+
+    return make
 
 
-def test_default_locations_follow_the_study_file_not_the_working_directory(tmp_path, monkeypatch):
+def test_default_locations_follow_the_study_file_not_the_working_directory(tmp_path, monkeypatch, write):
     path = write(tmp_path / "studies")
     seen = set()
     for cwd in (tmp_path, tmp_path / "studies", Path("/")):
@@ -61,7 +67,7 @@ def test_default_locations_follow_the_study_file_not_the_working_directory(tmp_p
         ({"storage": "s3://bucket/runs/"}, "s3://bucket/runs", "sqlite:///{d}/sharpscale_runs/state.optuna.db"),
     ],
 )
-def test_locations_resolved(tmp_path, monkeypatch, changes, storage, optuna):
+def test_locations_resolved(tmp_path, monkeypatch, changes, storage, optuna, write):
     path = write(tmp_path / "s", **changes)
     monkeypatch.chdir(tmp_path)
     study = load_study(path)
@@ -70,7 +76,7 @@ def test_locations_resolved(tmp_path, monkeypatch, changes, storage, optuna):
     assert study.optuna_storage("state") == optuna.format(d=d)
 
 
-def test_set_overrides_study_settings_and_locations_leave_the_hash_alone(tmp_path):
+def test_set_overrides_study_settings_and_locations_leave_the_hash_alone(tmp_path, write):
     path = write(tmp_path)
     plain = load_study(path)
     moved = load_study(path, overrides={"storage": "s3://b/x", "shared_mounts": ["/mnt/shared"], "optuna_storage": "o.db"})
@@ -97,7 +103,7 @@ def test_set_overrides_study_settings_and_locations_leave_the_hash_alone(tmp_pat
         ({"optuna_storage": "s3://bucket/o.db"}, "optuna_storage: Optuna stores in a file or a database, not in s3://"),
     ],
 )
-def test_bad_settings_name_field_rule_value_and_fix(tmp_path, overrides, expected):
+def test_bad_settings_name_field_rule_value_and_fix(tmp_path, overrides, expected, write):
     with pytest.raises(StudyError) as err:
         load_study(write(tmp_path), overrides=overrides)
     assert expected in str(err.value), str(err.value)
@@ -105,7 +111,7 @@ def test_bad_settings_name_field_rule_value_and_fix(tmp_path, overrides, expecte
         assert "Fix:" in str(err.value), str(err.value)
 
 
-def test_every_bad_setting_reported_at_once(tmp_path):
+def test_every_bad_setting_reported_at_once(tmp_path, write):
     with pytest.raises(StudyError) as err:
         load_study(write(tmp_path), overrides={"nosuch": 1, "shared_mounts": ["rel"], "optuna_storage": "s3://b/o"})
     assert len(err.value.problems) == 3, err.value.problems
@@ -117,7 +123,7 @@ def _cli(*args, cwd):
                           env=env, timeout=180)
 
 
-def test_cli_storage_option_and_set_on_study_settings(tmp_path):
+def test_cli_storage_option_and_set_on_study_settings(tmp_path, write):
     path = write(tmp_path / "s")
     out = _cli("validate", str(path), "--storage", str(tmp_path / "elsewhere"), "--set", "checkpoints.keep=3", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -139,7 +145,7 @@ def _optuna_trials(url: str) -> list[str]:
 
 
 @pytest.mark.timeout(600)
-def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys):
+def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys, write):
     from studies.runner import OPTUNA_STORAGE_TAG, STORAGE_TAG, run_study
 
     path = write(tmp_path / "studies", tracking={"artifact_location": str(tmp_path / "mlartifacts")})

@@ -37,11 +37,11 @@ print("RESULT " + json.dumps({
 
 
 @pytest.mark.timeout(300)
-def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fix(tmp_path):
+def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fix(tmp_path, tiny_model):
     study = {
         "name": "device",
         "base": {
-            "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+            "model": tiny_model("mixer"),
             "data": {"name": "digits", "img_size": 16, "batch_size": 256, "augment": "none"},
             "schedule": {"epochs": 1, "warmup_epochs": 0},
             "train": {"threads": 1},

@@ -11,17 +11,20 @@ import torch
 from trainables import fit, load_checkpoint
 from trainables.ray_train import DistributedPlan, fit_distributed
 
+
 # LayerNorm, not BatchNorm, and no augmentation: per-rank batch statistics and per-rank random draws are
 # legitimate differences between 2 workers and 1 process; everything else must agree.
-CONFIG = {
-    "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}},
-    "data": {"name": "digits", "img_size": 16, "batch_size": 64, "augment": "none"},
-    # SGD, not AdamW: Adam divides by sqrt(v), so a parameter whose gradient is pure round-off (the Mixer's
-    # token-MLP output bias, cancelled by the next LayerNorm) moves by full steps in a noise-chosen direction.
-    "optimizer": {"method": "none", "base": "sgd", "lr": 0.05},
-    "schedule": {"epochs": 4, "warmup_epochs": 0},
-    "train": {"device": "cpu", "seed": 5, "threads": 1},
-}
+@pytest.fixture
+def config(tiny_model):
+    return {
+        "model": tiny_model("mixer", num_blocks=2, embed_dim=64),
+        "data": {"name": "digits", "img_size": 16, "batch_size": 64, "augment": "none"},
+        # SGD, not AdamW: Adam divides by sqrt(v), so a parameter whose gradient is pure round-off (the Mixer's
+        # token-MLP output bias, cancelled by the next LayerNorm) moves by full steps in a noise-chosen direction.
+        "optimizer": {"method": "none", "base": "sgd", "lr": 0.05},
+        "schedule": {"epochs": 4, "warmup_epochs": 0},
+        "train": {"device": "cpu", "seed": 5, "threads": 1},
+    }
 
 
 def _weights(result):
@@ -37,15 +40,15 @@ def _worker_pids(ray):
 
 
 @pytest.mark.timeout(600)
-def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, tmp_path):
+def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, tmp_path, config):
     local = tmp_path / "local"
-    fit(CONFIG, checkpoint_dir=local)
+    fit(config, checkpoint_dir=local)
     reference = load_checkpoint(local)
 
     plan = DistributedPlan(workers=2, cpus_per_worker=1, max_failures=2, storage_path=str(tmp_path / "ray"))
-    straight = fit_distributed(CONFIG, plan=plan, name="straight")
+    straight = fit_distributed(config, plan=plan, name="straight")
     state, weights = _weights(straight)
-    assert state["epoch"] == CONFIG["schedule"]["epochs"] - 1
+    assert state["epoch"] == config["schedule"]["epochs"] - 1
     # Same global batches, mean of per-rank means = global mean: equal up to float reassociation.
     for key, value in reference["model"].items():
         if value.dtype.is_floating_point:
@@ -55,7 +58,7 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
 
     # Kill one worker with SIGKILL once the first checkpoint exists; Ray Train restarts the group from it.
     out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("result", fit_distributed(CONFIG, plan=plan, name="killed")))
+    thread = threading.Thread(target=lambda: out.setdefault("result", fit_distributed(config, plan=plan, name="killed")))
     thread.start()
     run_dir = tmp_path / "ray" / "killed"
     deadline = time.time() + 300
@@ -71,7 +74,7 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     assert killed is not None, "training finished before a worker could be killed"
     result = out["result"]
     state_k, weights_k = _weights(result)
-    assert state_k["epoch"] == CONFIG["schedule"]["epochs"] - 1
+    assert state_k["epoch"] == config["schedule"]["epochs"] - 1
     assert result.metrics["val_acc"] == straight.metrics["val_acc"]
     assert result.metrics["train_loss"] == pytest.approx(straight.metrics["train_loss"], rel=1e-6)
     for key, value in weights.items():

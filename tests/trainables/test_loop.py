@@ -1,33 +1,35 @@
 """The one training loop on tiny models: every architecture and method, exact resume, divergence, bad configs."""
 
 import math
+from typing import get_args
 
 import pytest
 import torch
 
 import optim
 from trainables import ConfigError, TrialConfig, TrialDiverged, fit, load_checkpoint
+from trainables.models import Family
 
-ARCHS = {
-    "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
-    "mixer": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
-    "resnet": {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [8, 8, 16, 16]}},
-}
+ARCHS = sorted(get_args(Family))  # every family sharpscale supports; tests/conftest.py has a tiny model of each
 
 
-def config(arch="mixer", method="none", epochs=2, **hparams):
-    return {
-        "model": ARCHS[arch],
-        "data": {"name": "digits", "img_size": 16, "batch_size": 128},
-        "optimizer": {"method": method, "lr": 0.003, "hparams": hparams},
-        "schedule": {"epochs": epochs, "warmup_epochs": 0},
-        "train": {"device": "cpu", "seed": 3},
-    }
+@pytest.fixture
+def config(tiny_model):
+    def make(arch="mixer", method="none", epochs=2, **hparams):
+        return {
+            "model": tiny_model(arch),
+            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+            "optimizer": {"method": method, "lr": 0.003, "hparams": hparams},
+            "schedule": {"epochs": epochs, "warmup_epochs": 0},
+            "train": {"device": "cpu", "seed": 3},
+        }
+
+    return make
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("method", ["none", "sam"])
-def test_fit_reports_every_metric(arch, method):
+def test_fit_reports_every_metric(arch, method, config):
     seen = []
     metrics = fit(config(arch, method, epochs=1), reporter=lambda m, ckpt: seen.append((m, ckpt)))
     assert len(seen) == 1 and seen[0][0] == metrics
@@ -41,20 +43,20 @@ def test_fit_reports_every_metric(arch, method):
 
 
 @pytest.mark.parametrize("name", sorted(optim.METHODS))
-def test_every_registered_method_trains(name):
+def test_every_registered_method_trains(name, config):
     metrics = fit(config("mixer", name, epochs=1))
     assert math.isfinite(metrics["train_loss"])
 
 
-def test_training_learns():
+def test_training_learns(config, tiny_model):
     cfg = config("mixer", "sam", epochs=6, rho=0.05)
-    cfg["model"] = {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}}
+    cfg["model"] = tiny_model("mixer", num_blocks=2, embed_dim=64)
     cfg["data"]["batch_size"] = 32
     metrics = fit(cfg)
     assert metrics["val_acc"] > 0.8  # 10 classes: chance is 0.1
 
 
-def test_seeded_runs_are_identical():
+def test_seeded_runs_are_identical(config):
     a = fit(config("vit", "sam"))
     b = fit(config("vit", "sam"))
     assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]
@@ -68,7 +70,7 @@ def _interrupt_after(epoch):
     return reporter
 
 
-def test_resume_continues_bit_exactly(tmp_path):
+def test_resume_continues_bit_exactly(tmp_path, config):
     straight = tmp_path / "straight"
     fit(config("resnet", "sam", epochs=3), checkpoint_dir=straight)
 
@@ -86,7 +88,7 @@ def test_resume_continues_bit_exactly(tmp_path):
     assert a["best"] == b["best"]
 
 
-def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path):
+def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path, config):
     cfg = config("mixer", "none", epochs=3)
     first = tmp_path / "first"
     with pytest.raises(KeyboardInterrupt):
@@ -107,7 +109,7 @@ def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path):
     final = fit(cfg, resume_from=done, reporter=lambda m, c: seen.append(m))
     assert seen == [] and final == load_checkpoint(done)["metrics"] and final["epoch"] == 2
 
-def test_divergence_stops_the_trial():
+def test_divergence_stops_the_trial(config):
     cfg = config("mixer", "none", epochs=3)
     cfg["optimizer"]["lr"] = 1e12
     cfg["train"]["divergence_check_every"] = 1
@@ -127,7 +129,7 @@ def test_divergence_stops_the_trial():
         (lambda c: c.update(optimiser={}), "optimiser: unknown key"),
     ],
 )
-def test_bad_config_names_the_field(mutate, expected):
+def test_bad_config_names_the_field(mutate, expected, config):
     cfg = config()
     mutate(cfg)
     with pytest.raises(ConfigError) as err:
@@ -135,13 +137,13 @@ def test_bad_config_names_the_field(mutate, expected):
     assert expected in str(err.value), str(err.value)
 
 
-def test_bad_hparam_value_fails_at_load():
+def test_bad_hparam_value_fails_at_load(config):
     cfg = config("mixer", "sam", rho=-0.1)
     with pytest.raises(ConfigError, match="optimizer.hparams: .*rho"):
         TrialConfig.load(cfg)
 
 
-def test_batch_larger_than_fraction_is_refused():
+def test_batch_larger_than_fraction_is_refused(config):
     cfg = config()
     cfg["data"].update(fraction=0.02, batch_size=128)
     with pytest.raises(ValueError, match="data.batch_size: must not exceed the training-set size"):
@@ -161,7 +163,7 @@ GOLDEN = {
 
 
 @pytest.mark.parametrize("arch, method", sorted(GOLDEN))
-def test_golden_two_epochs(arch, method):
+def test_golden_two_epochs(arch, method, config):
     metrics = fit(config(arch, method, epochs=2))
     train_loss, val_loss = GOLDEN[arch, method]
     # rel 1e-4 leaves room for another CPU's vector width in the BLAS reductions, nothing more.

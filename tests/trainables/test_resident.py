@@ -124,9 +124,9 @@ def test_auto_residency_follows_device_augmentation_and_size(fake_cifar10, tmp_p
     assert load_dataset("digits", device="cuda").resident
 
 
-def _tiny(data: dict) -> dict:
+def _tiny(tiny_model, data: dict) -> dict:
     return {
-        "model": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2}},
+        "model": tiny_model("vit", embed_dim=32),
         "data": {"batch_size": 8, "eval_batch_size": 5, **data},
         "optimizer": {"method": "sam", "lr": 1e-3},
         "schedule": {"epochs": 2},
@@ -135,16 +135,16 @@ def _tiny(data: dict) -> dict:
 
 
 @pytest.mark.parametrize("augment", ["none", "basic"])
-def test_fit_on_resident_cifar_is_seeded_and_equals_the_host_path_without_augmentation(fake_cifar10, tmp_path, augment):
+def test_fit_on_resident_cifar_is_seeded_and_equals_the_host_path_without_augmentation(fake_cifar10, tmp_path, augment, tiny_model):
     data = {"name": "cifar10", "root": str(tmp_path), "augment": augment}
     timing = ("epoch_time_s", "images_per_sec")
 
     def learned(metrics: dict) -> dict:
         return {k: v for k, v in metrics.items() if k not in timing}
 
-    resident = fit(_tiny({**data, "device_resident": True}))
-    assert learned(resident) == learned(fit(_tiny({**data, "device_resident": True})))  # bit for bit
-    host = fit(_tiny({**data, "device_resident": False, "num_workers": 0}))
+    resident = fit(_tiny(tiny_model, {**data, "device_resident": True}))
+    assert learned(resident) == learned(fit(_tiny(tiny_model, {**data, "device_resident": True})))  # bit for bit
+    host = fit(_tiny(tiny_model, {**data, "device_resident": False, "num_workers": 0}))
     if augment == "none":
         # Same pixels, same batches, same arithmetic: the two data paths train the same model.
         keys = ("train_loss", "train_acc", "val_loss", "val_acc")

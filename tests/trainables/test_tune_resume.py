@@ -12,20 +12,24 @@ from trainables import fit, load_checkpoint
 from trainables.ray_train import tune_trainable
 
 EPOCHS = 8
-CONFIG = {
-    "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 32}},
-    "data": {"name": "digits", "img_size": 16, "batch_size": 128, "augment": "none"},
-    "optimizer": {"method": "sam", "base": "sgd", "lr": 0.05, "hparams": {"rho": 0.05}},
-    "schedule": {"epochs": EPOCHS, "warmup_epochs": 0},
-    "train": {"device": "cpu", "seed": 3, "threads": 1},
-}
+
+
+@pytest.fixture(scope="module")
+def config(tiny_model):
+    return {
+        "model": tiny_model("mixer", embed_dim=32),
+        "data": {"name": "digits", "img_size": 16, "batch_size": 128, "augment": "none"},
+        "optimizer": {"method": "sam", "base": "sgd", "lr": 0.05, "hparams": {"rho": 0.05}},
+        "schedule": {"epochs": EPOCHS, "warmup_epochs": 0},
+        "train": {"device": "cpu", "seed": 3, "threads": 1},
+    }
 
 
 class _Stop(Exception):
     pass
 
 
-def _interrupted(tmp_path: Path, name: str):
+def _interrupted(tmp_path: Path, name: str, config: dict):
     """A Tune run stopped as Ctrl-C stops it, part-way: its snapshot names the trial's latest checkpoint."""
     from ray import tune
 
@@ -41,7 +45,7 @@ def _interrupted(tmp_path: Path, name: str):
     trainable = tune.with_resources(tune_trainable(), {"cpu": 1})
     grid = tune.Tuner(
         trainable,
-        param_space={"trial": CONFIG},
+        param_space={"trial": config},
         tune_config=tune.TuneConfig(num_samples=1),
         run_config=tune.RunConfig(
             name=name, storage_path=str(tmp_path), verbose=0,
@@ -68,15 +72,15 @@ def _assert_same_weights(checkpoint: Path, reference: dict):
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
+def straight(tmp_path_factory, config):
     where = tmp_path_factory.mktemp("straight")
-    fit(CONFIG, checkpoint_dir=where)
+    fit(config, checkpoint_dir=where)
     return load_checkpoint(where)
 
 
 @pytest.mark.timeout(300)
-def test_resume_continues_from_a_newer_checkpoint_than_the_snapshot_names(ray_cluster, tmp_path, straight):
-    trainable, experiment, recorded = _interrupted(tmp_path, "newer")
+def test_resume_continues_from_a_newer_checkpoint_than_the_snapshot_names(ray_cluster, tmp_path, straight, config):
+    trainable, experiment, recorded = _interrupted(tmp_path, "newer", config)
     epoch = load_checkpoint(recorded)["epoch"]
 
     # What a driver killed between Tune's checkpoint deletion and its next snapshot leaves: the recorded
@@ -87,7 +91,7 @@ def test_resume_continues_from_a_newer_checkpoint_than_the_snapshot_names(ray_cl
             raise _Stop
 
     with pytest.raises(_Stop):
-        fit(CONFIG, resume_from=recorded, reporter=advance)
+        fit(config, resume_from=recorded, reporter=advance)
     shutil.rmtree(recorded)
 
     result = _resume(trainable, experiment)
@@ -105,8 +109,8 @@ def test_resume_continues_from_a_newer_checkpoint_than_the_snapshot_names(ray_cl
 
 
 @pytest.mark.timeout(300)
-def test_resume_without_any_checkpoint_left_starts_the_trial_again(ray_cluster, tmp_path, straight):
-    trainable, experiment, recorded = _interrupted(tmp_path, "none")
+def test_resume_without_any_checkpoint_left_starts_the_trial_again(ray_cluster, tmp_path, straight, config):
+    trainable, experiment, recorded = _interrupted(tmp_path, "none", config)
     for directory in recorded.parent.glob("checkpoint_*"):
         shutil.rmtree(directory)
 
