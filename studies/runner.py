@@ -19,6 +19,7 @@ from trainables.tracking import (
     STATUS_TAG,
     TrackingTarget,
     _retry,
+    filter_value,
     resolve_tracking_uri,
     tracking_client,
 )
@@ -165,7 +166,7 @@ def _warn_split_records(address: str | None, uri: str) -> None:
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]):
-    clause = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    clause = " and ".join(f"tags.`{k}` = {filter_value(v)}" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
     return runs[0] if runs else None
 
