@@ -391,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         # A user mistake: the message says what to fix; a traceback would only hide it.
         print(f"sharpscale: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as err:
+        # The machine refused (a full disk, read-only storage): one line with the cause; what the study had
+        # opened is closed by then, and the notes say if closing failed too.
+        notes = "".join(f"\n  {n}" for n in getattr(err, "__notes__", []))
+        print(f"sharpscale: error: {err}{notes}", file=sys.stderr)
+        return EXIT_ERRORS
     except KeyboardInterrupt:
         # Ctrl-C outside the trials (while Ray starts, say); the study runner closes what it opened.
         if getattr(args, "func", None) is _cmd_run and not getattr(args, "dry_run", False):

@@ -489,6 +489,8 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
+    if not address:
+        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
@@ -514,8 +516,6 @@ def run_study(
         keep_checkpoints=spec.checkpoints.keep,
     )
 
-    if not address:
-        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     started_ray = _init_ray(address, num_cpus)
     opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
     cell_runs: dict[str, str] = {}
