@@ -373,7 +373,7 @@ def parse_yaml(text: str, where: str) -> Any:
         text = str(err)
         if len(text) > 600:
             text = text[:600] + "..."
-        raise ValueError(f"{where}: not valid YAML here: {text}. Fix: correct the YAML.") from None
+        raise ValueError(f"{where}: YAML syntax: {text}. Fix: correct the YAML.") from None
     finally:
         loader.dispose()
 

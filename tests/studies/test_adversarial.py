@@ -61,7 +61,7 @@ REFUSED = [
     ("string-as-int", _edit(("trials_per_cell: 4", 'trials_per_cell: "4"')), [], "valid integer"),
     ("latin-1-file", ("# caf\xe9\n" + QUICKSTART).encode("latin-1"), [], "must be UTF-8 text, got byte 0xe9 on line 1"),
     ("utf-16-file", QUICKSTART.encode("utf-16"), [], "got UTF-16"),
-    ("set-unclosed-bracket", None, ["--set", "optimizer.lr=["], "--set optimizer.lr: not valid YAML"),
+    ("set-unclosed-bracket", None, ["--set", "optimizer.lr=["], "--set optimizer.lr: YAML syntax"),
     ("set-python-tag", None, ["--set", "data.root=!!python/object/apply:os.system"], "could not determine a constructor"),
     ("set-below-a-value", None, ["--set", "data.root.x=1"], "--set data.root.x: neither a trial config path"),
     ("set-no-equals", None, ["--set", "data.root"], "must be KEY=VALUE"),
