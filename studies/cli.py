@@ -27,6 +27,19 @@ def _quiet_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# A local study's Ray cluster is this machine alone, so none of its servers (GCS, raylet, workers, agents) need
+# another interface. Ray reads this at import, in the driver and in every process it starts: off, Ray takes the
+# loopback address as the node's and binds its servers there. Pinned by tests/studies/test_adversarial.py.
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def _loopback_ray(args) -> None:
+    """For `run`/`resume` without --address, before anything imports Ray: keep its cluster on 127.0.0.1."""
+    if getattr(args, "func", None) is _cmd_run and not getattr(args, "address", None) and "ray" not in sys.modules:
+        for key, value in LOOPBACK_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+
+
 def _overrides(args) -> dict:
     from studies.spec import parse_overrides
 
@@ -385,6 +398,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     _quiet_env()
     args = build_parser().parse_args(argv)
+    _loopback_ray(args)
     try:
         return args.func(args)
     except UserError as err:

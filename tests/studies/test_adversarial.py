@@ -4,6 +4,7 @@ Most cases are refused before Ray starts and run in-process through the CLI's `m
 (Ctrl-C, concurrent first use of a store); they hold on observable states, never on a sleep.
 """
 
+import ipaddress
 import multiprocessing
 import os
 import re
@@ -279,6 +280,16 @@ CTRL_C_STUDY = {
 }
 
 
+def _listening(pid: int) -> list[tuple[str, str]]:
+    """(address, process name) of every listening socket of process `pid` and its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    pids = {pid} | {c.pid for c in root.children(recursive=True)}
+    return [(c.laddr.ip, psutil.Process(c.pid).name()) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
 def _sql(db: Path, query: str) -> list:
     if not db.exists():
         return []
@@ -318,11 +329,14 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path):
                 break
             time.sleep(0.2)
         assert driver.poll() is None, "the study ended before it could be interrupted"
+        listening = _listening(driver.pid)
         os.kill(driver.pid, signal.SIGINT)  # to the driver only, as the issue's reproduction did
         out, _ = driver.communicate(timeout=300)
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
+    # A local study's Ray (GCS, raylet, workers, agents, dashboard) and its driver listen on loopback only.
+    assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), listening
     assert driver.returncode == EXIT_INTERRUPTED, out[-3000:]
     assert "INCOMPLETE" in out and "resume study.yaml" in out
     runs = _runs(db)
