@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -33,11 +34,22 @@ def _quiet_env() -> None:
 LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
-def _loopback_ray(args) -> None:
-    """For `run`/`resume` without --address, before anything imports Ray: keep its cluster on 127.0.0.1."""
-    if getattr(args, "func", None) is _cmd_run and not getattr(args, "address", None) and "ray" not in sys.modules:
-        for key, value in LOOPBACK_RAY_ENV.items():
-            os.environ.setdefault(key, value)
+@contextlib.contextmanager
+def _loopback_ray(args):
+    """For `run`/`resume` without --address, before anything imports Ray: keep its cluster on 127.0.0.1. The
+    environment is restored afterwards, so that `main` called in a process that goes on leaves it as it was."""
+    local = getattr(args, "func", None) is _cmd_run and not getattr(args, "address", None)
+    if not local or getattr(args, "dry_run", False) or "ray" in sys.modules:
+        yield
+        return
+    saved = {key: os.environ.get(key) for key in LOOPBACK_RAY_ENV}
+    os.environ.update({k: v for k, v in LOOPBACK_RAY_ENV.items() if saved[k] is None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
 
 
 def _overrides(args) -> dict:
@@ -398,9 +410,9 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     _quiet_env()
     args = build_parser().parse_args(argv)
-    _loopback_ray(args)
     try:
-        return args.func(args)
+        with _loopback_ray(args):
+            return args.func(args)
     except UserError as err:
         # A user mistake: the message says what to fix; a traceback would only hide it.
         print(f"sharpscale: error: {err}", file=sys.stderr)

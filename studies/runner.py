@@ -15,6 +15,7 @@ from typing import Any
 from studies.preflight import check_data_on_nodes
 from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from studies.search import CellSearcher, apply_sample
+from trainables.errors import shown
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     KIND_TAG,
@@ -410,7 +411,7 @@ def check_cluster_storage(study: LoadedStudy, locations: StateLocations, plan: D
     if not locations.shared:
         mounts = study.spec.shared_mounts
         problems.append(
-            f"storage: a path on this node, got {locations.storage!r}, and {where}: the first checkpoint written on "
+            f"storage: a path on this node, got {shown(locations.storage)}, and {where}: the first checkpoint written on "
             f"another node would fail (\"Unable to set up cluster storage\"). Fix: use storage that every node "
             f"reaches: a path on an NFS/EFS mount seen at the same place on every node, listed in shared_mounts "
             f"(e.g. --storage /mnt/shared/sharpscale_runs with `shared_mounts: [/mnt/shared]` in the study file"
@@ -582,7 +583,9 @@ def _node_problem(request: dict[str, float], offers: list[tuple[str, dict[str, f
 def check_local_resources(study: LoadedStudy, num_cpus: int | None) -> None:
     """Refuse, before Ray starts, a trial that the local cluster this machine would start cannot host."""
     res = study.resources
-    cpus = float(num_cpus if num_cpus is not None else (os.cpu_count() or 1))
+    # Ray counts the CPUs this process may run on (a container's or a taskset's share), not the machine's.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = float(num_cpus if num_cpus is not None else usable)
     offers = {"CPU": cpus, "GPU": float(_local_gpus()) if res.gpus_per_trial > 0 else 0.0}
     request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
     if problem := _node_problem(request, [("this machine", offers)], "the local Ray cluster (this machine)"):

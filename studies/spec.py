@@ -265,12 +265,12 @@ class Study(_Strict):
         scheme = spec.split("://", 1)[0].split("+", 1)[0].lower()
         if scheme == "journal" and not spec[len("journal://"):].startswith("/"):
             raise ValueError(
-                f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {spec!r}. "
+                f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {shown(spec)}. "
                 f"Fix: e.g. journal:///mnt/shared/sharpscale_runs/STUDY.optuna.journal."
             )
         if scheme not in ("journal", *_RDB_SCHEMES):
             raise ValueError(
-                f"optuna_storage: Optuna stores in a file or a database, not in {scheme}://, got {spec!r}. Fix: a path "
+                f"optuna_storage: Optuna stores in a file or a database, not in {scheme}://, got {shown(spec)}. Fix: a path "
                 f"or sqlite:///path, journal:///abs/path on shared storage, or an RDB URL such as postgresql://user@host/db."
             )
         return spec
@@ -604,7 +604,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         for level, overrides in _levels(fname, fspec).items():
             if not isinstance(overrides, dict):
                 problems.append(
-                    f"factors.{fname}.{level}: a level must map config paths to values, got {overrides!r}. "
+                    f"factors.{fname}.{level}: a level must map config paths to values, got {shown(overrides)}. "
                     f"Fix: write it as `{level}: {{optimizer.method: sam}}`, or give the factor a list of values."
                 )
                 continue
