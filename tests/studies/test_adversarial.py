@@ -409,3 +409,23 @@ def test_a_study_after_a_driver_killed_with_sigkill_runs_normally(tmp_path):
     assert all(status != "RUNNING" for _, status, _ in runs), runs
     states = [s for (s,) in _sql(tmp_path / "runs" / "killed.optuna.db", "select state from trials")]
     assert states.count("COMPLETE") == 2 and "RUNNING" not in states, states
+
+
+def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path):
+    # The Optuna storage is opened after the study and cell runs are created: its failure must close them.
+    from mlflow.tracking import MlflowClient
+
+    from studies.runner import run_study
+
+    study = {**CTRL_C_STUDY, "name": "closes", "optuna_storage": "mysql://user@127.0.0.1:1/optuna",
+             "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(ValueError, match="database driver is not installed") as err:
+        run_study(path, tracking_uri=uri)
+    assert not getattr(err.value, "__notes__", None)  # closing went fine: nothing added to the one cause
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("closes").experiment_id])
+    assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [("cell", "FAILED"), ("study", "FAILED")]
+    assert ray_cluster.is_initialized()  # a cluster the caller started is the caller's to shut down
