@@ -13,6 +13,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
+from trainables.errors import UserError
 from trainables.tracking import RUN_ID_RESULT_KEY
 
 __all__ = [
@@ -50,10 +51,10 @@ def open_optuna_storage(spec: str):
     scheme, sep, rest = spec.partition("://")
     base = scheme.split("+", 1)[0].lower()  # postgresql+psycopg2:// names its driver
     if not sep or base not in (*RDB_SCHEMES, "journal"):
-        raise ValueError(f"Optuna storage {spec!r}: must be {STORAGE_FORMS}. Fix: write it in one of those forms.")
+        raise UserError(f"Optuna storage {spec!r}: must be {STORAGE_FORMS}. Fix: write it in one of those forms.")
     if base == "journal":
         if scheme != "journal" or not rest.startswith("/") or rest.endswith("/"):
-            raise ValueError(
+            raise UserError(
                 f"Optuna storage {spec!r}: a journal storage names an absolute file path after journal:// "
                 f"(three slashes in all). Fix: write e.g. journal:///shared/optuna/study.log."
             )
@@ -68,7 +69,7 @@ def open_optuna_storage(spec: str):
     try:
         return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
     except ImportError as err:
-        raise ValueError(
+        raise UserError(
             f"Optuna storage {spec!r}: its database driver is not installed ({err}). "
             f"Fix: install it (e.g. psycopg2-binary for postgresql, PyMySQL with mysql+pymysql://)."
         ) from err

@@ -74,7 +74,7 @@ class IntRange(_Strict):
     log: bool = False
 
     @model_validator(mode="after")
-    def _log_positive(self) -> "IntRange":
+    def _log_positive(self) -> IntRange:
         if self.log and self.low < 1:
             raise ValueError(
                 f"an int domain with log: true needs low >= 1 (log of {self.low} is undefined), got low={self.low}. "
@@ -521,7 +521,7 @@ def _levels(name: str, spec: dict[str, dict[str, Any]] | list[Any]) -> dict[str,
     return spec
 
 
-def _factor_problems(spec: "Study") -> list[str]:
+def _factor_problems(spec: Study) -> list[str]:
     """Factors that would silently run fewer cells than written, or set one path twice."""
     problems = []
     for fname, fspec in spec.factors.items():
@@ -549,7 +549,7 @@ def _factor_problems(spec: "Study") -> list[str]:
     return problems
 
 
-def _fixed_by_study(spec: "Study", key: str) -> str | None:
+def _fixed_by_study(spec: Study, key: str) -> str | None:
     """What of the study sets trial path `key` in every cell, so that a --set of it would be silently replaced."""
     owners = _method_hparams()
     for fname, fspec in spec.factors.items():
@@ -616,10 +616,10 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
 
     factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
     if (cells_planned := math.prod(len(levels) for _, levels in factor_levels)) > MAX_TRIALS:
-        return [], [
+        return [], [(
             f"factors: their levels combine into {cells_planned} cells, more than the {MAX_TRIALS} trials a study may "
             f"plan. Fix: fewer levels, or split the study."
-        ]
+        )]
     if smoke:
         # Every named level (each architecture, each method) stays; a list of values (fractions, seeds) keeps its first.
         factor_levels = [
@@ -781,21 +781,23 @@ def read_study_text(path: Path) -> str:
     with path.open("rb") as f:
         data = f.read(MAX_STUDY_FILE_BYTES + 1)
     if len(data) > MAX_STUDY_FILE_BYTES:
-        raise StudyError(path, [
+        raise StudyError(path, [(
             f"study file: at most {MAX_STUDY_FILE_BYTES} bytes (a study names its settings, it holds no data), got "
             f"{path.stat().st_size} bytes. Fix: keep data and long lists out of it (data.root names the data)."
-        ])
+        )])
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise StudyError(path, ["study file: must be UTF-8 text, got UTF-16 (it starts with a UTF-16 byte-order mark). "
-                                "Fix: save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)."])
+        raise StudyError(path, [(
+            "study file: must be UTF-8 text, got UTF-16 (it starts with a UTF-16 byte-order mark). "
+            "Fix: save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)."
+        )])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise StudyError(path, [
+        raise StudyError(path, [(
             f"study file: must be UTF-8 text, got byte {data[err.start]:#04x} on line {line}, which is not UTF-8. "
             f"Fix: save the file as UTF-8."
-        ]) from None
+        )]) from None
 
 
 def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from trainables.staging import StagingError, is_uri, open_uri
 from trainables.errors import UserError
+from trainables.staging import StagingError, is_uri, open_uri
 
 __all__ = ["ARCHIVES", "Archive", "FetchError", "expected_layout", "fetch_dataset", "layout_problem"]
 

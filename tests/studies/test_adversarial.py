@@ -422,7 +422,7 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    with pytest.raises(ValueError, match="database driver is not installed") as err:
+    with pytest.raises(UserError, match="database driver is not installed") as err:
         run_study(path, tracking_uri=uri)
     assert not getattr(err.value, "__notes__", None)  # closing went fine: nothing added to the one cause
     client = MlflowClient(uri)
