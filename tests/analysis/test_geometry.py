@@ -13,7 +13,7 @@ from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
 from analysis import geometry
-from analysis._hvp import FlatOperator, HessianCore, LossOracle
+from analysis.geometry._hvp import FlatOperator, HessianCore, LossOracle
 
 # The algebraic top is 9 while the eigenvalue of largest magnitude is -10: plain power iteration finds -10.
 SPECTRUM = [-10.0, 9.0, 6.0, 3.0, 0.5, 0.1, -1.0, -4.0]
