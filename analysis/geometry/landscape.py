@@ -38,6 +38,7 @@ class LandscapeResult:
     span: float
     seed: int
     mode: str
+    mask_seed: int
     num_batches: int
     num_samples: int
 
@@ -97,12 +98,12 @@ def _grid(steps: int, span: float) -> list[float]:
 
 
 def _landscape(
-    model: nn.Module, loss_fn: LossFn, batches: Any, *, dims: int, steps: int, span: float, seed: int, mode: Mode
+    model: nn.Module, loss_fn: LossFn, batches: Any, *, dims: int, steps: int, span: float, seed: int, mode: Mode, mask_seed: int
 ) -> LandscapeResult:
     steps = _check_int("steps", steps, 2, "use at least two grid points per axis (odd counts include alpha=0)")
     span = _check_positive("span", span, "the largest |alpha| of the grid, e.g. 1.0")
     _check_int("seed", seed, 0, "use a non-negative seed")
-    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, None, seed)
+    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, None, mask_seed)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     directions = []
     for offset in range(dims):
@@ -136,6 +137,7 @@ def _landscape(
         span=span,
         seed=seed,
         mode=mode,
+        mask_seed=mask_seed,
         num_batches=len(batches),
         num_samples=oracle.num_samples,
     )
@@ -150,9 +152,12 @@ def loss_landscape_1d(
     span: float = 1.0,
     seed: int = 0,
     mode: Mode = "eval",
+    mask_seed: int = 0,
 ) -> LandscapeResult:
-    """L(w + alpha d) for `steps` alphas evenly in [-span, span], d = filter_normalized_direction(model, seed)."""
-    return _landscape(model, loss_fn, batches, dims=1, steps=steps, span=span, seed=seed, mode=mode)
+    """L(w + alpha d) for `steps` alphas evenly in [-span, span], d = filter_normalized_direction(model, seed).
+
+    mask_seed fixes dropout / drop-path masks in train mode (as in hessian_operator)."""
+    return _landscape(model, loss_fn, batches, dims=1, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed)
 
 
 def loss_landscape_2d(
@@ -164,8 +169,9 @@ def loss_landscape_2d(
     span: float = 1.0,
     seed: int = 0,
     mode: Mode = "eval",
+    mask_seed: int = 0,
 ) -> LandscapeResult:
     """L(w + alpha d1 + beta d2) on a steps x steps grid over [-span, span]^2; d1, d2 from seeds seed, seed+1."""
-    return _landscape(model, loss_fn, batches, dims=2, steps=steps, span=span, seed=seed, mode=mode)
+    return _landscape(model, loss_fn, batches, dims=2, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed)
 
 

@@ -41,6 +41,7 @@ class FlatnessResult:
     draws: int
     mode: str
     seed: int
+    mask_seed: int
     num_batches: int
     num_samples: int
     num_params: int
@@ -71,6 +72,7 @@ class SurrogateGapResult:
     perturbed_loss: float
     rho: float
     mode: str
+    mask_seed: int
     num_batches: int
     num_samples: int
     num_params: int
@@ -100,7 +102,7 @@ class MSharpnessResult:
     num_subbatches: int
     dropped_samples: int
     mode: str
-    seed: int
+    mask_seed: int
     num_batches: int
     num_samples: int
     num_params: int
@@ -117,12 +119,13 @@ class MSharpnessResult:
 
 
 def _perturbation_setup(
-    model: nn.Module, loss_fn: LossFn, batches: Any, mode: str, params: ParamSpec | None, seed: int
+    model: nn.Module, loss_fn: LossFn, batches: Any, mode: str, params: ParamSpec | None, mask_seed: int
 ) -> tuple[str, list[Any], list[nn.Parameter], LossOracle]:
+    _check_int("mask_seed", mask_seed, 0, "use a non-negative seed")
     mode = _check_choice("mode", mode, MODES)
     batches = _check_batches(batches)
     _, chosen = _resolve_params(model, params)
-    oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=seed)
+    oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=mask_seed)
     return mode, batches, chosen, oracle
 
 
@@ -136,12 +139,16 @@ def average_flatness(
     mode: Mode = "eval",
     seed: int = 0,
     params: ParamSpec | None = None,
+    mask_seed: int = 0,
 ) -> FlatnessResult:
-    """L_N = E_{e ~ N(0, sigma^2 I)} L(w + e) over `draws` Gaussian draws (Chen et al. 2022, Table 1), and L(w)."""
+    """L_N = E_{e ~ N(0, sigma^2 I)} L(w + e) over `draws` Gaussian draws (Chen et al. 2022, Table 1), and L(w).
+
+    `seed` draws the weight noise; mask_seed fixes dropout / drop-path masks in train mode (as in hessian_operator).
+    """
     sigma = _check_positive("sigma", sigma, "the standard deviation of the weight noise, e.g. 0.01")
     _check_int("draws", draws, 2, "a standard error needs at least two draws")
     _check_int("seed", seed, 0, "use a non-negative seed")
-    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, params, seed)
+    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, params, mask_seed)
     with _Scope(model, mode, keep_params=True) as scope:
         base = [scope.original(p) for p in chosen]
         loss = oracle.value()
@@ -160,6 +167,7 @@ def average_flatness(
         draws=draws,
         mode=mode,
         seed=seed,
+        mask_seed=mask_seed,
         num_batches=len(batches),
         num_samples=oracle.num_samples,
         num_params=sum(p.numel() for p in chosen),
@@ -192,17 +200,16 @@ def surrogate_gap(
     rho: float,
     *,
     mode: Mode = "eval",
-    seed: int = 0,
     params: ParamSpec | None = None,
+    mask_seed: int = 0,
 ) -> SurrogateGapResult:
     """GSAM's surrogate gap h = L(w + rho g/||g||) - L(w) with g the gradient of the mean loss over batches.
 
     sigma_max_estimate = 2h/rho^2 equals the top curvature only near a minimum (||g|| ~ 0): far from one,
-    h ~ rho ||g|| dominates, so grad_norm is reported beside it.
+    h ~ rho ||g|| dominates, so grad_norm is reported beside it. mask_seed as in hessian_operator.
     """
     rho = _check_positive("rho", rho, "the perturbation radius, e.g. 0.05")
-    _check_int("seed", seed, 0, "use a non-negative seed")
-    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, params, seed)
+    mode, batches, chosen, oracle = _perturbation_setup(model, loss_fn, batches, mode, params, mask_seed)
     with _Scope(model, mode, keep_params=True) as scope:
         loss, perturbed, norm = _ascent_gap(oracle, chosen, [scope.original(p) for p in chosen], rho, None)
     gap = perturbed - loss
@@ -214,6 +221,7 @@ def surrogate_gap(
         perturbed_loss=perturbed,
         rho=rho,
         mode=mode,
+        mask_seed=mask_seed,
         num_batches=len(batches),
         num_samples=oracle.num_samples,
         num_params=sum(p.numel() for p in chosen),
@@ -228,15 +236,14 @@ def m_sharpness(
     m: int,
     *,
     mode: Mode = "eval",
-    seed: int = 0,
     params: ParamSpec | None = None,
+    mask_seed: int = 0,
 ) -> MSharpnessResult:
     """m-sharpness (Foret et al. 2021, section 4.1): each batch is cut into disjoint sub-batches S of m
     samples (a remainder < m is left out and counted); each S gets its own one-step ascent
     eps_S = rho g_S/||g_S||, and the result is the mean of L_S(w + eps_S) - L_S(w) over all S."""
     rho = _check_positive("rho", rho, "the perturbation radius, e.g. 0.05")
     m = _check_int("m", m, 1, "the number of samples per sub-batch")
-    _check_int("seed", seed, 0, "use a non-negative seed")
     batches = _check_batches(batches)
     subbatches, dropped = [], 0
     for batch in batches:
@@ -246,7 +253,7 @@ def m_sharpness(
     if not subbatches:
         largest = max(batch_size(b) for b in batches)
         raise ValueError(f"m must be <= the largest batch size ({largest}), got {m}; use a smaller m")
-    mode, _, chosen, oracle = _perturbation_setup(model, loss_fn, subbatches, mode, params, seed)
+    mode, _, chosen, oracle = _perturbation_setup(model, loss_fn, subbatches, mode, params, mask_seed)
     values = []
     with _Scope(model, mode, keep_params=True) as scope:
         base = [scope.original(p) for p in chosen]
@@ -262,7 +269,7 @@ def m_sharpness(
         num_subbatches=len(subbatches),
         dropped_samples=dropped,
         mode=mode,
-        seed=seed,
+        mask_seed=mask_seed,
         num_batches=len(batches),
         num_samples=oracle.num_samples,
         num_params=sum(p.numel() for p in chosen),

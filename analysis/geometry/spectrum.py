@@ -79,6 +79,7 @@ class EigenResult:
     max_iter: int
     tol: float
     seed: int
+    mask_seed: int
     converged: bool
     iterations: int
     hvp_count: int
@@ -120,6 +121,7 @@ class BlockwiseEigenResult:
     groups: tuple[str, ...]
     results: tuple[EigenResult, ...]
     mode: str
+    mask_seed: int
     hvp_mode: str
     num_batches: int
     num_samples: int
@@ -155,6 +157,7 @@ class TraceResult:
     mode: str
     hvp_mode: str
     seed: int
+    mask_seed: int
     num_batches: int
     num_samples: int
     num_params: int
@@ -230,20 +233,19 @@ def hessian_operator(
     params: ParamSpec | None = None,
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
-    seed: int = 0,
+    mask_seed: int = 0,
 ) -> _HessianOperatorScope:
     """Context manager yielding a HessianOperator (v -> H v) of the mean loss over `batches`.
 
     cache_graphs (double_backward only): keep each batch's gradient graph for all later products;
-    memory grows with the number of batches, so pass False for many batches. `seed` fixes the dropout
-    masks in train mode.
+    memory grows with the number of batches, so pass False for many batches. mask_seed: in train mode, the seed of the dropout / drop-path masks, drawn once per batch and held fixed, so the loss is one function of the weights; every measure given the same batches, mode and mask_seed measures the same loss and Hessian (one Hessian per measurement set).
     """
     mode = _check_choice("mode", mode, MODES)
-    _check_int("seed", seed, 0, "use a non-negative seed")
+    _check_int("mask_seed", mask_seed, 0, "use a non-negative seed")
     batches = _check_batches(batches)
     names, chosen = _resolve_params(model, params)
     resolved = _resolve_hvp_mode(model, hvp_mode)
-    oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=seed)
+    oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=mask_seed)
     core_args = dict(oracle=oracle, names=names, params=chosen, hvp_mode=resolved, cache_graphs=bool(cache_graphs))
     return _HessianOperatorScope(model, core_args, mode)
 
@@ -305,12 +307,13 @@ def _extreme_eigenvalues(
     params: ParamSpec | None,
     hvp_mode: str,
     cache_graphs: bool,
+    mask_seed: int,
     **solver: Any,
 ) -> EigenResult:
     solver = _solver_settings(**solver)
-    seed = solver["seed"]
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
     ) as op:
         if solver["k"] > op.num_params:
             raise ValueError(
@@ -318,7 +321,8 @@ def _extreme_eigenvalues(
             )
         output = _solve(op._flat, which, **solver)
         return _eigen_result(
-            output, op._core, which=which, hvp_count=op.hvp_count, num_params=op.num_params, mode=mode, **solver
+            output, op._core, which=which, hvp_count=op.hvp_count, num_params=op.num_params, mode=mode,
+            mask_seed=mask_seed, **solver
         )
 
 
@@ -336,6 +340,7 @@ def top_eigenvalues(
     params: ParamSpec | None = None,
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
+    mask_seed: int = 0,
 ) -> EigenResult:
     """The k algebraically largest eigenvalues of the Hessian of the mean loss over `batches`.
 
@@ -346,11 +351,11 @@ def top_eigenvalues(
     or 1-|<v_t, v_t-1>|) and on the value (relative change), both < tol. mode is "eval" or "train" (BN,
     dropout); the model's modes and buffers are restored afterwards. params restricts the Hessian to a
     subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto";
-    cache_graphs as in hessian_operator.
+    cache_graphs and mask_seed as in hessian_operator; `seed` draws the start vector only.
     """
     return _extreme_eigenvalues(
         model, loss_fn, batches, "largest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        mask_seed=mask_seed, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
     )
 
 
@@ -368,11 +373,12 @@ def smallest_eigenvalue(
     params: ParamSpec | None = None,
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
+    mask_seed: int = 0,
 ) -> EigenResult:
     """The k algebraically smallest Hessian eigenvalues (ascending), as top_eigenvalues does for -H."""
     return _extreme_eigenvalues(
         model, loss_fn, batches, "smallest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        mask_seed=mask_seed, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
     )
 
 
@@ -389,6 +395,7 @@ def blockwise_top_eigenvalues(
     seed: int = 0,
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
+    mask_seed: int = 0,
 ) -> BlockwiseEigenResult:
     """Dominant eigenvalue of the diagonal Hessian block of each named parameter group (Chen et al. 2022, Table 4).
 
@@ -409,7 +416,8 @@ def blockwise_top_eigenvalues(
     union = list(dict.fromkeys(n for names in members.values() for n in names))
     results = []
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=union, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+        model, loss_fn, batches, mode=mode, params=union, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
     ) as op:
         core = op._core
         position = {name: i for i, name in enumerate(core.names)}
@@ -420,13 +428,14 @@ def blockwise_top_eigenvalues(
             results.append(
                 _eigen_result(
                     output, core, which="largest", hvp_count=core.hvp_count - before, num_params=block.size, mode=mode,
-                    **solver,
+                    mask_seed=mask_seed, **solver,
                 )
             )
         return BlockwiseEigenResult(
             groups=tuple(members),
             results=tuple(results),
             mode=mode,
+            mask_seed=mask_seed,
             hvp_mode=core.hvp_mode,
             num_batches=op.num_batches,
             num_samples=op.num_samples,
@@ -444,12 +453,17 @@ def hessian_trace(
     params: ParamSpec | None = None,
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
+    mask_seed: int = 0,
 ) -> TraceResult:
-    """Hutchinson's estimate tr(H) ~ mean_i z_i^T H z_i with Rademacher z_i, and its standard error."""
+    """Hutchinson's estimate tr(H) ~ mean_i z_i^T H z_i with Rademacher z_i, and its standard error.
+
+    `seed` draws the probe vectors; mask_seed fixes the Hessian in train mode (see hessian_operator).
+    """
     _check_int("samples", samples, 2, "a standard error needs at least two probe vectors")
     _check_int("seed", seed, 0, "use a non-negative seed")
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs, seed=seed
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
     ) as op:
         flat = op._flat
         generator = _generator(flat.device, seed)
@@ -466,6 +480,7 @@ def hessian_trace(
             mode=mode,
             hvp_mode=op.hvp_mode,
             seed=seed,
+            mask_seed=mask_seed,
             num_batches=op.num_batches,
             num_samples=op.num_samples,
             num_params=op.num_params,
