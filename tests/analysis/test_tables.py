@@ -334,6 +334,33 @@ def test_plots_write_png_files(runs, tmp_path):
         plot_gain(gain, path=tmp_path / "gain.pdf")
 
 
+def test_plots_label_every_axis_show_n_and_draw_no_interval_the_data_cannot_give(runs, tmp_path):
+    one_seed = runs[runs["train.seed"].astype(int) == 0]
+    table = scaling_table(one_seed)
+    # A perfect score is an error of 0, which a log axis cannot show: it must be marked, not dropped.
+    table.mean.iloc[0, 0] = 1.0
+    fig = plot_error_vs_n(table)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "0 (below the log axis)" in labels and all("n=1 seeds" in t for t in labels if " / " in t)
+    assert not any(c.get_segments() for c in ax.collections)  # n = 1: no error bars at all
+    xlo, xhi = ax.get_xlim()
+    assert xlo > 0.05 and xhi < 2.0  # the measured fractions 0.1..1, not padded to the next decade
+    gain = sam_gain(one_seed, n_boot=200)
+    gfig = plot_gain(gain)
+    gax = gfig.axes[0]
+    assert gax.get_xlabel() and gax.get_ylabel() and not any(c.get_segments() for c in gax.collections)
+    assert any("no gain (sam = adamw)" == t.get_text() for t in gax.get_legend().get_texts())
+    rho = rho_sensitivity(one_seed, by=("data.fraction",), baseline="none", n_boot=200)
+    rfig = plot_rho_sensitivity(rho)
+    assert all(a.get_xlabel() for a in rfig.axes) and rfig.axes[0].get_ylabel()
+    assert not any(p.__class__.__name__ == "Rectangle" and p.get_alpha() == 0.12 for a in rfig.axes for p in a.patches)
+    assert any(t.get_text().startswith("baseline (rho = 0)") for t in rfig.axes[0].get_legend().get_texts())
+    ticks = [t for t in rfig.axes[0].get_xticks() if rfig.axes[0].get_xlim()[0] <= t <= rfig.axes[0].get_xlim()[1]]
+    assert len(ticks) >= 2  # a labelled log axis, even over less than a decade
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
