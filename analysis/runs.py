@@ -9,6 +9,7 @@ from typing import Iterable, Literal, Sequence, Union
 
 import pandas as pd
 
+from trainables.errors import UserError
 from trainables.naming import (
     CELL_TAG,
     DEFAULT_TRACKING_URI,
@@ -20,7 +21,7 @@ from trainables.naming import (
     kind_filter,
 )
 
-__all__ = ["load_curves", "load_runs", "summarize"]
+__all__ = ["StudyNotFound", "load_curves", "load_runs", "summarize"]
 
 _TRIAL_FILTER = kind_filter("trial")
 
@@ -58,19 +59,29 @@ def _typed(series: pd.Series) -> pd.Series:
     return values.astype(object)
 
 
-def _open_experiment(study: str | Path, tracking_uri: str | None, *, smoke: bool = False):
-    """(client, experiment, absolute uri) of a study; a LookupError names the experiments that do exist."""
-    from mlflow.tracking import MlflowClient
+class StudyNotFound(UserError, LookupError):
+    """The tracking store holds no record of the study (no such store, or no experiment of its name)."""
 
-    from trainables.tracking import resolve_tracking_uri
+
+def _open_experiment(study: str | Path, tracking_uri: str | None, *, smoke: bool = False):
+    """(client, experiment, absolute uri) of a study; a StudyNotFound names the experiments that do exist.
+
+    Reads only: a missing SQLite store is reported, never created."""
+    from trainables.tracking import resolve_tracking_uri, tracking_client
 
     uri = resolve_tracking_uri(tracking_uri or DEFAULT_TRACKING_URI)
-    client = MlflowClient(tracking_uri=uri)
+    try:
+        client = tracking_client(uri, create=False)
+    except UserError as err:
+        raise StudyNotFound(str(err)) from None
     name = _experiment_name(study, smoke=smoke)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise LookupError(f"study {name!r}: no MLflow experiment of that name at {uri}. Known: {known}.")
+        raise StudyNotFound(
+            f"study {name!r}: no MLflow experiment of that name at {uri}. Known: {known}. Fix: run the study, or "
+            f"give the store it ran with (--tracking-uri)."
+        )
     return client, exp, uri
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from trainables.errors import UserError
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI
 
 __all__ = [
@@ -93,7 +94,7 @@ class ServerError(RuntimeError):
     """The MLflow server did not come up; the message carries the end of its log."""
 
 
-class ServerOptionError(ValueError):
+class ServerOptionError(UserError):
     """An option of `sharpscale server` is wrong; the message names it, the rule, the value and the fix."""
 
 
