@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
+from studies.server import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,12 +73,13 @@ def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_pat
     assert states["nan:arch=mixer,lr=ok"] == ["COMPLETE", "COMPLETE"]
 
 
-def _finished(tracking_uri, name):
+def _finished_and_running(tracking_uri, name, *, finished):
+    """At least `finished` trials finished and one trial running, in the study's MLflow record."""
     try:
         runs = load_runs(name, tracking_uri=tracking_uri)
     except LookupError:
-        return 0
-    return 0 if runs.empty else int((runs["status"] == "finished").sum())
+        return False
+    return not runs.empty and (runs["status"] == "finished").sum() >= finished and (runs["status"] == "running").any()
 
 
 @pytest.mark.timeout(900)
@@ -97,13 +99,14 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
+        # Kill in a known state, not after a guessed delay: two trials finished and another one mid-run.
         deadline = time.time() + 400
-        while _finished(tracking_uri, "killme") < 2 and time.time() < deadline:
+        while not _finished_and_running(tracking_uri, "killme", finished=2) and time.time() < deadline:
             assert driver.poll() is None, "the study ended before it could be killed"
             time.sleep(0.5)
         before = load_runs("killme", tracking_uri=tracking_uri)
         done_before = before[before["status"] == "finished"]
-        assert len(done_before) >= 2
+        assert len(done_before) >= 2 and (before["status"] == "running").any(), before[["trial_id", "status"]]
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
     finally:
@@ -112,7 +115,11 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
             os.killpg(driver.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(2)
+    # Resume starts once every process of the killed cluster is gone (a raylet or worker dies a moment later).
+    deadline = time.time() + 60
+    while group_alive(driver.pid):
+        assert time.time() < deadline, "the killed study's processes outlived SIGKILL by a minute"
+        time.sleep(0.1)
 
     resumed = subprocess.run(
         [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
