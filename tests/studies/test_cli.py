@@ -77,3 +77,19 @@ def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path)
     assert cli.main(["validate", str(tmp_path / "study.yaml")]) == 0
     assert seen == cli.QUIET_ENV  # Ray and MLflow started by the command see it
     assert not [key for key in cli.QUIET_ENV if key in os.environ]  # the caller's environment is as it was
+
+
+def test_every_command_the_readme_shows_parses():
+    import re
+    import shlex
+
+    from studies.cli import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("## The `sharpscale` command", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    commands = [shlex.split(re.sub(r"STUDY\.yaml", "studies/quickstart.yaml", line[3:])) for line in lines if line.startswith("$S ")]
+    assert len(commands) >= 10, commands  # the block was found and read
+    parser = build_parser()
+    for args in commands:
+        parser.parse_args(args)  # argparse exits 2 on an option or command the CLI no longer has
