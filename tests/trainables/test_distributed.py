@@ -32,6 +32,21 @@ def _weights(result):
     return state, state["model"]
 
 
+def _checkpoints(run_dir) -> list:
+    return [p for p in run_dir.iterdir() if p.name.startswith("checkpoint")] if run_dir.exists() else []
+
+
+def _newest_epoch(run_dir) -> int:
+    """The newest epoch a complete checkpoint under run_dir holds (Ray Train names them by time, not epoch)."""
+    epochs = []
+    for path in _checkpoints(run_dir):
+        try:
+            epochs.append(load_checkpoint(path)["epoch"])
+        except Exception:  # noqa: BLE001 - one still being copied: not complete, not counted
+            pass
+    return max(epochs, default=-1)
+
+
 def _worker_pids(ray):
     from ray.util.state import list_actors
 
@@ -56,22 +71,31 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
         else:
             assert torch.equal(weights[key], value), key
 
-    # Kill one worker with SIGKILL once the first checkpoint exists; Ray Train restarts the group from it.
+    # Once the first checkpoint exists, hold both workers (SIGSTOP) so nothing runs between looking and killing:
+    # the kill cannot race the end of training. Then kill one (SIGKILL), let the other go on; Ray Train restarts
+    # the group from the checkpoint.
     out = {}
     thread = threading.Thread(target=lambda: out.setdefault("result", fit_distributed(config, plan=plan, name="killed")))
     thread.start()
     run_dir = tmp_path / "ray" / "killed"
     deadline = time.time() + 300
-    killed = None
+    killed, held_at = None, None
     while time.time() < deadline and killed is None and thread.is_alive():
-        if run_dir.exists() and any(p.name.startswith("checkpoint") for p in run_dir.iterdir()):
+        if _newest_epoch(run_dir) >= 0:
             pids = _worker_pids(ray_cluster)
-            if pids:
+            if len(pids) == plan.workers:
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+                held_at = _newest_epoch(run_dir)
                 os.kill(pids[-1], signal.SIGKILL)
                 killed = pids[-1]
+                for pid in pids[:-1]:
+                    os.kill(pid, signal.SIGCONT)
         time.sleep(0.05)
     thread.join(timeout=400)
     assert killed is not None, "training finished before a worker could be killed"
+    last_epoch = config["schedule"]["epochs"] - 1
+    assert 0 <= held_at < last_epoch, f"held after epoch {held_at} of {last_epoch}: the kill interrupted nothing"
     result = out["result"]
     state_k, weights_k = _weights(result)
     assert state_k["epoch"] == config["schedule"]["epochs"] - 1
