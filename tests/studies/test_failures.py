@@ -74,12 +74,14 @@ def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_pat
 
 
 def _finished_and_running(tracking_uri, name, *, finished):
-    """At least `finished` trials finished and one trial running, in the study's MLflow record."""
+    """The study's trial runs when at least `finished` of them finished and one is running, else None."""
     try:
         runs = load_runs(name, tracking_uri=tracking_uri)
     except LookupError:
-        return False
-    return not runs.empty and (runs["status"] == "finished").sum() >= finished and (runs["status"] == "running").any()
+        return None
+    if runs.empty or (runs["status"] == "finished").sum() < finished or not (runs["status"] == "running").any():
+        return None
+    return runs
 
 
 @pytest.mark.timeout(900)
@@ -99,15 +101,17 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        # Kill in a known state, not after a guessed delay: two trials finished and another one mid-run.
+        # Kill on an observed state, not after a guessed delay: two trials finished and another one mid-run, as
+        # the record read just before the kill says (a second read would let trials move on in between).
         deadline = time.time() + 400
-        while not _finished_and_running(tracking_uri, "killme", finished=2) and time.time() < deadline:
+        before = None
+        while before is None and time.time() < deadline:
             assert driver.poll() is None, "the study ended before it could be killed"
-            time.sleep(0.5)
-        before = load_runs("killme", tracking_uri=tracking_uri)
-        done_before = before[before["status"] == "finished"]
-        assert len(done_before) >= 2 and (before["status"] == "running").any(), before[["trial_id", "status"]]
+            before = _finished_and_running(tracking_uri, "killme", finished=2)
+            time.sleep(0.2)
+        assert before is not None, "no state with two trials finished and one running within 400 s"
         os.kill(driver.pid, signal.SIGKILL)
+        done_before = before[before["status"] == "finished"]
         driver.wait(timeout=30)
     finally:
         # The driver's own local Ray cluster lives in its process group: take it down as a kill -9 leaves it.
