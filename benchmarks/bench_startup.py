@@ -36,6 +36,12 @@ def _commands(data_root: str) -> dict[str, list[str]]:
     commands = {
         "import yaml, pydantic": [sys.executable, "-c", "import yaml, pydantic"],
         "sharpscale --help": [*cli, "--help"],
+        # What validate cannot go below while it checks each method's knobs by building the method: torch, and the
+        # torch._dynamo import that building a first torch.optim optimizer triggers.
+        "import torch": [sys.executable, "-c", "import torch"],
+        "import torch + one optimizer": [
+            sys.executable, "-c", "import torch; torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)",
+        ],
     }
     for study in sorted((REPO / "studies").glob("*.yaml")):
         rel = study.relative_to(REPO)
