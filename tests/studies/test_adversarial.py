@@ -385,3 +385,22 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
     runs = client.search_runs([client.get_experiment_by_name("closes").experiment_id])
     assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [("cell", "FAILED"), ("study", "FAILED")]
     assert ray_cluster.is_initialized()  # a cluster the caller started is the caller's to shut down
+
+
+@pytest.mark.parametrize("raised, status, says", [
+    (KeyboardInterrupt(), EXIT_INTERRUPTED, "INCOMPLETE"),
+    (OSError(28, "No space left on device"), 1, "No space left on device"),
+], ids=["ctrl-c-before-the-trials", "disk-full"])
+def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, status, says, tmp_path, monkeypatch, capsys):
+    import studies.cli as cli
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.setattr(cli, "_cmd_run", fail)  # build_parser binds the command when main runs
+    study = _write(tmp_path, None)
+    assert main(["run", str(study), "--storage", str(tmp_path / "runs")]) == status
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.splitlines()) <= 3
+    if status == EXIT_INTERRUPTED:
+        assert f"resume {study} --storage {tmp_path / 'runs'}" in err
