@@ -404,3 +404,26 @@ def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, sta
     assert says in err and "Traceback" not in err and len(err.splitlines()) <= 3
     if status == EXIT_INTERRUPTED:
         assert f"resume {study} --storage {tmp_path / 'runs'}" in err
+
+
+@pytest.mark.parametrize("node_types, outcome", [
+    ({"head": {"resources": {"CPU": 0}}, "big": {"resources": {"CPU": 64}}}, "fits"),
+    ({"head": {"resources": {"CPU": 0}}, "small": {"resources": {"CPU": 8}}}, "refused"),
+    ({"head": {"resources": {"CPU": 0}}, "detected": {"node_config": {"InstanceType": "m6i.16xlarge"}}}, "warned"),
+    (None, "warned"),
+], ids=["a-node-type-fits", "no-node-type-fits", "types-unknown", "no-launcher-config"])
+def test_a_trial_no_node_of_a_cluster_can_host(node_types, outcome, ray_cluster, tmp_path, capsys):
+    from studies.runner import check_cluster_resources
+    from studies.spec import StudyError, load_study
+
+    study = load_study(_write(tmp_path, _edit(("cpus_per_trial: 1", "cpus_per_trial: 64"))), require_data=False)
+    config = tmp_path / "ray_bootstrap_config.yaml"
+    if node_types is not None:
+        config.write_text(yaml.safe_dump({"available_node_types": node_types}))
+    if outcome == "refused":
+        with pytest.raises(StudyError, match=r"resources.cpus_per_trial: each trial \(each worker\) asks CPU=64"):
+            check_cluster_resources(study, autoscaler_config=config)
+        return
+    check_cluster_resources(study, autoscaler_config=config)
+    warned = "warning: resources.cpus_per_trial" in capsys.readouterr().out
+    assert warned == (outcome == "warned")
