@@ -392,7 +392,7 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
     (OSError(28, "No space left on device"), 1, "No space left on device"),
 ], ids=["ctrl-c-before-the-trials", "disk-full"])
 def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, status, says, tmp_path, monkeypatch, capsys):
-    import studies.cli as cli
+    from studies import cli
 
     def fail(args):
         raise raised
