@@ -110,6 +110,34 @@ def _saf_reshuffled(rank):
     return errors
 
 
+def _m_sharpness(rank, m_ddp, m_single, steps=2):
+    """SAM under DDP (each replica's batch of 6, per-replica perturbation, m = m_ddp) and, on one process, SAM on
+    both replicas' batches together (12 samples, rank 0's first) with m = m_single: the final parameters."""
+
+    def forward_of(net, x, y):
+        def forward(rows=None, reduction="mean"):
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            z = net(xs)
+            return F.cross_entropy(z, ys, reduction=reduction), z
+
+        return forward
+
+    out = {}
+    for label, m, world in (("ddp", m_ddp, True), ("single", m_single, False)):
+        model = _model()
+        net = nn.parallel.DistributedDataParallel(model) if world else model
+        method = optim.create("sam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=net, rho=0.05,
+                              m=m)
+        for step in range(steps):
+            if world:
+                x, y = _batch(rank, step)
+            else:
+                x, y = (torch.cat(t) for t in zip(*(_batch(r, step) for r in range(WORLD))))
+            method.train_step(forward_of(net, x, y), inputs=x)
+        out[label] = _flat([p.detach() for p in model.parameters()]).clone()
+    return out
+
+
 def _worker(rank, out):
     torch.set_num_threads(1)
     # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
@@ -124,6 +152,9 @@ def _worker(rank, out):
             "looksam": _run_method(rank, "looksam", False, steps=5, k=2),
             "mesa": _run_method(rank, "mesa", False, steps=2, e_start=0, beta=0.9),
             "saf_errors": _saf_reshuffled(rank),
+            "m_replica": _m_sharpness(rank, None, 6),  # per-replica perturbation: m = the replica's 6 samples
+            "m_replica_set": _m_sharpness(rank, 6, 6),
+            "m_split": _m_sharpness(rank, 3, 3),  # groups of 3 inside each replica
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -194,3 +225,12 @@ def test_saf_reads_each_samples_own_logits_across_ranks(ranks):
     for r in range(WORLD):
         errors = ranks[r]["saf_errors"]
         assert len(errors) > 4 and max(errors) < 1e-6, errors
+
+
+@pytest.mark.parametrize("case", ["m_replica", "m_replica_set", "m_split"])
+def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
+    # docs/algorithms.md, "m-sharpness": the algorithm a study measures does not change with the GPU count.
+    r0, r1 = ranks[0][case], ranks[1][case]
+    _close(r0["ddp"], r1["ddp"])
+    _close(r0["ddp"], r0["single"])
+    assert not torch.allclose(ranks[0]["m_split"]["single"], ranks[0]["m_replica"]["single"])  # m matters
