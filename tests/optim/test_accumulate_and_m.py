@@ -67,7 +67,7 @@ def trajectory(name, accumulate, steps=4, base="sgd", **hp):
 def test_micro_batches_equal_the_whole_batch_step(name, base):
     # docs/algorithms.md, "Gradient accumulation": each pass runs over the micro-batches, their gradients
     # weighted by size add up to the batch mean's, one perturbation per accumulated gradient.
-    whole, whole_loss, seen1 = trajectory(name, 1, base=base)
+    whole, whole_loss, _ = trajectory(name, 1, base=base)
     for accumulate in (3, 5):  # 12 = 4+4+4, and uneven 3+3+2+2+2
         parts, parts_loss, seen = trajectory(name, accumulate, base=base)
         assert max(seen) < N and max(seen) <= -(-N // accumulate)  # never a whole batch at once
