@@ -174,3 +174,16 @@ def test_optim_is_pure_pytorch():
         assert text.startswith('"""'), f"{f.name} must open with a one-line docstring"
     assert set(optim.__all__) >= {"SAM", "GSAM", "LookSAM", "SAF", "MESA", "create", "trajectory_kl", "METHODS",
                                   "MethodSpec", "method_names", "Method", "StepOutput"}
+
+
+def test_readme_methods_table_is_the_registry():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("update_readme", root / "docs" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (root / "README.md").read_text()
+    block = readme.split(module.METHODS_BEGIN, 1)[1].split(module.METHODS_END, 1)[0].strip()
+    assert block == module.methods_table(), "README's methods table is stale: run python docs/update_readme.py --methods"
+    assert all(f"| `{name}` |" in block for name in METHODS)
