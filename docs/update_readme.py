@@ -52,7 +52,7 @@ def quickstart_output() -> str:
 def _replace(text: str, begin: str, end: str, body: str) -> str:
     if begin not in text or end not in text:
         sys.exit(f"README.md has no {begin} ... {end} block")
-    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.S)
+    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.DOTALL)
 
 
 def main() -> None:
