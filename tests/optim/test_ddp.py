@@ -70,11 +70,12 @@ def _run_method(rank, name, global_perturbation, steps=1, local=False, **hp):
             x, y = _batch(rank, step)
             snaps, calls = [], []
 
-            def forward():
+            def forward(rows=None, reduction="mean"):
                 snaps.append(_flat([p.detach() for p in model.parameters()]).clone())
                 calls.append(hook_calls[0])
-                logits = net(x)
-                return F.cross_entropy(logits, y), logits
+                xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+                logits = net(xs)
+                return F.cross_entropy(logits, ys, reduction=reduction), logits
 
             start = hook_calls[0]
             method.train_step(forward, inputs=x, epoch=0)
@@ -152,6 +153,11 @@ def _worker(rank, out):
             "looksam": _run_method(rank, "looksam", False, steps=5, k=2),
             "mesa": _run_method(rank, "mesa", False, steps=2, e_start=0, beta=0.9),
             "saf_errors": _saf_reshuffled(rank),
+            "sam_accumulate": _run_method(rank, "sam", False, steps=2, rho=0.05, accumulate=3),
+            "esam": _run_method(rank, "esam", False, steps=3, beta=0.5, gamma=0.5),
+            "esam_global": _run_method(rank, "esam", True, steps=3, beta=0.5, gamma=0.5),
+            "fsam": _run_method(rank, "fsam", False, steps=3),
+            "msam": _run_method(rank, "msam", False, steps=3),
             "m_replica": _m_sharpness(rank, None, 6),  # per-replica perturbation: m = the replica's 6 samples
             "m_replica_set": _m_sharpness(rank, 6, 6),
             "m_split": _m_sharpness(rank, 3, 3),  # groups of 3 inside each replica
@@ -234,3 +240,18 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
     _close(r0["ddp"], r1["ddp"])
     _close(r0["ddp"], r0["single"])
     assert not torch.allclose(ranks[0]["m_split"]["single"], ranks[0]["m_replica"]["single"])  # m matters
+
+
+@pytest.mark.parametrize("case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam"])
+def test_new_settings_keep_replicas_identical(ranks, case):
+    _close(ranks[0][case]["params"], ranks[1][case]["params"])
+    for s0, s1 in zip(ranks[0][case]["steps"], ranks[1][case]["steps"]):
+        _close(s0["final"], s1["final"])
+
+
+def test_micro_batches_sync_once_per_synced_pass(ranks):
+    # Pass 1 per-replica (no all-reduce at all), pass 2 synced on its last micro-batch only: the same DDP
+    # communication as the whole-batch SAM step.
+    for acc, plain in zip(ranks[0]["sam_accumulate"]["steps"], ranks[0]["sam"]["steps"]):
+        assert acc["calls"] == plain["calls"] >= 1
+    assert ranks[0]["sam_accumulate"]["manual"] == 0
