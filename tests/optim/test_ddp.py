@@ -3,7 +3,6 @@ LookSAM and SAF consistency across ranks."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -70,7 +69,7 @@ def _run_method(rank, name, global_perturbation, steps=1, local=False, **hp):
             x, y = _batch(rank, step)
             snaps, calls = [], []
 
-            def forward(rows=None, reduction="mean"):
+            def forward(rows=None, reduction="mean", x=x, y=y, snaps=snaps, calls=calls):
                 snaps.append(_flat([p.detach() for p in model.parameters()]).clone())
                 calls.append(hook_calls[0])
                 xs, ys = (x, y) if rows is None else (x[rows], y[rows])
