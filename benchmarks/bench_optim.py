@@ -150,7 +150,7 @@ def build_variants(spec, model, device, methods, autocast):
 
         def floor_step():
             base.zero_grad(set_to_none=True)
-            loss, logits = forward()
+            loss, _ = forward()
             with torch.no_grad(), autocast():
                 teacher(x)
             loss.backward()
@@ -161,7 +161,7 @@ def build_variants(spec, model, device, methods, autocast):
     try:
         from pytorch_optimizer import SAM as PeerSAM
         from pytorch_optimizer import disable_running_stats, enable_running_stats
-    except Exception:  # not installed, or incompatible with this torch: skip the peer row
+    except Exception:  # noqa: BLE001 - not installed, or incompatible with this torch: skip the peer row
         PeerSAM = None
     if PeerSAM is not None and "sam" in methods:
         peer = PeerSAM(model.parameters(), torch.optim.AdamW, rho=0.05, lr=1e-4, weight_decay=0.05, fused=True)

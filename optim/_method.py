@@ -260,6 +260,11 @@ class Method(abc.ABC):
         """Memory the method holds beyond the base optimizer (saved w, stored directions, buffers, teacher)."""
         return 0
 
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        """Why a run of ``epochs`` x ``steps_per_epoch`` steps is too short for the method's settings (the loop
+        warns with each message before training); none for most methods."""
+        return []
+
     def state_dict(self) -> dict:
         """The base optimizer's state, the method's own, and the GradScaler's (``None`` without fp16 scaling).
 

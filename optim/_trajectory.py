@@ -191,6 +191,12 @@ class SAF:
     def after_step(self, logits: torch.Tensor, indices: torch.Tensor, epoch: int) -> None:
         self.record(logits, indices, epoch)
 
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        if epochs - 1 <= self.e_start:
+            return [(f"saf: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and "
+                     f"this run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer.")]
+        return []
+
     def nbytes(self) -> int:
         return self.buffer_bytes
 
@@ -381,14 +387,7 @@ class Regularised(Method):
         return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=added, rho=None, skipped=skipped)
 
     def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
-        """Messages saying why a run of this length is too short for the method's settings (the loop warns with them)."""
-        reg = self.regulariser
-        if isinstance(reg, MESA):
-            return reg.run_warnings(epochs=epochs, steps_per_epoch=steps_per_epoch)
-        if epochs - 1 <= reg.e_start:
-            return [f"saf: the trajectory loss is never on: it is active when epoch > e_start={reg.e_start}, and this "
-                    f"run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer."]
-        return []
+        return self.regulariser.run_warnings(epochs=epochs, steps_per_epoch=steps_per_epoch)
 
     @property
     def passes_per_step(self) -> float:

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import optim
 from optim import METHODS
 
 TWO_PASS = [n for n, s in METHODS.items() if s.two_pass]
@@ -141,7 +140,7 @@ def test_grad_clip_acts_on_the_final_update_gradient(name, helpers):
     for grad_clip in (None, clip):
         model = helpers.make_model()
         base = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)  # msam needs a momentum
-        base.register_step_pre_hook(lambda opt, a, k: finals.append([p.grad.clone() for p in model.parameters()]))
+        base.register_step_pre_hook(lambda opt, a, k, model=model: finals.append([p.grad.clone() for p in model.parameters()]))
         method = helpers.build(name, model, base, grad_clip=grad_clip)
         helpers.run(method, model, 1)
         captured[grad_clip] = finals[-1]

@@ -170,7 +170,7 @@ def test_optim_is_pure_pytorch():
     assert len(files) >= 7
     for f in files:
         text = f.read_text()
-        assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.M), f
+        assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.MULTILINE), f
         assert text.startswith('"""'), f"{f.name} must open with a one-line docstring"
     assert set(optim.__all__) >= {"SAM", "GSAM", "LookSAM", "SAF", "MESA", "create", "trajectory_kl", "METHODS",
                                   "MethodSpec", "method_names", "Method", "StepOutput"}
