@@ -187,3 +187,19 @@ def test_readme_methods_table_is_the_registry():
     block = readme.split(module.METHODS_BEGIN, 1)[1].split(module.METHODS_END, 1)[0].strip()
     assert block == module.methods_table(), "README's methods table is stale: run python docs/update_readme.py --methods"
     assert all(f"| `{name}` |" in block for name in METHODS)
+
+
+def test_every_method_module_is_collected():
+    # A module that declares SPECS but is missing from the registry's list would leave its method untested.
+    import importlib
+    import pkgutil
+
+    from optim import _registry
+
+    declaring = []
+    for info in pkgutil.iter_modules(optim.__path__):
+        module = importlib.import_module(f"optim.{info.name}")
+        if hasattr(module, "SPECS"):
+            declaring.append(module)
+            assert module in _registry._MODULES, f"optim.{info.name} declares SPECS but is not in _registry._MODULES"
+    assert {s.name for m in declaring for s in m.SPECS} == set(METHODS)
