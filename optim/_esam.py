@@ -44,7 +44,6 @@ class ESAM(TwoPass):
         self.gamma = float(gamma)
         self.name = "esam"
         self._random = random.Random(torch.initial_seed())
-        self._selected: int | None = None  # samples in the last pass 2
 
     def _rho(self) -> float:
         return self.rho / self.beta
@@ -91,10 +90,8 @@ class ESAM(TwoPass):
             rows = torch.topk(after - before.to(after), k, sorted=False).indices.sort().values
             perturbed_loss = after.mean()
             self._pass(forward, local=local2, rows=rows)
-            self._selected = k
         else:
             perturbed_loss, _, _, _ = self._pass(forward, local=local2, n=n)
-            self._selected = n
         skipped = self.second_step()
         if skipped:  # method state moves only on a step taken ("Mixed precision and skipped steps")
             self._random.setstate(drawn_from)
