@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from studies import server as server_cli
@@ -19,6 +20,8 @@ def _quiet_env() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # MLflow's INFO lines (creating a store's tables) are not the user's business; its warnings still show.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
 
 
 def _overrides(args) -> dict:
@@ -122,11 +125,11 @@ def _cmd_status(args) -> int:
         counts = pd.DataFrame(index=planned.index)
     else:
         counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
-        metric = spec.objective.metric
-        if metric in runs:
+        column = spec.objective.column
+        if column in runs:
             finished = runs[runs["status"] == "finished"]
-            best = finished.groupby("cell")[metric].max() if spec.objective.mode == "max" else finished.groupby("cell")[metric].min()
-            counts[f"best {metric}"] = best
+            best = finished.groupby("cell")[column].max() if spec.objective.mode == "max" else finished.groupby("cell")[column].min()
+            counts[f"best {spec.objective.label}"] = best
     table = counts.join(planned, how="right").fillna(0)
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
@@ -153,18 +156,33 @@ def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
     import pandas as pd
 
     from analysis import load_runs, summarize
+    from trainables.tracking import resolve_tracking_uri
 
     spec = study.spec
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
     runs = load_runs(name, tracking_uri=tracking_uri)
     searched = tuple(sorted({p for c in study.cells for p in c.space}))
-    table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
+    objective = spec.objective
+    table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
     print()
-    print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
+    print(f"Best trial per cell by {objective.label}, {objective.mode} ({len(runs)} trials recorded in MLflow):")
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string() if not table.empty else "  (no finished trial)")
-    ui = f"{_prog()} ui" + ("" if tracking_uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" else f" --tracking-uri {tracking_uri}")
-    print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
+    default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
+    uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
+    study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
+    print(f"\nRecorded in MLflow at {tracking_uri}, experiment {name!r}. Next:")
+    print(f"  {_prog()} ui{uri_opt}            browse every trial (the cell runs carry each cell's best)")
+    print(f"  {_prog()} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
+    print(f"  {_prog()} status {study_arg}{uri_opt}   trials per cell and status")
+
+
+def _shown_path(path: Path) -> str:
+    """A path as short as it can be written from here."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _prog() -> str:
@@ -183,8 +201,68 @@ def _cmd_ui(args) -> int:
 
     uri = resolve_tracking_uri(args.tracking_uri)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on http://{args.host}:{args.port} over {uri} (Ctrl-C stops it)", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    print(f"Starting the MLflow UI over {uri} ...", flush=True)
+    _say_when_answering(url, f"MLflow UI: {url} (Ctrl-C stops it)")
     return server_cli.run_in_process_group(cmd)
+
+
+def _say_when_answering(url: str, message: str, *, path: str = "/health", timeout_s: float = 600.0) -> None:
+    """Print `message` once `url` answers (the UI takes a while to start), from a daemon thread."""
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    def poll() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + path, timeout=2) as resp:
+                    if resp.status == 200:
+                        print(message, flush=True)
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=poll, name="sharpscale-ui-ready", daemon=True).start()
+
+
+def _cmd_dashboard(args) -> int:
+    """optuna-dashboard over the Optuna storage the study's newest run recorded (else the one its file names)."""
+    from studies.runner import find_study_run, state_locations
+    from studies.search import open_optuna_storage
+    from studies.spec import load_study
+    from trainables.tracking import resolve_tracking_uri, tracking_client
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        print("sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr)
+        return 2
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
+    spec = study.spec
+    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(name)
+    run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
+    if run is None:
+        raise LookupError(
+            f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
+            f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
+        )
+    storage = state_locations(study, name, run.data.tags).optuna_storage
+    url = f"http://{args.host}:{args.port}"
+    print(f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
+          f"its MLflow run id and name) ...", flush=True)
+    _say_when_answering(url, f"optuna-dashboard: {url} (Ctrl-C stops it)", path="/")
+    try:
+        optuna_dashboard.run_server(open_optuna_storage(storage), host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _cmd_report(args) -> int:
@@ -197,10 +275,16 @@ def _cmd_report(args) -> int:
     uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
     out_dir = Path(args.out or f"reports/{name}")
-    files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
-                         metric=spec.objective.metric, mode=spec.objective.mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
+                             metric=spec.objective.column, mode=spec.objective.mode)
     for f in files:
         print(f)
+    # What the data cannot support (one seed, few pairs) is a note for the reader, not a traceback line.
+    for note in dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
+                              if not issubclass(c.category, (DeprecationWarning, FutureWarning))):
+        print(f"sharpscale: note: {note}")
     where = "" if args.no_mlflow else " and logged under report/ to the study's MLflow run"
     print(f"{len(files)} files written to {out_dir}{where}")
     return 0
@@ -273,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", parents=study_options, help="trials per cell and status, and the best so far, from MLflow")
     st.add_argument("study")
-    st.add_argument("--tracking-uri", default=None)
+    st.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's, sqlite:///mlflow.db)")
     st.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
     st.set_defaults(func=_cmd_status)
 
@@ -303,8 +387,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_data(sub)
 
+    dash = sub.add_parser(
+        "dashboard", parents=study_options,
+        help="optuna-dashboard over the study's Optuna storage: each cell's search, trial by trial (Ctrl-C stops it)",
+    )
+    dash.add_argument("study", help="the study file that was run")
+    dash.add_argument("--tracking-uri", default=None, help="MLflow tracking URI where its study run is (default: the study's)")
+    dash.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    dash.add_argument("--port", type=int, default=8080)
+    dash.set_defaults(func=_cmd_dashboard)
+
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
-    ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
+    ui.add_argument(
+        "--tracking-uri", default=DEFAULT_TRACKING_URI,
+        help=f"the MLflow store to browse: an sqlite:/// file, a path, or an http(s):// server (default: {DEFAULT_TRACKING_URI})",
+    )
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=_cmd_ui)

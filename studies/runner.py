@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
+import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -10,8 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from studies.preflight import check_data_on_nodes
-from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
+from studies.progress import LiveView, quiet_libraries
+from studies.records import (
+    cell_params,
+    describe_experiment,
+    rollup_callback,
+    source_tags,
+)
 from studies.search import CellSearcher, apply_sample
+from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     KIND_TAG,
@@ -89,52 +97,6 @@ class StudyOutcome:
     tracking_uri: str
     trials: int
     errored: int
-
-
-class _Progress:
-    """One line per finished trial: counts and the best objective so far in its cell."""
-
-    def __init__(self, study: LoadedStudy):
-        from ray.tune import Callback
-
-        outer = self
-        self.total = study.total_trials
-        self.metric, self.mode = study.spec.objective.metric, study.spec.objective.mode
-        self.best: dict[str, float] = {}
-        self.done = self.failed = 0
-
-        class _Cb(Callback):
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                outer._finished(trial, trials, ok=True)
-
-            def on_trial_error(self, iteration, trials, trial, **info):
-                outer._finished(trial, trials, ok=False)
-
-        self.callback = _Cb()
-
-    def _finished(self, trial, trials, ok: bool) -> None:
-        cell = trial.config.get("cell", "")
-        result = trial.last_result or {}
-        value = result.get(self.metric)
-        diverged = bool(result.get("diverged"))
-        if ok and not diverged and isinstance(value, (int, float)) and math.isfinite(value):
-            self.done += 1
-            prev = self.best.get(cell)
-            better = prev is None or (value > prev if self.mode == "max" else value < prev)
-            if better:
-                self.best[cell] = value
-            status = f"{self.metric}={value:.4f}"
-        else:
-            self.failed += 1
-            status = "diverged" if diverged else "failed"
-        running = sum(1 for t in trials if t.status == "RUNNING")
-        best = self.best.get(cell)
-        best_txt = f"{best:.4f}" if best is not None else "-"
-        print(
-            f"[{self.done + self.failed}/{self.total}] done {self.done}, failed {self.failed}, running {running} | "
-            f"{cell or 'study'}: {status} (best {best_txt})",
-            flush=True,  # to sys.stdout as it is then: Tune pickles its callbacks, a stream can't be pickled
-        )
 
 
 def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
@@ -217,7 +179,7 @@ def _parent_runs(
             run_name=study.spec.name if launch == 1 else f"{study.spec.name} (launch {launch})",
             tags={**_study_tags(study), LAUNCH_TAG: str(launch), "sharpscale.git_commit": commit,
                   "sharpscale.study_file": str(study.path), "mlflow.note.content": study.spec.description,
-                  **locations.tags()},
+                  **source_tags(study, commit), **locations.tags()},
         )
         client.log_artifact(run.info.run_id, str(study.path))
         if study.overrides:
@@ -236,12 +198,19 @@ def _parent_runs(
                 experiment_id,
                 run_name=cell.key or "all",
                 tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
-                      **{f"factor.{k}": v for k, v in cell.levels.items()}},
+                      **source_tags(study, commit), **{f"factor.{k}": v for k, v in cell.levels.items()}},
             )
+            _log_params(client, existing.info.run_id, cell_params(cell))
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
         cell_runs[cell.key] = existing.info.run_id
     return study_run_id, cell_runs
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    _retry(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items()])
 
 
 def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: bool) -> None:
@@ -396,8 +365,11 @@ def _init_ray(address: str | None, num_cpus: int | None):
         return False
     runtime_env = trial_runtime_env()  # the driver's MLflow credentials, for trials on any node
     if address:
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:
+        # Ray turns token authentication on for a new local cluster and says so on stderr each time; asking for
+        # it explicitly (what Ray does anyway) keeps that notice off the study's output.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
         ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False,
                  runtime_env=runtime_env)
@@ -433,6 +405,7 @@ def run_study(
     exp_name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
     _warn_split_records(address, uri)
     experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
+    describe_experiment(client, experiment_id, study)
     previous = find_study_run(client, experiment_id, study) if resume else None
     if resume:
         launch = _launch_of(previous) if previous is not None else 1
@@ -452,8 +425,11 @@ def run_study(
         keep_checkpoints=spec.checkpoints.keep,
     )
 
-    started_ray = _init_ray(address, num_cpus)
+    quiet, started_ray = contextlib.ExitStack(), False
     try:
+        # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
+        quiet.enter_context(quiet_libraries(log_file(study, locations, run_name)))
+        started_ray = _init_ray(address, num_cpus)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
         check_cluster_storage(study, locations, plan, connected=bool(address))
         _ensure_local_dirs(study, locations)
@@ -476,6 +452,13 @@ def run_study(
             import ray
 
             ray.shutdown()
+        quiet.close()
+
+
+def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
+    """Where a run's library log goes: beside its Ray results, or beside the study file when those are remote."""
+    base = Path(locations.storage) if "://" not in locations.storage else study.path.parent / DEFAULT_STORAGE
+    return base / run_name / "sharpscale.log"
 
 
 def _tune(
@@ -493,7 +476,7 @@ def _tune(
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample),
             "sample": sample,
-            "objective": {"metric": spec.objective.metric, "mode": spec.objective.mode},
+            "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},
             "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
             "tags": {
                 CELL_TAG: cell.key,
@@ -501,11 +484,12 @@ def _tune(
                 LAUNCH_TAG: str(launch),
                 "sharpscale.git_commit": commit,
                 "sharpscale.study": spec.name,
+                **source_tags(study, commit),
                 **{f"factor.{k}": v for k, v in cell.levels.items()},
             },
         }
 
-    status, errored, trials = "FAILED", 0, 0
+    status, errored, trials, rollup = "FAILED", 0, 0, None
     try:
         import ray
         from ray import tune
@@ -514,7 +498,7 @@ def _tune(
 
         searcher = CellSearcher(
             list(study.cells),
-            metric=spec.objective.metric,
+            metric=spec.objective.column,
             mode=spec.objective.mode,
             sampler=spec.budget.sampler,
             seed=spec.budget.seed,
@@ -522,7 +506,9 @@ def _tune(
             study_name=run_name,
             payload=payload,
         )
-        progress = _Progress(study)
+        progress = LiveView(study, title=f"{spec.name} ({exp_name})")
+        rollup = rollup_callback(uri, experiment_id, study_run_id, cell_runs, list(study.cells),
+                                 column=spec.objective.column, mode=spec.objective.mode)
         trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
         experiment_dir = f"{locations.storage}/{run_name}"
         if resume:
@@ -532,7 +518,7 @@ def _tune(
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(
-                    metric=spec.objective.metric,
+                    metric=spec.objective.column,
                     mode=spec.objective.mode,
                     search_alg=searcher,
                     scheduler=_scheduler(study),
@@ -553,14 +539,15 @@ def _tune(
                     # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
                     # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
                     checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
-                    callbacks=[progress.callback],
+                    callbacks=[progress.callback, rollup],
                     verbose=0,
                 ),
             )
         t0 = time.perf_counter()
         print(
             f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
-            f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}",
+            f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}; "
+            f"Ray's, Tune's and Optuna's logs in {log_file(study, locations, run_name)}",
             flush=True,
         )
         results = tuner.fit()
@@ -579,6 +566,8 @@ def _tune(
         raise
     finally:
         _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED")
+        if rollup is not None:
+            rollup.update()  # every cell once more: the trials closed just above, and a resumed run's earlier ones
         for rid in [study_run_id, *cell_runs.values()]:
             _retry(client.set_terminated, rid, status=status)
     return StudyOutcome(experiment_id, study_run_id, uri, trials, errored)

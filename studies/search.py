@@ -12,6 +12,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
 from trainables.tracking import RUN_ID_RESULT_KEY
 
@@ -28,6 +29,7 @@ __all__ = [
 TUNE_TRIAL_ATTR = "tune_trial_id"
 CELL_ATTR = "cell"
 MLFLOW_RUN_ATTR = "mlflow_run_id"
+RUN_NAME_ATTR = "mlflow_run_name"
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -244,7 +246,10 @@ class CellSearcher(Searcher):
             self._live[trial_id] = trial.number
         self._issued[key] += 1
         self._trial_cell[trial_id] = key
-        return self._payload(cell, sample)
+        name = trial_run_name(cell, sample, self._issued[key])
+        if cell.space:
+            trial.set_user_attr(RUN_NAME_ATTR, name)
+        return {**self._payload(cell, sample), "run_name": name}
 
     def _note_run_id(self, trial_id: str, result: dict) -> None:
         run_id = str(result.get(RUN_ID_RESULT_KEY) or "")

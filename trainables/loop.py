@@ -23,6 +23,7 @@ import optim
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
+from trainables.tracking import BEST_EPOCH_METRICS
 
 __all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
 
@@ -495,8 +496,9 @@ def fit(
                 "lr": base.param_groups[0]["lr"],
                 "weight_norm": float(weight_norm(model)),
             }
-            if val_metrics["val_acc"] >= best.get("best_val_acc", -1.0):
-                best = {"best_val_acc": val_metrics["val_acc"], "best_epoch": epoch}
+            best_key = BEST_EPOCH_METRICS["val_acc"]
+            if val_metrics["val_acc"] >= best.get(best_key, -1.0):
+                best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
             metrics.update(best)
 
             logged_at = int(time.time() * 1000)
