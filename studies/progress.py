@@ -16,7 +16,7 @@ from pathlib import Path
 
 from studies.spec import LoadedStudy
 
-__all__ = ["LiveView", "format_duration", "quiet_libraries"]
+__all__ = ["LiveView", "format_duration", "quiet_libraries", "stderr_to"]
 
 # On a terminal the view is redrawn at most this often; elsewhere (a log file, CI) a status line is printed
 # this often, besides one line per ended trial.
@@ -90,6 +90,28 @@ def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
             logger.handlers, logger.propagate = handlers, propagate
             logger.setLevel(level)
         handler.close()
+
+
+@contextlib.contextmanager
+def stderr_to(log_file: Path | None) -> Iterator[None]:
+    """Point this process's file descriptor 2 at `log_file` for the duration (None: leave it).
+
+    For `ray.init`: the processes it starts (GCS, raylet, dashboard, agents) inherit the descriptor, and their
+    start-up notices (token authentication, GCS retries) are not Python log records this process could route.
+    """
+    if log_file is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log_file, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from studies.preflight import check_data_on_nodes
-from studies.progress import LiveView, quiet_libraries
+from studies.progress import LiveView, quiet_libraries, stderr_to
 from studies.records import (
     cell_params,
     describe_experiment,
@@ -367,9 +366,6 @@ def _init_ray(address: str | None, num_cpus: int | None):
     if address:
         ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:
-        # Ray turns token authentication on for a new local cluster and says so on stderr each time; asking for
-        # it explicitly (what Ray does anyway) keeps that notice off the study's output.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
         ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False,
                  runtime_env=runtime_env)
@@ -428,8 +424,9 @@ def run_study(
     quiet, started_ray = contextlib.ExitStack(), False
     try:
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
-        quiet.enter_context(quiet_libraries(log_file(study, locations, run_name)))
-        started_ray = _init_ray(address, num_cpus)
+        log = quiet.enter_context(quiet_libraries(log_file(study, locations, run_name)))
+        with stderr_to(log):
+            started_ray = _init_ray(address, num_cpus)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
         check_cluster_storage(study, locations, plan, connected=bool(address))
         _ensure_local_dirs(study, locations)

@@ -95,3 +95,16 @@ def test_library_noise_goes_to_the_log_file_and_loggers_come_back(tmp_path, caps
     captured = capsys.readouterr()
     assert "Processing" not in captured.out + captured.err and "new study" not in captured.out + captured.err
     assert (list(logging.getLogger("ray").handlers), logging.getLogger("ray").propagate) == before
+
+
+def test_processes_started_meanwhile_write_their_stderr_to_the_log(tmp_path, capfd):
+    import subprocess
+
+    from studies.progress import stderr_to
+
+    log = tmp_path / "sharpscale.log"
+    with stderr_to(log):
+        subprocess.run(["sh", "-c", "echo child-notice >&2"], check=True)  # as Ray's GCS and agents would
+    subprocess.run(["sh", "-c", "echo after >&2"], check=True)
+    assert "child-notice" in log.read_text() and "after" not in log.read_text()
+    assert "child-notice" not in capfd.readouterr().err
