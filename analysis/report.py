@@ -30,8 +30,21 @@ def _objective(study: str | Path) -> tuple[str, str] | None:
 
         raw = yaml.safe_load(p.read_text()) or {}
         obj = raw.get("objective") or {}
-        return obj.get("metric", "val_acc"), obj.get("mode", "max")
+        metric = obj.get("metric", "val_acc")
+        if obj.get("epoch") == "best":  # the study ranks trials by their best epoch (studies.spec.Objective)
+            from trainables.tracking import BEST_EPOCH_METRICS
+
+            metric = BEST_EPOCH_METRICS.get(metric, metric)
+        return metric, obj.get("mode", "max")
     return None
+
+
+def statistic_label(column: str) -> str:
+    """A metric column of load_runs in words: its final epoch's value, or its best epoch's ('best_val_acc')."""
+    from trainables.tracking import BEST_EPOCH_METRICS
+
+    best = {v: k for k, v in BEST_EPOCH_METRICS.items()}
+    return f"{best[column]} (best epoch)" if column in best else f"{column} (final epoch)"
 
 
 def _study_run_id(client, experiment) -> str:
@@ -154,8 +167,10 @@ def write_report(
         warnings.simplefilter("always")
         # Per-cell summary: always.
         summary_runs = runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
-        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns))
-        w.text("summary.md", f"Best finished trial per cell ({metric}, {mode}).\n\n" + _markdown(_fmt(summary)))
+        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns),
+                            label=statistic_label(metric))
+        w.text("summary.md", f"Best finished trial per cell by {statistic_label(metric)}, {mode}.\n\n"
+               + _markdown(_fmt(summary)))
         w.csv("summary.csv", summary)
         w.section("Per-cell summary", _markdown(_fmt(summary)))
 
@@ -178,7 +193,7 @@ def write_report(
     notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
                                if not issubclass(c.category, (DeprecationWarning, FutureWarning))))
     head = (f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
-            f"({int((runs['status'] == 'finished').sum())} finished); objective {metric} ({mode}).\n\n")
+            f"({int((runs['status'] == 'finished').sum())} finished); objective {statistic_label(metric)} ({mode}).\n\n")
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
     w.text("report.md", head + "\n".join(w.sections))
