@@ -90,15 +90,21 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sample", type=int, default=100, help="trials the per-run reader reads (scaled to all)")
+    ap.add_argument("--store", default=None, help="an SQLite file to fill, or reuse when already filled (default: temp)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-load-runs-") as tmp:
-        sqlite = f"sqlite:///{Path(tmp) / 'mlflow.db'}"
-        t0 = time.perf_counter()
-        fill(sqlite, args.trials, args.epochs)
-        print(f"filled {args.trials} runs x {len(METRICS)} metrics x {args.epochs} epochs in "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        db = Path(args.store).resolve() if args.store else Path(tmp) / "mlflow.db"
+        sqlite = f"sqlite:///{db}"
+        if db.exists() and MlflowClient(sqlite).get_experiment_by_name(EXPERIMENT) is not None:
+            print(f"reusing the filled store {db}", flush=True)
+        else:
+            t0 = time.perf_counter()
+            fill(sqlite, args.trials, args.epochs)
+            print(f"filled {args.trials} runs x {len(METRICS)} metrics x {args.epochs} epochs in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+        # A busy machine can take minutes to start the server's workers.
         with start_server(backend_store_uri=sqlite, artifacts_destination=str(Path(tmp) / "artifacts"),
-                          log_path=Path(tmp) / "server.log") as (_, url):
+                          log_path=Path(tmp) / "server.log", timeout_s=900) as (_, url):
             t = time.perf_counter()
             MlflowClient(url).get_experiment_by_name(EXPERIMENT)
             print(f"server's first request: {time.perf_counter() - t:.2f} s", flush=True)

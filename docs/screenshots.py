@@ -10,6 +10,7 @@ and optuna-dashboard's page of one cell. Needs `chromium` on PATH (Debian: `apt-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import subprocess
@@ -29,8 +30,23 @@ from studies.server import free_port, start_server
 from trainables.tracking import KIND_TAG, resolve_tracking_uri
 
 WINDOW = "1600,1000"
-# Chromium's virtual time runs while the page is busy; the UI's API calls are real ones and need wall time too.
-RENDER_MS = 25_000
+RENDER_S = 180.0  # the UI's bundle is large: on a busy 2-core machine its first render takes a minute
+# Clicks every row expander of MLflow's runs table (buttons labelled Expand/Show child runs), so nested runs show.
+EXPAND_ROWS = """
+[...document.querySelectorAll('button')].filter(b => /expand|show child|collapsed/i.test(
+  (b.getAttribute('aria-label') || '') + ' ' + (b.getAttribute('title') || '') + ' ' + (b.dataset.testid || '')
+)).forEach(b => b.click()); true
+"""
+CHOOSE_TRAINING = """
+[...document.querySelectorAll('[role=button]')].filter(b => b.innerText.trim() === 'Model training')
+  .forEach(b => b.click()); true
+"""
+CLOSE_ASSISTANT = """
+[...document.querySelectorAll('button')].filter(b => /close/i.test(b.getAttribute('aria-label') || ''))
+  .forEach(b => b.click()); true
+"""
+ML = "workflowType=machine_learning"
+SETTLE_S = 3.0    # after the awaited text shows, for the rest of the page (charts) to draw
 
 
 def browser() -> str:
@@ -40,17 +56,83 @@ def browser() -> str:
     raise SystemExit("docs/screenshots.py: no Chromium on PATH. Fix: apt-get install chromium (Debian/Ubuntu).")
 
 
-def shoot(url: str, out: Path, *, window: str = WINDOW) -> Path:
-    """One screenshot of `url` after it rendered, by headless Chromium in a fresh profile."""
-    with tempfile.TemporaryDirectory(prefix="sharpscale-chromium-") as profile:
-        subprocess.run(
+class Browser:
+    """A headless Chromium driven over the DevTools protocol (aiohttp's websocket client): open a page, wait until
+    it shows what it should, run a script (a click), take a screenshot."""
+
+    def __init__(self, window: str = WINDOW):
+        self._profile = tempfile.TemporaryDirectory(prefix="sharpscale-chromium-")
+        self.port = free_port()
+        self._proc = subprocess.Popen(
             [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={window}",
-             f"--virtual-time-budget={RENDER_MS}", f"--screenshot={out}", url],
-            check=True, capture_output=True, timeout=180,
+             "--hide-scrollbars", f"--user-data-dir={self._profile.name}", f"--window-size={window}",
+             f"--remote-debugging-port={self.port}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )
-    print(f"{out}  <- {url}", flush=True)
-    return out
+        self._loop = asyncio.new_event_loop()
+        self._ids = 0
+        self._loop.run_until_complete(self._connect())
+
+    async def _connect(self) -> None:
+        import aiohttp
+
+        self._session = aiohttp.ClientSession()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                async with self._session.get(f"http://127.0.0.1:{self.port}/json/list") as resp:
+                    pages = [t for t in await resp.json() if t.get("type") == "page"]
+                if pages:
+                    break
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("docs/screenshots.py: Chromium's DevTools endpoint did not come up within 60 s")
+            await asyncio.sleep(0.5)
+        self._ws = await self._session.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0)
+
+    async def _call(self, method: str, **params):
+        self._ids += 1
+        await self._ws.send_json({"id": self._ids, "method": method, "params": params})
+        while True:
+            msg = await self._ws.receive_json()
+            if msg.get("id") == self._ids:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def call(self, method: str, **params):
+        return self._loop.run_until_complete(self._call(method, **params))
+
+    def evaluate(self, script: str):
+        return self.call("Runtime.evaluate", expression=script, returnByValue=True).get("result", {}).get("value")
+
+    def open(self, url: str, *, shows: str, timeout_s: float = RENDER_S) -> None:
+        """Navigate to `url` and wait until the page's text contains `shows` (the UI loads its data after)."""
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout_s
+        while not self.evaluate(f"document.body && document.body.innerText.includes({shows!r})"):
+            if time.monotonic() > deadline:
+                print(f"warning: {url} did not show {shows!r} within {timeout_s:.0f} s; shooting it as it is")
+                break
+            time.sleep(1.0)
+        time.sleep(SETTLE_S)
+
+    def shoot(self, out: Path) -> Path:
+        import base64
+
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        out.write_bytes(base64.b64decode(data))
+        print(f"{out}", flush=True)
+        return out
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._ws.close())
+        self._loop.run_until_complete(self._session.close())
+        self._loop.close()
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        self._profile.cleanup()
 
 
 def main() -> None:
@@ -78,36 +160,59 @@ def main() -> None:
     best_cell = next((c for c in cells if c.info.run_id == (client.get_run(best_trial).data.tags.get("mlflow.parentRunId")
                                                              if best_trial else None)), cells[0] if cells else None)
 
-    with tempfile.TemporaryDirectory(prefix="sharpscale-shots-") as tmp, start_server(
-        backend_store_uri=uri, artifacts_destination=str(Path(tmp) / "artifacts"), log_path=Path(tmp) / "server.log"
-    ) as (_, base):
-        shoot(f"{base}/#/experiments/{eid}/runs", out / "mlflow_runs.png")
-        shoot(f"{base}/#/experiments/{eid}/runs?compareRunsMode=CHART", out / "mlflow_charts.png")
-        if best_cell is not None:
-            shoot(f"{base}/#/experiments/{eid}/runs/{best_cell.info.run_id}", out / "mlflow_cell_run.png")
-        if best_trial:
-            shoot(f"{base}/#/experiments/{eid}/runs/{best_trial}/model-metrics", out / "mlflow_trial_run.png")
+    best_name = client.get_run(best_trial).info.run_name if best_trial else None
+    cell_name = best_cell.info.run_name if best_cell is not None else None
+    chrome = Browser()
+    try:
+        with tempfile.TemporaryDirectory(prefix="sharpscale-shots-") as tmp, start_server(
+            backend_store_uri=uri, artifacts_destination=str(Path(tmp) / "artifacts"), log_path=Path(tmp) / "server.log",
+            timeout_s=900,
+        ) as (_, base):
+            # The runs table: the study run first; its rows expanded show the cells, each with its best.
+            # MLflow 3.17's side bar switches between GenAI and model training, per browser (GenAI by default,
+            # whatever the experiment's kind): choose model training once, as a user would.
+            chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Model training")
+            chrome.evaluate(CHOOSE_TRAINING)
+            chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Run Name")
+            time.sleep(4 * SETTLE_S)  # the table's rows come after its header
+            chrome.evaluate(CLOSE_ASSISTANT)
+            chrome.evaluate(EXPAND_ROWS)
+            time.sleep(SETTLE_S)
+            chrome.evaluate(EXPAND_ROWS)  # the cells' own expanders appear once the study's row is open
+            time.sleep(SETTLE_S)
+            chrome.shoot(out / "mlflow_runs.png")
+            chrome.open(f"{base}/#/experiments/{eid}/runs?compareRunsMode=CHART&{ML}", shows="val_acc")
+            chrome.shoot(out / "mlflow_charts.png")
+            if best_cell is not None:
+                chrome.open(f"{base}/#/experiments/{eid}/runs/{best_cell.info.run_id}?{ML}", shows="best.val_acc")
+                chrome.shoot(out / "mlflow_cell_run.png")
+            if best_trial:
+                chrome.open(f"{base}/#/experiments/{eid}/runs/{best_trial}/model-metrics?{ML}", shows="val_acc")
+                chrome.shoot(out / "mlflow_trial_run.png")
 
-    if args.optuna_storage:
-        import threading
+        if args.optuna_storage:
+            import threading
 
-        import optuna_dashboard
+            import optuna_dashboard
 
-        from studies.search import open_optuna_storage
+            from studies.search import open_optuna_storage
 
-        port = free_port()
-        threading.Thread(
-            target=optuna_dashboard.run_server, args=(open_optuna_storage(args.optuna_storage),),
-            kwargs={"host": "127.0.0.1", "port": port}, daemon=True,
-        ).start()
-        time.sleep(3)
-        shoot(f"http://127.0.0.1:{port}/dashboard", out / "optuna_dashboard.png")
-        storage = open_optuna_storage(args.optuna_storage)
-        searched = [s for s in storage.get_all_studies() if "sam" in s.study_name]
-        if searched:
-            study_id = storage.get_study_id_from_name(searched[0].study_name)
-            shoot(f"http://127.0.0.1:{port}/dashboard/studies/{study_id}", out / "optuna_cell.png")
-            shoot(f"http://127.0.0.1:{port}/dashboard/studies/{study_id}/trials", out / "optuna_trials.png")
+            port = free_port()
+            storage = open_optuna_storage(args.optuna_storage)
+            threading.Thread(target=optuna_dashboard.run_server, args=(storage,),
+                             kwargs={"host": "127.0.0.1", "port": port}, daemon=True).start()
+            chrome.open(f"http://127.0.0.1:{port}/dashboard", shows="sam")
+            chrome.shoot(out / "optuna_dashboard.png")
+            wanted = f":{best_cell.data.tags.get('sharpscale.cell')}" if best_cell is not None else "sam"
+            studies = [st for st in storage.get_all_studies() if st.study_name.endswith(wanted)] or \
+                      [st for st in storage.get_all_studies() if "sam" in st.study_name]
+            if studies:
+                sid = storage.get_study_id_from_name(studies[0].study_name)
+                chrome.open(f"http://127.0.0.1:{port}/dashboard/studies/{sid}", shows="History")
+                chrome.shoot(out / "optuna_cell.png")
+    finally:
+        chrome.close()
+    print(f"best cell {cell_name}, best trial {best_name}")
 
 
 if __name__ == "__main__":

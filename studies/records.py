@@ -33,6 +33,9 @@ BEST_RUN_TAG = "sharpscale.best_run"
 BEST_RUN_ID_TAG = "sharpscale.best_run_id"
 BEST_CELL_TAG = "sharpscale.best_cell"
 _FAILED = ("failed", "diverged")
+# Every count is logged each time, zeros included: MLflow shows a metric's latest value, and a count that fell
+# back to zero (the last running trial ended) must not keep its old value.
+COUNTED = ("finished", "failed", "early_stopped", "killed", "running")
 
 
 def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
@@ -172,6 +175,10 @@ def _log(client, run_id: str, values: dict[str, float], tags: dict[str, str], st
     _retry(client.log_batch, run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
 
 
+def _count_metrics(counts: dict[str, int]) -> dict[str, float]:
+    return {f"trials.{status}": float(counts.get(status, 0)) for status in dict.fromkeys([*COUNTED, *counts])}
+
+
 def _knob_records(knobs: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
     metrics, tags = {}, {}
     for name, text in knobs.items():
@@ -196,7 +203,7 @@ def roll_up(
         best = _cell_best(client, experiment_id, cell_runs[key], cells[key], column, mode)
         bests[key] = best
         ended = sum(best.counts.values())
-        metrics = {f"trials.{status}": float(n) for status, n in best.counts.items()}
+        metrics = _count_metrics(best.counts)
         tags: dict[str, str] = {}
         if best.value is not None:
             metrics[f"{BEST_PREFIX}{column}"] = best.value
@@ -213,7 +220,7 @@ def roll_up(
     for best in bests.values():
         for status, n in best.counts.items():
             totals[status] = totals.get(status, 0) + n
-    metrics = {f"trials.{status}": float(n) for status, n in totals.items()}
+    metrics = _count_metrics(totals)
     tags = {}
     if top is not None:
         metrics[f"{BEST_PREFIX}{column}"] = top.value

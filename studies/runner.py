@@ -12,6 +12,7 @@ from typing import Any
 from studies.preflight import check_data_on_nodes
 from studies.progress import LiveView, quiet_libraries, stderr_to
 from studies.records import (
+    cell_label,
     cell_params,
     describe_experiment,
     rollup_callback,
@@ -195,7 +196,7 @@ def _parent_runs(
         if existing is None:
             existing = client.create_run(
                 experiment_id,
-                run_name=cell.key or "all",
+                run_name=cell_label(cell),
                 tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
                       **source_tags(study, commit), **{f"factor.{k}": v for k, v in cell.levels.items()}},
             )

@@ -92,6 +92,7 @@ def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_
     cell = client.get_run(cell_runs[sam]).data
     assert cell.metrics["best.val_acc"] == 0.90 and cell.metrics["best.rho"] == 0.05
     assert cell.metrics["trials.finished"] == 2 and cell.metrics["trials.failed"] == 1
+    assert cell.metrics["trials.running"] == 0  # zeros too: a count back to zero must not keep its old value
     assert cell.tags[BEST_RUN_TAG] == "b"
     top = client.get_run(study_run).data
     assert top.metrics["best.val_acc"] == 0.90 and top.tags[BEST_CELL_TAG] == "vit/sam"
