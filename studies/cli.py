@@ -203,7 +203,8 @@ def _cmd_ui(args) -> int:
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
     url = f"http://{args.host}:{args.port}"
     print(f"Starting the MLflow UI over {uri} ...", flush=True)
-    _say_when_answering(url, f"MLflow UI: {url} (Ctrl-C stops it)")
+    # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
+    _say_when_answering(url, f"MLflow UI: {url}/#/experiments?workflowType=machine_learning (Ctrl-C stops it)")
     return server_cli.run_in_process_group(cmd)
 
 
