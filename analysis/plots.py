@@ -1,4 +1,8 @@
-"""Figures of a study (matplotlib, no pyplot state): error vs data on log-log axes, SAM's gain, accuracy vs rho, learning curves."""
+"""Figures of a study (matplotlib, no pyplot state): error vs data on log-log axes, SAM's gain, accuracy vs rho, learning curves.
+
+One visual grammar in every figure: colour = architecture, line style and marker = method; n is in the legend or
+next to each point; an interval is drawn only where there are at least two samples to give one; a point a log axis
+cannot show (an error of 0) is marked at the axis edge, never dropped silently."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
@@ -35,12 +40,64 @@ def _finish(fig: Figure, path: str | Path | None) -> Figure:
     return fig
 
 
+_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (3, 1, 1, 1, 1, 1)))
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+class _Style:
+    """Colour by architecture, line style and marker by method: the same in every figure of a report."""
+
+    def __init__(self, archs, methods) -> None:
+        self.archs = list(dict.fromkeys(map(str, archs)))
+        self.methods = list(dict.fromkeys(map(str, methods)))
+
+    def color(self, arch) -> str:
+        return f"C{self.archs.index(str(arch)) % 10}" if str(arch) in self.archs else "grey"
+
+    def line(self, method):
+        i = self.methods.index(str(method)) if str(method) in self.methods else 0
+        return _LINESTYLES[i % len(_LINESTYLES)], _MARKERS[i % len(_MARKERS)]
+
+    def legend_handles(self) -> list:
+        """Proxy entries that explain the two encodings once: a colour per arch, a line style per method."""
+        handles = [Line2D([], [], color=self.color(a), linewidth=3, label=f"arch: {a}") for a in self.archs]
+        for m in self.methods:
+            ls, marker = self.line(m)
+            handles.append(Line2D([], [], color="black", linestyle=ls, marker=marker, label=f"method: {m}"))
+        return handles
+
+
 def _panels(keys: list, width: float = 4.2, height: float = 3.8) -> tuple[Figure, dict]:
     """One axes per distinct first key (the architecture), side by side, sharing the y axis."""
     firsts = list(dict.fromkeys(k[0] for k in keys))
     fig = _figure(max(width * len(firsts), 5.0), height)
     axes = fig.subplots(1, max(len(firsts), 1), squeeze=False, sharey=True)[0]
     return fig, dict(zip(firsts, axes))
+
+
+def _n_text(counts) -> str:
+    counts = sorted({int(c) for c in counts if c > 0})
+    if not counts:
+        return "n=0"
+    return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
+
+
+def _bars(ax, x, y, sd, color) -> None:
+    """± sd error bars at the points that have one (n > 1); none at all, not zero-length ones, elsewhere."""
+    has = np.isfinite(sd) & np.isfinite(y)
+    if has.any():
+        ax.errorbar(x[has], y[has], yerr=sd[has], fmt="none", ecolor=color, capsize=3)
+
+
+def _mark_off_axis(ax, x, label_used: list) -> None:
+    """Values a log y axis cannot show (<= 0), as open triangles on its bottom edge, with one legend entry."""
+    if len(x) == 0:
+        return
+    transform = ax.get_xaxis_transform()  # x in data units, y in axes units
+    label = None if label_used else "0 (below the log axis)"
+    ax.plot(x, np.full(len(x), 0.0), linestyle="none", marker="v", markersize=8, markerfacecolor="none",
+            markeredgecolor="black", transform=transform, clip_on=False, label=label)
+    label_used.append(True)
 
 
 def plot_error_vs_n(
@@ -51,97 +108,128 @@ def plot_error_vs_n(
     path: str | Path | None = None,
     title: str | None = None,
 ) -> Figure:
-    """Error against training-set size on log-log axes, one panel per arch: mean ± sd over seeds per method, fits dashed.
+    """Error against training-set size on log-log axes: colour = arch, style = method; mean over seeds, ± sd where n > 1.
 
     as_error: plot 1 - metric (None: when the table maximised its metric, i.e. an accuracy). fits: from
-    fit_scaling_table; each curve is drawn over the measured range and its floor c as a dotted line.
+    fit_scaling_table, drawn thin over the measured range. A mean error of 0 is marked on the bottom edge.
     """
     if as_error is None:
         as_error = table.mode == "max"
     keys = [tuple(map(str, k)) for k in table.mean.index]
-    fig, panels = _panels(keys)
-    methods = list(dict.fromkeys(k[1] for k in keys))
-    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+    style = _Style([k[0] for k in keys], [k[1] for k in keys])
+    fig = _figure(6.5, 4.5)
+    ax = fig.add_subplot()
+    off_axis: list = []
+    xs = []
     for key, (arch, method) in zip(table.mean.index, keys):
-        ax = panels[arch]
         mean = table.mean.loc[key]
         x = np.asarray([float(v) for v in mean.index])
         y = mean.to_numpy(dtype="float64")
         y = 1.0 - y if as_error else y
-        sd = table.sd.loc[key].fillna(0.0).to_numpy(dtype="float64")
-        keep = np.isfinite(y) & (y > 0)
-        ax.errorbar(x[keep], y[keep], yerr=sd[keep], fmt="o-", color=colors[method], label=method, capsize=3)
+        n = table.n.loc[key].to_numpy()
+        sd = np.where(n > 1, table.sd.loc[key].to_numpy(dtype="float64"), np.nan)
+        color, (ls, marker) = style.color(arch), style.line(method)
+        shown = np.isfinite(y) & (y > 0)
+        xs.extend(x[np.isfinite(y)])
+        ax.plot(x[shown], y[shown], color=color, linestyle=ls, marker=marker, label=f"{arch} / {method} ({_n_text(n)} seeds)")
+        _bars(ax, x[shown], y[shown], sd[shown], color)
+        _mark_off_axis(ax, x[np.isfinite(y) & (y <= 0)], off_axis)
         fit = (fits or {}).get((arch, method))
         if fit is not None:
             grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
-            ax.plot(grid, fit.predict(grid), "--", color=colors[method], alpha=0.8,
-                    label=f"{fit.a:.3g} n^-{fit.b:.2f} + {fit.c:.3g}" + ("" if fit.floor_identified else " (floor?)"))
-            if fit.c > 0:
-                ax.axhline(fit.c, color=colors[method], linestyle=":", linewidth=0.8)
+            ax.plot(grid, fit.predict(grid), color=color, linestyle=ls, linewidth=0.8, alpha=0.6)
     frac = (table.columns.get("fraction") or "n").removeprefix("factor.")
-    for arch, ax in panels.items():
-        _log_axis(ax.xaxis, ax.set_xscale)
-        _log_axis(ax.yaxis, ax.set_yscale)
-        ax.set_title(arch)
-        ax.set_xlabel(f"training-set size ({frac})")
-        ax.legend(fontsize=6)
-    next(iter(panels.values())).set_ylabel(f"1 - {table.metric}" if as_error else table.metric)
-    fig.suptitle(title or f"Data scaling: best-of-search {table.metric}, mean ± sd over seeds")
+    _log_axis(ax.xaxis, ax.set_xscale)
+    _log_axis(ax.yaxis, ax.set_yscale)
+    if xs:  # the measured range, not matplotlib's padding to the next decade
+        ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
+    ax.set_xlabel(f"training-set size ({frac})")
+    ax.set_ylabel(f"1 - {table.metric} (error)" if as_error else table.metric)
+    extra = "; thin lines: power-law fits" if fits else ""
+    ax.legend(fontsize=7, title=f"mean ± sd over seeds (no bar where n = 1){extra}", title_fontsize=7)
+    fig.suptitle(title or f"Data scaling: best-of-search {table.metric}")
     return _finish(fig, path)
 
 
 def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str | None = None) -> Figure:
-    """SAM's gain (treatment - baseline) against training-set fraction per arch, with its bootstrap CI as error bars."""
+    """The gain (treatment - baseline) against training-set fraction, colour = arch; n pairs beside each point.
+
+    The bootstrap interval is drawn only where it exists (2+ seed pairs); a single pair is an open marker.
+    """
     missing = [c for c in ("gain", "ci_low", "ci_high") if c not in gain.columns]
     if missing or gain.index.nlevels != 2:
         raise ValueError(f"gain must be the DataFrame of sam_gain (index arch, fraction; columns gain, ci_low, ci_high); missing {missing}")
+    archs = list(dict.fromkeys(map(str, gain.index.get_level_values(0))))
+    style = _Style(archs, [gain.attrs.get("treatment", "treatment")])
     fig = _figure()
     ax = fig.add_subplot()
-    for i, (arch, part) in enumerate(gain.groupby(level=0, sort=True)):
+    for arch, part in gain.groupby(level=0, sort=True):
         x = np.asarray([float(v) for v in part.index.get_level_values(1)])
         order = np.argsort(x)
+        x = x[order]
         y = part["gain"].to_numpy(dtype="float64")[order]
-        lo = np.nan_to_num(y - part["ci_low"].to_numpy(dtype="float64")[order])
-        hi = np.nan_to_num(part["ci_high"].to_numpy(dtype="float64")[order] - y)
-        ax.errorbar(x[order], y, yerr=[lo, hi], fmt="o-", capsize=3, color=f"C{i % 10}", label=str(arch))
-    ax.axhline(0.0, color="black", linewidth=0.8)
+        lo = part["ci_low"].to_numpy(dtype="float64")[order]
+        hi = part["ci_high"].to_numpy(dtype="float64")[order]
+        pairs = part["n_pairs"].to_numpy()[order] if "n_pairs" in part.columns else np.full(len(x), 2)
+        color = style.color(arch)
+        ax.plot(x, y, color=color, linestyle="-", linewidth=1, label=f"{arch} ({_n_text(pairs)} seed pairs)")
+        has = np.isfinite(lo) & np.isfinite(hi)
+        ax.errorbar(x[has], y[has], yerr=[y[has] - lo[has], hi[has] - y[has]], fmt="o", color=color, capsize=3)
+        ax.plot(x[~has], y[~has], "o", markerfacecolor="white", markeredgecolor=color)
+        for xi, yi, n in zip(x, y, pairs):
+            if np.isfinite(yi):
+                ax.annotate(f"n={int(n)}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=6, color=color)
+    base = gain.attrs.get("baseline", "baseline")
+    treat = gain.attrs.get("treatment", "treatment")
+    ax.axhline(0.0, color="black", linewidth=0.8, linestyle="--", label=f"no gain ({treat} = {base})")
     _log_axis(ax.xaxis, ax.set_xscale)
     ax.set_xlabel("training-set fraction")
     metric = gain.attrs.get("metric", "metric")
-    pair = f"{gain.attrs.get('treatment', 'treatment')} - {gain.attrs.get('baseline', 'baseline')}"
-    ax.set_ylabel(f"gain in {metric} ({pair})")
+    ax.set_ylabel(f"gain in {metric} ({treat} - {base})")
     conf = gain.attrs.get("confidence")
-    ax.set_title(title or f"Gain per seed pair, {int(round(conf * 100)) if conf else ''}% bootstrap CI")
-    ax.legend(fontsize=8)
+    what = f"{int(round(conf * 100))}% bootstrap interval over seed pairs" if conf else "bootstrap interval"
+    ax.set_title(title or f"Paired gain; bars: {what} (open: one pair, no interval)", fontsize=9)
+    ax.legend(fontsize=7)
     return _finish(fig, path)
 
 
 def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = None, title: str | None = None) -> Figure:
-    """Metric against rho (log x), one panel per arch: mean ± sd per level, the best level starred, its interval shaded."""
+    """Metric against rho (log x), one panel per arch, colour = arch, style = method (and `by` levels):
+    mean per level, ± sd only where a level has n > 1; the best level starred; its bootstrap interval shaded
+    only where one exists; the baseline (rho = 0) dashed and named in the legend."""
     groups = list(result.best.index.names)
     keys = [k if isinstance(k, tuple) else (k,) for k in result.best.index]
     fig, panels = _panels([tuple(map(str, k)) for k in keys])
-    for i, (key, part) in enumerate(result.levels.groupby(groups, sort=True)):
+    style = _Style([k[0] for k in keys], [" / ".join(map(str, k[1:])) or str(k[0]) for k in keys])
+    baselines_drawn: set = set()
+    for key, part in result.levels.groupby(groups, sort=True):
         key = key if isinstance(key, tuple) else (key,)
         ax = panels[str(key[0])]
         part = part.sort_values("rho")
-        color = f"C{i % 10}"
         label = " / ".join(map(str, key[1:])) or str(key[0])
-        ax.errorbar(part["rho"], part["mean"], yerr=part["sd"].fillna(0.0), fmt="o-", color=color, capsize=3, label=label)
+        color, (ls, marker) = style.color(key[0]), style.line(label)
+        sd = np.where(part["n"].to_numpy() > 1, part["sd"].to_numpy(dtype="float64"), np.nan)
+        rho, mean = part["rho"].to_numpy(dtype="float64"), part["mean"].to_numpy(dtype="float64")
+        ax.plot(rho, mean, color=color, linestyle=ls, marker=marker, label=f"{label} ({_n_text(part['n'])} trials per level)")
+        _bars(ax, rho, mean, sd, color)
         best = result.best.loc[key if len(key) > 1 else key[0]]
-        ax.plot([best["best_rho"]], [best["best_mean"]], marker="*", markersize=14, color=color, markeredgecolor="black")
-        if best["rho_high"] > best["rho_low"]:
+        ax.plot([best["best_rho"]], [best["best_mean"]], marker="*", markersize=14, color=color, markeredgecolor="black",
+                linestyle="none")
+        if math.isfinite(best["rho_low"]) and math.isfinite(best["rho_high"]) and best["rho_high"] > best["rho_low"]:
             ax.axvspan(best["rho_low"], best["rho_high"], color=color, alpha=0.12)
-        if "baseline" in best.index and math.isfinite(best["baseline"]):
-            ax.axhline(best["baseline"], color=color, linestyle="--", linewidth=0.9)
+        if "baseline" in best.index and math.isfinite(best["baseline"]) and (key[0], best["baseline"]) not in baselines_drawn:
+            baselines_drawn.add((key[0], best["baseline"]))
+            ax.axhline(best["baseline"], color=color, linestyle=(0, (2, 2)), linewidth=0.9,
+                       label=f"baseline (rho = 0): {best['baseline']:.3g}")
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
-        ax.set_title(arch)
+        ax.set_title(f"arch: {arch}")
         ax.set_xlabel(result.param)
         ax.legend(fontsize=6)
     next(iter(panels.values())).set_ylabel(result.metric)
     name = result.param.rsplit(".", 1)[-1]
-    fig.suptitle(title or f"{result.metric} vs {name}: best starred, its {result.confidence:.0%} interval shaded, rho = 0 dashed")
+    fig.suptitle(title or f"{result.metric} vs {name}: best level starred, its {result.confidence:.0%} interval shaded "
+                          "where levels were repeated", fontsize=9)
     return _finish(fig, path)
 
 
@@ -152,28 +240,41 @@ def plot_curves(
     hue: str = "cell",
     path: str | Path | None = None,
 ) -> Figure:
-    """Per-epoch curves from load_curves: one panel per metric, one line per run coloured by `hue`."""
+    """Per-epoch curves from load_curves: one panel per metric (its name on the y axis), one line per run.
+
+    Colour = factor.arch and line style = factor.method when the frame has them (one legend explains both);
+    otherwise colour by `hue`.
+    """
     for col in ("run_id", "metric", "step", "value", hue):
         if col not in curves.columns:
             raise ValueError(f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves")
     metrics = tuple(metrics or sorted(curves["metric"].unique()))
-    fig = _figure(4.0 * max(len(metrics), 1), 3.5)
+    fig = _figure(4.0 * max(len(metrics), 1) + 1.5, 3.5)
     axes = fig.subplots(1, max(len(metrics), 1), squeeze=False)[0]
-    hues = sorted(curves[hue].astype(str).unique())
-    colors = {h: f"C{i % 10}" for i, h in enumerate(hues)}
+    grammar = "factor.arch" in curves.columns and "factor.method" in curves.columns
+    arch_col = "factor.arch" if grammar else hue
+    style = _Style(sorted(curves[arch_col].astype(str).unique()),
+                   sorted(curves["factor.method"].astype(str).unique()) if grammar else [""])
     for ax, metric in zip(axes, metrics):
-        seen = set()
-        for (run_id, h), part in curves[curves["metric"] == metric].groupby(["run_id", curves[hue].astype(str)]):
-            ax.plot(part["step"], part["value"], color=colors[h], alpha=0.7, label=None if h in seen else h)
-            seen.add(h)
-        ax.set_title(metric)
+        part_m = curves[curves["metric"] == metric]
+        for run_id, part in part_m.groupby("run_id"):
+            first = part.iloc[0]
+            ls, _ = style.line(first["factor.method"]) if grammar else ("-", None)
+            part = part.sort_values("step")
+            ax.plot(part["step"], part["value"], color=style.color(first[arch_col]), linestyle=ls, alpha=0.8)
+        ax.set_ylabel(metric)
         ax.set_xlabel("epoch")
-    if len(hues) <= 12:
-        axes[0].legend(fontsize=6)
+    runs = curves["run_id"].nunique()
+    handles = style.legend_handles() if grammar else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
+    if len(handles) <= 16:
+        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{runs} runs", title_fontsize=7)
     return _finish(fig, path)
 
 
 def _log_axis(axis, set_scale) -> None:
-    # Over less than a decade matplotlib labels the minor ticks too, and the labels run into each other.
+    # Major ticks at 1, 2 and 5 per decade, labelled as plain numbers: over less than a decade matplotlib's
+    # defaults leave a single labelled tick (or label the minor ones into each other).
     set_scale("log")
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import warnings
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
@@ -18,6 +17,7 @@ __all__ = [
     "best_of_search",
     "format_cell",
     "method_pairs",
+    "sample_note",
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
@@ -94,6 +94,21 @@ def format_cell(mean: float, sd: float, n: int, *, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {sd_text} ({n})"
 
 
+#: Below this many independent samples (seeds, pairs) a statistic gets a note in its table.
+FEW_SAMPLES = 3
+
+
+def sample_note(n: int, unit: str = "seeds") -> str:
+    """The small-sample note a table row carries: '' from FEW_SAMPLES on; says why there is no (or a weak) interval."""
+    if n <= 0:
+        return f"no {unit}"
+    if n == 1:
+        return f"1 of {unit}: no interval"
+    if n < FEW_SAMPLES:
+        return f"{n} {unit}: interval unreliable"
+    return ""
+
+
 # ------------------------------------------------------------------------------------------ data scaling
 
 
@@ -167,8 +182,15 @@ class ScalingTable:
     def to_markdown(self, *, digits: int = 3, scale: float = 1.0) -> str:
         """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'."""
         frac_name = (self.columns.get("fraction") or "fraction").removeprefix("factor.")
-        caption = f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (number of seeds)."
-        return caption + "\n\n" + _markdown(self.formatted(digits=digits, scale=scale))
+        caption = (f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = number of "
+                   "seeds); sd is left out ('–') where n = 1.")
+        counts = self.n.to_numpy().ravel()
+        thin = int(((counts > 0) & (counts < FEW_SAMPLES)).sum())
+        note = ""
+        if thin:
+            note = (f"\nNote: {thin} of {counts.size} cells rest on fewer than {FEW_SAMPLES} seeds "
+                    f"(n = {sorted(set(int(c) for c in counts if 0 < c < FEW_SAMPLES))}); their sd is not an interval.\n")
+        return caption + "\n\n" + _markdown(self.formatted(digits=digits, scale=scale)) + note
 
     def to_csv(self, path=None) -> str | None:
         """Long CSV, one line per (arch, method, fraction): mean, sd, n (numbers, not formatted text)."""
@@ -350,9 +372,10 @@ def sam_gain(
     (as scaling_table does); a seed counts as a pair only where both sides have one. gain is the mean of
     the paired differences (treatment - baseline, whatever `mode`: positive means the treatment scored
     higher); ci_low / ci_high the percentile interval of that mean over `n_boot` resamples of the pairs with
-    replacement (numpy Generator seeded with `boot_seed`). Rows with fewer than 3 pairs get a
-    FewSamplesWarning: with 1 pair the interval is a point and with 2 it has only 3 distinct values.
-    Columns: baseline, treatment (their means over the paired seeds), gain, sd, ci_low, ci_high, n_pairs.
+    replacement (numpy Generator seeded with `boot_seed`). With 1 pair there is no interval (NaN); rows with
+    fewer than 3 pairs say so in their `note` (with 2 the interval has only 3 distinct values) - in the table,
+    not on stderr. Columns: baseline, treatment (their means over the paired seeds), gain, sd, ci_low,
+    ci_high, n_pairs, note.
     """
     _check_mode(mode)
     _check_n_boot(n_boot)
@@ -369,15 +392,14 @@ def sam_gain(
         if level not in wide.columns:
             wide[level] = np.nan
     rng = np.random.default_rng(boot_seed)
-    rows, few = [], []
+    rows = []
     groups = sorted({(a, f) for a, f, _ in wide.index}, key=lambda t: (str(t[0]), float(t[1]) if _isnum(t[1]) else str(t[1])))
     for a, f in groups:
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
-        lo, hi = _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng)
-        if len(diffs) < 3:
-            few.append(f"{a}@{f}: {len(diffs)}")
+        # One pair has no spread to resample: its "interval" would be a point, so none is given.
+        lo, hi = _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng) if len(diffs) >= 2 else (math.nan, math.nan)
         rows.append(
             {
                 "arch": a,
@@ -389,16 +411,11 @@ def sam_gain(
                 "ci_low": lo,
                 "ci_high": hi,
                 "n_pairs": int(len(diffs)),
+                "note": sample_note(len(diffs), "seed pairs"),
             }
         )
-    if few:
-        warnings.warn(
-            f"sam_gain({treat_level!r} - {base_level!r}): fewer than 3 seed pairs for (arch@fraction: pairs) "
-            f"{', '.join(few)}; their bootstrap intervals are too short to trust. Run more seeds (train.seed as a factor).",
-            FewSamplesWarning,
-            stacklevel=2,
-        )
-    out = pd.DataFrame(rows, columns=["arch", "fraction", "baseline", "treatment", "gain", "sd", "ci_low", "ci_high", "n_pairs"])
+    columns = ["arch", "fraction", "baseline", "treatment", "gain", "sd", "ci_low", "ci_high", "n_pairs", "note"]
+    out = pd.DataFrame(rows, columns=columns)
     out = out.set_index(["arch", "fraction"])
     out.attrs.update(baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, n_boot=n_boot)
     return out
@@ -444,12 +461,15 @@ class RhoSensitivity:
         for col in ("best_mean", "baseline"):
             if col in best.columns:
                 best[col] = best[col].map(lambda v: f"{v:.{digits}f}" if math.isfinite(v) else "–")
+        for col in ("rho_low", "rho_high"):
+            best[col] = best[col].replace("nan", "–")
         b = _markdown(best)
         pct = int(round(self.confidence * 100))
         return (
-            f"{self.metric} against {self.param}: mean ± sd (trials) per level; p_best = share of bootstrap "
-            f"resamples in which the level is best.\n\n{a}\nBest {self.param} per group, with the {pct}% "
-            f"bootstrap interval of the best level.\n\n{b}"
+            f"{self.metric} against {self.param}: mean ± sd (n = trials) per level, sd '–' where n = 1; p_best = "
+            f"share of bootstrap resamples (of the group's trials) in which the level is best.\n\n{a}\nBest "
+            f"{self.param} per group, with the {pct}% bootstrap interval of the best level ('–' where no level was "
+            f"repeated: single trials give no interval; see note).\n\n{b}"
         )
 
 
@@ -552,11 +572,20 @@ def rho_sensitivity(
         best_rhos = level_rho[b_best]
         rho_low = float(np.quantile(best_rhos, tail, method="lower"))
         rho_high = float(np.quantile(best_rhos, 1.0 - tail, method="higher"))
+        repeated = int(counts.max())
+        if repeated < 2:
+            # One trial per level: resampling trials only drops levels, it measures no noise; no interval.
+            rho_low = rho_high = math.nan
+            note = "1 trial per rho level: no interval"
+        elif repeated < FEW_SAMPLES:
+            note = f"at most {repeated} trials per rho level: interval unreliable"
+        else:
+            note = ""
         for i in range(k):
             level_rows.append({**dict(zip(groups, key)), "rho": float(level_rho[i]), "mean": float(means[i]),
                                "sd": float(sds[i]), "n": int(counts[i]), "p_best": float(p_best[i])})
         row = {**dict(zip(groups, key)), "best_rho": float(level_rho[best]), "best_mean": float(means[best]),
-               "rho_low": rho_low, "rho_high": rho_high, "levels": k, "n_trials": int(len(values))}
+               "rho_low": rho_low, "rho_high": rho_high, "levels": k, "n_trials": int(len(values)), "note": note}
         if base_means is not None:
             bkey = (key[0], *key[len(groups) - len(by):]) if by else key[0]
             row["baseline"] = float(base_means.get(bkey, math.nan))
@@ -564,11 +593,4 @@ def rho_sensitivity(
     names = [g.removeprefix("factor.") for g in groups]
     levels = pd.DataFrame(level_rows).rename(columns=dict(zip(groups, names)))
     best_df = pd.DataFrame(best_rows).rename(columns=dict(zip(groups, names))).set_index(names)
-    thin = [", ".join(map(str, idx if isinstance(idx, tuple) else (idx,))) for idx, n in best_df["n_trials"].items() if n < 3]
-    if thin:
-        warnings.warn(
-            f"rho_sensitivity: fewer than 3 trials with {param} in group(s) {thin}; the best rho there is a guess.",
-            FewSamplesWarning,
-            stacklevel=2,
-        )
     return RhoSensitivity(levels=levels, best=best_df, param=param, metric=metric, mode=mode, confidence=confidence)

@@ -58,16 +58,13 @@ def _load_geometry() -> types.ModuleType:
         # analysis/__init__ also imports the run-table helpers (pandas); a GPU box with only torch and
         # timm can still load geometry and its private helper straight from their files.
         folder = Path(__file__).resolve().parent.parent / "analysis"
-        if not (folder / "geometry.py").exists():
+        if not (folder / "geometry" / "__init__.py").exists():
             raise SystemExit(f"cannot import analysis.geometry ({error}); run from the repository") from error
+        # A bare `analysis` package (its __init__ skipped): analysis.geometry then imports as usual.
         package = types.ModuleType("analysis")
         package.__path__ = [str(folder)]
         sys.modules["analysis"] = package
-        for name in ("_hvp", "geometry"):
-            spec = importlib.util.spec_from_file_location(f"analysis.{name}", folder / f"{name}.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[f"analysis.{name}"] = module
-            spec.loader.exec_module(module)
+        importlib.import_module("analysis.geometry")
         return sys.modules["analysis.geometry"]
 
 

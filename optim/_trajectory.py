@@ -187,10 +187,16 @@ class SAF:
 class MESA:
     """Memory-Efficient Sharpness-Aware training: the trajectory loss against an EMA teacher's logits.
 
-    The teacher is an exponential moving average of the model's weights AND buffers (decay ``beta``),
-    created here (a copy of the initial model) and updated by ``update()`` after every optimizer step from
-    step 0, with no bias correction. Its forward runs in eval mode under ``no_grad``, in the training
-    autocast dtype. Active when ``epoch > e_start``.
+    The teacher is an exponential moving average of the model's weights AND buffers, created here (a copy of
+    the initial model) and updated by ``update()`` after every optimizer step from step 0. The decay of the
+    t-th update (t = 0, 1, ...) is warmed up: ``beta_t = min(beta, (1 + t) / (10 + t))`` (the num_updates rule
+    of TensorFlow's ExponentialMovingAverage). Without it the teacher stays the random initial model for
+    about 1 / (1 - beta) steps (5,000 at beta = 0.9998; after 1,320 steps 77% of it is still the
+    initialisation), and MESA pulls the student towards near-uniform outputs instead of its own recent past.
+    ``beta`` itself is reached after ``warmup_steps`` updates (44,990 at 0.9998): in the paper's regime
+    (hundreds of thousands of steps) the teacher is the paper's EMA for all but the first tenth of training.
+    Its forward runs in eval mode under ``no_grad``, in the training autocast dtype. Active when
+    ``epoch > e_start``.
     """
 
     def __init__(self, model: nn.Module, beta: float = 0.9998, lam: float = 0.8, tau: float = 5.0, e_start: int = 5):
@@ -202,7 +208,41 @@ class MESA:
         self.teacher = copy.deepcopy(self.student)
         self.teacher.requires_grad_(False)
         self.teacher.eval()
+        #: EMA updates taken so far (the t of beta_t); saved with the teacher.
+        self.updates = 0
         self._pairs()
+
+    def decay(self, t: int) -> float:
+        """The decay of the t-th EMA update: ``min(beta, (1 + t) / (10 + t))``."""
+        return min(self.beta, (1.0 + t) / (10.0 + t))
+
+    @property
+    def warmup_steps(self) -> int:
+        """Updates after which the decay is ``beta`` itself: the least t with (1 + t) / (10 + t) >= beta."""
+        t = max(0, math.ceil((10.0 * self.beta - 1.0) / (1.0 - self.beta)))
+        # The closed form may be one off in floating point: settle it on the rule itself.
+        while (1.0 + t) / (10.0 + t) < self.beta:
+            t += 1
+        while t > 0 and t / (9.0 + t) >= self.beta:
+            t -= 1
+        return t
+
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        """Why a run of `epochs` x `steps_per_epoch` steps is too short for these settings (empty when it is not)."""
+        notes = []
+        if epochs - 1 <= self.e_start:
+            notes.append(
+                f"mesa: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and this run's "
+                f"epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start below {epochs - 1} or train longer.")
+        total = epochs * steps_per_epoch
+        if total < self.warmup_steps:
+            end = self.decay(total)
+            notes.append(
+                f"mesa: beta={self.beta:g} is reached after {self.warmup_steps:,} EMA updates, and this run takes "
+                f"{total:,}; the warmed-up decay ends at {end:.4f}, so the teacher averages about the last "
+                f"{1.0 / (1.0 - end):.0f} steps instead of the paper's {1.0 / (1.0 - self.beta):.0f}. The teacher is still "
+                "a recent average of the model (not its initialisation), but this is not the paper's regime.")
+        return notes
 
     def _pairs(self) -> None:
         s_named = dict(self.student.named_parameters())
@@ -246,19 +286,23 @@ class MESA:
 
     @torch.no_grad()
     def update(self) -> None:
-        """``v <- beta v + (1 - beta) theta`` for weights and float buffers; other buffers copied."""
+        """``v <- beta_t v + (1 - beta_t) theta`` for weights and float buffers (t = updates so far); other buffers copied."""
+        weight = 1.0 - self.decay(self.updates)
+        self.updates += 1
         for ts, ss in group_by_device_dtype(self._float_t, self._float_s):
-            torch._foreach_lerp_(ts, ss, 1.0 - self.beta)
+            torch._foreach_lerp_(ts, ss, weight)
         if self._other_t:
             for ts, ss in group_by_device_dtype(self._other_t, self._other_s):
                 torch._foreach_copy_(ts, ss)
 
     def state_dict(self) -> dict:
-        return {"teacher": self.teacher.state_dict()}
+        return {"teacher": self.teacher.state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict) -> None:
         self.teacher.load_state_dict(state["teacher"])
         self.teacher.eval()
+        # A checkpoint from before the warm-up existed ran at beta throughout: it goes on at beta.
+        self.updates = int(state.get("updates", self.warmup_steps))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._float_t + self._other_t)
@@ -303,6 +347,16 @@ class Regularised(Method):
                 reg.update()
         return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None,
                           extra_loss=None if extra is None else extra.detach(), rho=None, skipped=skipped)
+
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        """Messages saying why a run of this length is too short for the method's settings (the loop warns with them)."""
+        reg = self.regulariser
+        if isinstance(reg, MESA):
+            return reg.run_warnings(epochs=epochs, steps_per_epoch=steps_per_epoch)
+        if epochs - 1 <= reg.e_start:
+            return [f"saf: the trajectory loss is never on: it is active when epoch > e_start={reg.e_start}, and this "
+                    f"run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer."]
+        return []
 
     @property
     def passes_per_step(self) -> float:

@@ -7,7 +7,9 @@ import logging
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -152,6 +154,7 @@ class LiveView:
             c.key: _CellState(cell_label(c), c.trials, TrialConfig.load(c.config).schedule.epochs) for c in study.cells
         }
         self.t0 = time.monotonic()
+        self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
         self._last_draw = 0.0
         self._drawn_lines = 0
         self.callback = self._make_callback()
@@ -294,12 +297,33 @@ class LiveView:
         if self._tty():
             self.draw(force=True)
 
+    def _record_interrupts(self) -> None:
+        """Wrap Tune's SIGINT handler (installed by now: Tune sets it before it sets up callbacks) so that the
+        interrupt is recorded before Tune handles it. Tune then ends the run and returns normally, so the result
+        alone does not say the study was cut short."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; Tune installs no handler elsewhere either
+        tune_handler = signal.getsignal(signal.SIGINT)
+        if not callable(tune_handler):
+            return
+
+        def record_then_delegate(sig, frame):
+            if self.interrupted_at is None:
+                self.interrupted_at = time.time()
+                self.say("sharpscale: interrupted: stopping the trials; the study will be resumable")
+            tune_handler(sig, frame)
+
+        signal.signal(signal.SIGINT, record_then_delegate)
+
     def _make_callback(self):
         from ray.tune import Callback
 
         view = self
 
         class _View(Callback):
+            def setup(self, **info):
+                view._record_interrupts()
+
             def on_trial_start(self, iteration, trials, trial, **info):
                 view.start(trial)
                 view.draw()

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainables.errors import UserError, shown
+
 __all__ = [
     "ConfigError",
     "DataConfig",
@@ -80,7 +82,7 @@ class DataConfig(_Strict):
         if name not in DATASETS:
             close = difflib.get_close_matches(name, list(DATASETS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"must be one of {sorted(DATASETS)}, got {name!r}.{hint}")
+            raise ValueError(f"must be one of {sorted(DATASETS)}, got {shown(name)}.{hint}")
         return name
 
     @field_validator("augment", mode="before")
@@ -90,7 +92,7 @@ class DataConfig(_Strict):
         if isinstance(augment, str) and augment not in options:
             close = difflib.get_close_matches(augment, options, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"must be one of {list(options)}, got {augment!r}.{hint}")
+            raise ValueError(f"must be one of {list(options)}, got {shown(augment)}.{hint}")
         return augment
 
     @model_validator(mode="after")
@@ -139,13 +141,13 @@ class OptimizerConfig(_Strict):
             close = difflib.get_close_matches(self.method, list(METHODS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"optimizer.method: must be one of {sorted(METHODS)}, got {self.method!r}.{hint}"
+                f"optimizer.method: must be one of {sorted(METHODS)}, got {shown(self.method)}.{hint}"
             )
         accepted = METHODS[self.method].hparams
         unknown = sorted(set(self.hparams) - set(accepted))
         if unknown:
             raise ValueError(
-                f"optimizer.hparams: method {self.method!r} takes {sorted(accepted) or 'no hparams'}, "
+                f"optimizer.hparams: method {shown(self.method)} takes {sorted(accepted) or 'no hparams'}, "
                 f"got {unknown}. Fix: remove them or pick a method that takes them."
             )
         _check_hparam_values(self.method, self.hparams)
@@ -227,7 +229,7 @@ class TrialConfig(_Strict):
         return _flatten(self.model_dump(mode="json"))
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration is invalid; the message lists each problem with its field path, rule, value and fix."""
 
     def __init__(self, problems: list[str]):
@@ -259,5 +261,5 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
             for line in msg.split("\n"):
                 lines.append(line if ":" in line.split(" ")[0] else f"{path}: {line}")
         else:
-            lines.append(f"{path}: {msg}, got {e.get('input')!r}.")
+            lines.append(f"{path}: {msg}, got {shown(e.get('input'))}.")
     return lines

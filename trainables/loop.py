@@ -9,6 +9,7 @@ import platform
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -25,7 +26,7 @@ from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
 from trainables.tracking import BEST_EPOCH_METRICS
 
-__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
+__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -36,6 +37,10 @@ class TrialDiverged(RuntimeError):
     def __init__(self, epoch: int, step: int, value: float):
         self.epoch, self.step, self.value = epoch, step, value
         super().__init__(f"training loss became {value} at epoch {epoch}, step {step}")
+
+
+class RunLengthWarning(UserWarning):
+    """The run is too short for its method's settings (e.g. MESA's EMA decay or a trajectory loss that never starts)."""
 
 
 class TrialStopped(Exception):
@@ -429,6 +434,11 @@ def fit(
         **cfg.optimizer.hparams,
     )
     scheduler = _scheduler(base, cfg, len(train_loader))
+    # A method may know that this run is too short for its settings: say so once, at the start, on rank 0.
+    run_warnings = getattr(method, "run_warnings", None)
+    if run_warnings is not None and d.rank == 0 and resume_from is None:
+        for note in run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
+            warnings.warn(note, RunLengthWarning, stacklevel=2)
 
     start_epoch, num_updates, best = 0, 0, {}
     resumed: dict[str, Any] | None = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import timm
@@ -11,7 +13,7 @@ from torch import nn
 
 from trainables.config import ModelConfig
 
-__all__ = ["Family", "create_model", "model_family", "parameter_groups", "set_fused_attention"]
+__all__ = ["Family", "create_model", "fused_attention", "model_family", "parameter_groups", "set_fused_attention"]
 
 Family = Literal["vit", "mixer", "resnet"]
 
@@ -78,6 +80,18 @@ def set_fused_attention(model: nn.Module, enabled: bool) -> None:
     for module in model.modules():
         if hasattr(module, "fused_attn"):
             module.fused_attn = enabled
+
+
+@contextlib.contextmanager
+def fused_attention(model: nn.Module, enabled: bool) -> Iterator[nn.Module]:
+    """set_fused_attention inside a `with` block; each module's own flag comes back on exit, even after an error."""
+    saved = [(m, m.fused_attn) for m in model.modules() if hasattr(m, "fused_attn")]
+    set_fused_attention(model, enabled)
+    try:
+        yield model
+    finally:
+        for module, flag in saved:
+            module.fused_attn = flag
 
 
 def weight_norm(model: nn.Module) -> torch.Tensor:

@@ -13,7 +13,7 @@ from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
 from analysis import geometry
-from analysis._hvp import FlatOperator, HessianCore, LossOracle
+from analysis.geometry._hvp import FlatOperator, HessianCore, LossOracle
 
 # The algebraic top is 9 while the eigenvalue of largest magnitude is -10: plain power iteration finds -10.
 SPECTRUM = [-10.0, 9.0, 6.0, 3.0, 0.5, 0.1, -1.0, -4.0]
@@ -279,6 +279,30 @@ def test_cheap_second_order_layers_give_the_stock_products(train):
         products[label] = FlatOperator(core, range(len(params)))(vector)
     torch.testing.assert_close(products["cheap"], products["stock"], atol=1e-12, rtol=1e-10)
     torch.testing.assert_close(products["forward"], products["stock"], atol=1e-12, rtol=1e-10)
+
+
+def _dense(model, batches, **kw) -> torch.Tensor:
+    with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
+        return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
+
+
+def test_one_hessian_per_measurement_set_whatever_each_measures_seed():
+    # In train mode the seed of a measure draws its probes or start vector; the dropout masks (so the Hessian)
+    # come from mask_seed alone: lambda_max with seed 0 and the trace with seed 3 measure the same matrix.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 3)).double()
+    batches = mlp_batches()
+    dense = _dense(model, batches, mode="train")
+    other = _dense(model, batches, mode="train", mask_seed=1)
+    assert (dense - other).abs().max() > 1e-3  # other masks: another Hessian
+    exact = torch.linalg.eigvalsh((dense + dense.T) / 2)
+    for seed in (0, 3):
+        top = geometry.top_eigenvalues(model, cross_entropy, batches, mode="train", seed=seed, tol=1e-10)
+        assert top.eigenvalues[0] == pytest.approx(float(exact[-1]), abs=1e-8) and top.mask_seed == 0
+        trace = geometry.hessian_trace(model, cross_entropy, batches, mode="train", seed=seed, samples=2000)
+        assert abs(trace.trace - float(dense.trace())) < 4 * trace.std_error and trace.mask_seed == 0
+    top1 = geometry.top_eigenvalues(model, cross_entropy, batches, mode="train", mask_seed=1, tol=1e-10)
+    assert top1.eigenvalues[0] == pytest.approx(float(torch.linalg.eigvalsh((other + other.T) / 2)[-1]), abs=1e-8)
 
 
 def test_train_mode_hessian_is_one_symmetric_operator_despite_dropout():

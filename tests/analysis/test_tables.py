@@ -153,7 +153,8 @@ def test_best_of_search_refuses_to_maximise_across_another_factor(runs):
 
 
 def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
-    with pytest.warns(FewSamplesWarning, match=r"resnet@0.1: 2"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a small sample is said in the table, not on stderr
         gain = sam_gain(runs, baseline="none", treatment="sam", n_boot=2000, boot_seed=1)
     assert gain.attrs["baseline"] == "adamw"  # found through optimizer.method = none
     for arch in ARCHS:
@@ -162,10 +163,10 @@ def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
             true_gain = base_acc(arch, "sam", f) - base_acc(arch, "adamw", f)
             if (arch, f) == ("resnet", 0.1):
                 # Seeds 0 and 1: sam offsets (0, -0.01), adamw (-0.01, 0): differences +0.01 and -0.01.
-                assert row["n_pairs"] == 2
+                assert row["n_pairs"] == 2 and row["note"] == "2 seed pairs: interval unreliable"
                 assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
                 continue
-            assert row["n_pairs"] == 3
+            assert row["n_pairs"] == 3 and row["note"] == ""
             # Paired differences: offsets (0 - -0.01, -0.01 - 0, 0.01 - 0.01) = (+0.01, -0.01, 0).
             assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
             assert row["sd"] == pytest.approx(0.01, abs=1e-12)
@@ -173,6 +174,16 @@ def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
             assert row["ci_high"] - row["ci_low"] < 0.03
     again = sam_gain(runs[runs["factor.arch"] == "vit"], baseline="adamw", treatment="sam", n_boot=2000, boot_seed=1)
     assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # seeded: reproducible
+    one = sam_gain(runs[runs["train.seed"].astype(int) == 0], n_boot=200)
+    assert (one["n_pairs"] == 1).all() and one["ci_low"].isna().all() and one["ci_high"].isna().all()
+    assert set(one["note"]) == {"1 of seed pairs: no interval"}
+
+
+def test_scaling_table_says_n_and_notes_small_cells(runs):
+    two = scaling_table(runs[runs["train.seed"].astype(int) < 2]).to_markdown()
+    assert "n = number of seeds" in two and "(2)" in two
+    assert "Note: 16 of 16 cells rest on fewer than 3 seeds (n = [2])" in two
+    assert "Note:" not in scaling_table(runs).to_markdown().replace("(n = [2])", "")
 
 
 def test_sam_gain_unknown_level_lists_the_levels(runs):
@@ -323,6 +334,33 @@ def test_plots_write_png_files(runs, tmp_path):
         plot_gain(gain, path=tmp_path / "gain.pdf")
 
 
+def test_plots_label_every_axis_show_n_and_draw_no_interval_the_data_cannot_give(runs, tmp_path):
+    one_seed = runs[runs["train.seed"].astype(int) == 0]
+    table = scaling_table(one_seed)
+    # A perfect score is an error of 0, which a log axis cannot show: it must be marked, not dropped.
+    table.mean.iloc[0, 0] = 1.0
+    fig = plot_error_vs_n(table)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() and ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "0 (below the log axis)" in labels and all("n=1 seeds" in t for t in labels if " / " in t)
+    assert not any(c.get_segments() for c in ax.collections)  # n = 1: no error bars at all
+    xlo, xhi = ax.get_xlim()
+    assert xlo > 0.05 and xhi < 2.0  # the measured fractions 0.1..1, not padded to the next decade
+    gain = sam_gain(one_seed, n_boot=200)
+    gfig = plot_gain(gain)
+    gax = gfig.axes[0]
+    assert gax.get_xlabel() and gax.get_ylabel() and not any(c.get_segments() for c in gax.collections)
+    assert any("no gain (sam = adamw)" == t.get_text() for t in gax.get_legend().get_texts())
+    rho = rho_sensitivity(one_seed, by=("data.fraction",), baseline="none", n_boot=200)
+    rfig = plot_rho_sensitivity(rho)
+    assert all(a.get_xlabel() for a in rfig.axes) and rfig.axes[0].get_ylabel()
+    assert not any(p.__class__.__name__ == "Rectangle" and p.get_alpha() == 0.12 for a in rfig.axes for p in a.patches)
+    assert any(t.get_text().startswith("baseline (rho = 0)") for t in rfig.axes[0].get_legend().get_texts())
+    ticks = [t for t in rfig.axes[0].get_xticks() if rfig.axes[0].get_xlim()[0] <= t <= rfig.axes[0].get_xlim()[1]]
+    assert len(ticks) >= 2  # a labelled log axis, even over less than a decade
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 
@@ -339,7 +377,7 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "## Data scaling (%)" in report and "FewSamplesWarning" in report and "![rho sensitivity]" in report
+    assert "## Data scaling (%)" in report and "2 seed pairs: interval unreliable" in report and "![rho sensitivity]" in report
     logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
     assert logged == {f"report/{n}" for n in expected}
 

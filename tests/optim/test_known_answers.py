@@ -169,13 +169,31 @@ def test_mesa_first_active_updates():
     step(method, model, epoch=1)  # teacher == student at init: the KL gradient is zero
     w1 = w0 - lr * model.grad(w0)
     torch.testing.assert_close(model.w.detach(), w1, **TOL)
-    v1 = beta * w0 + (1 - beta) * w1  # EMA from step 0, no bias correction
+    b0, b1 = min(beta, 1 / 10), min(beta, 2 / 11)  # the warmed-up decay (1 + t) / (10 + t) of updates t = 0, 1
+    v1 = b0 * w0 + (1 - b0) * w1  # EMA from step 0
     torch.testing.assert_close(method.regulariser.teacher.w.detach(), v1, **TOL)
     step(method, model, epoch=1)
     gz = _kl_grad_logits(model.logits(w1), model.logits(v1), tau, lam)
     w2 = w1 - lr * (model.grad(w1) + torch.einsum("bcd,bc->d", model.A, gz))
     torch.testing.assert_close(model.w.detach(), w2, **TOL)
-    torch.testing.assert_close(method.regulariser.teacher.w.detach(), beta * v1 + (1 - beta) * w2, **TOL)
+    torch.testing.assert_close(method.regulariser.teacher.w.detach(), b1 * v1 + (1 - b1) * w2, **TOL)
+
+
+def test_mesa_teacher_after_the_warm_up_is_the_papers_ema():
+    # Past warmup_steps the decay is beta itself: v <- beta v + (1 - beta) w, as in Du et al. 2022, Alg. 2.
+    lr, beta = 0.1, 0.5  # (1 + t) / (10 + t) >= 0.5 from t = 8
+    model, method, w0 = make("mesa", lr=lr, beta=beta, e_start=100)
+    mesa = method.regulariser
+    assert mesa.warmup_steps == 8
+    v = w0.clone()
+    for t in range(12):
+        w = model.w.detach().clone()
+        step(method, model, epoch=0)
+        w_next = w - lr * model.grad(w)
+        b = min(beta, (1 + t) / (10 + t))
+        assert (b == beta) == (t >= 8)
+        v = b * v + (1 - b) * w_next
+        torch.testing.assert_close(mesa.teacher.w.detach(), v, **TOL)
 
 
 def test_trajectory_kl_matches_definition():

@@ -186,7 +186,9 @@ def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
             else:
                 u = g
         ws = base_ref.step(ws, u, lrs, wds)
-        teacher = [hp.get("beta", 0.0) * v + (1 - hp.get("beta", 0.0)) * w for v, w in zip(teacher, ws)]
+        # MESA's decay warms up: beta_t = min(beta, (1 + t) / (10 + t)) for the t-th update (docs/algorithms.md).
+        b = min(hp.get("beta", 0.0), (1 + t) / (10 + t))
+        teacher = [b * v + (1 - b) * w for v, w in zip(teacher, ws)]
     return ws
 
 

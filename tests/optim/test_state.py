@@ -131,14 +131,43 @@ def test_mesa_teacher_is_an_ema_of_weights_and_buffers_from_step_0(helpers):
     v = {k: t.clone().double() for k, t in model.state_dict().items()}
     for t in range(3):  # inactive epochs: the teacher still follows
         helpers.run(method, model, 1, start=t)
+        beta_t = min(beta, (1 + t) / (10 + t))  # docs/algorithms.md (MESA): the warmed-up decay
         for k, s in model.state_dict().items():
             if s.is_floating_point():
-                v[k] = beta * v[k] + (1 - beta) * s.double()
+                v[k] = beta_t * v[k] + (1 - beta_t) * s.double()
             else:
                 v[k] = s.clone()
         for k, tt in teacher.state_dict().items():
             torch.testing.assert_close(tt.to(v[k].dtype), v[k], rtol=1e-6, atol=1e-7)
     assert int(teacher.bn.num_batches_tracked) == 3
+    assert method.regulariser.updates == 3 and method.state_dict()["method"]["updates"] == 3
+
+
+def test_mesa_decay_warms_up_to_beta_and_resumes_with_its_count(helpers):
+    mesa = helpers.build("mesa", helpers.make_model(), hparams={"beta": 0.9998}).regulariser
+    assert [mesa.decay(t) for t in (0, 1, 90)] == [0.1, 2 / 11, 0.91]
+    # beta is reached exactly at warmup_steps and not one update earlier
+    assert mesa.warmup_steps == 44_990
+    assert mesa.decay(mesa.warmup_steps) == 0.9998 and mesa.decay(mesa.warmup_steps - 1) < 0.9998
+    assert mesa.decay(10**7) == 0.9998
+    mesa.updates = 1234
+    state = mesa.state_dict()
+    fresh = helpers.build("mesa", helpers.make_model(), hparams={"beta": 0.9998}).regulariser
+    fresh.load_state_dict(state)
+    assert fresh.updates == 1234
+    # a checkpoint from before the warm-up (no count) goes on at beta, as it ran
+    fresh.load_state_dict({"teacher": state["teacher"]})
+    assert fresh.decay(fresh.updates) == 0.9998
+
+
+def test_mesa_says_when_a_run_is_too_short(helpers):
+    method = helpers.build("mesa", helpers.make_model(), hparams={"beta": 0.9998, "e_start": 5})
+    # 30 epochs x 44 steps: the paper's beta is never reached
+    (note,) = method.run_warnings(epochs=30, steps_per_epoch=44)
+    assert "44,990" in note and "1,320" in note and f"{1 / (1 - min(0.9998, 1321 / 1330)):.0f} steps" in note
+    assert method.run_warnings(epochs=300, steps_per_epoch=1000) == []
+    never = method.run_warnings(epochs=6, steps_per_epoch=10**5)
+    assert len(never) == 1 and "never on" in never[0] and "e_start=5" in never[0]
 
 
 def test_mesa_unwraps_and_needs_inputs(helpers):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -75,7 +76,7 @@ class LossOracle:
         self.train = train
         self.seed = seed
 
-    def rng(self, index: int) -> "_Seeded | _NoOp":
+    def rng(self, index: int) -> _Seeded | _NoOp:
         return fixed_rng(self.train, self.seed * 1_000_003 + index, _model_device(self.model))
 
     def batch_loss(self, index: int) -> torch.Tensor:
@@ -130,7 +131,7 @@ class _NoOp:
 _NO_OP = _NoOp()
 
 
-def fixed_rng(train: bool, seed: int, device: torch.device) -> "_Seeded | _NoOp":
+def fixed_rng(train: bool, seed: int, device: torch.device) -> _Seeded | _NoOp:
     """In train mode, a context that runs from `seed` and gives the caller's RNG state back; else a no-op."""
     return _Seeded(seed, device) if train else _NO_OP
 
@@ -151,7 +152,7 @@ class _Seeded:
             with torch.cuda.device(self.device):
                 torch.cuda.manual_seed(self.seed)
 
-    def __exit__(self, *exc: Any) -> Any:
+    def __exit__(self, *exc: object) -> Any:
         return self._fork.__exit__(*exc)
 
 

@@ -1,0 +1,76 @@
+"""Loss-geometry metrics of a model: Hessian spectra and trace, perturbation flatness, landscapes, activations.
+
+One module per concept: `spectrum` (the Hessian operator, extreme eigenvalues, trace, density), `perturbation`
+(average flatness, surrogate gap, m-sharpness), `landscape` (1-D/2-D loss surfaces), `activations` (active
+neurons, linearity). Every public name is re-exported here: `from analysis.geometry import top_eigenvalues`.
+"""
+
+from analysis.geometry._common import MODES, Mode, no_fused_attention
+from analysis.geometry.activations import (
+    ActiveNeuronResult,
+    LinearityResult,
+    active_neuron_fraction,
+    linearity_missing_rate,
+)
+from analysis.geometry.landscape import (
+    LandscapeResult,
+    filter_normalized_direction,
+    loss_landscape_1d,
+    loss_landscape_2d,
+)
+from analysis.geometry.perturbation import (
+    FlatnessResult,
+    MSharpnessResult,
+    SurrogateGapResult,
+    average_flatness,
+    m_sharpness,
+    surrogate_gap,
+)
+from analysis.geometry.spectrum import (
+    METHODS,
+    BlockwiseEigenResult,
+    EigenResult,
+    HessianOperator,
+    HvpMode,
+    Method,
+    TraceResult,
+    blockwise_top_eigenvalues,
+    default_parameter_groups,
+    hessian_operator,
+    hessian_trace,
+    smallest_eigenvalue,
+    top_eigenvalues,
+)
+
+__all__ = [
+    "METHODS",
+    "MODES",
+    "ActiveNeuronResult",
+    "BlockwiseEigenResult",
+    "EigenResult",
+    "FlatnessResult",
+    "HessianOperator",
+    "HvpMode",
+    "LandscapeResult",
+    "LinearityResult",
+    "MSharpnessResult",
+    "Method",
+    "Mode",
+    "SurrogateGapResult",
+    "TraceResult",
+    "active_neuron_fraction",
+    "average_flatness",
+    "blockwise_top_eigenvalues",
+    "default_parameter_groups",
+    "filter_normalized_direction",
+    "hessian_operator",
+    "hessian_trace",
+    "linearity_missing_rate",
+    "loss_landscape_1d",
+    "loss_landscape_2d",
+    "m_sharpness",
+    "no_fused_attention",
+    "smallest_eigenvalue",
+    "surrogate_gap",
+    "top_eigenvalues",
+]
