@@ -339,7 +339,7 @@ def _cmd_dashboard(args) -> int:
     exp = client.get_experiment_by_name(name)
     run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
     if run is None:
-        raise LookupError(
+        raise UserError(
             f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
