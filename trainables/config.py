@@ -58,6 +58,11 @@ class DataConfig(_Strict):
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
     fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
     batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
+    accumulate: int = Field(
+        1, ge=1,
+        description="Micro-batches each worker's share of the batch is split into: every pass of a step runs over them "
+        "in turn and their gradients add up to the whole share's (one perturbation per accumulated gradient).",
+    )
     eval_batch_size: int = Field(512, ge=1)
     num_workers: int | None = Field(
         None, ge=0,
@@ -107,6 +112,11 @@ class DataConfig(_Strict):
                 f"data.root: required for data.name={self.name!r}, got none. "
                 f"Fix: set data.root to the directory that holds the {self.name} files ({expected_layout(self.name)})."
             )
+        if self.accumulate > self.batch_size:
+            problems.append(
+                f"data.accumulate: must not exceed data.batch_size ({self.batch_size}), got {self.accumulate}. "
+                "Fix: lower accumulate or raise the batch size (each micro-batch needs at least one sample)."
+            )
         if self.augment == "strong" and (problem := rand_augment_problem(self.randaugment)):
             problems.append(f"data.randaugment: {problem}. Fix: use e.g. 'rand-m9-mstd0.5'.")
         if self.device_resident and (problem := resident_problem(spec, self.augment, self.img_size)):
@@ -150,19 +160,24 @@ class OptimizerConfig(_Strict):
                 f"optimizer.hparams: method {shown(self.method)} takes {sorted(accepted) or 'no hparams'}, "
                 f"got {unknown}. Fix: remove them or pick a method that takes them."
             )
-        _check_hparam_values(self.method, self.hparams)
+        _check_hparam_values(self)
         return self
 
 
-def _check_hparam_values(method: str, hparams: dict[str, Any]) -> None:
-    # The method's own constructor is the one place its rules live: build it on a stand-in model
-    # so a bad value (rho < 0, k = 0, e_start < e_tilde) fails at load, long before any trial starts.
+def _check_hparam_values(cfg: "OptimizerConfig") -> None:
+    # The method's own constructor is the one place its rules live: build it on a stand-in model around the
+    # configured kind of base optimizer, so a bad value (rho < 0, k = 0, e_start < e_tilde, msam on SGD
+    # without momentum) fails at load, long before any trial starts.
     import torch
 
     import optim
 
+    method, hparams = cfg.method, cfg.hparams
     probe = torch.nn.Linear(2, 2)
-    base = torch.optim.SGD(probe.parameters(), lr=0.1)
+    if cfg.base == "sgd":
+        base = torch.optim.SGD(probe.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        base = torch.optim.AdamW(probe.parameters(), lr=cfg.lr, betas=cfg.betas)
     try:
         optim.create(method, base, model=probe, num_samples=4, num_classes=2, **hparams)
     except (ValueError, TypeError) as err:
