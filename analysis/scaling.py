@@ -556,6 +556,7 @@ def law_extrapolation(
     seeds,
     *,
     forms: tuple[str, ...] = LAW_FORMS,
+    bootstrap_forms: tuple[str, ...] | None = None,
     n_boot: int = 200,
     confidence: float = 0.95,
     seed: int = 0,
@@ -571,6 +572,7 @@ def law_extrapolation(
     says so). `noise` is the standard error of the observed mean at the held-out n (between seeds): held-out
     errors that differ by less than it do not tell the forms apart. With one seed there is nothing to resample:
     no intervals (note says so). The best form (smallest held-out error) is flagged in `supported`.
+    bootstrap_forms: the forms that get intervals (None: all); the others are compared by their point fits.
     """
     import pandas as pd
 
@@ -600,7 +602,9 @@ def law_extrapolation(
         row.update(prediction=prediction, abs_error=abs(prediction - row["observed"]),
                    rel_error=abs(prediction - row["observed"]) / max(row["observed"], 1e-12))
         notes = []
-        if n_seeds >= 2 and n_boot > 0:
+        if bootstrap_forms is not None and form not in bootstrap_forms:
+            notes.append("not bootstrapped: point fit only")
+        elif n_seeds >= 2 and n_boot > 0:
             rng = np.random.default_rng(seed)
             draws, preds = [], []
             for _ in range(n_boot):

@@ -373,11 +373,13 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     expected = {"summary.md", "summary.csv", "curves.png", "scaling.md", "scaling.csv", "scaling.png",
                 "scaling_fits.md", "scaling_fits.csv", "gain_sam.md", "gain_sam.csv", "gain_sam.png",
                 "data_multiplier_sam.md", "data_multiplier_sam.csv", "rho_sensitivity.md", "rho_levels.csv",
-                "rho_best.csv", "rho_sensitivity.png", "report.md"}
+                "rho_best.csv", "rho_sensitivity.png", "report.md", "scaling_laws.md", "scaling_laws.csv",
+                "law_difference_sam.md", "law_difference_sam.csv"}
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## Data scaling (%)" in report and "2 seed pairs: interval unreliable" in report and "![rho sensitivity]" in report
+    assert "## Scaling laws checked by extrapolation" in report and "## Scaling-law difference of sam over adamw" in report
     logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
     assert logged == {f"report/{n}" for n in expected}
 
