@@ -4,6 +4,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.sharpscale-installed
+# pytest-xdist workers for `make test`. Two on a 2-core machine: much of a Ray test is waiting on processes
+# starting, which the other worker's unit tests fill. Each worker starts its own session Ray cluster; loadfile
+# keeps a file's tests on one worker, so a costly fixture shared within a file (a server, a cluster) starts once.
+TEST_WORKERS ?= 2
 
 # Offline and quiet: nothing is downloaded at run time, no usage reports leave the machine.
 export RAY_USAGE_STATS_ENABLED := 0
@@ -27,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/sharpscale run --new-launch studies/quickstart.yaml
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ui: $(STAMP)
 	$(BIN)/sharpscale ui

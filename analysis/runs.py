@@ -9,7 +9,9 @@ from typing import Iterable, Literal, Sequence, Union
 
 import pandas as pd
 
-__all__ = ["load_curves", "load_runs", "summarize"]
+from trainables.errors import UserError
+
+__all__ = ["StudyNotFound", "load_curves", "load_runs", "summarize"]
 
 _TRIAL_FILTER = "tags.`sharpscale.kind` = 'trial'"
 
@@ -46,19 +48,29 @@ def _typed(series: pd.Series) -> pd.Series:
     return values.astype(object)
 
 
+class StudyNotFound(UserError, LookupError):
+    """The tracking store holds no record of the study (no such store, or no experiment of its name)."""
+
+
 def _open_experiment(study: str | Path, tracking_uri: str | None):
-    """(client, experiment, absolute uri) of a study; a LookupError names the experiments that do exist."""
-    from mlflow.tracking import MlflowClient
+    """(client, experiment, absolute uri) of a study; a StudyNotFound names the experiments that do exist.
 
-    from trainables.tracking import resolve_tracking_uri
+    Reads only: a missing SQLite store is reported, never created."""
+    from trainables.tracking import DEFAULT_TRACKING_URI, resolve_tracking_uri, tracking_client
 
-    uri = resolve_tracking_uri(tracking_uri or "sqlite:///mlflow.db")
-    client = MlflowClient(tracking_uri=uri)
+    uri = resolve_tracking_uri(tracking_uri or DEFAULT_TRACKING_URI)
+    try:
+        client = tracking_client(uri, create=False)
+    except UserError as err:
+        raise StudyNotFound(str(err)) from None
     name = _experiment_name(study)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         known = sorted(e.name for e in client.search_experiments())
-        raise LookupError(f"study {name!r}: no MLflow experiment of that name at {uri}. Known: {known}.")
+        raise StudyNotFound(
+            f"study {name!r}: no MLflow experiment of that name at {uri}. Known: {known}. Fix: run the study, or "
+            f"give the store it ran with (--tracking-uri)."
+        )
     return client, exp, uri
 
 

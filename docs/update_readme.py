@@ -1,10 +1,12 @@
-"""Regenerates the README's quickstart output block from a real run, so the table there is never retyped.
+"""Regenerates the README's generated blocks, so the tables there are never retyped.
 
-  python docs/update_readme.py          # runs studies/quickstart.yaml into a temporary store (about 2 minutes on 2 cores)
+  python docs/update_readme.py            # both blocks; runs studies/quickstart.yaml (about 2 minutes on 2 cores)
+  python docs/update_readme.py --methods  # only the methods table, from optim.METHODS (seconds)
 
 The block between the `<!-- quickstart-output -->` markers in README.md is replaced by what `sharpscale run` printed,
 from its summary line on (Ray's and Optuna's start-up lines are left out), with the temporary paths shown as the
-defaults a user gets.
+defaults a user gets. The block between the `<!-- methods-table -->` markers is the registry, one row per method
+(tests/optim/test_registry.py fails while it is stale).
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- quickstart-output -->", "<!-- /quickstart-output -->"
+METHODS_BEGIN, METHODS_END = "<!-- methods-table -->", "<!-- /methods-table -->"
+
+
+def methods_table() -> str:
+    """The registry as a Markdown table: name, what it computes, its knobs with their defaults, passes, context."""
+    import optim
+
+    rows = ["| name | method | knobs (defaults) | passes per step | needs |", "| --- | --- | --- | --- | --- |"]
+    for name, spec in optim.METHODS.items():
+        knobs = ", ".join(f"`{k}={v!r}`" for k, v in spec.hparams.items()) or "-"
+        passes = "2" if spec.two_pass else "1"  # two on some steps only for LookSAM, on a share of the batch for ESAM
+        needs = ", ".join(f"`{n}`" for n in sorted(spec.needs)) or "-"
+        description = spec.description.replace("|", "\\|")
+        rows.append(f"| `{name}` | {description} | {knobs} | {passes} | {needs} |")
+    return "\n".join(rows)
 
 
 def quickstart_output() -> str:
@@ -32,14 +49,18 @@ def quickstart_output() -> str:
         return text.replace(tmp + "/", "").replace(tmp, ".").rstrip()
 
 
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    if begin not in text or end not in text:
+        sys.exit(f"README.md has no {begin} ... {end} block")
+    return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.DOTALL)
+
+
 def main() -> None:
     readme = REPO / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        sys.exit(f"README.md has no {BEGIN} ... {END} block")
-    block = f"{BEGIN}\n```\n{quickstart_output()}\n```\n{END}"
-    readme.write_text(re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S))
-    print(block)
+    text = _replace(readme.read_text(), METHODS_BEGIN, METHODS_END, methods_table())
+    if "--methods" not in sys.argv[1:]:
+        text = _replace(text, BEGIN, END, f"```\n{quickstart_output()}\n```")
+    readme.write_text(text)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from ._method import check, global_norm, group_by_device_dtype
+from ._method import check, global_norm, group_by_device_dtype, method_spec
 from ._sam import TwoPass, _check_rho, nonzero
 
 __all__ = ["GSAM"]
@@ -34,9 +34,9 @@ class GSAM(TwoPass):
     def __init__(self, base_optimizer: torch.optim.Optimizer, rho_max: float = 0.1, rho_min: float = 0.1,
                  alpha: float = 0.3, lr_max: float | None = None, lr_min: float = 0.0, adaptive: bool = False,
                  eta: float = 0.01, *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
-                         scaler=scaler, global_perturbation=global_perturbation)
+                         scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
         self.rho_max = _check_rho("rho_max", rho_max)
         self.rho_min = _check_rho("rho_min", rho_min)
         check(self.rho_min <= self.rho_max, "rho_min", "rho_min <= rho_max", rho_min,
@@ -143,3 +143,8 @@ class GSAM(TwoPass):
     def extra_state_bytes(self) -> int:
         # Saved w plus pass 1's g held until the combination.
         return 2 * super().extra_state_bytes()
+
+
+SPECS = (method_spec("gsam", description="GSAM (Zhuang et al. 2022): g_p - alpha g_perp, radius following the lr.",
+                     build=GSAM, knobs=("rho_max", "rho_min", "alpha", "lr_max", "lr_min", "adaptive", "eta"),
+                     two_pass=True, needs=("model",)),)

@@ -8,7 +8,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ._method import Forward, StepOutput, check, global_norm, group_by_device_dtype
+from ._method import (
+    Forward,
+    StepOutput,
+    check,
+    global_norm,
+    group_by_device_dtype,
+    method_spec,
+)
 from ._sam import TwoPass, _check_rho, nonzero
 
 __all__ = ["LookSAM"]
@@ -32,9 +39,9 @@ class LookSAM(TwoPass):
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.1, k: int = 5, alpha: float = 0.7,
                  *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation)
+                         global_perturbation=global_perturbation, accumulate=accumulate)
         self.rho = _check_rho("rho", rho)
         check(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "k >= 1 (an integer)", k,
               "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)")
@@ -124,14 +131,8 @@ class LookSAM(TwoPass):
         if self._sam_step_due():
             out = super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
         else:
-            self._zero_grad()
-            loss, logits = forward()
-            self._backward(loss)
-            self._reuse()
-            skipped = self._finish()
-            self._zero_grad()
-            out = StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None, extra_loss=None,
-                             rho=None, skipped=skipped)
+            loss, logits, _, skipped = self._one_pass_step(forward, inputs, before_finish=self._reuse)
+            out = StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
         if not out.skipped:
             self._step += 1
         return out
@@ -177,3 +178,8 @@ class LookSAM(TwoPass):
             self._gv[p].copy_(t)
         norm = state.get("g_v_norm")
         self._gv_norm = None if norm is None else norm.to(params[0].device).clone()
+
+
+SPECS = (method_spec("looksam", description="LookSAM (Liu et al. 2022): SAM every k-th step, the stored orthogonal "
+                     "direction in between.", build=LookSAM, knobs=("rho", "k", "alpha"), two_pass=True,
+                     needs=("model",)),)

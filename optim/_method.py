@@ -1,22 +1,97 @@
-"""The one step interface (StepOutput, Method) and the machinery every method shares: BN protection, DDP no_sync, fp16 scaling, clipping."""
+"""The one step interface (StepOutput, Method, MethodSpec) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Forward", "Method", "StepOutput"]
+__all__ = ["Forward", "Method", "MethodSpec", "StepOutput", "method_spec"]
 
-#: ``forward()`` runs the model on the current batch (under the caller's autocast) and returns
-#: ``(mean task loss, logits)``.
-Forward = Callable[[], "tuple[torch.Tensor, torch.Tensor]"]
+#: ``forward(rows=None, reduction="mean")`` runs the model on the current batch (under the caller's autocast)
+#: and returns ``(loss, logits)``: the mean task loss (``reduction="none"``: one loss per sample) and the
+#: logits of the rows asked for. ``rows`` is ``None`` (the whole batch), a ``slice`` or a 1-D index tensor
+#: of the batch's rows. A method calls ``forward()`` with no argument unless it works on part of the batch
+#: (micro-batches, m-sharpness, ESAM's data selection), so a zero-argument forward serves every other setting.
+Forward = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
+
+#: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three.
+CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One registry entry: what the study validator needs to know about a method without building it, and
+    how to build it (``build(base_optimizer, **hparams, **context)``, keyword arguments only)."""
+
+    name: str
+    description: str
+    hparams: Mapping[str, Any] = field(default_factory=dict)  # the method's own knobs and their defaults
+    two_pass: bool = False  # two forward+backward passes on (some) steps
+    needs: frozenset[str] = frozenset()  # context create() must receive (not None)
+    build: Callable[..., Method] | None = field(default=None, repr=False, compare=False)
+
+    def accepts(self) -> frozenset[str]:
+        """The context keywords ``build`` takes (a method ignores context it has no use for): those it names,
+        and Method's own (model, grad_clip, scaler, global_perturbation, accumulate) if it passes ``**context`` on."""
+        params = inspect.signature(self.build).parameters
+        named = {k for k in CONTEXT if k in params}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            named |= {k for k in inspect.signature(Method.__init__).parameters if k in CONTEXT}
+        return frozenset(named)
+
+
+def method_spec(name: str, *, description: str, build: Callable[..., Method], knobs: Sequence[str] = (),
+                knobs_from: Callable | None = None, two_pass: bool = False, needs: Sequence[str] = (),
+                defaults: Mapping[str, Any] | None = None) -> MethodSpec:
+    """A method module's registry entry: the knobs' defaults are read from the signature of ``knobs_from``
+    (default ``build``), so each default lives in one place, the class; ``defaults`` overrides some of them
+    (ASAM's larger rho)."""
+    params = inspect.signature(knobs_from if knobs_from is not None else build).parameters
+    missing = [k for k in knobs if k not in params or params[k].default is inspect.Parameter.empty]
+    if missing:
+        raise TypeError(f"method {name!r}: knob(s) {missing} are not parameters with a default of "
+                        f"{knobs_from or build}")
+    hp = {k: params[k].default for k in knobs}
+    hp.update(defaults or {})
+    bad = set(needs) - set(CONTEXT[:3])
+    if bad:
+        raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
+    return MethodSpec(name=name, description=description, hparams=MappingProxyType(hp), two_pass=two_pass,
+                      needs=frozenset(needs), build=build)
+
+
+def split_rows(n: int, parts: int) -> list[slice]:
+    """``parts`` contiguous row ranges covering ``range(n)``, sizes differing by at most one (empty ones dropped)."""
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        if size:
+            out.append(slice(start, start + size))
+        start += size
+    return out
+
+
+def _take(rows: slice | torch.Tensor | None, sub: slice) -> slice | torch.Tensor:
+    """Rows ``sub`` of the selection ``rows`` (None: the whole batch)."""
+    if rows is None:
+        return sub
+    if isinstance(rows, slice):
+        return slice(rows.start + sub.start, rows.start + sub.stop)
+    return rows[sub]
+
+
+def _count(rows: slice | torch.Tensor) -> int:
+    return rows.stop - rows.start if isinstance(rows, slice) else int(rows.numel())
 
 
 @dataclass
@@ -128,7 +203,8 @@ class Method(abc.ABC):
 
     ``train_step(forward, inputs=, indices=, epoch=)`` does every zero_grad, backward, extra loss,
     perturbation, BN-stat protection, DDP ``no_sync``, fp16 scaling, clipping and the base step itself;
-    the training loop never branches on the method.
+    the training loop never branches on the method. With ``accumulate > 1`` every pass runs over that many
+    micro-batches of the batch (``forward(rows)``), their gradients adding up to the whole batch's mean.
     """
 
     name: str = ""
@@ -143,6 +219,7 @@ class Method(abc.ABC):
         grad_clip: float | None = None,
         scaler: torch.amp.GradScaler | None = None,
         global_perturbation: bool = False,
+        accumulate: int = 1,
     ):
         if not isinstance(base_optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -152,6 +229,9 @@ class Method(abc.ABC):
         if grad_clip is not None:
             check(grad_clip > 0 and math.isfinite(grad_clip), "grad_clip", "0 < grad_clip < inf (or None)", grad_clip,
                   "pass a positive max norm such as 1.0, or None for no clipping")
+        check(isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate >= 1, "accumulate",
+              "accumulate >= 1 (an integer number of micro-batches)", accumulate,
+              "pass data.accumulate=1 for one pass over the whole batch, or the number of micro-batches per step")
         if self.needs_model and not isinstance(model, nn.Module):
             raise ValueError(
                 f"model must be the nn.Module being trained (the DDP wrapper if any), but got model={model!r}; "
@@ -162,6 +242,7 @@ class Method(abc.ABC):
         self.grad_clip = grad_clip
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.global_perturbation = bool(global_perturbation)
+        self.accumulate = accumulate
         self._bn = _BNGuard(model)
 
     # ----------------------------------------------------------------- the interface
@@ -178,6 +259,11 @@ class Method(abc.ABC):
     def extra_state_bytes(self) -> int:
         """Memory the method holds beyond the base optimizer (saved w, stored directions, buffers, teacher)."""
         return 0
+
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        """Why a run of ``epochs`` x ``steps_per_epoch`` steps is too short for the method's settings (the loop
+        warns with each message before training); none for most methods."""
+        return []
 
     def state_dict(self) -> dict:
         """The base optimizer's state, the method's own, and the GradScaler's (``None`` without fp16 scaling).
@@ -208,6 +294,69 @@ class Method(abc.ABC):
         return f"{type(self).__name__}(name={self.name!r}, base={type(self.base_optimizer).__name__})"
 
     # ----------------------------------------------------------------- shared machinery
+    def _pass(self, forward: Forward, *, local: bool, rows: slice | torch.Tensor | None = None,
+              n: int | None = None, per_sample: bool = False,
+              extra: Callable[[torch.Tensor, slice | torch.Tensor | None], torch.Tensor | None] | None = None):
+        """ONE forward+backward of the mean loss over ``rows`` of the batch (all of it when None), in
+        ``self.accumulate`` micro-batches: each backward is weighted by its share of the rows, so the summed
+        gradient is the mean over all of them (docs/algorithms.md, "Gradient accumulation").
+
+        ``local``: no DDP all-reduce at all (per-replica pass); otherwise DDP syncs on the last micro-batch
+        only. ``extra(logits, rows)``: an added loss (SAF, MESA) per micro-batch. ``n``: the batch's rows,
+        needed only to split it. Returns ``(mean loss, logits, per-sample losses or None, mean extra or None)``,
+        detached: they are for reporting.
+        """
+        if rows is None and self.accumulate == 1 and not per_sample:
+            with self._no_sync() if local else contextlib.nullcontext():
+                loss, logits = forward()
+                added = extra(logits, None) if extra is not None else None
+                self._backward(loss if added is None else loss + added)
+            return loss.detach(), logits.detach(), None, None if added is None else added.detach()
+        if rows is None and self.accumulate == 1:
+            plan: list[tuple[slice | torch.Tensor | None, float]] = [(None, 1.0)]
+        else:
+            if rows is None and n is None:
+                raise ValueError(
+                    f"{self.name}: inputs= must be the batch tensor (its first dimension is the number of samples) "
+                    f"when a step works on parts of the batch (accumulate={self.accumulate}); pass "
+                    "train_step(forward, inputs=x, ...) with a forward(rows=None, reduction='mean')")
+            total = n if rows is None else _count(rows)
+            plan = [(_take(rows, sub), (sub.stop - sub.start) / total)
+                    for sub in split_rows(total, min(self.accumulate, total))]
+        losses, logits_out, samples, extras = [], [], [], []
+        for k, (part, weight) in enumerate(plan):
+            sync_here = not local and k == len(plan) - 1
+            with contextlib.nullcontext() if sync_here else self._no_sync():
+                if per_sample:
+                    per, logits = forward(part, reduction="none")
+                    loss = per.mean()
+                    samples.append(per.detach())
+                else:
+                    loss, logits = forward(part)
+                added = extra(logits, part) if extra is not None else None
+                total_loss = loss if added is None else loss + added
+                self._backward(total_loss if weight == 1.0 else total_loss * weight)
+            losses.append(loss.detach() * weight)
+            logits_out.append(logits.detach())
+            if added is not None:
+                extras.append(added.detach() * weight)
+        loss = torch.stack(losses).sum() if len(losses) > 1 else losses[0]
+        logits = torch.cat(logits_out) if len(logits_out) > 1 else logits_out[0]
+        per = (torch.cat(samples) if len(samples) > 1 else samples[0]) if per_sample else None
+        added = (torch.stack(extras).sum() if len(extras) > 1 else extras[0]) if extras else None
+        return loss, logits, per, added
+
+    def _one_pass_step(self, forward: Forward, inputs: torch.Tensor | None, extra=None, before_finish=None):
+        """The whole one-pass step every one-pass method shares: zero_grad, the (accumulated) pass, an
+        optional hook on the gradients, one base step, zero_grad. Returns ``(loss, logits, extra, skipped)``."""
+        self._zero_grad()
+        loss, logits, _, added = self._pass(forward, local=False, n=batch_rows(inputs), extra=extra)
+        if before_finish is not None:
+            before_finish()
+        skipped = self._finish()
+        self._zero_grad()
+        return loss, logits, added, skipped
+
     def _ddp(self) -> nn.parallel.DistributedDataParallel | None:
         return self.model if isinstance(self.model, nn.parallel.DistributedDataParallel) else None
 
@@ -305,6 +454,10 @@ class Method(abc.ABC):
         return False
 
 
+def batch_rows(inputs: torch.Tensor | None) -> int | None:
+    return None if inputs is None else int(inputs.shape[0])
+
+
 def _found_inf_per_device(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> dict:
     """The scaler's per-device inf/nan verdict for ``opt`` after ``unscale_`` (a private of GradScaler).
 
@@ -327,14 +480,12 @@ class BaseOnly(Method):
 
     def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
                    indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
-        self._zero_grad()
-        loss, logits = forward()
-        self._backward(loss)
-        skipped = self._finish()
-        self._zero_grad()
-        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None, extra_loss=None,
-                          rho=None, skipped=skipped)
+        loss, logits, _, skipped = self._one_pass_step(forward, inputs)
+        return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
 
     @property
     def passes_per_step(self) -> float:
         return 1.0
+
+
+SPECS = (method_spec("none", description="The base optimizer alone (one pass).", build=BaseOnly),)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from ._method import Forward, Method, StepOutput, check, global_norm
+from ._method import (
+    Forward,
+    Method,
+    StepOutput,
+    batch_rows,
+    check,
+    global_norm,
+    method_spec,
+)
 
 __all__ = ["SAM"]
 
@@ -56,9 +65,9 @@ class TwoPass(Method):
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, *, p: float = 2, adaptive: bool = False,
                  eta: float = 0.01, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation)
+                         global_perturbation=global_perturbation, accumulate=accumulate)
         self.p = _check_p(p)
         self.adaptive = bool(adaptive)
         self.eta = _check_eta(eta)
@@ -78,6 +87,9 @@ class TwoPass(Method):
 
     def _combine(self) -> None:
         """Turn the pass 2 gradient in ``p.grad`` into the final update gradient (SAM: leave g_p)."""
+
+    def _direction(self) -> None:
+        """Turn pass 1's gradient in ``p.grad`` into the direction eps is formed from (SAM: leave g)."""
 
     # ---------------------------------------------------------------- perturbation
     def _plan(self) -> list[tuple[bool, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]]:
@@ -186,6 +198,7 @@ class TwoPass(Method):
             raise RuntimeError(f"{type(self).__name__}.first_step() called twice without second_step() in between")
         self._found1 = self._pass1_nonfinite()
         self._bn.snapshot()
+        self._direction()
         rho = self._rho()
         self._last_rho = rho
         self._perturb(rho)
@@ -215,6 +228,10 @@ class TwoPass(Method):
         return loss
 
     def _check_closure(self, closure) -> None:
+        if self.accumulate != 1 or getattr(self, "m", None) is not None:
+            raise ValueError(f"{type(self).__name__}.step(closure) runs the closure on the whole batch, so it cannot "
+                             f"split it (accumulate={self.accumulate}, m={getattr(self, 'm', None)}); use "
+                             "train_step(forward, inputs=x) with a forward(rows=None, reduction='mean')")
         if closure is None:
             raise ValueError(f"closure must be a callable that computes the loss and calls backward(), but got "
                              f"closure=None; pass {type(self).__name__}.step(closure) with e.g. "
@@ -234,17 +251,15 @@ class TwoPass(Method):
 
     def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
                    indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        n = batch_rows(inputs)
         self._zero_grad()
-        with self._local_pass():  # no_sync wraps forward AND backward of pass 1
-            loss, logits = forward()
-            self._backward(loss)
+        # Pass 1 is per-replica (DDP no_sync around forward AND backward) unless one global eps is asked for.
+        loss, logits, _, _ = self._pass(forward, local=not self.global_perturbation, n=n)
         self.first_step()
-        with self._pass2():
-            perturbed_loss, _ = forward()
-            self._backward(perturbed_loss)
+        perturbed_loss, _, _, _ = self._pass(forward, local=self._local_pass2 and not self.global_perturbation, n=n)
         skipped = self.second_step()
-        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=perturbed_loss.detach(),
-                          extra_loss=None, rho=self._last_rho, skipped=skipped)
+        return StepOutput(loss=loss, logits=logits, perturbed_loss=perturbed_loss, extra_loss=None,
+                          rho=self._last_rho, skipped=skipped)
 
     @property
     def passes_per_step(self) -> float:
@@ -260,16 +275,86 @@ class SAM(TwoPass):
 
     ``eps = rho g / (||g|| + 1e-12)`` with ONE global norm (p=2), ``rho sign(g)`` (p=inf),
     ``rho T^2 g / (||T g|| + 1e-12)`` (ASAM). Weight decay stays in the base optimizer.
+
+    ``m`` (m-sharpness, Foret et al. 2021 Sec. 4.1; Andriushchenko & Flammarion 2022): the batch (each
+    replica's, under DDP) is split into groups of ``m`` samples, each group perturbed with its own
+    gradient, and the update is the size-weighted mean of the groups' perturbed gradients; ``m=None`` or
+    ``m >= batch`` is SAM (docs/algorithms.md, "m-sharpness").
     """
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, p: float = 2,
-                 adaptive: bool = False, eta: float = 0.01, *, model: nn.Module | None = None,
+                 adaptive: bool = False, eta: float = 0.01, m: int | None = None, *, model: nn.Module | None = None,
                  grad_clip: float | None = None, scaler: torch.amp.GradScaler | None = None,
-                 global_perturbation: bool = False):
+                 global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=p, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
-                         scaler=scaler, global_perturbation=global_perturbation)
+                         scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
         self.rho = _check_rho("rho", rho)
+        check(m is None or (isinstance(m, int) and not isinstance(m, bool) and m >= 1), "m",
+              "m >= 1 (an integer number of samples per perturbation) or None", m,
+              "pass e.g. m=32, or leave m unset for one perturbation per batch")
+        check(m is None or not global_perturbation, "m", "m unset when global_perturbation=True", m,
+              "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m")
+        self.m = m
         self.name = "asam" if self.adaptive else "sam"
 
     def _rho(self) -> float:
         return self.rho
+
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        n = batch_rows(inputs)
+        if self.m is None or (n is not None and self.m >= n):
+            return super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
+        if n is None:
+            raise ValueError(f"{self.name} with m={self.m}: inputs= must be the batch tensor, to split it into groups "
+                             "of m samples; pass train_step(forward, inputs=x, ...)")
+        return self._m_step(forward, n)
+
+    def _m_step(self, forward: Forward, n: int) -> StepOutput:
+        """One eps per group of m rows; the groups' pass 2 gradients are summed, weighted by group size, into
+        the update gradient; one all-reduce of it under DDP, one base step."""
+        acc: dict[torch.Tensor, torch.Tensor] = {}
+        found: torch.Tensor | None = None
+        losses, perturbed, logits_out = [], [], []
+        for start in range(0, n, self.m):
+            rows = slice(start, min(start + self.m, n))
+            weight = (rows.stop - rows.start) / n
+            self._zero_grad()
+            loss, logits, _, _ = self._pass(forward, local=True, rows=rows)
+            self.first_step()
+            if self._found1 is not None:
+                found = self._found1 if found is None else found + self._found1
+            self._found1 = None
+            ploss, _, _, _ = self._pass(forward, local=True, rows=rows)
+            with torch.no_grad():
+                self._bn.restore()
+                self._restore()
+                for prm in self._params_with_grad():
+                    g = prm.grad
+                    if prm in acc:
+                        acc[prm].add_(g, alpha=weight)
+                    else:
+                        acc[prm] = g.mul_(weight)
+            losses.append(loss * weight)
+            perturbed.append(ploss * weight)
+            logits_out.append(logits)
+        self._zero_grad()
+        for prm, g in acc.items():
+            prm.grad = g
+        with torch.no_grad():
+            self._all_reduce_mean(list(acc.values()))
+            skipped = self._finish(found)
+        self._zero_grad()
+        return StepOutput(loss=torch.stack(losses).sum(), logits=torch.cat(logits_out),
+                          perturbed_loss=torch.stack(perturbed).sum(), extra_loss=None, rho=self._last_rho,
+                          skipped=skipped)
+
+
+SPECS = (
+    method_spec("sam", description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
+                "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).",
+                build=SAM, knobs=("rho", "p", "m"), two_pass=True, needs=("model",)),
+    method_spec("asam", description="Adaptive SAM (Kwon et al. 2021): eps = rho T^2 g/||T g||, T = |w| + eta.",
+                build=functools.partial(SAM, adaptive=True), knobs=("rho", "eta", "m"), two_pass=True,
+                needs=("model",), defaults={"rho": 0.5}),
+)

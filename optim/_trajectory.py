@@ -10,7 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._method import Forward, Method, StepOutput, check, group_by_device_dtype, unwrap
+from ._method import (
+    Forward,
+    Method,
+    StepOutput,
+    check,
+    group_by_device_dtype,
+    method_spec,
+    unwrap,
+)
 
 __all__ = ["MESA", "SAF", "Regularised", "trajectory_kl"]
 
@@ -168,6 +176,30 @@ class SAF:
         idx = sample_indices.to(device=logits.device, dtype=torch.long, non_blocking=True).reshape(-1)
         return _recorded_kl(logits, buf[read].index_select(0, idx), self.tau, self.lam)
 
+    # ------------------------------------------------------------ the regulariser protocol (Regularised)
+    #: Forward+backward passes a step adds (none: the lookup is an index_select).
+    extra_passes = 0.0
+
+    def check_batch(self, inputs: torch.Tensor | None, indices: torch.Tensor | None) -> None:
+        if indices is None:
+            raise ValueError("saf needs indices=: each sample's index in the FULL training set, "
+                             "to record and look up its logits; pass train_step(..., indices=idx)")
+
+    def extra_loss(self, logits: torch.Tensor, inputs: torch.Tensor | None, indices: torch.Tensor, epoch: int):
+        return self.past_loss(logits, indices, epoch) if self.active(epoch) else None
+
+    def after_step(self, logits: torch.Tensor, indices: torch.Tensor, epoch: int) -> None:
+        self.record(logits, indices, epoch)
+
+    def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
+        if epochs - 1 <= self.e_start:
+            return [(f"saf: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and "
+                     f"this run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer.")]
+        return []
+
+    def nbytes(self) -> int:
+        return self.buffer_bytes
+
     def state_dict(self) -> dict:
         return {"buffer": self.buffer, "slot_epochs": list(self.slot_epochs)}
 
@@ -278,6 +310,20 @@ class MESA:
         with ctx:
             return self.teacher(inputs)
 
+    # ------------------------------------------------------------ the regulariser protocol (Regularised)
+    #: The teacher's no-grad forward: about a third of a forward+backward.
+    extra_passes = 1.0 / 3.0
+
+    def check_batch(self, inputs: torch.Tensor | None, indices: torch.Tensor | None) -> None:
+        if inputs is None:  # at every step, not only once the loss is active: fail in the first minute
+            raise ValueError("mesa needs inputs=: the batch the teacher is run on; pass train_step(..., inputs=x)")
+
+    def extra_loss(self, logits: torch.Tensor, inputs: torch.Tensor, indices: torch.Tensor | None, epoch: int):
+        return self.loss(inputs, logits, epoch) if self.active(epoch) else None
+
+    def after_step(self, logits: torch.Tensor, indices: torch.Tensor | None, epoch: int) -> None:
+        self.update()
+
     def loss(self, inputs: torch.Tensor, logits: torch.Tensor, epoch: int) -> torch.Tensor:
         """``lam * trajectory_kl(logits, teacher(inputs), tau)`` (zero, and no teacher forward, before ``e_start``)."""
         if not self.active(epoch):
@@ -308,67 +354,73 @@ class MESA:
         return sum(t.numel() * t.element_size() for t in self._float_t + self._other_t)
 
 
+def _rows(t: torch.Tensor | None, rows):
+    return t if t is None or rows is None else t[rows]
+
+
 class Regularised(Method):
-    """``saf`` / ``mesa``: one forward and backward of ``loss + extra_loss``, then the base step (and the EMA)."""
+    """``saf`` / ``mesa``: one forward and backward of ``loss + extra_loss``, then the base step (and the
+    regulariser's own update: SAF records the logits, MESA moves its teacher). The regulariser supplies
+    ``check_batch``, ``extra_loss``, ``after_step``, ``extra_passes``, ``nbytes`` and its state."""
 
     def __init__(self, base_optimizer: torch.optim.Optimizer, regulariser: SAF | MESA, *, name: str,
                  model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False):
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation)
+                         global_perturbation=global_perturbation, accumulate=accumulate)
         self.regulariser = regulariser
         self.name = name
 
     def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
                    indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
         reg = self.regulariser
-        self._zero_grad()
-        loss, logits = forward()
-        extra = None
-        if isinstance(reg, SAF):
-            if indices is None:
-                raise ValueError("saf needs indices=: each sample's index in the FULL training set, "
-                                 "to record and look up its logits; pass train_step(..., indices=idx)")
-            extra = reg.past_loss(logits, indices, epoch) if reg.active(epoch) else None
-        else:
-            if inputs is None:  # at every step, not only once the loss is active: fail in the first minute
-                raise ValueError("mesa needs inputs=: the batch the teacher is run on; pass train_step(..., inputs=x)")
-            if reg.active(epoch):
-                extra = reg.loss(inputs, logits, epoch)
-        self._backward(loss + extra if extra is not None else loss)
-        skipped = self._finish()
-        self._zero_grad()
+        reg.check_batch(inputs, indices)
+
+        def extra(logits, rows):  # per micro-batch: the rows' own inputs and sample indices
+            return reg.extra_loss(logits, _rows(inputs, rows), _rows(indices, rows), epoch)
+
+        loss, logits, added, skipped = self._one_pass_step(forward, inputs, extra=extra)
         # Method state moves only on a step taken (docs/algorithms.md, "Mixed precision"): SAF records every
         # epoch, even before e_start; MESA's EMA follows every step from step 0.
         if not skipped:
-            if isinstance(reg, SAF):
-                reg.record(logits, indices, epoch)
-            else:
-                reg.update()
-        return StepOutput(loss=loss.detach(), logits=logits.detach(), perturbed_loss=None,
-                          extra_loss=None if extra is None else extra.detach(), rho=None, skipped=skipped)
+            reg.after_step(logits, indices, epoch)
+        return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=added, rho=None, skipped=skipped)
 
     def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
-        """Messages saying why a run of this length is too short for the method's settings (the loop warns with them)."""
-        reg = self.regulariser
-        if isinstance(reg, MESA):
-            return reg.run_warnings(epochs=epochs, steps_per_epoch=steps_per_epoch)
-        if epochs - 1 <= reg.e_start:
-            return [f"saf: the trajectory loss is never on: it is active when epoch > e_start={reg.e_start}, and this "
-                    f"run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer."]
-        return []
+        return self.regulariser.run_warnings(epochs=epochs, steps_per_epoch=steps_per_epoch)
 
     @property
     def passes_per_step(self) -> float:
-        # MESA adds a no-grad teacher forward: about a third of a forward+backward.
-        return 1.0 + (1.0 / 3.0 if isinstance(self.regulariser, MESA) else 0.0)
+        return 1.0 + self.regulariser.extra_passes
 
     def extra_state_bytes(self) -> int:
-        reg = self.regulariser
-        return reg.buffer_bytes if isinstance(reg, SAF) else reg.nbytes()
+        return self.regulariser.nbytes()
 
     def _method_state(self) -> dict:
         return self.regulariser.state_dict()
 
     def _load_method_state(self, state: dict) -> None:
         self.regulariser.load_state_dict(state)
+
+
+# The knobs' defaults live in SAF's and MESA's signatures (method_spec reads them there); create() always
+# passes every knob, so the builders declare none.
+def build_saf(base_optimizer: torch.optim.Optimizer, *, num_samples: int, num_classes: int, lam: float, tau: float,
+              e_tilde: int, e_start: int, **context) -> Regularised:
+    return Regularised(base_optimizer, SAF(num_samples, num_classes, lam=lam, tau=tau, e_tilde=e_tilde,
+                                           e_start=e_start), name="saf", **context)
+
+
+def build_mesa(base_optimizer: torch.optim.Optimizer, *, model: nn.Module, beta: float, lam: float, tau: float,
+               e_start: int, **context) -> Regularised:
+    return Regularised(base_optimizer, MESA(model, beta=beta, lam=lam, tau=tau, e_start=e_start), name="mesa",
+                       model=model, **context)
+
+
+SPECS = (
+    method_spec("saf", description="SAF (Du et al. 2022): trajectory loss against each sample's logits from e_tilde "
+                "epochs ago.", build=build_saf, knobs_from=SAF, knobs=("lam", "tau", "e_tilde", "e_start"),
+                needs=("num_samples", "num_classes")),
+    method_spec("mesa", description="MESA (Du et al. 2022): trajectory loss against an EMA teacher's logits.",
+                build=build_mesa, knobs_from=MESA, knobs=("beta", "lam", "tau", "e_start"), needs=("model",)),
+)

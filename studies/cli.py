@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 from studies import server as server_cli
+from trainables.errors import UserError
+from trainables.tracking import DEFAULT_TRACKING_URI
 
-__all__ = ["main"]
+__all__ = ["EXIT_ERRORS", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# The exit statuses every command keeps: 0 done, EXIT_ERRORS when trials errored or a command failed,
+# EXIT_USAGE for a user mistake (listed, no traceback), EXIT_INTERRUPTED after Ctrl-C (128 + SIGINT, as shells do).
+EXIT_ERRORS = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 def _quiet_env() -> None:
@@ -21,20 +28,34 @@ def _quiet_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# A local study's Ray cluster is this machine alone, so none of its servers (GCS, raylet, workers, agents) need
+# another interface. Ray reads this at import, in the driver and in every process it starts: off, Ray takes the
+# loopback address as the node's and binds its servers there. Pinned by tests/studies/test_adversarial.py.
+LOOPBACK_RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+@contextlib.contextmanager
+def _loopback_ray(args):
+    """For `run`/`resume` without --address, before anything imports Ray: keep its cluster on 127.0.0.1. The
+    environment is restored afterwards, so that `main` called in a process that goes on leaves it as it was."""
+    local = getattr(args, "func", None) is _cmd_run and not getattr(args, "address", None)
+    if not local or getattr(args, "dry_run", False) or "ray" in sys.modules:
+        yield
+        return
+    saved = {key: os.environ.get(key) for key in LOOPBACK_RAY_ENV}
+    os.environ.update({k: v for k, v in LOOPBACK_RAY_ENV.items() if saved[k] is None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+
+
 def _overrides(args) -> dict:
-    import yaml
+    from studies.spec import parse_overrides
 
-    from studies.spec import StudyError
-
-    out = {}
-    for item in getattr(args, "set", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise StudyError(args.study, [
-                f"--set {item!r}: must be KEY=VALUE with KEY a dotted config path or study setting. "
-                f"Fix: e.g. --set data.root=/data/cifar10 or --set storage=/mnt/shared/sharpscale_runs"
-            ])
-        out[key.strip()] = yaml.safe_load(value)
+    out = parse_overrides(getattr(args, "set", None) or [], args.study)
     if getattr(args, "storage", None) is not None:
         out["storage"] = args.storage  # a path or URI as typed: YAML would turn some into other types
     return out
@@ -55,7 +76,32 @@ def _study_options() -> argparse.ArgumentParser:
         help="Ray's results and checkpoints (and, by default, Optuna's database beside them) for this run, instead of "
         "the study's `storage:`; same as --set storage=...: a directory, or s3:// / gs:// (docs/cluster.md)",
     )
+    parent.add_argument("--smoke", action="store_true", help="the study's --smoke form: tiny, on the embedded digits, on CPU")
     return parent
+
+
+def _tracking_option() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--tracking-uri", default=None,
+        help=f"MLflow tracking URI (default: the study's tracking.uri, {DEFAULT_TRACKING_URI}); sqlite:///, http(s):// "
+        "or a database URL",
+    )
+    return parent
+
+
+def _cluster_options() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
+    parent.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    return parent
+
+
+def _read_uri(args, spec) -> str:
+    """The tracking URI a read-only command reads: checked, absolute, and never created."""
+    from trainables.tracking import check_tracking_uri, resolve_tracking_uri
+
+    return check_tracking_uri(resolve_tracking_uri(args.tracking_uri or spec.tracking.uri))
 
 
 def _cmd_validate(args) -> int:
@@ -86,7 +132,10 @@ def _cmd_run(args) -> int:
         _print_cells(study)
         return 0
     from studies.runner import run_study
+    from trainables.tracking import check_tracking_uri
 
+    if args.tracking_uri:
+        check_tracking_uri(args.tracking_uri)
     outcome = run_study(
         args.study,
         address=args.address,
@@ -98,23 +147,39 @@ def _cmd_run(args) -> int:
         new_launch=getattr(args, "new_launch", False),
     )
     _print_summary(study, outcome.tracking_uri, smoke=args.smoke)
+    if outcome.interrupted:
+        print(_incomplete(args, f"after {outcome.trials} of {study.total_trials} trials"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     if outcome.errored:
         print(f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
               f"runs' sharpscale.reason tags", file=sys.stderr)
-    return 1 if outcome.trials == 0 or outcome.errored else 0
+    return EXIT_ERRORS if outcome.trials == 0 or outcome.errored else 0
+
+
+def _incomplete(args, when: str) -> str:
+    """What an interrupted study tells its user: it is incomplete, and the command that finishes it."""
+    resume = [_prog(), "resume", args.study, *(f"--set {s}" for s in getattr(args, "set", None) or [])]
+    for flag in ("storage", "tracking_uri", "address"):
+        if getattr(args, flag, None):
+            resume.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+    if getattr(args, "smoke", False):
+        resume.append("--smoke")
+    return (
+        f"sharpscale: study interrupted {when}: it is INCOMPLETE (its MLflow runs are marked KILLED, interrupted "
+        f"trials 'interrupted'). Finish it with:\n  {' '.join(resume)}"
+    )
 
 
 def _cmd_status(args) -> int:
     import pandas as pd
 
     from analysis import load_runs
-    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
     # Reads the file and MLflow only: the data need not be on this machine.
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
-    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    uri = _read_uri(args, spec)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
     runs = load_runs(name, tracking_uri=uri)
     planned = pd.Series({c.key: c.trials for c in study.cells}, name="planned")
@@ -141,12 +206,17 @@ def _state_line(study, uri: str, name: str) -> str:
     from studies.runner import find_study_run, state_locations
     from trainables.tracking import tracking_client
 
-    client = tracking_client(uri)
+    client = tracking_client(uri, create=False)
     exp = client.get_experiment_by_name(name)
     run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
     where = state_locations(study, name, run.data.tags if run is not None else None)
     origin = "recorded by its study run" if run is not None else "from the study file; no study run recorded yet"
-    return f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
+    state = f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
+    if run is not None and run.info.status != "FINISHED":
+        word = {"RUNNING": "running (or its driver died: `resume` finishes it)", "KILLED": "INTERRUPTED (incomplete)",
+                "FAILED": "FAILED (incomplete)"}.get(run.info.status, run.info.status)
+        state = f"Study run: {word}; `{_prog()} resume {study.path}` finishes it.\n{state}"
+    return state
 
 
 def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
@@ -157,14 +227,33 @@ def _print_summary(study, tracking_uri: str, *, smoke: bool) -> None:
     spec = study.spec
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if smoke else "")
     runs = load_runs(name, tracking_uri=tracking_uri)
-    searched = tuple(sorted({p for c in study.cells for p in c.space}))
-    table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
     print()
     print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
-        print(table.to_string() if not table.empty else "  (no finished trial)")
+    if _none_finished(runs, spec.objective.metric):
+        print(f"  {_no_result_line(runs)}")
+    else:
+        searched = tuple(sorted({p for c in study.cells for p in c.space}))
+        table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+            print(table.to_string() if not table.empty else "  (no finished trial)")
     ui = f"{_prog()} ui" + ("" if tracking_uri == f"sqlite:///{Path.cwd() / 'mlflow.db'}" else f" --tracking-uri {tracking_uri}")
     print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
+
+
+def _none_finished(runs, metric: str) -> bool:
+    """No trial of the records ended with a value of the objective (none yet, or every one failed)."""
+    if runs.empty or metric not in runs or "status" not in runs:
+        return True
+    return runs.loc[runs["status"] == "finished", metric].dropna().empty
+
+
+def _no_result_line(runs) -> str:
+    if runs.empty:
+        return "no trial recorded yet."
+    counts = runs["status"].value_counts() if "status" in runs else {}
+    by_status = ", ".join(f"{n} {s}" for s, n in counts.items())
+    return (f"no trial finished with a result ({by_status}): nothing to tabulate. Each run's sharpscale.reason tag "
+            f"says why; `sharpscale status` counts them.")
 
 
 def _prog() -> str:
@@ -188,14 +277,19 @@ def _cmd_ui(args) -> int:
 
 
 def _cmd_report(args) -> int:
+    from analysis import load_runs
     from analysis.report import write_report
-    from trainables.tracking import resolve_tracking_uri
     from studies.spec import load_study
 
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
-    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    uri = _read_uri(args, spec)
     name = (spec.tracking.experiment or spec.name) + ("-smoke" if args.smoke else "")
+    runs = load_runs(name, tracking_uri=uri)
+    if _none_finished(runs, spec.objective.metric):
+        # A normal outcome of a study (not yet run, or every trial failed): said plainly, no empty tables written.
+        print(f"{name}: {_no_result_line(runs)} No report written.")
+        return 0
     out_dir = Path(args.out or f"reports/{name}")
     files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
                          metric=spec.objective.metric, mode=spec.objective.mode)
@@ -207,13 +301,9 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_data_fetch(args) -> int:
-    from trainables.fetch import FetchError, fetch_dataset
+    from trainables.fetch import fetch_dataset
 
-    try:
-        where = fetch_dataset(args.dataset, args.to, url=args.url, md5=args.md5, log=lambda msg: print(msg, flush=True))
-    except FetchError as err:
-        print(f"sharpscale: error: {err}", file=sys.stderr)
-        return 2
+    where = fetch_dataset(args.dataset, args.to, url=args.url, md5=args.md5, log=lambda msg: print(msg, flush=True))
     print(f"Use it with: --set data.root={where}   (or data.root: {where} in the study file)")
     return 0
 
@@ -242,16 +332,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hyperparameter and data-scaling studies of sharpness-aware training on Ray Tune + Optuna, "
         "recorded in MLflow.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    study_options = [_study_options()]
+    study_file, tracking, cluster = [_study_options()], [_tracking_option()], [_cluster_options()]
+    exits = (f"Exit status: 0 done; {EXIT_ERRORS} when trials errored; {EXIT_USAGE} for a mistake in the study or the "
+             f"options (every problem listed, nothing started); {EXIT_INTERRUPTED} when interrupted (Ctrl-C): the "
+             f"study is incomplete and `resume` finishes it.")
 
-    run = sub.add_parser("run", parents=study_options, help="run a study file (validates it completely first)")
+    run = sub.add_parser("run", parents=study_file + tracking + cluster, epilog=exits,
+                         help="run a study file (validates it completely first)")
     run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
-    run.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
-    run.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's, sqlite:///mlflow.db)")
-    run.add_argument("--smoke", action="store_true", help="run the study tiny, on the embedded digits, on CPU")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
-    run.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
     run.add_argument(
         "--new-launch", action="store_true",
         help="the study already ran into this experiment: start another launch, kept apart from the earlier ones "
@@ -260,36 +351,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     res = sub.add_parser(
-        "resume", parents=study_options,
+        "resume", parents=study_file + tracking + cluster, epilog=exits,
         help="finish an interrupted study: finished trials are not re-run, no run is duplicated; its state is where "
         "the interrupted run recorded it",
     )
     res.add_argument("study", help="the study file that was run")
-    res.add_argument("--address", default=None, help="existing Ray cluster; default: start a local one")
-    res.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
-    res.add_argument("--smoke", action="store_true", help="resume the --smoke run of the study")
-    res.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
     res.set_defaults(func=_cmd_run, dry_run=False)
 
-    st = sub.add_parser("status", parents=study_options, help="trials per cell and status, and the best so far, from MLflow")
+    st = sub.add_parser("status", parents=study_file + tracking,
+                        help="trials per cell and status, and the best so far, from MLflow (creates nothing)")
     st.add_argument("study")
-    st.add_argument("--tracking-uri", default=None)
-    st.add_argument("--smoke", action="store_true", help="the --smoke run of the study")
     st.set_defaults(func=_cmd_status)
 
-    val = sub.add_parser("validate", parents=study_options, help="check a study file; exit 2 listing every problem")
+    val = sub.add_parser(
+        "validate", parents=study_file,
+        help=f"check a study file: exit 0 when valid, {EXIT_USAGE} listing every problem",
+        epilog=f"Exit status: 0 when the study is valid; {EXIT_USAGE} when it is not (every problem listed, one a line).",
+    )
     val.add_argument("study")
-    val.add_argument("--smoke", action="store_true", help="validate the --smoke form too")
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser(
-        "report", parents=study_options,
+        "report", parents=study_file + tracking,
         help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow",
     )
     rep.add_argument("study", help="the study file")
-    rep.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's)")
     rep.add_argument("--out", default=None, help="output directory (default: reports/<study>)")
-    rep.add_argument("--smoke", action="store_true", help="report on the --smoke run of the study")
     rep.add_argument("--no-mlflow", action="store_true", help="write the files only, log nothing")
     rep.set_defaults(func=_cmd_report)
 
@@ -311,18 +398,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sharpscale")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     _quiet_env()
     args = build_parser().parse_args(argv)
-    from studies.spec import StudyError
-    from trainables.config import ConfigError
-
     try:
-        return args.func(args)
-    except (StudyError, ConfigError, LookupError) as err:
+        with _loopback_ray(args):
+            return args.func(args)
+    except UserError as err:
         # A user mistake: the message says what to fix; a traceback would only hide it.
         print(f"sharpscale: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except OSError as err:
+        # The machine refused (a full disk, read-only storage): one line with the cause; what the study had
+        # opened is closed by then, and the notes say if closing failed too.
+        notes = "".join(f"\n  {n}" for n in getattr(err, "__notes__", []))
+        print(f"sharpscale: error: {err}{notes}", file=sys.stderr)
+        return EXIT_ERRORS
+    except KeyboardInterrupt:
+        # Ctrl-C outside the trials (while Ray starts, say); the study runner closes what it opened.
+        if getattr(args, "func", None) is _cmd_run and not getattr(args, "dry_run", False):
+            print(f"\n{_incomplete(args, 'before it ended')}", file=sys.stderr)
+        else:
+            print("\nsharpscale: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 from studies.preflight import check_data_on_nodes
 from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from studies.search import CellSearcher, apply_sample
+from trainables.errors import shown
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     KIND_TAG,
@@ -19,6 +23,7 @@ from trainables.tracking import (
     STATUS_TAG,
     TrackingTarget,
     _retry,
+    filter_value,
     resolve_tracking_uri,
     tracking_client,
 )
@@ -89,6 +94,7 @@ class StudyOutcome:
     tracking_uri: str
     trials: int
     errored: int
+    interrupted: bool = False  # Ctrl-C (SIGINT) ended it early: incomplete, `resume` finishes it
 
 
 class _Progress:
@@ -102,8 +108,12 @@ class _Progress:
         self.metric, self.mode = study.spec.objective.metric, study.spec.objective.mode
         self.best: dict[str, float] = {}
         self.done = self.failed = 0
+        self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
 
         class _Cb(Callback):
+            def setup(self, **info):
+                outer._record_interrupts()
+
             def on_trial_complete(self, iteration, trials, trial, **info):
                 outer._finished(trial, trials, ok=True)
 
@@ -111,6 +121,24 @@ class _Progress:
                 outer._finished(trial, trials, ok=False)
 
         self.callback = _Cb()
+
+    def _record_interrupts(self) -> None:
+        """Wrap Tune's SIGINT handler (installed by now: Tune sets it before it sets up callbacks) so that the
+        interrupt is recorded before Tune handles it. Tune then ends the run and returns normally, so the result
+        alone does not say the study was cut short."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; Tune installs no handler elsewhere either
+        tune_handler = signal.getsignal(signal.SIGINT)
+        if not callable(tune_handler):
+            return
+
+        def record_then_delegate(sig, frame):
+            if self.interrupted_at is None:
+                self.interrupted_at = time.time()
+                print("sharpscale: interrupted: stopping the trials; the study will be resumable", flush=True)
+            tune_handler(sig, frame)
+
+        signal.signal(signal.SIGINT, record_then_delegate)
 
     def _finished(self, trial, trials, ok: bool) -> None:
         cell = trial.config.get("cell", "")
@@ -165,7 +193,7 @@ def _warn_split_records(address: str | None, uri: str) -> None:
 
 
 def _find_run(client, experiment_id: str, tags: dict[str, str]):
-    clause = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    clause = " and ".join(f"tags.`{k}` = {filter_value(v)}" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
     return runs[0] if runs else None
 
@@ -207,9 +235,11 @@ def find_study_run(client, experiment_id: str, study: LoadedStudy):
 
 
 def _parent_runs(
-    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations, launch: int
-) -> tuple[str, dict[str, str]]:
-    """The study's run and one run per cell; on resume (`run`: the study run found) they are reopened, never duplicated."""
+    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations, launch: int,
+    opened: list[str], cell_runs: dict[str, str],
+) -> str:
+    """The study's run and one run per cell (into `cell_runs`); on resume (`run`: the study run found) they are
+    reopened, never duplicated. Each run id goes into `opened` as soon as it is RUNNING, for the caller to close."""
     resume = run is not None
     if run is None:
         run = client.create_run(
@@ -219,6 +249,7 @@ def _parent_runs(
                   "sharpscale.study_file": str(study.path), "mlflow.note.content": study.spec.description,
                   **locations.tags()},
         )
+        opened.append(run.info.run_id)
         client.log_artifact(run.info.run_id, str(study.path))
         if study.overrides:
             client.log_dict(run.info.run_id, {"overrides": study.overrides, "smoke": study.smoke}, "overrides.yaml")
@@ -226,8 +257,8 @@ def _parent_runs(
         for key, value in locations.tags().items():
             client.set_tag(run.info.run_id, key, value)
         client.update_run(run.info.run_id, status="RUNNING")
+        opened.append(run.info.run_id)
     study_run_id = run.info.run_id
-    cell_runs = {}
     for cell in study.cells:
         tags = {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}
         existing = _find_run(client, experiment_id, {KIND_TAG: "cell", CELL_TAG: cell.key, "mlflow.parentRunId": study_run_id}) if resume else None
@@ -240,8 +271,9 @@ def _parent_runs(
             )
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
+        opened.append(existing.info.run_id)
         cell_runs[cell.key] = existing.info.run_id
-    return study_run_id, cell_runs
+    return study_run_id
 
 
 def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: bool) -> None:
@@ -258,9 +290,40 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
         if epochs and logged >= set(range(epochs)):
             status, mlflow_status = "finished", "FINISHED"
         else:
-            status, mlflow_status = ("killed" if interrupted else "early_stopped"), "KILLED"
+            status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
         _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
+
+
+def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
+    """Trials that Tune stopped because of the interrupt end as `early_stopped` or `failed` in their own record:
+    say `interrupted` instead, so that nothing cut short by Ctrl-C looks stopped on purpose."""
+    since_ms = int(since * 1000)
+    for run in client.search_runs([experiment_id], filter_string=f"tags.`{KIND_TAG}` = 'trial'", max_results=10_000):
+        if run.data.tags.get("mlflow.parentRunId") not in cell_runs.values():
+            continue
+        ended = run.info.end_time
+        if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (ended is None or ended >= since_ms):
+            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
+            if run.info.status == "RUNNING":
+                _retry(client.set_terminated, run.info.run_id, status="KILLED")
+
+
+def _close_all(steps: list, primary: BaseException | None) -> None:
+    """Run every cleanup step even when some fail; a failure is a note on the error that ended the study (which
+    stays the one cause reported), or raised itself when the study had ended without error."""
+    failures = []
+    for step in steps:
+        try:
+            step()
+        except Exception as err:  # noqa: BLE001 - each step runs whatever the others did
+            failures.append(err)
+    if not failures:
+        return
+    if primary is None:
+        raise failures[0]
+    for err in failures:
+        primary.add_note(f"(while closing the study's runs afterwards: {type(err).__name__}: {str(err)[:300]})")
 
 
 def _drop_lost_trials(client, experiment_id: str, known: set[str], launch: int) -> None:
@@ -348,7 +411,7 @@ def check_cluster_storage(study: LoadedStudy, locations: StateLocations, plan: D
     if not locations.shared:
         mounts = study.spec.shared_mounts
         problems.append(
-            f"storage: a path on this node, got {locations.storage!r}, and {where}: the first checkpoint written on "
+            f"storage: a path on this node, got {shown(locations.storage)}, and {where}: the first checkpoint written on "
             f"another node would fail (\"Unable to set up cluster storage\"). Fix: use storage that every node "
             f"reaches: a path on an NFS/EFS mount seen at the same place on every node, listed in shared_mounts "
             f"(e.g. --storage /mnt/shared/sharpscale_runs with `shared_mounts: [/mnt/shared]` in the study file"
@@ -427,6 +490,8 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
+    if not address:
+        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     client = tracking_client(uri)
@@ -453,7 +518,13 @@ def run_study(
     )
 
     started_ray = _init_ray(address, num_cpus)
+    opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
+    cell_runs: dict[str, str] = {}
+    outcome: StudyOutcome | None = None
+    primary: BaseException | None = None
     try:
+        if address:
+            check_cluster_resources(study)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
         check_cluster_storage(study, locations, plan, connected=bool(address))
         _ensure_local_dirs(study, locations)
@@ -468,14 +539,78 @@ def run_study(
                     f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
                 ])
         commit = git_commit(study.path.parent)
-        study_run_id, cell_runs = _parent_runs(client, study, experiment_id, commit, previous, locations, launch)
-        return _tune(study, locations, plan, client, uri, exp_name, run_name, launch, experiment_id, commit,
-                     study_run_id, cell_runs, resume, trainable)
+        study_run_id = _parent_runs(client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs)
+        outcome = _tune(study, locations, plan, client, uri, exp_name, run_name, launch, experiment_id, commit,
+                        study_run_id, cell_runs, resume, trainable)
+        return outcome
+    except BaseException as err:
+        primary = err
+        raise
     finally:
+        if outcome is not None:
+            status = "KILLED" if outcome.interrupted else "FINISHED"
+        else:
+            status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
+        steps = []
+        if opened:
+            steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
+            steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
         if started_ray:
             import ray
 
-            ray.shutdown()
+            steps.append(ray.shutdown)
+        _close_all(steps, primary)
+
+
+def _node_problem(request: dict[str, float], offers: list[tuple[str, dict[str, float]]], where: str) -> str | None:
+    """Why no node of `offers` ([(name, resources)]) can host one trial worker asking `request`, or None."""
+    wanted = {k: v for k, v in request.items() if v > 0}
+    if not offers or any(all(res.get(k, 0.0) >= v for k, v in wanted.items()) for _, res in offers):
+        return None
+    short = sorted({k for k, v in wanted.items() if all(res.get(k, 0.0) < v for _, res in offers)})
+    largest = {k: max(res.get(k, 0.0) for _, res in offers) for k in wanted}
+    asked = ", ".join(f"{k}={v:g}" for k, v in wanted.items())
+    has = ", ".join(f"{k}={largest[k]:g}" for k in wanted)
+    names = {"CPU": "resources.cpus_per_trial", "GPU": "resources.gpus_per_trial"}
+    fields = ", ".join(names.get(k, f"resources.custom.{k}") for k in short) or "resources"
+    return (
+        f"{fields}: each trial (each worker) asks {asked}, and no node of {where} can ever give it (the most any "
+        f"node has: {has}); Tune would wait forever. Fix: ask for at most that, or run on a cluster with such nodes "
+        f"(--address)."
+    )
+
+
+def check_local_resources(study: LoadedStudy, num_cpus: int | None) -> None:
+    """Refuse, before Ray starts, a trial that the local cluster this machine would start cannot host."""
+    res = study.resources
+    # Ray counts the CPUs this process may run on (a container's or a taskset's share), not the machine's.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = float(num_cpus if num_cpus is not None else usable)
+    offers = {"CPU": cpus, "GPU": float(_local_gpus()) if res.gpus_per_trial > 0 else 0.0}
+    request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
+    if problem := _node_problem(request, [("this machine", offers)], "the local Ray cluster (this machine)"):
+        raise StudyError(study.path, [problem])
+
+
+def _local_gpus() -> int:
+    # Only asked when a trial wants a GPU; torch is what the trials use to see them.
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_cluster_resources(study: LoadedStudy) -> None:
+    """Warn when no node of the connected cluster can host one trial (worker): only its autoscaler can then
+    place the trials, by adding a node type that fits; without one Tune waits forever."""
+    import ray
+
+    res = study.resources
+    request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
+    offers = [(n.get("NodeManagerAddress", "?"), n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+    # The autoscaler's node types are not in Ray's public API: a cluster that adds nodes is not refused on a guess.
+    if problem := _node_problem(request, offers, "the cluster now"):
+        print(f"sharpscale: warning: {problem.replace('Tune would wait forever', 'unless its autoscaler adds a node type that fits, Tune waits forever')}",
+              flush=True)
 
 
 def _tune(
@@ -505,80 +640,81 @@ def _tune(
             },
         }
 
-    status, errored, trials = "FAILED", 0, 0
+    import ray
+    from ray import tune
+
+    # The runs it writes to are closed by run_study, whatever happens here.
+    from trainables.ray_train import tune_trainable
+
+    searcher = CellSearcher(
+        list(study.cells),
+        metric=spec.objective.metric,
+        mode=spec.objective.mode,
+        sampler=spec.budget.sampler,
+        seed=spec.budget.seed,
+        storage_url=locations.optuna_storage,
+        study_name=run_name,
+        payload=payload,
+    )
+    progress = _Progress(study)
+    trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
+    experiment_dir = f"{locations.storage}/{run_name}"
+    if resume:
+        # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
+        tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                metric=spec.objective.metric,
+                mode=spec.objective.mode,
+                search_alg=searcher,
+                scheduler=_scheduler(study),
+                num_samples=study.total_trials,
+                max_concurrent_trials=_max_concurrent_trials(
+                    spec.resources.max_concurrent_trials, plan, ray.cluster_resources()
+                ),
+                time_budget_s=spec.budget.time_limit_s,
+                # A fresh worker per trial would re-import torch, timm and MLflow each time (seconds each).
+                reuse_actors=True,
+                trial_name_creator=lambda t: f"{t.trial_id}",
+                trial_dirname_creator=lambda t: f"{t.trial_id}",
+            ),
+            run_config=tune.RunConfig(
+                name=run_name,
+                storage_path=locations.storage,
+                failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
+                # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
+                # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
+                callbacks=[progress.callback],
+                verbose=0,
+            ),
+        )
+    t0 = time.perf_counter()
+    print(
+        f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
+        f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}",
+        flush=True,
+    )
+    before = signal.getsignal(signal.SIGINT)
     try:
-        import ray
-        from ray import tune
-
-        from trainables.ray_train import tune_trainable
-
-        searcher = CellSearcher(
-            list(study.cells),
-            metric=spec.objective.metric,
-            mode=spec.objective.mode,
-            sampler=spec.budget.sampler,
-            seed=spec.budget.seed,
-            storage_url=locations.optuna_storage,
-            study_name=run_name,
-            payload=payload,
-        )
-        progress = _Progress(study)
-        trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
-        experiment_dir = f"{locations.storage}/{run_name}"
-        if resume:
-            # Finished trials stay finished; interrupted and errored ones continue from their checkpoints.
-            tuner = tune.Tuner.restore(experiment_dir, trainable=trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(
-                    metric=spec.objective.metric,
-                    mode=spec.objective.mode,
-                    search_alg=searcher,
-                    scheduler=_scheduler(study),
-                    num_samples=study.total_trials,
-                    max_concurrent_trials=_max_concurrent_trials(
-                        spec.resources.max_concurrent_trials, plan, ray.cluster_resources()
-                    ),
-                    time_budget_s=spec.budget.time_limit_s,
-                    # A fresh worker per trial would re-import torch, timm and MLflow each time (seconds each).
-                    reuse_actors=True,
-                    trial_name_creator=lambda t: f"{t.trial_id}",
-                    trial_dirname_creator=lambda t: f"{t.trial_id}",
-                ),
-                run_config=tune.RunConfig(
-                    name=run_name,
-                    storage_path=locations.storage,
-                    failure_config=tune.FailureConfig(max_failures=spec.resources.max_failures),
-                    # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
-                    # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
-                    callbacks=[progress.callback],
-                    verbose=0,
-                ),
-            )
-        t0 = time.perf_counter()
-        print(
-            f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
-            f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}",
-            flush=True,
-        )
         results = tuner.fit()
-        limit = spec.budget.time_limit_s
-        if limit is not None and time.perf_counter() - t0 >= limit:
-            # Tune stopped the trials still running at the time limit; none of them will report again.
-            searcher.fail_unfinished()
-        if resume:
-            _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
-        trials = len(results)
-        errored = sum(1 for r in results if r.error is not None)
-        print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)")
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
     finally:
-        _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED")
-        for rid in [study_run_id, *cell_runs.values()]:
-            _retry(client.set_terminated, rid, status=status)
-    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, before)  # Tune leaves its handler (and ours) installed
+    interrupted = progress.interrupted_at is not None
+    limit = spec.budget.time_limit_s
+    if interrupted or (limit is not None and time.perf_counter() - t0 >= limit):
+        # Tune stopped the trials still running (Ctrl-C, or the time limit); none of them will report again
+        # in this run. After Ctrl-C, `resume` continues them under new Optuna trials with the same values.
+        searcher.fail_unfinished(interrupted=interrupted)
+    if interrupted:
+        _mark_interrupted(client, experiment_id, cell_runs, progress.interrupted_at)
+    if resume:
+        _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
+    trials = len(results)
+    errored = sum(1 for r in results if r.error is not None)
+    print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
+          + (", INTERRUPTED" if interrupted else ""))
+    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted)

@@ -13,6 +13,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
+from trainables.errors import UserError
 from trainables.tracking import RUN_ID_RESULT_KEY
 
 __all__ = [
@@ -28,6 +29,10 @@ __all__ = [
 TUNE_TRIAL_ATTR = "tune_trial_id"
 CELL_ATTR = "cell"
 MLFLOW_RUN_ATTR = "mlflow_run_id"
+# Set on an Optuna trial that Ctrl-C cut short (told FAIL); `resume` records its result under a new trial with
+# the same values, which names the cut one in RESUMED_FROM_ATTR.
+INTERRUPTED_ATTR = "interrupted"
+RESUMED_FROM_ATTR = "resumed_from_trial"
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -46,10 +51,10 @@ def open_optuna_storage(spec: str):
     scheme, sep, rest = spec.partition("://")
     base = scheme.split("+", 1)[0].lower()  # postgresql+psycopg2:// names its driver
     if not sep or base not in (*RDB_SCHEMES, "journal"):
-        raise ValueError(f"Optuna storage {spec!r}: must be {STORAGE_FORMS}. Fix: write it in one of those forms.")
+        raise UserError(f"Optuna storage {spec!r}: must be {STORAGE_FORMS}. Fix: write it in one of those forms.")
     if base == "journal":
         if scheme != "journal" or not rest.startswith("/") or rest.endswith("/"):
-            raise ValueError(
+            raise UserError(
                 f"Optuna storage {spec!r}: a journal storage names an absolute file path after journal:// "
                 f"(three slashes in all). Fix: write e.g. journal:///shared/optuna/study.log."
             )
@@ -64,7 +69,7 @@ def open_optuna_storage(spec: str):
     try:
         return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
     except ImportError as err:
-        raise ValueError(
+        raise UserError(
             f"Optuna storage {spec!r}: its database driver is not installed ({err}). "
             f"Fix: install it (e.g. psycopg2-binary for postgresql, PyMySQL with mysql+pymysql://)."
         ) from err
@@ -272,17 +277,31 @@ class CellSearcher(Searcher):
         key, number = self._trial_cell[trial_id], self._live.pop(trial_id)
         value = result.get(self.metric)
         study = self._study(key)
-        if error or result.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value):
+        failed = error or result.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value)
+        frozen = self._storage.get_trial(
+            self._storage.get_trial_id_from_study_id_trial_number(self._study_ids[key], number)
+        )
+        if frozen.state.is_finished() and frozen.user_attrs.get(INTERRUPTED_ATTR):
+            # Cut short by Ctrl-C and told FAIL then; resumed, it has ended now: record it under a new trial.
+            study.add_trial(optuna.trial.create_trial(
+                params=frozen.params, distributions=frozen.distributions,
+                user_attrs={**{k: v for k, v in frozen.user_attrs.items() if k != INTERRUPTED_ATTR},
+                            RESUMED_FROM_ATTR: number},
+                state=optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE,
+                value=None if failed else float(value),
+            ))
+        elif failed:
             # Ray would pass a nan result on as COMPLETE, which Optuna rejects, leaving the trial RUNNING forever.
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         else:
             study.tell(number, float(value), skip_if_finished=True)
 
-    def fail_unfinished(self) -> int:
+    def fail_unfinished(self, *, interrupted: bool = False) -> int:
         """Tell FAIL to every trial of the cells' studies still RUNNING; returns how many.
 
-        For after Tune has stopped trials for good (the study's time limit): a stopped trial never reaches
-        `on_trial_complete`, and its Optuna trial would stay RUNNING forever.
+        For after Tune has stopped trials (the study's time limit, or Ctrl-C): a stopped trial never reaches
+        `on_trial_complete`, and its Optuna trial would stay RUNNING forever. interrupted: Ctrl-C stopped them,
+        and `resume` may continue them; each is marked INTERRUPTED_ATTR so that its result is then recorded.
         """
         import optuna
 
@@ -292,6 +311,9 @@ class CellSearcher(Searcher):
                 continue
             study = self._study(key)
             for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if interrupted:
+                    optuna_id = self._storage.get_trial_id_from_study_id_trial_number(self._study_ids[key], trial.number)
+                    self._storage.set_trial_user_attr(optuna_id, INTERRUPTED_ATTR, True)
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 failed += 1
         return failed

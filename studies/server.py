@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
+from trainables.errors import UserError
+
 __all__ = [
     "DEFAULT_ADMIN_USERNAME",
     "DEFAULT_ARTIFACTS_DESTINATION",
@@ -90,7 +92,7 @@ class ServerError(RuntimeError):
     """The MLflow server did not come up; the message carries the end of its log."""
 
 
-class ServerOptionError(ValueError):
+class ServerOptionError(UserError):
     """An option of `sharpscale server` is wrong; the message names it, the rule, the value and the fix."""
 
 

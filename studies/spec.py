@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +15,33 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainables.config import ConfigError, TrialConfig, format_validation_error
+from trainables.errors import UserError, shown
+from trainables.metrics import EPOCH_METRICS
 from trainables.ray_train import KEEP_CHECKPOINTS
 from trainables.staging import is_uri
 
-__all__ = ["Cell", "Study", "StudyError", "load_study", "optuna_storage_url", "storage_is_shared", "SEARCH_SHORTHANDS"]
+__all__ = [
+    "MAX_STUDY_FILE_BYTES",
+    "MAX_TRIALS",
+    "MAX_YAML_NODES",
+    "SEARCH_SHORTHANDS",
+    "Cell",
+    "Study",
+    "StudyError",
+    "load_study",
+    "optuna_storage_url",
+    "parse_yaml",
+    "storage_is_shared",
+]
+
+# Bounds on what a study file may ask of this process before anything runs: its size, the values its YAML aliases
+# expand to (an alias bomb of 1 KB expands to gigabytes), and the trials it plans (a grid over 0..1e9).
+MAX_STUDY_FILE_BYTES = 1_000_000
+MAX_YAML_NODES = 100_000
+MAX_TRIALS = 100_000
 
 
-class StudyError(ValueError):
+class StudyError(UserError):
     """A study file is invalid; `problems` holds one line per error: field path, rule, value, fix."""
 
     def __init__(self, path: str | Path, problems: list[str]):
@@ -30,7 +51,8 @@ class StudyError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `trials_per_cell: true` is not 1, nor "4" a number; finite: `.inf` is no bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class LogUniform(_Strict):
@@ -51,10 +73,29 @@ class IntRange(_Strict):
     high: int
     log: bool = False
 
+    @model_validator(mode="after")
+    def _log_positive(self) -> IntRange:
+        if self.log and self.low < 1:
+            raise ValueError(
+                f"an int domain with log: true needs low >= 1 (log of {self.low} is undefined), got low={self.low}. "
+                f"Fix: set low: 1, or drop log: true."
+            )
+        return self
+
 
 class Choice(_Strict):
     type: Literal["choice"]
     values: list[Any] = Field(min_length=1)
+
+    @field_validator("values")
+    @classmethod
+    def _distinct(cls, values: list[Any]) -> list[Any]:
+        if dup := _repeated(values):
+            raise ValueError(
+                f"choice values must be distinct (each is one option), got {shown(dup)} more than once in "
+                f"{shown(values)}. Fix: list each value once."
+            )
+        return values
 
 
 Domain = Annotated[Union[LogUniform, Uniform, IntRange, Choice], Field(discriminator="type")]
@@ -63,6 +104,19 @@ Domain = Annotated[Union[LogUniform, Uniform, IntRange, Choice], Field(discrimin
 class Objective(_Strict):
     metric: str = "val_acc"
     mode: Literal["max", "min"] = "max"
+
+    @field_validator("metric")
+    @classmethod
+    def _reported(cls, metric: str) -> str:
+        if metric not in EPOCH_METRICS:
+            import difflib
+
+            close = difflib.get_close_matches(metric, EPOCH_METRICS, n=1)
+            raise ValueError(
+                f"objective.metric: must be a metric every trial reports ({', '.join(EPOCH_METRICS)}), got "
+                f"{shown(metric)}. Fix: {'did you mean ' + repr(close[0]) + '?' if close else 'use e.g. val_acc.'}"
+            )
+        return metric
 
 
 class Asha(_Strict):
@@ -116,8 +170,8 @@ def _name_problem(field: str, value: str) -> str | None:
         return None
     return (
         f"{field}: must be one file-name component (letters, digits, '_', '.', '-', starting with a letter or digit, "
-        f"no '..'), because it names directories under `storage`; got {value[:80]!r}. Fix: e.g. "
-        f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', value).strip('-.') or 'my-study'!r}."
+        f"no '..'), because it names directories under `storage`; got {shown(value)}. Fix: e.g. "
+        f"{shown(re.sub(r'[^A-Za-z0-9_.-]+', '-', value).strip('-.')[:64] or 'my-study')}."
     )
 
 
@@ -211,12 +265,12 @@ class Study(_Strict):
         scheme = spec.split("://", 1)[0].split("+", 1)[0].lower()
         if scheme == "journal" and not spec[len("journal://"):].startswith("/"):
             raise ValueError(
-                f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {spec!r}. "
+                f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {shown(spec)}. "
                 f"Fix: e.g. journal:///mnt/shared/sharpscale_runs/STUDY.optuna.journal."
             )
         if scheme not in ("journal", *_RDB_SCHEMES):
             raise ValueError(
-                f"optuna_storage: Optuna stores in a file or a database, not in {scheme}://, got {spec!r}. Fix: a path "
+                f"optuna_storage: Optuna stores in a file or a database, not in {scheme}://, got {shown(spec)}. Fix: a path "
                 f"or sqlite:///path, journal:///abs/path on shared storage, or an RDB URL such as postgresql://user@host/db."
             )
         return spec
@@ -243,6 +297,85 @@ class Study(_Strict):
 
 def _is_uri(value: str) -> bool:
     return "://" in value
+
+
+def _repeated(values: list[Any]) -> Any:
+    """The first value whose text repeats an earlier one's (0.5 and "0.5" name the same level), else None."""
+    seen: set[str] = set()
+    for v in values:
+        if str(v) in seen:
+            return v
+        seen.add(str(v))
+    return None
+
+
+class _StudyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (the last would win without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"found the key {shown(key)} twice (lines {seen[key].start_mark.line + 1} and "
+                            f"{key_node.start_mark.line + 1}): the last would silently win; keep one", key_node.start_mark,
+                        )
+                    seen[key] = key_node
+                except TypeError:
+                    pass  # an unhashable key: the base loader reports it
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_nodes(node, limit: int) -> int:
+    """How many nodes `node` stands for once every alias is expanded, counted up to just past `limit`.
+
+    Aliases share their node, so the graph is small while its expansion may not be: the count is memoised per
+    node, which keeps it fast on an alias bomb."""
+    sizes: dict[int, int] = {}
+
+    def size(n) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = limit + 1  # a cycle (a recursive alias) counts as too large
+        if isinstance(n, yaml.SequenceNode):
+            total = 1 + sum(size(c) for c in n.value)
+        elif isinstance(n, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in n.value)
+        else:
+            total = 1
+        sizes[id(n)] = min(total, limit + 1)
+        return sizes[id(n)]
+
+    return size(node)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse YAML safely: no tags beyond plain data, no key twice in a mapping, aliases expanding to at most
+    MAX_YAML_NODES nodes. Raises ValueError with one line: `where`, the rule, the value, the fix."""
+    loader = _StudyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_nodes(node, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise ValueError(
+                f"{where}: YAML aliases may expand to at most {MAX_YAML_NODES} values, and these expand to more "
+                f"(an alias bomb, or a recursive alias). Fix: write the values out, or use fewer nested aliases."
+            )
+        return loader.construct_document(node)
+    except yaml.YAMLError as err:
+        text = str(err)
+        if len(text) > 600:
+            text = text[:600] + "..."
+        raise ValueError(f"{where}: YAML syntax: {text}. Fix: correct the YAML.") from None
+    finally:
+        loader.dispose()
 
 
 # Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.
@@ -373,10 +506,61 @@ def _overrides_to_tree(overrides: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def _overlapping(paths: list[str]) -> tuple[str, str] | None:
+    """Two dotted paths of which one lies inside the other (`model` and `model.name`), else None."""
+    for a in paths:
+        for b in paths:
+            if b.startswith(a + "."):
+                return a, b
+    return None
+
+
 def _levels(name: str, spec: dict[str, dict[str, Any]] | list[Any]) -> dict[str, dict[str, Any]]:
     if isinstance(spec, list):  # `data.fraction: [0.1, 0.5]` — the factor is a config path, levels its values
         return {str(v): {name: v} for v in spec}
     return spec
+
+
+def _factor_problems(spec: Study) -> list[str]:
+    """Factors that would silently run fewer cells than written, or set one path twice."""
+    problems = []
+    for fname, fspec in spec.factors.items():
+        if not fspec:
+            problems.append(
+                f"factors.{fname}: a factor needs at least one level (with none the study has no cell), got "
+                f"{shown(fspec)}. Fix: list its levels, or remove the factor."
+            )
+        elif isinstance(fspec, list) and (dup := _repeated(fspec)) is not None:
+            problems.append(
+                f"factors.{fname}: levels must be distinct (one cell each), got {shown(dup)} more than once in "
+                f"{shown(fspec)}. Fix: list each level once."
+            )
+        for level, overrides in _levels(fname, fspec).items():
+            if "'" in fname + level and '"' in fname + level:
+                problems.append(
+                    f"factors.{fname}.{shown(level)}: a factor or level name may hold ' or \" but not both (it is "
+                    f"searched for in MLflow, whose filters cannot quote both). Fix: rename it."
+                )
+            if isinstance(overrides, dict) and (pair := _overlapping(list(overrides))):
+                problems.append(
+                    f"factors.{fname}.{level}: sets both {pair[0]} and {pair[1]}, one inside the other, so one would "
+                    f"silently replace the other. Fix: set {pair[1]} alone, or write it inside {pair[0]}."
+                )
+    return problems
+
+
+def _fixed_by_study(spec: Study, key: str) -> str | None:
+    """What of the study sets trial path `key` in every cell, so that a --set of it would be silently replaced."""
+    owners = _method_hparams()
+    for fname, fspec in spec.factors.items():
+        for overrides in _levels(fname, fspec).values():
+            if isinstance(overrides, dict) and any(_overlapping([key, p]) or p == key for p in overrides):
+                return f"factor {fname!r} (its levels {shown(list(_levels(fname, fspec)))})"
+    for skey in spec.search:
+        path = _resolve_search_key(skey, owners)
+        if path == key or _overlapping([key, path]):
+            return f"search key {skey!r}"
+    return None
 
 
 def _resolve_search_key(key: str, owners: dict[str, set[str]]) -> str:
@@ -390,11 +574,14 @@ def _domain_probes(dom: Domain) -> list[Any]:
 
 
 def _known_path(path: str) -> bool:
+    import typing
+
     node: Any = TrialConfig
     for part in path.split("."):
         fields = getattr(node, "model_fields", None)
         if fields is None:
-            return True  # inside a free-form dict (model.kwargs, optimizer.hparams)
+            # Inside a free-form dict (model.kwargs, optimizer.hparams) any key goes; below a plain value none does.
+            return node is dict or typing.get_origin(node) is dict
         if part not in fields:
             return False
         node = fields[part].annotation
@@ -404,7 +591,7 @@ def _known_path(path: str) -> bool:
 def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
-    problems: list[str] = []
+    problems: list[str] = _factor_problems(spec)
     for key in spec.search:
         if "." in key and not _known_path(key):
             problems.append(f"search.{key}: not a trial config path. Fix: use a path such as optimizer.lr, or {SEARCH_SHORTHANDS}.")
@@ -417,7 +604,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         for level, overrides in _levels(fname, fspec).items():
             if not isinstance(overrides, dict):
                 problems.append(
-                    f"factors.{fname}.{level}: a level must map config paths to values, got {overrides!r}. "
+                    f"factors.{fname}.{level}: a level must map config paths to values, got {shown(overrides)}. "
                     f"Fix: write it as `{level}: {{optimizer.method: sam}}`, or give the factor a list of values."
                 )
                 continue
@@ -428,6 +615,11 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         return [], problems
 
     factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
+    if (cells_planned := math.prod(len(levels) for _, levels in factor_levels)) > MAX_TRIALS:
+        return [], [(
+            f"factors: their levels combine into {cells_planned} cells, more than the {MAX_TRIALS} trials a study may "
+            f"plan. Fix: fewer levels, or split the study."
+        )]
     if smoke:
         # Every named level (each architecture, each method) stays; a list of values (fractions, seeds) keeps its first.
         factor_levels = [
@@ -440,8 +632,12 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     for combo in combos:
         levels = {factor_levels[i][0]: name for i, (name, _) in enumerate(combo)}
         tree = copy.deepcopy(spec.base)
-        for _, overrides in combo:
-            tree = deep_merge(tree, _overrides_to_tree(overrides))
+        try:
+            for _, overrides in combo:
+                tree = deep_merge(tree, _overrides_to_tree(overrides))
+        except ValueError as err:
+            problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
+            continue
         if smoke:
             tree = _smoke_tree(tree, spec.smoke)  # --smoke wins over every level
         elif require_data and (problem := _missing_root(tree)):
@@ -460,11 +656,13 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             for path, dom in space.items():
                 for probe in _domain_probes(dom):
                     probe_tree = copy.deepcopy(tree)
-                    set_path(probe_tree, path, probe)
                     try:
+                        set_path(probe_tree, path, probe)
                         TrialConfig.load(probe_tree)
                     except ConfigError as err:
-                        problems.extend(f"search.{path} = {probe!r} in {label}: {p.strip()}" for p in err.problems)
+                        problems.extend(f"search.{path} = {shown(probe)} in {label}: {p.strip()}" for p in err.problems)
+                    except ValueError as err:
+                        problems.append(f"search.{path} in {label}: {err}. Fix: search a value, not inside one.")
         except ConfigError as err:
             problems.extend(f"{label}: {p}" for p in err.problems)
             continue
@@ -474,6 +672,14 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         if smoke:
             trials = 1
         cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
+    total = sum(c.trials for c in cells)
+    if total > MAX_TRIALS:
+        sizes = sorted(((c.trials, c.key or "all") for c in cells), reverse=True)[:2]
+        problems.append(
+            f"budget: the study plans {total} trials, more than {MAX_TRIALS} (largest cells: "
+            f"{', '.join(f'{k} with {n}' for n, k in sizes)}; a grid over an int range has one trial per value). "
+            f"Fix: narrow the ranges, use a choice of values, or sampler tpe with trials_per_cell."
+        )
     for problem, where in missing_roots.items():
         listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
         problems.append(f"{problem} (cells: {listed})")
@@ -522,13 +728,11 @@ def load_study(
     settings (`storage`, `budget.time_limit_s`, `checkpoints.keep`, ...: `SETTABLE_FIELDS`), before validation.
     """
     path = Path(path)
-    if not path.is_file():
-        raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
-    text = path.read_text()
+    text = read_study_text(path)
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise StudyError(path, [f"YAML syntax: {err}. Fix: correct the file's YAML."]) from None
+        raw = parse_yaml(text, "study file")
+    except ValueError as err:
+        raise StudyError(path, [str(err)]) from None
     if not isinstance(raw, dict):
         raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
     bad = []
@@ -550,15 +754,75 @@ def load_study(
                 f"optimizer.lr, or one of {', '.join(SETTABLE_FIELDS)} (e.g. storage=/mnt/shared/runs)."
             )
         elif isinstance(base := raw.setdefault("base", {}), dict):
-            set_path(base, key, value)
+            try:
+                set_path(base, key, value)
+            except ValueError:
+                bad.append(f"--set {key}: the file sets a value above it in base, not a section. Fix: set that value.")
     try:
         spec = Study.model_validate(raw)
     except ValidationError as err:
         raise StudyError(path, bad + _study_errors(err)) from None
+    for key in overrides or {}:
+        if key.split(".", 1)[0] not in Study.model_fields and (owner := _fixed_by_study(spec, key)):
+            bad.append(
+                f"--set {key}: every cell takes this value from the study's {owner}, which would silently replace "
+                f"the --set. Fix: change the factor levels or the search space in the file, or drop the --set."
+            )
     cells, problems = expand(spec, smoke=smoke, require_data=require_data)
     if bad or problems:
         raise StudyError(path, bad + problems)
     return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {}))
+
+
+def read_study_text(path: Path) -> str:
+    """The study file's text: at most MAX_STUDY_FILE_BYTES of UTF-8; a StudyError says what else it is."""
+    if not path.is_file():
+        raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
+    with path.open("rb") as f:
+        data = f.read(MAX_STUDY_FILE_BYTES + 1)
+    if len(data) > MAX_STUDY_FILE_BYTES:
+        raise StudyError(path, [(
+            f"study file: at most {MAX_STUDY_FILE_BYTES} bytes (a study names its settings, it holds no data), got "
+            f"{path.stat().st_size} bytes. Fix: keep data and long lists out of it (data.root names the data)."
+        )])
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise StudyError(path, [(
+            "study file: must be UTF-8 text, got UTF-16 (it starts with a UTF-16 byte-order mark). "
+            "Fix: save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)."
+        )])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise StudyError(path, [(
+            f"study file: must be UTF-8 text, got byte {data[err.start]:#04x} on line {line}, which is not UTF-8. "
+            f"Fix: save the file as UTF-8."
+        )]) from None
+
+
+def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
+    """The CLI's `--set KEY=VALUE` items as {dotted key: value}, each value read as YAML (safely, bounded)."""
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(
+                f"--set {shown(item)}: must be KEY=VALUE with KEY a dotted config path or study setting. "
+                f"Fix: e.g. --set data.root=/data/cifar10 or --set storage=/mnt/shared/sharpscale_runs"
+            )
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
+            problems.append(f"--set {shown(key)}: KEY must be a dotted path of names (data.root). Fix: check its spelling.")
+            continue
+        try:
+            out[key] = parse_yaml(value, f"--set {key}")
+        except ValueError as err:
+            problems.append(f"{err} (the value {shown(value)} is read as YAML; quote a string that is not: 'text')")
+    if problems:
+        raise StudyError(where, problems)
+    return out
 
 
 def _study_errors(err: ValidationError) -> list[str]:
@@ -595,12 +859,14 @@ def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _missing_root(tree: dict[str, Any]) -> str | None:
-    root = tree.get("data", {}).get("root")
-    # A URI is read on the nodes, not here: the runner's preflight checks it on each of them.
-    if root is None or is_uri(root) or Path(root).expanduser().exists():
+    data = tree.get("data")
+    root = data.get("root") if isinstance(data, dict) else None
+    # A URI is read on the nodes, not here: the runner's preflight checks it on each of them. Not a string: the
+    # cell's own validation says so.
+    if not isinstance(root, str) or is_uri(root) or Path(root).expanduser().exists():
         return None
     return (
-        f"data.root: the directory must exist, got {root!r}. Fix: point it at the dataset "
+        f"data.root: the directory must exist, got {shown(root)}. Fix: point it at the dataset "
         f"(sharpscale run --set data.root=/path/to/data), give the URI of a copy every node reads "
         f"(sharpscale data fetch cifar10 --to s3://BUCKET/cifar10), or check the file with --smoke on the embedded digits."
     )

@@ -17,6 +17,7 @@ import torch
 torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
+OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +25,9 @@ def ray_cluster():
     """A real local Ray cluster (with its dashboard, which Train-inside-Tune needs), shut down at session end."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, configure_logging=False)
+    # Each pytest-xdist worker starts its own cluster: a small object store each, not Ray's default 30% of RAM.
+    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, configure_logging=False,
+             object_store_memory=OBJECT_STORE_BYTES)
     try:
         yield ray
     finally:

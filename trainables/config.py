@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trainables.errors import UserError, shown
+
 __all__ = [
     "ConfigError",
     "DataConfig",
@@ -56,6 +58,11 @@ class DataConfig(_Strict):
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
     fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
     batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
+    accumulate: int = Field(
+        1, ge=1,
+        description="Micro-batches each worker's share of the batch is split into: every pass of a step runs over them "
+        "in turn and their gradients add up to the whole share's (one perturbation per accumulated gradient).",
+    )
     eval_batch_size: int = Field(512, ge=1)
     num_workers: int | None = Field(
         None, ge=0,
@@ -80,7 +87,7 @@ class DataConfig(_Strict):
         if name not in DATASETS:
             close = difflib.get_close_matches(name, list(DATASETS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"must be one of {sorted(DATASETS)}, got {name!r}.{hint}")
+            raise ValueError(f"must be one of {sorted(DATASETS)}, got {shown(name)}.{hint}")
         return name
 
     @field_validator("augment", mode="before")
@@ -90,7 +97,7 @@ class DataConfig(_Strict):
         if isinstance(augment, str) and augment not in options:
             close = difflib.get_close_matches(augment, options, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"must be one of {list(options)}, got {augment!r}.{hint}")
+            raise ValueError(f"must be one of {list(options)}, got {shown(augment)}.{hint}")
         return augment
 
     @model_validator(mode="after")
@@ -104,6 +111,11 @@ class DataConfig(_Strict):
             problems.append(
                 f"data.root: required for data.name={self.name!r}, got none. "
                 f"Fix: set data.root to the directory that holds the {self.name} files ({expected_layout(self.name)})."
+            )
+        if self.accumulate > self.batch_size:
+            problems.append(
+                f"data.accumulate: must not exceed data.batch_size ({self.batch_size}), got {self.accumulate}. "
+                "Fix: lower accumulate or raise the batch size (each micro-batch needs at least one sample)."
             )
         if self.augment == "strong" and (problem := rand_augment_problem(self.randaugment)):
             problems.append(f"data.randaugment: {problem}. Fix: use e.g. 'rand-m9-mstd0.5'.")
@@ -139,28 +151,33 @@ class OptimizerConfig(_Strict):
             close = difflib.get_close_matches(self.method, list(METHODS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ValueError(
-                f"optimizer.method: must be one of {sorted(METHODS)}, got {self.method!r}.{hint}"
+                f"optimizer.method: must be one of {sorted(METHODS)}, got {shown(self.method)}.{hint}"
             )
         accepted = METHODS[self.method].hparams
         unknown = sorted(set(self.hparams) - set(accepted))
         if unknown:
             raise ValueError(
-                f"optimizer.hparams: method {self.method!r} takes {sorted(accepted) or 'no hparams'}, "
+                f"optimizer.hparams: method {shown(self.method)} takes {sorted(accepted) or 'no hparams'}, "
                 f"got {unknown}. Fix: remove them or pick a method that takes them."
             )
-        _check_hparam_values(self.method, self.hparams)
+        _check_hparam_values(self)
         return self
 
 
-def _check_hparam_values(method: str, hparams: dict[str, Any]) -> None:
-    # The method's own constructor is the one place its rules live: build it on a stand-in model
-    # so a bad value (rho < 0, k = 0, e_start < e_tilde) fails at load, long before any trial starts.
+def _check_hparam_values(cfg: "OptimizerConfig") -> None:
+    # The method's own constructor is the one place its rules live: build it on a stand-in model around the
+    # configured kind of base optimizer, so a bad value (rho < 0, k = 0, e_start < e_tilde, msam on SGD
+    # without momentum) fails at load, long before any trial starts.
     import torch
 
     import optim
 
+    method, hparams = cfg.method, cfg.hparams
     probe = torch.nn.Linear(2, 2)
-    base = torch.optim.SGD(probe.parameters(), lr=0.1)
+    if cfg.base == "sgd":
+        base = torch.optim.SGD(probe.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    else:
+        base = torch.optim.AdamW(probe.parameters(), lr=cfg.lr, betas=cfg.betas)
     try:
         optim.create(method, base, model=probe, num_samples=4, num_classes=2, **hparams)
     except (ValueError, TypeError) as err:
@@ -227,7 +244,7 @@ class TrialConfig(_Strict):
         return _flatten(self.model_dump(mode="json"))
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A configuration is invalid; the message lists each problem with its field path, rule, value and fix."""
 
     def __init__(self, problems: list[str]):
@@ -259,5 +276,5 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
             for line in msg.split("\n"):
                 lines.append(line if ":" in line.split(" ")[0] else f"{path}: {line}")
         else:
-            lines.append(f"{path}: {msg}, got {e.get('input')!r}.")
+            lines.append(f"{path}: {msg}, got {shown(e.get('input'))}.")
     return lines

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 # timm, torchvision and PIL are imported where they are used: validating a study file reads this registry
 # and must not pay for them.
 
+from trainables.errors import UserError
 from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
 
@@ -52,7 +53,7 @@ _DIGITS_SPLIT_SEED = 20240601
 _DIGITS_VAL_FRACTION = 0.2
 _DIGITS_NATIVE_SIZE = 8
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A dataset argument or the data on disk is not what sharpscale expects."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from trainables.errors import UserError
 from trainables.staging import StagingError, is_uri, open_uri
 
 __all__ = ["ARCHIVES", "Archive", "FetchError", "expected_layout", "fetch_dataset", "layout_problem"]
@@ -69,7 +70,7 @@ _LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
-class FetchError(ValueError):
+class FetchError(UserError):
     """A dataset cannot be fetched, checked, unpacked or uploaded; the message names the value, the rule and the fix."""
 
 

@@ -199,6 +199,12 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
             f"data.batch_size: must not exceed the training-set size ({n} samples at data.fraction="
             f"{cfg.data.fraction}), got {cfg.data.batch_size}. Fix: lower the batch size or raise the fraction."
         )
+    share = cfg.data.batch_size // d.world
+    if share < cfg.data.accumulate:
+        raise ValueError(
+            f"data.accumulate: each of the {d.world} workers gets {share} samples per batch, fewer than accumulate="
+            f"{cfg.data.accumulate} micro-batches. Fix: lower data.accumulate to at most {share} or raise data.batch_size."
+        )
     sampler = _GlobalBatchSampler(n, cfg.data.batch_size, d.rank, d.world, cfg.train.seed)
     pin = device.type == "cuda"
 
@@ -268,13 +274,18 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
         if bundle.mixup is not None:
             x, target = bundle.mixup(x, y)
 
-        def forward(x=x, target=target):
+        def forward(rows=None, reduction="mean", x=x, target=target):
+            # optim's Forward: the method asks for rows of the batch (micro-batches, m-sharpness, ESAM's
+            # selection) and, where it needs them, one loss per sample.
+            if rows is not None:
+                x, target = x[rows], target[rows]
             with autocast():
                 logits = model(x)
                 if target.dtype.is_floating_point:  # soft mixup targets
-                    loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+                    loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1)
+                    loss = loss.mean() if reduction == "mean" else loss
                 else:
-                    loss = F.cross_entropy(logits.float(), target, label_smoothing=smoothing)
+                    loss = F.cross_entropy(logits.float(), target, label_smoothing=smoothing, reduction=reduction)
             return loss, logits
 
         out = method.train_step(forward, inputs=x, indices=idx, epoch=epoch)
@@ -430,6 +441,7 @@ def fit(
         grad_clip=cfg.optimizer.grad_clip,
         scaler=scaler,
         global_perturbation=cfg.optimizer.global_perturbation,
+        accumulate=cfg.data.accumulate,
         **cfg.optimizer.hparams,
     )
     scheduler = _scheduler(base, cfg, len(train_loader))

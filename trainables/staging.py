@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from trainables.errors import UserError
+
 __all__ = [
     "CACHE_ENV",
     "DEFAULT_CACHE",
@@ -40,7 +42,7 @@ _log = logging.getLogger(__name__)
 _verified: dict[Path, tuple] = {}
 
 
-class StagingError(ValueError):
+class StagingError(UserError):
     """A data root URI cannot be opened or copied; the message names the URI, the reason and the fix."""
 
 

@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DEFAULT_TRACKING_URI",
+    "TRACKING_SCHEMES",
     "TRIAL_KEY_TAG",
     "TrackingTarget",
     "TrialRecorder",
+    "check_tracking_uri",
+    "filter_value",
     "resolve_tracking_uri",
     "trial_runtime_env",
     "tracking_client",
 ]
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# The stores sharpscale records to: an SQLite file, a server, or a database MLflow opens itself.
+TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 
 # The tag that makes a trial's run findable again: a restored or retried trial reuses its run instead of
 # creating a duplicate (Ray's MLflowLoggerCallback creates a new run on every restore).
@@ -80,10 +88,59 @@ def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
     return {"env_vars": env_vars} if env_vars else None
 
 
-def tracking_client(tracking_uri: str):
+def check_tracking_uri(uri: str) -> str:
+    """`uri` when MLflow can record to it (a scheme of TRACKING_SCHEMES), else a UserError naming the fix."""
+    from trainables.errors import UserError, shown
+
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme not in TRACKING_SCHEMES:
+        raise UserError(
+            f"tracking URI: must be sqlite:///path/mlflow.db, http(s)://HOST:PORT of an MLflow server, or a database "
+            f"URL ({', '.join(s + '://' for s in TRACKING_SCHEMES)}), got {shown(uri)}. Fix: e.g. --tracking-uri "
+            f"sqlite:///mlflow.db, or http://127.0.0.1:5000 for `sharpscale server`."
+        )
+    return uri
+
+
+def filter_value(value: str) -> str:
+    """`value` quoted for an MLflow filter string (`tags.x = <it>`). MLflow's parser has no escape: a value with a
+    single quote is written in double quotes; one with both kinds cannot be searched (studies refuse such names)."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    raise ValueError(f"{value!r}: an MLflow filter cannot hold both quote characters; rename it without one of them")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The file of an `sqlite:///` tracking URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def tracking_client(tracking_uri: str, *, create: bool = True):
+    """The one place sharpscale opens an MLflow store. An SQLite file is created (schema and migrations) under a
+    file lock beside it, so two processes starting on a fresh store do not both create its tables.
+    create=False: a missing SQLite file is a UserError (a read-only command must not create one at a typo)."""
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=tracking_uri)
+    check_tracking_uri(tracking_uri)
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        return MlflowClient(tracking_uri=tracking_uri)
+    if not create and not db.is_file():
+        from trainables.errors import UserError
+
+        raise UserError(
+            f"tracking URI: no MLflow store at {db} (the file does not exist; nothing was created). Fix: give the "
+            f"store the study ran with (--tracking-uri sqlite:///PATH/mlflow.db), or run the study first."
+        )
+    from filelock import FileLock
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(db) + ".lock", timeout=300):
+        client = MlflowClient(tracking_uri=tracking_uri)
+        client.search_experiments(max_results=1)  # the store is open: its schema created and migrated if needed
+    return client
 
 
 def _retry(fn, *args, attempts: int = 8, **kwargs):
@@ -113,7 +170,7 @@ class TrialRecorder:
         existing = _retry(
             self._client.search_runs,
             [target.experiment_id],
-            filter_string=f"tags.`{TRIAL_KEY_TAG}` = '{trial_key}'",
+            filter_string=f"tags.`{TRIAL_KEY_TAG}` = {filter_value(trial_key)}",
             max_results=2,
         )
         if existing:
@@ -161,12 +218,14 @@ class TrialRecorder:
         _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
 
     def finish(self, status: str, reason: str | None = None) -> None:
-        """status: 'finished', 'early_stopped', 'failed', 'diverged' or 'killed'; MLflow's status follows from it."""
+        """status: 'finished', 'early_stopped', 'failed', 'diverged', 'killed' or 'interrupted'; MLflow's status follows."""
         tags = {STATUS_TAG: status}
         if reason:
             tags["sharpscale.reason"] = reason[:5000]
         self.set_tags(tags)
-        mlflow_status = {"finished": "FINISHED", "early_stopped": "KILLED", "killed": "KILLED"}.get(status, "FAILED")
+        mlflow_status = {"finished": "FINISHED", "early_stopped": "KILLED", "killed": "KILLED", "interrupted": "KILLED"}.get(
+            status, "FAILED"
+        )
         _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
 
 

@@ -111,7 +111,9 @@ def test_cli_options_and_passthrough(monkeypatch):
 
 
 def test_allowed_hosts_are_mlflows_defaults_plus_this_machines_names():
-    from mlflow.server.security_utils import get_default_allowed_hosts  # not MLflow's documented API: pinned here
+    from mlflow.server.security_utils import (
+        get_default_allowed_hosts,  # not MLflow's documented API: pinned here
+    )
 
     defaults = get_default_allowed_hosts()
     assert {"localhost", "localhost:*", "127.0.0.1:*", "10.*", "192.168.*", "172.16.*"} <= set(defaults)

@@ -1,9 +1,16 @@
-"""A real two-node Ray cluster on this machine, a real MLflow server over HTTP, one small study across both nodes.
+"""A real two-node Ray cluster on this machine, a real MLflow server with a login, one small study across both nodes.
+
+The server is `sharpscale server --auth`'s (tests/cluster/conftest.py), shared by both tests of this file (make test
+distributes by file, so it starts once): 401 without a login, runs with one.
 
 Two `ray start --block` nodes, each with its own temp dir, ports and marker resource (node_a on the head, node_b on
 the worker) and one CPU, so two concurrent one-CPU trials can only run one per node. Token authentication is on,
 with a token that exists only in these processes' environment. The driver is `sharpscale run` in a subprocess: it
 never shares the pytest process's Ray state (tests/conftest.py's session cluster may live there).
+
+The MLflow server is the session's `mlflow server --auth` (tests/cluster/conftest.py). The nodes start without MLflow
+credentials and only the driver has a (non-admin) login, so trials can record only with the credentials the driver
+forwards to them.
 
 Cleanup stops exactly what the test started: each node is its own process group (start_new_session), stopped with
 SIGTERM then SIGKILL, and any process still naming the cluster's temp dir is killed. Never `ray stop`: it kills every
@@ -12,6 +19,7 @@ Ray process on the machine, other engineers' test clusters and the session fixtu
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -22,16 +30,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from studies.server import free_ports, pids_naming, start_server
+from studies.server import free_ports, pids_naming
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 RAY = str(Path(sys.executable).with_name("ray"))
+MLFLOW_CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 OBJECT_STORE_BYTES = 200 * 1024 * 1024  # per node; Ray's default would claim a third of this shared machine's RAM
 TRIALS = 4  # 2 cells x 2 trials: two waves of two concurrent trials
 # Each trial must outlast the start of the other node's trial actor (seconds, on a loaded machine): Tune reuses a
@@ -65,7 +76,7 @@ class TwoNodeCluster:
         gcs, dashboard, client, agent_a, agent_b = free_ports(5)
         self.address = f"127.0.0.1:{gcs}"
         self.env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in MLFLOW_CREDENTIALS},
             "RAY_USAGE_STATS_ENABLED": "0",
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "HF_HUB_OFFLINE": "1",
@@ -198,74 +209,110 @@ def _study(tmp_path: Path) -> Path:
     return path
 
 
-def test_study_runs_on_both_nodes_and_reaches_mlflow_through_the_server(cluster, tmp_path):
+def _status(url: str, auth: tuple[str, str] | None = None) -> int:
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.timeout(420)
+def test_no_login_gets_401_and_a_login_creates_runs(auth_server, monkeypatch):
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    url, admin = auth_server["url"], auth_server["admin"]
+    assert _status(url) == 401
+    assert _status(url, (admin[0], "not-the-password")) == 401
+    assert _status(url, admin) == 200
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", admin[0])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", admin[1])
+    client = MlflowClient(url)
+    run = client.create_run(client.create_experiment("auth-check"))
+    client.log_metric(run.info.run_id, "x", 1.0)
+    assert client.get_run(run.info.run_id).data.metrics == {"x": 1.0}
+
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-password")
+    with pytest.raises(MlflowException, match="401|not authenticated|Unauthorized"):
+        MlflowClient(url).get_run(run.info.run_id)
+
+    # Users and permissions live beside the backend store; the password appears in no file or log of ours.
+    assert (auth_server["dir"] / "mlflow-auth.db").is_file()
+    assert admin[1] not in (auth_server["dir"] / "server.log").read_text(errors="replace")
+
+
+def test_study_runs_on_both_nodes_and_records_through_the_server_with_the_drivers_login(
+    cluster, tmp_path, auth_server, trials_user, monkeypatch,
+):
     from mlflow.tracking import MlflowClient
 
     study = _study(tmp_path)
-    server_artifacts = tmp_path / "server_mlartifacts"
+    url, (user, password) = auth_server["url"], trials_user
     t0 = time.monotonic()
-    cluster.start_head()  # the nodes boot while the MLflow server does
-    with start_server(
-        backend_store_uri=f"sqlite:///{tmp_path / 'server_mlflow.db'}",
-        artifacts_destination=str(server_artifacts),
-        workers=1,
-        log_path=tmp_path / "mlflow-server.log",
-        timeout_s=240,
-    ) as (_, url):
-        cluster.start_worker()
-        t_up = time.monotonic() - t0
+    cluster.start_head()
+    cluster.start_worker()
+    t_up = time.monotonic() - t0
 
-        driver = subprocess.run(
-            [sys.executable, "-m", "studies.cli", "run", str(study), "--address", cluster.address, "--tracking-uri", url],
-            env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=420, start_new_session=True,
-        )
-        (tmp_path / "driver.log").write_text(driver.stdout + driver.stderr)
-        errors = "".join(f"\n{e}:\n{e.read_text()[-3000:]}" for e in sorted(cluster.temp_dir.rglob("error.txt")))
-        assert driver.returncode == 0 and "(0 errored)" in driver.stdout, driver.stdout[-3000:] + errors
-        assert f"{TRIALS} trials in" in driver.stdout, driver.stdout[-3000:]
+    driver_env = {**cluster.env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
+    driver = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(study), "--address", cluster.address, "--tracking-uri", url],
+        env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=420, start_new_session=True,
+    )
+    (tmp_path / "driver.log").write_text(driver.stdout + driver.stderr)
+    errors = "".join(f"\n{e}:\n{e.read_text()[-3000:]}" for e in sorted(cluster.temp_dir.rglob("error.txt")))
+    assert driver.returncode == 0 and "(0 errored)" in driver.stdout, driver.stdout[-3000:] + errors
+    assert f"{TRIALS} trials in" in driver.stdout, driver.stdout[-3000:]
+    assert password not in driver.stdout + driver.stderr
 
-        query = subprocess.run(
-            [sys.executable, "-c", _NODES_QUERY, cluster.address],
-            env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )
-        assert query.returncode == 0, query.stderr[-3000:]
-        nodes = json.loads(query.stdout.split("NODES ", 1)[1])
+    query = subprocess.run(
+        [sys.executable, "-c", _NODES_QUERY, cluster.address],
+        env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert query.returncode == 0, query.stderr[-3000:]
+    nodes = json.loads(query.stdout.split("NODES ", 1)[1])
 
-        leftovers = cluster.stop()
-        assert leftovers == [], f"Ray processes outlived SIGTERM to their node's process group: {leftovers}"
-        assert not pids_naming(str(cluster.temp_dir)), "a process of the test cluster is still running"
+    leftovers = cluster.stop()
+    assert leftovers == [], f"Ray processes outlived SIGTERM to their node's process group: {leftovers}"
+    assert not pids_naming(str(cluster.temp_dir)), "a process of the test cluster is still running"
 
-        marker = {node_id: [r for r in res if r in ("node_a", "node_b")] for node_id, res in nodes.items()}
-        assert sorted(m for ms in marker.values() for m in ms) == ["node_a", "node_b"], nodes
+    marker = {node_id: [r for r in res if r in ("node_a", "node_b")] for node_id, res in nodes.items()}
+    assert sorted(m for ms in marker.values() for m in ms) == ["node_a", "node_b"], nodes
 
-        # Every trial's run, params and per-epoch metrics arrived through the server.
-        client = MlflowClient(url)
-        exp = client.get_experiment_by_name("two-node")
-        runs = client.search_runs([exp.experiment_id], max_results=1000)
-        kinds = [r.data.tags.get("sharpscale.kind") for r in runs]
-        assert kinds.count("study") == 1 and kinds.count("cell") == 2 and kinds.count("trial") == TRIALS, kinds
-        assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
-        trials = [r for r in runs if r.data.tags.get("sharpscale.kind") == "trial"]
-        assert {r.data.tags["sharpscale.status"] for r in trials} == {"finished"}
-        assert sorted(r.data.params["optimizer.method"] for r in trials) == ["none", "none", "sam", "sam"]
-        for run in trials:
-            for metric in ("train_loss", "val_loss", "val_acc"):
-                history = client.get_metric_history(run.info.run_id, metric)
-                assert sorted(m.step for m in history) == list(range(EPOCHS)), (run.info.run_name, metric, history)
-        # Both nodes ran trials: each trial's run names the Ray node it ran on (one host name for both here).
-        ran_on = sorted(m for r in trials for m in marker.get(r.data.tags.get("sharpscale.ray_node_id"), []))
-        assert len(ran_on) == TRIALS and set(ran_on) == {"node_a", "node_b"}, ran_on
+    # Every trial's run, params and per-epoch metrics arrived through the server, under the driver's login.
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    client = MlflowClient(url)
+    exp = client.get_experiment_by_name("two-node")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    kinds = [r.data.tags.get("sharpscale.kind") for r in runs]
+    assert kinds.count("study") == 1 and kinds.count("cell") == 2 and kinds.count("trial") == TRIALS, kinds
+    assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+    trials = [r for r in runs if r.data.tags.get("sharpscale.kind") == "trial"]
+    assert {r.data.tags["sharpscale.status"] for r in trials} == {"finished"}
+    assert sorted(r.data.params["optimizer.method"] for r in trials) == ["none", "none", "sam", "sam"]
+    for run in trials:
+        for metric in ("train_loss", "val_loss", "val_acc"):
+            history = client.get_metric_history(run.info.run_id, metric)
+            assert sorted(m.step for m in history) == list(range(EPOCHS)), (run.info.run_name, metric, history)
+    # Both nodes ran trials: each trial's run names the Ray node it ran on (one host name for both here).
+    ran_on = sorted(m for r in trials for m in marker.get(r.data.tags.get("sharpscale.ray_node_id"), []))
+    assert len(ran_on) == TRIALS and set(ran_on) == {"node_a", "node_b"}, ran_on
 
-        # The study file is the study run's artifact, and it reads back through the server.
-        study_run = next(r for r in runs if r.data.tags.get("sharpscale.kind") == "study")
-        assert [a.path for a in client.list_artifacts(study_run.info.run_id)] == [study.name]
-        fetched = client.download_artifacts(study_run.info.run_id, study.name, str(tmp_path / "fetched"))
-        assert Path(fetched).read_text() == study.read_text()
+    # The study file is the study run's artifact, and it reads back through the server.
+    study_run = next(r for r in runs if r.data.tags.get("sharpscale.kind") == "study")
+    assert [a.path for a in client.list_artifacts(study_run.info.run_id)] == [study.name]
+    fetched = client.download_artifacts(study_run.info.run_id, study.name, str(tmp_path / "fetched"))
+    assert Path(fetched).read_text() == study.read_text()
 
-        t_all = time.monotonic() - t0
-        print(f"two-node cluster and MLflow server up in {t_up:.0f} s; study and checks done in {t_all:.0f} s")
+    t_all = time.monotonic() - t0
+    print(f"two-node cluster and MLflow server up in {t_up:.0f} s; study and checks done in {t_all:.0f} s")
 
-        # Uploaded over HTTP into the server's own store, not written to a path on the client's disk.
-        assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
-        assert (server_artifacts / exp.experiment_id / study_run.info.run_id / "artifacts" / study.name).is_file()
-        assert not any((tmp_path / "client_side_mlartifacts").rglob("*.yaml"))
+    # Uploaded over HTTP into the server's own store, not written to a path on the client's disk.
+    assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+    assert (auth_server["artifacts"] / exp.experiment_id / study_run.info.run_id / "artifacts" / study.name).is_file()
+    assert not any((tmp_path / "client_side_mlartifacts").rglob("*.yaml"))

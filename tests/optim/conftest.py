@@ -42,15 +42,18 @@ def make_batch(step: int, batch: int = 8, dtype=torch.float32):
 
 
 def make_forward(model, x, y, counter: list | None = None, autocast_dtype=None):
-    def forward():
+    """optim's Forward: ``forward(rows=None, reduction="mean") -> (loss, logits)`` on the rows asked for."""
+
+    def forward(rows=None, reduction="mean"):
         if counter is not None:
             counter.append(1)
+        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
         if autocast_dtype is not None:
             with torch.autocast("cpu", dtype=autocast_dtype):
-                logits = model(x)
+                logits = model(xs)
         else:
-            logits = model(x)
-        return F.cross_entropy(logits.float(), y), logits
+            logits = model(xs)
+        return F.cross_entropy(logits.float(), ys, reduction=reduction), logits
 
     return forward
 
@@ -64,6 +67,9 @@ FAST_HPARAMS = {
     "looksam": {"rho": 0.1, "k": 2, "alpha": 0.7},
     "saf": {"e_tilde": 1, "e_start": 1},
     "mesa": {"e_start": 1, "beta": 0.9},
+    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
+    "fsam": {"rho": 0.05, "sigma": 1.0, "lmbda": 0.6},
+    "msam": {"rho": 0.1},
 }
 
 

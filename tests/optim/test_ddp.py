@@ -3,7 +3,6 @@ LookSAM and SAF consistency across ranks."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -70,11 +69,12 @@ def _run_method(rank, name, global_perturbation, steps=1, local=False, **hp):
             x, y = _batch(rank, step)
             snaps, calls = [], []
 
-            def forward():
+            def forward(rows=None, reduction="mean", x=x, y=y, snaps=snaps, calls=calls):
                 snaps.append(_flat([p.detach() for p in model.parameters()]).clone())
                 calls.append(hook_calls[0])
-                logits = net(x)
-                return F.cross_entropy(logits, y), logits
+                xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+                logits = net(xs)
+                return F.cross_entropy(logits, ys, reduction=reduction), logits
 
             start = hook_calls[0]
             method.train_step(forward, inputs=x, epoch=0)
@@ -110,6 +110,34 @@ def _saf_reshuffled(rank):
     return errors
 
 
+def _m_sharpness(rank, m_ddp, m_single, steps=2):
+    """SAM under DDP (each replica's batch of 6, per-replica perturbation, m = m_ddp) and, on one process, SAM on
+    both replicas' batches together (12 samples, rank 0's first) with m = m_single: the final parameters."""
+
+    def forward_of(net, x, y):
+        def forward(rows=None, reduction="mean"):
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            z = net(xs)
+            return F.cross_entropy(z, ys, reduction=reduction), z
+
+        return forward
+
+    out = {}
+    for label, m, world in (("ddp", m_ddp, True), ("single", m_single, False)):
+        model = _model()
+        net = nn.parallel.DistributedDataParallel(model) if world else model
+        method = optim.create("sam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=net, rho=0.05,
+                              m=m)
+        for step in range(steps):
+            if world:
+                x, y = _batch(rank, step)
+            else:
+                x, y = (torch.cat(t) for t in zip(*(_batch(r, step) for r in range(WORLD))))
+            method.train_step(forward_of(net, x, y), inputs=x)
+        out[label] = _flat([p.detach() for p in model.parameters()]).clone()
+    return out
+
+
 def _worker(rank, out):
     torch.set_num_threads(1)
     # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
@@ -124,6 +152,14 @@ def _worker(rank, out):
             "looksam": _run_method(rank, "looksam", False, steps=5, k=2),
             "mesa": _run_method(rank, "mesa", False, steps=2, e_start=0, beta=0.9),
             "saf_errors": _saf_reshuffled(rank),
+            "sam_accumulate": _run_method(rank, "sam", False, steps=2, rho=0.05, accumulate=3),
+            "esam": _run_method(rank, "esam", False, steps=3, beta=0.5, gamma=0.5),
+            "esam_global": _run_method(rank, "esam", True, steps=3, beta=0.5, gamma=0.5),
+            "fsam": _run_method(rank, "fsam", False, steps=3),
+            "msam": _run_method(rank, "msam", False, steps=3),
+            "m_replica": _m_sharpness(rank, None, 6),  # per-replica perturbation: m = the replica's 6 samples
+            "m_replica_set": _m_sharpness(rank, 6, 6),
+            "m_split": _m_sharpness(rank, 3, 3),  # groups of 3 inside each replica
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -194,3 +230,27 @@ def test_saf_reads_each_samples_own_logits_across_ranks(ranks):
     for r in range(WORLD):
         errors = ranks[r]["saf_errors"]
         assert len(errors) > 4 and max(errors) < 1e-6, errors
+
+
+@pytest.mark.parametrize("case", ["m_replica", "m_replica_set", "m_split"])
+def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
+    # docs/algorithms.md, "m-sharpness": the algorithm a study measures does not change with the GPU count.
+    r0, r1 = ranks[0][case], ranks[1][case]
+    _close(r0["ddp"], r1["ddp"])
+    _close(r0["ddp"], r0["single"])
+    assert not torch.allclose(ranks[0]["m_split"]["single"], ranks[0]["m_replica"]["single"])  # m matters
+
+
+@pytest.mark.parametrize("case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam"])
+def test_new_settings_keep_replicas_identical(ranks, case):
+    _close(ranks[0][case]["params"], ranks[1][case]["params"])
+    for s0, s1 in zip(ranks[0][case]["steps"], ranks[1][case]["steps"]):
+        _close(s0["final"], s1["final"])
+
+
+def test_micro_batches_sync_once_per_synced_pass(ranks):
+    # Pass 1 per-replica (no all-reduce at all), pass 2 synced on its last micro-batch only: the same DDP
+    # communication as the whole-batch SAM step.
+    for acc, plain in zip(ranks[0]["sam_accumulate"]["steps"], ranks[0]["sam"]["steps"]):
+        assert acc["calls"] == plain["calls"] >= 1
+    assert ranks[0]["sam_accumulate"]["manual"] == 0

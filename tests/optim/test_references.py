@@ -5,6 +5,7 @@ rho = 0 is the base optimizer, LookSAM's closure schedule)."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -28,6 +29,9 @@ HP = {
     "looksam": {"rho": 0.1, "k": 2, "alpha": 0.7},
     "saf": {"lam": 0.3, "tau": 2.0, "e_tilde": 1, "e_start": 1},
     "mesa": {"beta": 0.9, "lam": 0.8, "tau": 2.0, "e_start": 1},
+    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
+    "fsam": {"rho": 0.05, "sigma": 0.9, "lmbda": 0.6},
+    "msam": {"rho": 0.1},
 }
 
 
@@ -67,6 +71,10 @@ def kl(target_logits, student_logits, tau):
     log_t = torch.log_softmax(target_logits / tau, -1)
     log_s = torch.log_softmax(student_logits / tau, -1)
     return (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+
+
+def per_sample_loss(ws, x, y):
+    return F.cross_entropy(logits_of(ws, x), y, reduction="none")
 
 
 def loss_grad(ws, x, y, target=None, lam=0.0, tau=1.0):
@@ -141,6 +149,8 @@ def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     ws = [w.detach().clone() for w in ws]
     teacher = [w.clone() for w in ws]
     past, g_v = {}, None
+    ema = [torch.zeros_like(w) for w in ws]  # F-SAM's m, m_{-1} = 0
+    draws = random.Random(0)  # ESAM's tensor draws: seeded with torch.initial_seed(), 0 after net(seed=0)
     for t in range(steps):
         x, y, idx = batch(t)
         s = 1.0 - DECAY * t
@@ -185,6 +195,30 @@ def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
                 u = loss_grad(ws, x, y, target=logits_of(teacher, x), lam=hp["lam"], tau=hp["tau"])[2]
             else:
                 u = g
+        elif name == "esam":
+            # SWP: each tensor (param order W1, W2, b1, b2) kept with probability beta; eps = rho/beta g_S/||g_S||.
+            kept = [draws.random() < hp["beta"] for _ in ws]
+            g_s = [gi if k else torch.zeros_like(gi) for gi, k in zip(g, kept)]
+            eps = [hp["rho"] / hp["beta"] * gi / (norm(g_s) + 1e-12) for gi in g_s]
+            w_p = [w + e for w, e in zip(ws, eps)]
+            # SDS: the round(gamma B) samples whose loss rises most from w to w + eps.
+            rise = per_sample_loss(w_p, x, y) - per_sample_loss(ws, x, y)
+            k = math.floor(hp["gamma"] * B + 0.5)
+            sel = sorted(range(B), key=lambda i: -float(rise[i]))[:k]
+            u = loss_grad(w_p, x[sel], y[sel])[2]
+        elif name == "fsam":
+            ema = [hp["lmbda"] * m + (1 - hp["lmbda"]) * gi for m, gi in zip(ema, g)]
+            d = [gi - hp["sigma"] * m for gi, m in zip(g, ema)]
+            u = loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(ws, d)], x, y)[2]
+        elif name == "msam":
+            # v: the base optimizer's momentum as it stands before this step (SGD's buffer, Adam's m).
+            v = base_ref.buf if isinstance(base_ref, RefSGD) else base_ref.m
+            if v:
+                nv = norm(list(v.values()))
+                eps = [-hp["rho"] * v[i] / nv for i in range(4)]
+            else:
+                eps = [torch.zeros_like(w) for w in ws]
+            u = loss_grad([w + e for w, e in zip(ws, eps)], x, y)[2]
         ws = base_ref.step(ws, u, lrs, wds)
         # MESA's decay warms up: beta_t = min(beta, (1 + t) / (10 + t)) for the t-th update (docs/algorithms.md).
         b = min(hp.get("beta", 0.0), (1 + t) / (10 + t))
@@ -200,9 +234,10 @@ def ours(name: str, make_base, steps=STEPS, hp=None, seed=0):
     for t in range(steps):
         x, y, idx = batch(t)
 
-        def forward(x=x, y=y):
-            z = model(x)
-            return F.cross_entropy(z, y), z
+        def forward(rows=None, reduction="mean", x=x, y=y):
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            z = model(xs)
+            return F.cross_entropy(z, ys, reduction=reduction), z
 
         method.train_step(forward, inputs=x, indices=idx, epoch=t)
         sched.step()
@@ -222,16 +257,18 @@ def test_multi_tensor_multi_group_multi_step_reference(name, base):
 
 
 # ----------------------------------------------------------------------------- rho = 0 is the base optimizer
+# ESAM with gamma < 1 is the base optimizer on the selected samples only, so rho = 0 needs gamma = 1 too.
 ZERO_RHO = {"sam": {"rho": 0.0}, "asam": {"rho": 0.0}, "gsam": {"rho_max": 0.0, "rho_min": 0.0},
-            "looksam": {"rho": 0.0}}
+            "looksam": {"rho": 0.0}, "esam": {"rho": 0.0, "gamma": 1.0}, "fsam": {"rho": 0.0}, "msam": {"rho": 0.0}}
+PERTURBING = [n for n, s in METHODS.items() if s.two_pass or "rho" in s.hparams]
 
 
 @pytest.mark.parametrize("base", ["sgd-momentum", "adamw"])
-@pytest.mark.parametrize("name", [n for n, s in METHODS.items() if s.two_pass])
+@pytest.mark.parametrize("name", PERTURBING)
 def test_rho_zero_is_the_base_optimizer_exactly(name, base):
     # docs/algorithms.md, "Small-norm guards": no +1e-12 may leave a trace where the exact answer is defined.
     # Old LookSAM kept ||g_v|| = 2e-12 and rescaled it to alpha ||g||; old GSAM's c was 1 - 2e-12/||g||.
-    assert set(ZERO_RHO) == {n for n, s in METHODS.items() if s.two_pass}
+    assert set(ZERO_RHO) == set(PERTURBING)
     make_base, _ = BASES[base]
     got = ours(name, make_base, steps=5, hp=ZERO_RHO[name])
     want = ours("none", make_base, steps=5)

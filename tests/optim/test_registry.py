@@ -17,7 +17,7 @@ NAMES = list(METHODS)
 
 
 def test_registry_lists_every_method():
-    assert method_names() == ("none", "sam", "asam", "gsam", "looksam", "saf", "mesa")
+    assert method_names() == ("none", "sam", "asam", "gsam", "looksam", "saf", "mesa", "esam", "fsam", "msam")
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
         assert spec.needs <= {"model", "num_samples", "num_classes"}
@@ -27,12 +27,15 @@ def test_registry_lists_every_method():
 
 def test_defaults_come_from_the_class_signatures():
     sig = inspect.signature(optim.SAM.__init__).parameters
-    assert METHODS["sam"].hparams == {"rho": sig["rho"].default, "p": sig["p"].default}
-    assert METHODS["asam"].hparams == {"rho": 0.5, "eta": 0.01}
+    assert METHODS["sam"].hparams == {"rho": sig["rho"].default, "p": sig["p"].default, "m": None}
+    assert METHODS["asam"].hparams == {"rho": 0.5, "eta": 0.01, "m": None}
     assert METHODS["gsam"].hparams["alpha"] == inspect.signature(optim.GSAM.__init__).parameters["alpha"].default
     assert METHODS["looksam"].hparams == {"rho": 0.1, "k": 5, "alpha": 0.7}
     assert METHODS["saf"].hparams == {"lam": 0.3, "tau": 5.0, "e_tilde": 3, "e_start": 5}
     assert METHODS["mesa"].hparams == {"beta": 0.9998, "lam": 0.8, "tau": 5.0, "e_start": 5}
+    assert METHODS["esam"].hparams == {"rho": 0.05, "beta": 0.6, "gamma": 0.5}
+    assert METHODS["fsam"].hparams == {"rho": 0.05, "sigma": 1.0, "lmbda": 0.6}
+    assert METHODS["msam"].hparams == {"rho": 0.3}
 
 
 def _bases(model):
@@ -63,15 +66,17 @@ def test_every_method_steps_with_every_base_optimizer(name, helpers):
         assert all(p.grad is None for p in model.parameters())  # the method clears the grads
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), (name, label)
         spec = METHODS[name]
-        if name in ("sam", "asam", "gsam"):
+        if name in ("sam", "asam", "gsam", "esam", "fsam"):
             assert all(o.perturbed_loss is not None and o.rho > 0 for o in outs)
-        if name in ("none", "saf", "mesa"):
+        if name in ("none", "saf", "mesa", "msam"):
             assert all(o.perturbed_loss is None and o.rho is None for o in outs)
         if name in ("saf", "mesa"):
             assert outs[0].extra_loss is None and outs[2].extra_loss is not None  # active when epoch > e_start=1
         assert method.passes_per_step == pytest.approx(
-            {"none": 1, "sam": 2, "asam": 2, "gsam": 2, "looksam": 1.5, "saf": 1, "mesa": 4 / 3}[name])
-        assert len(counter) == {"looksam": 5}.get(name, round(3 * (2 if spec.two_pass else 1)))
+            {"none": 1, "sam": 2, "asam": 2, "gsam": 2, "looksam": 1.5, "saf": 1, "mesa": 4 / 3, "esam": 1 + 1 / 3 + 0.5,
+             "fsam": 2, "msam": 1}[name])
+        # ESAM with gamma < 1: pass 1, the no-grad selection forward, pass 2 on the selected half.
+        assert len(counter) == {"looksam": 5, "esam": 9}.get(name, 3 * (2 if spec.two_pass else 1))
         assert method.extra_state_bytes() >= 0
 
 
@@ -90,7 +95,7 @@ def test_extra_state_bytes(helpers):
 
 def test_unknown_name_lists_valid_names_and_closest():
     base = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    with pytest.raises(ValueError, match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa.*did you mean 'gsam'"):
+    with pytest.raises(ValueError, match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa, esam, fsam, msam.*did you mean 'gsam'"):
         create("gasm", base)
 
 
@@ -130,6 +135,13 @@ BAD = [
     ("mesa", {"beta": 1.0}, "beta", "0 <= beta < 1"),
     ("mesa", {"beta": -0.1}, "beta", "0 <= beta < 1"),
     ("mesa", {"tau": -1.0}, "tau", "tau > 0"),
+    ("sam", {"m": 0}, "m", "m >= 1"),
+    ("sam", {"m": 2.5}, "m", "m >= 1"),
+    ("esam", {"beta": 0.0}, "beta", "0 < beta <= 1"),
+    ("esam", {"gamma": 1.5}, "gamma", "0 < gamma <= 1"),
+    ("fsam", {"sigma": -1.0}, "sigma", "0 <= sigma"),
+    ("fsam", {"lmbda": 1.0}, "lmbda", "0 <= lmbda < 1"),
+    ("msam", {"rho": -0.1}, "rho", "0 <= rho"),
 ]
 
 
@@ -158,7 +170,36 @@ def test_optim_is_pure_pytorch():
     assert len(files) >= 7
     for f in files:
         text = f.read_text()
-        assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.M), f
+        assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.MULTILINE), f
         assert text.startswith('"""'), f"{f.name} must open with a one-line docstring"
     assert set(optim.__all__) >= {"SAM", "GSAM", "LookSAM", "SAF", "MESA", "create", "trajectory_kl", "METHODS",
                                   "MethodSpec", "method_names", "Method", "StepOutput"}
+
+
+def test_readme_methods_table_is_the_registry():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("update_readme", root / "docs" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    readme = (root / "README.md").read_text()
+    block = readme.split(module.METHODS_BEGIN, 1)[1].split(module.METHODS_END, 1)[0].strip()
+    assert block == module.methods_table(), "README's methods table is stale: run python docs/update_readme.py --methods"
+    assert all(f"| `{name}` |" in block for name in METHODS)
+
+
+def test_every_method_module_is_collected():
+    # A module that declares SPECS but is missing from the registry's list would leave its method untested.
+    import importlib
+    import pkgutil
+
+    from optim import _registry
+
+    declaring = []
+    for info in pkgutil.iter_modules(optim.__path__):
+        module = importlib.import_module(f"optim.{info.name}")
+        if hasattr(module, "SPECS"):
+            declaring.append(module)
+            assert module in _registry._MODULES, f"optim.{info.name} declares SPECS but is not in _registry._MODULES"
+    assert {s.name for m in declaring for s in m.SPECS} == set(METHODS)

@@ -257,3 +257,23 @@ def test_trials_stopped_for_good_are_failed_not_left_running(tmp_path):
     assert searcher.fail_unfinished() == 2  # t1 and t2: stopped at the study's time limit
     assert [t.state for t in _study(storage).trials] == [COMPLETE, FAIL, FAIL]
     assert searcher.fail_unfinished() == 0
+
+
+def test_a_trial_interrupted_then_resumed_is_recorded_once_more(tmp_path):
+    from studies.search import INTERRUPTED_ATTR, RESUMED_FROM_ATTR
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = _searcher(storage, 2)
+    searcher.suggest("t0")
+    searcher.suggest("t1")
+    searcher.on_trial_complete("t0", {"val_acc": 0.6})
+    assert searcher.fail_unfinished(interrupted=True) == 1  # Ctrl-C: t1 is cut short, none stays RUNNING
+    cut = _study(storage).trials[1]
+    assert cut.state == FAIL and cut.user_attrs[INTERRUPTED_ATTR] is True
+    # `resume`: Tune restores the searcher and continues t1, which now ends.
+    restored = pickle.loads(pickle.dumps(searcher))
+    restored.on_trial_complete("t1", {"val_acc": 0.7})
+    trials = _study(storage).trials
+    assert [t.state for t in trials] == [COMPLETE, FAIL, COMPLETE]
+    assert trials[2].value == 0.7 and trials[2].params == cut.params
+    assert trials[2].user_attrs[RESUMED_FROM_ATTR] == 1 and INTERRUPTED_ATTR not in trials[2].user_attrs

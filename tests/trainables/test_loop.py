@@ -46,6 +46,17 @@ def test_every_registered_method_trains(name):
     assert math.isfinite(metrics["train_loss"])
 
 
+@pytest.mark.parametrize("method", ["none", "sam"])
+def test_accumulated_micro_batches_train_like_the_whole_batch(method):
+    # The mixer has no BatchNorm: 4 micro-batches of 32 are the batch of 128, up to float32 summation order.
+    whole = fit(config("mixer", method, epochs=1))
+    cfg = config("mixer", method, epochs=1)
+    cfg["data"]["accumulate"] = 4
+    parts = fit(cfg)
+    for key in ("train_loss", "val_loss", "val_acc"):
+        assert parts[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-5), key
+
+
 def test_training_learns():
     cfg = config("mixer", "sam", epochs=6, rho=0.05)
     cfg["model"] = {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}}
@@ -125,6 +136,10 @@ def test_divergence_stops_the_trial():
         (lambda c: c["data"].update(fraction=0), "data.fraction: Input should be greater than 0"),
         (lambda c: c["schedule"].update(warmup_epochs=5), "schedule.warmup_epochs: must be < schedule.epochs"),
         (lambda c: c.update(optimiser={}), "optimiser: unknown key"),
+        (lambda c: c["data"].update(accumulate=0), "data.accumulate: Input should be greater than or equal to 1"),
+        (lambda c: c["data"].update(accumulate=256), "data.accumulate: must not exceed data.batch_size (128)"),
+        (lambda c: c["optimizer"].update(method="msam", base="sgd", momentum=0.0),
+         "optimizer.hparams: base_optimizer must keep a momentum for msam"),
     ],
 )
 def test_bad_config_names_the_field(mutate, expected):

@@ -1,0 +1,100 @@
+"""Friendly SAM (Li et al., CVPR 2024): SAM whose perturbation drops the full-gradient component, estimated by an EMA of past gradients."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ._method import check, group_by_device_dtype, method_spec
+from ._sam import TwoPass, _check_rho
+
+__all__ = ["FriendlySAM"]
+
+
+class FriendlySAM(TwoPass):
+    """F-SAM, the paper's Algorithm 1 (docs/algorithms.md, "F-SAM"):
+
+    ``m_t = lmbda m_{t-1} + (1 - lmbda) g_t`` (``m_{-1} = 0``, no bias correction), ``d_t = g_t - sigma m_t``,
+    ``eps = rho d_t / (||d_t|| + 1e-12)``; pass 2 at ``w + eps`` gives the update gradient, as in SAM.
+
+    ``d_t`` is formed as ``(1 - sigma (1 - lmbda)) g_t - sigma lmbda m_{t-1}``, so ``m`` is written only once the
+    step is known to be taken (an fp16 overflow leaves it as it was); pass 1's ``g`` is kept until then.
+    ``sigma = 0`` is SAM exactly; ``rho = 0`` the base optimizer. Under DDP with per-replica perturbation each
+    replica keeps the EMA of its own pass 1 gradients (its own stochastic-noise estimate).
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, sigma: float = 1.0,
+                 lmbda: float = 0.6, *, model: nn.Module | None = None, grad_clip: float | None = None,
+                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
+        super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
+                         global_perturbation=global_perturbation, accumulate=accumulate)
+        self.rho = _check_rho("rho", rho)
+        check(isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and math.isfinite(sigma) and sigma >= 0,
+              "sigma", "0 <= sigma < inf", sigma, "pass the share of the EMA removed, e.g. sigma=1.0 (sigma=0 is SAM)")
+        check(isinstance(lmbda, (int, float)) and not isinstance(lmbda, bool) and 0 <= lmbda < 1, "lmbda",
+              "0 <= lmbda < 1", lmbda, "pass an EMA decay such as lmbda=0.6 (CIFAR) or 0.95 (ImageNet)")
+        self.sigma = float(sigma)
+        self.lmbda = float(lmbda)
+        self.name = "fsam"
+        self._m: dict[torch.Tensor, torch.Tensor] = {}  # param -> EMA of its pass 1 gradients
+        self._g_now: dict[torch.Tensor, torch.Tensor] = {}  # param -> this step's g, until the step is taken
+        # The params whose EMA this step moves once it is taken, and the loss scale their g carries.
+        self._pending: tuple[list[torch.Tensor], float] = ([], 1.0)
+
+    def _rho(self) -> float:
+        return self.rho
+
+    @torch.no_grad()
+    def _direction(self) -> None:
+        params = self._params_with_grad()
+        grads = [p.grad for p in params]
+        keep = [self._buffer(self._g_now, p) for p in params]
+        # m is kept in the units of the true gradient: under fp16 the gradients carry the loss scale, which
+        # changes between steps (one host read of it, fp16 only).
+        scale = 1.0 if self.scaler is None else float(self.scaler.get_scale())
+        for ks, gs in group_by_device_dtype(keep, grads):
+            torch._foreach_copy_(ks, gs)
+            torch._foreach_mul_(gs, 1.0 - self.sigma * (1.0 - self.lmbda))
+        with_m = [p for p in params if p in self._m]
+        if with_m:  # m_{-1} = 0 elsewhere
+            for gs, mm in group_by_device_dtype([p.grad for p in with_m], [self._m[p] for p in with_m]):
+                torch._foreach_add_(gs, mm, alpha=-self.sigma * self.lmbda * scale)  # d_t = g_t - sigma m_t
+        self._pending = (params, scale)
+
+    @torch.no_grad()
+    def second_step(self) -> bool:
+        skipped = super().second_step()
+        (params, scale), self._pending = self._pending, ([], 1.0)
+        if not skipped and params:
+            for p in params:
+                if p not in self._m:
+                    self._m[p] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            ms = [self._m[p] for p in params]
+            gs = [self._g_now[p] for p in params]
+            for mm, gg in group_by_device_dtype(ms, gs):
+                if scale != 1.0:
+                    torch._foreach_div_(gg, scale)
+                torch._foreach_lerp_(mm, gg, 1.0 - self.lmbda)  # m_t = lmbda m_{t-1} + (1 - lmbda) g_t
+        return skipped
+
+    def extra_state_bytes(self) -> int:
+        # Saved w, the EMA m, and pass 1's g held until the step is taken.
+        return 3 * super().extra_state_bytes()
+
+    def _method_state(self) -> dict:
+        index = {p: i for i, p in enumerate(self._params())}
+        return {"m": {index[p]: t.detach().clone() for p, t in self._m.items()}}
+
+    def _load_method_state(self, state: dict) -> None:
+        params = self._params()
+        self._m = {}
+        for i, t in state.get("m", {}).items():
+            p = params[int(i)]
+            self._m[p] = t.to(device=p.device, dtype=p.dtype).clone()
+
+
+SPECS = (method_spec("fsam", description="Friendly SAM (Li et al. 2024): eps along g - sigma m, m an EMA (decay lmbda) "
+                     "of past gradients estimating the full gradient.", build=FriendlySAM,
+                     knobs=("rho", "sigma", "lmbda"), two_pass=True, needs=("model",)),)

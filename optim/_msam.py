@@ -1,0 +1,116 @@
+"""Momentum-SAM (Becker et al. 2024): one gradient per step, taken at w perturbed along the base optimizer's negative momentum."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._method import (
+    Forward,
+    Method,
+    StepOutput,
+    batch_rows,
+    global_norm,
+    group_by_device_dtype,
+    method_spec,
+)
+from ._sam import _check_rho, nonzero
+
+__all__ = ["MSAM"]
+
+#: Where the base optimizers keep the momentum MSAM follows: Adam/AdamW's first moment, SGD's buffer.
+MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
+
+
+class MSAM(Method):
+    """MSAM (the paper's Algorithm 1; docs/algorithms.md, "MSAM"): with ``v`` the base optimizer's momentum
+    (SGD's ``momentum_buffer``, Adam/AdamW's ``exp_avg``, as the base keeps it), one forward+backward at
+    ``w - rho v / ||v||`` gives ``g``; ``w`` is copied back exactly and the base optimizer steps from ``w`` with
+    ``g``, which also moves ``v``. One global ``||v||``; no momentum yet (the first step) or ``v = 0`` gives
+    no perturbation, and so does ``rho = 0`` (the base optimizer exactly).
+
+    The authors keep the weights at the perturbed point between steps; holding ``w`` and perturbing inside
+    the step is the same trajectory, and evaluation and checkpoints see ``w``. BatchNorm statistics come from
+    the one (perturbed) pass, as in the paper. Under DDP ``v`` is the same on every replica, so the one pass
+    is synced like a plain step.
+    """
+
+    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.3, *, model: nn.Module | None = None,
+                 grad_clip: float | None = None, scaler: torch.amp.GradScaler | None = None,
+                 global_perturbation: bool = False, accumulate: int = 1):
+        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
+                         global_perturbation=global_perturbation, accumulate=accumulate)
+        self.rho = _check_rho("rho", rho)
+        lacking = [i for i, g in enumerate(base_optimizer.param_groups)
+                   if "betas" not in g and not float(g.get("momentum", 0.0)) > 0]
+        if lacking:
+            raise ValueError(
+                f"base_optimizer must keep a momentum for msam (Adam's first moment or SGD's momentum > 0), but "
+                f"param group(s) {lacking} of {type(base_optimizer).__name__} have none; use AdamW, or SGD with "
+                "momentum=0.9")
+        self.name = "msam"
+        self._saved: dict[torch.Tensor, torch.Tensor] = {}
+        self._pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+
+    def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        params, moms = [], []
+        state = self.base_optimizer.state
+        for p in self._params():
+            if not p.requires_grad or p not in state:
+                continue
+            v = next((state[p][k] for k in MOMENTUM_KEYS if state[p].get(k) is not None), None)
+            if v is not None:
+                params.append(p)
+                moms.append(v)
+        return params, moms
+
+    @torch.no_grad()
+    def _perturb(self) -> None:
+        """``w <- w - rho v / ||v||`` (w saved); the division by the exact norm, 1 where it is 0 (then v = 0)."""
+        self._pairs = []
+        if self.rho == 0.0:
+            return
+        params, moms = self._momenta()
+        if not params:
+            return
+        scale = -self.rho / nonzero(global_norm(moms))
+        for ps, vs in group_by_device_dtype(params, moms):
+            saved = [self._buffer(p) for p in ps]
+            torch._foreach_copy_(saved, ps)
+            torch._foreach_add_(ps, torch._foreach_mul(vs, scale.to(device=vs[0].device, dtype=vs[0].dtype)))
+            self._pairs.append((ps, saved))
+
+    def _buffer(self, p: torch.Tensor) -> torch.Tensor:
+        buf = self._saved.get(p)
+        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
+            buf = self._saved[p] = torch.empty_like(p)
+        return buf
+
+    @torch.no_grad()
+    def _restore(self) -> None:
+        for ps, saved in self._pairs:
+            torch._foreach_copy_(ps, saved)  # exact: the values of w come back
+        self._pairs = []
+
+    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
+                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+        self._zero_grad()
+        self._perturb()
+        loss, logits, _, _ = self._pass(forward, local=False, n=batch_rows(inputs))
+        self._restore()
+        skipped = self._finish()
+        self._zero_grad()
+        # The one loss is taken at the perturbed point: it is the step's loss (there is no clean pass).
+        return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
+
+    @property
+    def passes_per_step(self) -> float:
+        return 1.0
+
+    def extra_state_bytes(self) -> int:
+        # The saved copy of w.
+        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
+
+
+SPECS = (method_spec("msam", description="Momentum-SAM (Becker et al. 2024): one gradient per step, at w - rho v/||v|| "
+                     "with v the base optimizer's momentum.", build=MSAM, knobs=("rho",)),)

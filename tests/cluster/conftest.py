@@ -1,0 +1,35 @@
+"""Fixtures of the cluster tests: a real `mlflow server --auth`, started once per pytest worker that needs it."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from studies.server import Auth, start_server
+
+
+@pytest.fixture(scope="session")
+def auth_server(tmp_path_factory):
+    """A real `mlflow server --app-name basic-auth` on loopback, its admin password in a file (never in the env)."""
+    tmp = tmp_path_factory.mktemp("auth-server")
+    password = secrets.token_urlsafe(18)
+    (tmp / "admin-password").write_text(password + "\n")
+    with start_server(
+        backend_store_uri=f"sqlite:///{tmp / 'mlflow.db'}", artifacts_destination=str(tmp / "mlartifacts"),
+        auth=Auth(password_file=str(tmp / "admin-password")), log_path=tmp / "server.log", timeout_s=240,
+    ) as (_, url):
+        yield {"url": url, "admin": ("admin", password), "dir": tmp, "artifacts": tmp / "mlartifacts"}
+
+
+@pytest.fixture
+def trials_user(auth_server) -> tuple[str, str]:
+    """A user of its own on the server for a study's trials, as docs/cluster.md advises (not the admin)."""
+    from mlflow.server import get_app_client
+
+    user, password = f"trials-{secrets.token_hex(4)}", secrets.token_urlsafe(18)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_USERNAME", auth_server["admin"][0])
+        mp.setenv("MLFLOW_TRACKING_PASSWORD", auth_server["admin"][1])
+        get_app_client("basic-auth", tracking_uri=auth_server["url"]).create_user(user, password)
+    return user, password

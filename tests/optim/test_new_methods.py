@@ -1,0 +1,107 @@
+"""ESAM, F-SAM and MSAM beyond the float64 references: the settings that reduce them to SAM or the base
+optimizer, ESAM's weight and data selection as they happen, MSAM's need for a momentum."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+
+def _trajectory(helpers, name, steps=3, **hp):
+    model = helpers.make_model()
+    method = helpers.build(name, model, hparams=hp)
+    helpers.run(method, model, steps)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_esam_with_beta_1_and_gamma_1_is_sam(helpers):
+    sam = _trajectory(helpers, "sam", rho=0.05)
+    esam = _trajectory(helpers, "esam", rho=0.05, beta=1.0, gamma=1.0)
+    for a, b in zip(esam, sam):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_fsam_with_sigma_0_is_sam(helpers):
+    sam = _trajectory(helpers, "sam", rho=0.05)
+    fsam = _trajectory(helpers, "fsam", rho=0.05, sigma=0.0)
+    for a, b in zip(fsam, sam):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert not all(torch.equal(a, b) for a, b in zip(_trajectory(helpers, "fsam", rho=0.05), sam))
+
+
+def test_esam_perturbs_and_differentiates_only_the_drawn_tensors(helpers):
+    model = helpers.make_model()
+    beta, rho = 0.5, 0.05
+    method = helpers.build("esam", model, hparams={"rho": rho, "beta": beta, "gamma": 0.5})
+    x, y, idx = helpers.make_batch(0)
+    calls = []
+    inner = helpers.make_forward(model, x, y)
+
+    def forward(rows=None, reduction="mean"):
+        calls.append(([p.requires_grad for p in model.parameters()], [p.detach().clone() for p in model.parameters()],
+                      None if rows is None else rows.clone()))
+        return inner(rows, reduction)
+
+    w0 = [p.detach().clone() for p in model.parameters()]
+    method.train_step(forward, inputs=x, indices=idx)
+    assert len(calls) == 3  # pass 1, the selection forward at w + eps, pass 2 on the selected rows
+    kept = calls[0][0]
+    assert 0 < sum(kept) < len(kept)  # this seed draws some tensors and leaves others out
+    assert all(p.requires_grad for p in model.parameters())  # switched back on
+    eps = [w - v for w, v in zip(calls[2][1], w0)]
+    for k, e in zip(kept, eps):
+        assert bool(e.abs().sum() > 0) == k  # only the drawn tensors are perturbed
+    total = math.sqrt(sum(float((e * e).sum()) for e in eps))
+    assert total == pytest.approx(rho / beta, rel=1e-5)  # ||eps|| = rho / beta over the drawn tensors
+    rows = calls[2][2]
+    assert rows is not None and rows.numel() == 4 and calls[1][2] is None  # gamma * 8 samples in pass 2
+
+
+def test_esam_selects_the_samples_whose_loss_rises_most(helpers):
+    model = helpers.make_model()
+    method = helpers.build("esam", model, hparams={"rho": 0.5, "beta": 1.0, "gamma": 0.25})
+    x, y, idx = helpers.make_batch(1)
+    losses = []
+    inner = helpers.make_forward(model, x, y)
+
+    def forward(rows=None, reduction="mean"):
+        out = inner(rows, reduction)
+        losses.append((rows, out[0].detach()))
+        return out
+
+    method.train_step(forward, inputs=x, indices=idx)
+    (_, before), (_, after), (rows, _) = losses
+    rise = after - before
+    assert sorted(rows.tolist()) == sorted(torch.topk(rise, 2).indices.tolist())
+
+
+def test_esam_draws_from_its_own_generator(helpers):
+    method = helpers.build("esam", helpers.make_model(), hparams={"beta": 0.5})
+    x, y, idx = helpers.make_batch(0)
+    torch.manual_seed(123)
+    method.train_step(helpers.make_forward(method.model, x, y), inputs=x, indices=idx)
+    after_step = torch.rand(3)
+    torch.manual_seed(123)
+    torch.testing.assert_close(after_step, torch.rand(3))  # the model's random streams are left alone
+
+
+def test_msam_first_step_is_the_base_optimizer(helpers):
+    # No momentum before the first step: no perturbation, the gradient at w.
+    base_model, msam_model = helpers.make_model(), helpers.make_model()
+    base = helpers.build("none", base_model)
+    msam = helpers.build("msam", msam_model, hparams={"rho": 0.3})
+    helpers.run(base, base_model, 1)
+    helpers.run(msam, msam_model, 1)
+    for a, b in zip(msam_model.parameters(), base_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    helpers.run(base, base_model, 1, start=1)
+    helpers.run(msam, msam_model, 1, start=1)
+    assert not all(torch.equal(a, b) for a, b in zip(msam_model.parameters(), base_model.parameters()))
+
+
+def test_msam_needs_a_momentum(helpers):
+    model = helpers.make_model()
+    with pytest.raises(ValueError, match=r"must keep a momentum for msam.*param group\(s\) \[0\].*SGD with momentum=0.9"):
+        helpers.build("msam", model, torch.optim.SGD(model.parameters(), lr=0.1))

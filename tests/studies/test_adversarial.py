@@ -1,0 +1,431 @@
+"""Adversarial input to the `sharpscale` command: each refused with one clear line and a status, the store left clean.
+
+Most cases are refused before Ray starts and run in-process through the CLI's `main`. A few need real processes
+(Ctrl-C, concurrent first use of a store); they hold on observable states, never on a sleep.
+"""
+
+import ipaddress
+import multiprocessing
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from studies.cli import EXIT_INTERRUPTED, EXIT_USAGE, main
+from studies.spec import MAX_STUDY_FILE_BYTES, MAX_TRIALS
+from trainables.errors import MAX_SHOWN_CHARS, UserError, shown
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = (REPO / "studies" / "quickstart.yaml").read_text()
+METHOD_FACTOR = "  method:\n    adamw: {optimizer.method: none}\n    sam:   {optimizer.method: sam}\n"
+RHO = "rho: {type: loguniform, low: 0.005, high: 0.5}"
+# Each line holds nine of the one above: *h stands for 9**7 (4.8 million) values in a file of 300 bytes.
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefg", "bcdefgh")
+)
+
+
+def _edit(*pairs: tuple[str, str]) -> str:
+    text = QUICKSTART
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+# (id, study file text or bytes (None: the shipped quickstart), extra arguments, what the message must say)
+REFUSED = [
+    ("int-log-low-0", _edit((RHO, RHO + "\n  train.seed: {type: int, low: 0, high: 5, log: true}")), [], "log: true needs low >= 1"),
+    ("uniform-inf", _edit((RHO, "rho: {type: uniform, low: 0.0, high: .inf}")), [], "finite number"),
+    ("uniform-nan", _edit((RHO, "rho: {type: uniform, low: .nan, high: 0.5}")), [], "finite number"),
+    ("metric-typo", _edit(("metric: val_acc", "metric: val_accc")), [], "did you mean 'val_acc'"),
+    ("cpus-too-many", _edit(("cpus_per_trial: 1", "cpus_per_trial: 4096")), [], "resources.cpus_per_trial"),
+    ("custom-resource-nowhere", _edit(("cpus_per_trial: 1", "cpus_per_trial: 1, custom: {node_a: 1}")), [],
+     "resources.custom.node_a"),
+    ("factor-no-levels", _edit((METHOD_FACTOR, "  method: {}\n")), [], "needs at least one level"),
+    ("grid-huge", _edit((RHO, "train.seed: {type: int, low: 0, high: 1000000000}"), ("sampler: tpe", "sampler: grid"),
+                        ("trials_per_cell: 4, ", "")), [], f"more than {MAX_TRIALS}"),
+    ("factors-huge", _edit((METHOD_FACTOR, f"  train.seed: {list(range(MAX_TRIALS // 3 + 1))}\n")), [], "cells, more than"),
+    ("set-factor-path", None, ["--set", "optimizer.method=gsam"], "from the study's factor 'method'"),
+    ("set-searched-path", None, ["--set", "optimizer.hparams.rho=0.1"], "search key 'rho'"),
+    ("duplicate-key", QUICKSTART + "\nbudget: {trials_per_cell: 8}\n", [], "found the key 'budget' twice"),
+    ("duplicate-levels", _edit((METHOD_FACTOR, '  data.fraction: [0.5, 0.5, "0.5"]\n')), [], "levels must be distinct"),
+    ("duplicate-choices", _edit((RHO, "rho: {type: choice, values: [0.1, 0.1]}")), [], "choice values must be distinct"),
+    ("bool-as-int", _edit(("trials_per_cell: 4", "trials_per_cell: true")), [], "valid integer"),
+    ("string-as-int", _edit(("trials_per_cell: 4", 'trials_per_cell: "4"')), [], "valid integer"),
+    ("latin-1-file", ("# caf\xe9\n" + QUICKSTART).encode("latin-1"), [], "must be UTF-8 text, got byte 0xe9 on line 1"),
+    ("utf-16-file", QUICKSTART.encode("utf-16"), [], "got UTF-16"),
+    ("set-unclosed-bracket", None, ["--set", "optimizer.lr=["], "--set optimizer.lr: YAML syntax"),
+    ("set-python-tag", None, ["--set", "data.root=!!python/object/apply:os.system"], "could not determine a constructor"),
+    ("set-below-a-value", None, ["--set", "data.root.x=1"], "--set data.root.x: neither a trial config path"),
+    ("set-no-equals", None, ["--set", "data.root"], "must be KEY=VALUE"),
+    ("set-bad-key", None, ["--set", "data..root=1"], "KEY must be a dotted path"),
+    ("search-below-a-value", _edit((RHO, "model.name.x: {type: choice, values: [1]}")), [], "search.model.name.x: not a trial config path"),
+    ("level-sets-section-and-field", _edit(("adamw: {optimizer.method: none}",
+                                            "adamw: {optimizer.method: none, model: {name: resnet18}, model.name: resnet18}")),
+     [], "sets both model and model.name"),
+    ("level-name-both-quotes", _edit((METHOD_FACTOR, "  method:\n    \"a'b\\\"\": {optimizer.method: none}\n")), [],
+     "may hold ' or \" but not both"),
+    ("experiment-absolute", _edit(("tracking: {", "tracking: {experiment: /tmp/x, ")), [], "tracking.experiment: must be one file-name"),
+    ("experiment-climbs-out", _edit(("tracking: {", "tracking: {experiment: ../../escaped, ")), [], "tracking.experiment: must be one file-name"),
+    ("name-with-dots", _edit(("name: quickstart", "name: a..b")), [], "name: must be one file-name"),
+    ("alias-bomb", BOMB + "name: [*h]\n", [], "YAML aliases may expand to at most"),
+    ("alias-bomb-in-model-kwargs", BOMB + _edit(("model.kwargs: {patch_size: 4, num_blocks: 2, embed_dim: 64}",
+                                                 "model.kwargs: {patch_size: 4, bomb: *h}")), [], "YAML aliases may expand"),
+    ("recursive-alias", "a: &a [*a]\n" + QUICKSTART, [], "YAML aliases may expand"),
+    ("huge-file", QUICKSTART + "#" + "x" * MAX_STUDY_FILE_BYTES + "\n", [], f"at most {MAX_STUDY_FILE_BYTES} bytes"),
+    ("huge-name", _edit(("name: quickstart", "name: " + "x/" * 50_000)), [], "name: must be one file-name"),
+    ("tracking-uri-unknown-scheme", None, ["--tracking-uri", "foo://bar"], "tracking URI: must be"),
+]
+
+
+def _write(tmp_path: Path, content) -> Path:
+    path = tmp_path / "study.yaml"
+    if content is None:
+        content = QUICKSTART
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def _left_behind(tmp_path: Path) -> set[str]:
+    return {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")} - {"study.yaml"}
+
+
+@pytest.mark.parametrize("content, extra, expected", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_refused_before_anything_runs(content, extra, expected, tmp_path, monkeypatch, capsys):
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    study = _write(tmp_path, content)
+    t0 = time.perf_counter()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["run", str(study), "--tracking-uri", uri, *extra]
+    if "--tracking-uri" in extra:
+        argv = ["run", str(study), *extra]
+    assert main(argv) == EXIT_USAGE
+    assert time.perf_counter() - t0 < 60  # an alias bomb or a huge grid is refused, not expanded (no timing claim)
+    out = capsys.readouterr()
+    assert expected in out.err, out.err
+    assert "Traceback" not in out.err
+    assert out.err.startswith("sharpscale: error: ")
+    # Every echoed value is cut: the message stays a few lines, whatever the input's size.
+    assert len(out.err) < 4000, len(out.err)
+    assert not ray.is_initialized()
+    assert _left_behind(tmp_path) == set()  # no MLflow store, no storage folder, no Optuna database
+
+
+@pytest.mark.parametrize("command", ["status", "report"])
+@pytest.mark.parametrize("uri, expected", [
+    ("foo://bar", "tracking URI: must be"),
+    ("sqlite:///{tmp}/typo/mlflow.db", "no MLflow store at"),
+], ids=["unknown-scheme", "missing-store"])
+def test_read_only_commands_refuse_a_bad_store_and_create_nothing(command, uri, expected, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    study = _write(tmp_path, None)
+    assert main([command, str(study), "--tracking-uri", uri.format(tmp=tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert _left_behind(tmp_path) == set()
+
+
+def test_messages_echo_values_cut():
+    assert shown("x" * 10) == repr("x" * 10)
+    long = shown("y" * 100_000)
+    assert len(long) < MAX_SHOWN_CHARS + 40 and long.endswith("(100002 chars)")
+
+
+def test_every_user_error_is_one_class():
+    from analysis.runs import StudyNotFound
+    from studies.server import ServerOptionError
+    from studies.spec import StudyError
+    from trainables.config import ConfigError
+    from trainables.fetch import FetchError
+    from trainables.staging import StagingError
+
+    for cls in (StudyError, ConfigError, FetchError, StagingError, ServerOptionError, StudyNotFound):
+        assert issubclass(cls, UserError), cls
+
+
+def test_version_and_help_state_the_contract(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert re.fullmatch(r"sharpscale \S+\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"Exit status: 0 when the study is valid; {EXIT_USAGE} when it is not" in text
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{EXIT_INTERRUPTED} when interrupted" in text and "--tracking-uri" in text and "--smoke" in text
+
+
+def _study_in_store(tmp_path: Path, name: str, statuses: list[str]) -> tuple[Path, str]:
+    """A study file, and a real MLflow store holding its experiment with one trial run per status (no metric)."""
+    from trainables.tracking import TrackingTarget, TrialRecorder, tracking_client
+
+    study = tmp_path / "study.yaml"
+    study.write_text(_edit(("name: quickstart", f"name: {name}")))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking_client(uri)
+    exp = client.create_experiment(name, artifact_location=(tmp_path / "mlartifacts").as_uri())
+    for i, status in enumerate(statuses):
+        rec = TrialRecorder(TrackingTarget(uri, exp), f"t{i}", f"t{i}", {"optimizer.lr": 0.1})
+        rec.finish(status, "RuntimeError: boom")
+    return study, uri
+
+
+@pytest.mark.parametrize("statuses", [[], ["failed", "diverged"]], ids=["no-trials", "all-failed"])
+def test_report_and_status_of_a_study_without_results(statuses, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    study, uri = _study_in_store(tmp_path, "noresult", statuses)
+    assert main(["report", str(study), "--tracking-uri", uri, "--no-mlflow", "--out", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and "No report written" in out.out
+    if statuses:
+        assert "1 failed, 1 diverged" in out.out
+    assert main(["status", str(study), "--tracking-uri", uri]) == 0
+    out = capsys.readouterr()
+    assert f"{len(statuses)} of 15 trials recorded" in out.out, out
+
+
+def test_summary_of_an_all_failed_study(tmp_path, capsys):
+    from studies.cli import _print_summary
+    from studies.spec import load_study
+
+    study, uri = _study_in_store(tmp_path, "allfailed", ["failed", "failed"])
+    _print_summary(load_study(study, require_data=False), uri, smoke=False)
+    assert "no trial finished with a result (2 failed)" in capsys.readouterr().out
+
+
+def test_a_level_name_with_a_quote_is_found_again(tmp_path):
+    from studies.runner import _find_run
+    from trainables.tracking import tracking_client
+
+    client = tracking_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("quotes")
+    for key in ("method=o'brien", 'method="quoted"', "plain"):
+        client.create_run(exp, tags={"sharpscale.cell": key})
+    for key in ("method=o'brien", 'method="quoted"', "plain"):
+        assert _find_run(client, exp, {"sharpscale.cell": key}).data.tags["sharpscale.cell"] == key
+
+
+def _open_store(uri: str, start: str, index: int) -> None:
+    from trainables.tracking import tracking_client
+
+    deadline = time.time() + 120
+    while not Path(start).exists():  # every process is imported and waiting: then all open the store at once
+        assert time.time() < deadline
+        time.sleep(0.01)
+    tracking_client(uri).create_experiment(f"concurrent-{index}")
+
+
+def test_concurrent_first_use_of_a_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    start = tmp_path / "go"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_open_store, args=(uri, str(start), i)) for i in range(3)]
+    for p in procs:
+        p.start()
+    start.touch()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    from trainables.tracking import tracking_client
+
+    names = {e.name for e in tracking_client(uri).search_experiments()}
+    assert {f"concurrent-{i}" for i in range(3)} <= names
+
+
+def test_closing_failures_never_hide_the_cause():
+    from studies.runner import _close_all
+
+    closed = []
+
+    def full_disk():
+        raise OSError(28, "No space left on device")
+
+    cause = RuntimeError("the real cause")
+    _close_all([full_disk, lambda: closed.append(1), full_disk, lambda: closed.append(2)], cause)
+    assert closed == [1, 2]  # every step ran
+    assert any("No space left" in n for n in cause.__notes__)
+    with pytest.raises(OSError, match="No space left"):
+        _close_all([full_disk, lambda: closed.append(3)], None)
+    assert closed == [1, 2, 3]
+
+
+# A real study, Ctrl-C'd: one cell, 3 trials one at a time, on the digits with a tiny Mixer.
+CTRL_C_STUDY = {
+    "name": "ctrlc",
+    "base": {
+        "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+        "model": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 1, "embed_dim": 16}},
+        "optimizer": {"method": "sam", "lr": 0.003},
+        "schedule": {"epochs": 6, "warmup_epochs": 0},
+        "train": {"device": "cpu", "threads": 1},
+    },
+    "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+    "budget": {"trials_per_cell": 3, "seed": 1},
+    "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1},
+    "tracking": {"uri": "sqlite:///mlflow.db", "artifact_location": "mlartifacts"},
+    "storage": "runs",
+}
+
+
+def _listening(pid: int) -> list[tuple[str, str]]:
+    """(address, process name) of every listening socket of process `pid` and its descendants."""
+    import psutil
+
+    root = psutil.Process(pid)
+    pids = {pid} | {c.pid for c in root.children(recursive=True)}
+    return [(c.laddr.ip, psutil.Process(c.pid).name()) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+
+
+def _sql(db: Path, query: str) -> list:
+    if not db.exists():
+        return []
+    with sqlite3.connect(db, timeout=30) as con:
+        try:
+            return con.execute(query).fetchall()
+        except sqlite3.OperationalError:
+            return []  # the schema is being created
+
+
+def _runs(db: Path) -> list[tuple[str, str, str]]:
+    """(kind, MLflow status, sharpscale.status) of every run."""
+    return _sql(db, "select k.value, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
+                    "k.key = 'sharpscale.kind' left join tags s on s.run_uuid = r.run_uuid and s.key = 'sharpscale.status' "
+                    "where r.lifecycle_stage = 'active'")
+
+
+@pytest.mark.timeout(900)
+def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path):
+    from trainables.metrics import EPOCH_METRICS
+
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(CTRL_C_STUDY, sort_keys=False))
+    db = tmp_path / "mlflow.db"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "studies.cli"]
+    driver = subprocess.Popen([*cmd, "run", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # Hold until one trial has finished and the next has recorded an epoch: then it is mid-training.
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            kinds = _runs(db)
+            running = _sql(db, "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
+                               "m.key = 'train_loss' where r.status = 'RUNNING'")
+            if ("trial", "FINISHED", "finished") in kinds and running and running[0][0]:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the study ended before it could be interrupted"
+        listening = _listening(driver.pid)
+        os.kill(driver.pid, signal.SIGINT)  # to the driver only, as the issue's reproduction did
+        out, _ = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    # A local study's Ray (GCS, raylet, workers, agents, dashboard) and its driver listen on loopback only.
+    assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), listening
+    assert driver.returncode == EXIT_INTERRUPTED, out[-3000:]
+    assert "INCOMPLETE" in out and "resume study.yaml" in out
+    runs = _runs(db)
+    assert ("study", "KILLED", None) in runs and ("cell", "KILLED", None) in runs, runs
+    trial_status = [(st, tag) for kind, st, tag in runs if kind == "trial"]
+    assert all(st != "RUNNING" for _, st, _ in runs), runs
+    assert set(trial_status) <= {("FINISHED", "finished"), ("KILLED", "interrupted")}, trial_status
+    assert ("KILLED", "interrupted") in trial_status
+    optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
+    states = [s for (s,) in _sql(optuna_db, "select state from trials")]
+    assert "RUNNING" not in states and "FAIL" in states, states
+    keys = {k for (k,) in _sql(db, "select distinct m.key from metrics m join tags s on s.run_uuid = m.run_uuid "
+                                   "and s.key = 'sharpscale.status' and s.value = 'finished'")}
+    assert set(EPOCH_METRICS) <= keys, set(EPOCH_METRICS) - keys  # the objective's names are the loop's
+    status = subprocess.run([*cmd, "status", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            check=False, timeout=300)
+    assert "INTERRUPTED" in status.stdout and "interrupted" in status.stdout, status.stdout + status.stderr
+
+    resumed = subprocess.run([*cmd, "resume", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, check=False, timeout=600, start_new_session=True)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    runs = _runs(db)
+    assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 3, runs
+    assert ("study", "FINISHED", None) in runs
+    states = [s for (s,) in _sql(optuna_db, "select state from trials")]
+    assert states.count("COMPLETE") == 3 and "RUNNING" not in states, states
+    # Nothing outside what the study file names: its MLflow store (and its lock), artifacts and storage.
+    assert {p.name for p in tmp_path.iterdir()} <= {"study.yaml", "mlflow.db", "mlflow.db.lock", "mlartifacts", "runs"}
+
+
+def _start_and_hold_mid_trial(tmp_path: Path, env: dict, cmd: list[str], study: dict) -> subprocess.Popen:
+    """`sharpscale run` of `study` in its own session, returned once a trial is mid-training (an epoch recorded)."""
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    db = tmp_path / "mlflow.db"
+    driver = subprocess.Popen([*cmd, "run", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and driver.poll() is None:
+        running = _sql(db, "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
+                           "m.key = 'train_loss' where r.status = 'RUNNING'")
+        if running and running[0][0]:
+            return driver
+        time.sleep(0.2)
+    raise AssertionError(f"no trial was mid-training (driver exit status {driver.poll()})")
+
+
+@pytest.mark.timeout(900)
+def test_a_study_after_a_driver_killed_with_sigkill_runs_normally(tmp_path):
+    # kill -9 of the driver alone, as a user's `kill -9` does: its Ray processes may outlive it for a while. The
+    # `resume` started right away, beside them, in the same storage and store, must not be confused by them.
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "studies.cli"]
+    study = {**CTRL_C_STUDY, "name": "killed", "budget": {"trials_per_cell": 2, "seed": 1},
+             "base": {**CTRL_C_STUDY["base"], "schedule": {"epochs": 3, "warmup_epochs": 0}}}
+    driver = _start_and_hold_mid_trial(tmp_path, env, cmd, study)
+    try:
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+        resumed = subprocess.run([*cmd, "resume", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, check=False, timeout=600, start_new_session=True)
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver left behind
+        except ProcessLookupError:
+            pass
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    runs = _runs(tmp_path / "mlflow.db")
+    assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 2, runs
+    assert all(status != "RUNNING" for _, status, _ in runs), runs
+    states = [s for (s,) in _sql(tmp_path / "runs" / "killed.optuna.db", "select state from trials")]
+    assert states.count("COMPLETE") == 2 and "RUNNING" not in states, states
+
+
+def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path):
+    # The Optuna storage is opened after the study and cell runs are created: its failure must close them.
+    from mlflow.tracking import MlflowClient
+
+    from studies.runner import run_study
+
+    study = {**CTRL_C_STUDY, "name": "closes", "optuna_storage": "mysql://user@127.0.0.1:1/optuna",
+             "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(UserError, match="database driver is not installed") as err:
+        run_study(path, tracking_uri=uri)
+    assert not getattr(err.value, "__notes__", None)  # closing went fine: nothing added to the one cause
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("closes").experiment_id])
+    assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [("cell", "FAILED"), ("study", "FAILED")]
+    assert ray_cluster.is_initialized()  # a cluster the caller started is the caller's to shut down
