@@ -617,3 +617,49 @@ def lanczos(
         shift=0.0,
         history=tuple(history),
     )
+
+
+def slq(
+    op: Callable[[torch.Tensor], torch.Tensor],
+    size: int,
+    *,
+    probes: int,
+    steps: int,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stochastic Lanczos quadrature: per Rademacher probe v, the nodes (Ritz values) and weights (squared first
+    components of the tridiagonal's eigenvectors) of the Gauss quadrature of v^T f(H) v / v^T v.
+
+    Lanczos with full reorthogonalisation for min(steps, size) steps from each probe; it stops early at an
+    invariant subspace (the quadrature is then exact), whose missing nodes get weight 0. Returns float64 CPU
+    tensors (probes, steps): the mean over probes of sum_j w_j f(theta_j) estimates tr f(H) / size.
+    """
+    steps = min(steps, size)
+    nodes = torch.zeros(probes, steps, dtype=torch.float64)
+    weights = torch.zeros(probes, steps, dtype=torch.float64)
+    for p in range(probes):
+        v = torch.randint(0, 2, (size,), generator=generator, device=device).to(dtype).mul_(2).sub_(1)
+        v = _unit(v)
+        basis, alphas, betas = [], [], []
+        for j in range(steps):
+            basis.append(v)
+            w = op(v)
+            alphas.append(float(torch.dot(v, w)))
+            w = _orthogonalize(w, basis)
+            beta = float(w.norm())
+            scale = max(abs(a) for a in alphas) + (max(betas) if betas else 0.0)
+            if j + 1 == steps or beta <= scale * 100 * torch.finfo(dtype).eps:
+                break
+            betas.append(beta)
+            v = w / beta
+        tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+        if betas:
+            off = torch.tensor(betas, dtype=torch.float64)
+            tri += torch.diag(off, 1) + torch.diag(off, -1)
+        values, vectors = torch.linalg.eigh(tri)
+        m = len(alphas)
+        nodes[p, :m] = values
+        weights[p, :m] = vectors[0, :] ** 2
+    return nodes, weights

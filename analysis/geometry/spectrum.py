@@ -33,6 +33,7 @@ from analysis.geometry._hvp import (
     LossOracle,
     lanczos,
     power_iteration,
+    slq,
 )
 
 #: The eigen-solver: Lanczos with full reorthogonalisation, or power iteration with deflation.
@@ -500,3 +501,89 @@ def default_parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     return parameter_groups(model)
 
 
+
+
+@dataclass(frozen=True)
+class DensityResult:
+    """The Hessian's eigenvalue density by stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan 2019).
+
+    nodes / weights: (probes, steps) Gauss-quadrature nodes and weights of each probe (weights of a probe sum
+    to 1; unused slots after an early stop have weight 0). The density is their weight-averaged mixture:
+    `density(grid, sigma)` smooths it with Gaussians of width sigma; `moment(k)` estimates tr(H^k) / num_params.
+    """
+
+    nodes: np.ndarray = field(repr=False, compare=False)
+    weights: np.ndarray = field(repr=False, compare=False)
+    probes: int
+    steps: int
+    mode: str
+    hvp_mode: str
+    seed: int
+    mask_seed: int
+    hvp_count: int
+    num_batches: int
+    num_samples: int
+    num_params: int
+
+    def moment(self, k: int) -> float:
+        """Estimate of tr(H^k) / num_params (the mean over probes of each quadrature of x^k)."""
+        return float(np.mean(np.sum(self.weights * self.nodes**k, axis=1)))
+
+    def density(self, grid, sigma: float | None = None) -> np.ndarray:
+        """The spectral density on `grid`, each node a Gaussian of width sigma (default: 1% of the node range)."""
+        grid = np.asarray(grid, dtype="float64")
+        used = self.weights > 0
+        span = float(self.nodes[used].max() - self.nodes[used].min()) if used.any() else 1.0
+        sigma = float(sigma) if sigma is not None else max(span, 1e-12) / 100.0
+        z = (grid[:, None] - self.nodes[used][None, :]) / sigma
+        kernel = np.exp(-0.5 * z * z) / (sigma * np.sqrt(2 * np.pi))
+        return kernel @ self.weights[used] / self.probes
+
+    def to_metrics(self, prefix: str = "") -> dict[str, float]:
+        used = self.weights > 0
+        return _metrics(prefix, {
+            "slq_lambda_max": float(self.nodes[used].max()),
+            "slq_lambda_min": float(self.nodes[used].min()),
+            "slq_trace_estimate": self.moment(1) * self.num_params,
+            "slq_negative_mass": float(np.sum(self.weights * (self.nodes < 0)) / self.probes),
+        })
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {"nodes": self.nodes, "weights": self.weights}
+
+
+def eigenvalue_density(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Any],
+    *,
+    probes: int = 10,
+    steps: int = 30,
+    mode: Mode = "eval",
+    seed: int = 0,
+    params: ParamSpec | None = None,
+    hvp_mode: HvpMode = "auto",
+    cache_graphs: bool = True,
+    mask_seed: int = 0,
+) -> DensityResult:
+    """The eigenvalue density of the Hessian of the mean loss over `batches` by stochastic Lanczos quadrature.
+
+    `probes` Rademacher vectors (drawn from `seed`), `steps` Lanczos steps each (probes x steps Hessian-vector
+    products). With steps >= num_params the quadrature is exact: each probe's nodes are eigenvalues of H.
+    mask_seed, cache_graphs and hvp_mode as in hessian_operator.
+    """
+    _check_int("probes", probes, 1, "use at least one probe vector (10 is usual)")
+    _check_int("steps", steps, 1, "use at least one Lanczos step per probe (30 is usual)")
+    _check_int("seed", seed, 0, "use a non-negative seed")
+    with hessian_operator(
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+    ) as op:
+        flat = op._flat
+        nodes, weights = slq(flat, flat.size, probes=probes, steps=steps, generator=_generator(flat.device, seed),
+                             dtype=flat.dtype, device=flat.device)
+        return DensityResult(
+            nodes=nodes.numpy(), weights=weights.numpy(), probes=probes, steps=min(steps, flat.size), mode=mode,
+            hvp_mode=op.hvp_mode, seed=seed, mask_seed=mask_seed, hvp_count=op.hvp_count,
+            num_batches=op.num_batches, num_samples=op.num_samples, num_params=op.num_params,
+        )

@@ -281,6 +281,29 @@ def test_cheap_second_order_layers_give_the_stock_products(train):
     torch.testing.assert_close(products["forward"], products["stock"], atol=1e-12, rtol=1e-10)
 
 
+def test_slq_density_against_the_dense_eigendecomposition():
+    model, batches = tiny_mlp(), mlp_batches()
+    hessian = exact_hessian(model, batches)
+    exact = torch.linalg.eigvalsh(hessian).numpy()
+    size = hessian.shape[0]
+    # Full Lanczos (steps = size): every node with weight is an eigenvalue of H, and each probe's weights sum to 1.
+    full = geometry.eigenvalue_density(model, cross_entropy, batches, probes=40, steps=size, seed=1)
+    used = full.weights > 1e-10
+    assert np.abs(full.nodes[used][:, None] - exact[None, :]).min(axis=1).max() < 1e-7
+    np.testing.assert_allclose(full.weights.sum(axis=1), 1.0, atol=1e-10)
+    # Moments: mean over probes of the quadratures estimates tr(H^k) / size (unbiased for Rademacher probes).
+    for k in (1, 2):
+        per_probe = np.sum(full.weights * full.nodes**k, axis=1)
+        se = per_probe.std(ddof=1) / np.sqrt(len(per_probe))
+        assert abs(full.moment(k) - np.sum(exact**k) / size) < 4 * se + 1e-9
+    # A short run still finds the extremes (Lanczos converges there first) and gives a density of mass 1.
+    short = geometry.eigenvalue_density(model, cross_entropy, batches, probes=3, steps=15, seed=2)
+    assert short.to_metrics()["slq_lambda_max"] == pytest.approx(exact[-1], rel=1e-4)
+    grid = np.linspace(exact[0] - 1, exact[-1] + 1, 4001)
+    assert np.trapezoid(short.density(grid, sigma=0.05), grid) == pytest.approx(1.0, abs=1e-3)
+    assert short.hvp_count <= 3 * 15
+
+
 def _dense(model, batches, **kw) -> torch.Tensor:
     with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
         return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
