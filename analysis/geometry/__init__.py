@@ -27,8 +27,10 @@ from analysis.geometry.perturbation import (
     surrogate_gap,
 )
 from analysis.geometry.spectrum import (
+    CURVATURES,
     METHODS,
     BlockwiseEigenResult,
+    Curvature,
     DensityResult,
     EigenResult,
     HessianOperator,
@@ -45,10 +47,12 @@ from analysis.geometry.spectrum import (
 )
 
 __all__ = [
+    "CURVATURES",
     "METHODS",
     "MODES",
     "ActiveNeuronResult",
     "BlockwiseEigenResult",
+    "Curvature",
     "DensityResult",
     "EigenResult",
     "FlatnessResult",

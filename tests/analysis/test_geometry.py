@@ -304,6 +304,41 @@ def test_slq_density_against_the_dense_eigendecomposition():
     assert short.hvp_count <= 3 * 15
 
 
+def exact_ggn(model: nn.Module, batches) -> torch.Tensor:
+    """J^T H_z J of the mean cross-entropy over all samples, from the full Jacobian of the outputs."""
+    inputs = torch.cat([b[0] for b in batches])
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def outputs_of(vector):
+        parts = torch.split(vector, [math.prod(s) for s in shapes])
+        return torch.func.functional_call(model, {n: p.view(s) for n, p, s in zip(names, parts, shapes)}, (inputs,))
+
+    z = outputs_of(flat).detach()
+    jac = torch.autograd.functional.jacobian(outputs_of, flat).reshape(-1, flat.numel())
+    probs = torch.softmax(z, dim=-1)
+    h_z = torch.block_diag(*[(torch.diag(p) - torch.outer(p, p)) / len(z) for p in probs])
+    return jac.T @ h_z @ jac
+
+
+def test_ggn_option_against_the_dense_gauss_newton_matrix():
+    model, batches = tiny_mlp(), mlp_batches()
+    ggn = exact_ggn(model, batches)
+    for cache in (True, False):
+        dense = _dense(model, batches, curvature="ggn", cache_graphs=cache)
+        torch.testing.assert_close(dense, ggn, atol=1e-12, rtol=1e-10)
+    exact = torch.linalg.eigvalsh(ggn)
+    assert float(exact[0]) > -1e-12  # positive semi-definite, unlike the Hessian of this network
+    assert float(torch.linalg.eigvalsh(exact_hessian(model, batches))[0]) < -1e-6
+    top = geometry.top_eigenvalues(model, cross_entropy, batches, curvature="ggn", tol=1e-10)
+    assert top.eigenvalues[0] == pytest.approx(float(exact[-1]), abs=1e-8) and top.curvature == "ggn"
+    density = geometry.eigenvalue_density(model, cross_entropy, batches, probes=2, steps=ggn.shape[0], curvature="ggn")
+    assert density.nodes[density.weights > 1e-10].min() > -1e-8
+    with pytest.raises(ValueError, match="curvature must be one of"):
+        geometry.hessian_trace(model, cross_entropy, batches, curvature="fisher")
+
+
 def _dense(model, batches, **kw) -> torch.Tensor:
     with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
         return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
