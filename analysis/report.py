@@ -13,7 +13,7 @@ import pandas as pd
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
 from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
 from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame, law_extrapolation, paired_law_difference
-from analysis.tables import _markdown, method_pairs, rho_sensitivity, sam_gain, scaling_table
+from analysis.tables import _markdown, geometry_correlation, method_pairs, rho_sensitivity, sam_gain, scaling_table
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
 
@@ -121,6 +121,7 @@ def write_report(
         fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
         for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
         with AUG): gain_<level>.md/.csv and gain_<level>.png;
+      - geometry/* columns (analysis.log_geometry): geometry_tau.md/.csv, Kendall's tau with the gap;
       - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
@@ -171,6 +172,15 @@ def write_report(
         if len(fractions) >= 2:
             _scaling_section(w, runs, arch=arch, method=method, seed=seed_col, metric=metric, mode=mode,
                              fractions=fractions, scale=scale, digits=digits, unit=unit, n_boot=n_boot, boot_seed=seed)
+
+        if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
+            tau = geometry_correlation(runs)
+            tau_md = ("Kendall's tau between each geometry measure and the generalisation gap (train_acc - val_acc) "
+                      "over finished trials; tau_<h>: the mean tau within groups of trials that differ only in "
+                      "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau)))
+            w.text("geometry_tau.md", tau_md)
+            w.csv("geometry_tau.csv", tau)
+            w.section("Geometry against the generalisation gap", tau_md)
 
         if len(_distinct(runs, _RHO, positive=True)) >= 2:
             _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,

@@ -16,6 +16,7 @@ __all__ = [
     "ScalingTable",
     "best_of_search",
     "format_cell",
+    "geometry_correlation",
     "method_pairs",
     "sample_note",
     "rho_sensitivity",
@@ -594,3 +595,67 @@ def rho_sensitivity(
     levels = pd.DataFrame(level_rows).rename(columns=dict(zip(groups, names)))
     best_df = pd.DataFrame(best_rows).rename(columns=dict(zip(groups, names))).set_index(names)
     return RhoSensitivity(levels=levels, best=best_df, param=param, metric=metric, mode=mode, confidence=confidence)
+
+
+# ------------------------------------------------------------------------ geometry vs generalisation gap
+
+#: Suffixes of geometry metrics that describe how a measure was computed, not the measure.
+_BOOKKEEPING = ("_std_error", "_converged", "_iterations", "_hvp_count", "_residual")
+
+
+def geometry_correlation(
+    runs: pd.DataFrame,
+    *,
+    measures: Sequence[str] | None = None,
+    hyperparameters: Sequence[str] | None = None,
+    train: str = "train_acc",
+    val: str = "val_acc",
+) -> pd.DataFrame:
+    """How well each geometry measure ranks trials by their generalisation gap (train - val), by Kendall's tau.
+
+    overall: tau over all finished trials with both values. Within each hyperparameter h (Jiang et al. 2020's
+    granulated coefficient): trials that agree on every other hyperparameter form a group; tau within each group
+    of 2+ trials, averaged over the groups (tau_<h>, and groups_<h> how many). A measure that only tracks what a
+    hyperparameter does to both would score overall and not within. measures: default every `geometry/*` column
+    (bookkeeping such as *_std_error left out); hyperparameters: default the factor.* columns and
+    optimizer.hparams.* columns that vary. One row per measure: n, tau, p_value, then tau_<h>, groups_<h>;
+    n < 3 gets a note (no tau).
+    """
+    from scipy.stats import kendalltau
+
+    _require_columns(runs, train=train, val=val)
+    ok = runs[runs["status"] == "finished"] if "status" in runs.columns else runs
+    if measures is None:
+        measures = [c for c in ok.columns if c.startswith("geometry/") and not c.endswith(_BOOKKEEPING)]
+    if not measures:
+        raise ValueError("runs has no geometry/* column; log measures with analysis.log_geometry or a study's geometry: section")
+    _require_columns(ok, **{f"measures[{i}]": m for i, m in enumerate(measures)})
+    if hyperparameters is None:
+        hyperparameters = [c for c in ok.columns if (c.startswith("factor.") or c.startswith("optimizer.hparams."))
+                           and ok[c].astype(str).nunique() > 1]
+    gap = pd.to_numeric(ok[train], errors="coerce") - pd.to_numeric(ok[val], errors="coerce")
+    rows = []
+    for m in measures:
+        value = pd.to_numeric(ok[m], errors="coerce")
+        keep = np.isfinite(value) & np.isfinite(gap)
+        row: dict = {"measure": m, "n": int(keep.sum())}
+        if keep.sum() < 3:
+            row.update(tau=math.nan, p_value=math.nan, note=f"{int(keep.sum())} trials: no tau")
+            rows.append(row)
+            continue
+        tau, p = kendalltau(value[keep], gap[keep])
+        row.update(tau=float(tau), p_value=float(p), note="")
+        for h in hyperparameters:
+            others = [o for o in hyperparameters if o != h]
+            data = pd.DataFrame({"v": value[keep], "g": gap[keep]})
+            for o in others:
+                data[o] = ok.loc[keep, o].astype(str)
+            taus = []
+            for _, part in (data.groupby(others) if others else [((), data)]):
+                if len(part) >= 2 and part["v"].nunique() > 1 and part["g"].nunique() > 1:
+                    taus.append(float(kendalltau(part["v"], part["g"])[0]))
+            name = h.removeprefix("factor.")
+            row[f"tau_{name}"] = float(np.mean(taus)) if taus else math.nan
+            row[f"groups_{name}"] = len(taus)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("measure")
