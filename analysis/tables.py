@@ -28,7 +28,10 @@ Mode = Literal["max", "min"]
 
 
 class FewSamplesWarning(UserWarning):
-    """A statistic rests on too few independent samples (seeds, pairs, trials) to be trusted."""
+    """A statistic rests on too few independent samples (seeds, pairs, trials) to be trusted.
+
+    The tables of this module say so in the table itself (a `note` column, a caption line: `sample_note`)
+    rather than on stderr; the class stays for code that filters or raises it."""
 
 
 # ----------------------------------------------------------------------------------------------- checks
