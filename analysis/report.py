@@ -13,7 +13,15 @@ import pandas as pd
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
 from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
 from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame, law_extrapolation, paired_law_difference
-from analysis.tables import _markdown, geometry_correlation, method_pairs, rho_sensitivity, sam_gain, scaling_table
+from analysis.tables import (
+    _markdown,
+    geometry_correlation,
+    method_pairs,
+    rho_sensitivity,
+    rho_transfer,
+    sam_gain,
+    scaling_table,
+)
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
 
@@ -277,6 +285,14 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
     w.csv("rho_best.csv", result.best)
     w.figure("rho_sensitivity.png", plot_rho_sensitivity(result))
     w.section("rho sensitivity", md, "rho_sensitivity.png")
+    if by:
+        transfer = rho_transfer(result, fraction=by[0])
+        transfer_md = ("Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
+                       "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
+                       "overlap (then the data cannot tell a moving rho from a fixed one).\n\n" + _markdown(_fmt(transfer)))
+        w.text("rho_transfer.md", transfer_md)
+        w.csv("rho_transfer.csv", transfer)
+        w.section("rho transfer across data", transfer_md)
 
 
 def _series(table, arch, method):

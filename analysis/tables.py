@@ -20,6 +20,7 @@ __all__ = [
     "method_pairs",
     "sample_note",
     "rho_sensitivity",
+    "rho_transfer",
     "sam_gain",
     "scaling_table",
 ]
@@ -662,3 +663,40 @@ def geometry_correlation(
             row[f"groups_{name}"] = len(taus)
         rows.append(row)
     return pd.DataFrame(rows).set_index("measure")
+
+
+def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> pd.DataFrame:
+    """Does the best rho move with the amount of data? From a rho_sensitivity split by fraction (by=(fraction,)).
+
+    One row per (arch, method): the best rho at each fraction with its interval (as columns rho@<f>), the slope
+    of log10(best rho) on log10(fraction) by least squares, and `overlap`: whether the best-rho intervals of all
+    fractions share a common value (then the data cannot tell a moving rho from a fixed one). Groups without
+    intervals (single trials per level) have overlap NaN and say so in `note`.
+    """
+    name = fraction.removeprefix("factor.")
+    names = list(result.best.index.names)
+    if name not in names:
+        raise ValueError(f"result must be split by {fraction!r}: pass by=({fraction!r},) to rho_sensitivity; its groups are {names}")
+    best = result.best.reset_index()
+    keys = [n for n in names if n != name]
+    rows = []
+    for key, part in best.groupby(keys, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        part = part.assign(_f=pd.to_numeric(part[name], errors="coerce")).sort_values("_f")
+        row = dict(zip(keys, key))
+        for _, r in part.iterrows():
+            low, high = r["rho_low"], r["rho_high"]
+            span = f" [{low:.3g}, {high:.3g}]" if math.isfinite(low) and math.isfinite(high) else ""
+            row[f"rho@{r[name]}"] = f"{r['best_rho']:.3g}{span}"
+        x, y = np.log10(part["_f"].to_numpy(dtype="float64")), np.log10(part["best_rho"].to_numpy(dtype="float64"))
+        row["slope"] = float(np.polyfit(x, y, 1)[0]) if len(np.unique(x)) >= 2 else math.nan
+        lows, highs = part["rho_low"].to_numpy(dtype="float64"), part["rho_high"].to_numpy(dtype="float64")
+        if np.isfinite(lows).all() and np.isfinite(highs).all():
+            row["overlap"] = bool(lows.max() <= highs.min())
+            row["note"] = "" if row["overlap"] is False else "intervals overlap: no evidence that the best rho moves"
+        else:
+            row["overlap"] = math.nan
+            row["note"] = "no interval at some fraction (single trials per level)"
+        row["fractions"] = int(len(part))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(keys)
