@@ -599,18 +599,43 @@ def _local_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def check_cluster_resources(study: LoadedStudy) -> None:
-    """Warn when no node of the connected cluster can host one trial (worker): only its autoscaler can then
-    place the trials, by adding a node type that fits; without one Tune waits forever."""
+# Where the Ray cluster launcher (`ray up`) leaves the cluster's config on the head, for its autoscaler to read.
+AUTOSCALER_CONFIG = "~/ray_bootstrap_config.yaml"
+
+
+def check_cluster_resources(study: LoadedStudy, autoscaler_config: str | Path = AUTOSCALER_CONFIG) -> None:
+    """Refuse a trial (worker) that no node of the connected cluster, and no node type its autoscaler may add
+    (the launcher's config on this head), can host. Without that config (KubeRay, a hand-started cluster) the
+    autoscaler's node types are unknown here: then only a warning, since it may add a node that fits."""
     import ray
 
     res = study.resources
     request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
     offers = [(n.get("NodeManagerAddress", "?"), n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
-    # The autoscaler's node types are not in Ray's public API: a cluster that adds nodes is not refused on a guess.
-    if problem := _node_problem(request, offers, "the cluster now"):
+    types = _autoscaler_node_types(Path(autoscaler_config).expanduser())
+    if types is not None:
+        if problem := _node_problem(request, offers + types, "the cluster (its nodes and its autoscaler's node types)"):
+            raise StudyError(study.path, [problem])
+    elif problem := _node_problem(request, offers, "the cluster now"):
         print(f"sharpscale: warning: {problem.replace('Tune would wait forever', 'unless its autoscaler adds a node type that fits, Tune waits forever')}",
               flush=True)
+
+
+def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] | None:
+    """(type name, resources) of each node type the launcher's config declares, or None without a readable one."""
+    import yaml
+
+    try:
+        types = (yaml.safe_load(config.read_text()) or {}).get("available_node_types") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    out = []
+    for name, spec in types.items():
+        resources = spec.get("resources") if isinstance(spec, dict) else None
+        if not isinstance(resources, dict):
+            return None  # the launcher detects this type's resources itself: they are not known here
+        out.append((f"node type {name}", {k: float(v) for k, v in resources.items() if isinstance(v, (int, float))}))
+    return out or None
 
 
 def _tune(

@@ -367,50 +367,6 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path):
     assert {p.name for p in tmp_path.iterdir()} <= {"study.yaml", "mlflow.db", "mlflow.db.lock", "mlartifacts", "runs"}
 
 
-def _start_and_hold_mid_trial(tmp_path: Path, env: dict, cmd: list[str], study: dict) -> subprocess.Popen:
-    """`sharpscale run` of `study` in its own session, returned once a trial is mid-training (an epoch recorded)."""
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
-    db = tmp_path / "mlflow.db"
-    driver = subprocess.Popen([*cmd, "run", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and driver.poll() is None:
-        running = _sql(db, "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
-                           "m.key = 'train_loss' where r.status = 'RUNNING'")
-        if running and running[0][0]:
-            return driver
-        time.sleep(0.2)
-    raise AssertionError(f"no trial was mid-training (driver exit status {driver.poll()})")
-
-
-@pytest.mark.timeout(900)
-def test_a_study_after_a_driver_killed_with_sigkill_runs_normally(tmp_path):
-    # kill -9 of the driver alone, as a user's `kill -9` does: its Ray processes may outlive it for a while. The
-    # `resume` started right away, beside them, in the same storage and store, must not be confused by them.
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "studies.cli"]
-    study = {**CTRL_C_STUDY, "name": "killed", "budget": {"trials_per_cell": 2, "seed": 1},
-             "base": {**CTRL_C_STUDY["base"], "schedule": {"epochs": 3, "warmup_epochs": 0}}}
-    driver = _start_and_hold_mid_trial(tmp_path, env, cmd, study)
-    try:
-        os.kill(driver.pid, signal.SIGKILL)
-        driver.wait(timeout=60)
-        resumed = subprocess.run([*cmd, "resume", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
-                                 capture_output=True, text=True, check=False, timeout=600, start_new_session=True)
-    finally:
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)  # what the killed driver left behind
-        except ProcessLookupError:
-            pass
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    runs = _runs(tmp_path / "mlflow.db")
-    assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 2, runs
-    assert all(status != "RUNNING" for _, status, _ in runs), runs
-    states = [s for (s,) in _sql(tmp_path / "runs" / "killed.optuna.db", "select state from trials")]
-    assert states.count("COMPLETE") == 2 and "RUNNING" not in states, states
-
-
 def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path):
     # The Optuna storage is opened after the study and cell runs are created: its failure must close them.
     from mlflow.tracking import MlflowClient
@@ -429,3 +385,45 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
     runs = client.search_runs([client.get_experiment_by_name("closes").experiment_id])
     assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [("cell", "FAILED"), ("study", "FAILED")]
     assert ray_cluster.is_initialized()  # a cluster the caller started is the caller's to shut down
+
+
+@pytest.mark.parametrize("raised, status, says", [
+    (KeyboardInterrupt(), EXIT_INTERRUPTED, "INCOMPLETE"),
+    (OSError(28, "No space left on device"), 1, "No space left on device"),
+], ids=["ctrl-c-before-the-trials", "disk-full"])
+def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, status, says, tmp_path, monkeypatch, capsys):
+    from studies import cli
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.setattr(cli, "_cmd_run", fail)  # build_parser binds the command when main runs
+    study = _write(tmp_path, None)
+    assert main(["run", str(study), "--storage", str(tmp_path / "runs")]) == status
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and len(err.splitlines()) <= 3
+    if status == EXIT_INTERRUPTED:
+        assert f"resume {study} --storage {tmp_path / 'runs'}" in err
+
+
+@pytest.mark.parametrize("node_types, outcome", [
+    ({"head": {"resources": {"CPU": 0}}, "big": {"resources": {"CPU": 64}}}, "fits"),
+    ({"head": {"resources": {"CPU": 0}}, "small": {"resources": {"CPU": 8}}}, "refused"),
+    ({"head": {"resources": {"CPU": 0}}, "detected": {"node_config": {"InstanceType": "m6i.16xlarge"}}}, "warned"),
+    (None, "warned"),
+], ids=["a-node-type-fits", "no-node-type-fits", "types-unknown", "no-launcher-config"])
+def test_a_trial_no_node_of_a_cluster_can_host(node_types, outcome, ray_cluster, tmp_path, capsys):
+    from studies.runner import check_cluster_resources
+    from studies.spec import StudyError, load_study
+
+    study = load_study(_write(tmp_path, _edit(("cpus_per_trial: 1", "cpus_per_trial: 64"))), require_data=False)
+    config = tmp_path / "ray_bootstrap_config.yaml"
+    if node_types is not None:
+        config.write_text(yaml.safe_dump({"available_node_types": node_types}))
+    if outcome == "refused":
+        with pytest.raises(StudyError, match=r"resources.cpus_per_trial: each trial \(each worker\) asks CPU=64"):
+            check_cluster_resources(study, autoscaler_config=config)
+        return
+    check_cluster_resources(study, autoscaler_config=config)
+    warned = "warning: resources.cpus_per_trial" in capsys.readouterr().out
+    assert warned == (outcome == "warned")
