@@ -11,8 +11,20 @@ import numpy as np
 import pandas as pd
 
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
-from analysis.runs import _experiment_name, _open_experiment, load_curves, load_runs, summarize
-from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame, law_extrapolation, paired_law_difference
+from analysis.runs import (
+    _experiment_name,
+    _open_experiment,
+    load_curves,
+    load_runs,
+    summarize,
+)
+from analysis.scaling import (
+    data_multiplier,
+    fit_scaling_table,
+    fits_frame,
+    law_extrapolation,
+    paired_law_difference,
+)
 from analysis.tables import (
     _markdown,
     geometry_correlation,
