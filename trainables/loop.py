@@ -447,9 +447,8 @@ def fit(
     )
     scheduler = _scheduler(base, cfg, len(train_loader))
     # A method may know that this run is too short for its settings: say so once, at the start, on rank 0.
-    run_warnings = getattr(method, "run_warnings", None)
-    if run_warnings is not None and d.rank == 0 and resume_from is None:
-        for note in run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
+    if d.rank == 0 and resume_from is None:
+        for note in method.run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
             warnings.warn(note, RunLengthWarning, stacklevel=2)
 
     start_epoch, num_updates, best = 0, 0, {}

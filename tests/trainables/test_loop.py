@@ -7,6 +7,7 @@ import torch
 
 import optim
 from trainables import ConfigError, TrialConfig, TrialDiverged, fit, load_checkpoint
+from trainables.loop import RunLengthWarning
 
 ARCHS = {
     "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
@@ -44,6 +45,14 @@ def test_fit_reports_every_metric(arch, method):
 def test_every_registered_method_trains(name):
     metrics = fit(config("mixer", name, epochs=1))
     assert math.isfinite(metrics["train_loss"])
+
+
+def test_a_run_too_short_for_mesa_is_said_once_at_its_start():
+    with pytest.warns(RunLengthWarning) as caught:
+        fit(config("mixer", "mesa", epochs=1))
+    texts = [str(w.message) for w in caught if w.category is RunLengthWarning]
+    # One epoch: the trajectory loss (epoch > e_start=5) never switches on, and beta=0.9998 is never reached.
+    assert len(texts) == 2 and "never on" in texts[0] and "44,990 EMA updates" in texts[1]
 
 
 @pytest.mark.parametrize("method", ["none", "sam"])
