@@ -7,12 +7,32 @@ import warnings
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pandas as pd
 
 from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
-from analysis.runs import _open_experiment, load_curves, load_runs, summarize
-from analysis.scaling import data_multiplier, fit_scaling_table, fits_frame
-from analysis.tables import _markdown, method_pairs, rho_sensitivity, sam_gain, scaling_table
+from analysis.runs import (
+    _open_experiment,
+    load_curves,
+    load_runs,
+    summarize,
+)
+from analysis.scaling import (
+    data_multiplier,
+    fit_scaling_table,
+    fits_frame,
+    law_extrapolation,
+    paired_law_difference,
+)
+from analysis.tables import (
+    _markdown,
+    geometry_correlation,
+    method_pairs,
+    rho_sensitivity,
+    rho_transfer,
+    sam_gain,
+    scaling_table,
+)
 from trainables.naming import KIND_TAG, kind_filter
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
@@ -31,8 +51,21 @@ def _objective(study: str | Path) -> tuple[str, str] | None:
 
         raw = yaml.safe_load(p.read_text()) or {}
         obj = raw.get("objective") or {}
-        return obj.get("metric", "val_acc"), obj.get("mode", "max")
+        metric = obj.get("metric", "val_acc")
+        if obj.get("epoch") == "best":  # the study ranks trials by their best epoch (studies.spec.Objective)
+            from trainables.tracking import BEST_EPOCH_METRICS
+
+            metric = BEST_EPOCH_METRICS.get(metric, metric)
+        return metric, obj.get("mode", "max")
     return None
+
+
+def statistic_label(column: str) -> str:
+    """A metric column of load_runs in words: its final epoch's value, or its best epoch's ('best_val_acc')."""
+    from trainables.tracking import BEST_EPOCH_METRICS
+
+    best = {v: k for k, v in BEST_EPOCH_METRICS.items()}
+    return f"{best[column]} (best epoch)" if column in best else f"{column} (final epoch)"
 
 
 def _study_run_id(client, experiment) -> str:
@@ -120,6 +153,7 @@ def write_report(
         fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
         for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
         with AUG): gain_<level>.md/.csv and gain_<level>.png;
+      - geometry/* columns (analysis.log_geometry): geometry_tau.md/.csv, Kendall's tau with the gap;
       - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
@@ -154,8 +188,10 @@ def write_report(
         warnings.simplefilter("always")
         # Per-cell summary: always.
         summary_runs = runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
-        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns))
-        w.text("summary.md", f"Best finished trial per cell ({metric}, {mode}).\n\n" + _markdown(_fmt(summary)))
+        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns),
+                            label=statistic_label(metric))
+        w.text("summary.md", f"Best finished trial per cell by {statistic_label(metric)}, {mode}.\n\n"
+               + _markdown(_fmt(summary)))
         w.csv("summary.csv", summary)
         w.section("Per-cell summary", _markdown(_fmt(summary)))
 
@@ -171,6 +207,15 @@ def write_report(
             _scaling_section(w, runs, arch=arch, method=method, seed=seed_col, metric=metric, mode=mode,
                              fractions=fractions, scale=scale, digits=digits, unit=unit, n_boot=n_boot, boot_seed=seed)
 
+        if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
+            tau = geometry_correlation(runs)
+            tau_md = ("Kendall's tau between each geometry measure and the generalisation gap (train_acc - val_acc) "
+                      "over finished trials; tau_<h>: the mean tau within groups of trials that differ only in "
+                      "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau)))
+            w.text("geometry_tau.md", tau_md)
+            w.csv("geometry_tau.csv", tau)
+            w.section("Geometry against the generalisation gap", tau_md)
+
         if len(_distinct(runs, _RHO, positive=True)) >= 2:
             _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,
                          by=(_FRACTION,) if len(fractions) >= 2 else (), n_boot=n_boot, boot_seed=seed)
@@ -178,7 +223,7 @@ def write_report(
     notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
                                if not issubclass(c.category, (DeprecationWarning, FutureWarning))))
     head = (f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
-            f"({int((runs['status'] == 'finished').sum())} finished); objective {metric} ({mode}).\n\n")
+            f"({int((runs['status'] == 'finished').sum())} finished); objective {statistic_label(metric)} ({mode}).\n\n")
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
     w.text("report.md", head + "\n".join(w.sections))
@@ -224,6 +269,8 @@ def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, frac
         w.section("Power-law fits", fits_md)
     if seed is None:  # a gain pairs seeds
         return
+    if len(fractions) >= 4:
+        _laws_section(w, table, [(lv, b) for lv, b in _pairs(runs, method)], n_boot=min(n_boot, 100), boot_seed=boot_seed)
     for level, base in _pairs(runs, method):
         gain = sam_gain(runs, baseline=base, treatment=level, arch=arch, method=method, fraction=_FRACTION,
                         seed=seed, metric=metric, mode=mode, n_boot=max(n_boot, 100), boot_seed=boot_seed)
@@ -264,3 +311,73 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
     w.csv("rho_best.csv", result.best)
     w.figure("rho_sensitivity.png", plot_rho_sensitivity(result))
     w.section("rho sensitivity", md, "rho_sensitivity.png")
+    if by:
+        transfer = rho_transfer(result, fraction=by[0])
+        transfer_md = ("Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
+                       "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
+                       "overlap (then the data cannot tell a moving rho from a fixed one).\n\n" + _markdown(_fmt(transfer)))
+        w.text("rho_transfer.md", transfer_md)
+        w.csv("rho_transfer.csv", transfer)
+        w.section("rho transfer across data", transfer_md)
+
+
+def _series(table, arch, method):
+    """(fraction, error, seed) points of one (arch, method) from the table's best-of-search rows."""
+    cols = table.columns
+    part = table.best[(table.best[cols["arch"]].astype(str) == str(arch)) & (table.best[cols["method"]].astype(str) == str(method))]
+    part = part.dropna(subset=[table.metric])
+    values = part[table.metric].astype("float64")
+    err = 1.0 - values if table.mode == "max" else values
+    return part[cols["fraction"]].astype("float64").to_numpy(), err.to_numpy(), part[cols["seed"]].astype(str).to_numpy()
+
+
+def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> None:
+    """Scaling laws checked by extrapolation, and each sharpness-aware level's paired difference in beta and E."""
+    frames = []
+    for arch, method in table.mean.index:
+        n, err, seeds = _series(table, arch, method)
+        if len(np.unique(n)) < 4:
+            continue
+        frame = law_extrapolation(n, err, seeds, n_boot=n_boot, seed=boot_seed, bootstrap_forms=("saturating",))
+        verdict = frame.attrs.get("verdict", "")
+        frame = frame.reset_index()
+        frame.insert(0, "method", method)
+        frame.insert(0, "arch", arch)
+        frame["verdict"] = verdict
+        frames.append(frame)
+    if not frames:
+        return
+    laws = pd.concat(frames, ignore_index=True).set_index(["arch", "method", "form"])
+    show = [c for c in ("n_seeds", "E", "E_low", "E_high", "beta", "beta_low", "beta_high", "heldout_n", "observed",
+                        "prediction", "prediction_low", "prediction_high", "abs_error", "noise", "supported", "note")
+            if c in laws.columns]
+    verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
+    md = ("Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, several starts) on the "
+          "error (1 - metric) of every seed's best-of-search trial; intervals from a bootstrap over whole seeds; "
+          "held out: the largest fraction, predicted from the others. `noise` is the between-seed standard error of "
+          "the held-out mean: forms whose held-out errors differ by less are not told apart.\n\n"
+          + _markdown(_fmt(laws[show])) + ("\n" + verdicts + "\n" if verdicts else ""))
+    w.text("scaling_laws.md", md)
+    w.csv("scaling_laws.csv", laws)
+    w.section("Scaling laws checked by extrapolation", md)
+    for level, base in pairs:
+        rows = []
+        for arch in sorted({str(a) for a, _ in table.mean.index}):
+            nt, et, st = _series(table, arch, level)
+            nb, eb, sb = _series(table, arch, base)
+            tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
+            keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
+            if len({k[0] for k in keep}) < 3:
+                continue
+            f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
+            diff = paired_law_difference(f, e_t, e_b, s_, n_boot=n_boot, seed=boot_seed).reset_index()
+            diff.insert(0, "arch", arch)
+            rows.append(diff)
+        if rows:
+            frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
+            slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+            md = (f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), paired: both fitted on the same "
+                  "resampled seeds in each bootstrap draw.\n\n" + _markdown(_fmt(frame)))
+            w.text(f"law_difference_{slug}.md", md)
+            w.csv(f"law_difference_{slug}.csv", frame)
+            w.section(f"Scaling-law difference of {level} over {base}", md)

@@ -241,8 +241,12 @@ def summarize(
     metric: str = "val_acc",
     mode: Literal["max", "min"] = "max",
     show: tuple[str, ...] = ("optimizer.hparams.rho",),
+    label: str | None = None,
 ) -> pd.DataFrame:
     """Best trial per cell: the factors as the index, the best metric, the value of each `show` column there.
+
+    label: the statistic `metric` holds, in words, for the column's header 'best <label>' (e.g. 'val_acc (final
+    epoch)'); default: the metric's name.
 
     A study without factors is one cell (index `cell`, the empty name); with no finished trial carrying the
     metric (every trial failed, or none ran) the table is empty: a normal outcome, not an error.
@@ -258,4 +262,4 @@ def summarize(
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]
-    return out.rename(columns={metric: f"best {metric}"})
+    return out.rename(columns={metric: f"best {label or metric}"})

@@ -1,4 +1,5 @@
-"""Data-scaling laws: the fit err(n) = a n^-b + c with bootstrap intervals, and how much more data one method needs to match another."""
+"""Data-scaling laws: err(n) = a n^-b + c with bootstrap intervals, laws checked by extrapolation (Huber fits in log space,
+seed bootstrap, held-out largest n, three functional forms, paired differences), and the data multiplier between methods."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ from typing import Literal, Mapping
 import numpy as np
 
 __all__ = [
+    "LAW_FORMS",
     "DataMultiplier",
     "FloorNotIdentifiedWarning",
+    "LawFit",
     "PowerLawFit",
     "data_multiplier",
+    "fit_law",
     "fit_power_law",
     "fit_scaling_table",
     "fits_frame",
+    "law_extrapolation",
+    "paired_law_difference",
 ]
 
 
@@ -353,3 +359,327 @@ def fits_frame(fits: Mapping[tuple[str, str], PowerLawFit]):
 
     rows = [{"arch": a, "method": m, **fit.to_dict()} for (a, m), fit in fits.items()]
     return pd.DataFrame(rows).set_index(["arch", "method"]) if rows else pd.DataFrame()
+
+
+# ------------------------------------------------------------------------------ laws checked by extrapolation
+#
+# The method of Epoch AI's replication of Chinchilla (Besiroglu et al. 2024) and of Alabdulmohsin et al. 2022:
+# fit in log space with a Huber loss from many starts, bootstrap over the independent units (seeds, whose curves
+# share nested fractions) rather than over points, and judge a law by how well it predicts the largest n it was
+# not fitted on.
+
+LawForm = Literal["saturating", "broken", "m4"]
+LAW_FORMS: tuple[str, ...] = ("saturating", "broken", "m4")
+_LAW_PARAMS = {"saturating": ("E", "B", "beta"), "broken": ("E", "B", "beta", "beta2", "n_break"),
+               "m4": ("E", "B", "beta", "alpha")}
+_LOG_FLOOR = 1e-6  # an observed error of 0 enters the log-space loss as this
+_KEEP_STARTS = 4  # starts optimised, out of all those screened
+
+
+def _huber(r: np.ndarray, delta: float) -> np.ndarray:
+    a = np.abs(r)
+    return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
+
+
+def _m4_solve(lx: np.ndarray, E: float, logB: float, beta: float, alpha: float, eps0: float) -> np.ndarray:
+    """The error eps of M4 at each log x: (eps - E) / (eps0 - eps)^alpha = B x^-beta, by bisection on (E, eps0)."""
+    target = logB - beta * lx
+    lo = np.full(lx.shape, E)
+    hi = np.full(lx.shape, eps0)
+    for _ in range(50):  # the left side grows monotonically in eps: bisection always converges
+        mid = 0.5 * (lo + hi)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = np.log(np.maximum(mid - E, 1e-300)) - alpha * np.log(np.maximum(eps0 - mid, 1e-300)) - target
+        lo = np.where(g < 0, mid, lo)
+        hi = np.where(g < 0, hi, mid)
+    return 0.5 * (lo + hi)
+
+
+def _law_log_pred(form: str, theta: np.ndarray, lx: np.ndarray, eps0: float) -> np.ndarray:
+    """log L(x) for the internal parameters theta on the rescaled log n (lx = log(n / n0))."""
+    if form == "saturating":
+        e, b, beta = theta
+        return np.logaddexp(e, b - beta * lx)
+    if form == "broken":
+        e, b, beta, beta2, ld = theta
+        return np.logaddexp(e, b - beta * lx - beta2 * np.logaddexp(0.0, lx - ld))
+    e, b, beta, alpha = theta
+    return np.log(np.maximum(_m4_solve(lx, math.exp(e), b, beta, alpha, eps0), 1e-300))
+
+
+@dataclass(frozen=True)
+class LawFit:
+    """One functional form fitted in log space with a Huber loss: params in the units of n as given.
+
+    saturating: L = E + B n^-beta. broken (a smoothly broken power law, one break): L = E + B n^-beta
+    (1 + n/n_break)^-beta2, i.e. slope beta below the break and beta + beta2 above it. m4 (Alabdulmohsin et al.
+    2022): (L - E) / (eps0 - L)^alpha = B n^-beta, with eps0 the error of a model that learned nothing (1.0 for
+    error rates unless given).
+    """
+
+    form: str
+    params: dict[str, float]
+    objective: float
+    n0: float = field(repr=False)
+    theta: np.ndarray = field(repr=False)
+    eps0: float = 1.0
+
+    def predict(self, n) -> np.ndarray | float:
+        lx = np.log(np.asarray(n, dtype="float64") / self.n0)
+        values = np.exp(_law_log_pred(self.form, self.theta, np.atleast_1d(lx), self.eps0))
+        return float(values[0]) if np.ndim(n) == 0 else values
+
+
+def _law_params(form: str, theta: np.ndarray, n0: float) -> dict[str, float]:
+    if form == "saturating":
+        e, b, beta = theta
+        return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta)}
+    if form == "broken":
+        e, b, beta, beta2, ld = theta
+        return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta), "beta2": float(beta2),
+                "n_break": math.exp(ld) * n0}
+    e, b, beta, alpha = theta
+    return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta), "alpha": float(alpha)}
+
+
+def _law_starts(form: str, lx: np.ndarray, ly: np.ndarray, eps0: float) -> tuple[list[np.ndarray], list[tuple]]:
+    low = float(np.exp(ly.min()))
+    es = [math.log(max(low * f, 1e-8)) for f in (1e-4, 0.5, 0.9)]
+    betas = (0.3, 1.0)
+    span = (float(lx.min()) - 2.0, float(lx.max()) + 2.0)
+    starts = []
+    for e in es:
+        for beta in betas:
+            # B from the mean residual above the floor: the curve passes near the data at the start.
+            gap = np.maximum(np.exp(ly) - math.exp(e), low * 1e-3)
+            b = float(np.mean(np.log(gap) + beta * lx))
+            if form == "saturating":
+                starts.append(np.array([e, b, beta]))
+            elif form == "broken":
+                for ld in np.quantile(lx, [0.25, 0.5, 0.75]):
+                    starts.extend(np.array([e, b, beta, beta2, float(ld)]) for beta2 in (0.5, 2.0))
+            elif math.exp(e) < eps0:
+                # M4's alpha trades off against E and beta: start from several, or a local minimum wins.
+                starts.extend(np.array([e, b, beta, alpha]) for alpha in (0.25, 1.0, 2.0))
+    bounds = {"saturating": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0)],
+              "broken": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0), (0.0, 10.0), span],
+              "m4": [(math.log(1e-8), math.log(eps0) - 1e-6), (-50, 50), (0.0, 10.0), (0.0, 5.0)]}[form]
+    return starts, bounds
+
+
+def fit_law(
+    n,
+    err,
+    *,
+    form: LawForm = "saturating",
+    huber_delta: float = 1e-3,
+    eps0: float = 1.0,
+    start: np.ndarray | None = None,
+) -> LawFit:
+    """Fit one form to points (n, err) by minimising sum Huber_delta(log L(n) - log err) from many starts.
+
+    Several points may share an n (seeds). n is rescaled by its geometric mean inside the fit; the params come
+    back in the units of n as given. start: internal parameters to start from alone (the bootstrap's refits).
+    """
+    from scipy.optimize import least_squares
+
+    if form not in LAW_FORMS:
+        raise ValueError(f"form must be one of {', '.join(map(repr, LAW_FORMS))}, got {form!r}")
+    n = np.asarray(n, dtype="float64").ravel()
+    err = np.asarray(err, dtype="float64").ravel()
+    if n.shape != err.shape or len(n) == 0:
+        raise ValueError(f"n and err must be non-empty and of the same length, got {len(n)} and {len(err)}")
+    if not (np.all(np.isfinite(n)) and np.all(n > 0) and np.all(np.isfinite(err)) and np.all(err >= 0)):
+        raise ValueError("n must be finite and > 0 and err finite and >= 0; drop failed cells first")
+    if form == "m4" and not np.all(err < eps0):
+        raise ValueError(f"m4 needs every error below eps0={eps0} (the error of a model that learned nothing); pass eps0")
+    n0 = float(np.exp(np.log(n).mean()))
+    lx = np.log(n / n0)
+    ly = np.log(np.maximum(err, _LOG_FLOOR))
+
+    def residuals(theta):
+        return _law_log_pred(form, theta, lx, eps0) - ly
+
+    starts, bounds = _law_starts(form, lx, ly, eps0)
+    if start is not None:
+        starts = [np.asarray(start, dtype="float64")]
+    lower = np.array([b[0] for b in bounds])
+    upper = np.array([b[1] for b in bounds])
+    # Strictly inside the bounds, as the trust-region solver requires; then only the most promising starts
+    # (by their loss before any step) are optimised: many starts cost one evaluation each.
+    starts = [np.clip(s0, lower + 1e-9 * (upper - lower), upper - 1e-9 * (upper - lower)) for s0 in starts]
+    if len(starts) > _KEEP_STARTS:
+        screened = [float(_huber(residuals(s0), huber_delta).sum()) for s0 in starts]
+        starts = [starts[i] for i in np.argsort(screened)[:_KEEP_STARTS]]
+    best, best_value = None, math.inf
+    for s0 in starts:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # scipy's loss="huber" with f_scale=delta: 0.5 * sum of Huber_delta(r) exactly.
+            res = least_squares(residuals, s0, bounds=(lower, upper), loss="huber", f_scale=huber_delta, method="dogbox",
+                                x_scale="jac")
+        value = float(_huber(residuals(res.x), huber_delta).sum())
+        if value < best_value:
+            best, best_value = res, value
+    if start is None:
+        # dogbox finds the basin fast but stops early on the linear part of the Huber loss: polish the winner.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = least_squares(residuals, best.x, bounds=(lower, upper), loss="huber", f_scale=huber_delta,
+                                method="trf", x_scale="jac", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=300)
+        value = float(_huber(residuals(res.x), huber_delta).sum())
+        if value < best_value:
+            best, best_value = res, value
+    theta = np.asarray(best.x, dtype="float64")
+    return LawFit(form=form, params=_law_params(form, theta, n0), objective=best_value, n0=n0, theta=theta, eps0=eps0)
+
+
+def _check_seeded(n, err, seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    n = np.asarray(n, dtype="float64").ravel()
+    err = np.asarray(err, dtype="float64").ravel()
+    seeds = np.asarray(seeds).ravel()
+    if not (len(n) == len(err) == len(seeds)):
+        raise ValueError(f"n, err and seeds must have one entry per point, got {len(n)}, {len(err)}, {len(seeds)}")
+    return n, err, seeds
+
+
+def _resample_seeds(rng: np.random.Generator, seeds: np.ndarray) -> np.ndarray:
+    """Row indices of a bootstrap draw of whole seeds (with replacement): a seed's points travel together."""
+    unique = np.unique(seeds)
+    drawn = rng.choice(unique, size=len(unique), replace=True)
+    return np.concatenate([np.flatnonzero(seeds == s) for s in drawn])
+
+
+def law_extrapolation(
+    n,
+    err,
+    seeds,
+    *,
+    forms: tuple[str, ...] = LAW_FORMS,
+    bootstrap_forms: tuple[str, ...] | None = None,
+    n_boot: int = 200,
+    confidence: float = 0.95,
+    seed: int = 0,
+    huber_delta: float = 1e-3,
+    eps0: float = 1.0,
+):
+    """Fit each form on all n but the largest, predict the largest, and compare: a scaling law checked by extrapolation.
+
+    One row per form: its parameters fitted on ALL points with percentile intervals from a bootstrap over
+    seeds (`n_boot` draws of whole seeds with replacement), then the held-out check: fitted without the largest
+    n, the prediction there, its bootstrap interval, the observed mean over seeds and the absolute and relative
+    error of the prediction. A form with more parameters than the held-in distinct n is not fitted (its note
+    says so). `noise` is the standard error of the observed mean at the held-out n (between seeds): held-out
+    errors that differ by less than it do not tell the forms apart. With one seed there is nothing to resample:
+    no intervals (note says so). The best form (smallest held-out error) is flagged in `supported`.
+    bootstrap_forms: the forms that get intervals (None: all); the others are compared by their point fits.
+    """
+    import pandas as pd
+
+    n, err, seeds = _check_seeded(n, err, seeds)
+    distinct = np.unique(n)
+    if len(distinct) < 3:
+        raise ValueError(f"law_extrapolation needs at least 3 distinct n (fit on 2+, hold out the largest), got {distinct.tolist()}")
+    top = distinct[-1]
+    held_in = n < top
+    observed = err[~held_in]
+    n_seeds = len(np.unique(seeds))
+    noise = float(observed.std(ddof=1) / math.sqrt(len(observed))) if len(observed) > 1 else math.nan
+    tail = (1.0 - confidence) / 2.0
+    rows = []
+    for form in forms:
+        k = len(_LAW_PARAMS[form])
+        row: dict = {"form": form, "n_seeds": n_seeds, "heldout_n": float(top), "observed": float(observed.mean()),
+                     "noise": noise}
+        if len(np.unique(n[held_in])) < k:
+            row["note"] = f"{k} parameters need {k}+ distinct n below the held-out one; have {len(np.unique(n[held_in]))}"
+            rows.append(row)
+            continue
+        full = fit_law(n, err, form=form, huber_delta=huber_delta, eps0=eps0)
+        part = fit_law(n[held_in], err[held_in], form=form, huber_delta=huber_delta, eps0=eps0)
+        prediction = float(part.predict(top))
+        row.update({f"{p}": v for p, v in full.params.items()})
+        row.update(prediction=prediction, abs_error=abs(prediction - row["observed"]),
+                   rel_error=abs(prediction - row["observed"]) / max(row["observed"], 1e-12))
+        notes = []
+        if bootstrap_forms is not None and form not in bootstrap_forms:
+            notes.append("not bootstrapped: point fit only")
+        elif n_seeds >= 2 and n_boot > 0:
+            rng = np.random.default_rng(seed)
+            draws, preds = [], []
+            for _ in range(n_boot):
+                idx = _resample_seeds(rng, seeds)
+                draws.append(list(fit_law(n[idx], err[idx], form=form, huber_delta=huber_delta, eps0=eps0,
+                                          start=full.theta).params.values()))
+                inner = idx[n[idx] < top]
+                preds.append(float(fit_law(n[inner], err[inner], form=form, huber_delta=huber_delta, eps0=eps0,
+                                           start=part.theta).predict(top)))
+            draws = np.asarray(draws)
+            for i, p in enumerate(full.params):
+                row[f"{p}_low"], row[f"{p}_high"] = (float(q) for q in np.quantile(draws[:, i], [tail, 1 - tail]))
+            row["prediction_low"], row["prediction_high"] = (float(q) for q in np.quantile(preds, [tail, 1 - tail]))
+            if n_seeds < 3:
+                notes.append(f"{n_seeds} seeds: intervals unreliable")
+        else:
+            notes.append("1 seed: no interval" if n_seeds < 2 else "n_boot=0: no interval")
+        row["note"] = "; ".join(notes)
+        rows.append(row)
+    frame = pd.DataFrame(rows).set_index("form")
+    if "abs_error" in frame.columns and frame["abs_error"].notna().any():
+        best = frame["abs_error"].idxmin()
+        frame["supported"] = frame.index == best
+        second = frame["abs_error"].drop(best).min() if frame["abs_error"].notna().sum() > 1 else math.nan
+        if math.isfinite(noise) and math.isfinite(second) and second - frame.loc[best, "abs_error"] < noise:
+            frame.attrs["verdict"] = (f"{best} predicts the held-out n best, but by less than the between-seed noise "
+                                      f"({noise:.3g}): the data do not tell the forms apart")
+        else:
+            frame.attrs["verdict"] = f"{best} predicts the held-out n best"
+    return frame
+
+
+def paired_law_difference(
+    n,
+    err_treatment,
+    err_baseline,
+    seeds,
+    *,
+    form: LawForm = "saturating",
+    n_boot: int = 200,
+    confidence: float = 0.95,
+    seed: int = 0,
+    huber_delta: float = 1e-3,
+    eps0: float = 1.0,
+):
+    """treatment - baseline in each parameter of `form` (e.g. SAM - vanilla in beta and E), paired bootstrap over seeds.
+
+    The points are paired: point i of both arrays shares n and seed (nested fractions, seeds shared). Each
+    draw resamples whole seeds once and refits both laws on the same seeds. One row per parameter: treatment,
+    baseline, diff, diff_low, diff_high, n_seeds, note.
+    """
+    import pandas as pd
+
+    n, err_t, seeds = _check_seeded(n, err_treatment, seeds)
+    err_b = np.asarray(err_baseline, dtype="float64").ravel()
+    if len(err_b) != len(n):
+        raise ValueError(f"err_baseline must pair with err_treatment point by point, got {len(err_b)} and {len(err_t)}")
+    ft = fit_law(n, err_t, form=form, huber_delta=huber_delta, eps0=eps0)
+    fb = fit_law(n, err_b, form=form, huber_delta=huber_delta, eps0=eps0)
+    n_seeds = len(np.unique(seeds))
+    tail = (1.0 - confidence) / 2.0
+    diffs = None
+    if n_seeds >= 2 and n_boot > 0:
+        rng = np.random.default_rng(seed)
+        rows = []
+        for _ in range(n_boot):
+            idx = _resample_seeds(rng, seeds)
+            t = fit_law(n[idx], err_t[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=ft.theta).params
+            b = fit_law(n[idx], err_b[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=fb.theta).params
+            rows.append([t[p] - b[p] for p in ft.params])
+        diffs = np.asarray(rows)
+    note = "1 seed: no interval" if n_seeds < 2 else (f"{n_seeds} seeds: interval unreliable" if n_seeds < 3 else "")
+    out = []
+    for i, p in enumerate(ft.params):
+        lo, hi = (np.quantile(diffs[:, i], [tail, 1 - tail]) if diffs is not None else (math.nan, math.nan))
+        out.append({"param": p, "treatment": ft.params[p], "baseline": fb.params[p], "diff": ft.params[p] - fb.params[p],
+                    "diff_low": float(lo), "diff_high": float(hi), "n_seeds": n_seeds, "note": note})
+    return pd.DataFrame(out).set_index("param")

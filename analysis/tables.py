@@ -16,9 +16,11 @@ __all__ = [
     "ScalingTable",
     "best_of_search",
     "format_cell",
+    "geometry_correlation",
     "method_pairs",
     "sample_note",
     "rho_sensitivity",
+    "rho_transfer",
     "sam_gain",
     "scaling_table",
 ]
@@ -27,7 +29,10 @@ Mode = Literal["max", "min"]
 
 
 class FewSamplesWarning(UserWarning):
-    """A statistic rests on too few independent samples (seeds, pairs, trials) to be trusted."""
+    """A statistic rests on too few independent samples (seeds, pairs, trials) to be trusted.
+
+    The tables of this module say so in the table itself (a `note` column, a caption line: `sample_note`)
+    rather than on stderr; the class stays for code that filters or raises it."""
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -594,3 +599,104 @@ def rho_sensitivity(
     levels = pd.DataFrame(level_rows).rename(columns=dict(zip(groups, names)))
     best_df = pd.DataFrame(best_rows).rename(columns=dict(zip(groups, names))).set_index(names)
     return RhoSensitivity(levels=levels, best=best_df, param=param, metric=metric, mode=mode, confidence=confidence)
+
+
+# ------------------------------------------------------------------------ geometry vs generalisation gap
+
+#: Suffixes of geometry metrics that describe how a measure was computed, not the measure.
+_BOOKKEEPING = ("_std_error", "_converged", "_iterations", "_hvp_count", "_residual")
+
+
+def geometry_correlation(
+    runs: pd.DataFrame,
+    *,
+    measures: Sequence[str] | None = None,
+    hyperparameters: Sequence[str] | None = None,
+    train: str = "train_acc",
+    val: str = "val_acc",
+) -> pd.DataFrame:
+    """How well each geometry measure ranks trials by their generalisation gap (train - val), by Kendall's tau.
+
+    overall: tau over all finished trials with both values. Within each hyperparameter h (Jiang et al. 2020's
+    granulated coefficient): trials that agree on every other hyperparameter form a group; tau within each group
+    of 2+ trials, averaged over the groups (tau_<h>, and groups_<h> how many). A measure that only tracks what a
+    hyperparameter does to both would score overall and not within. measures: default every `geometry/*` column
+    (bookkeeping such as *_std_error left out); hyperparameters: default the factor.* columns and
+    optimizer.hparams.* columns that vary. One row per measure: n, tau, p_value, then tau_<h>, groups_<h>;
+    n < 3 gets a note (no tau).
+    """
+    from scipy.stats import kendalltau
+
+    _require_columns(runs, train=train, val=val)
+    ok = runs[runs["status"] == "finished"] if "status" in runs.columns else runs
+    if measures is None:
+        measures = [c for c in ok.columns if c.startswith("geometry/") and not c.endswith(_BOOKKEEPING)]
+    if not measures:
+        raise ValueError("runs has no geometry/* column; log measures with analysis.log_geometry or a study's geometry: section")
+    _require_columns(ok, **{f"measures[{i}]": m for i, m in enumerate(measures)})
+    if hyperparameters is None:
+        hyperparameters = [c for c in ok.columns if (c.startswith("factor.") or c.startswith("optimizer.hparams."))
+                           and ok[c].astype(str).nunique() > 1]
+    gap = pd.to_numeric(ok[train], errors="coerce") - pd.to_numeric(ok[val], errors="coerce")
+    rows = []
+    for m in measures:
+        value = pd.to_numeric(ok[m], errors="coerce")
+        keep = np.isfinite(value) & np.isfinite(gap)
+        row: dict = {"measure": m, "n": int(keep.sum())}
+        if keep.sum() < 3:
+            row.update(tau=math.nan, p_value=math.nan, note=f"{int(keep.sum())} trials: no tau")
+            rows.append(row)
+            continue
+        tau, p = kendalltau(value[keep], gap[keep])
+        row.update(tau=float(tau), p_value=float(p), note="")
+        for h in hyperparameters:
+            others = [o for o in hyperparameters if o != h]
+            data = pd.DataFrame({"v": value[keep], "g": gap[keep]})
+            for o in others:
+                data[o] = ok.loc[keep, o].astype(str)
+            taus = []
+            for _, part in (data.groupby(others) if others else [((), data)]):
+                if len(part) >= 2 and part["v"].nunique() > 1 and part["g"].nunique() > 1:
+                    taus.append(float(kendalltau(part["v"], part["g"])[0]))
+            name = h.removeprefix("factor.")
+            row[f"tau_{name}"] = float(np.mean(taus)) if taus else math.nan
+            row[f"groups_{name}"] = len(taus)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("measure")
+
+
+def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> pd.DataFrame:
+    """Does the best rho move with the amount of data? From a rho_sensitivity split by fraction (by=(fraction,)).
+
+    One row per (arch, method): the best rho at each fraction with its interval (as columns rho@<f>), the slope
+    of log10(best rho) on log10(fraction) by least squares, and `overlap`: whether the best-rho intervals of all
+    fractions share a common value (then the data cannot tell a moving rho from a fixed one). Groups without
+    intervals (single trials per level) have overlap NaN and say so in `note`.
+    """
+    name = fraction.removeprefix("factor.")
+    names = list(result.best.index.names)
+    if name not in names:
+        raise ValueError(f"result must be split by {fraction!r}: pass by=({fraction!r},) to rho_sensitivity; its groups are {names}")
+    best = result.best.reset_index()
+    keys = [n for n in names if n != name]
+    rows = []
+    for key, part in best.groupby(keys, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        part = part.assign(_f=pd.to_numeric(part[name], errors="coerce")).sort_values("_f")
+        row = dict(zip(keys, key))
+        for _, r in part.iterrows():
+            low, high = r["rho_low"], r["rho_high"]
+            span = f" [{low:.3g}, {high:.3g}]" if math.isfinite(low) and math.isfinite(high) else ""
+            row[f"rho@{r[name]}"] = f"{r['best_rho']:.3g}{span}"
+        x, y = np.log10(part["_f"].to_numpy(dtype="float64")), np.log10(part["best_rho"].to_numpy(dtype="float64"))
+        row["slope"] = float(np.polyfit(x, y, 1)[0]) if len(np.unique(x)) >= 2 else math.nan
+        lows, highs = part["rho_low"].to_numpy(dtype="float64"), part["rho_high"].to_numpy(dtype="float64")
+        if np.isfinite(lows).all() and np.isfinite(highs).all():
+            row["overlap"] = bool(lows.max() <= highs.min())
+            row["note"] = "" if row["overlap"] is False else "intervals overlap: no evidence that the best rho moves"
+        else:
+            row["overlap"] = math.nan
+            row["note"] = "no interval at some fraction (single trials per level)"
+        row["fractions"] = int(len(part))
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(keys)

@@ -8,6 +8,12 @@ metrics default). "grad" is loss forward + backward with the model as timm build
 as in training). Per mode: "setup" is the first product (for double_backward it builds and keeps the
 gradient graph), "hvp" the steady cost of each later product on the same batch, as power iteration and
 Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product.
+
+Whole measurements, timed end to end in units of one gradient ("x grad"; issue 16's targets on an H100 for
+ViT-S/16 at batch 64: within 25 and 350): "lanczos_lambda_max(20)" is top_eigenvalues with 20 Lanczos steps
+(hvp_mode auto), "slq(10x30)" eigenvalue_density with 10 probes of 30 steps. --no-solvers skips them.
+
+    python benchmarks/bench_geometry.py --device cuda --models vit_small_patch16_224   # the issue's case
 """
 
 from __future__ import annotations
@@ -144,7 +150,34 @@ def bench_model(geometry: types.ModuleType, name: str, spec: tuple, args: argpar
                 "peak_gib": _peak_gib(device),
             }
         )
+    if args.solvers:
+        rows.extend(_bench_solvers(geometry, model, name, batch, num_params, grad_ms, args))
     return rows  # the model, batch and graphs go with this frame; the caller resets the peak after it
+
+
+def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> list[dict]:
+    """Whole measurements end to end (operator setup included), in units of one gradient."""
+    device = torch.device(args.device)
+    # tol=1e-12: no early stop, so the Lanczos run always takes its 20 steps.
+    measures = {
+        f"lanczos_lambda_max({args.lanczos_steps})": lambda: geometry.top_eigenvalues(
+            model, _cross_entropy, [batch], max_iter=args.lanczos_steps, tol=1e-12),
+        f"slq({args.slq_probes}x{args.slq_steps})": lambda: geometry.eigenvalue_density(
+            model, _cross_entropy, [batch], probes=args.slq_probes, steps=args.slq_steps),
+    }
+    rows = []
+    for label, run in measures.items():
+        _peak_reset(device)
+        run()  # warm-up: kernels, allocator
+        _sync(device)
+        start = time.perf_counter()
+        result = run()
+        _sync(device)
+        ms = (time.perf_counter() - start) * 1e3
+        hvps = getattr(result, "hvp_count", None)
+        rows.append({"model": name, "variant": label, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
+                     "hvps": hvps, "peak_gib": _peak_gib(device)})
+    return rows
 
 
 def main() -> None:
@@ -158,6 +191,11 @@ def main() -> None:
         "--models", nargs="*", default=None, help="timm model names at 224px (default: the three of the issue)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    parser.add_argument("--no-solvers", dest="solvers", action="store_false",
+                        help="skip the whole-measurement timings (Lanczos lambda_max, SLQ density)")
+    parser.add_argument("--lanczos-steps", type=int, default=20, help="Lanczos steps of the lambda_max timing (20)")
+    parser.add_argument("--slq-probes", type=int, default=10, help="SLQ probes (10)")
+    parser.add_argument("--slq-steps", type=int, default=30, help="SLQ Lanczos steps per probe (30)")
     args = parser.parse_args()
     args.batch = args.batch or (8 if args.quick else 64)
     args.reps = args.reps or (3 if args.quick else 20)

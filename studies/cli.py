@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from studies import server as server_cli
@@ -22,7 +23,13 @@ EXIT_INTERRUPTED = 130
 
 
 # Nothing leaves the machine unless the user opts in (a value the user set is kept).
-QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_OFFLINE": "1",
+    # MLflow's INFO lines (creating a store's tables) are not the user's business; its warnings still show.
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+}
 
 
 @contextlib.contextmanager
@@ -197,11 +204,11 @@ def _cmd_status(args) -> int:
         counts = pd.DataFrame(index=planned.index)
     else:
         counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
-        metric = spec.objective.metric
-        if metric in runs:
+        column = spec.objective.column
+        if column in runs:
             finished = runs[runs["status"] == "finished"]
-            best = finished.groupby("cell")[metric].max() if spec.objective.mode == "max" else finished.groupby("cell")[metric].min()
-            counts[f"best {metric}"] = best
+            best = finished.groupby("cell")[column].max() if spec.objective.mode == "max" else finished.groupby("cell")[column].min()
+            counts[f"best {spec.objective.label}"] = best
     table = counts.join(planned, how="right").fillna(0)
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
@@ -233,23 +240,36 @@ def _print_summary(study, tracking_uri: str) -> None:
     import pandas as pd
 
     from analysis import load_runs, summarize
+    from trainables.tracking import resolve_tracking_uri
 
     spec = study.spec
-    runs = load_runs(study.experiment_name, tracking_uri=tracking_uri)
+    name, smoke = study.experiment_name, study.smoke
+    runs = load_runs(name, tracking_uri=tracking_uri)
+    objective = spec.objective
     print()
-    print(f"Best {spec.objective.metric} per cell ({len(runs)} trials recorded in MLflow):")
-    if _none_finished(runs, spec.objective.metric):
+    print(f"Best trial per cell by {objective.label}, {objective.mode} ({len(runs)} trials recorded in MLflow):")
+    if _none_finished(runs, objective.column):
         print(f"  {_no_result_line(runs)}")
     else:
         searched = tuple(sorted({p for c in study.cells for p in c.space}))
-        table = summarize(runs, metric=spec.objective.metric, mode=spec.objective.mode, show=searched)
+        table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
         with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
             print(table.to_string() if not table.empty else "  (no finished trial)")
-    from trainables.tracking import resolve_tracking_uri
+    default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
+    uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
+    study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
+    print(f"\nRecorded in MLflow at {tracking_uri}, experiment {name!r}. Next:")
+    print(f"  {_prog()} ui{uri_opt}            browse every trial (the cell runs carry each cell's best)")
+    print(f"  {_prog()} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
+    print(f"  {_prog()} status {study_arg}{uri_opt}   trials per cell and status")
 
-    default = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
-    ui = f"{_prog()} ui" + ("" if default else f" --tracking-uri {tracking_uri}")
-    print(f"\nBrowse every trial:  {ui}   (then open http://127.0.0.1:5000)")
+
+def _shown_path(path: Path) -> str:
+    """A path as short as it can be written from here."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _none_finished(runs, metric: str) -> bool:
@@ -284,8 +304,69 @@ def _cmd_ui(args) -> int:
 
     uri = resolve_tracking_uri(args.tracking_uri)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
-    print(f"MLflow UI on http://{args.host}:{args.port} over {uri} (Ctrl-C stops it)", flush=True)
+    url = f"http://{args.host}:{args.port}"
+    print(f"Starting the MLflow UI over {uri} ...", flush=True)
+    # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
+    _say_when_answering(url, f"MLflow UI: {url}/#/experiments?workflowType=machine_learning (Ctrl-C stops it)")
     return server_cli.run_in_process_group(cmd)
+
+
+def _say_when_answering(url: str, message: str, *, path: str = "/health", timeout_s: float = 600.0) -> None:
+    """Print `message` once `url` answers (the UI takes a while to start), from a daemon thread."""
+    import threading
+    import time
+    import urllib.error
+    import urllib.request
+
+    def poll() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url + path, timeout=2) as resp:
+                    if resp.status == 200:
+                        print(message, flush=True)
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=poll, name="sharpscale-ui-ready", daemon=True).start()
+
+
+def _cmd_dashboard(args) -> int:
+    """optuna-dashboard over the Optuna storage the study's newest run recorded (else the one its file names)."""
+    from studies.runner import find_study_run, state_locations
+    from studies.search import open_optuna_storage
+    from studies.spec import load_study
+    from trainables.tracking import resolve_tracking_uri, tracking_client
+
+    try:
+        import optuna_dashboard
+    except ImportError:
+        print("sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr)
+        return 2
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
+    spec = study.spec
+    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    name = study.experiment_name
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(name)
+    run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
+    if run is None:
+        raise UserError(
+            f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
+            f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
+        )
+    storage = state_locations(study, name, run.data.tags).optuna_storage
+    url = f"http://{args.host}:{args.port}"
+    print(f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
+          f"its MLflow run id and name) ...", flush=True)
+    _say_when_answering(url, f"optuna-dashboard: {url} (Ctrl-C stops it)", path="/")
+    try:
+        optuna_dashboard.run_server(open_optuna_storage(storage), host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _cmd_report(args) -> int:
@@ -303,10 +384,16 @@ def _cmd_report(args) -> int:
         print(f"{name}: {_no_result_line(runs)} No report written.")
         return 0
     out_dir = Path(args.out or f"reports/{name}")
-    files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
-                         metric=spec.objective.metric, mode=spec.objective.mode)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
+                             metric=spec.objective.column, mode=spec.objective.mode)
     for f in files:
         print(f)
+    # What the data cannot support (one seed, few pairs) is a note for the reader, not a traceback line.
+    for note in dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
+                              if not issubclass(c.category, (DeprecationWarning, FutureWarning))):
+        print(f"sharpscale: note: {note}")
     where = "" if args.no_mlflow else " and logged under report/ to the study's MLflow run"
     print(f"{len(files)} files written to {out_dir}{where}")
     return 0
@@ -402,8 +489,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_data(sub)
 
+    dash = sub.add_parser(
+        "dashboard", parents=study_file + tracking,
+        help="optuna-dashboard over the study's Optuna storage: each cell's search, trial by trial (Ctrl-C stops it)",
+    )
+    dash.add_argument("study", help="the study file that was run")
+    dash.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    dash.add_argument("--port", type=int, default=8080)
+    dash.set_defaults(func=_cmd_dashboard)
+
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
-    ui.add_argument("--tracking-uri", default=DEFAULT_TRACKING_URI)
+    ui.add_argument(
+        "--tracking-uri", default=DEFAULT_TRACKING_URI,
+        help=f"the MLflow store to browse: an sqlite:/// file, a path, or an http(s):// server (default: {DEFAULT_TRACKING_URI})",
+    )
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(func=_cmd_ui)

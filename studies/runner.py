@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from studies.preflight import check_data_on_nodes
+from studies.progress import LiveView, quiet_libraries, stderr_to
+from studies.records import (
+    cell_label,
+    cell_params,
+    describe_experiment,
+    rollup_callback,
+    source_tags,
+)
 from studies.search import CellSearcher, apply_sample
-from studies.spec import Cell, LoadedStudy, StudyError, load_study, storage_is_shared
+from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import shown
 from trainables.naming import (
     CELL_TAG,
@@ -30,7 +38,6 @@ from trainables.naming import (
     STUDY_FILE_TAG,
     STUDY_TAG,
     TRIAL_ID_TAG,
-    cell_run_name,
     factor_tag,
     kind_filter,
     launch_name,
@@ -100,74 +107,6 @@ class StudyOutcome:
     trials: int
     errored: int
     interrupted: bool = False  # Ctrl-C (SIGINT) ended it early: incomplete, `resume` finishes it
-
-
-class _Progress:
-    """One line per finished trial: counts and the best objective so far in its cell."""
-
-    def __init__(self, study: LoadedStudy):
-        from ray.tune import Callback
-
-        outer = self
-        self.total = study.total_trials
-        self.metric, self.mode = study.spec.objective.metric, study.spec.objective.mode
-        self.best: dict[str, float] = {}
-        self.done = self.failed = 0
-        self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
-
-        class _Cb(Callback):
-            def setup(self, **info):
-                outer._record_interrupts()
-
-            def on_trial_complete(self, iteration, trials, trial, **info):
-                outer._finished(trial, trials, ok=True)
-
-            def on_trial_error(self, iteration, trials, trial, **info):
-                outer._finished(trial, trials, ok=False)
-
-        self.callback = _Cb()
-
-    def _record_interrupts(self) -> None:
-        """Wrap Tune's SIGINT handler (installed by now: Tune sets it before it sets up callbacks) so that the
-        interrupt is recorded before Tune handles it. Tune then ends the run and returns normally, so the result
-        alone does not say the study was cut short."""
-        if threading.current_thread() is not threading.main_thread():
-            return  # signals reach the main thread only; Tune installs no handler elsewhere either
-        tune_handler = signal.getsignal(signal.SIGINT)
-        if not callable(tune_handler):
-            return
-
-        def record_then_delegate(sig, frame):
-            if self.interrupted_at is None:
-                self.interrupted_at = time.time()
-                print("sharpscale: interrupted: stopping the trials; the study will be resumable", flush=True)
-            tune_handler(sig, frame)
-
-        signal.signal(signal.SIGINT, record_then_delegate)
-
-    def _finished(self, trial, trials, ok: bool) -> None:
-        cell = trial.config.get("cell", "")
-        result = trial.last_result or {}
-        value = result.get(self.metric)
-        diverged = bool(result.get("diverged"))
-        if ok and not diverged and isinstance(value, (int, float)) and math.isfinite(value):
-            self.done += 1
-            prev = self.best.get(cell)
-            better = prev is None or (value > prev if self.mode == "max" else value < prev)
-            if better:
-                self.best[cell] = value
-            status = f"{self.metric}={value:.4f}"
-        else:
-            self.failed += 1
-            status = "diverged" if diverged else "failed"
-        running = sum(1 for t in trials if t.status == "RUNNING")
-        best = self.best.get(cell)
-        best_txt = f"{best:.4f}" if best is not None else "-"
-        print(
-            f"[{self.done + self.failed}/{self.total}] done {self.done}, failed {self.failed}, running {running} | "
-            f"{cell or 'study'}: {status} (best {best_txt})",
-            flush=True,  # to sys.stdout as it is then: Tune pickles its callbacks, a stream can't be pickled
-        )
 
 
 def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
@@ -247,7 +186,7 @@ def _parent_runs(
             run_name=study_run_name(study.spec.name, launch),
             tags={**_study_tags(study), LAUNCH_TAG: str(launch), GIT_COMMIT_TAG: commit,
                   STUDY_FILE_TAG: str(study.path), NOTE_TAG: study.spec.description,
-                  **locations.tags()},
+                  **source_tags(study, commit), **locations.tags()},
         )
         opened.append(run.info.run_id)
         client.log_artifact(run.info.run_id, str(study.path))
@@ -265,15 +204,22 @@ def _parent_runs(
         if existing is None:
             existing = client.create_run(
                 experiment_id,
-                run_name=cell_run_name(cell.key),
+                run_name=cell_label(cell),
                 tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
-                      **{factor_tag(k): v for k, v in cell.levels.items()}},
+                      **source_tags(study, commit), **{factor_tag(k): v for k, v in cell.levels.items()}},
             )
+            _log_params(client, existing.info.run_id, cell_params(cell))
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
         opened.append(existing.info.run_id)
         cell_runs[cell.key] = existing.info.run_id
     return study_run_id
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    _retry(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items()])
 
 
 def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: bool) -> None:
@@ -459,7 +405,7 @@ def _init_ray(address: str | None, num_cpus: int | None):
         return False
     runtime_env = trial_runtime_env()  # the driver's MLflow credentials, for trials on any node
     if address:
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
+        ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:
         # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
         ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False,
@@ -498,6 +444,7 @@ def run_study(
     exp_name = study.experiment_name
     _warn_split_records(address, uri)
     experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
+    describe_experiment(client, experiment_id, study)
     previous = find_study_run(client, experiment_id, study) if resume else None
     if resume:
         launch = _launch_of(previous) if previous is not None else 1
@@ -517,12 +464,16 @@ def run_study(
         keep_checkpoints=spec.checkpoints.keep,
     )
 
-    started_ray = _init_ray(address, num_cpus)
     opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
     cell_runs: dict[str, str] = {}
     outcome: StudyOutcome | None = None
     primary: BaseException | None = None
+    quiet, started_ray = contextlib.ExitStack(), False
     try:
+        # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
+        log = quiet.enter_context(quiet_libraries(log_file(study, locations, run_name)))
+        with stderr_to(log):
+            started_ray = _init_ray(address, num_cpus)
         if address:
             check_cluster_resources(study)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
@@ -554,12 +505,22 @@ def run_study(
         steps = []
         if opened:
             steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
+            # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
+            steps.append(lambda: rollup_callback(uri, experiment_id, opened[0], cell_runs, list(study.cells),
+                                                 column=spec.objective.column, mode=spec.objective.mode).update())
             steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
         if started_ray:
             import ray
 
             steps.append(ray.shutdown)
+        steps.append(quiet.close)
         _close_all(steps, primary)
+
+
+def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
+    """Where a run's library log goes: beside its Ray results, or beside the study file when those are remote."""
+    base = Path(locations.storage) if "://" not in locations.storage else study.path.parent / DEFAULT_STORAGE
+    return base / run_name / "sharpscale.log"
 
 
 def _node_problem(request: dict[str, float], offers: list[tuple[str, dict[str, float]]], where: str) -> str | None:
@@ -653,7 +614,7 @@ def _tune(
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample),
             "sample": sample,
-            "objective": {"metric": spec.objective.metric, "mode": spec.objective.mode},
+            "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},
             "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
             "tags": {
                 CELL_TAG: cell.key,
@@ -661,6 +622,7 @@ def _tune(
                 LAUNCH_TAG: str(launch),
                 GIT_COMMIT_TAG: commit,
                 STUDY_TAG: spec.name,
+                **source_tags(study, commit),
                 **{factor_tag(k): v for k, v in cell.levels.items()},
             },
         }
@@ -673,7 +635,7 @@ def _tune(
 
     searcher = CellSearcher(
         list(study.cells),
-        metric=spec.objective.metric,
+        metric=spec.objective.column,
         mode=spec.objective.mode,
         sampler=spec.budget.sampler,
         seed=spec.budget.seed,
@@ -681,7 +643,9 @@ def _tune(
         study_name=run_name,
         payload=payload,
     )
-    progress = _Progress(study)
+    progress = LiveView(study, title=f"{spec.name} ({exp_name})")
+    rollup = rollup_callback(uri, experiment_id, study_run_id, cell_runs, list(study.cells),
+                             column=spec.objective.column, mode=spec.objective.mode)
     trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
     experiment_dir = f"{locations.storage}/{run_name}"
     if resume:
@@ -691,7 +655,7 @@ def _tune(
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                metric=spec.objective.metric,
+                metric=spec.objective.column,
                 mode=spec.objective.mode,
                 search_alg=searcher,
                 scheduler=_scheduler(study),
@@ -712,14 +676,15 @@ def _tune(
                 # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
                 # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
-                callbacks=[progress.callback],
+                callbacks=[progress.callback, rollup],
                 verbose=0,
             ),
         )
     t0 = time.perf_counter()
     print(
         f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
-        f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}",
+        f"MLflow experiment {exp_name!r} at {uri}; Ray storage {locations.storage}, Optuna {locations.optuna_storage}; "
+        f"Ray's, Tune's and Optuna's logs in {log_file(study, locations, run_name)}",
         flush=True,
     )
     before = signal.getsignal(signal.SIGINT)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
 from trainables.errors import UserError
 from trainables.tracking import RUN_ID_RESULT_KEY
@@ -29,6 +30,7 @@ __all__ = [
 TUNE_TRIAL_ATTR = "tune_trial_id"
 CELL_ATTR = "cell"
 MLFLOW_RUN_ATTR = "mlflow_run_id"
+RUN_NAME_ATTR = "mlflow_run_name"
 # Set on an Optuna trial that Ctrl-C cut short (told FAIL); `resume` records its result under a new trial with
 # the same values, which names the cut one in RESUMED_FROM_ATTR.
 INTERRUPTED_ATTR = "interrupted"
@@ -249,7 +251,10 @@ class CellSearcher(Searcher):
             self._live[trial_id] = trial.number
         self._issued[key] += 1
         self._trial_cell[trial_id] = key
-        return self._payload(cell, sample)
+        name = trial_run_name(cell, sample, self._issued[key])
+        if cell.space:
+            trial.set_user_attr(RUN_NAME_ATTR, name)
+        return {**self._payload(cell, sample), "run_name": name}
 
     def _note_run_id(self, trial_id: str, result: dict) -> None:
         run_id = str(result.get(RUN_ID_RESULT_KEY) or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import itertools
 import math
@@ -20,6 +21,7 @@ from trainables.metrics import EPOCH_METRICS
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, experiment_name
 from trainables.ray_train import KEEP_CHECKPOINTS
 from trainables.staging import is_uri
+from trainables.tracking import BEST_EPOCH_METRICS
 
 __all__ = [
     "MAX_STUDY_FILE_BYTES",
@@ -103,8 +105,35 @@ Domain = Annotated[Union[LogUniform, Uniform, IntRange, Choice], Field(discrimin
 
 
 class Objective(_Strict):
-    metric: str = "val_acc"
+    """What ranks a cell's trials, for the searcher, the roll-up onto the cell runs, `status` and `report`."""
+
+    metric: str = Field("val_acc", description="A metric every trial logs each epoch (val_acc, val_loss, ...).")
     mode: Literal["max", "min"] = "max"
+    epoch: Literal["final", "best"] = Field(
+        "final",
+        description="final: the metric at the trial's last epoch (what a run that stops on schedule delivers); "
+        f"best: its best epoch, for the metrics the loop keeps the best of ({', '.join(BEST_EPOCH_METRICS)}).",
+    )
+
+    @model_validator(mode="after")
+    def _best_is_kept(self) -> Objective:
+        if self.epoch == "best" and self.metric not in BEST_EPOCH_METRICS:
+            raise ValueError(
+                f"objective.epoch: 'best' needs a metric whose best epoch each trial records "
+                f"({', '.join(BEST_EPOCH_METRICS)}), got metric {self.metric!r}. Fix: objective.epoch: final, or "
+                f"metric: {next(iter(BEST_EPOCH_METRICS))}."
+            )
+        return self
+
+    @property
+    def column(self) -> str:
+        """The metric key holding the objective: a trial's result key, its MLflow metric, load_runs' column."""
+        return BEST_EPOCH_METRICS[self.metric] if self.epoch == "best" else self.metric
+
+    @property
+    def label(self) -> str:
+        """The statistic in words, for table headers: e.g. 'val_acc (final epoch)'."""
+        return f"{self.metric} ({self.epoch} epoch)"
 
     @field_validator("metric")
     @classmethod
@@ -190,6 +219,19 @@ class Tracking(_Strict):
         return value
 
 
+class SmokeForm(_Strict):
+    """Which part of the study `--smoke` runs, so that the tiny run still asks the study's question."""
+
+    levels: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Levels each named factor keeps under --smoke (level names, or values of a list factor); a "
+        "factor not named keeps every named level, or the first value of a list.",
+    )
+    trials_per_cell: int = Field(
+        1, ge=1, description="Trials of each cell that searches something under --smoke (at most its budget)."
+    )
+
+
 class Checkpoints(_Strict):
     """Tune's checkpoints of each trial; their cadence is the trial config's train.checkpoint_every."""
 
@@ -246,6 +288,7 @@ class Study(_Strict):
     )
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
     smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
+    smoke_form: SmokeForm = Field(default_factory=SmokeForm)
 
     @field_validator("shared_mounts")
     @classmethod
@@ -579,6 +622,18 @@ def _domain_probes(dom: Domain) -> list[Any]:
     return [dom.low, dom.high]
 
 
+def _config_paths(model: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted field path of the trial config (sections and leaves), for did-you-mean hints."""
+    model = TrialConfig if model is None else model
+    paths = []
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        paths.append(path)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            paths.extend(_config_paths(info.annotation, f"{path}."))
+    return paths
+
+
 def _known_path(path: str) -> bool:
     import typing
 
@@ -627,11 +682,9 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             f"plan. Fix: fewer levels, or split the study."
         )]
     if smoke:
-        # Every named level (each architecture, each method) stays; a list of values (fractions, seeds) keeps its first.
-        factor_levels = [
-            (f, dict(list(levels.items())[:1]) if isinstance(spec.factors[f], list) else levels)
-            for f, levels in factor_levels
-        ]
+        factor_levels, smoke_problems = _smoke_levels(spec, factor_levels)
+        if smoke_problems:
+            return [], smoke_problems
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
     combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
@@ -676,7 +729,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         if problem:
             problems.append(problem)
         if smoke:
-            trials = 1
+            trials = min(trials, spec.smoke_form.trials_per_cell) if space else 1
         cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
     total = sum(c.trials for c in cells)
     if total > MAX_TRIALS:
@@ -698,6 +751,36 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
     return cells, _dedupe(problems)
+
+
+def _smoke_levels(
+    spec: Study, factor_levels: list[tuple[str, dict[str, dict[str, Any]]]]
+) -> tuple[list[tuple[str, dict[str, dict[str, Any]]]], list[str]]:
+    """The factor levels `--smoke` keeps: those smoke_form.levels names; else every named level (each architecture,
+    each method), and a list of values (fractions, seeds) its first."""
+    wanted, problems, kept = spec.smoke_form.levels, [], []
+    for name in wanted:
+        if name not in spec.factors:
+            problems.append(
+                f"smoke_form.levels.{name}: not a factor of the study (factors: {', '.join(spec.factors) or 'none'}). "
+                f"Fix: name one of them."
+            )
+    for name, levels in factor_levels:
+        if name in wanted:
+            chosen = [str(v) for v in wanted[name]]
+            unknown = [v for v in chosen if v not in levels]
+            if unknown or not chosen:
+                problems.append(
+                    f"smoke_form.levels.{name}: must list levels of the factor ({', '.join(levels)}), got "
+                    f"{wanted[name]}. Fix: pick among those."
+                )
+                continue
+            kept.append((name, {v: levels[v] for v in chosen}))
+        elif isinstance(spec.factors[name], list):
+            kept.append((name, dict(list(levels.items())[:1])))
+        else:
+            kept.append((name, levels))
+    return kept, problems
 
 
 def grid_size(space: dict[str, Domain]) -> int:
@@ -755,9 +838,14 @@ def load_study(
                 f"or set a trial config path (data.root, optimizer.lr) or a setting ({', '.join(SETTABLE_FIELDS)})."
             )
         elif not _known_path(key):
+            # The field's own name under another section first (train.epochs -> schedule.epochs), then a typo.
+            leaf = key.rsplit(".", 1)[-1]
+            close = [p for p in _config_paths() if p.rsplit(".", 1)[-1] == leaf][:1]
+            close = close or difflib.get_close_matches(key, _config_paths(), n=1, cutoff=0.6)
+            hint = f"Did you mean {close[0]}? " if close else ""
             bad.append(
-                f"--set {key}: neither a trial config path nor a study setting. Fix: use a path such as data.root or "
-                f"optimizer.lr, or one of {', '.join(SETTABLE_FIELDS)} (e.g. storage=/mnt/shared/runs)."
+                f"--set {key}: neither a trial config path nor a study setting. {hint}Fix: use a path such as "
+                f"data.root or optimizer.lr, or one of {', '.join(SETTABLE_FIELDS)} (e.g. storage=/mnt/shared/runs)."
             )
         elif isinstance(base := raw.setdefault("base", {}), dict):
             try:

@@ -24,6 +24,7 @@ import optim
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
+from trainables.tracking import BEST_EPOCH_METRICS
 
 __all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
 
@@ -446,9 +447,8 @@ def fit(
     )
     scheduler = _scheduler(base, cfg, len(train_loader))
     # A method may know that this run is too short for its settings: say so once, at the start, on rank 0.
-    run_warnings = getattr(method, "run_warnings", None)
-    if run_warnings is not None and d.rank == 0 and resume_from is None:
-        for note in run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
+    if d.rank == 0 and resume_from is None:
+        for note in method.run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
             warnings.warn(note, RunLengthWarning, stacklevel=2)
 
     start_epoch, num_updates, best = 0, 0, {}
@@ -517,8 +517,9 @@ def fit(
                 "lr": base.param_groups[0]["lr"],
                 "weight_norm": float(weight_norm(model)),
             }
-            if val_metrics["val_acc"] >= best.get("best_val_acc", -1.0):
-                best = {"best_val_acc": val_metrics["val_acc"], "best_epoch": epoch}
+            best_key = BEST_EPOCH_METRICS["val_acc"]
+            if val_metrics["val_acc"] >= best.get(best_key, -1.0):
+                best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
             metrics.update(best)
 
             logged_at = int(time.time() * 1000)

@@ -31,7 +31,6 @@ __all__ = [
     "TRIAL_ID_TAG",
     "TRIAL_KEY_TAG",
     "Kind",
-    "cell_run_name",
     "experiment_name",
     "factor_tag",
     "kind_filter",
@@ -110,8 +109,3 @@ def launch_name(experiment: str, launch: int) -> str:
 def study_run_name(study: str, launch: int) -> str:
     """The MLflow run name of a study's parent run."""
     return study if launch == 1 else f"{study} (launch {launch})"
-
-
-def cell_run_name(cell_key: str) -> str:
-    """The MLflow run name of a cell's run: its factor levels (`arch=vit,method=sam`), `all` for a study without factors."""
-    return cell_key or "all"

@@ -60,6 +60,7 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
         wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
     recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))
+    recorder.log_dataset(cfg.data.model_dump(mode="json"))  # MLflow keeps one record of a dataset logged again
     return recorder
 
 

@@ -14,14 +14,16 @@ from typing import Any
 from trainables.naming import KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
 
 __all__ = [
+    "BEST_EPOCH_METRICS",
     "TRACKING_SCHEMES",
     "TrackingTarget",
     "TrialRecorder",
     "check_tracking_uri",
+    "dataset_input",
     "filter_value",
     "resolve_tracking_uri",
-    "trial_runtime_env",
     "tracking_client",
+    "trial_runtime_env",
 ]
 
 # The stores sharpscale records to: an SQLite file, a server, or a database MLflow opens itself.
@@ -29,6 +31,8 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "
 
 # The key under which a trial reports its MLflow run id with every result, so the searcher can label its trial.
 RUN_ID_RESULT_KEY = "mlflow_run_id"
+# Metrics whose best epoch so far every trial reports beside them (trainables.loop), by the metric's name.
+BEST_EPOCH_METRICS = {"val_acc": "best_val_acc"}
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 _EPOCH_KEY = "train_loss"  # logged every epoch: its steps say which epochs a run holds
@@ -205,6 +209,16 @@ class TrialRecorder:
         if any(m.key == _EPOCH_KEY for m in batch):
             self._logged.add(epoch)
 
+    def log_dataset(self, data: Mapping[str, Any]) -> None:
+        """The trial's training set as an MLflow dataset input (the UI's Dataset column); `data`: its data config."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        name, digest, source_type, source, profile = dataset_input(data)
+        dataset = Dataset(name=name, digest=digest, source_type=source_type, source=source, profile=profile)
+        inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train")])]
+        _retry(self._client.log_inputs, self.run_id, datasets=inputs)
+
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
 
@@ -218,6 +232,26 @@ class TrialRecorder:
             status, "FAILED"
         )
         _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
+
+
+def dataset_input(data: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+    """(name, digest, source type, source, profile) of a trial's training set, from its data config.
+
+    The subset a trial trains on is a function of the dataset, its fraction and the fraction's seed
+    (trainables.data.fraction_indices is deterministic), so those three make the digest: equal digests, equal
+    training examples. The name carries the fraction, so the UI's Dataset column tells the subsets apart.
+    """
+    import hashlib
+
+    name, fraction, seed = str(data.get("name")), float(data.get("fraction", 1.0)), int(data.get("fraction_seed", 0))
+    root = data.get("root")
+    key = json.dumps({"name": name, "fraction": fraction, "fraction_seed": seed}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
+    source_type = "embedded" if root is None else ("uri" if "://" in str(root) else "local")
+    source = json.dumps({"root": None if root is None else str(root)})
+    profile = json.dumps({"fraction": fraction, "fraction_seed": seed, "augment": data.get("augment")})
+    label = name if fraction == 1.0 else f"{name} x{fraction:g}"
+    return f"{label} seed={seed}" if fraction != 1.0 else label, digest, source_type, source, profile
 
 
 def _param_value(value: Any) -> str:

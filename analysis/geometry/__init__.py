@@ -1,6 +1,6 @@
 """Loss-geometry metrics of a model: Hessian spectra and trace, perturbation flatness, landscapes, activations.
 
-One module per concept: `spectrum` (the Hessian operator, extreme eigenvalues, trace, density), `perturbation`
+One module per concept: `spectrum` (the Hessian operator, extreme eigenvalues, trace, SLQ density), `perturbation`
 (average flatness, surrogate gap, m-sharpness), `landscape` (1-D/2-D loss surfaces), `activations` (active
 neurons, linearity). Every public name is re-exported here: `from analysis.geometry import top_eigenvalues`.
 """
@@ -27,8 +27,11 @@ from analysis.geometry.perturbation import (
     surrogate_gap,
 )
 from analysis.geometry.spectrum import (
+    CURVATURES,
     METHODS,
     BlockwiseEigenResult,
+    Curvature,
+    DensityResult,
     EigenResult,
     HessianOperator,
     HvpMode,
@@ -36,6 +39,7 @@ from analysis.geometry.spectrum import (
     TraceResult,
     blockwise_top_eigenvalues,
     default_parameter_groups,
+    eigenvalue_density,
     hessian_operator,
     hessian_trace,
     smallest_eigenvalue,
@@ -43,10 +47,13 @@ from analysis.geometry.spectrum import (
 )
 
 __all__ = [
+    "CURVATURES",
     "METHODS",
     "MODES",
     "ActiveNeuronResult",
     "BlockwiseEigenResult",
+    "Curvature",
+    "DensityResult",
     "EigenResult",
     "FlatnessResult",
     "HessianOperator",
@@ -62,6 +69,7 @@ __all__ = [
     "average_flatness",
     "blockwise_top_eigenvalues",
     "default_parameter_groups",
+    "eigenvalue_density",
     "filter_normalized_direction",
     "hessian_operator",
     "hessian_trace",

@@ -10,8 +10,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainables.models import fused_attention
-
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 ParamSpec = Sequence["str | nn.Parameter"]
 #: BatchNorm and dropout as in evaluation ("eval") or in training with fixed masks ("train").
@@ -139,6 +137,8 @@ def no_fused_attention(model: nn.Module):
     forward-mode AD through it is not guaranteed either; its explicit softmax path has both.
     The switch itself is trainables.models.fused_attention (one home).
     """
+    from trainables.models import fused_attention  # on use: importing timm costs seconds
+
     return fused_attention(model, False)
 
 
@@ -157,7 +157,7 @@ class _Scope:
         self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
         if self.keep_params:
             self.originals = {id(p): p.detach().clone() for p in self.model.parameters()}
-        self.fused = fused_attention(self.model, False)
+        self.fused = no_fused_attention(self.model)
         self.fused.__enter__()
         self.model.train(self.mode == "train")
         return self

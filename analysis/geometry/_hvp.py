@@ -617,3 +617,109 @@ def lanczos(
         shift=0.0,
         history=tuple(history),
     )
+
+
+def slq(
+    op: Callable[[torch.Tensor], torch.Tensor],
+    size: int,
+    *,
+    probes: int,
+    steps: int,
+    generator: torch.Generator,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stochastic Lanczos quadrature: per Rademacher probe v, the nodes (Ritz values) and weights (squared first
+    components of the tridiagonal's eigenvectors) of the Gauss quadrature of v^T f(H) v / v^T v.
+
+    Lanczos with full reorthogonalisation for min(steps, size) steps from each probe; it stops early at an
+    invariant subspace (the quadrature is then exact), whose missing nodes get weight 0. Returns float64 CPU
+    tensors (probes, steps): the mean over probes of sum_j w_j f(theta_j) estimates tr f(H) / size.
+    """
+    steps = min(steps, size)
+    nodes = torch.zeros(probes, steps, dtype=torch.float64)
+    weights = torch.zeros(probes, steps, dtype=torch.float64)
+    for p in range(probes):
+        v = torch.randint(0, 2, (size,), generator=generator, device=device).to(dtype).mul_(2).sub_(1)
+        v = _unit(v)
+        basis, alphas, betas = [], [], []
+        for j in range(steps):
+            basis.append(v)
+            w = op(v)
+            alphas.append(float(torch.dot(v, w)))
+            w = _orthogonalize(w, basis)
+            beta = float(w.norm())
+            scale = max(abs(a) for a in alphas) + (max(betas) if betas else 0.0)
+            if j + 1 == steps or beta <= scale * 100 * torch.finfo(dtype).eps:
+                break
+            betas.append(beta)
+            v = w / beta
+        tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+        if betas:
+            off = torch.tensor(betas, dtype=torch.float64)
+            tri += torch.diag(off, 1) + torch.diag(off, -1)
+        values, vectors = torch.linalg.eigh(tri)
+        m = len(alphas)
+        nodes[p, :m] = values
+        weights[p, :m] = vectors[0, :] ** 2
+    return nodes, weights
+
+
+class GGNCore:
+    """Products with the generalised Gauss-Newton matrix G = J^T H_z J of the oracle's mean loss, where z is the
+    model's output (captured by a forward hook on the model: loss_fn must call the model once per batch), J = dz/dw
+    and H_z the Hessian of the loss with respect to z. G v = J^T (H_z (J v)): J v by the double-backward trick
+    (J v = d/du <J^T u, v>), H_z by a backward through the loss's gradient in z, J^T by a plain backward.
+    Positive semi-definite for a loss convex in z (cross-entropy, squared error). With cache_graphs the
+    forward graphs are kept for every later product.
+    """
+
+    hvp_mode = "ggn"
+
+    def __init__(self, oracle: LossOracle, names: Sequence[str], params: Sequence[nn.Parameter], *, cache_graphs: bool) -> None:
+        self.oracle = oracle
+        self.names = list(names)
+        self.params = list(params)
+        self.cache_graphs = cache_graphs
+        self.hvp_count = 0
+        self._graphs: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def release(self) -> None:
+        self._graphs = None
+
+    def _forward(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs: list[torch.Tensor] = []
+        handle = self.oracle.model.register_forward_hook(lambda module, args, out: outputs.append(out))
+        try:
+            loss = self.oracle.batch_loss(batch) * self.oracle.weights[batch]
+        finally:
+            handle.remove()
+        if len(outputs) != 1 or not isinstance(outputs[0], torch.Tensor):
+            raise ValueError(
+                f"curvature='ggn' needs loss_fn to call the model exactly once per batch and get one tensor back "
+                f"(the outputs z of G = J^T H_z J); it called it {len(outputs)} times. Use curvature='hessian'"
+            )
+        z = outputs[0]
+        (grad_z,) = torch.autograd.grad(loss, z, create_graph=True)
+        return z, grad_z
+
+    def hvp(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.hvp_count += 1
+        params = [self.params[i] for i in index]
+        if self.cache_graphs and self._graphs is None:
+            self._graphs = [self._forward(b) for b in range(len(self.oracle.batches))]
+        result = [torch.zeros_like(p) for p in params]
+        for batch in range(len(self.oracle.batches)):
+            z, grad_z = self._graphs[batch] if self.cache_graphs else self._forward(batch)
+            u = torch.zeros_like(z, requires_grad=True)
+            parts = torch.autograd.grad(z, params, grad_outputs=u, create_graph=True, allow_unused=True)
+            live = [(p, v) for p, v in zip(parts, vectors) if p is not None]
+            if not live:
+                continue
+            (jv,) = torch.autograd.grad([p for p, _ in live], u, grad_outputs=[v for _, v in live])
+            (hjv,) = torch.autograd.grad(grad_z, z, grad_outputs=jv, retain_graph=True)
+            back = torch.autograd.grad(z, params, grad_outputs=hjv, retain_graph=True, allow_unused=True)
+            for out, part in zip(result, back):
+                if part is not None:
+                    out.add_(part)
+        return result

@@ -29,10 +29,12 @@ from analysis.geometry._hvp import (
     HVP_MODES,
     EigenOutput,
     FlatOperator,
+    GGNCore,
     HessianCore,
     LossOracle,
     lanczos,
     power_iteration,
+    slq,
 )
 
 #: The eigen-solver: Lanczos with full reorthogonalisation, or power iteration with deflation.
@@ -40,6 +42,9 @@ Method = Literal["lanczos", "power"]
 METHODS: tuple[str, ...] = get_args(Method)
 #: How a Hessian-vector product is computed; "auto" picks by model class (see _AUTO_HVP_MODE).
 HvpMode = Literal["auto", "double_backward", "forward_over_reverse"]
+#: The matrix measured: the Hessian of the loss, or its generalised Gauss-Newton part J^T H_z J (PSD).
+Curvature = Literal["hessian", "ggn"]
+CURVATURES: tuple[str, ...] = get_args(Curvature)
 
 
 # hvp_mode="auto", by timm model class. Measured with benchmarks/bench_geometry.py (batch 64 fp32, eval,
@@ -88,6 +93,7 @@ class EigenResult:
     num_samples: int
     num_params: int
     history: tuple[float, ...] = field(repr=False)
+    curvature: str = "hessian"
 
     @property
     def _stem(self) -> str:
@@ -161,6 +167,7 @@ class TraceResult:
     num_batches: int
     num_samples: int
     num_params: int
+    curvature: str = "hessian"
 
     def to_metrics(self, prefix: str = "") -> dict[str, float]:
         return _metrics(prefix, {"hessian_trace": self.trace, "hessian_trace_std_error": self.std_error})
@@ -216,7 +223,12 @@ class _HessianOperatorScope:
 
     def __enter__(self) -> HessianOperator:
         self.scope.__enter__()
-        self.core = HessianCore(**self.core_args)
+        args = dict(self.core_args)
+        if args.pop("curvature") == "ggn":
+            args.pop("hvp_mode")
+            self.core = GGNCore(**args)
+        else:
+            self.core = HessianCore(**args)
         return HessianOperator(self.core)
 
     def __exit__(self, *exc: object) -> None:
@@ -234,11 +246,14 @@ def hessian_operator(
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
     mask_seed: int = 0,
+    curvature: Curvature = "hessian",
 ) -> _HessianOperatorScope:
     """Context manager yielding a HessianOperator (v -> H v) of the mean loss over `batches`.
 
     cache_graphs (double_backward only): keep each batch's gradient graph for all later products;
-    memory grows with the number of batches, so pass False for many batches. mask_seed: in train mode, the seed of the dropout / drop-path masks, drawn once per batch and held fixed, so the loss is one function of the weights; every measure given the same batches, mode and mask_seed measures the same loss and Hessian (one Hessian per measurement set).
+    memory grows with the number of batches, so pass False for many batches. curvature="ggn" gives products
+    with the generalised Gauss-Newton matrix J^T H_z J instead (z: the model's output; loss_fn must call the
+    model once per batch; hvp_mode is then unused). mask_seed: in train mode, the seed of the dropout / drop-path masks, drawn once per batch and held fixed, so the loss is one function of the weights; every measure given the same batches, mode and mask_seed measures the same loss and Hessian (one Hessian per measurement set).
     """
     mode = _check_choice("mode", mode, MODES)
     _check_int("mask_seed", mask_seed, 0, "use a non-negative seed")
@@ -246,7 +261,9 @@ def hessian_operator(
     names, chosen = _resolve_params(model, params)
     resolved = _resolve_hvp_mode(model, hvp_mode)
     oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=mask_seed)
-    core_args = dict(oracle=oracle, names=names, params=chosen, hvp_mode=resolved, cache_graphs=bool(cache_graphs))
+    curvature = _check_choice("curvature", curvature, CURVATURES)
+    core_args = dict(oracle=oracle, names=names, params=chosen, hvp_mode=resolved, cache_graphs=bool(cache_graphs),
+                     curvature=curvature)
     return _HessianOperatorScope(model, core_args, mode)
 
 
@@ -308,12 +325,13 @@ def _extreme_eigenvalues(
     hvp_mode: str,
     cache_graphs: bool,
     mask_seed: int,
+    curvature: str = "hessian",
     **solver: Any,
 ) -> EigenResult:
     solver = _solver_settings(**solver)
     with hessian_operator(
         model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed,
+        mask_seed=mask_seed, curvature=curvature,
     ) as op:
         if solver["k"] > op.num_params:
             raise ValueError(
@@ -322,7 +340,7 @@ def _extreme_eigenvalues(
         output = _solve(op._flat, which, **solver)
         return _eigen_result(
             output, op._core, which=which, hvp_count=op.hvp_count, num_params=op.num_params, mode=mode,
-            mask_seed=mask_seed, **solver
+            mask_seed=mask_seed, curvature=curvature, **solver
         )
 
 
@@ -341,6 +359,7 @@ def top_eigenvalues(
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
     mask_seed: int = 0,
+    curvature: Curvature = "hessian",
 ) -> EigenResult:
     """The k algebraically largest eigenvalues of the Hessian of the mean loss over `batches`.
 
@@ -355,7 +374,7 @@ def top_eigenvalues(
     """
     return _extreme_eigenvalues(
         model, loss_fn, batches, "largest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        mask_seed=mask_seed, curvature=curvature, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
     )
 
 
@@ -374,11 +393,12 @@ def smallest_eigenvalue(
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
     mask_seed: int = 0,
+    curvature: Curvature = "hessian",
 ) -> EigenResult:
     """The k algebraically smallest Hessian eigenvalues (ascending), as top_eigenvalues does for -H."""
     return _extreme_eigenvalues(
         model, loss_fn, batches, "smallest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        mask_seed=mask_seed, curvature=curvature, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
     )
 
 
@@ -454,6 +474,7 @@ def hessian_trace(
     hvp_mode: HvpMode = "auto",
     cache_graphs: bool = True,
     mask_seed: int = 0,
+    curvature: Curvature = "hessian",
 ) -> TraceResult:
     """Hutchinson's estimate tr(H) ~ mean_i z_i^T H z_i with Rademacher z_i, and its standard error.
 
@@ -463,7 +484,7 @@ def hessian_trace(
     _check_int("seed", seed, 0, "use a non-negative seed")
     with hessian_operator(
         model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed,
+        mask_seed=mask_seed, curvature=curvature,
     ) as op:
         flat = op._flat
         generator = _generator(flat.device, seed)
@@ -484,6 +505,7 @@ def hessian_trace(
             num_batches=op.num_batches,
             num_samples=op.num_samples,
             num_params=op.num_params,
+            curvature=curvature,
         )
 
 
@@ -500,3 +522,91 @@ def default_parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     return parameter_groups(model)
 
 
+
+
+@dataclass(frozen=True)
+class DensityResult:
+    """The Hessian's eigenvalue density by stochastic Lanczos quadrature (Ghorbani et al. 2019; Papyan 2019).
+
+    nodes / weights: (probes, steps) Gauss-quadrature nodes and weights of each probe (weights of a probe sum
+    to 1; unused slots after an early stop have weight 0). The density is their weight-averaged mixture:
+    `density(grid, sigma)` smooths it with Gaussians of width sigma; `moment(k)` estimates tr(H^k) / num_params.
+    """
+
+    nodes: np.ndarray = field(repr=False, compare=False)
+    weights: np.ndarray = field(repr=False, compare=False)
+    probes: int
+    steps: int
+    mode: str
+    hvp_mode: str
+    seed: int
+    mask_seed: int
+    hvp_count: int
+    num_batches: int
+    num_samples: int
+    num_params: int
+    curvature: str = "hessian"
+
+    def moment(self, k: int) -> float:
+        """Estimate of tr(H^k) / num_params (the mean over probes of each quadrature of x^k)."""
+        return float(np.mean(np.sum(self.weights * self.nodes**k, axis=1)))
+
+    def density(self, grid, sigma: float | None = None) -> np.ndarray:
+        """The spectral density on `grid`, each node a Gaussian of width sigma (default: 1% of the node range)."""
+        grid = np.asarray(grid, dtype="float64")
+        used = self.weights > 0
+        span = float(self.nodes[used].max() - self.nodes[used].min()) if used.any() else 1.0
+        sigma = float(sigma) if sigma is not None else max(span, 1e-12) / 100.0
+        z = (grid[:, None] - self.nodes[used][None, :]) / sigma
+        kernel = np.exp(-0.5 * z * z) / (sigma * np.sqrt(2 * np.pi))
+        return kernel @ self.weights[used] / self.probes
+
+    def to_metrics(self, prefix: str = "") -> dict[str, float]:
+        used = self.weights > 0
+        return _metrics(prefix, {
+            "slq_lambda_max": float(self.nodes[used].max()),
+            "slq_lambda_min": float(self.nodes[used].min()),
+            "slq_trace_estimate": self.moment(1) * self.num_params,
+            "slq_negative_mass": float(np.sum(self.weights * (self.nodes < 0)) / self.probes),
+        })
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        return {"nodes": self.nodes, "weights": self.weights}
+
+
+def eigenvalue_density(
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Sequence[Any],
+    *,
+    probes: int = 10,
+    steps: int = 30,
+    mode: Mode = "eval",
+    seed: int = 0,
+    params: ParamSpec | None = None,
+    hvp_mode: HvpMode = "auto",
+    cache_graphs: bool = True,
+    mask_seed: int = 0,
+    curvature: Curvature = "hessian",
+) -> DensityResult:
+    """The eigenvalue density of the Hessian of the mean loss over `batches` by stochastic Lanczos quadrature.
+
+    `probes` Rademacher vectors (drawn from `seed`), `steps` Lanczos steps each (probes x steps Hessian-vector
+    products). With steps >= num_params the quadrature is exact: each probe's nodes are eigenvalues of H.
+    mask_seed, cache_graphs and hvp_mode as in hessian_operator.
+    """
+    _check_int("probes", probes, 1, "use at least one probe vector (10 is usual)")
+    _check_int("steps", steps, 1, "use at least one Lanczos step per probe (30 is usual)")
+    _check_int("seed", seed, 0, "use a non-negative seed")
+    with hessian_operator(
+        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        mask_seed=mask_seed, curvature=curvature,
+    ) as op:
+        flat = op._flat
+        nodes, weights = slq(flat, flat.size, probes=probes, steps=steps, generator=_generator(flat.device, seed),
+                             dtype=flat.dtype, device=flat.device)
+        return DensityResult(
+            nodes=nodes.numpy(), weights=weights.numpy(), probes=probes, steps=min(steps, flat.size), mode=mode,
+            hvp_mode=op.hvp_mode, seed=seed, mask_seed=mask_seed, hvp_count=op.hvp_count,
+            num_batches=op.num_batches, num_samples=op.num_samples, num_params=op.num_params, curvature=curvature,
+        )

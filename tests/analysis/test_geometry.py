@@ -281,6 +281,64 @@ def test_cheap_second_order_layers_give_the_stock_products(train):
     torch.testing.assert_close(products["forward"], products["stock"], atol=1e-12, rtol=1e-10)
 
 
+def test_slq_density_against_the_dense_eigendecomposition():
+    model, batches = tiny_mlp(), mlp_batches()
+    hessian = exact_hessian(model, batches)
+    exact = torch.linalg.eigvalsh(hessian).numpy()
+    size = hessian.shape[0]
+    # Full Lanczos (steps = size): every node with weight is an eigenvalue of H, and each probe's weights sum to 1.
+    full = geometry.eigenvalue_density(model, cross_entropy, batches, probes=40, steps=size, seed=1)
+    used = full.weights > 1e-10
+    assert np.abs(full.nodes[used][:, None] - exact[None, :]).min(axis=1).max() < 1e-7
+    np.testing.assert_allclose(full.weights.sum(axis=1), 1.0, atol=1e-10)
+    # Moments: mean over probes of the quadratures estimates tr(H^k) / size (unbiased for Rademacher probes).
+    for k in (1, 2):
+        per_probe = np.sum(full.weights * full.nodes**k, axis=1)
+        se = per_probe.std(ddof=1) / np.sqrt(len(per_probe))
+        assert abs(full.moment(k) - np.sum(exact**k) / size) < 4 * se + 1e-9
+    # A short run still finds the extremes (Lanczos converges there first) and gives a density of mass 1.
+    short = geometry.eigenvalue_density(model, cross_entropy, batches, probes=3, steps=15, seed=2)
+    assert short.to_metrics()["slq_lambda_max"] == pytest.approx(exact[-1], rel=1e-4)
+    grid = np.linspace(exact[0] - 1, exact[-1] + 1, 4001)
+    assert np.trapezoid(short.density(grid, sigma=0.05), grid) == pytest.approx(1.0, abs=1e-3)
+    assert short.hvp_count <= 3 * 15
+
+
+def exact_ggn(model: nn.Module, batches) -> torch.Tensor:
+    """J^T H_z J of the mean cross-entropy over all samples, from the full Jacobian of the outputs."""
+    inputs = torch.cat([b[0] for b in batches])
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def outputs_of(vector):
+        parts = torch.split(vector, [math.prod(s) for s in shapes])
+        return torch.func.functional_call(model, {n: p.view(s) for n, p, s in zip(names, parts, shapes)}, (inputs,))
+
+    z = outputs_of(flat).detach()
+    jac = torch.autograd.functional.jacobian(outputs_of, flat).reshape(-1, flat.numel())
+    probs = torch.softmax(z, dim=-1)
+    h_z = torch.block_diag(*[(torch.diag(p) - torch.outer(p, p)) / len(z) for p in probs])
+    return jac.T @ h_z @ jac
+
+
+def test_ggn_option_against_the_dense_gauss_newton_matrix():
+    model, batches = tiny_mlp(), mlp_batches()
+    ggn = exact_ggn(model, batches)
+    for cache in (True, False):
+        dense = _dense(model, batches, curvature="ggn", cache_graphs=cache)
+        torch.testing.assert_close(dense, ggn, atol=1e-12, rtol=1e-10)
+    exact = torch.linalg.eigvalsh(ggn)
+    assert float(exact[0]) > -1e-12  # positive semi-definite, unlike the Hessian of this network
+    assert float(torch.linalg.eigvalsh(exact_hessian(model, batches))[0]) < -1e-6
+    top = geometry.top_eigenvalues(model, cross_entropy, batches, curvature="ggn", tol=1e-10)
+    assert top.eigenvalues[0] == pytest.approx(float(exact[-1]), abs=1e-8) and top.curvature == "ggn"
+    density = geometry.eigenvalue_density(model, cross_entropy, batches, probes=2, steps=ggn.shape[0], curvature="ggn")
+    assert density.nodes[density.weights > 1e-10].min() > -1e-8
+    with pytest.raises(ValueError, match="curvature must be one of"):
+        geometry.hessian_trace(model, cross_entropy, batches, curvature="fisher")
+
+
 def _dense(model, batches, **kw) -> torch.Tensor:
     with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
         return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
@@ -299,7 +357,7 @@ def test_one_hessian_per_measurement_set_whatever_each_measures_seed():
     for seed in (0, 3):
         top = geometry.top_eigenvalues(model, cross_entropy, batches, mode="train", seed=seed, tol=1e-10)
         assert top.eigenvalues[0] == pytest.approx(float(exact[-1]), abs=1e-8) and top.mask_seed == 0
-        trace = geometry.hessian_trace(model, cross_entropy, batches, mode="train", seed=seed, samples=2000)
+        trace = geometry.hessian_trace(model, cross_entropy, batches, mode="train", seed=seed, samples=600)
         assert abs(trace.trace - float(dense.trace())) < 4 * trace.std_error and trace.mask_seed == 0
     top1 = geometry.top_eigenvalues(model, cross_entropy, batches, mode="train", mask_seed=1, tol=1e-10)
     assert top1.eigenvalues[0] == pytest.approx(float(torch.linalg.eigvalsh((other + other.T) / 2)[-1]), abs=1e-8)

@@ -138,3 +138,15 @@ def test_summary_of_a_study_without_factors_or_finished_trials(tracking_uri, tmp
     failed = runs.assign(status="failed")
     assert summarize(failed, metric="val_acc").empty  # every trial failed: an empty table, no KeyError
     assert summarize(runs.drop(columns=["val_acc"]), metric="val_acc").empty
+
+
+def test_report_names_the_statistic_and_follows_the_study_files_epoch(tmp_path):
+    from analysis.report import _objective, statistic_label
+
+    assert statistic_label("val_acc") == "val_acc (final epoch)"
+    assert statistic_label("best_val_acc") == "val_acc (best epoch)"
+    study = tmp_path / "s.yaml"
+    study.write_text("name: s\nobjective: {metric: val_acc, mode: max, epoch: best}\n")
+    assert _objective(study) == ("best_val_acc", "max")
+    study.write_text("name: s\nobjective: {metric: val_loss, mode: min}\n")
+    assert _objective(study) == ("val_loss", "min")

@@ -182,7 +182,8 @@ def test_scaling_table_says_n_and_notes_small_cells(runs):
     two = scaling_table(runs[runs["train.seed"].astype(int) < 2]).to_markdown()
     assert "n = number of seeds" in two and "(2)" in two
     assert "Note: 16 of 16 cells rest on fewer than 3 seeds (n = [2])" in two
-    assert "Note:" not in scaling_table(runs).to_markdown().replace("(n = [2])", "")
+    # All seeds: only resnet@0.1 (one seed's trials failed) rests on 2.
+    assert "Note: 1 of 16 cells rest on fewer than 3 seeds (n = [2])" in scaling_table(runs).to_markdown()
 
 
 def test_sam_gain_unknown_level_lists_the_levels(runs):
@@ -299,6 +300,18 @@ def test_rho_sensitivity_on_the_scaling_study_splits_by_fraction(runs):
     assert result.best.loc[("vit", "sam", 0.5), "baseline"] == pytest.approx(base_acc("vit", "adamw", 0.5), abs=1e-12)
 
 
+def test_rho_transfer_says_whether_the_best_rho_moves_with_data(runs):
+    from analysis.tables import rho_transfer
+
+    result = rho_sensitivity(runs, by=("data.fraction",), n_boot=200)
+    table = rho_transfer(result)
+    # The fixture's best rho is 0.2 for the ViT at every fraction: slope 0.
+    assert table.loc[("vit", "sam"), "slope"] == pytest.approx(0.0, abs=1e-12)
+    assert table.loc[("vit", "sam"), "fractions"] == 4 and table.loc[("vit", "sam"), "rho@0.5"].startswith("0.2")
+    with pytest.raises(ValueError, match="by=\\('data.fraction',\\)"):
+        rho_transfer(rho_sensitivity(runs, n_boot=200))
+
+
 # ------------------------------------------------------------------------------------------- curves, plots
 
 
@@ -372,11 +385,13 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     expected = {"summary.md", "summary.csv", "curves.png", "scaling.md", "scaling.csv", "scaling.png",
                 "scaling_fits.md", "scaling_fits.csv", "gain_sam.md", "gain_sam.csv", "gain_sam.png",
                 "data_multiplier_sam.md", "data_multiplier_sam.csv", "rho_sensitivity.md", "rho_levels.csv",
-                "rho_best.csv", "rho_sensitivity.png", "report.md"}
+                "rho_best.csv", "rho_sensitivity.png", "report.md", "scaling_laws.md", "scaling_laws.csv",
+                "law_difference_sam.md", "law_difference_sam.csv", "rho_transfer.md", "rho_transfer.csv"}
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## Data scaling (%)" in report and "2 seed pairs: interval unreliable" in report and "![rho sensitivity]" in report
+    assert "## Scaling laws checked by extrapolation" in report and "## Scaling-law difference of sam over adamw" in report
     logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
     assert logged == {f"report/{n}" for n in expected}
 

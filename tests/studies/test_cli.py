@@ -65,6 +65,52 @@ def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path, capsy
         assert "data.root: the directory must exist" in capsys.readouterr().err
 
 
+def test_dashboard_without_a_recorded_run_says_what_to_do(tmp_path, capsys):
+    from studies.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["dashboard", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", uri]) == 2
+    err = capsys.readouterr().err
+    assert "no study run recorded" in err and "sharpscale run" in err and "Traceback" not in err
+
+
+def test_tracking_uri_is_explained_under_status_and_ui(capsys):
+    import pytest
+
+    from studies.cli import main
+
+    for command in ("status", "ui"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--tracking-uri" in text and "MLflow" in text and "sqlite:///mlflow.db" in text
+
+
+def test_ui_address_is_printed_once_it_answers(capsys):
+    import http.server
+    import threading
+    import time
+
+    from studies.cli import _say_when_answering
+    from studies.server import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    _say_when_answering(url, f"UI: {url}", path="/", timeout_s=60)
+    time.sleep(1.0)  # nothing listens yet: nothing may be printed
+    assert "UI:" not in capsys.readouterr().out
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 30
+        out = ""
+        while "UI:" not in out and time.monotonic() < deadline:
+            time.sleep(0.2)
+            out += capsys.readouterr().out
+        assert out.count(f"UI: {url}") == 1
+    finally:
+        server.shutdown()
+
 def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path):
     import os
 

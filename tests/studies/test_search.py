@@ -18,6 +18,7 @@ from studies.runner import _max_concurrent_trials
 from studies.search import (
     CELL_ATTR,
     MLFLOW_RUN_ATTR,
+    RUN_NAME_ATTR,
     TUNE_TRIAL_ATTR,
     CellSearcher,
     make_sampler,
@@ -163,7 +164,12 @@ def test_records_link_each_optuna_trial_to_its_tune_trial_cell_and_mlflow_run(tm
     assert study.metric_names == ["val_acc"]
     assert optuna.get_all_study_names(storage) == ["s:method=sam"]  # a cell with nothing to search has no study
     first, diverged, errored = study.trials
-    assert first.user_attrs == {TUNE_TRIAL_ATTR: sam[0], CELL_ATTR: "method=sam", MLFLOW_RUN_ATTR: "run-a"}
+    # Its MLflow run by id and by name: the run name the trial's payload carries, e.g. 'sam rho=0.125 #1'.
+    name = issued[int(sam[0][1:])]["run_name"]
+    assert name.startswith("sam rho=") and name.endswith(" #1")
+    assert first.user_attrs == {
+        TUNE_TRIAL_ATTR: sam[0], CELL_ATTR: "method=sam", MLFLOW_RUN_ATTR: "run-a", RUN_NAME_ATTR: name,
+    }
     assert first.state == COMPLETE and first.value == 0.7 and first.intermediate_values == {1: 0.5, 2: 0.7}
     assert diverged.state == FAIL and diverged.user_attrs[MLFLOW_RUN_ATTR] == "run-b"
     assert errored.state == FAIL and MLFLOW_RUN_ATTR not in errored.user_attrs

@@ -8,7 +8,8 @@ from analysis import load_runs
 from studies.runner import run_study
 from studies.spec import load_study
 
-STUDIES = sorted((Path(__file__).resolve().parents[2] / "studies").glob("*.yaml"))
+REPO_STUDIES = Path(__file__).resolve().parents[2] / "studies"
+STUDIES = sorted(REPO_STUDIES.glob("*.yaml"))
 EXPECTED = {"data_scaling", "gsam_alpha", "optimizer_cost", "quickstart", "rho_sensitivity", "saf_mesa_lambda"}
 
 
@@ -39,3 +40,44 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     assert len(runs) == study.total_trials
     assert set(runs["status"]) <= {"finished", "diverged"}
     assert (runs["status"] == "finished").sum() >= len(runs) - 1
+
+
+def _stated(head: str) -> dict[str, int]:
+    """The counts a study file's opening comment states: '= N trials' (the full study), '`--smoke` runs N tiny
+    trials (C cells)'."""
+    import re
+
+    text = " ".join(line.lstrip("# ").strip() for line in head.splitlines())
+    full = re.search(r"= (?:\d+ cells, )?(\d+) trials", text)
+    smoke = re.search(r"`--smoke` runs (\d+) tiny trials \((\d+) cells?\)", text)
+    assert full and smoke, "the opening comment must state '= N trials' and '`--smoke` runs N tiny trials (C cells)'"
+    stated = {"trials": int(full.group(1)), "smoke_trials": int(smoke.group(1)), "smoke_cells": int(smoke.group(2))}
+    if cells := re.search(r"= (\d+) cells, \d+ trials", text):
+        stated["cells"] = int(cells.group(1))
+    return stated
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_stated_counts_match_the_expansion(path):
+    stated = _stated(path.read_text().split("\nname:")[0])
+    full = load_study(path, require_data=False)
+    smoke = load_study(path, smoke=True)
+    actual = {"trials": full.total_trials, "smoke_trials": smoke.total_trials, "smoke_cells": len(smoke.cells)}
+    if "cells" in stated:
+        actual["cells"] = len(full.cells)
+    assert stated == actual
+
+
+def test_data_scaling_smoke_keeps_the_scaling_question():
+    smoke = load_study(REPO_STUDIES / "data_scaling.yaml", smoke=True)
+    fractions = {c.levels["data.fraction"] for c in smoke.cells}
+    seeds = {c.levels["train.seed"] for c in smoke.cells}
+    assert len(fractions) >= 3 and len(seeds) >= 2
+    assert {c.levels["method"] for c in smoke.cells} >= {"vanilla", "sam"}
+
+
+@pytest.mark.parametrize("name, knob", [("rho_sensitivity", "rho"), ("saf_mesa_lambda", "lam"), ("gsam_alpha", "alpha")])
+def test_smoke_of_a_sensitivity_study_tries_several_values(name, knob):
+    smoke = load_study(REPO_STUDIES / f"{name}.yaml", smoke=True)
+    searched = [c for c in smoke.cells if any(p.endswith(knob) for p in c.space)]
+    assert searched and all(c.trials >= 2 for c in searched)

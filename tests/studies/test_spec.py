@@ -133,3 +133,34 @@ def test_names_that_become_paths_cannot_leave_storage(tmp_path, field, bad):
         load_study(path)
     where = "name" if field == "name" else "tracking.experiment"
     assert f"{where}: must be one file-name component" in str(info.value) and "Fix:" in str(info.value)
+
+
+def test_objective_names_its_statistic(tmp_path):
+    final = load_study(write(tmp_path, GOOD)).spec.objective
+    assert (final.column, final.label) == ("val_acc", "val_acc (final epoch)")
+    best = load_study(write(tmp_path, {**GOOD, "objective": {"metric": "val_acc", "epoch": "best"}})).spec.objective
+    assert (best.column, best.label) == ("best_val_acc", "val_acc (best epoch)")
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, {**GOOD, "objective": {"metric": "val_loss", "mode": "min", "epoch": "best"}}))
+    assert "objective.epoch" in str(err.value) and "val_loss" in str(err.value) and "Fix" in str(err.value)
+
+
+def test_smoke_form_keeps_the_levels_it_names(tmp_path):
+    data = {**GOOD, "factors": {**GOOD["factors"], "data.fraction": [0.1, 0.25, 0.5, 1.0]},
+            "smoke_form": {"levels": {"data.fraction": [0.1, 0.5, 1.0], "arch": ["resnet"]}, "trials_per_cell": 2}}
+    study = load_study(write(tmp_path, data), smoke=True)
+    assert sorted({c.levels["data.fraction"] for c in study.cells}) == ["0.1", "0.5", "1.0"]
+    assert {c.levels["arch"] for c in study.cells} == {"resnet"}
+    assert {c.levels["method"]: c.trials for c in study.cells} == {"adamw": 1, "sam": 2}
+    bad = {**data, "smoke_form": {"levels": {"data.fraction": [0.3], "size": ["big"]}}}
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, bad), smoke=True)
+    text = str(err.value)
+    assert "smoke_form.levels.size: not a factor" in text and "smoke_form.levels.data.fraction" in text
+
+
+@pytest.mark.parametrize("key, meant", [("train.epochs", "schedule.epochs"), ("optimizer.l", "optimizer.lr")])
+def test_set_of_an_unknown_path_suggests_the_known_one(key, meant):
+    with pytest.raises(StudyError) as err:
+        load_study(REPO / "studies" / "quickstart.yaml", overrides={key: 3})
+    assert f"--set {key}" in str(err.value) and f"Did you mean {meant}?" in str(err.value)

@@ -8,6 +8,7 @@ import torch
 
 import optim
 from trainables import ConfigError, TrialConfig, TrialDiverged, fit, load_checkpoint
+from trainables.loop import RunLengthWarning
 from trainables.models import Family
 
 ARCHS = sorted(get_args(Family))  # every family sharpscale supports; tests/conftest.py has a tiny model of each
@@ -46,6 +47,14 @@ def test_fit_reports_every_metric(arch, method, config):
 def test_every_registered_method_trains(name, config):
     metrics = fit(config("mixer", name, epochs=1))
     assert math.isfinite(metrics["train_loss"])
+
+
+def test_a_run_too_short_for_mesa_is_said_once_at_its_start(config):
+    with pytest.warns(RunLengthWarning) as caught:
+        fit(config("mixer", "mesa", epochs=1))
+    texts = [str(w.message) for w in caught if w.category is RunLengthWarning]
+    # One epoch: the trajectory loss (epoch > e_start=5) never switches on, and beta=0.9998 is never reached.
+    assert len(texts) == 2 and "never on" in texts[0] and "44,990 EMA updates" in texts[1]
 
 
 @pytest.mark.parametrize("method", ["none", "sam"])

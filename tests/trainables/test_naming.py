@@ -45,8 +45,6 @@ def test_run_names():
     assert naming.launch_name("quickstart", 3) == "quickstart-launch3"
     assert naming.study_run_name("quickstart", 1) == "quickstart"
     assert naming.study_run_name("quickstart", 2) == "quickstart (launch 2)"
-    assert naming.cell_run_name("arch=vit,method=sam") == "arch=vit,method=sam"
-    assert naming.cell_run_name("") == "all"
 
 
 def _strings(source: str):

@@ -1,0 +1,352 @@
+"""What a running study shows: a live view of its cells (a Tune callback), and the library noise kept out of it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from studies.spec import LoadedStudy
+
+__all__ = ["LiveView", "format_duration", "quiet_libraries", "stderr_to"]
+
+# On a terminal the view is redrawn at most this often; elsewhere (a log file, CI) a status line is printed
+# this often, besides one line per ended trial.
+TTY_REFRESH_S = 1.0
+PLAIN_EVERY_S = 30.0
+# Loggers whose INFO chatter (Ray's start-up notices, Tune's hints, Optuna's "new study created") goes to the
+# study's log file instead of the terminal.
+AIR_OUTPUT_ENV = "RAY_AIR_NEW_OUTPUT"  # read by ray.tune.experimental.output when a Tuner starts
+NOISY_LOGGERS = ("ray", "optuna", "filelock", "mlflow", "alembic", "py.warnings")
+
+
+def format_duration(seconds: float) -> str:
+    """'42s', '3m05s', '1h02m'."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@contextlib.contextmanager
+def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
+    """Route Ray's, Tune's, Optuna's and MLflow's log records and Python warnings to `log_file` (None: drop the
+    INFO ones), for the duration; the loggers are restored afterwards. Yields the file."""
+    import optuna
+    import ray.train
+    import ray.tune  # noqa: F401  (their loggers get their own handlers on import: import first, then redirect)
+
+    handler: logging.Handler = logging.NullHandler()
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        except OSError:
+            log_file = None  # storage not writable here: the runner's own checks say so, with the fix
+    saved = []
+    names = [name for name in logging.root.manager.loggerDict
+             if any(name == n or name.startswith(n + ".") for n in NOISY_LOGGERS)
+             and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
+             and (name in NOISY_LOGGERS or logging.getLogger(name).handlers)]
+    for name in dict.fromkeys([*NOISY_LOGGERS, *names]):
+        logger = logging.getLogger(name)
+        saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
+        logger.handlers = [handler]
+        logger.propagate = False
+        if logger.level in (logging.NOTSET,) or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+    optuna_default = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # into the file: which study was created or loaded
+    optuna.logging.disable_default_handler()
+    logging.captureWarnings(True)
+    # Tune's newer console output prints its configuration box and a TensorBoard hint whatever `verbose` says;
+    # its classic output at verbose=0 prints nothing, and the live view replaces both.
+    air_output = os.environ.get(AIR_OUTPUT_ENV)
+    os.environ[AIR_OUTPUT_ENV] = "0"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            yield log_file
+    finally:
+        if air_output is None:
+            os.environ.pop(AIR_OUTPUT_ENV, None)
+        else:
+            os.environ[AIR_OUTPUT_ENV] = air_output
+        logging.captureWarnings(False)
+        optuna.logging.enable_default_handler()
+        optuna.logging.set_verbosity(optuna_default)
+        for logger, handlers, propagate, level in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
+        handler.close()
+
+
+@contextlib.contextmanager
+def stderr_to(log_file: Path | None) -> Iterator[None]:
+    """Point this process's file descriptor 2 at `log_file` for the duration (None: leave it).
+
+    For `ray.init`: the processes it starts (GCS, raylet, dashboard, agents) inherit the descriptor, and their
+    start-up notices (token authentication, GCS retries) are not Python log records this process could route.
+    """
+    if log_file is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log_file, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@dataclass
+class _Running:
+    cell: str
+    name: str
+    epoch: int = 0
+    value: float | None = None
+
+
+@dataclass
+class _CellState:
+    label: str
+    planned: int
+    epochs: int
+    done: int = 0
+    failed: int = 0
+    best: float | None = None
+    best_name: str = ""
+    running: dict[str, _Running] = field(default_factory=dict)
+
+
+class LiveView:
+    """Trials done, running and failed per cell, each running trial's epoch k/N and current metric, the best so far
+    per cell, elapsed time and ETA: redrawn in place on a terminal, printed as plain lines otherwise.
+
+    `callback` is the Tune callback that feeds it (Tune's public Callback API).
+    """
+
+    def __init__(self, study: LoadedStudy, *, title: str):
+        from studies.records import cell_label
+        from trainables.config import TrialConfig
+
+        objective = study.spec.objective
+        self.column, self.mode, self.label = objective.column, objective.mode, objective.label
+        self.title = title
+        self.cells = {
+            c.key: _CellState(cell_label(c), c.trials, TrialConfig.load(c.config).schedule.epochs) for c in study.cells
+        }
+        self.t0 = time.monotonic()
+        self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
+        self._last_draw = 0.0
+        self._drawn_lines = 0
+        self.callback = self._make_callback()
+
+    # ------------------------------------------------------------------ state
+    def _state(self, trial) -> _CellState | None:
+        config = trial.config if isinstance(trial.config, dict) else {}
+        return self.cells.get(config.get("cell", ""))
+
+    def start(self, trial) -> None:
+        cell = self._state(trial)
+        if cell is not None:
+            cell.running[trial.trial_id] = _Running(trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id)
+
+    def result(self, trial, result: dict) -> None:
+        cell = self._state(trial)
+        if cell is None:
+            return
+        run = cell.running.setdefault(trial.trial_id, _Running(trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id))
+        step = result.get("training_iteration")
+        run.epoch = int(step) if isinstance(step, int) else run.epoch
+        value = result.get(self.column)
+        run.value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def end(self, trial, *, ok: bool) -> str | None:
+        """Record an ended trial; returns its one-line summary."""
+        cell = self._state(trial)
+        if cell is None:
+            return None
+        run = cell.running.pop(trial.trial_id, None)
+        name = run.name if run is not None else (trial.config.get("run_name") or trial.trial_id)
+        result = trial.last_result or {}
+        value = result.get(self.column)
+        diverged = bool(result.get("diverged"))
+        if ok and not diverged and isinstance(value, (int, float)) and math.isfinite(value):
+            cell.done += 1
+            if cell.best is None or (value > cell.best if self.mode == "max" else value < cell.best):
+                cell.best, cell.best_name = float(value), name
+            outcome = f"{self.column}={value:.4f}"
+        else:
+            cell.failed += 1
+            outcome = "diverged" if diverged else "failed"
+        best = f"{cell.best:.4f}" if cell.best is not None else "-"
+        return f"{self._counts()} | {name}: {outcome} (cell best {best})"
+
+    # ------------------------------------------------------------------ text
+    def _totals(self) -> tuple[int, int, int, int]:
+        done = sum(c.done for c in self.cells.values())
+        failed = sum(c.failed for c in self.cells.values())
+        running = sum(len(c.running) for c in self.cells.values())
+        planned = sum(c.planned for c in self.cells.values())
+        return done, running, failed, planned
+
+    def _counts(self) -> str:
+        done, running, failed, planned = self._totals()
+        return f"[{done + failed}/{planned}] done {done}, running {running}, failed {failed}"
+
+    def eta_s(self) -> float | None:
+        """Seconds left, from the epochs run so far (an ended trial counts its whole schedule: it needs no more)."""
+        total = sum(c.planned * c.epochs for c in self.cells.values())
+        run = sum((c.done + c.failed) * c.epochs + sum(r.epoch for r in c.running.values()) for c in self.cells.values())
+        if run <= 0:
+            return None
+        return (time.monotonic() - self.t0) * max(0, total - run) / run
+
+    def _clock(self) -> str:
+        eta = self.eta_s()
+        return f"elapsed {format_duration(time.monotonic() - self.t0)}, ETA {format_duration(eta) if eta is not None else '?'}"
+
+    def _running_text(self, run: _Running, epochs: int) -> str:
+        value = f" {self.column}={run.value:.4f}" if run.value is not None else ""
+        return f"{run.name}: epoch {run.epoch}/{epochs}{value}"
+
+    def render(self, max_lines: int | None = None) -> list[str]:
+        """The view as lines: a header, a row per cell (active cells first when they do not all fit)."""
+        done, running, failed, planned = self._totals()
+        header = (f"{self.title}: {done + failed}/{planned} trials ended ({done} done, {failed} failed), "
+                  f"{running} running; {self._clock()}")
+        lines = [header]
+        width = max([len(c.label) for c in self.cells.values()] + [4])
+        lines.append(f"  {'cell':<{width}}  done  run  fail  best {self.label}")
+        rows: list[tuple[int, list[str]]] = []
+        for cell in self.cells.values():
+            best = f"{cell.best:.4f}  {cell.best_name}" if cell.best is not None else "-"
+            row = [f"  {cell.label:<{width}}  {cell.done:>2}/{cell.planned:<2} {len(cell.running):>3}  {cell.failed:>4}  {best}"]
+            row += [f"    > {self._running_text(r, cell.epochs)}" for r in cell.running.values()]
+            finished = cell.done + cell.failed >= cell.planned
+            rows.append((0 if cell.running else (2 if finished else 1), row))
+        budget = None if max_lines is None else max(1, max_lines - len(lines) - 1)
+        if budget is not None and sum(len(r) for _, r in rows) > budget:
+            kept, hidden = [], 0
+            for _, row in sorted(rows, key=lambda r: r[0]):
+                if len(row) <= budget - sum(len(k) for k in kept):
+                    kept.append(row)
+                else:
+                    hidden += 1
+            lines += [line for row in kept for line in row]
+            lines.append(f"  ... {hidden} more cell(s)")
+        else:
+            lines += [line for _, row in rows for line in row]
+        return lines
+
+    def plain_status(self) -> str:
+        """One line for a log: counts, clock, and the running trials."""
+        active = [(r, c.epochs) for c in self.cells.values() for r in c.running.values()]
+        shown = "; ".join(self._running_text(r, n) for r, n in active[:4])
+        more = f"; and {len(active) - 4} more" if len(active) > 4 else ""
+        return f"{self._counts()}; {self._clock()}" + (f" | running: {shown}{more}" if shown else "")
+
+    # ------------------------------------------------------------------ output
+    @staticmethod
+    def _tty() -> bool:
+        return sys.stdout.isatty()
+
+    def draw(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._tty():
+            if not force and now - self._last_draw < TTY_REFRESH_S:
+                return
+            height = shutil.get_terminal_size((100, 30)).lines
+            lines = self.render(max_lines=max(5, height - 2))
+            # Back to the first line of the previous drawing, clear to the end of the screen, draw again.
+            up = f"\x1b[{self._drawn_lines}F\x1b[J" if self._drawn_lines else ""
+            cols = shutil.get_terminal_size((100, 30)).columns
+            sys.stdout.write(up + "\n".join(line[: cols - 1] for line in lines) + "\n")
+            sys.stdout.flush()
+            self._drawn_lines = len(lines)
+        elif force or now - self._last_draw >= PLAIN_EVERY_S:
+            print(self.plain_status(), flush=True)
+        else:
+            return
+        self._last_draw = now
+
+    def say(self, line: str) -> None:
+        """A line that stays: above the live view on a terminal, as is elsewhere."""
+        if self._tty() and self._drawn_lines:
+            sys.stdout.write(f"\x1b[{self._drawn_lines}F\x1b[J")
+            self._drawn_lines = 0
+        print(line, flush=True)  # to sys.stdout as it is then: Tune pickles its callbacks, a stream can't be pickled
+        if self._tty():
+            self.draw(force=True)
+
+    def _record_interrupts(self) -> None:
+        """Wrap Tune's SIGINT handler (installed by now: Tune sets it before it sets up callbacks) so that the
+        interrupt is recorded before Tune handles it. Tune then ends the run and returns normally, so the result
+        alone does not say the study was cut short."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; Tune installs no handler elsewhere either
+        tune_handler = signal.getsignal(signal.SIGINT)
+        if not callable(tune_handler):
+            return
+
+        def record_then_delegate(sig, frame):
+            if self.interrupted_at is None:
+                self.interrupted_at = time.time()
+                self.say("sharpscale: interrupted: stopping the trials; the study will be resumable")
+            tune_handler(sig, frame)
+
+        signal.signal(signal.SIGINT, record_then_delegate)
+
+    def _make_callback(self):
+        from ray.tune import Callback
+
+        view = self
+
+        class _View(Callback):
+            def setup(self, **info):
+                view._record_interrupts()
+
+            def on_trial_start(self, iteration, trials, trial, **info):
+                view.start(trial)
+                view.draw()
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                view.result(trial, result)
+                view.draw()
+
+            def on_trial_complete(self, iteration, trials, trial, **info):
+                line = view.end(trial, ok=True)
+                if line and not view._tty():
+                    view.say(line)
+                view.draw(force=view._tty())
+
+            def on_trial_error(self, iteration, trials, trial, **info):
+                line = view.end(trial, ok=False)
+                if line:
+                    view.say(line)  # a failure stays on screen
+
+            def on_step_end(self, iteration, trials, **info):
+                view.draw()
+
+            def on_experiment_end(self, trials, **info):
+                view.draw(force=True)
+
+        return _View()

@@ -1,0 +1,279 @@
+"""How a study reads in the MLflow UI: the experiment's kind and note, trial names, source tags, and the roll-up of
+each cell's best trial onto its cell run and of the study's best onto the study run."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from studies.spec import Cell, LoadedStudy
+from trainables.tracking import STATUS_TAG, _retry
+
+__all__ = [
+    "EXPERIMENT_KIND",
+    "EXPERIMENT_KIND_TAG",
+    "CellBest",
+    "cell_params",
+    "describe_experiment",
+    "roll_up",
+    "rollup_callback",
+    "source_tags",
+    "trial_run_name",
+]
+
+# MLflow 3's UI opens an experiment on the page its kind names; without the tag it guesses, and guesses GenAI
+# (traces, token usage). The value is the UI's, not the Python API's: tests/studies/test_records.py pins it
+# against the installed UI bundle.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+# The roll-up's keys on cell and study runs: metrics (numbers) and tags (names).
+BEST_PREFIX = "best."
+BEST_RUN_TAG = "sharpscale.best_run"
+BEST_RUN_ID_TAG = "sharpscale.best_run_id"
+BEST_CELL_TAG = "sharpscale.best_cell"
+_FAILED = ("failed", "diverged")
+# Every count is logged each time, zeros included: MLflow shows a metric's latest value, and a count that fell
+# back to zero (the last running trial ended) must not keep its old value.
+COUNTED = ("finished", "failed", "early_stopped", "killed", "running")
+
+
+def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
+    """The experiment's kind (so the UI opens on its runs), its note (what the study asks), its primary metric."""
+    from mlflow.utils.mlflow_tags import (
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME,
+        MLFLOW_RUN_NOTE,
+    )
+
+    objective = study.spec.objective
+    tags = {
+        EXPERIMENT_KIND_TAG: EXPERIMENT_KIND,
+        MLFLOW_RUN_NOTE: experiment_note(study),
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME: objective.column,
+        MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER: str(objective.mode == "max").lower(),
+    }
+    for key, value in tags.items():
+        _retry(client.set_experiment_tag, experiment_id, key, value)
+
+
+def experiment_note(study: LoadedStudy) -> str:
+    """The experiment's description: the study's own, the question its file's header states, how to read it."""
+    header = []
+    for line in study.text.splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.lstrip("#").strip())
+    objective = study.spec.objective
+    parts = [study.spec.description, " ".join(header)] if header else [study.spec.description]
+    parts.append(
+        f"Objective: {objective.label}, {objective.mode}imised. Runs nest study > cell > trial; each cell run "
+        f"carries its best trial's {BEST_PREFIX}{objective.column}, its best knobs ({BEST_PREFIX}<knob>) and its "
+        f"trial counts, the study run the best cell's. Study file: {study.path}."
+    )
+    return "\n\n".join(p for p in parts if p)
+
+
+def source_tags(study: LoadedStudy, commit: str) -> dict[str, str]:
+    """MLflow's own source tags, which fill the UI's Source and Version columns."""
+    from mlflow.utils.mlflow_tags import (
+        MLFLOW_GIT_COMMIT,
+        MLFLOW_SOURCE_NAME,
+        MLFLOW_SOURCE_TYPE,
+    )
+
+    tags = {MLFLOW_SOURCE_NAME: str(study.path), MLFLOW_SOURCE_TYPE: "LOCAL"}
+    if commit and commit != "unknown":
+        tags[MLFLOW_GIT_COMMIT] = commit.removesuffix("-dirty")
+    return tags
+
+
+def _level_label(factor: str, level: str) -> str:
+    # A named level (resnet, sam) says what it is; a list factor is a config path whose value needs its name.
+    return f"{factor.rsplit('.', 1)[-1]}={level}" if "." in factor else level
+
+
+def cell_label(cell: Cell) -> str:
+    """A cell in a few characters: 'vit/sam', 'fraction=0.1/resnet/sam/seed=0'; 'all' without factors."""
+    return "/".join(_level_label(f, lv) for f, lv in cell.levels.items()) or "all"
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
+    """A trial's run name: its cell, its sampled knobs and its number in the cell, e.g. 'vit/sam rho=0.034 #2'."""
+    knobs = " ".join(f"{path.rsplit('.', 1)[-1]}={_value_text(v)}" for path, v in sample.items())
+    return " ".join(p for p in (cell_label(cell), knobs, f"#{number}") if p)
+
+
+def cell_params(cell: Cell) -> dict[str, str]:
+    """The params of a cell's run: its factor levels, its planned trials and what it searches."""
+    params = {f"factor.{k}": v for k, v in cell.levels.items()}
+    params["trials.planned"] = str(cell.trials)
+    for path, dom in cell.space.items():
+        params[f"search.{path.rsplit('.', 1)[-1]}"] = ", ".join(
+            f"{k}={v}" for k, v in dom.model_dump().items()
+        )
+    return params
+
+
+@dataclass
+class CellBest:
+    """A cell's trials as its run's roll-up states them."""
+
+    value: float | None = None
+    run_id: str | None = None
+    run_name: str | None = None
+    knobs: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _better(value: float, than: float | None, mode: str) -> bool:
+    return than is None or (value > than if mode == "max" else value < than)
+
+
+def _number(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _cell_best(client, experiment_id: str, cell_run_id: str, cell: Cell, column: str, mode: str) -> CellBest:
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+
+    runs = _retry(
+        client.search_runs, [experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{cell_run_id}'",
+        max_results=10_000,
+    )
+    best = CellBest()
+    for run in runs:
+        status = run.data.tags.get(STATUS_TAG, "unknown")
+        status = "failed" if status in _FAILED else status
+        best.counts[status] = best.counts.get(status, 0) + 1
+        value = run.data.metrics.get(column)
+        if status != "finished" or value is None or not math.isfinite(value) or not _better(value, best.value, mode):
+            continue
+        best.value, best.run_id = value, run.info.run_id
+        best.run_name = run.data.tags.get(MLFLOW_RUN_NAME, run.info.run_name)
+        best.knobs = {path.rsplit(".", 1)[-1]: run.data.params.get(path) for path in cell.space}
+    return best
+
+
+def _log(client, run_id: str, values: dict[str, float], tags: dict[str, str], step: int) -> None:
+    import time
+
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, step) for k, v in values.items()]
+    _retry(client.log_batch, run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
+def _count_metrics(counts: dict[str, int]) -> dict[str, float]:
+    return {f"trials.{status}": float(counts.get(status, 0)) for status in dict.fromkeys([*COUNTED, *counts])}
+
+
+def _knob_records(knobs: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    metrics, tags = {}, {}
+    for name, text in knobs.items():
+        number = _number(text)
+        if number is not None:
+            metrics[f"{BEST_PREFIX}{name}"] = number  # a column the runs table sorts and the chart view plots
+        elif text is not None:
+            tags[f"{BEST_PREFIX}{name}"] = str(text)
+    return metrics, tags
+
+
+def roll_up(
+    client, experiment_id: str, study_run_id: str, cell_runs: dict[str, str], cells: dict[str, Cell], *,
+    column: str, mode: str, bests: dict[str, CellBest], only: list[str] | None = None,
+) -> dict[str, CellBest]:
+    """Write each cell's best trial (value, knobs, name) and trial counts onto its run, the best cell's onto the
+    study run. only: the cells to read again (the others keep what `bests` holds); returns the updated bests.
+
+    Metrics are logged at step = trials ended so far, so each run's chart shows its best value over the study.
+    """
+    for key in (list(cell_runs) if only is None else only):
+        best = _cell_best(client, experiment_id, cell_runs[key], cells[key], column, mode)
+        bests[key] = best
+        ended = sum(best.counts.values())
+        metrics = _count_metrics(best.counts)
+        tags: dict[str, str] = {}
+        if best.value is not None:
+            metrics[f"{BEST_PREFIX}{column}"] = best.value
+            knob_metrics, knob_tags = _knob_records(best.knobs)
+            metrics.update(knob_metrics)
+            tags.update({**knob_tags, BEST_RUN_TAG: best.run_name or "", BEST_RUN_ID_TAG: best.run_id or ""})
+        _log(client, cell_runs[key], metrics, tags, step=ended)
+
+    top_key, top = None, None
+    for key, best in bests.items():
+        if best.value is not None and (top is None or _better(best.value, top.value, mode)):
+            top_key, top = key, best
+    totals: dict[str, int] = {}
+    for best in bests.values():
+        for status, n in best.counts.items():
+            totals[status] = totals.get(status, 0) + n
+    metrics = _count_metrics(totals)
+    tags = {}
+    if top is not None:
+        metrics[f"{BEST_PREFIX}{column}"] = top.value
+        knob_metrics, knob_tags = _knob_records(top.knobs)
+        metrics.update(knob_metrics)
+        tags = {**knob_tags, BEST_CELL_TAG: cell_label(cells[top_key]), BEST_RUN_TAG: top.run_name or "",
+                BEST_RUN_ID_TAG: top.run_id or ""}
+    _log(client, study_run_id, metrics, tags, step=sum(totals.values()))
+    return bests
+
+
+def rollup_callback(
+    tracking_uri: str, experiment_id: str, study_run_id: str, cell_runs: dict[str, str], cells: list[Cell], *,
+    column: str, mode: str,
+):
+    """A Tune callback that rolls a cell up whenever one of its trials ends (and every cell on its first call,
+    so a resumed study's earlier trials count). A failing roll-up is logged, never fatal to the study."""
+    import logging
+
+    from ray.tune import Callback
+
+    log = logging.getLogger("sharpscale.records")
+    by_key = {c.key: c for c in cells}
+
+    class RollUp(Callback):
+        def __init__(self):
+            self.bests: dict[str, CellBest] = {}
+            self._client = None
+
+        def update(self, only: list[str] | None = None) -> None:
+            from trainables.tracking import tracking_client
+
+            try:
+                if self._client is None:
+                    self._client = tracking_client(tracking_uri)
+                    only = None  # the first call reads every cell
+                roll_up(self._client, experiment_id, study_run_id, cell_runs, by_key, column=column, mode=mode,
+                        bests=self.bests, only=only)
+            except Exception:  # the record of the trials is intact; only the summary on the parents lags
+                log.exception("sharpscale: rolling the best trials up onto the cell runs failed")
+
+        def _ended(self, trial) -> None:
+            key = trial.config.get("cell") if isinstance(trial.config, dict) else None
+            self.update(None if key not in cell_runs else [key])
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._ended(trial)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._ended(trial)
+
+        # Tune pickles its callbacks with its state; a client holds a connection pool.
+        def __getstate__(self):
+            return {**self.__dict__, "_client": None}
+
+    return RollUp()

@@ -1,0 +1,110 @@
+"""The live view of a running study: per-cell counts, running trials' epochs, ETA; and the noise kept in a file."""
+
+import io
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from studies.progress import LiveView, format_duration, quiet_libraries
+from studies.spec import load_study
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class _Trial:
+    """What Tune's callbacks read of a trial: its id, its config (the searcher's payload) and its last result."""
+
+    trial_id: str
+    config: dict
+    last_result: dict = field(default_factory=dict)
+
+
+@pytest.fixture
+def view(monkeypatch):
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal: plain lines
+    return LiveView(study, title="quickstart"), study
+
+
+def _trial(study, cell_index, tid, name):
+    return _Trial(tid, {"cell": study.cells[cell_index].key, "run_name": name})
+
+
+def test_counts_running_epochs_and_best_per_cell(view):
+    live, study = view
+    sam = next(i for i, c in enumerate(study.cells) if c.space)
+    a, b = _trial(study, sam, "a", "vit/sam rho=0.1 #1"), _trial(study, sam, "b", "vit/sam rho=0.3 #2")
+    live.start(a)
+    live.start(b)
+    live.result(a, {"training_iteration": 3, "val_acc": 0.5})
+    text = "\n".join(live.render())
+    assert "0/15 trials ended" in text and "2 running" in text
+    assert "vit/sam rho=0.1 #1: epoch 3/10 val_acc=0.5000" in text and "rho=0.3 #2: epoch 0/10" in text
+    a.last_result = {"val_acc": 0.7, "diverged": 0}
+    line = live.end(a, ok=True)
+    assert line.startswith("[1/15] done 1, running 1, failed 0") and "val_acc=0.7000" in line
+    b.last_result = {"val_acc": float("nan"), "diverged": 1}
+    assert "diverged" in live.end(b, ok=True)
+    cell = live.cells[study.cells[sam].key]
+    assert (cell.done, cell.failed, cell.best, cell.best_name) == (1, 1, 0.7, "vit/sam rho=0.1 #1")
+    assert "best val_acc (final epoch)" in "\n".join(live.render())
+
+
+def test_eta_from_epochs_run(view, monkeypatch):
+    live, study = view
+    now = [100.0]
+    monkeypatch.setattr("studies.progress.time.monotonic", lambda: now[0])
+    live.t0 = 100.0
+    assert live.eta_s() is None  # nothing run yet: no estimate rather than a made-up one
+    t = _trial(study, 0, "a", "x")
+    live.start(t)
+    live.result(t, {"training_iteration": 5, "val_acc": 0.1})
+    now[0] = 110.0  # 5 of 150 planned epochs in 10 s
+    assert live.eta_s() == pytest.approx(10.0 * 145 / 5)
+    assert "ETA 4m50s" in live.plain_status() and "running: x: epoch 5/10" in live.plain_status()
+
+
+def test_render_fits_a_small_terminal(view):
+    live, study = view
+    for i in range(len(study.cells)):
+        live.start(_trial(study, i, f"t{i}", f"trial {i}"))
+    lines = live.render(max_lines=8)
+    assert len(lines) <= 8 and lines[-1].strip().startswith("...")
+
+
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (59.4, "59s"), (61, "1m01s"), (3725, "1h02m")])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_library_noise_goes_to_the_log_file_and_loggers_come_back(tmp_path, capsys):
+    import warnings
+
+    tune_logger = logging.getLogger("ray.tune.execution.tune_controller")
+    before = (list(logging.getLogger("ray").handlers), logging.getLogger("ray").propagate)
+    log = tmp_path / "run" / "sharpscale.log"
+    with quiet_libraries(log):
+        tune_logger.warning("Processing trial results took 1.1 s")
+        logging.getLogger("optuna.storages").info("A new study created in RDB")
+        warnings.warn("a library's warning", UserWarning, stacklevel=1)
+    text = log.read_text()
+    assert "Processing trial results" in text and "A new study created" in text and "a library's warning" in text
+    captured = capsys.readouterr()
+    assert "Processing" not in captured.out + captured.err and "new study" not in captured.out + captured.err
+    assert (list(logging.getLogger("ray").handlers), logging.getLogger("ray").propagate) == before
+
+
+def test_processes_started_meanwhile_write_their_stderr_to_the_log(tmp_path, capfd):
+    import subprocess
+
+    from studies.progress import stderr_to
+
+    log = tmp_path / "sharpscale.log"
+    with stderr_to(log):
+        subprocess.run(["sh", "-c", "echo child-notice >&2"], check=True)  # as Ray's GCS and agents would
+    subprocess.run(["sh", "-c", "echo after >&2"], check=True)
+    assert "child-notice" in log.read_text() and "after" not in log.read_text()
+    assert "child-notice" not in capfd.readouterr().err

@@ -1,0 +1,125 @@
+"""How a study reads in the MLflow UI: experiment kind, trial names, datasets, and the roll-up onto cell and study runs."""
+
+from pathlib import Path
+
+import pytest
+
+from studies.records import (
+    BEST_CELL_TAG,
+    BEST_RUN_TAG,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    cell_label,
+    cell_params,
+    describe_experiment,
+    roll_up,
+    source_tags,
+    trial_run_name,
+)
+from studies.spec import load_study
+from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, TrialRecorder, dataset_input
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_experiment_kind_is_the_value_the_installed_ui_knows():
+    # The kind is a UI value with no constant in MLflow's Python API: pin it against the installed UI bundle, so an
+    # MLflow upgrade that renames it fails here instead of the UI silently opening on its GenAI page again.
+    import mlflow
+
+    bundle = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    texts = (p.read_text(errors="ignore") for p in bundle.glob("main.*.js"))
+    assert any(f'CUSTOM_MODEL_DEVELOPMENT="{EXPERIMENT_KIND}"' in t for t in texts)
+
+
+def test_trial_names_say_what_the_trial_is():
+    study = load_study(REPO / "studies" / "data_scaling.yaml", require_data=False)
+    cell = next(c for c in study.cells if c.levels["method"] == "sam" and c.levels["arch"] == "vit")
+    assert cell_label(cell) == f"fraction={cell.levels['data.fraction']}/vit/sam/seed={cell.levels['train.seed']}"
+    name = trial_run_name(cell, {"optimizer.hparams.rho": 0.03412}, 2)
+    assert name == f"{cell_label(cell)} rho=0.0341 #2"
+    quick = load_study(REPO / "studies" / "quickstart.yaml")
+    plain = next(c for c in quick.cells if not c.space)
+    assert trial_run_name(plain, {}, 1) == f"{cell_label(plain)} #1" and "/" in cell_label(plain)
+
+
+def test_dataset_digest_names_the_training_examples():
+    base = {"name": "cifar10", "root": "/data/c", "fraction": 0.25, "fraction_seed": 0, "augment": "basic"}
+    name, digest, source_type, _, _ = dataset_input(base)
+    assert name == "cifar10 x0.25 seed=0" and source_type == "local"
+    assert dataset_input({**base, "augment": "strong", "root": "/elsewhere"})[1] == digest  # same examples
+    assert dataset_input({**base, "fraction_seed": 1})[1] != digest
+    assert dataset_input({**base, "fraction": 0.5})[1] != digest
+    assert dataset_input({"name": "digits", "root": None, "fraction": 1.0})[:1] == ("digits",)
+
+
+def _trial(client, exp, parent, key, status, value, rho, *, uri):
+    recorder = TrialRecorder(
+        TrackingTarget(uri, exp, parent), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
+    )
+    recorder.log_dataset({"name": "digits", "root": None, "fraction": 1.0, "fraction_seed": 0})
+    if value is not None:
+        recorder.log_epoch({"train_loss": 1.0, "val_acc": value}, 0)
+    recorder.finish(status)
+    return recorder.run_id
+
+
+def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_run(tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("roll")
+    describe_experiment(client, exp, study)
+    tags = client.get_experiment(exp).tags
+    assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND and "Question:" in tags["mlflow.note.content"]
+
+    study_run = client.create_run(exp, tags={KIND_TAG: "study", **source_tags(study, "abc123-dirty")}).info.run_id
+    assert client.get_run(study_run).data.tags["mlflow.source.git.commit"] == "abc123"
+    cells = {c.key: c for c in study.cells if c.levels["arch"] == "vit"}
+    cell_runs = {k: client.create_run(exp, tags={KIND_TAG: "cell", "mlflow.parentRunId": study_run}).info.run_id
+                 for k in cells}
+    sam, adamw = (k for k in cells if "sam" in k), (k for k in cells if "adamw" in k)
+    sam, adamw = next(sam), next(adamw)
+    assert cell_params(cells[sam])["trials.planned"] == "4" and "search.rho" in cell_params(cells[sam])
+    _trial(client, exp, cell_runs[sam], "a", "finished", 0.80, 0.01, uri=tracking_uri)
+    best = _trial(client, exp, cell_runs[sam], "b", "finished", 0.90, 0.05, uri=tracking_uri)
+    _trial(client, exp, cell_runs[sam], "c", "diverged", None, 2.0, uri=tracking_uri)
+    _trial(client, exp, cell_runs[adamw], "d", "finished", 0.85, None, uri=tracking_uri)
+
+    bests = roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests={})
+    assert bests[sam].run_id == best
+    cell = client.get_run(cell_runs[sam]).data
+    assert cell.metrics["best.val_acc"] == 0.90 and cell.metrics["best.rho"] == 0.05
+    assert cell.metrics["trials.finished"] == 2 and cell.metrics["trials.failed"] == 1
+    assert cell.metrics["trials.running"] == 0  # zeros too: a count back to zero must not keep its old value
+    assert cell.tags[BEST_RUN_TAG] == "b"
+    top = client.get_run(study_run).data
+    assert top.metrics["best.val_acc"] == 0.90 and top.tags[BEST_CELL_TAG] == "vit/sam"
+    assert top.metrics["trials.finished"] == 3
+    # Updated as trials end: a better trial in the other cell moves the study's best there.
+    _trial(client, exp, cell_runs[adamw], "e", "finished", 0.95, None, uri=tracking_uri)
+    roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests=bests, only=[adamw])
+    top = client.get_run(study_run).data
+    assert top.metrics["best.val_acc"] == 0.95 and top.tags[BEST_CELL_TAG] == "vit/adamw"
+    history = client.get_metric_history(study_run, "best.val_acc")
+    assert [m.value for m in sorted(history, key=lambda m: m.step)] == [0.90, 0.95]
+    inputs = client.get_run(best).inputs.dataset_inputs
+    assert [d.dataset.name for d in inputs] == ["digits"]
+
+
+@pytest.mark.parametrize("status", ["failed", "killed"])
+def test_roll_up_of_a_cell_without_a_finished_trial_only_counts(tracking_uri, status):
+    from mlflow.tracking import MlflowClient
+
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("none")
+    study_run = client.create_run(exp).info.run_id
+    cell = study.cells[0]
+    cell_run = client.create_run(exp, tags={"mlflow.parentRunId": study_run}).info.run_id
+    _trial(client, exp, cell_run, "x", status, None, 0.1, uri=tracking_uri)
+    roll_up(client, exp, study_run, {cell.key: cell_run}, {cell.key: cell}, column="val_acc", mode="max", bests={})
+    data = client.get_run(cell_run).data
+    assert "best.val_acc" not in data.metrics and data.metrics[f"trials.{status}"] == 1
+    assert STATUS_TAG not in data.tags
