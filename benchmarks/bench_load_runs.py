@@ -37,7 +37,7 @@ from mlflow.tracking import MlflowClient
 from analysis import load_runs
 from studies.server import start_server
 from trainables.config import TrialConfig
-from trainables.tracking import KIND_TAG, LAUNCH_TAG, STATUS_TAG, TRIAL_KEY_TAG
+from trainables.naming import CELL_TAG, KIND_TAG, LAUNCH_TAG, STATUS_TAG, TRIAL_ID_TAG, TRIAL_KEY_TAG
 
 EXPERIMENT = "bench_load_runs"
 METRICS = ("train_loss", "train_acc", "val_loss", "val_acc", "val_top5", "best_val_acc", "best_epoch", "lr",
@@ -54,7 +54,7 @@ def fill(uri: str, trials: int, epochs: int) -> None:
         arch, method, seed = archs[i % 3], methods[(i // 3) % 4], seeds[(i // 12) % 3]
         cell = f"arch={arch},method={method},train.seed={seed}"
         tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: f"t{i:05d}", STATUS_TAG: "finished", LAUNCH_TAG: "1",
-                "sharpscale.cell": cell, "sharpscale.trial_id": f"t{i:05d}", "factor.arch": arch,
+                CELL_TAG: cell, TRIAL_ID_TAG: f"t{i:05d}", "factor.arch": arch,
                 "factor.method": method, "factor.train.seed": str(seed)}
         run = client.create_run(exp, run_name=f"{arch}/{method}/seed={seed} #{i}", tags=tags)
         run_params = {**params, "optimizer.hparams.rho": str(0.01 + (i % 17) * 0.01), "train.seed": str(seed)}

@@ -27,7 +27,8 @@ from mlflow.tracking import MlflowClient
 
 from studies.records import BEST_RUN_ID_TAG
 from studies.server import free_port, start_server
-from trainables.tracking import KIND_TAG, resolve_tracking_uri
+from trainables.naming import KIND_TAG
+from trainables.tracking import resolve_tracking_uri
 
 WINDOW = "1600,1000"
 RENDER_S = 180.0  # the UI's bundle is large: on a busy 2-core machine its first render takes a minute

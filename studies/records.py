@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from studies.spec import Cell, LoadedStudy
-from trainables.tracking import STATUS_TAG, _retry
+from trainables.naming import BEST_CELL_TAG, BEST_RUN_ID_TAG, BEST_RUN_TAG, STATUS_TAG
+from trainables.tracking import _retry
 
 __all__ = [
     "EXPERIMENT_KIND",
@@ -29,9 +30,6 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 # The roll-up's keys on cell and study runs: metrics (numbers) and tags (names).
 BEST_PREFIX = "best."
-BEST_RUN_TAG = "sharpscale.best_run"
-BEST_RUN_ID_TAG = "sharpscale.best_run_id"
-BEST_CELL_TAG = "sharpscale.best_cell"
 _FAILED = ("failed", "diverged")
 # Every count is logged each time, zeros included: MLflow shows a metric's latest value, and a count that fell
 # back to zero (the last running trial ended) must not keep its old value.

@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "BEST_CELL_TAG",
+    "BEST_RUN_ID_TAG",
+    "BEST_RUN_TAG",
     "CELL_TAG",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
@@ -80,6 +83,10 @@ GIT_COMMIT_TAG = tag("git_commit")
 # Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
 STORAGE_TAG = tag("storage")
 OPTUNA_STORAGE_TAG = tag("optuna_storage")
+# The roll-up on cell and study runs (studies.records): the best trial's run name and id, the study's best cell.
+BEST_RUN_TAG = tag("best_run")
+BEST_RUN_ID_TAG = tag("best_run_id")
+BEST_CELL_TAG = tag("best_cell")
 # One tag per factor of the study, `factor.<name>` = the cell's level (analysis turns them into columns).
 FACTOR_PREFIX = "factor."
 # MLflow's own system tags (its UI nests runs by the first and shows the second as the run's description).

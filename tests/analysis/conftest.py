@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from trainables.tracking import KIND_TAG, TrackingTarget
+from trainables.naming import KIND_TAG
+from trainables.tracking import TrackingTarget
 
 
 def _study_store(root: Path, name: str) -> tuple[str, TrackingTarget, str]:

@@ -17,7 +17,8 @@ from studies.records import (
     trial_run_name,
 )
 from studies.spec import load_study
-from trainables.tracking import KIND_TAG, STATUS_TAG, TrackingTarget, TrialRecorder, dataset_input
+from trainables.naming import KIND_TAG, STATUS_TAG
+from trainables.tracking import TrackingTarget, TrialRecorder, dataset_input
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -48,14 +48,20 @@ def test_run_names():
 
 
 def _strings(source: str):
-    """Every string literal of a module (f-string pieces included), with its line."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+    """Every string literal of a module (f-string pieces included), with its line; logger names excepted."""
+    tree = ast.parse(source)
+    loggers = {
+        id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger" for arg in node.args
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in loggers:
             yield node.lineno, node.value
 
 
 # A tag key, a filter on one, the default store, the smoke suffix, MLflow's parent-run tag: spelled out only in naming.
-_COPY = re.compile(r"sharpscale\.[a-z_]*|.*`sharpscale\.[a-z_]+`.*|sqlite:///mlflow\.db|-smoke|mlflow\.parentRunId")
+# (A file name such as sharpscale.log is no tag.)
+_COPY = re.compile(r"sharpscale\.(?!log$)[a-z_]*|.*`sharpscale\.[a-z_]+`.*|sqlite:///mlflow\.db|-smoke|mlflow\.parentRunId")
 
 
 def _sources():
