@@ -12,7 +12,10 @@ _HOMES = {
     "plot_error_vs_n": "plots",
     "plot_gain": "plots",
     "plot_rho_sensitivity": "plots",
+    "checkpointed_trials": "record",
     "log_geometry": "record",
+    "measure_checkpoint": "record",
+    "measure_study": "record",
     "write_report": "report",
     "load_curves": "runs",
     "load_runs": "runs",
@@ -49,6 +52,7 @@ __all__ = [
     "RhoSensitivity",
     "ScalingTable",
     "best_of_search",
+    "checkpointed_trials",
     "data_multiplier",
     "fit_law",
     "fit_power_law",
@@ -60,6 +64,8 @@ __all__ = [
     "load_curves",
     "load_runs",
     "log_geometry",
+    "measure_checkpoint",
+    "measure_study",
     "method_pairs",
     "paired_law_difference",
     "plot_curves",
@@ -76,7 +82,7 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
     from analysis import geometry
     from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
-    from analysis.record import log_geometry
+    from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
     from analysis.runs import load_curves, load_runs, summarize
     from analysis.scaling import (

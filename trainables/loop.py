@@ -24,6 +24,7 @@ import optim
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
 from trainables.models import create_model, weight_norm
+from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import BEST_EPOCH_METRICS
 
 __all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
@@ -483,7 +484,7 @@ def fit(
 
     def keep_final(path: Path) -> None:
         if recorder is not None and d.rank == 0 and recorder.wants_checkpoint:
-            recorder.log_artifact(path, "checkpoint")
+            recorder.log_artifact(path, CHECKPOINT_ARTIFACT)
 
     metrics: dict[str, float] = {}
     if resumed is not None:

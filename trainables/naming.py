@@ -14,6 +14,7 @@ __all__ = [
     "BEST_RUN_ID_TAG",
     "BEST_RUN_TAG",
     "CELL_TAG",
+    "CHECKPOINT_ARTIFACT",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
     "FACTOR_PREFIX",
@@ -87,6 +88,9 @@ OPTUNA_STORAGE_TAG = tag("optuna_storage")
 BEST_RUN_TAG = tag("best_run")
 BEST_RUN_ID_TAG = tag("best_run_id")
 BEST_CELL_TAG = tag("best_cell")
+# The artifact folder of a trial's run holding its final checkpoint (`tracking.log_checkpoint: true`); the file in
+# it is trainables.loop.CHECKPOINT_FILE. analysis.record finds a study's checkpointed trials by it.
+CHECKPOINT_ARTIFACT = "checkpoint"
 # One tag per factor of the study, `factor.<name>` = the cell's level (analysis turns them into columns).
 FACTOR_PREFIX = "factor."
 # MLflow's own system tags (its UI nests runs by the first and shows the second as the run's description).

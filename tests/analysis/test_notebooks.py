@@ -1,5 +1,6 @@
 """The shipped notebooks run top to bottom (nbclient, a real kernel) against a quickstart-like MLflow store made here."""
 
+import math
 from pathlib import Path
 
 import nbformat
@@ -7,7 +8,9 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
+from analysis import load_runs, measure_study
 from trainables import TrialConfig
+from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import TrialRecorder
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "analysis" / "notebooks"
@@ -45,14 +48,15 @@ def store(tmp_path_factory, study_store):
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, tiny_model):
-    """A checkpoint in the trials' format (config + model state) of an untrained tiny ViT."""
+    """A checkpoint in the trials' format (config, model meta, model state) of an untrained tiny ViT."""
     from trainables import create_model
 
     cfg = TrialConfig.load({"data": {"name": "digits", "img_size": 16},
                             "model": tiny_model("vit", embed_dim=32, depth=2, mlp_ratio=2, global_pool="avg", class_token=False)})
     model = create_model(cfg.model, num_classes=10, in_chans=1, img_size=16)
     path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pt"
-    torch.save({"format": 1, "config": cfg.model_dump(mode="json"), "model": model.state_dict()}, path)
+    meta = {"num_classes": 10, "in_chans": 1, "img_size": 16}
+    torch.save({"format": 1, "config": cfg.model_dump(mode="json"), "model_meta": meta, "model": model.state_dict()}, path)
     return path
 
 
@@ -87,3 +91,65 @@ def test_geometry_notebook_runs_on_a_trial_checkpoint(checkpoint, tmp_path, monk
     monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "64")
     monkeypatch.setenv("SHARPSCALE_THREADS", "1")  # tiny model: spinning threads only slow a shared CI machine
     _run("geometry", tmp_path)
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory, study_store, checkpoint):
+    """One store, two identical studies (one per test, so neither sees the other's measures) whose trials kept
+    their final checkpoint as the recorder keeps it (wants_checkpoint), all but one.
+
+    Returns (uri, {study: {trial key: run id}}). Cell adamw: a0 (val_acc 0.8), a1 (0.7), both with checkpoints;
+    cell sam: s0 (0.9) with one, s1 (0.95) without (log_checkpoint was off for it), f0 failed with one."""
+    root = tmp_path_factory.mktemp("geostore")
+    trials = (("adamw", "a0", 0.8, True, "finished"), ("adamw", "a1", 0.7, True, "finished"),
+              ("sam", "s0", 0.9, True, "finished"), ("sam", "s1", 0.95, False, "finished"),
+              ("sam", "f0", 0.99, True, "failed"))
+    ids: dict[str, dict[str, str]] = {}
+    for study in ("geo_fn", "geo_nb"):
+        uri, target, _ = study_store(root, study)
+        ids[study] = {}
+        for method, key, val_acc, keep, status in trials:
+            rec = TrialRecorder(target, trial_key=key, run_name=key, params={"optimizer.method": method},
+                                wants_checkpoint=keep)
+            rec.set_tags({"factor.method": method, "sharpscale.cell": f"method={method}"})
+            rec.log_epoch({"train_loss": 1.0, "train_acc": 1.0, "val_acc": val_acc}, 0)
+            if rec.wants_checkpoint:  # as trainables.loop's keep_final does at a trial's end
+                rec.log_artifact(checkpoint, CHECKPOINT_ARTIFACT)
+            rec.finish(status)
+            ids[study][key] = rec.run_id
+    return uri, ids
+
+
+def _geometry(uri: str, study: str) -> dict[str, dict[str, float]]:
+    runs = load_runs(study, tracking_uri=uri).set_index("run_id")
+    cols = [c for c in runs.columns if c.startswith("geometry/")]
+    return {rid: {c: runs.loc[rid, c] for c in cols if not math.isnan(runs.loc[rid, c])} for rid in runs.index}
+
+
+def test_measure_study_logs_geometry_onto_the_best_checkpointed_trial_of_each_cell(checkpointed):
+    uri, ids = checkpointed[0], checkpointed[1]["geo_fn"]
+    table = measure_study("geo_fn", tracking_uri=uri, best_per_cell=1, samples=32, max_iter=8, trace_samples=4)
+    # Best per cell among finished trials that kept a checkpoint: not s1 (none kept), not f0 (failed).
+    assert sorted(table["run_id"]) == sorted([ids["a0"], ids["s0"]])
+    logged = _geometry(uri, "geo_fn")
+    for key in ("a0", "s0"):
+        metrics = logged[ids[key]]
+        # The names analysis.tables.geometry_correlation and the report's geometry table read.
+        assert {"geometry/lambda_max", "geometry/hessian_trace"} <= set(metrics), metrics
+        assert all(math.isfinite(v) for v in metrics.values())
+        assert metrics["geometry/lambda_max"] > 0  # a trained-or-not classifier's cross-entropy has positive curvature
+    assert not logged[ids["a1"]] and not logged[ids["s1"]] and not logged[ids["f0"]]
+
+
+def test_geometry_notebook_measures_a_studys_checkpoints(checkpointed, tmp_path, monkeypatch):
+    uri, ids = checkpointed[0], checkpointed[1]["geo_nb"]
+    monkeypatch.setenv("SHARPSCALE_TRACKING_URI", uri)
+    monkeypatch.setenv("SHARPSCALE_STUDY", "geo_nb")
+    monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "32")
+    monkeypatch.setenv("SHARPSCALE_THREADS", "1")
+    _run("geometry", tmp_path)
+    logged = _geometry(uri, "geo_nb")
+    for key in ("a0", "a1", "s0"):  # every finished trial that kept a checkpoint
+        assert math.isfinite(logged[ids[key]]["geometry/lambda_max"]), key
+        assert math.isfinite(logged[ids[key]]["geometry/hessian_trace"]), key
+    assert not logged[ids["s1"]] and not logged[ids["f0"]]
