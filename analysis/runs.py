@@ -10,6 +10,7 @@ from typing import Iterable, Literal, Sequence, Union
 import pandas as pd
 
 from trainables.errors import UserError
+from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
     CELL_TAG,
     DEFAULT_TRACKING_URI,
@@ -21,7 +22,11 @@ from trainables.naming import (
     kind_filter,
 )
 
-__all__ = ["StudyNotFound", "load_curves", "load_runs", "summarize"]
+__all__ = ["SE_COLUMN", "StudyNotFound", "load_curves", "load_runs", "summarize"]
+
+# Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
+ACCURACY_METRICS = ("val_acc", "best_val_acc", "val_top5")
+SE_COLUMN = "± SE"
 
 _TRIAL_FILTER = kind_filter("trial")
 
@@ -249,7 +254,9 @@ def summarize(
     epoch)'); default: the metric's name.
 
     A study without factors is one cell (index `cell`, the empty name); with no finished trial carrying the
-    metric (every trial failed, or none ran) the table is empty: a normal outcome, not an error.
+    metric (every trial failed, or none ran) the table is empty: a normal outcome, not an error. For an accuracy,
+    when the trials logged their validation sample count, columns `SE_COLUMN` (the binomial standard error of the
+    best value, sqrt(p (1 - p) / n)) and `val n` say how precisely each value is measured.
     """
     if runs.empty or metric not in runs.columns:
         return pd.DataFrame()
@@ -259,6 +266,12 @@ def summarize(
         return pd.DataFrame()
     idx = ok.groupby(factors)[metric].idxmax() if mode == "max" else ok.groupby(factors)[metric].idxmin()
     best = ok.loc[idx.values, factors + [metric] + [c for c in show if c in ok.columns]]
+    if metric in ACCURACY_METRICS and VALIDATION_SAMPLES in ok.columns:
+        # The sampling error of an accuracy measured on n samples, binomial: how far apart two cells' values
+        # must be before this run tells them apart (a small validation set makes it points wide).
+        n = ok.loc[idx.values, VALIDATION_SAMPLES].to_numpy(dtype=float)
+        p = best[metric].to_numpy(dtype=float)
+        best = best.assign(**{SE_COLUMN: (p * (1 - p) / n) ** 0.5, "val n": n.astype("int64")})
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]

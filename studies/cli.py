@@ -240,6 +240,7 @@ def _print_summary(study, tracking_uri: str) -> None:
     import pandas as pd
 
     from analysis import load_runs, summarize
+    from analysis.runs import SE_COLUMN
     from trainables.tracking import resolve_tracking_uri
 
     spec = study.spec
@@ -255,6 +256,10 @@ def _print_summary(study, tracking_uri: str) -> None:
         table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
         with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
             print(table.to_string() if not table.empty else "  (no finished trial)")
+        if SE_COLUMN in table.columns:
+            print(f"({SE_COLUMN}: the sampling error of each best value on its 'val n' validation samples. Cells "
+                  f"less than about two of them apart are not told apart by this run; the best of a searched cell "
+                  f"is also the luckiest of its trials.)")
     default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
     uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
     study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"

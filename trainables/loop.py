@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Sampler
 import optim
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, load_dataset
+from trainables.metrics import VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import BEST_EPOCH_METRICS
@@ -331,7 +332,8 @@ def evaluate(
     model: nn.Module, loader: DataLoader, device: torch.device, autocast, d: _Dist = _Dist(),
     prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> dict[str, float]:
-    """Loss, top-1 and top-5 accuracy over the whole loader (summed over ranks); `prepare` is the bundle's."""
+    """Loss, top-1 and top-5 accuracy over the whole loader and its sample count (summed over ranks); `prepare` is
+    the bundle's."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, seen
     for x, y, _ in loader:
@@ -345,7 +347,7 @@ def evaluate(
         sums[3] += y.shape[0]
     _all_reduce(sums, d)
     loss, top1, top5, seen = sums.tolist()
-    return {"val_loss": loss / seen, "val_acc": top1 / seen, "val_top5": top5 / seen}
+    return {"val_loss": loss / seen, "val_acc": top1 / seen, "val_top5": top5 / seen, VALIDATION_SAMPLES: seen}
 
 
 def _channels_last(cfg: TrialConfig, device: torch.device) -> bool:

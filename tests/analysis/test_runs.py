@@ -150,3 +150,21 @@ def test_report_names_the_statistic_and_follows_the_study_files_epoch(tmp_path):
     assert _objective(study) == ("best_val_acc", "max")
     study.write_text("name: s\nobjective: {metric: val_loss, mode: min}\n")
     assert _objective(study) == ("val_loss", "min")
+
+
+def test_summary_states_each_accuracy_s_sampling_error_on_its_validation_set():
+    import pandas as pd
+
+    from analysis.runs import SE_COLUMN
+
+    runs = pd.DataFrame({
+        "factor.method": ["adamw", "sam", "sam"], "status": ["finished"] * 3,
+        "val_acc": [0.8, 0.5, 0.9], "val_samples": [400.0, 100.0, 100.0], "val_loss": [0.5, 0.6, 0.4],
+    })
+    table = summarize(runs, metric="val_acc", show=())
+    # sqrt(p (1 - p) / n): 0.8 on 400 samples is +-0.02, 0.9 on 100 is +-0.03.
+    assert table.loc["adamw", SE_COLUMN] == pytest.approx(0.02) and table.loc["sam", SE_COLUMN] == pytest.approx(0.03)
+    assert table.loc["sam", "val n"] == 100 and table.loc["sam", "trials"] == 2
+    # Not an accuracy, or no count logged (older records): no error column is invented.
+    assert SE_COLUMN not in summarize(runs, metric="val_loss", mode="min", show=()).columns
+    assert SE_COLUMN not in summarize(runs.drop(columns=["val_samples"]), metric="val_acc", show=()).columns
