@@ -380,7 +380,8 @@ def top_eigenvalues(
     (Lanczos) or the iterations per eigenpair (power). Convergence is judged on the eigenvector (residual
     or 1-|<v_t, v_t-1>|) and on the value (relative change), both < tol. mode is "eval" or "train" (BN,
     dropout); the model's modes and buffers are restored afterwards. params restricts the Hessian to a
-    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto";
+    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto" (exact), or
+    "finite_difference" (1 gradient per product, O(h) error) / "finite_difference_central" (2, O(h^2));
     cache_graphs and mask_seed as in hessian_operator; `seed` draws the start vector only.
     """
     return _extreme_eigenvalues(
