@@ -7,11 +7,15 @@ Needs only torch, timm and analysis.geometry. Random images and labels; the mode
 metrics default). "grad" is loss forward + backward with the model as timm builds it (fused attention on,
 as in training). Per mode: "setup" is the first product (for double_backward it builds and keeps the
 gradient graph), "hvp" the steady cost of each later product on the same batch, as power iteration and
-Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product.
+Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product. finite_difference (one gradient per
+product; its setup adds the clean gradient, kept) and finite_difference_central (two) approximate the product:
+their "rel diff" against double_backward's product is their error on a random vector.
 
 Whole measurements, timed end to end in units of one gradient ("x grad"; issue 16's targets on an H100 for
 ViT-S/16 at batch 64: within 25 and 350): "lanczos_lambda_max(20)" is top_eigenvalues with 20 Lanczos steps
 (hvp_mode auto), "slq(10x30)" eigenvalue_density with 10 probes of 30 steps. --no-solvers skips them.
+Each is timed again with hvp_mode finite_difference ("/fd" rows); their "rel diff" is |fd - exact| / |exact| of
+lambda_max (for SLQ, of its largest node) on the same batch, same start vector and probes: the accuracy cost.
 
     python benchmarks/bench_geometry.py --device cuda --models vit_small_patch16_224   # the issue's case
 """
@@ -52,6 +56,8 @@ VARIANTS = (
     ("double_backward", True),
     ("double_backward", False),
     ("forward_over_reverse", True),
+    ("finite_difference", True),
+    ("finite_difference_central", True),
 )
 
 
@@ -160,23 +166,30 @@ def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> l
     device = torch.device(args.device)
     # tol=1e-12: no early stop, so the Lanczos run always takes its 20 steps.
     measures = {
-        f"lanczos_lambda_max({args.lanczos_steps})": lambda: geometry.top_eigenvalues(
-            model, _cross_entropy, [batch], max_iter=args.lanczos_steps, tol=1e-12),
-        f"slq({args.slq_probes}x{args.slq_steps})": lambda: geometry.eigenvalue_density(
-            model, _cross_entropy, [batch], probes=args.slq_probes, steps=args.slq_steps),
+        f"lanczos_lambda_max({args.lanczos_steps})": lambda hvp_mode: geometry.top_eigenvalues(
+            model, _cross_entropy, [batch], max_iter=args.lanczos_steps, tol=1e-12, hvp_mode=hvp_mode),
+        f"slq({args.slq_probes}x{args.slq_steps})": lambda hvp_mode: geometry.eigenvalue_density(
+            model, _cross_entropy, [batch], probes=args.slq_probes, steps=args.slq_steps, hvp_mode=hvp_mode),
     }
     rows = []
     for label, run in measures.items():
-        _peak_reset(device)
-        run()  # warm-up: kernels, allocator
-        _sync(device)
-        start = time.perf_counter()
-        result = run()
-        _sync(device)
-        ms = (time.perf_counter() - start) * 1e3
-        hvps = getattr(result, "hvp_count", None)
-        rows.append({"model": name, "variant": label, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
-                     "hvps": hvps, "peak_gib": _peak_gib(device)})
+        exact_top = None
+        for hvp_mode, suffix in (("auto", ""), ("finite_difference", "/fd")):
+            _peak_reset(device)
+            run(hvp_mode)  # warm-up: kernels, allocator
+            _sync(device)
+            start = time.perf_counter()
+            result = run(hvp_mode)
+            _sync(device)
+            ms = (time.perf_counter() - start) * 1e3
+            top = result.eigenvalues[0] if hasattr(result, "eigenvalues") else float(result.nodes.max())
+            row = {"model": name, "variant": label + suffix, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
+                   "hvps": getattr(result, "hvp_count", None), "peak_gib": _peak_gib(device), "top": top}
+            if exact_top is None:
+                exact_top = top
+            else:
+                row["rel_diff"] = abs(top - exact_top) / abs(exact_top)
+            rows.append(row)
     return rows
 
 
@@ -218,14 +231,14 @@ def main() -> None:
         rows.extend(bench_model(geometry, name, spec, args))
         _peak_reset(device)
 
-    header = f"{'model':<24} {'variant':<26} {'setup ms':>9} {'ms':>9} {'x grad':>7} {'peak GiB':>9} {'rel diff':>9}"
+    header = f"{'model':<24} {'variant':<32} {'setup ms':>9} {'ms':>9} {'x grad':>7} {'peak GiB':>9} {'rel diff':>9}"
     print(header)
     print("-" * len(header))
     for row in rows:
         setup = f"{row['setup_ms']:9.1f}" if "setup_ms" in row else " " * 9
         ratio = f"{row['ratio']:7.2f}" if "ratio" in row else " " * 7
         diff = f"{row['rel_diff']:9.1e}" if "rel_diff" in row else ""
-        print(f"{row['model']:<24} {row['variant']:<26} {setup} {row['ms']:9.1f} {ratio} {row['peak_gib']:9.2f} {diff}")
+        print(f"{row['model']:<24} {row['variant']:<32} {setup} {row['ms']:9.1f} {ratio} {row['peak_gib']:9.2f} {diff}")
     if args.json:
         args.json.write_text(json.dumps({"device": card, "batch": args.batch, "rows": rows}, indent=2))
 

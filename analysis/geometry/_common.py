@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args
@@ -144,10 +145,12 @@ def no_fused_attention(model: nn.Module):
 
 class _Scope:
     """Puts the model in the asked BN/dropout mode with fused attention off; restores modes, buffers
-    and (when asked) parameters exactly on exit. `originals` holds the parameter copies for reuse."""
+    and (when asked) parameters exactly on exit. `originals` holds the parameter copies for reuse.
+    keep_fused: leave fused attention as it is (first-order work only: it has no double backward)."""
 
-    def __init__(self, model: nn.Module, mode: str, *, keep_params: bool) -> None:
+    def __init__(self, model: nn.Module, mode: str, *, keep_params: bool, keep_fused: bool = False) -> None:
         self.model = model
+        self.keep_fused = keep_fused
         self.mode = mode
         self.keep_params = keep_params
         self.originals: dict[int, torch.Tensor] = {}
@@ -157,7 +160,7 @@ class _Scope:
         self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
         if self.keep_params:
             self.originals = {id(p): p.detach().clone() for p in self.model.parameters()}
-        self.fused = no_fused_attention(self.model)
+        self.fused = contextlib.nullcontext() if self.keep_fused else no_fused_attention(self.model)
         self.fused.__enter__()
         self.model.train(self.mode == "train")
         return self

@@ -10,8 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
-HVP_MODES = ("double_backward", "forward_over_reverse")
+HVP_MODES = ("double_backward", "forward_over_reverse", "finite_difference", "finite_difference_central")
+#: The modes that difference gradients instead of differentiating them twice (first-order autograd only).
+FINITE_DIFFERENCE_MODES = ("finite_difference", "finite_difference_central")
 
+# The finite-difference step is the textbook one divided by this (see HessianCore._hvp_finite_difference).
+_FD_STEP_DIVISOR = 32.0
 # The Ritz/Rayleigh values may be ~0; relative tests are floored at this share of the spectral scale.
 _SCALE_FLOOR = 1e-6
 
@@ -323,6 +327,9 @@ class HessianCore:
     _CheapSecondOrder unless cheap_layers=False). With cache_graphs those graphs are built once and kept for
     every later product (memory: one double-backward graph per batch); without, rebuilt each time.
     forward_over_reverse: torch.func jvp of the gradient; nothing is kept between products.
+    finite_difference: Hv ~= (g(w + h v) - g(w)) / h, one gradient per product (g(w) computed once and
+    kept), error O(h); finite_difference_central: (g(w + h v) - g(w - h v)) / 2h, two gradients per
+    product, error O(h^2). Both are approximations; see _hvp_finite_difference for the step h.
     """
 
     def __init__(
@@ -343,17 +350,24 @@ class HessianCore:
         self.cache_graphs = cache_graphs
         self.hvp_count = 0
         self._graphs: list[tuple[torch.Tensor | None, ...]] | None = None
+        # finite differences: the saved weights (copied back after every product) and the clean gradient.
+        self._base: list[torch.Tensor] | None = None
+        self._clean: list[torch.Tensor] | None = None
         if hvp_mode == "forward_over_reverse":
             self._wrapper = _LossModule(oracle.model, oracle.loss_fn)
 
     def release(self) -> None:
         self._graphs = None
+        self._base = None
+        self._clean = None
 
     def hvp(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """H[index, index] @ vectors: the Hessian block of params[index] (vectors aligned with index)."""
         self.hvp_count += 1
         if self.hvp_mode == "forward_over_reverse":
             return self._hvp_forward_over_reverse(index, vectors)
+        if self.hvp_mode in FINITE_DIFFERENCE_MODES:
+            return self._hvp_finite_difference(index, vectors)
         return self._hvp_double_backward(index, vectors)
 
     def _gradient_graphs(self, params: Sequence[nn.Parameter]) -> Iterator[tuple[torch.Tensor | None, ...]]:
@@ -410,6 +424,59 @@ class HessianCore:
             for out, part in zip(result, parts):
                 out.add_(part)
         return result
+
+
+    def _gradient(self, params: Sequence[nn.Parameter]) -> torch.Tensor:
+        # The oracle runs every batch under its own fixed seed (train mode), so the clean and the shifted
+        # gradients see the same dropout / drop-path masks: both are gradients of ONE function of the weights.
+        return self.oracle.value_and_grad(params)[1]
+
+    def _hvp_finite_difference(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        params = [self.params[i] for i in index]
+        if self._base is None:
+            self._base = [p.detach().clone() for p in self.params]
+        base = [self._base[i] for i in index]
+        v_norm = float(flatten([v.double() for v in vectors]).norm())
+        if v_norm == 0.0:
+            return [torch.zeros_like(p) for p in params]
+        # Step rule: h = eps^(1/2) (1 + ||w||) / (32 ||v||) forward, eps^(1/3) (1 + ||w||) / (32 ||v||) central; eps of
+        # the weights' dtype, ||w|| over the differentiated parameters. The weight-space step h||v|| is then a fixed
+        # share of the weights' size, so it does not depend on how v is scaled, and each weight moves by ~eps^(1/2)
+        # of itself, far above its own rounding (eps |w_i|) whatever the number of parameters. eps^(1/2) (eps^(1/3))
+        # is the textbook balance of the truncation error O(h) (O(h^2)) against the gradients' rounding O(eps / h)
+        # (Nocedal & Wright, sec. 8.1); the 1/32 is because the truncation error along the sharp directions that
+        # lambda_max lives in is large: on a float32 tiny ViT the textbook step errs by 20% on H v_max, 1/32 of it by
+        # 0.5% (0.3% on a random v, where rounding dominates); see benchmarks/bench_geometry.py for ViT-S.
+        eps = torch.finfo(base[0].dtype).eps
+        w_norm = float(flatten([b.double() for b in base]).norm())
+        central = self.hvp_mode == "finite_difference_central"
+        h = (eps ** (1 / 3) if central else math.sqrt(eps)) * (1.0 + w_norm) / (_FD_STEP_DIVISOR * v_norm)
+        try:
+            with torch.no_grad():
+                for p, b, v in zip(params, base, vectors):
+                    p.copy_(b).add_(v, alpha=h)
+            plus = self._gradient(params)
+            if central:
+                with torch.no_grad():
+                    for p, b, v in zip(params, base, vectors):
+                        p.copy_(b).add_(v, alpha=-h)
+                minus = self._gradient(params)
+                scale = 2.0 * h
+            else:
+                if self._clean is None:
+                    # The clean gradient over ALL parameters once per operator, so blocks reuse it too.
+                    with torch.no_grad():
+                        for p, b in zip(self.params, self._base):
+                            p.copy_(b)
+                    self._clean = unflatten(self._gradient(self.params), self.params)
+                minus = flatten([self._clean[i] for i in index])
+                scale = h
+        finally:
+            # Copy the saved weights back (never w + hv - hv, which leaves rounding behind).
+            with torch.no_grad():
+                for p, b in zip(params, base):
+                    p.copy_(b)
+        return unflatten(plus.sub_(minus).div_(scale), params)
 
 
 class FlatOperator:

@@ -26,6 +26,7 @@ from analysis.geometry._common import (
     _std_error,
 )
 from analysis.geometry._hvp import (
+    FINITE_DIFFERENCE_MODES,
     HVP_MODES,
     EigenOutput,
     FlatOperator,
@@ -40,8 +41,9 @@ from analysis.geometry._hvp import (
 #: The eigen-solver: Lanczos with full reorthogonalisation, or power iteration with deflation.
 Method = Literal["lanczos", "power"]
 METHODS: tuple[str, ...] = get_args(Method)
-#: How a Hessian-vector product is computed; "auto" picks by model class (see _AUTO_HVP_MODE).
-HvpMode = Literal["auto", "double_backward", "forward_over_reverse"]
+#: How a Hessian-vector product is computed; "auto" picks an exact mode by model class (see _AUTO_HVP_MODE).
+#: The finite-difference modes approximate it from gradients (1 or 2 per product; see _hvp.HessianCore).
+HvpMode = Literal["auto", "double_backward", "forward_over_reverse", "finite_difference", "finite_difference_central"]
 #: The matrix measured: the Hessian of the loss, or its generalised Gauss-Newton part J^T H_z J (PSD).
 Curvature = Literal["hessian", "ggn"]
 CURVATURES: tuple[str, ...] = get_args(Curvature)
@@ -218,7 +220,10 @@ class HessianOperator:
 
 class _HessianOperatorScope:
     def __init__(self, model: nn.Module, core_args: dict[str, Any], mode: str) -> None:
-        self.scope = _Scope(model, mode, keep_params=False)
+        # Finite differences need first-order autograd only, so timm's fused attention (the speed the
+        # gradient-time unit is measured with) stays on for them.
+        fused_ok = core_args["hvp_mode"] in FINITE_DIFFERENCE_MODES
+        self.scope = _Scope(model, mode, keep_params=False, keep_fused=fused_ok)
         self.core_args = core_args
 
     def __enter__(self) -> HessianOperator:
@@ -262,6 +267,12 @@ def hessian_operator(
     resolved = _resolve_hvp_mode(model, hvp_mode)
     oracle = LossOracle(model, loss_fn, batches, train=mode == "train", seed=mask_seed)
     curvature = _check_choice("curvature", curvature, CURVATURES)
+    if curvature == "ggn" and resolved in FINITE_DIFFERENCE_MODES:
+        raise ValueError(
+            f"hvp_mode={resolved!r} with curvature='ggn': finite differences of the gradient give Hessian products, "
+            "not Gauss-Newton ones (the GGN products are always exact). Use curvature='hessian' with it, or "
+            "hvp_mode='auto' with curvature='ggn'"
+        )
     core_args = dict(oracle=oracle, names=names, params=chosen, hvp_mode=resolved, cache_graphs=bool(cache_graphs),
                      curvature=curvature)
     return _HessianOperatorScope(model, core_args, mode)
@@ -369,7 +380,8 @@ def top_eigenvalues(
     (Lanczos) or the iterations per eigenpair (power). Convergence is judged on the eigenvector (residual
     or 1-|<v_t, v_t-1>|) and on the value (relative change), both < tol. mode is "eval" or "train" (BN,
     dropout); the model's modes and buffers are restored afterwards. params restricts the Hessian to a
-    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto";
+    subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto" (exact), or
+    "finite_difference" (1 gradient per product, O(h) error) / "finite_difference_central" (2, O(h^2));
     cache_graphs and mask_seed as in hessian_operator; `seed` draws the start vector only.
     """
     return _extreme_eigenvalues(

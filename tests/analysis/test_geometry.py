@@ -339,6 +339,72 @@ def test_ggn_option_against_the_dense_gauss_newton_matrix():
         geometry.hessian_trace(model, cross_entropy, batches, curvature="fisher")
 
 
+# ------------------------------------------------------------------------------- finite differences
+
+
+@pytest.mark.parametrize(("hvp_mode", "rtol"), [("finite_difference", 1e-6), ("finite_difference_central", 1e-9)])
+def test_finite_difference_products_and_spectra_against_the_dense_hessian(hvp_mode, rtol):
+    model, batches = tiny_mlp(), mlp_batches()
+    hessian = exact_hessian(model, batches)
+    exact = torch.linalg.eigvalsh(hessian)
+    generator = torch.Generator().manual_seed(2)
+    with geometry.hessian_operator(model, cross_entropy, batches, hvp_mode=hvp_mode) as operator:
+        for scale in (1.0, 1e-3, 1e3):  # the step follows ||v||: the relative error does not depend on v's scale
+            vector = scale * torch.randn(hessian.shape[0], generator=generator, dtype=torch.float64)
+            want = hessian @ vector
+            assert float((operator(vector) - want).norm() / want.norm()) < rtol
+        assert operator.hvp_count == 3
+    top = geometry.top_eigenvalues(model, cross_entropy, batches, k=2, hvp_mode=hvp_mode, tol=1e-8)
+    np.testing.assert_allclose(top.eigenvalues, exact.flip(0)[:2].numpy(), rtol=10 * rtol)
+    assert top.hvp_mode == hvp_mode
+    low = geometry.smallest_eigenvalue(model, cross_entropy, batches, hvp_mode=hvp_mode, tol=1e-8)
+    assert low.eigenvalues[0] == pytest.approx(float(exact[0]), rel=10 * rtol, abs=10 * rtol * float(exact.abs().max()))
+    # Same probes as the exact mode: each Hutchinson sample and each SLQ moment agrees to the product's error.
+    trace = geometry.hessian_trace(model, cross_entropy, batches, samples=50, hvp_mode=hvp_mode, seed=4)
+    reference = geometry.hessian_trace(model, cross_entropy, batches, samples=50, hvp_mode="double_backward", seed=4)
+    np.testing.assert_allclose(trace.estimates, reference.estimates, rtol=10 * rtol, atol=10 * rtol * float(hessian.trace()))
+    assert abs(trace.trace - float(hessian.trace())) < 4 * trace.std_error
+    size = hessian.shape[0]
+    density = geometry.eigenvalue_density(model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode=hvp_mode)
+    reference = geometry.eigenvalue_density(model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode="double_backward")
+    for k in (1, 2):
+        assert density.moment(k) == pytest.approx(reference.moment(k), rel=100 * rtol)
+        per_probe = np.sum(density.weights * density.nodes**k, axis=1)
+        se = per_probe.std(ddof=1) / np.sqrt(len(per_probe))
+        assert abs(density.moment(k) - float((exact**k).sum()) / size) < 4 * se + 1e-9
+    assert density.to_metrics()["slq_lambda_max"] == pytest.approx(float(exact[-1]), rel=100 * rtol)
+
+
+def test_finite_difference_holds_dropout_masks_and_restores_weights_bit_for_bit():
+    # Train mode: the shifted and the clean gradient must see the same masks, or the difference is noise of O(1/h).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 3)).double()
+    batches = mlp_batches()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    vector = torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    with geometry.hessian_operator(model, cross_entropy, batches, mode="train", hvp_mode="double_backward") as h:
+        want = h(vector)
+    with geometry.hessian_operator(model, cross_entropy, batches, mode="train", hvp_mode="finite_difference") as h:
+        got = h(vector)
+        # Inside the operator, between products, the weights are already back exactly.
+        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        again = h(vector)
+    assert float((got - want).norm() / want.norm()) < 1e-6
+    assert torch.equal(got, again)
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_finite_difference_lambda_max_of_a_float32_tiny_vit_is_within_one_percent():
+    torch.manual_seed(0)
+    model = tiny_vit()
+    nn.init.normal_(model.head.weight)  # a zero head would make most of the Hessian vanish
+    batches = image_batches()
+    exact = geometry.top_eigenvalues(model, cross_entropy, batches, hvp_mode="double_backward", max_iter=20, tol=1e-4)
+    approx = geometry.top_eigenvalues(model, cross_entropy, batches, hvp_mode="finite_difference", max_iter=20, tol=1e-4)
+    assert next(model.parameters()).dtype == torch.float32
+    assert approx.eigenvalues[0] == pytest.approx(exact.eigenvalues[0], rel=1e-2)
+
+
 def _dense(model, batches, **kw) -> torch.Tensor:
     with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
         return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
@@ -636,6 +702,12 @@ CALLS = {
     "power": lambda m, b: geometry.top_eigenvalues(m, cross_entropy, b, mode="train", method="power", max_iter=5),
     "blockwise": lambda m, b: geometry.blockwise_top_eigenvalues(m, cross_entropy, b, {"c": ["conv.weight"]}, mode="train", max_iter=5),
     "trace": lambda m, b: geometry.hessian_trace(m, cross_entropy, b, samples=2, mode="train"),
+    "trace_fd": lambda m, b: geometry.hessian_trace(m, cross_entropy, b, samples=2, mode="train", hvp_mode="finite_difference"),
+    "lanczos_fd": lambda m, b: geometry.top_eigenvalues(m, cross_entropy, b, mode="train", max_iter=5, hvp_mode="finite_difference"),
+    "blockwise_fd": lambda m, b: geometry.blockwise_top_eigenvalues(
+        m, cross_entropy, b, {"c": ["conv.weight"], "h": ["head.weight"]}, mode="train", max_iter=5, hvp_mode="finite_difference_central"
+    ),
+    "density_fd": lambda m, b: geometry.eigenvalue_density(m, cross_entropy, b, probes=2, steps=3, mode="train", hvp_mode="finite_difference"),
     "flatness": lambda m, b: geometry.average_flatness(m, cross_entropy, b, draws=2, mode="train"),
     "surrogate_gap": lambda m, b: geometry.surrogate_gap(m, cross_entropy, b, 0.05, mode="train"),
     "m_sharpness": lambda m, b: geometry.m_sharpness(m, cross_entropy, b, 0.05, 2, mode="train"),
@@ -670,6 +742,10 @@ def test_every_metric_restores_modes_weights_buffers_and_rng(name):
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, k=9), r"k must be <= the number of parameters \(8\), got 9"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, method="lanczso"), "method must be one of 'lanczos', 'power', got 'lanczso'"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, hvp_mode="jvp"), "hvp_mode must be one of"),
+        (
+            lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, hvp_mode="finite_difference", curvature="ggn"),
+            r"hvp_mode='finite_difference' with curvature='ggn'.*Use curvature='hessian'",
+        ),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, mode="training"), "mode must be one of 'eval', 'train'"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, tol=0), "tol must be a finite number > 0, got 0"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, iter(BATCH)), "batches must be re-iterable"),
