@@ -632,7 +632,7 @@ def geometry_correlation(
     if measures is None:
         measures = [c for c in ok.columns if c.startswith("geometry/") and not c.endswith(_BOOKKEEPING)]
     if not measures:
-        raise ValueError("runs has no geometry/* column; log measures with analysis.log_geometry or a study's geometry: section")
+        raise ValueError("runs has no geometry/* column; measure a study's checkpointed trials with analysis.measure_study (or the geometry notebook), or log measures with analysis.log_geometry")
     _require_columns(ok, **{f"measures[{i}]": m for i, m in enumerate(measures)})
     if hyperparameters is None:
         hyperparameters = [c for c in ok.columns if (c.startswith("factor.") or c.startswith("optimizer.hparams."))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -436,7 +438,10 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
-    if not address:
+    ray_mod = sys.modules.get("ray")
+    if ray_mod is not None and ray_mod.is_initialized():
+        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
+    elif not address:
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
@@ -469,9 +474,12 @@ def run_study(
     outcome: StudyOutcome | None = None
     primary: BaseException | None = None
     quiet, started_ray = contextlib.ExitStack(), False
+    log_path = log_file(study, locations, run_name)
+    # The first of the run's folder that this call creates: a study refused by the checks below leaves none behind.
+    created = next((p for p in reversed(log_path.parents) if not p.exists()), None)
     try:
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
-        log = quiet.enter_context(quiet_libraries(log_file(study, locations, run_name)))
+        log = quiet.enter_context(quiet_libraries(log_path))
         with stderr_to(log):
             started_ray = _init_ray(address, num_cpus)
         if address:
@@ -514,6 +522,9 @@ def run_study(
 
             steps.append(ray.shutdown)
         steps.append(quiet.close)
+        if isinstance(primary, StudyError) and not opened and created is not None:
+            # Refused before any record or trial: nothing of this call stays on disk (its log neither).
+            steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
         _close_all(steps, primary)
 
 

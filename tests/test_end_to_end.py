@@ -29,7 +29,7 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     printed = capsys.readouterr().out
     expected = 3 * 1 + 3 * 2  # AdamW cells run once, SAM cells search rho twice
     assert f"{expected} trials in" in printed and "(0 errored)" in printed
-    assert "Best val_acc per cell" in printed and "optimizer.hparams.rho" in printed
+    assert "Best trial per cell by val_acc (final epoch)" in printed and "optimizer.hparams.rho" in printed
     for arch in ("vit", "mixer", "resnet"):
         assert arch in printed
     assert "sharpscale ui --tracking-uri" in printed

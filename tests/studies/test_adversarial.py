@@ -202,7 +202,7 @@ def test_summary_of_an_all_failed_study(tmp_path, capsys):
     from studies.spec import load_study
 
     study, uri = _study_in_store(tmp_path, "allfailed", ["failed", "failed"])
-    _print_summary(load_study(study, require_data=False), uri, smoke=False)
+    _print_summary(load_study(study, require_data=False), uri)
     assert "no trial finished with a result (2 failed)" in capsys.readouterr().out
 
 

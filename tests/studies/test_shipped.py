@@ -34,7 +34,7 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     study = load_study(path, smoke=True)
     # Not the study's own storage: beside the repository's study files, or a cluster's shared mount.
     outcome = run_study(path, smoke=True, tracking_uri=tracking_uri, overrides={"storage": str(tmp_path / "runs")})
-    assert outcome.trials == study.total_trials == len(study.cells)
+    assert outcome.trials == study.total_trials >= len(study.cells)  # the smoke form keeps every cell
     assert outcome.errored == 0
     runs = load_runs(f"{study.spec.name}-smoke", tracking_uri=tracking_uri)
     assert len(runs) == study.total_trials

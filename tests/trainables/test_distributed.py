@@ -50,7 +50,9 @@ def _newest_epoch(run_dir) -> int:
 def _worker_pids(ray):
     from ray.util.state import list_actors
 
-    actors = list_actors(filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    # This session's cluster by address: another pytest worker's cluster may run on this machine too.
+    address = ray.get_runtime_context().gcs_address
+    actors = list_actors(address=address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
     return [a.pid for a in actors]
 
 
