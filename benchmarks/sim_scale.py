@@ -160,6 +160,8 @@ class LocalCluster:
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
+            # Several nodes need Ray's multi-node mode (a caller's environment may have turned it off for loopback).
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
             # Trial processes import this checkout (sim_trial, trainables), whatever the virtualenv points at.
             "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
             EPOCH_S_ENV: str(epoch_s),

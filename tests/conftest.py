@@ -6,9 +6,13 @@ import os
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The session's local Ray clusters, and the `sharpscale run` drivers the tests start, stay on 127.0.0.1 (what a local
+# study does: studies.cli.LOOPBACK_RAY_ENV). The multi-node tests turn it back on for their own nodes.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import copy
 import pickle
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,10 +64,37 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def _empty_mlflow_db(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store, its schema created and migrated once per pytest worker.
+
+    Creating the schema runs every MLflow migration: 4-9 s on this machine, paid by each test that opened a fresh
+    store. A copy of this file is the same store (the schema is all a fresh store holds, besides MLflow's Default
+    experiment), so tests copy it instead. Tests of store creation itself use their own paths, not this.
+    """
+    from trainables.tracking import tracking_client
+
+    db = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    tracking_client(f"sqlite:///{db}")
+    return db
+
+
 @pytest.fixture
-def tracking_uri(tmp_path) -> str:
+def new_mlflow_store(_empty_mlflow_db):
+    """`make(path) -> uri`: a real, empty MLflow SQLite store at `path` (a copy of the session's migrated one)."""
+
+    def make(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_empty_mlflow_db, path)
+        return f"sqlite:///{path}"
+
+    return make
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, new_mlflow_store) -> str:
     """A real MLflow SQLite store in the test's own directory."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return new_mlflow_store(tmp_path / "mlflow.db")
 
 
 def _write_fake_cifar(root: Path, name: str = "cifar10", per_batch: int = 4, n_test: int = 6, seed: int = 0) -> dict:

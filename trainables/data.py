@@ -410,12 +410,34 @@ def _make_mixup(cfg: "DataConfig", num_classes: int) -> MixupFn | None:
 # --------------------------------------------------------------------------- digits
 
 
-@functools.lru_cache(maxsize=4)
-def _digits_arrays(img_size: int) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float, float]:
+def digits_raw() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's embedded digits as `load_digits()` gives them: (1797, 64) pixel values 0..16, and labels.
+
+    Read straight from the file `load_digits` reads (`sklearn/datasets/data/digits.csv.gz`, 64 pixel columns and
+    the label), found without importing scikit-learn: importing it costs 4-12 s of CPU on a small machine, paid
+    by every trial process of a study on digits. If the file is not where it has been since scikit-learn 0.x, the
+    public `load_digits` is used. tests/trainables/test_data.py pins the two to be equal.
+    """
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")  # locates the package; runs none of its code
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as f:
+                table = np.loadtxt(f, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(int)
     from sklearn.datasets import load_digits
 
     raw = load_digits()
-    images = torch.from_numpy(raw.data.astype(np.float32) / 16.0).view(-1, 1, _DIGITS_NATIVE_SIZE, _DIGITS_NATIVE_SIZE)
+    return raw.data, raw.target
+
+
+@functools.lru_cache(maxsize=4)
+def _digits_arrays(img_size: int) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, np.ndarray, float, float]:
+    pixels, labels = digits_raw()
+    images = torch.from_numpy(pixels.astype(np.float32) / 16.0).view(-1, 1, _DIGITS_NATIVE_SIZE, _DIGITS_NATIVE_SIZE)
     if img_size != _DIGITS_NATIVE_SIZE:
         images = F.interpolate(
             images,
@@ -424,7 +446,7 @@ def _digits_arrays(img_size: int) -> tuple[torch.Tensor, np.ndarray, torch.Tenso
             align_corners=False,
             antialias=img_size < _DIGITS_NATIVE_SIZE,
         )
-    targets = raw.target.astype(np.int64)
+    targets = labels.astype(np.int64)
     val_idx = _stratified_prefix(targets, _DIGITS_VAL_FRACTION, _DIGITS_SPLIT_SEED)
     train_mask = np.ones(len(targets), dtype=bool)
     train_mask[val_idx] = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import shutil
 
 import pytest
 
@@ -10,14 +11,18 @@ from studies.server import Auth, start_server
 
 
 @pytest.fixture(scope="session")
-def auth_server(tmp_path_factory):
-    """A real `mlflow server --app-name basic-auth` on loopback, its admin password in a file (never in the env)."""
+def auth_server(tmp_path_factory, _empty_mlflow_db):
+    """A real `mlflow server --app-name basic-auth` on loopback, its admin password in a file (never in the env).
+
+    Two workers, not MLflow's four: each imports MLflow whole, and this machine has two cores. The backend store
+    starts as a copy of the session's migrated empty store (tests/conftest.py)."""
     tmp = tmp_path_factory.mktemp("auth-server")
     password = secrets.token_urlsafe(18)
     (tmp / "admin-password").write_text(password + "\n")
+    shutil.copyfile(_empty_mlflow_db, tmp / "mlflow.db")
     with start_server(
         backend_store_uri=f"sqlite:///{tmp / 'mlflow.db'}", artifacts_destination=str(tmp / "mlartifacts"),
-        auth=Auth(password_file=str(tmp / "admin-password")), log_path=tmp / "server.log", timeout_s=240,
+        auth=Auth(password_file=str(tmp / "admin-password")), log_path=tmp / "server.log", timeout_s=240, workers=2,
     ) as (_, url):
         yield {"url": url, "admin": ("admin", password), "dir": tmp, "artifacts": tmp / "mlartifacts"}
 

@@ -71,13 +71,13 @@ def _study(tmp_path: Path) -> Path:
     return path
 
 
-def test_node_local_state_refused_on_a_multi_node_cluster(cluster, tmp_path):
+def test_node_local_state_refused_on_a_multi_node_cluster(cluster, tmp_path, tracking_uri):
     study = _study(tmp_path)
     cluster.start_head()
     cluster._wait_started("head")
 
     # The head alone, offering no CPU: every trial would run on a worker the autoscaler adds.
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = tracking_uri
     driver = subprocess.run(
         [sys.executable, "-m", "studies.cli", "run", str(study), "--address", cluster.address, "--tracking-uri", tracking],
         env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=300, start_new_session=True,

@@ -166,11 +166,11 @@ def _request(port: int, host_header: str, method: str = "GET", path: str = "/api
 
 
 @pytest.mark.timeout(240)
-def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_path):
+def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_path, tracking_uri):
     svc = "raycluster-sharpscale-head-svc"
     with start_server(
-        backend_store_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifacts_destination=str(tmp_path / "art"),
-        allowed_host=[svc, "*.svc.cluster.local"], log_path=tmp_path / "server.log", timeout_s=180,
+        backend_store_uri=tracking_uri, artifacts_destination=str(tmp_path / "art"),
+        allowed_host=[svc, "*.svc.cluster.local"], log_path=tmp_path / "server.log", timeout_s=180, workers=1,
     ) as (_, url):
         port = int(url.rsplit(":", 1)[1])
         admitted = [f"{svc}:{port}", svc, f"{svc}.default.svc.cluster.local:{port}", "localhost", f"127.0.0.1:{port}"]
@@ -201,11 +201,11 @@ def test_start_server_reports_the_servers_own_error(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_stops_the_server_and_all_its_processes(tmp_path):
+def test_sigterm_stops_the_server_and_all_its_processes(tmp_path, tracking_uri):
     port = free_port()
     code = (
         "import sys; from studies.server import serve; "
-        f"sys.exit(serve(backend_store_uri='sqlite:///{tmp_path / 'mlflow.db'}', "
+        f"sys.exit(serve(backend_store_uri='{tracking_uri}', "
         f"artifacts_destination='{tmp_path / 'art'}', port={port}, workers=2))"
     )
     launcher = subprocess.Popen(

@@ -81,6 +81,8 @@ class TwoNodeCluster:
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "HF_HUB_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
+            # Worker nodes need Ray's multi-node mode, which tests/conftest.py turns off for the local clusters.
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
             # Token auth, the token in these processes' environment only (never ~/.ray/auth_token, which the
             # session cluster and other engineers' clusters on this machine read).
             "RAY_AUTH_MODE": "token",

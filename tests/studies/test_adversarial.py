@@ -168,13 +168,13 @@ def test_version_and_help_state_the_contract(capsys):
     assert f"{EXIT_INTERRUPTED} when interrupted" in text and "--tracking-uri" in text and "--smoke" in text
 
 
-def _study_in_store(tmp_path: Path, name: str, statuses: list[str]) -> tuple[Path, str]:
+def _study_in_store(tmp_path: Path, name: str, statuses: list[str], new_store) -> tuple[Path, str]:
     """A study file, and a real MLflow store holding its experiment with one trial run per status (no metric)."""
     from trainables.tracking import TrackingTarget, TrialRecorder, tracking_client
 
     study = tmp_path / "study.yaml"
     study.write_text(_edit(("name: quickstart", f"name: {name}")))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path / "mlflow.db")
     client = tracking_client(uri)
     exp = client.create_experiment(name, artifact_location=(tmp_path / "mlartifacts").as_uri())
     for i, status in enumerate(statuses):
@@ -184,9 +184,9 @@ def _study_in_store(tmp_path: Path, name: str, statuses: list[str]) -> tuple[Pat
 
 
 @pytest.mark.parametrize("statuses", [[], ["failed", "diverged"]], ids=["no-trials", "all-failed"])
-def test_report_and_status_of_a_study_without_results(statuses, tmp_path, monkeypatch, capsys):
+def test_report_and_status_of_a_study_without_results(statuses, tmp_path, monkeypatch, capsys, new_mlflow_store):
     monkeypatch.chdir(tmp_path)
-    study, uri = _study_in_store(tmp_path, "noresult", statuses)
+    study, uri = _study_in_store(tmp_path, "noresult", statuses, new_mlflow_store)
     assert main(["report", str(study), "--tracking-uri", uri, "--no-mlflow", "--out", str(tmp_path / "rep")]) == 0
     out = capsys.readouterr()
     assert "Traceback" not in out.err and "No report written" in out.out
@@ -197,20 +197,20 @@ def test_report_and_status_of_a_study_without_results(statuses, tmp_path, monkey
     assert f"{len(statuses)} of 15 trials recorded" in out.out, out
 
 
-def test_summary_of_an_all_failed_study(tmp_path, capsys):
+def test_summary_of_an_all_failed_study(tmp_path, capsys, new_mlflow_store):
     from studies.cli import _print_summary
     from studies.spec import load_study
 
-    study, uri = _study_in_store(tmp_path, "allfailed", ["failed", "failed"])
+    study, uri = _study_in_store(tmp_path, "allfailed", ["failed", "failed"], new_mlflow_store)
     _print_summary(load_study(study, require_data=False), uri)
     assert "no trial finished with a result (2 failed)" in capsys.readouterr().out
 
 
-def test_a_level_name_with_a_quote_is_found_again(tmp_path):
+def test_a_level_name_with_a_quote_is_found_again(tmp_path, new_mlflow_store):
     from studies.runner import _find_run
     from trainables.tracking import tracking_client
 
-    client = tracking_client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = tracking_client(new_mlflow_store(tmp_path / "mlflow.db"))
     exp = client.create_experiment("quotes")
     for key in ("method=o'brien", 'method="quoted"', "plain"):
         client.create_run(exp, tags={"sharpscale.cell": key})
@@ -311,11 +311,12 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.timeout(900)
-def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model):
+def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_mlflow_store):
     from trainables.metrics import EPOCH_METRICS
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
     db = tmp_path / "mlflow.db"
+    new_mlflow_store(db)  # the study's own ./mlflow.db, its schema already made: the test is about Ctrl-C
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "studies.cli"]
@@ -370,7 +371,7 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model):
     assert {p.name for p in tmp_path.iterdir()} <= {"study.yaml", "mlflow.db", "mlflow.db.lock", "mlartifacts", "runs"}
 
 
-def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path, tiny_model):
+def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path, tiny_model, tracking_uri):
     # The Optuna storage is opened after the study and cell runs are created: its failure must close them.
     from mlflow.tracking import MlflowClient
 
@@ -380,7 +381,7 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
              "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_uri
     with pytest.raises(UserError, match="database driver is not installed") as err:
         run_study(path, tracking_uri=uri)
     assert not getattr(err.value, "__notes__", None)  # closing went fine: nothing added to the one cause

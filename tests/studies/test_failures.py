@@ -1,7 +1,9 @@
 """Studies survive failures on real Ray, Optuna and SQLite MLflow: a diverging trial, a driver killed with SIGKILL."""
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -14,7 +16,6 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
-from studies.server import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,15 +74,40 @@ def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_pat
     assert states["nan:arch=mixer,lr=ok"] == ["COMPLETE", "COMPLETE"]
 
 
-def _finished_and_running(tracking_uri, name, *, finished):
-    """The study's trial runs when at least `finished` of them finished and one is running, else None."""
+def _finished_and_running(tracking_uri, *, finished):
+    """The ids of the finished trial runs when at least `finished` of them finished and one is running, else None.
+
+    Read straight from the store's SQLite file in one query: the test polls it while the study trains on the same
+    two cores, and `load_runs` there would take a core away from the trials it waits for.
+    """
+    db = tracking_uri.removeprefix("sqlite:///")
+    query = ("select r.run_uuid, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
+             "k.key = 'sharpscale.kind' and k.value = 'trial' left join tags s on s.run_uuid = r.run_uuid and "
+             "s.key = 'sharpscale.status' where r.lifecycle_stage = 'active'")
     try:
-        runs = load_runs(name, tracking_uri=tracking_uri)
-    except LookupError:
+        with contextlib.closing(sqlite3.connect(db, timeout=30)) as con:
+            rows = con.execute(query).fetchall()
+    except sqlite3.OperationalError:
+        return None  # the schema or a table is being written
+    done = [run_id for run_id, _, status in rows if status == "finished"]
+    if len(done) < finished or not any(mlflow_status == "RUNNING" for _, mlflow_status, _ in rows):
         return None
-    if runs.empty or (runs["status"] == "finished").sum() < finished or not (runs["status"] == "running").any():
-        return None
-    return runs
+    return done
+
+
+def _pids_in_group(pgid: int) -> dict[int, str]:
+    """{pid: command name} of the live (not zombie) processes of process group `pgid`."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces, so split at the last ')'.
+            head, tail = (entry / "stat").read_text().rsplit(")", 1)
+            fields = tail.split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found[int(entry.name)] = head.split("(", 1)[1]
+    return found
 
 
 @pytest.mark.timeout(900)
@@ -107,29 +133,26 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         before = None
         while before is None and time.time() < deadline:
             assert driver.poll() is None, "the study ended before it could be killed"
-            before = _finished_and_running(tracking_uri, "killme", finished=2)
+            before = _finished_and_running(tracking_uri, finished=2)
             time.sleep(0.2)
         assert before is not None, "no state with two trials finished and one running within 400 s"
-        os.kill(driver.pid, signal.SIGKILL)
-        done_before = before[before["status"] == "finished"]
+        os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as `kill -9 PID` does
+        done_before = before
         driver.wait(timeout=30)
+        # What the driver's death leaves of its local Ray cluster (its agents outlive it by a minute or more, issue
+        # 13.11): the resume starts beside them at once, and must be neither confused nor stopped by them.
+        survivors = _pids_in_group(driver.pid)
+        assert survivors, "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
+        resumed = subprocess.run(
+            [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
+        )
     finally:
-        # The driver's own local Ray cluster lives in its process group: take it down as a kill -9 leaves it.
-        try:
+        # The killed driver's Ray processes live in its process group: take down whatever is left of them.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    # Resume starts once every process of the killed cluster is gone (a raylet or worker dies a moment later).
-    deadline = time.time() + 60
-    while group_alive(driver.pid):
-        assert time.time() < deadline, "the killed study's processes outlived SIGKILL by a minute"
-        time.sleep(0.1)
-
-    resumed = subprocess.run(
-        [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
-    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    print(f"resumed beside {len(survivors)} processes of the killed driver's Ray: {sorted(survivors.values())}")
 
     after = load_runs("killme", tracking_uri=tracking_uri)
     assert len(after) == 6, after[["trial_id", "status"]]          # exactly one run per trial
@@ -142,7 +165,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     kinds = [r.data.tags.get("sharpscale.kind") for r in client.search_runs([exp.experiment_id], max_results=1000)]
     assert kinds.count("study") == 1 and kinds.count("cell") == 2
     # Finished trials were not run again: same runs, one value per epoch.
-    for run_id in done_before["run_id"]:
+    for run_id in done_before:
         history = client.get_metric_history(run_id, "val_acc")
         assert sorted(m.step for m in history) == [0, 1, 2, 3]
     for run_id in after["run_id"]:

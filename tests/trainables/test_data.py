@@ -104,6 +104,25 @@ def test_load_dataset_reports_every_argument_problem_at_once():
 # --------------------------------------------------------------------------- digits
 
 
+def test_digits_are_read_as_scikit_learns_load_digits_gives_them():
+    # Pins the file digits_raw reads without importing scikit-learn to the public loader's output, exactly; and
+    # that the fast path is the one taken (no scikit-learn import), which is its reason to exist.
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from trainables.data import digits_raw
+
+    pixels, labels = digits_raw()
+    raw = load_digits()
+    assert pixels.shape == (1797, 64) and np.array_equal(pixels, raw.data) and np.array_equal(labels, raw.target)
+    code = "import sys; from trainables.data import digits_raw; digits_raw(); print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "False"
+
+
 def test_digits_bundle_shapes_and_normalisation():
     b = load_dataset("digits", img_size=16, augment="none")
     assert (b.num_classes, b.in_chans, b.img_size, b.name) == (10, 1, 16, "digits")

@@ -37,7 +37,7 @@ print("RESULT " + json.dumps({
 
 
 @pytest.mark.timeout(300)
-def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fix(tmp_path, tiny_model):
+def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fix(tmp_path, tiny_model, tracking_uri):
     study = {
         "name": "device",
         "base": {
@@ -57,7 +57,7 @@ def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fi
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(path), f"sqlite:///{tmp_path / 'mlflow.db'}"],
+        [sys.executable, "-c", _DRIVER, str(path), tracking_uri],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, start_new_session=True,
     )
     assert out.returncode == 0 and "RESULT " in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
