@@ -716,7 +716,8 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
             continue
         merged.append((levels, tree))
-    shortest = min((_epochs(tree) for _, tree in merged), default=None)
+    # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
+    shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
     for levels, tree in merged:
         if smoke:
             tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
@@ -767,8 +768,9 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     for fname, fspec in spec.factors.items():
         for level, overrides in _levels(fname, fspec).items():
             for knob in (k for k in overrides if _is_knob(k, owners)) if isinstance(overrides, dict) else ():
-                if cells and not smoke and not any(c.levels.get(fname) == level and knob in c.config.get("optimizer", {}).get("hparams", {})
-                                     for c in cells):
+                reached = any(c.levels.get(fname) == level and knob in c.config.get("optimizer", {}).get("hparams", {})
+                              for c in cells)
+                if cells and not smoke and not reached:
                     problems.append(
                         f"factors.{fname}.{level}.{knob}: applies to no cell (no method of the cells with this level takes "
                         f"it: {sorted(owners[knob])} do). Fix: add such a method to the factors, or remove it."
@@ -978,14 +980,19 @@ def _epochs(tree: dict[str, Any]) -> Any:
     return epochs if epochs is not None else TrialConfig().schedule.epochs
 
 
-def smoke_epochs(epochs: Any, shortest: Any, smoke: int) -> int:
+def smoke_epochs(epochs: Any, shortest: Any, smoke: Any) -> Any:
     """A cell's epochs under --smoke: the study's shortest cell runs `smoke` epochs, and every other cell keeps its
     ratio to it (rounded, at least 1), so a level given 2x the epochs, or equal steps on a smaller fraction, still
-    has them in the tiny run. Values that are not positive integers are left for the cell's validation to report."""
-    valid = [isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (epochs, shortest)]
-    if not all(valid):
+    has them in the tiny run. A cell's epochs that are no positive integer stay, for its validation to report."""
+    if not _positive_int(epochs):
+        return epochs
+    if not (_positive_int(shortest) and _positive_int(smoke)):
         return smoke
     return max(1, round(smoke * epochs / shortest))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any], shortest: Any = None) -> dict[str, Any]:

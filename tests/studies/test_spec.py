@@ -201,3 +201,10 @@ def test_bare_knob_of_a_level_reaches_only_methods_that_take_it(tmp_path):
     data["factors"]["arch"]["vit"]["rhoo"] = 0.3
     with pytest.raises(StudyError, match="factors.arch.vit.rhoo: not a trial config path nor a method knob"):
         load_study(write(tmp_path, data))
+
+
+def test_smoke_with_an_invalid_epochs_level_reports_it_instead_of_failing(tmp_path):
+    data = {**GOOD, "search": {}, "factors": {"method": {"a": {"optimizer.method": "none"},
+                                                         "b": {"optimizer.method": "none", "schedule.epochs": "many"}}}}
+    with pytest.raises(StudyError, match="schedule.epochs"):
+        load_study(write(tmp_path, data), smoke=True)
