@@ -7,6 +7,7 @@ import pytest
 from analysis import load_runs
 from studies.runner import run_study
 from studies.spec import load_study
+from trainables.naming import GPUS_PER_WORKER_PARAM, WORKERS_PARAM
 
 REPO_STUDIES = Path(__file__).resolve().parents[2] / "studies"
 STUDIES = sorted(REPO_STUDIES.glob("*.yaml"))
@@ -41,6 +42,8 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     assert len(runs) == study.total_trials
     assert set(runs["status"]) <= {"finished", "diverged"}
     assert (runs["status"] == "finished").sum() >= len(runs) - 1
+    # What each trial held, beside its config: its GPU-seconds are counted from it (analysis.compute).
+    assert (runs[WORKERS_PARAM] == 1).all() and (runs[GPUS_PER_WORKER_PARAM] == 0).all()
 
 
 def _stated(head: str) -> dict[str, int]:
