@@ -1,5 +1,7 @@
-"""Compute cost of a study's trials (GPU-seconds from the logged epoch times) and the compute-matched table: each
-cell's answer against what it cost, so that SAM at 1x epochs meets vanilla given the same compute (2x epochs)."""
+"""Compute cost of a study's trials (GPU-seconds from their logged epoch times) and the compute-matched table.
+
+Each cell's answer against what it cost, so that SAM at 1x epochs meets vanilla given the same compute (2x epochs):
+the baseline Foret et al. 2021 ran and most later papers omit."""
 
 from __future__ import annotations
 
