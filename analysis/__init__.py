@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Any
 # Each public name and the submodule that defines it. Submodules load on first use (PEP 562), so that
 # `from analysis import load_runs` (`sharpscale status`) does not pay for torch (geometry) or matplotlib (plots).
 _HOMES = {
+    "COST_UNITS": "compute",
+    "compute_matched": "compute",
+    "trial_compute": "compute",
+    "plot_compute_frontier": "plots",
     "plot_curves": "plots",
     "plot_error_vs_n": "plots",
     "plot_gain": "plots",
@@ -44,6 +48,7 @@ _HOMES = {
 _SUBMODULES = ("geometry",)  # public as modules: `from analysis import geometry`
 
 __all__ = [
+    "COST_UNITS",
     "DataMultiplier",
     "FewSamplesWarning",
     "FloorNotIdentifiedWarning",
@@ -53,6 +58,7 @@ __all__ = [
     "ScalingTable",
     "best_of_search",
     "checkpointed_trials",
+    "compute_matched",
     "data_multiplier",
     "fit_law",
     "fit_power_law",
@@ -68,6 +74,7 @@ __all__ = [
     "measure_study",
     "method_pairs",
     "paired_law_difference",
+    "plot_compute_frontier",
     "plot_curves",
     "plot_error_vs_n",
     "plot_gain",
@@ -76,12 +83,14 @@ __all__ = [
     "sam_gain",
     "scaling_table",
     "summarize",
+    "trial_compute",
     "write_report",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
     from analysis import geometry
-    from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+    from analysis.compute import COST_UNITS, compute_matched, trial_compute
+    from analysis.plots import plot_compute_frontier, plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
     from analysis.runs import load_curves, load_runs, summarize

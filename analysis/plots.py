@@ -1,4 +1,5 @@
-"""Figures of a study (matplotlib, no pyplot state): error vs data on log-log axes, SAM's gain, accuracy vs rho, learning curves.
+"""Figures of a study (matplotlib, no pyplot state): error vs data on log-log axes, SAM's gain, accuracy vs rho, learning
+curves, accuracy against compute.
 
 One visual grammar in every figure: colour = architecture, line style and marker = method; n is in the legend or
 next to each point; an interval is drawn only where there are at least two samples to give one; a point a log axis
@@ -20,7 +21,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
 
-__all__ = ["plot_curves", "plot_error_vs_n", "plot_gain", "plot_rho_sensitivity"]
+__all__ = ["plot_compute_frontier", "plot_curves", "plot_error_vs_n", "plot_gain", "plot_rho_sensitivity"]
 
 
 def _figure(width: float = 6.0, height: float = 4.0) -> Figure:
@@ -268,6 +269,66 @@ def plot_curves(
     handles = style.legend_handles() if grammar else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
     if len(handles) <= 16:
         fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{runs} runs", title_fontsize=7)
+    return _finish(fig, path)
+
+
+def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None, title: str | None = None) -> Figure:
+    """The metric against training compute, from analysis.compute.compute_matched: colour = arch, marker = method.
+
+    One point per group (mean over seeds), n beside it; ± SE bars on both axes only where n > 1; per arch, a thin
+    line joins the points no cheaper point beats (its compute frontier). The x axis is logarithmic when the costs
+    span more than a decade.
+    """
+    missing = [c for c in ("cost_mean", "cost_se", "metric_mean", "metric_se", "n") if c not in table.columns]
+    if missing or table.index.nlevels < 2:
+        raise ValueError(f"table must be the DataFrame of compute_matched (index arch, method[, ...]; columns "
+                         f"cost_mean, cost_se, metric_mean, metric_se, n); missing {missing}")
+    keys = [tuple(map(str, k)) for k in table.index]
+    style = _Style([k[0] for k in keys], [k[1] for k in keys])
+    fig = _figure(6.5, 4.5)
+    ax = fig.add_subplot()
+    maximise = table.attrs.get("mode", "max") == "max"
+    for arch in style.archs:
+        part = table[[k[0] == arch for k in keys]]
+        x, y = part["cost_mean"].to_numpy(dtype="float64"), part["metric_mean"].to_numpy(dtype="float64")
+        n = part["n"].to_numpy()
+        xse = np.where(n > 1, part["cost_se"].to_numpy(dtype="float64"), np.nan)
+        yse = np.where(n > 1, part["metric_se"].to_numpy(dtype="float64"), np.nan)
+        color = style.color(arch)
+        for i, key in enumerate(part.index):
+            key = tuple(map(str, key))
+            if not (np.isfinite(x[i]) and np.isfinite(y[i])):
+                continue
+            ax.plot([x[i]], [y[i]], linestyle="none", marker=style.line(key[1])[1], markersize=8, color=color)
+            if np.isfinite(xse[i]) or np.isfinite(yse[i]):
+                ax.errorbar([x[i]], [y[i]], xerr=None if not np.isfinite(xse[i]) else [xse[i]],
+                            yerr=None if not np.isfinite(yse[i]) else [yse[i]], fmt="none", ecolor=color, capsize=3)
+            extra = " ".join(key[2:])
+            ax.annotate(f"n={int(n[i])}" + (f" {extra}" if extra else ""), (x[i], y[i]), textcoords="offset points",
+                        xytext=(5, 4), fontsize=6, color=color)
+        # The frontier: sorted by cost, the points better than every cheaper one.
+        order = [i for i in np.argsort(x) if np.isfinite(x[i]) and np.isfinite(y[i])]
+        front, best = [], -np.inf
+        for i in order:
+            score = y[i] if maximise else -y[i]
+            if score > best:
+                front.append(i)
+                best = score
+        if len(front) > 1:
+            ax.plot(x[front], y[front], color=color, linewidth=0.9, alpha=0.7)
+    xs = table["cost_mean"].to_numpy(dtype="float64")
+    xs = xs[np.isfinite(xs) & (xs > 0)]
+    if len(xs) and xs.max() / xs.min() > 10:
+        _log_axis(ax.xaxis, ax.set_xscale)
+    unit = table.attrs.get("unit", "seconds")
+    ax.set_xlabel(f"training compute per cell ({unit}, mean over seeds)")
+    ax.set_ylabel(f"{table.attrs.get('metric', 'metric')} (mean over seeds)")
+    handles = [Line2D([], [], color=style.color(a), linewidth=3, label=f"arch: {a}") for a in style.archs]
+    handles += [Line2D([], [], color="black", linestyle="none", marker=style.line(m)[1], label=f"method: {m}")
+                for m in style.methods]
+    handles.append(Line2D([], [], color="grey", linewidth=0.9, label="frontier (no cheaper point is better)"))
+    ax.legend(handles=handles, fontsize=7, title="± SE over seeds (no bar where n = 1)", title_fontsize=7)
+    fig.suptitle(title or "Accuracy against compute: each method at its epochs", fontsize=10)
     return _finish(fig, path)
 
 

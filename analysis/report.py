@@ -10,7 +10,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+from analysis.compute import compute_matched
+from analysis.plots import plot_compute_frontier, plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
 from analysis.runs import (
     _open_experiment,
     load_curves,
@@ -33,6 +34,7 @@ from analysis.tables import (
     sam_gain,
     scaling_table,
 )
+from trainables.metrics import EPOCH_TIME
 from trainables.naming import KIND_TAG, kind_filter
 
 __all__ = ["ARTIFACT_DIR", "write_report"]
@@ -156,6 +158,8 @@ def write_report(
       - geometry/* columns (analysis.log_geometry): geometry_tau.md/.csv, Kendall's tau with the gap;
       - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
+      - one data fraction, epoch times logged, and 2+ methods or 2+ epoch counts: compute_matched.md/.csv (per
+        arch: each method's epochs, training compute mean ± SE, objective mean ± SE, n) and compute_frontier.png.
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
     and re-issued. Returns the written paths. With log_to_mlflow, the files go to the latest run tagged
     sharpscale.kind=study in the study's experiment, under report/ (LookupError when there is none).
@@ -219,6 +223,12 @@ def write_report(
         if len(_distinct(runs, _RHO, positive=True)) >= 2:
             _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,
                          by=(_FRACTION,) if len(fractions) >= 2 else (), n_boot=n_boot, boot_seed=seed)
+
+        if len(fractions) < 2 and _compares_compute(runs, method):
+            epoch_times = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=(EPOCH_TIME,),
+                                      run_ids=runs["run_id"].tolist())
+            _compute_section(w, runs, epoch_times, arch=arch, method=method, metric=metric, mode=mode, scale=scale,
+                             unit=unit)
 
     notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
                                if not issubclass(c.category, (DeprecationWarning, FutureWarning))))
@@ -381,3 +391,45 @@ def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> N
             w.text(f"law_difference_{slug}.md", md)
             w.csv(f"law_difference_{slug}.csv", frame)
             w.section(f"Scaling-law difference of {level} over {base}", md)
+
+
+def _compares_compute(runs: pd.DataFrame, method: str) -> bool:
+    """Whether the trials differ in what they spend compute on: 2+ methods or 2+ epoch counts, with epoch times logged."""
+    if EPOCH_TIME not in runs.columns or "run_id" not in runs.columns:
+        return False
+    methods = runs[method].nunique() if method in runs.columns else 0
+    epochs = runs["schedule.epochs"].nunique() if "schedule.epochs" in runs.columns else 0
+    return methods >= 2 or epochs >= 2
+
+
+def _compute_section(w: _Writer, runs, epoch_times, *, arch, method, metric, mode, scale, unit) -> None:
+    """Accuracy against training compute: a table per arch and the frontier plot (analysis.compute)."""
+    seed = f"factor.{_SEED}" if f"factor.{_SEED}" in runs.columns else None
+    table = compute_matched(runs, epoch_times, arch=arch, method=method, seed=seed, metric=metric, mode=mode)
+    if table.empty:
+        return
+    cost_unit = table.attrs["unit"]
+
+    def pm(mean, se, factor, digits):
+        if not math.isfinite(mean):
+            return "–"
+        return f"{mean * factor:.{digits}f} ± " + (f"{se * factor:.{digits}f}" if math.isfinite(se) else "–")
+
+    blocks = []
+    for a, part in table.groupby(level=0, sort=True):
+        shown = pd.DataFrame({
+            "epochs": [e if isinstance(e, str) else (f"{e:.0f}" if math.isfinite(e) else "–") for e in part["epochs"]],
+            f"{cost_unit} mean ± SE": [pm(m, e, 1.0, 1) for m, e in zip(part["cost_mean"], part["cost_se"])],
+            f"{metric}{unit} mean ± SE": [pm(m, e, scale, 2) for m, e in zip(part["metric_mean"], part["metric_se"])],
+            "n": part["n"].to_numpy(), "trials": part["trials"].to_numpy(), "note": part["note"].to_numpy(),
+        }, index=part.index.droplevel(0))
+        blocks.append(f"### arch: {a}\n\n" + _markdown(shown))
+    md = (f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "
+          f"all its trials ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; "
+          "validation and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
+          "A method beats more epochs of vanilla only if it is better at equal or lower compute.\n\n"
+          + "\n".join(blocks))
+    w.text("compute_matched.md", md)
+    w.csv("compute_matched.csv", table)
+    w.figure("compute_frontier.png", plot_compute_frontier(table))
+    w.section("Accuracy against compute", md, "compute_frontier.png")

@@ -603,7 +603,8 @@ def _fixed_by_study(spec: Study, key: str) -> str | None:
     owners = _method_hparams()
     for fname, fspec in spec.factors.items():
         for overrides in _levels(fname, fspec).values():
-            if isinstance(overrides, dict) and any(_overlapping([key, p]) or p == key for p in overrides):
+            paths = [_resolve_search_key(p, owners) for p in overrides] if isinstance(overrides, dict) else []
+            if any(_overlapping([key, p]) or p == key for p in paths):
                 return f"factor {fname!r} (its levels {shown(list(_levels(fname, fspec)))})"
     for skey in spec.search:
         path = _resolve_search_key(skey, owners)
@@ -613,7 +614,12 @@ def _fixed_by_study(spec: Study, key: str) -> str | None:
 
 
 def _resolve_search_key(key: str, owners: dict[str, set[str]]) -> str:
-    return f"optimizer.hparams.{key}" if "." not in key and key in owners else key
+    return f"optimizer.hparams.{key}" if _is_knob(key, owners) else key
+
+
+def _is_knob(key: str, owners: dict[str, set[str]]) -> bool:
+    """A bare method knob (`rho`): in a search or a level it means optimizer.hparams.<key>, where the method takes it."""
+    return "." not in key and key in owners
 
 
 def _domain_probes(dom: Domain) -> list[Any]:
@@ -670,8 +676,11 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 )
                 continue
             for path in overrides:
-                if not _known_path(path):
-                    problems.append(f"factors.{fname}.{level}.{path}: not a trial config path. Fix: check its spelling.")
+                if not _known_path(path) and not _is_knob(path, owners):
+                    problems.append(
+                        f"factors.{fname}.{level}.{path}: not a trial config path nor a method knob ({SEARCH_SHORTHANDS}). "
+                        f"Fix: check its spelling."
+                    )
     if problems:
         return [], problems
 
@@ -688,17 +697,30 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
     combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
+    merged: list[tuple[dict[str, str], dict[str, Any]]] = []
     for combo in combos:
         levels = {factor_levels[i][0]: name for i, (name, _) in enumerate(combo)}
         tree = copy.deepcopy(spec.base)
+        knobs: dict[str, Any] = {}
         try:
             for _, overrides in combo:
-                tree = deep_merge(tree, _overrides_to_tree(overrides))
+                paths = {k: v for k, v in overrides.items() if not _is_knob(k, owners)}
+                knobs.update({k: v for k, v in overrides.items() if _is_knob(k, owners)})
+                tree = deep_merge(tree, _overrides_to_tree(paths))
+            # A bare knob of a level (`rho: 0.1` on an architecture) reaches only the cells whose method takes it.
+            method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
+            for knob, value in knobs.items():
+                if method in owners[knob]:
+                    set_path(tree, f"optimizer.hparams.{knob}", value)
         except ValueError as err:
             problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
             continue
+        merged.append((levels, tree))
+    # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
+    shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
+    for levels, tree in merged:
         if smoke:
-            tree = _smoke_tree(tree, spec.smoke)  # --smoke wins over every level
+            tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
         elif require_data and (problem := _missing_root(tree)):
             missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")
         key = ",".join(f"{f}={lv}" for f, lv in levels.items())
@@ -742,7 +764,17 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     for problem, where in missing_roots.items():
         listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
         problems.append(f"{problem} (cells: {listed})")
-    # A search parameter that applies to no cell is almost always a typo or a forgotten factor.
+    # A knob of a level, or a search parameter, that applies to no cell is almost always a typo or a forgotten factor.
+    for fname, fspec in spec.factors.items():
+        for level, overrides in _levels(fname, fspec).items():
+            for knob in (k for k in overrides if _is_knob(k, owners)) if isinstance(overrides, dict) else ():
+                reached = any(c.levels.get(fname) == level and knob in c.config.get("optimizer", {}).get("hparams", {})
+                              for c in cells)
+                if cells and not smoke and not reached:
+                    problems.append(
+                        f"factors.{fname}.{level}.{knob}: applies to no cell (no method of the cells with this level takes "
+                        f"it: {sorted(owners[knob])} do). Fix: add such a method to the factors, or remove it."
+                    )
     used = {p for c in cells for p in c.space}
     for skey in spec.search:
         if cells and _resolve_search_key(skey, owners) not in used:
@@ -927,6 +959,7 @@ def _study_errors(err: ValidationError) -> list[str]:
 
 
 # --smoke: the same study, tiny, on the embedded digits, on CPU: for CI and for checking a file before a cluster run.
+# Its epochs are those of the study's shortest cell; a cell with more keeps its ratio to it (`smoke_epochs`).
 _SMOKE = {
     "data": {"name": "digits", "root": None, "img_size": 16, "batch_size": 64, "num_workers": 0},
     "schedule": {"epochs": 2, "warmup_epochs": 0},
@@ -940,7 +973,29 @@ _SMOKE_MODELS = {
 }
 
 
-def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _epochs(tree: dict[str, Any]) -> Any:
+    """A cell's schedule.epochs as its tree sets it, else the trial config's default (not validated yet)."""
+    schedule = tree.get("schedule")
+    epochs = schedule.get("epochs") if isinstance(schedule, dict) else None
+    return epochs if epochs is not None else TrialConfig().schedule.epochs
+
+
+def smoke_epochs(epochs: Any, shortest: Any, smoke: Any) -> Any:
+    """A cell's epochs under --smoke: the study's shortest cell runs `smoke` epochs, and every other cell keeps its
+    ratio to it (rounded, at least 1), so a level given 2x the epochs, or equal steps on a smaller fraction, still
+    has them in the tiny run. A cell's epochs that are no positive integer stay, for its validation to report."""
+    if not _positive_int(epochs):
+        return epochs
+    if not (_positive_int(shortest) and _positive_int(smoke)):
+        return smoke
+    return max(1, round(smoke * epochs / shortest))
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any], shortest: Any = None) -> dict[str, Any]:
     from trainables.models import model_family
 
     name = tree.get("model", {}).get("name", TrialConfig().model.name)
@@ -949,7 +1004,10 @@ def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     except ValueError:
         tiny = {}  # an unknown family is reported by the cell's own validation
     model = {k: v for k, v in tree.get("model", {}).items() if k in ("drop_rate", "drop_path_rate")}
-    return deep_merge(deep_merge({**tree, "model": {**model, **tiny}}, _SMOKE), extra)
+    out = deep_merge(deep_merge({**tree, "model": {**model, **tiny}}, _SMOKE), extra)
+    if shortest is not None and isinstance(out.get("schedule"), dict):
+        out["schedule"]["epochs"] = smoke_epochs(_epochs(tree), shortest, _epochs(out))
+    return out
 
 
 def _missing_root(tree: dict[str, Any]) -> str | None:

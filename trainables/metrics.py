@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EPOCH_METRICS", "SAM_METRICS", "VALIDATION_METRICS", "VALIDATION_SAMPLES"]
+__all__ = ["EPOCH_METRICS", "EPOCH_TIME", "SAM_METRICS", "VALIDATION_METRICS", "VALIDATION_SAMPLES"]
 
 # `trainables.loop.evaluate`: on the validation split, every epoch.
 VALIDATION_METRICS = ("val_loss", "val_acc", "val_top5")
@@ -10,8 +10,10 @@ VALIDATION_METRICS = ("val_loss", "val_acc", "val_top5")
 VALIDATION_SAMPLES = "val_samples"
 # Only where the method takes a second (perturbed) pass: SAM and its kin.
 SAM_METRICS = ("surrogate_gap", "sharpness_2h_rho2")
+# Seconds of one epoch's training pass (not its validation): what a trial's compute is counted from (analysis.compute).
+EPOCH_TIME = "epoch_time_s"
 # Everything one epoch's result holds (`trainables.loop.fit`); tests/studies/test_adversarial.py checks a real trial's.
 EPOCH_METRICS = (
-    "train_loss", "train_acc", "images_per_sec", "epoch_time_s", *VALIDATION_METRICS, VALIDATION_SAMPLES, "lr", "weight_norm",
+    "train_loss", "train_acc", "images_per_sec", EPOCH_TIME, *VALIDATION_METRICS, VALIDATION_SAMPLES, "lr", "weight_norm",
     "best_val_acc", "best_epoch", *SAM_METRICS,
 )

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_TRACKING_URI",
     "FACTOR_PREFIX",
     "GIT_COMMIT_TAG",
+    "GPUS_PER_WORKER_PARAM",
     "KIND_TAG",
     "LAUNCH_TAG",
     "NOTE_TAG",
@@ -34,6 +35,7 @@ __all__ = [
     "TAG_PREFIX",
     "TRIAL_ID_TAG",
     "TRIAL_KEY_TAG",
+    "WORKERS_PARAM",
     "Kind",
     "experiment_name",
     "factor_tag",
@@ -91,6 +93,11 @@ BEST_CELL_TAG = tag("best_cell")
 # The artifact folder of a trial's run holding its final checkpoint (`tracking.log_checkpoint: true`); the file in
 # it is trainables.loop.CHECKPOINT_FILE. analysis.record finds a study's checkpointed trials by it.
 CHECKPOINT_ARTIFACT = "checkpoint"
+# The resources a trial held, logged as params beside its config (trainables.ray_train): DDP workers and the GPUs of
+# each (a fraction where trials share a GPU). With the per-epoch epoch_time_s they give its GPU-seconds
+# (analysis.compute). Not config paths: a trial config never holds them.
+WORKERS_PARAM = "resources.workers"
+GPUS_PER_WORKER_PARAM = "resources.gpus_per_worker"
 # One tag per factor of the study, `factor.<name>` = the cell's level (analysis turns them into columns).
 FACTOR_PREFIX = "factor."
 # MLflow's own system tags (its UI nests runs by the first and shows the second as the run's description).

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.naming import RAY_NODE_ID_TAG, TRIAL_ID_TAG, tag
+from trainables.naming import GPUS_PER_WORKER_PARAM, RAY_NODE_ID_TAG, TRIAL_ID_TAG, WORKERS_PARAM, tag
 from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
 __all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
@@ -55,8 +55,10 @@ def _tags(extra: dict[str, str]) -> dict[str, str]:
 def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialConfig) -> TrialRecorder | None:
     if not payload.get("tracking"):
         return None
+    plan = DistributedPlan(**payload.get("plan", {}))
+    resources = {WORKERS_PARAM: plan.workers, GPUS_PER_WORKER_PARAM: plan.gpus_per_worker}
     recorder = TrialRecorder(
-        TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params=cfg.flat(),
+        TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params={**cfg.flat(), **resources},
         wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
     recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))

@@ -145,7 +145,7 @@ def test_every_node_mounts_the_shared_storage_the_cluster_ready_studies_use():
     shared = {inside for outside, inside in volumes if outside == inside}
     mounts = [c for c in config["initialization_commands"] if not c.lstrip().startswith("#") and "mount -t nfs" in c]
     assert len(mounts) == 1 and all(f" {m}" in mounts[0] for m in shared), (mounts, shared)
-    for name in ("rho_sensitivity", "data_scaling"):
+    for name in ("rho_sensitivity", "data_scaling", "compute_matched"):
         study = load_study(REPO / "studies" / f"{name}.yaml", smoke=True)  # smoke: no dataset needed here
         assert study.spec.shared_mounts and set(study.spec.shared_mounts) <= shared, (name, study.spec.shared_mounts)
         assert storage_is_shared(study.storage, study.spec.shared_mounts), (name, study.storage)

@@ -7,10 +7,12 @@ import pytest
 from analysis import load_runs
 from studies.runner import run_study
 from studies.spec import load_study
+from trainables.naming import GPUS_PER_WORKER_PARAM, WORKERS_PARAM
 
 REPO_STUDIES = Path(__file__).resolve().parents[2] / "studies"
 STUDIES = sorted(REPO_STUDIES.glob("*.yaml"))
-EXPECTED = {"data_scaling", "gsam_alpha", "optimizer_cost", "quickstart", "rho_sensitivity", "saf_mesa_lambda"}
+EXPECTED = {"compute_matched", "data_scaling", "gsam_alpha", "optimizer_cost", "quickstart", "rho_sensitivity",
+            "saf_mesa_lambda"}
 
 
 def test_every_shipped_study_is_checked():
@@ -40,6 +42,8 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     assert len(runs) == study.total_trials
     assert set(runs["status"]) <= {"finished", "diverged"}
     assert (runs["status"] == "finished").sum() >= len(runs) - 1
+    # What each trial held, beside its config: its GPU-seconds are counted from it (analysis.compute).
+    assert (runs[WORKERS_PARAM] == 1).all() and (runs[GPUS_PER_WORKER_PARAM] == 0).all()
 
 
 def _stated(head: str) -> dict[str, int]:
@@ -68,12 +72,40 @@ def test_stated_counts_match_the_expansion(path):
     assert stated == actual
 
 
+def _updates(cell) -> float:
+    """A cell's number of updates in units of one epoch of the whole training set."""
+    return cell.config["schedule"]["epochs"] * cell.config["data"].get("fraction", 1.0)
+
+
 def test_data_scaling_smoke_keeps_the_scaling_question():
     smoke = load_study(REPO_STUDIES / "data_scaling.yaml", smoke=True)
-    fractions = {c.levels["data.fraction"] for c in smoke.cells}
+    fractions = {c.config["data"]["fraction"] for c in smoke.cells}
     seeds = {c.levels["train.seed"] for c in smoke.cells}
     assert len(fractions) >= 3 and len(seeds) >= 2
     assert {c.levels["method"] for c in smoke.cells} >= {"vanilla", "sam"}
+    assert len({_updates(c) for c in smoke.cells}) == 1  # equal steps, tiny
+
+
+def test_data_scaling_gives_every_fraction_equal_steps_its_own_rho_and_five_seeds():
+    full = load_study(REPO_STUDIES / "data_scaling.yaml", require_data=False)
+    assert len({_updates(c) for c in full.cells}) == 1
+    # The warm-up is the same share of every schedule.
+    assert len({c.config["schedule"]["warmup_epochs"] / c.config["schedule"]["epochs"] for c in full.cells}) == 1
+    assert {c.config["data"]["fraction"] for c in full.cells} == {0.1, 0.25, 0.5, 1.0}
+    sam = [c for c in full.cells if c.config["optimizer"]["method"] == "sam"]
+    assert sam and all("optimizer.hparams.rho" in c.space and c.trials >= 4 for c in sam)  # searched in each cell
+    assert len({c.levels["train.seed"] for c in full.cells}) >= 5
+
+
+def test_compute_matched_gives_vanilla_twice_the_epochs_in_both_forms():
+    for smoke in (False, True):
+        study = load_study(REPO_STUDIES / "compute_matched.yaml", smoke=smoke, require_data=False)
+        epochs = {c.levels["method"]: c.config["schedule"]["epochs"] for c in study.cells}
+        assert epochs["vanilla_2x"] == 2 * epochs["vanilla"] == 2 * epochs["sam"]
+        assert all(not c.space for c in study.cells)  # nothing searched: a search's trials would be compute too
+    full = load_study(REPO_STUDIES / "compute_matched.yaml", require_data=False)
+    rho = {c.levels["arch"]: c.config["optimizer"]["hparams"]["rho"] for c in full.cells if c.levels["method"] == "sam"}
+    assert rho == {"resnet": 0.05, "vit": 0.1, "mixer": 0.15}
 
 
 @pytest.mark.parametrize("name, knob", [("rho_sensitivity", "rho"), ("saf_mesa_lambda", "lam"), ("gsam_alpha", "alpha")])

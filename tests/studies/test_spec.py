@@ -164,3 +164,47 @@ def test_set_of_an_unknown_path_suggests_the_known_one(key, meant):
     with pytest.raises(StudyError) as err:
         load_study(REPO / "studies" / "quickstart.yaml", overrides={key: 3})
     assert f"--set {key}" in str(err.value) and f"Did you mean {meant}?" in str(err.value)
+
+
+def test_smoke_keeps_each_cells_ratio_of_epochs(tmp_path):
+    # A level with twice the epochs (the compute-matched baseline) or ten times (equal steps on a tenth of the
+    # data) keeps that ratio in the tiny run; the shortest cell runs the smoke's epochs.
+    data = {**GOOD, "search": {}, "base": {**GOOD["base"], "schedule": {"epochs": 100}},
+            "factors": {"method": {"short": {"optimizer.method": "none"},
+                                   "double": {"optimizer.method": "none", "schedule.epochs": 200},
+                                   "tenfold": {"optimizer.method": "sam", "schedule.epochs": 1000}}}}
+    full = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data)).cells}
+    assert full == {"short": 100, "double": 200, "tenfold": 1000}
+    smoke = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells}
+    assert smoke == {"short": 2, "double": 4, "tenfold": 20}
+    # The smoke's own epochs (smoke: schedule.epochs) are the shortest kept cell's; a dropped cell sets nothing.
+    data["smoke"] = {"schedule": {"epochs": 3}}
+    data["smoke_form"] = {"levels": {"method": ["double", "tenfold"]}}
+    smoke = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells}
+    assert smoke == {"double": 3, "tenfold": 15}
+
+
+def test_bare_knob_of_a_level_reaches_only_methods_that_take_it(tmp_path):
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["search"] = {}
+    data["factors"]["arch"]["vit"]["rho"] = 0.1
+    data["factors"]["arch"]["resnet"]["rho"] = 0.05
+    cells = {c.key: c.config["optimizer"].get("hparams", {}) for c in load_study(write(tmp_path, data)).cells}
+    assert cells == {"arch=vit,method=adamw": {}, "arch=vit,method=sam": {"rho": 0.1},
+                     "arch=resnet,method=adamw": {}, "arch=resnet,method=sam": {"rho": 0.05}}
+    with pytest.raises(StudyError) as err:  # --set of a value the levels fix would be silently replaced
+        load_study(write(tmp_path, data), overrides={"optimizer.hparams.rho": 0.2})
+    assert "factor 'arch'" in str(err.value)
+    data["factors"]["arch"]["vit"]["alpha"] = 0.3  # GSAM's and LookSAM's knob: no cell's method takes it
+    with pytest.raises(StudyError, match="factors.arch.vit.alpha: applies to no cell"):
+        load_study(write(tmp_path, data))
+    data["factors"]["arch"]["vit"]["rhoo"] = 0.3
+    with pytest.raises(StudyError, match="factors.arch.vit.rhoo: not a trial config path nor a method knob"):
+        load_study(write(tmp_path, data))
+
+
+def test_smoke_with_an_invalid_epochs_level_reports_it_instead_of_failing(tmp_path):
+    data = {**GOOD, "search": {}, "factors": {"method": {"a": {"optimizer.method": "none"},
+                                                         "b": {"optimizer.method": "none", "schedule.epochs": "many"}}}}
+    with pytest.raises(StudyError, match="schedule.epochs"):
+        load_study(write(tmp_path, data), smoke=True)

@@ -1,0 +1,125 @@
+"""Compute cost of a study's trials (GPU-seconds from their logged epoch times) and the compute-matched table.
+
+Each cell's answer against what it cost, so that SAM at 1x epochs meets vanilla given the same compute (2x epochs):
+the baseline Foret et al. 2021 ran and most later papers omit."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from analysis.tables import _require_columns, sample_note
+from trainables.metrics import EPOCH_TIME
+from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
+
+__all__ = ["COST_UNITS", "compute_matched", "trial_compute"]
+
+# The unit of a trial's cost: GPU-seconds where it held GPUs; CPU worker-seconds where it held none; plain seconds of
+# its one process where its record predates the resource params (WORKERS_PARAM, GPUS_PER_WORKER_PARAM).
+COST_UNITS = {"gpu": "GPU-s", "cpu": "CPU worker-s", "unknown": "s (resources not recorded)"}
+
+
+def trial_compute(runs: pd.DataFrame, epoch_times: pd.DataFrame) -> pd.DataFrame:
+    """Each trial's training compute, one row per run of `runs` (same index), from its per-epoch epoch_time_s.
+
+    epoch_times: load_curves(..., metrics=("epoch_time_s",)) of the same trials (a trial's record of each epoch;
+    an epoch re-run after a resume counts once, as load_curves keeps one value per epoch). Columns: run_id,
+    epochs_run (epochs with a time), train_s (their seconds: training passes only, not validation or
+    checkpoints), workers and gpus_per_worker (what the trial held, from its params; a fraction where trials
+    shared a GPU), cost_s = train_s x workers x gpus_per_worker (GPU-seconds; x workers alone, CPU worker-seconds,
+    for a trial without GPUs), and unit (COST_UNITS). A trial with no timed epoch has cost_s NaN, never 0.
+    """
+    _require_columns(runs, run_id="run_id")
+    _require_columns(epoch_times, **{"epoch_times.run_id": "run_id", "epoch_times.metric": "metric",
+                                     "epoch_times.value": "value"})
+    times = epoch_times[epoch_times["metric"] == EPOCH_TIME]
+    values = pd.to_numeric(times["value"], errors="coerce")
+    ok = times[np.isfinite(values.astype("float64")) & (values >= 0)]
+    per_run = ok.groupby("run_id")["value"].agg(["sum", "count"])
+    out = pd.DataFrame({"run_id": runs["run_id"]}, index=runs.index)
+    out["epochs_run"] = out["run_id"].map(per_run["count"]).fillna(0).astype("int64")
+    out["train_s"] = out["run_id"].map(per_run["sum"]).astype("float64")
+    out.loc[out["epochs_run"] == 0, "train_s"] = math.nan
+
+    def param(col: str) -> pd.Series:
+        if col not in runs.columns:
+            return pd.Series(math.nan, index=runs.index, dtype="float64")
+        return pd.to_numeric(runs[col], errors="coerce").astype("float64")
+
+    workers, gpus = param(WORKERS_PARAM), param(GPUS_PER_WORKER_PARAM)
+    recorded = workers.notna() & gpus.notna()
+    out["workers"] = workers.where(recorded, 1.0)
+    out["gpus_per_worker"] = gpus.where(recorded, math.nan)
+    on_gpu = recorded & (gpus > 0)
+    out["cost_s"] = out["train_s"] * out["workers"] * gpus.where(on_gpu, 1.0)
+    out["unit"] = np.where(on_gpu, COST_UNITS["gpu"], np.where(recorded, COST_UNITS["cpu"], COST_UNITS["unknown"]))
+    return out
+
+
+def compute_matched(
+    runs: pd.DataFrame,
+    epoch_times: pd.DataFrame,
+    *,
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    seed: str | None = "factor.train.seed",
+    epochs: str = "schedule.epochs",
+    metric: str = "val_acc",
+    mode: Literal["max", "min"] = "max",
+) -> pd.DataFrame:
+    """Each (arch, method, other factors) group's answer against its compute: the frontier's points.
+
+    A cell (one combination of factor levels, one seed) delivers its best finished trial by `metric` and costs
+    the compute of all its trials (a search's trials are the price of its answer; `trial_compute`). Cells that
+    differ only in `seed` are replicates: per group, mean and standard error (sd / sqrt(n), none where n = 1) of
+    the cost and of the metric, n the number of cells with a result, and a small-sample note. Groups: `arch`,
+    `method` and every other factor.* column but `seed`; `epochs` (the configured schedule.epochs, so the 2x
+    baseline reads as such) is a column. attrs: metric, mode, unit (the cost unit when every trial shares one).
+    """
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses")
+    _require_columns(runs, arch=arch, method=method, metric=metric, cell="cell", status="status")
+    cost = trial_compute(runs, epoch_times)
+    others = sorted(c for c in runs.columns if c.startswith(FACTOR_PREFIX) and c not in (arch, method, seed))
+    keys = [arch, method, *others]
+    frame = runs[[*keys, "cell", "status", metric, *([epochs] if epochs in runs.columns else [])]].copy()
+    frame["cost_s"], frame["unit"] = cost["cost_s"], cost["unit"]
+    frame[metric] = pd.to_numeric(frame[metric], errors="coerce").astype("float64")
+    rows = []
+    for cell, part in frame.groupby("cell", sort=False):
+        good = part[(part["status"] == "finished") & np.isfinite(part[metric])]
+        best = (good[metric].max() if mode == "max" else good[metric].min()) if len(good) else math.nan
+        first = part.iloc[0]
+        rows.append({**{k: first[k] for k in keys}, "cell": cell, "trials": len(part),
+                     "epochs": first[epochs] if epochs in part.columns else math.nan,
+                     # A trial without a timed epoch leaves its cell's cost unknown, not smaller.
+                     "cost_s": part["cost_s"].sum(min_count=len(part)), "unit": first["unit"], "value": best})
+    cells = pd.DataFrame(rows)
+    out_rows = []
+    for key, part in cells.groupby(keys, sort=True, dropna=False):
+        done = part[np.isfinite(part["value"].astype("float64"))]
+        n = len(done)
+        row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
+        epoch_values = sorted({int(e) for e in done["epochs"] if isinstance(e, (int, float, np.number)) and math.isfinite(e)})
+        row["epochs"] = epoch_values[0] if len(epoch_values) == 1 else (", ".join(map(str, epoch_values)) or math.nan)
+        for name, col in (("cost", "cost_s"), ("metric", "value")):
+            vals = done[col].astype("float64").dropna()
+            row[f"{name}_mean"] = float(vals.mean()) if len(vals) else math.nan
+            row[f"{name}_se"] = float(vals.std(ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else math.nan
+        units = sorted(set((done if n else part)["unit"]))
+        row["unit"] = units[0] if len(units) == 1 else ", ".join(units)
+        row["n"] = n
+        row["trials"] = int(part["trials"].sum())
+        row["note"] = sample_note(n, "seeds")
+        out_rows.append(row)
+    columns = [*keys, "epochs", "unit", "cost_mean", "cost_se", "metric_mean", "metric_se", "n", "trials", "note"]
+    out = pd.DataFrame(out_rows, columns=columns)
+    out = out.rename(columns={k: k.removeprefix(FACTOR_PREFIX) for k in keys}).set_index(
+        [k.removeprefix(FACTOR_PREFIX) for k in keys])
+    units = sorted(set(out.loc[out["n"] > 0, "unit"]))  # a group without a result has no cost to show
+    out.attrs.update(metric=metric, mode=mode, unit=units[0] if len(units) == 1 else "mixed units (see `unit`)")
+    return out
+
