@@ -15,8 +15,8 @@ HVP_MODES = ("double_backward", "forward_over_reverse", "finite_difference", "fi
 #: The modes that difference gradients instead of differentiating them twice (first-order autograd only).
 FINITE_DIFFERENCE_MODES = ("finite_difference", "finite_difference_central")
 
-# The finite-difference step is the textbook one divided by this (see HessianCore._hvp_finite_difference).
-_FD_STEP_DIVISOR = 32.0
+# The finite-difference step is the textbook one divided by this (see HessianCore._step).
+_FD_STEP_DIVISOR = 64.0
 # The Ritz/Rayleigh values may be ~0; relative tests are floored at this share of the spectral scale.
 _SCALE_FLOOR = 1e-6
 
@@ -89,6 +89,42 @@ def ieee_fp32() -> Iterator[None]:
             backend.fp32_precision = value
         if legacy is not None:
             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy
+
+
+# Functions (by __name__, as a TorchFunctionMode sees them) whose derivative jumps: a unit switching on or off, a
+# max changing its argument. A loss built from them has a discontinuous gradient, so a difference of gradients
+# over a step h picks up every switch the step crosses: their number grows like h, each adds a jump of O(1) / h,
+# and the sum does not vanish as h shrinks. (ResNet-50, ReLU and max pooling: lambda_max off by 33x.)
+_KINKED = frozenset({
+    "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "hardswish", "hardsigmoid",
+    "prelu", "rrelu", "rrelu_", "selu", "selu_", "threshold", "threshold_", "_threshold", "hardshrink", "softshrink",
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    "fractional_max_pool2d", "fractional_max_pool3d",
+})
+
+
+class _RefuseKinks(torch.overrides.TorchFunctionMode):
+    """Raises at the first kinked function (see _KINKED) applied to a tensor that depends on the weights."""
+
+    def __init__(self, hvp_mode: str) -> None:
+        super().__init__()
+        self.hvp_mode = hvp_mode
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _KINKED and torch.is_grad_enabled():
+            tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+            if any(t.requires_grad for t in tensors):
+                raise ValueError(
+                    f"hvp_mode={self.hvp_mode!r} cannot measure this model: its loss applies {name} to tensors "
+                    "that depend on the weights, whose gradient jumps where a unit switches, so a difference of "
+                    "gradients does not converge to the Hessian-vector product (on ResNet-50, ReLU and max "
+                    "pooling put lambda_max off by 33x). Use hvp_mode='auto' (exact products) for this model; "
+                    "finite differences suit smooth models (GELU, SiLU, tanh: ViT, MLP-Mixer)"
+                )
+        return func(*args, **kwargs)
 
 
 class LossOracle:
@@ -365,7 +401,8 @@ class HessianCore:
     forward_over_reverse: torch.func jvp of the gradient; nothing is kept between products.
     finite_difference: Hv ~= (g(w + h v) - g(w)) / h, one gradient per product (g(w) computed once and
     kept), error O(h); finite_difference_central: (g(w + h v) - g(w - h v)) / 2h, two gradients per
-    product, error O(h^2). Both are approximations; see _hvp_finite_difference for the step h.
+    product, error O(h^2). Both are approximations (see _step for h), computed in IEEE fp32 (ieee_fp32), and
+    refused for losses with kinks in the weights (_KINKED: ReLU, max pooling), where they do not converge.
     """
 
     def __init__(
@@ -390,6 +427,7 @@ class HessianCore:
         self._base: list[torch.Tensor] | None = None
         self._clean: list[torch.Tensor] | None = None
         self._w_norms: dict[tuple[int, ...], float] = {}
+        self._smooth_checked = False
         if hvp_mode == "forward_over_reverse":
             self._wrapper = _LossModule(oracle.model, oracle.loss_fn)
 
@@ -471,7 +509,9 @@ class HessianCore:
         gradients see the same dropout / drop-path masks: both are gradients of ONE function of the weights.
         """
         total: list[torch.Tensor] | None = None
-        with ieee_fp32():
+        # The first gradient of the operator checks the model is smooth (see _KINKED), before any product is out.
+        watch = _RefuseKinks(self.hvp_mode) if not self._smooth_checked else _NO_OP
+        with ieee_fp32(), watch:
             for index, weight in enumerate(self.oracle.weights):
                 loss = self.oracle.batch_loss(index) * weight
                 parts = torch.autograd.grad(loss, list(params), allow_unused=True)
@@ -480,18 +520,21 @@ class HessianCore:
                     total = list(parts)
                 else:
                     torch._foreach_add_(total, parts)
+        self._smooth_checked = True
         return total
 
     def _step(self, index: Sequence[int], v_norm: float, central: bool) -> float:
-        # Step rule: h = eps^(1/2) (1 + ||w||) / (32 ||v||) forward, eps^(1/3) (1 + ||w||) / (32 ||v||) central; eps of
+        # Step rule: h = eps^(1/2) (1 + ||w||) / (64 ||v||) forward, eps^(1/3) (1 + ||w||) / (64 ||v||) central; eps of
         # the weights' dtype, ||w|| over the differentiated parameters. The weight-space step h||v|| is then a fixed
         # share of the weights' size, so it does not depend on how v is scaled, and each weight moves by ~eps^(1/2)
         # of itself, far above its own rounding (eps |w_i|) whatever the number of parameters. eps^(1/2) (eps^(1/3))
         # is the textbook balance of the truncation error O(h) (O(h^2)) against the gradients' rounding O(eps / h)
-        # (Nocedal & Wright, sec. 8.1); the 1/32 is because the truncation error along the sharp directions that
-        # lambda_max lives in is large: on a float32 tiny ViT the textbook step errs by 20% on H v_max, 1/32 of it by
-        # 0.5% (0.3% on a random v, where rounding dominates); see benchmarks/bench_geometry.py for ViT-S.
-        # The rounding term assumes the gradients are computed at the dtype's precision: see ieee_fp32.
+        # (Nocedal & Wright, sec. 8.1). The 1/64 is because the truncation error along the sharp directions that
+        # lambda_max lives in is large. Measured on ViT-S/16 (float32, batch 64, H100; benchmarks/bench_geometry.py),
+        # divisors 8 / 16 / 32 / 64 / 128: error of H v_max 8.0 / 3.9 / 1.9 / 0.95 / 0.48%, of Lanczos(20) lambda_max
+        # +4.9 / +2.9 / +1.5 / +0.7 / +0.3%, of H v for a random v (rounding) 1.1 / 2.2 / 4.2 / 8.6 / 17%, of the SLQ
+        # second moment (the bulk of the density, same probes) -0.05 / -0.04 / +0.1 / -0.2 / +1.8%: 64 keeps lambda_max
+        # and the density both within 1%. The rounding term assumes the gradients are computed at the dtype's precision: see ieee_fp32.
         key = tuple(index)
         if key not in self._w_norms:  # the weights are fixed for the operator's life: one norm per block
             norms = torch._foreach_norm([self._base[i] for i in index])
