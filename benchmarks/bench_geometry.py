@@ -9,7 +9,8 @@ as in training). Per mode: "setup" is the first product (for double_backward it 
 gradient graph), "hvp" the steady cost of each later product on the same batch, as power iteration and
 Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product. finite_difference (one gradient per
 product; its setup adds the clean gradient, kept) and finite_difference_central (two) approximate the product:
-their "rel diff" against double_backward's product is their error on a random vector.
+their "rel diff" against double_backward's product is their error on a random vector. Both are refused for a
+model whose loss has kinks in the weights (ReLU, max pooling: the ResNets), and print "refused" with the reason.
 
 Whole measurements, timed end to end in units of one gradient ("x grad"; issue 16's targets on an H100 for
 ViT-S/16 at batch 64: within 25 and 350): "lanczos_lambda_max(20)" is top_eigenvalues with 20 Lanczos steps
