@@ -9,13 +9,17 @@ as in training). Per mode: "setup" is the first product (for double_backward it 
 gradient graph), "hvp" the steady cost of each later product on the same batch, as power iteration and
 Lanczos pay it; "double_backward/no-cache" rebuilds the graph every product. finite_difference (one gradient per
 product; its setup adds the clean gradient, kept) and finite_difference_central (two) approximate the product:
-their "rel diff" against double_backward's product is their error on a random vector.
+their "rel diff" against double_backward's product is their error on a random vector. Both are refused for a
+model whose loss has kinks in the weights (ReLU, max pooling: the ResNets), and print "refused" with the reason.
 
 Whole measurements, timed end to end in units of one gradient ("x grad"; issue 16's targets on an H100 for
 ViT-S/16 at batch 64: within 25 and 350): "lanczos_lambda_max(20)" is top_eigenvalues with 20 Lanczos steps
 (hvp_mode auto), "slq(10x30)" eigenvalue_density with 10 probes of 30 steps. --no-solvers skips them.
 Each is timed again with hvp_mode finite_difference ("/fd" rows); their "rel diff" is |fd - exact| / |exact| of
-lambda_max (for SLQ, of its largest node) on the same batch, same start vector and probes: the accuracy cost.
+lambda_max (for SLQ, of its largest node, with the relative differences of its trace and second-moment estimates,
+the bulk of the density, in brackets) on the same batch, same start vector and probes: the accuracy cost. The
+"solver only" rows time Lanczos and SLQ with a free operator (a copy): their own reorthogonalisation, tridiagonal
+eigensolves and host syncs, which the whole measurements pay on top of the products.
 
     python benchmarks/bench_geometry.py --device cuda --models vit_small_patch16_224   # the issue's case
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 import time
 import types
@@ -133,14 +138,18 @@ def bench_model(geometry: types.ModuleType, name: str, spec: tuple, args: argpar
     reference = None
     for hvp_mode, cache in VARIANTS:
         _peak_reset(device)
-        with geometry.hessian_operator(model, _cross_entropy, [batch], hvp_mode=hvp_mode, cache_graphs=cache) as op:
-            _sync(device)
-            start = time.perf_counter()
-            product = op(vector)
-            _sync(device)
-            setup_ms = (time.perf_counter() - start) * 1e3
-            hvp_ms = _ms(lambda: op(vector), device, args.warmup, args.reps)
         label = hvp_mode if cache or hvp_mode != "double_backward" else f"{hvp_mode}/no-cache"
+        try:
+            with geometry.hessian_operator(model, _cross_entropy, [batch], hvp_mode=hvp_mode, cache_graphs=cache) as op:
+                _sync(device)
+                start = time.perf_counter()
+                product = op(vector)
+                _sync(device)
+                setup_ms = (time.perf_counter() - start) * 1e3
+                hvp_ms = _ms(lambda: op(vector), device, args.warmup, args.reps)
+        except ValueError as error:  # finite differences refuse a model with kinks (ReLU, max pooling)
+            rows.append(_refused(name, label, num_params, error))
+            continue
         # The modes must agree on the product itself, or their timings compare nothing.
         reference = product if reference is None else reference
         mismatch = float((product - reference).norm() / reference.norm())
@@ -173,10 +182,14 @@ def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> l
     }
     rows = []
     for label, run in measures.items():
-        exact_top = None
+        exact = None
         for hvp_mode, suffix in (("auto", ""), ("finite_difference", "/fd")):
             _peak_reset(device)
-            run(hvp_mode)  # warm-up: kernels, allocator
+            try:
+                run(hvp_mode)  # warm-up: kernels, allocator
+            except ValueError as error:  # finite differences refuse a model with kinks (ReLU, max pooling)
+                rows.append(_refused(name, label + suffix, num_params, error))
+                continue
             _sync(device)
             start = time.perf_counter()
             result = run(hvp_mode)
@@ -185,11 +198,57 @@ def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> l
             top = result.eigenvalues[0] if hasattr(result, "eigenvalues") else float(result.nodes.max())
             row = {"model": name, "variant": label + suffix, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
                    "hvps": getattr(result, "hvp_count", None), "peak_gib": _peak_gib(device), "top": top}
-            if exact_top is None:
-                exact_top = top
+            if hasattr(result, "moment"):
+                row["moments"] = [result.moment(1), result.moment(2)]
+            if exact is None:
+                exact = row
             else:
-                row["rel_diff"] = abs(top - exact_top) / abs(exact_top)
+                row["rel_diff"] = abs(top - exact["top"]) / abs(exact["top"])
+                if "moments" in row:
+                    # The bulk of the density: the trace and second-moment estimates, same probes.
+                    row["moment_diffs"] = [abs(a - b) / abs(b) for a, b in zip(row["moments"], exact["moments"])]
             rows.append(row)
+    rows.extend(_bench_solver_overhead(geometry, name, num_params, grad_ms, args))
+    return rows
+
+
+def _refused(name: str, variant: str, num_params: int, error: ValueError) -> dict:
+    found = re.search(r"applies (\S+) to", str(error))
+    reason = f"its loss applies {found.group(1)} to the weights' tensors (a kink)" if found else str(error)
+    return {"model": name, "variant": variant, "params": num_params, "refused": reason}
+
+
+def _bench_solver_overhead(geometry, name, num_params, grad_ms, args) -> list[dict]:
+    """The solvers' own cost (reorthogonalisation, tridiagonal eigensolves, host syncs) with a free operator."""
+    from analysis.geometry._hvp import lanczos, slq  # private solvers: pinned by tests/analysis/test_geometry.py
+
+    device = torch.device(args.device)
+
+    def free(vector: torch.Tensor) -> torch.Tensor:
+        return vector.clone()  # a product that costs one copy
+
+    def generator() -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(0)
+
+    solvers = {
+        f"lanczos({args.lanczos_steps}) solver only": lambda: lanczos(
+            free, num_params, k=1, sign=1.0, max_iter=args.lanczos_steps, tol=1e-12, generator=generator(),
+            dtype=torch.float32, device=device),
+        f"slq({args.slq_probes}x{args.slq_steps}) solver only": lambda: slq(
+            free, num_params, probes=args.slq_probes, steps=args.slq_steps, generator=generator(),
+            dtype=torch.float32, device=device),
+    }
+    rows = []
+    for label, run in solvers.items():
+        _peak_reset(device)
+        run()
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        ms = (time.perf_counter() - start) * 1e3
+        rows.append({"model": name, "variant": label, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
+                     "peak_gib": _peak_gib(device)})
     return rows
 
 
@@ -235,9 +294,14 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for row in rows:
+        if "refused" in row:
+            print(f"{row['model']:<24} {row['variant']:<32} refused: {row['refused']}")
+            continue
         setup = f"{row['setup_ms']:9.1f}" if "setup_ms" in row else " " * 9
         ratio = f"{row['ratio']:7.2f}" if "ratio" in row else " " * 7
         diff = f"{row['rel_diff']:9.1e}" if "rel_diff" in row else ""
+        if "moment_diffs" in row:
+            diff += "  (trace {:.1e}, 2nd moment {:.1e})".format(*row["moment_diffs"])
         print(f"{row['model']:<24} {row['variant']:<32} {setup} {row['ms']:9.1f} {ratio} {row['peak_gib']:9.2f} {diff}")
     if args.json:
         args.json.write_text(json.dumps({"device": card, "batch": args.batch, "rows": rows}, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ HVP_MODES = ("double_backward", "forward_over_reverse", "finite_difference", "fi
 #: The modes that difference gradients instead of differentiating them twice (first-order autograd only).
 FINITE_DIFFERENCE_MODES = ("finite_difference", "finite_difference_central")
 
-# The finite-difference step is the textbook one divided by this (see HessianCore._hvp_finite_difference).
-_FD_STEP_DIVISOR = 32.0
+# The finite-difference step is the textbook one divided by this (see HessianCore._step).
+_FD_STEP_DIVISOR = 64.0
 # The Ritz/Rayleigh values may be ~0; relative tests are floored at this share of the spectral scale.
 _SCALE_FLOOR = 1e-6
 
@@ -53,6 +54,77 @@ def split_batch(batch: Any, size: int, m: int) -> list[Any]:
         return item
 
     return [take(batch, start) for start in range(0, size - m + 1, m)]
+
+
+# The fp32 precision switches of PyTorch's backends (torch >= 2.9); each may say "tf32" (or "bf16" on CPU).
+_FP32_BACKENDS = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"), ("mkldnn", "matmul"), ("mkldnn", "conv"),
+                  ("mkldnn", "rnn"))
+
+
+@contextlib.contextmanager
+def ieee_fp32() -> Iterator[None]:
+    """float32 matrix products and convolutions in IEEE float32 inside, the caller's settings back on exit.
+
+    A finite difference of gradients is only as good as the gradients' rounding: its step is chosen for the
+    weights' dtype (eps 2^-23 in float32), and TF32 (on by default for cuDNN convolutions) rounds the products'
+    inputs to 2^-10, which swamps the difference (ResNet-50's forward-difference products were off by 10^3).
+    """
+    saved = []
+    for path in _FP32_BACKENDS:
+        backend: Any = torch.backends
+        for name in path:
+            backend = getattr(backend, name, None)
+        if backend is not None and hasattr(backend, "fp32_precision"):
+            saved.append((backend, backend.fp32_precision))
+    legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) if not saved else None
+    try:
+        if saved:
+            for backend, _ in saved:
+                backend.fp32_precision = "ieee"
+        else:  # torch < 2.9: the TF32 flags
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        yield
+    finally:
+        for backend, value in saved:
+            backend.fp32_precision = value
+        if legacy is not None:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy
+
+
+# Functions (by __name__, as a TorchFunctionMode sees them) whose derivative jumps: a unit switching on or off, a
+# max changing its argument. A loss built from them has a discontinuous gradient, so a difference of gradients
+# over a step h picks up every switch the step crosses: their number grows like h, each adds a jump of O(1) / h,
+# and the sum does not vanish as h shrinks. (ResNet-50, ReLU and max pooling: lambda_max off by 33x.)
+_KINKED = frozenset({
+    "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "hardswish", "hardsigmoid",
+    "prelu", "rrelu", "rrelu_", "selu", "selu_", "threshold", "threshold_", "_threshold", "hardshrink", "softshrink",
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
+    "fractional_max_pool2d", "fractional_max_pool3d",
+})
+
+
+class _RefuseKinks(torch.overrides.TorchFunctionMode):
+    """Raises at the first kinked function (see _KINKED) applied to a tensor that depends on the weights."""
+
+    def __init__(self, hvp_mode: str) -> None:
+        super().__init__()
+        self.hvp_mode = hvp_mode
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _KINKED and torch.is_grad_enabled():
+            tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+            if any(t.requires_grad for t in tensors):
+                raise ValueError(
+                    f"hvp_mode={self.hvp_mode!r} cannot measure this model: its loss applies {name} to tensors "
+                    "that depend on the weights, whose gradient jumps where a unit switches, so a difference of "
+                    "gradients does not converge to the Hessian-vector product (on ResNet-50, ReLU and max "
+                    "pooling put lambda_max off by 33x). Use hvp_mode='auto' (exact products) for this model; "
+                    "finite differences suit smooth models (GELU, SiLU, tanh: ViT, MLP-Mixer)"
+                )
+        return func(*args, **kwargs)
 
 
 class LossOracle:
@@ -329,7 +401,8 @@ class HessianCore:
     forward_over_reverse: torch.func jvp of the gradient; nothing is kept between products.
     finite_difference: Hv ~= (g(w + h v) - g(w)) / h, one gradient per product (g(w) computed once and
     kept), error O(h); finite_difference_central: (g(w + h v) - g(w - h v)) / 2h, two gradients per
-    product, error O(h^2). Both are approximations; see _hvp_finite_difference for the step h.
+    product, error O(h^2). Both are approximations (see _step for h), computed in IEEE fp32 (ieee_fp32), and
+    refused for losses with kinks in the weights (_KINKED: ReLU, max pooling), where they do not converge.
     """
 
     def __init__(
@@ -353,6 +426,8 @@ class HessianCore:
         # finite differences: the saved weights (copied back after every product) and the clean gradient.
         self._base: list[torch.Tensor] | None = None
         self._clean: list[torch.Tensor] | None = None
+        self._w_norms: dict[tuple[int, ...], float] = {}
+        self._smooth_checked = False
         if hvp_mode == "forward_over_reverse":
             self._wrapper = _LossModule(oracle.model, oracle.loss_fn)
 
@@ -360,6 +435,7 @@ class HessianCore:
         self._graphs = None
         self._base = None
         self._clean = None
+        self._w_norms = {}
 
     def hvp(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """H[index, index] @ vectors: the Hessian block of params[index] (vectors aligned with index)."""
@@ -426,57 +502,84 @@ class HessianCore:
         return result
 
 
-    def _gradient(self, params: Sequence[nn.Parameter]) -> torch.Tensor:
-        # The oracle runs every batch under its own fixed seed (train mode), so the clean and the shifted
-        # gradients see the same dropout / drop-path masks: both are gradients of ONE function of the weights.
-        return self.oracle.value_and_grad(params)[1]
+    def _gradient(self, params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
+        """The mean loss's gradient with respect to params, one tensor per parameter, with no host sync.
 
-    def _hvp_finite_difference(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        params = [self.params[i] for i in index]
-        if self._base is None:
-            self._base = [p.detach().clone() for p in self.params]
-        base = [self._base[i] for i in index]
-        v_norm = float(flatten([v.double() for v in vectors]).norm())
-        if v_norm == 0.0:
-            return [torch.zeros_like(p) for p in params]
-        # Step rule: h = eps^(1/2) (1 + ||w||) / (32 ||v||) forward, eps^(1/3) (1 + ||w||) / (32 ||v||) central; eps of
+        The oracle runs every batch under its own fixed seed (train mode), so the clean and the shifted
+        gradients see the same dropout / drop-path masks: both are gradients of ONE function of the weights.
+        """
+        total: list[torch.Tensor] | None = None
+        # The first gradient of the operator checks the model is smooth (see _KINKED), before any product is out.
+        watch = _RefuseKinks(self.hvp_mode) if not self._smooth_checked else _NO_OP
+        with ieee_fp32(), watch:
+            for index, weight in enumerate(self.oracle.weights):
+                loss = self.oracle.batch_loss(index) * weight
+                parts = torch.autograd.grad(loss, list(params), allow_unused=True)
+                parts = [torch.zeros_like(p) if g is None else g for p, g in zip(params, parts)]
+                if total is None:
+                    total = list(parts)
+                else:
+                    torch._foreach_add_(total, parts)
+        self._smooth_checked = True
+        return total
+
+    def _step(self, index: Sequence[int], v_norm: float, central: bool) -> float:
+        # Step rule: h = eps^(1/2) (1 + ||w||) / (64 ||v||) forward, eps^(1/3) (1 + ||w||) / (64 ||v||) central; eps of
         # the weights' dtype, ||w|| over the differentiated parameters. The weight-space step h||v|| is then a fixed
         # share of the weights' size, so it does not depend on how v is scaled, and each weight moves by ~eps^(1/2)
         # of itself, far above its own rounding (eps |w_i|) whatever the number of parameters. eps^(1/2) (eps^(1/3))
         # is the textbook balance of the truncation error O(h) (O(h^2)) against the gradients' rounding O(eps / h)
-        # (Nocedal & Wright, sec. 8.1); the 1/32 is because the truncation error along the sharp directions that
-        # lambda_max lives in is large: on a float32 tiny ViT the textbook step errs by 20% on H v_max, 1/32 of it by
-        # 0.5% (0.3% on a random v, where rounding dominates); see benchmarks/bench_geometry.py for ViT-S.
-        eps = torch.finfo(base[0].dtype).eps
-        w_norm = float(flatten([b.double() for b in base]).norm())
+        # (Nocedal & Wright, sec. 8.1). The 1/64 is because the truncation error along the sharp directions that
+        # lambda_max lives in is large. Measured on ViT-S/16 (float32, batch 64, H100; benchmarks/bench_geometry.py),
+        # divisors 8 / 16 / 32 / 64 / 128: error of H v_max 8.0 / 3.9 / 1.9 / 0.95 / 0.48%, of Lanczos(20) lambda_max
+        # +4.9 / +2.9 / +1.5 / +0.7 / +0.3%, of H v for a random v (rounding) 1.1 / 2.2 / 4.2 / 8.6 / 17%, of the SLQ
+        # second moment (the bulk of the density, same probes) -0.05 / -0.04 / +0.1 / -0.2 / +1.8%: 64 keeps lambda_max
+        # and the density both within 1%. The rounding term assumes the gradients are computed at the dtype's precision: see ieee_fp32.
+        key = tuple(index)
+        if key not in self._w_norms:  # the weights are fixed for the operator's life: one norm per block
+            norms = torch._foreach_norm([self._base[i] for i in index])
+            self._w_norms[key] = float(torch.linalg.vector_norm(torch.stack(norms).double()))
+        eps = torch.finfo(self._base[index[0]].dtype).eps
+        return (eps ** (1 / 3) if central else math.sqrt(eps)) * (1.0 + self._w_norms[key]) / (_FD_STEP_DIVISOR * v_norm)
+
+    def _hvp_finite_difference(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        # About one gradient per product (forward): the weights are shifted in place with one fused add, the gradient
+        # comes back per parameter, and the saved weights are copied back with one fused copy (never w + hv - hv,
+        # which leaves rounding behind), so the weights are bit-for-bit the originals between products. The one host
+        # sync is ||v|| (the step needs it as a number).
+        params = [self.params[i] for i in index]
+        if self._base is None:
+            with torch.no_grad():
+                self._base = [p.detach().clone() for p in self.params]
+        base = [self._base[i] for i in index]
+        vectors = list(vectors)
+        v_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(vectors)).double()))
+        if v_norm == 0.0:
+            return [torch.zeros_like(p) for p in params]
         central = self.hvp_mode == "finite_difference_central"
-        h = (eps ** (1 / 3) if central else math.sqrt(eps)) * (1.0 + w_norm) / (_FD_STEP_DIVISOR * v_norm)
+        h = self._step(index, v_norm, central)
+        if not central and self._clean is None:
+            # The clean gradient over ALL parameters once per operator, so every block and product reuses it.
+            self._clean = self._gradient(self.params)
         try:
             with torch.no_grad():
-                for p, b, v in zip(params, base, vectors):
-                    p.copy_(b).add_(v, alpha=h)
+                torch._foreach_add_(params, vectors, alpha=h)
             plus = self._gradient(params)
             if central:
                 with torch.no_grad():
-                    for p, b, v in zip(params, base, vectors):
-                        p.copy_(b).add_(v, alpha=-h)
+                    torch._foreach_copy_(params, base)
+                    torch._foreach_add_(params, vectors, alpha=-h)
                 minus = self._gradient(params)
                 scale = 2.0 * h
             else:
-                if self._clean is None:
-                    # The clean gradient over ALL parameters once per operator, so blocks reuse it too.
-                    with torch.no_grad():
-                        for p, b in zip(self.params, self._base):
-                            p.copy_(b)
-                    self._clean = unflatten(self._gradient(self.params), self.params)
-                minus = flatten([self._clean[i] for i in index])
+                minus = [self._clean[i] for i in index]
                 scale = h
         finally:
-            # Copy the saved weights back (never w + hv - hv, which leaves rounding behind).
             with torch.no_grad():
-                for p, b in zip(params, base):
-                    p.copy_(b)
-        return unflatten(plus.sub_(minus).div_(scale), params)
+                torch._foreach_copy_(params, base)
+        torch._foreach_sub_(plus, minus)
+        torch._foreach_div_(plus, scale)
+        return plus
 
 
 class FlatOperator:
@@ -518,6 +621,37 @@ def _orthogonalize(vector: torch.Tensor, basis: Sequence[torch.Tensor]) -> torch
         for b in basis:
             vector.addcmul_(b, torch.dot(b, vector), value=-1)
     return vector
+
+
+class _Basis:
+    """Orthonormal Krylov vectors as the rows of one matrix (grown by doubling up to `capacity`), so that a pass of
+    full reorthogonalisation is two matrix-vector products instead of a dot and an update per vector."""
+
+    def __init__(self, size: int, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.capacity = capacity
+        self.rows = torch.empty(min(capacity, 32), size, dtype=dtype, device=device)
+        self.count = 0
+
+    def append(self, vector: torch.Tensor) -> None:
+        if self.count == self.rows.shape[0]:
+            grown = torch.empty(min(2 * self.count, self.capacity), self.rows.shape[1], dtype=self.rows.dtype,
+                                device=self.rows.device)
+            grown[: self.count] = self.rows
+            self.rows = grown
+        self.rows[self.count] = vector
+        self.count += 1
+
+    def orthogonalize(self, vector: torch.Tensor) -> torch.Tensor:
+        # Classical Gram-Schmidt twice ("twice is enough", Giraud et al. 2005): as orthogonal as two passes of the
+        # modified one, in four matrix-vector products, with the coefficients kept on the device (no host sync).
+        used = self.rows[: self.count]
+        for _ in range(2):
+            vector.addmv_(used.t(), used @ vector, alpha=-1)
+        return vector
+
+    def combine(self, coefficients: Sequence[float]) -> torch.Tensor:
+        weights = torch.tensor(list(coefficients), dtype=self.rows.dtype, device=self.rows.device)
+        return self.rows[: len(weights)].t() @ weights
 
 
 def power_iteration(
@@ -625,7 +759,7 @@ def lanczos(
     eigenvalues are found too. Memory: one vector of `size` per step.
     """
     steps = min(max_iter, size)
-    basis: list[torch.Tensor] = []
+    basis = _Basis(size, steps, dtype, device)
     alphas: list[float] = []
     betas: list[float] = []  # betas[j] couples basis[j] and basis[j + 1]
     history: list[float] = []
@@ -636,10 +770,10 @@ def lanczos(
     for j in range(steps):
         basis.append(v)
         w = op(v).mul_(sign)
-        alpha = float(torch.dot(v, w))
+        alpha_t = torch.dot(v, w)
+        w = basis.orthogonalize(w)
+        alpha, beta = torch.stack([alpha_t, w.norm()]).tolist()  # the step's one host sync
         alphas.append(alpha)
-        w = _orthogonalize(w, basis)
-        beta = float(w.norm())
         tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if j > 0:
             off = torch.tensor(betas, dtype=torch.float64)
@@ -661,20 +795,15 @@ def lanczos(
             break
         if beta <= scale * 100 * torch.finfo(dtype).eps:
             # Invariant subspace: its Ritz pairs are exact; go on in its orthogonal complement.
-            fresh = _orthogonalize(torch.randn(size, generator=generator, dtype=dtype, device=device), basis)
+            fresh = basis.orthogonalize(torch.randn(size, generator=generator, dtype=dtype, device=device))
             betas.append(0.0)
             v = _unit(fresh)
         else:
             betas.append(beta)
-            v = w / beta
+            v = w.div_(beta)
     count = min(k, len(alphas))
     order = torch.arange(len(alphas) - 1, len(alphas) - 1 - count, -1)
-    vectors = []
-    for i in order.tolist():
-        y = torch.zeros(size, dtype=dtype, device=device)
-        for coefficient, b in zip(evecs[:, i].tolist(), basis):
-            y.add_(b, alpha=coefficient)
-        vectors.append(_unit(y))
+    vectors = [_unit(basis.combine(evecs[:, i].tolist())) for i in order.tolist()]
     return EigenOutput(
         values=tuple(sign * float(evals[i]) for i in order),
         vectors=tuple(vectors),
@@ -706,21 +835,24 @@ def slq(
     steps = min(steps, size)
     nodes = torch.zeros(probes, steps, dtype=torch.float64)
     weights = torch.zeros(probes, steps, dtype=torch.float64)
+    basis = _Basis(size, steps, dtype, device)  # one matrix for every probe
     for p in range(probes):
         v = torch.randint(0, 2, (size,), generator=generator, device=device).to(dtype).mul_(2).sub_(1)
         v = _unit(v)
-        basis, alphas, betas = [], [], []
+        basis.count = 0
+        alphas, betas = [], []
         for j in range(steps):
             basis.append(v)
             w = op(v)
-            alphas.append(float(torch.dot(v, w)))
-            w = _orthogonalize(w, basis)
-            beta = float(w.norm())
+            alpha_t = torch.dot(v, w)
+            w = basis.orthogonalize(w)
+            alpha, beta = torch.stack([alpha_t, w.norm()]).tolist()  # the step's one host sync
+            alphas.append(alpha)
             scale = max(abs(a) for a in alphas) + (max(betas) if betas else 0.0)
             if j + 1 == steps or beta <= scale * 100 * torch.finfo(dtype).eps:
                 break
             betas.append(beta)
-            v = w / beta
+            v = w.div_(beta)
         tri = torch.diag(torch.tensor(alphas, dtype=torch.float64))
         if betas:
             off = torch.tensor(betas, dtype=torch.float64)

@@ -381,7 +381,8 @@ def top_eigenvalues(
     or 1-|<v_t, v_t-1>|) and on the value (relative change), both < tol. mode is "eval" or "train" (BN,
     dropout); the model's modes and buffers are restored afterwards. params restricts the Hessian to a
     subset (names or nn.Parameters). hvp_mode: "double_backward", "forward_over_reverse" or "auto" (exact), or
-    "finite_difference" (1 gradient per product, O(h) error) / "finite_difference_central" (2, O(h^2));
+    "finite_difference" (1 gradient per product, O(h) error) / "finite_difference_central" (2, O(h^2)), for
+    smooth models only (a ReLU or max pool in the weights' path raises ValueError at the first product);
     cache_graphs and mask_seed as in hessian_operator; `seed` draws the start vector only.
     """
     return _extreme_eigenvalues(

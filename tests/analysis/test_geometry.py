@@ -13,7 +13,7 @@ from timm.models.mlp_mixer import MlpMixer
 from torch import nn
 
 from analysis import geometry
-from analysis.geometry._hvp import FlatOperator, HessianCore, LossOracle
+from analysis.geometry._hvp import FlatOperator, HessianCore, LossOracle, ieee_fp32, lanczos, slq
 
 # The algebraic top is 9 while the eigenvalue of largest magnitude is -10: plain power iteration finds -10.
 SPECTRUM = [-10.0, 9.0, 6.0, 3.0, 0.5, 0.1, -1.0, -4.0]
@@ -405,6 +405,120 @@ def test_finite_difference_lambda_max_of_a_float32_tiny_vit_is_within_one_percen
     assert approx.eigenvalues[0] == pytest.approx(exact.eigenvalues[0], rel=1e-2)
 
 
+@pytest.mark.parametrize("hvp_mode", ["finite_difference", "finite_difference_central"])
+@pytest.mark.parametrize("kinked", ["relu", "max_pool"])
+def test_finite_difference_refuses_kinked_models_and_leaves_them_as_they_were(hvp_mode, kinked):
+    # A ReLU or a max pool makes the gradient jump: the difference quotient does not converge to H v (ResNet-50 was
+    # off by 33x), so the mode must say so instead of returning a number, and leave the model untouched.
+    if kinked == "relu":
+        model, batches, mode = Mixed(torch.relu).eval(), image_batches(sizes=(4,)), "train"
+        batches[0] = (batches[0][0][:, :, :16, :16], torch.tensor([0, 1, 2, 0]))
+    else:
+        model, batches, mode = tiny_resnet().eval(), image_batches(), "eval"  # its stem max-pools (and ReLUs)
+        for block in list(model.modules()):
+            for name in ("act1", "act2", "act3"):
+                if hasattr(block, name):
+                    setattr(block, name, nn.Tanh())
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    modes = [m.training for m in model.modules()]
+    rng = torch.get_rng_state()
+    word = "relu" if kinked == "relu" else "max_pool2d"
+    with pytest.raises(ValueError, match=rf"hvp_mode='{hvp_mode}' cannot measure this model: its loss applies {word} "
+                       r".*Use hvp_mode='auto'"):
+        geometry.top_eigenvalues(model, cross_entropy, batches, mode=mode, max_iter=3, hvp_mode=hvp_mode)
+    assert [m.training for m in model.modules()] == modes
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_finite_difference_accepts_a_kink_that_only_touches_the_data():
+    # relu of the inputs does not depend on the weights: the loss stays smooth in them, products stay right.
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+    class DataRelu(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(torch.relu(x))
+
+    model, batches = DataRelu(), mlp_batches()
+    hessian = exact_hessian(model, batches)
+    vector = torch.randn(hessian.shape[0], generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    with geometry.hessian_operator(model, cross_entropy, batches, hvp_mode="finite_difference") as operator:
+        got = operator(vector)
+    want = hessian @ vector
+    assert float((got - want).norm() / want.norm()) < 1e-6
+
+
+def test_finite_difference_puts_the_weights_back_bit_for_bit_after_a_failed_product():
+    torch.manual_seed(0)
+    model = tiny_vit()
+    batches = image_batches()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = {"n": 0}
+
+    def failing(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 5:  # inside the second product, after its in-place shift of the weights
+            raise RuntimeError("out of memory (simulated)")
+        return cross_entropy(model, batch)
+
+    vector = torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(1))
+    with geometry.hessian_operator(model, failing, batches, hvp_mode="finite_difference") as operator:
+        operator(vector)  # the clean gradient (2 batches) and the shifted one (2 more)
+        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        with pytest.raises(RuntimeError, match="simulated"):
+            operator(vector)
+        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+def test_finite_difference_gradients_run_in_ieee_float32_and_the_callers_tf32_settings_come_back():
+    backends = [torch.backends.cuda.matmul, torch.backends.cudnn.conv]
+    if not all(hasattr(b, "fp32_precision") for b in backends):
+        pytest.skip("torch < 2.9 has no fp32_precision switches (ieee_fp32 then sets the allow_tf32 flags)")
+    before = [b.fp32_precision for b in backends]
+    seen = []
+
+    def recording(model, batch):
+        seen.append(tuple(b.fp32_precision for b in backends))
+        return cross_entropy(model, batch)
+
+    try:
+        for b in backends:
+            b.fp32_precision = "tf32"  # a caller who trains in TF32
+        with ieee_fp32():
+            assert [b.fp32_precision for b in backends] == ["ieee", "ieee"]
+        assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+        model, batches = tiny_mlp(), mlp_batches()
+        with geometry.hessian_operator(model, recording, batches, hvp_mode="finite_difference") as operator:
+            operator(torch.ones(operator.num_params, dtype=torch.float64))
+        assert seen and set(seen) == {("ieee", "ieee")}
+        assert [b.fp32_precision for b in backends] == ["tf32", "tf32"]
+    finally:
+        for b, value in zip(backends, before):
+            b.fp32_precision = value
+
+
+def test_lanczos_and_slq_past_the_first_block_of_basis_rows():
+    # 48 > the 32 rows the basis starts with: it must grow and stay orthonormal (full reorthogonalisation).
+    spectrum = torch.linspace(-3.0, 7.0, 48, dtype=torch.float64)
+    matrix, _ = matrix_with_spectrum(spectrum.tolist(), seed=3)
+    settings = dict(generator=torch.Generator().manual_seed(0), dtype=torch.float64, device=torch.device("cpu"))
+    out = lanczos(lambda v: matrix @ v, 48, k=3, sign=1.0, max_iter=48, tol=1e-10, **settings)
+    np.testing.assert_allclose(out.values, spectrum.flip(0)[:3].numpy(), rtol=1e-10)
+    for value, vector in zip(out.values, out.vectors):
+        assert float((matrix @ vector - value * vector).norm()) < 1e-8
+    nodes, weights = slq(lambda v: matrix @ v, 48, probes=2, steps=48, **settings)
+    for p in range(2):
+        np.testing.assert_allclose(np.sort(nodes[p].numpy()), spectrum.numpy(), atol=1e-9)
+        assert float(weights[p].sum()) == pytest.approx(1.0, abs=1e-12)
+
+
 def _dense(model, batches, **kw) -> torch.Tensor:
     with geometry.hessian_operator(model, cross_entropy, batches, **kw) as h:
         return torch.stack([h(e) for e in torch.eye(h.num_params, dtype=torch.float64)])
@@ -684,16 +798,17 @@ def test_blockwise_on_a_tiny_mixer_shares_one_graph():
 
 
 class Mixed(nn.Module):
-    def __init__(self):
+    def __init__(self, act=torch.relu):
         super().__init__()
         torch.manual_seed(0)
         self.conv = nn.Conv2d(3, 4, 3)
         self.bn = nn.BatchNorm2d(4)
         self.drop = nn.Dropout(0.3)
         self.head = nn.Linear(4 * 14 * 14, 3)
+        self.act = act
 
     def forward(self, x):
-        return self.head(self.drop(torch.relu(self.bn(self.conv(x)))).flatten(1))
+        return self.head(self.drop(self.act(self.bn(self.conv(x)))).flatten(1))
 
 
 CALLS = {
@@ -720,7 +835,8 @@ CALLS = {
 
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_every_metric_restores_modes_weights_buffers_and_rng(name):
-    model = Mixed().eval()
+    # Finite differences refuse ReLU (test_finite_difference_refuses_kinked_models_...): their calls get GELU.
+    model = Mixed(F.gelu if name.endswith("_fd") else torch.relu).eval()
     model.drop.train()  # a mixed state must come back module by module
     batches = image_batches(sizes=(4,))
     batches[0] = (batches[0][0][:, :, :16, :16], torch.tensor([0, 1, 2, 0]))
