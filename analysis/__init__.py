@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 # `from analysis import load_runs` (`sharpscale status`) does not pay for torch (geometry) or matplotlib (plots).
 _HOMES = {
     "plot_curves": "plots",
+    "plot_sharpness": "plots",
     "plot_error_vs_n": "plots",
     "plot_gain": "plots",
     "plot_rho_sensitivity": "plots",
@@ -72,6 +73,7 @@ __all__ = [
     "plot_error_vs_n",
     "plot_gain",
     "plot_rho_sensitivity",
+    "plot_sharpness",
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
@@ -81,7 +83,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
     from analysis import geometry
-    from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+    from analysis.plots import plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity, plot_sharpness
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
     from analysis.runs import load_curves, load_runs, summarize
