@@ -270,9 +270,13 @@ class GeometryConfig(_Strict):
     max_iter: int = Field(20, ge=1, description="lambda_max / blockwise: Lanczos iterations (one HVP each).")
     tol: float = Field(1e-3, gt=0.0, allow_inf_nan=False, description="lambda_max / blockwise: relative tolerance.")
     trace_samples: int = Field(32, ge=2, description="hessian_trace: Hutchinson probe vectors (one HVP each).")
-    sigma: float = Field(0.01, gt=0.0, allow_inf_nan=False, description="average_flatness: std of the weight noise.")
-    draws: int = Field(10, ge=2, description="average_flatness: noise draws (one forward pass each).")
-    rho: float = Field(0.05, gt=0.0, allow_inf_nan=False, description="surrogate_gap: radius of the ascent step.")
+    flatness_sigma: float = Field(
+        0.01, gt=0.0, allow_inf_nan=False, description="average_flatness: std of the weight noise."
+    )
+    flatness_draws: int = Field(10, ge=2, description="average_flatness: noise draws (one forward pass each).")
+    surrogate_rho: float = Field(
+        0.05, gt=0.0, allow_inf_nan=False, description="surrogate_gap: radius of the ascent step (not the method's rho)."
+    )
 
     @field_validator("measures")
     @classmethod

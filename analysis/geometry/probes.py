@@ -80,12 +80,12 @@ def _blockwise(model, batches, g):
 
 
 def _flatness(model, batches, g):
-    return average_flatness(model, _cross_entropy, batches, sigma=g.sigma, draws=g.draws, mode=g.mode, seed=g.seed,
+    return average_flatness(model, _cross_entropy, batches, sigma=g.flatness_sigma, draws=g.flatness_draws, mode=g.mode, seed=g.seed,
                             mask_seed=g.seed)
 
 
 def _surrogate_gap(model, batches, g):
-    return surrogate_gap(model, _cross_entropy, batches, g.rho, mode=g.mode, mask_seed=g.seed)
+    return surrogate_gap(model, _cross_entropy, batches, g.surrogate_rho, mode=g.mode, mask_seed=g.seed)
 
 
 MEASURES: dict[str, Measure] = {
@@ -100,7 +100,7 @@ MEASURES: dict[str, Measure] = {
                 "up to geometry.max_iter HVPs per block (blocks: trainables.models.parameter_groups)", _blockwise,
                 prefix="blockwise/"),
         Measure("average_flatness", "E L(w + e), e ~ N(0, sigma^2 I), and its excess over L(w) (Chen et al. 2022, "
-                "Table 1)", "geometry.draws + 1 forward passes", _flatness),
+                "Table 1)", "geometry.flatness_draws + 1 forward passes", _flatness),
         Measure("surrogate_gap", "L(w + rho g/||g||) - L(w), GSAM's surrogate gap, and 2h/rho^2",
                 "one gradient and two forward passes", _surrogate_gap),
     )
