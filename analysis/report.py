@@ -210,8 +210,9 @@ def write_report(
 
         if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
             tau = geometry_correlation(runs)
-            tau_md = ("Kendall's tau between each geometry measure and the generalisation gap (train_acc - val_acc) "
-                      "over finished trials; tau_<h>: the mean tau within groups of trials that differ only in "
+            tau_md = ("Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
+                      "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
+                      "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
                       "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau)))
             w.text("geometry_tau.md", tau_md)
             w.csv("geometry_tau.csv", tau)
