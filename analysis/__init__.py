@@ -13,6 +13,7 @@ _HOMES = {
     "trial_compute": "compute",
     "plot_compute_frontier": "plots",
     "plot_curves": "plots",
+    "plot_sharpness": "plots",
     "plot_error_vs_n": "plots",
     "plot_gain": "plots",
     "plot_rho_sensitivity": "plots",
@@ -79,6 +80,7 @@ __all__ = [
     "plot_error_vs_n",
     "plot_gain",
     "plot_rho_sensitivity",
+    "plot_sharpness",
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
@@ -90,7 +92,14 @@ __all__ = [
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
     from analysis import geometry
     from analysis.compute import COST_UNITS, compute_matched, trial_compute
-    from analysis.plots import plot_compute_frontier, plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+    from analysis.plots import (
+        plot_compute_frontier,
+        plot_curves,
+        plot_error_vs_n,
+        plot_gain,
+        plot_rho_sensitivity,
+        plot_sharpness,
+    )
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
     from analysis.runs import load_curves, load_runs, summarize

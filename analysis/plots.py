@@ -21,7 +21,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
 
-__all__ = ["plot_compute_frontier", "plot_curves", "plot_error_vs_n", "plot_gain", "plot_rho_sensitivity"]
+__all__ = [
+    "plot_compute_frontier", "plot_curves", "plot_error_vs_n", "plot_gain", "plot_rho_sensitivity", "plot_sharpness",
+]
 
 
 def _figure(width: float = 6.0, height: float = 4.0) -> Figure:
@@ -329,6 +331,80 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
     handles.append(Line2D([], [], color="grey", linewidth=0.9, label="frontier (no cheaper point is better)"))
     ax.legend(handles=handles, fontsize=7, title="± SE over seeds (no bar where n = 1)", title_fontsize=7)
     fig.suptitle(title or "Accuracy against compute: each method at its epochs", fontsize=10)
+    return _finish(fig, path)
+
+
+def plot_sharpness(
+    curves: pd.DataFrame,
+    runs: pd.DataFrame | None = None,
+    *,
+    measure: str = "geometry/lambda_max",
+    lr: str = "lr",
+    path: str | Path | None = None,
+    title: str | None = None,
+) -> Figure:
+    """A geometry measure logged during training (lambda_max by default) per epoch, one line per trial, against the
+    edge-of-stability line of each SGD trial: 2(1 + momentum)/lr at the lr of the same epoch
+    (`analysis.geometry.stability_threshold`). One panel per architecture when the frame has factor.arch.
+
+    curves: load_curves with metrics (measure, lr); runs: load_runs of the same trials, for each trial's
+    optimizer.base and optimizer.momentum (without it, or for AdamW trials, no line is drawn: for adaptive
+    methods the quantity at the edge is the preconditioned sharpness, which the probe does not measure).
+    """
+    from analysis.geometry.probes import stability_threshold
+
+    for col in ("run_id", "metric", "step", "value"):
+        if col not in curves.columns:
+            raise ValueError(f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves")
+    values = curves[curves["metric"] == measure]
+    if values.empty:
+        raise ValueError(
+            f"curves has no {measure!r} values; load them with load_curves(..., metrics=({measure!r}, {lr!r})) from a "
+            "study whose trials measure geometry (a geometry: section with lambda_max, every: k for a curve)"
+        )
+    rates = curves[curves["metric"] == lr]
+    settings: dict[str, tuple[str, float]] = {}
+    if runs is not None and "optimizer.base" in runs.columns:
+        momentum = pd.to_numeric(runs.get("optimizer.momentum", pd.Series(0.0, index=runs.index)), errors="coerce")
+        for run_id, base, beta in zip(runs["run_id"], runs["optimizer.base"].astype(str), momentum.fillna(0.0)):
+            settings[run_id] = (base, float(beta))
+    grammar = "factor.arch" in values.columns and "factor.method" in values.columns
+    archs = sorted(values["factor.arch"].astype(str).unique()) if grammar else ["all"]
+    style = _Style(archs, sorted(values["factor.method"].astype(str).unique()) if grammar else [""])
+    fig = _figure(max(4.2 * len(archs), 5.0) + 1.5, 3.8)
+    axes = dict(zip(archs, fig.subplots(1, len(archs), squeeze=False, sharey=True)[0]))
+    drew_line, adaptive = False, 0
+    for run_id, part in values.groupby("run_id"):
+        part = part.sort_values("step")
+        first = part.iloc[0]
+        arch = str(first["factor.arch"]) if grammar else "all"
+        ls, marker = style.line(first["factor.method"]) if grammar else ("-", "o")
+        ax = axes[arch]
+        ax.plot(part["step"], part["value"], color=style.color(arch), linestyle=ls, marker=marker, markersize=3, alpha=0.85)
+        base, beta = settings.get(run_id, ("", 0.0))
+        if base != "sgd":
+            adaptive += base != ""
+            continue
+        lr_at = rates[rates["run_id"] == run_id].set_index("step")["value"]
+        steps = [s for s in part["step"] if s in lr_at.index]
+        edge = [stability_threshold(float(lr_at[s]), base, beta) for s in steps]
+        if any(math.isfinite(e) for e in edge):
+            ax.plot(steps, edge, color=style.color(arch), linestyle=":", linewidth=1.0, alpha=0.7)
+            drew_line = True
+    for arch, ax in axes.items():
+        ax.set_yscale("log")
+        ax.set_xlabel("epoch")
+        if grammar:
+            ax.set_title(f"arch: {arch}", fontsize=9)
+    next(iter(axes.values())).set_ylabel(measure)
+    handles = style.legend_handles() if grammar else []
+    if drew_line:
+        handles.append(Line2D([], [], color="black", linestyle=":", label="2(1+momentum)/lr (SGD)"))
+    if handles and len(handles) <= 20:
+        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{values['run_id'].nunique()} runs",
+                   title_fontsize=7)
+    note = f"; {adaptive} adaptive-base run(s): no line (their edge is the preconditioned sharpness)" if adaptive else ""
+    fig.suptitle(title or f"{measure} during training, and the edge of stability{note}", fontsize=9)
     return _finish(fig, path)
 
 

@@ -126,25 +126,9 @@ def trial_batches(
     `samples` examples drawn once by `seed` from the trial's training subset, in batches of `batch_size`, as the
     model takes them (normalised). data_root: where the dataset lives here, when not at the trial's `data.root`.
     """
-    import torch
+    from trainables import fixed_batches
 
-    from trainables import load_dataset
-
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}. Fix: e.g. samples=128.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}. Fix: e.g. batch_size=64.")
-    update: dict[str, Any] = {"augment": "none", "device_resident": False}
-    if data_root is not None:
-        update["root"] = data_root
-    bundle = load_dataset(config.data.model_copy(update=update))
-    order = torch.randperm(len(bundle.train), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
-    batches = []
-    for start in range(0, len(order), batch_size):
-        items = [bundle.train[i] for i in order[start : start + batch_size]]
-        x = bundle.prepare(torch.stack([torch.as_tensor(item[0]) for item in items]))
-        batches.append((x, torch.tensor([int(item[1]) for item in items])))
-    return batches
+    return fixed_batches(config.data, samples=samples, batch_size=batch_size, seed=seed, data_root=data_root)
 
 
 def _cross_entropy(model, batch):

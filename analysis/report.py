@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.compute import compute_matched
-from analysis.plots import plot_compute_frontier, plot_curves, plot_error_vs_n, plot_gain, plot_rho_sensitivity
+from analysis.plots import (
+    plot_compute_frontier,
+    plot_curves,
+    plot_error_vs_n,
+    plot_gain,
+    plot_rho_sensitivity,
+    plot_sharpness,
+)
 from analysis.runs import (
     _open_experiment,
     load_curves,
@@ -155,7 +162,8 @@ def write_report(
         fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
         for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
         with AUG): gain_<level>.md/.csv and gain_<level>.png;
-      - geometry/* columns (analysis.log_geometry): geometry_tau.md/.csv, Kendall's tau with the gap;
+      - geometry/* columns (a study's geometry: section, or analysis.log_geometry): geometry_tau.md/.csv, Kendall's
+        tau with the gap; sharpness.png when trials measured lambda_max at several epochs (geometry.every);
       - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
       - one data fraction, epoch times logged, and 2+ methods or 2+ epoch counts: compute_matched.md/.csv (per
@@ -213,12 +221,14 @@ def write_report(
 
         if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
             tau = geometry_correlation(runs)
-            tau_md = ("Kendall's tau between each geometry measure and the generalisation gap (train_acc - val_acc) "
-                      "over finished trials; tau_<h>: the mean tau within groups of trials that differ only in "
+            tau_md = ("Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
+                      "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
+                      "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
                       "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau)))
             w.text("geometry_tau.md", tau_md)
             w.csv("geometry_tau.csv", tau)
             w.section("Geometry against the generalisation gap", tau_md)
+        _sharpness_section(w, study, runs, best_ids, tracking_uri=tracking_uri, smoke=smoke)
 
         if len(_distinct(runs, _RHO, positive=True)) >= 2:
             _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,
@@ -245,6 +255,33 @@ def write_report(
         for path in w.paths:
             client.log_artifact(study_run, str(path), ARTIFACT_DIR)
     return w.paths
+
+
+_SHARPNESS = "geometry/lambda_max"
+
+
+def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str], *, tracking_uri, smoke) -> None:
+    """lambda_max during training of each cell's best trial, against SGD's edge of stability (plot_sharpness)."""
+    if _SHARPNESS not in runs.columns or not best_ids:
+        return
+    measured = set(runs.loc[pd.to_numeric(runs[_SHARPNESS], errors="coerce").notna(), "run_id"])
+    ids = [r for r in best_ids if r in measured]
+    if not ids:
+        return
+    curves = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=(_SHARPNESS, "lr"), run_ids=ids)
+    steps = curves[curves["metric"] == _SHARPNESS].groupby("run_id")["step"].nunique()
+    if curves.empty or not (steps >= 2).any():
+        return  # measured at the end only: the tau table has it, a curve needs several epochs
+    w.figure("sharpness.png", plot_sharpness(curves, runs))
+    w.section(
+        "Sharpness during training",
+        "lambda_max of the Hessian of the training loss (fixed unaugmented training samples, geometry section of the "
+        "study) at the epochs it was measured, for each cell's best trial. Dotted: the edge of stability of the SGD "
+        "trials, 2(1 + momentum)/lr at that epoch's lr (Cohen et al. 2021); gradient descent at that lr cannot stay "
+        "where lambda_max is above it. AdamW trials have no line: their edge concerns the preconditioned sharpness, "
+        "which is not measured here; sharpness-aware methods also move the edge (their step is not plain SGD's).",
+        "sharpness.png",
+    )
 
 
 def _best_run_ids(runs: pd.DataFrame, metric: str, mode: str) -> list[str]:

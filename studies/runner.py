@@ -616,10 +616,12 @@ def _tune(
     resume: bool, trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
+    from analysis.geometry.probes import PROBE_FACTORY
 
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {
             "study": run_name,
+            "probe": PROBE_FACTORY,  # imported by the trial only when its geometry section names measures
             "plan": asdict(plan),
             "log_checkpoint": spec.tracking.log_checkpoint,
             "cell": cell.key,

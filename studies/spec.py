@@ -733,7 +733,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 continue  # conditional: rho only where the method has a rho
             space[path] = dom
         try:
-            TrialConfig.load(tree)
+            problems.extend(f"{label}: {p}" for p in _geometry_problems(TrialConfig.load(tree)))
             for path, dom in space.items():
                 for probe in _domain_probes(dom):
                     probe_tree = copy.deepcopy(tree)
@@ -783,6 +783,15 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
     return cells, _dedupe(problems)
+
+
+def _geometry_problems(cfg: TrialConfig) -> list[str]:
+    """The geometry section's measure names and hvp_mode, checked against analysis' registry (trainables cannot)."""
+    if not cfg.geometry.enabled:
+        return []
+    from analysis.geometry.probes import geometry_problems
+
+    return geometry_problems(cfg.geometry)
 
 
 def _smoke_levels(

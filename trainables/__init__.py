@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, Any
 _HOMES = {
     "ConfigError": "config",
     "DataConfig": "config",
+    "GeometryConfig": "config",
     "ModelConfig": "config",
     "OptimizerConfig": "config",
     "ScheduleConfig": "config",
     "TrainConfig": "config",
     "TrialConfig": "config",
     "DataBundle": "data",
+    "fixed_batches": "data",
     "fraction_indices": "data",
     "load_dataset": "data",
     "TrialDiverged": "loop",
@@ -33,6 +35,7 @@ __all__ = [
     "ConfigError",
     "DataBundle",
     "DataConfig",
+    "GeometryConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ScheduleConfig",
@@ -42,6 +45,7 @@ __all__ = [
     "create_model",
     "evaluate",
     "fit",
+    "fixed_batches",
     "fraction_indices",
     "load_checkpoint",
     "load_dataset",
@@ -55,13 +59,14 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
     from trainables.config import (
         ConfigError,
         DataConfig,
+        GeometryConfig,
         ModelConfig,
         OptimizerConfig,
         ScheduleConfig,
         TrainConfig,
         TrialConfig,
     )
-    from trainables.data import DataBundle, fraction_indices, load_dataset
+    from trainables.data import DataBundle, fixed_batches, fraction_indices, load_dataset
     from trainables.loop import TrialDiverged, evaluate, fit, load_checkpoint, load_model
     from trainables.models import create_model, model_family, parameter_groups, set_fused_attention
 

@@ -14,6 +14,7 @@ from trainables.errors import UserError, shown
 __all__ = [
     "ConfigError",
     "DataConfig",
+    "GeometryConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ScheduleConfig",
@@ -240,6 +241,64 @@ class TrainConfig(_Strict):
     )
 
 
+class GeometryConfig(_Strict):
+    """Loss-geometry measures taken inside the trial, on its device, on a fixed set of its own training samples.
+
+    Off unless `measures` names some. The measures are those of `analysis.geometry.probes.MEASURES` (the studies
+    layer checks the names at load; trainables never imports analysis); the probe that takes them is handed to
+    `trainables.fit` by the caller. Every measure of one measurement shares the samples, the mode and the mask seed:
+    one Hessian per measurement set.
+    """
+
+    measures: list[str] = Field(
+        default_factory=list,
+        description="Registry names in analysis.geometry.probes.MEASURES (lambda_max, hessian_trace, "
+        "blockwise_lambda_max, average_flatness, surrogate_gap); empty: no geometry, no cost.",
+    )
+    every: int = Field(0, ge=0, description="Also measure after every k-th epoch; 0: only after the last epoch.")
+    batches: int = Field(2, ge=1, description="Batches of fixed training samples the measures average over.")
+    batch_size: int = Field(128, ge=1, description="Samples per measurement batch (unaugmented, drawn once by seed).")
+    seed: int = Field(
+        0, ge=0,
+        description="Draws the fixed samples, Lanczos' start vector and the probe vectors; in train mode also the "
+        "dropout/drop-path masks (analysis.geometry's mask_seed), the same for every measure.",
+    )
+    mode: Literal["eval", "train"] = Field(
+        "eval", description="BatchNorm and dropout as in evaluation, or as in training with masks fixed by seed."
+    )
+    hvp_mode: str = Field("auto", description="analysis.geometry's hvp_mode (auto picks an exact mode per model).")
+    max_iter: int = Field(20, ge=1, description="lambda_max / blockwise: Lanczos iterations (one HVP each).")
+    tol: float = Field(1e-3, gt=0.0, allow_inf_nan=False, description="lambda_max / blockwise: relative tolerance.")
+    trace_samples: int = Field(32, ge=2, description="hessian_trace: Hutchinson probe vectors (one HVP each).")
+    flatness_sigma: float = Field(
+        0.01, gt=0.0, allow_inf_nan=False, description="average_flatness: std of the weight noise."
+    )
+    flatness_draws: int = Field(10, ge=2, description="average_flatness: noise draws (one forward pass each).")
+    surrogate_rho: float = Field(
+        0.05, gt=0.0, allow_inf_nan=False, description="surrogate_gap: radius of the ascent step (not the method's rho)."
+    )
+
+    @field_validator("measures")
+    @classmethod
+    def _distinct_names(cls, measures: list[str]) -> list[str]:
+        repeated = sorted({m for m in measures if measures.count(m) > 1})
+        if repeated:
+            raise ValueError(
+                f"geometry.measures: each measure is listed once, got {repeated} more than once. Fix: list each once."
+            )
+        return measures
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.measures)
+
+    def due(self, epoch: int, epochs: int) -> bool:
+        """Whether the measures are taken after `epoch` (0-based) of a run of `epochs` epochs."""
+        if not self.measures:
+            return False
+        return epoch == epochs - 1 or (self.every > 0 and (epoch + 1) % self.every == 0)
+
+
 class TrialConfig(_Strict):
     """One trial: what `trainables.fit` runs and what MLflow records as the run's params."""
 
@@ -248,6 +307,7 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    geometry: GeometryConfig = Field(default_factory=GeometryConfig)
 
     @classmethod
     def load(cls, data: "TrialConfig | dict[str, Any]") -> "TrialConfig":

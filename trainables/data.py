@@ -30,6 +30,7 @@ __all__ = [
     "DATASETS",
     "DataBundle",
     "DatasetError",
+    "fixed_batches",
     "DatasetSpec",
     "fraction_indices",
     "load_dataset",
@@ -863,3 +864,31 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
     # A URI root is staged once per node into its local cache; a path is used in place.
     root = None if cfg.root is None else stage_root(cfg.root)
     return spec.load(cfg, root, train_indices_for, resident)
+
+
+def fixed_batches(
+    data: "DataConfig", *, samples: int, batch_size: int, seed: int = 0, data_root: str | None = None,
+    device: torch.device | str | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed batches of a trial's own training set (its dataset, fraction and fraction seed), unaugmented.
+
+    `samples` examples (at most the subset's size) drawn once by `seed` from the training subset, in batches of
+    `batch_size`, normalised as the model takes them, on `device`. The one definition of a geometry measurement
+    set: the in-trial probe (trainables.loop) and the checkpoint measures (analysis.record) both draw theirs here.
+    data_root: where the dataset lives here, when not at `data.root`.
+    """
+    for name, value in (("samples", samples), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}. Fix: e.g. {name}=128.")
+    update: dict[str, Any] = {"augment": "none", "device_resident": False}
+    if data_root is not None:
+        update["root"] = data_root
+    bundle = load_dataset(data.model_copy(update=update))
+    order = torch.randperm(len(bundle.train), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
+    batches = []
+    for start in range(0, len(order), batch_size):
+        items = [bundle.train[i] for i in order[start : start + batch_size]]
+        x = bundle.prepare(torch.stack([torch.as_tensor(item[0]) for item in items]))
+        y = torch.tensor([int(item[1]) for item in items])
+        batches.append((x.to(device) if device is not None else x, y.to(device) if device is not None else y))
+    return batches

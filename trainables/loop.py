@@ -28,9 +28,11 @@ from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import BEST_EPOCH_METRICS
 
-__all__ = ["CHECKPOINT_FILE", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
+__all__ = ["CHECKPOINT_FILE", "GEOMETRY_TIME_METRIC", "Probe", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
 
 CHECKPOINT_FILE = "checkpoint.pt"
+# Seconds a geometry measurement took, logged beside its measures; never part of epoch_time_s or images_per_sec.
+GEOMETRY_TIME_METRIC = "geometry_time_s"
 
 
 class TrialDiverged(RuntimeError):
@@ -67,6 +69,16 @@ class Recorder(Protocol):
     def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int) -> None: ...
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+
+
+class Probe(Protocol):
+    """Measures a model's loss geometry on fixed batches of (inputs, labels); returns metrics by their logged names.
+
+    `analysis.geometry.probes.make_probe(config)` builds the real one; trainables never imports analysis.
+    The model is the bare module (never the DDP wrapper), its parameters in their training dtype.
+    """
+
+    def __call__(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]: ...
 
 
 @dataclass(frozen=True)
@@ -403,6 +415,7 @@ def fit(
     reporter: Reporter | None = None,
     recorder: Recorder | None = None,
     report_resumed: bool = False,
+    probe: Probe | None = None,
 ) -> dict[str, float]:
     """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
 
@@ -412,8 +425,16 @@ def fit(
     recorder: persists metrics; called on rank 0 only.
     report_resumed: hand the resumed checkpoint's epoch to the reporter again before going on, for a reporter
     whose own record stops before that checkpoint (Tune's, when its snapshot is older than the checkpoint).
+    probe: takes the measures of `config.geometry` (`analysis.geometry.probes.make_probe(config)`); required when
+    it names any. Rank 0 alone measures, after the epochs `geometry.due` names, on fixed unaugmented training
+    samples; the results join that epoch's metrics, with the time taken as `geometry_time_s`.
     """
     cfg = TrialConfig.load(config)
+    if cfg.geometry.enabled and probe is None:
+        raise ValueError(
+            f"geometry.measures: {cfg.geometry.measures} asked for, but fit got no probe to take them. Fix: pass "
+            "probe=analysis.geometry.probes.make_probe(config), or leave geometry.measures empty."
+        )
     d = _Dist.detect()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -433,6 +454,7 @@ def fit(
         net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     train_loader, val_loader, sampler = _loaders(bundle, cfg, d, device)
+    geometry_batches = _geometry_batches(bundle, cfg, d, device)
     base = _base_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr.
@@ -524,6 +546,8 @@ def fit(
             if val_metrics["val_acc"] >= best.get(best_key, -1.0):
                 best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
             metrics.update(best)
+            if geometry_batches is not None and cfg.geometry.due(epoch, cfg.schedule.epochs):
+                metrics.update(_measure_geometry(probe, model, geometry_batches, device))
 
             logged_at = int(time.time() * 1000)
             last = epoch == cfg.schedule.epochs - 1
@@ -544,6 +568,41 @@ def fit(
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)
     return metrics
+
+
+def _geometry_batches(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
+    """The fixed measurement set of `cfg.geometry` on rank 0 (None elsewhere, and when geometry is off)."""
+    from trainables.data import fixed_batches
+
+    g = cfg.geometry
+    if not g.enabled:
+        return None
+    samples = g.batches * g.batch_size
+    n = len(bundle.train)
+    if samples > n:  # checked on every rank, before any training
+        raise ValueError(
+            f"geometry.batches x geometry.batch_size: must not exceed the training-set size ({n} samples at "
+            f"data.fraction={cfg.data.fraction}), got {g.batches} x {g.batch_size} = {samples}. Fix: fewer or smaller "
+            "measurement batches."
+        )
+    if d.rank != 0:
+        return None
+    # Read once, unaugmented, from the trial's own training subset: every measurement sees the same samples.
+    return fixed_batches(cfg.data, samples=samples, batch_size=g.batch_size, seed=g.seed, device=device)
+
+
+def _measure_geometry(probe: Probe, model: nn.Module, batches, device: torch.device) -> dict[str, float]:
+    # Timed on its own, after the epoch's timing ended: geometry never counts in epoch_time_s or images_per_sec.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    measured = probe(model, batches)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - t0
+    if not isinstance(measured, dict) or not all(isinstance(k, str) for k in measured):
+        raise TypeError(f"the geometry probe must return a dict of metric name -> number, got {type(measured).__name__}")
+    return {**{k: float(v) for k, v in measured.items()}, GEOMETRY_TIME_METRIC: elapsed}
 
 
 def describe_hardware(device: torch.device | None = None) -> dict[str, str]:

@@ -15,7 +15,7 @@ from trainables.config import TrialConfig
 from trainables.naming import GPUS_PER_WORKER_PARAM, RAY_NODE_ID_TAG, TRIAL_ID_TAG, WORKERS_PARAM, tag
 from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
-__all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "run_tune_trial", "train_worker_loop", "tune_trainable"]
+__all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "load_probe", "run_tune_trial", "train_worker_loop", "tune_trainable"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,14 +92,36 @@ def check_device(cfg: TrialConfig) -> None:
         )
 
 
+def load_probe(payload: dict[str, Any], cfg: TrialConfig):
+    """The geometry probe of a trial: the factory at the payload's import path ("module:function"), called with the
+    trial config; None when the config asks for no geometry. The caller (studies) names the factory, so that
+    trainables never imports analysis."""
+    if not cfg.geometry.enabled:
+        return None
+    path = payload.get("probe")
+    if not path:
+        raise ValueError(
+            f"geometry.measures: {cfg.geometry.measures} asked for, but the trial's payload names no probe factory "
+            "(key 'probe'). Fix: run it through `sharpscale run`, or set payload['probe'] to "
+            "'analysis.geometry.probes:make_probe'."
+        )
+    import importlib
+
+    module, sep, name = str(path).partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"payload['probe']: must be 'module:function', got {path!r}. Fix: e.g. 'analysis.geometry.probes:make_probe'.")
+    return getattr(importlib.import_module(module), name)(cfg)
+
+
 def _execute(
     cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str,
-    report_resumed: bool = False,
+    report_resumed: bool = False, probe_from: dict[str, Any] | None = None,
 ) -> None:
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
-    checkpoint: the one to resume from, or None; report_resumed: see `fit`.
+    checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
+    the geometry probe's factory (`load_probe`).
     """
     from trainables.loop import TrialDiverged, TrialStopped, fit
 
@@ -111,11 +133,13 @@ def _execute(
 
     try:
         check_device(cfg)
+        probe = load_probe(probe_from or {}, cfg)
         if checkpoint is None:
-            fit(cfg, reporter=report, recorder=recorder)
+            fit(cfg, reporter=report, recorder=recorder, probe=probe)
         else:
             with checkpoint.as_directory() as ckpt_dir:
-                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder, report_resumed=report_resumed)
+                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder, report_resumed=report_resumed,
+                    probe=probe)
     except TrialStopped as stop:
         if recorder is not None:
             if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
@@ -154,6 +178,7 @@ def train_worker_loop(payload: dict[str, Any]) -> None:
         checkpoint_cls=ray.train.Checkpoint,
         recorder=recorder,
         metric=payload.get("objective", {}).get("metric", "val_acc"),
+        probe_from=payload,
     )
 
 
@@ -275,7 +300,7 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
     """Tune function trainable: one trial, resumed from its checkpoint when there is one, recorded in MLflow.
 
     payload: {"trial": trial config dict, "tracking": TrackingTarget fields, "objective": {"metric", "mode"},
-    "tags": extra run tags, "plan": DistributedPlan fields}.
+    "tags": extra run tags, "plan": DistributedPlan fields, "probe": the geometry probe factory's import path}.
     """
     from ray import tune
 
@@ -304,4 +329,5 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
         metric=payload.get("objective", {}).get("metric", "val_acc"),
         # Tune's record of a rebuilt trial stops before its checkpoint: give it that epoch's result first.
         report_resumed=rebuilt,
+        probe_from=payload,
     )

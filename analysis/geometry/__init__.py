@@ -2,7 +2,8 @@
 
 One module per concept: `spectrum` (the Hessian operator, extreme eigenvalues, trace, SLQ density), `perturbation`
 (average flatness, surrogate gap, m-sharpness), `landscape` (1-D/2-D loss surfaces), `activations` (active
-neurons, linearity). Every public name is re-exported here: `from analysis.geometry import top_eigenvalues`.
+neurons, linearity), `probes` (the measures a trial takes during training). Every public name is re-exported
+here: `from analysis.geometry import top_eigenvalues`.
 """
 
 from analysis.geometry._common import MODES, Mode, no_fused_attention
@@ -26,6 +27,15 @@ from analysis.geometry.perturbation import (
     m_sharpness,
     surrogate_gap,
 )
+from analysis.geometry.probes import (
+    MEASURES,
+    PROBE_FACTORY,
+    GeometryProbe,
+    Measure,
+    geometry_problems,
+    make_probe,
+    stability_threshold,
+)
 from analysis.geometry.spectrum import (
     CURVATURES,
     METHODS,
@@ -48,19 +58,23 @@ from analysis.geometry.spectrum import (
 
 __all__ = [
     "CURVATURES",
+    "MEASURES",
     "METHODS",
     "MODES",
+    "PROBE_FACTORY",
     "ActiveNeuronResult",
     "BlockwiseEigenResult",
     "Curvature",
     "DensityResult",
     "EigenResult",
     "FlatnessResult",
+    "GeometryProbe",
     "HessianOperator",
     "HvpMode",
     "LandscapeResult",
     "LinearityResult",
     "MSharpnessResult",
+    "Measure",
     "Method",
     "Mode",
     "SurrogateGapResult",
@@ -71,14 +85,17 @@ __all__ = [
     "default_parameter_groups",
     "eigenvalue_density",
     "filter_normalized_direction",
+    "geometry_problems",
     "hessian_operator",
     "hessian_trace",
     "linearity_missing_rate",
     "loss_landscape_1d",
     "loss_landscape_2d",
     "m_sharpness",
+    "make_probe",
     "no_fused_attention",
     "smallest_eigenvalue",
+    "stability_threshold",
     "surrogate_gap",
     "top_eigenvalues",
 ]

@@ -1,9 +1,11 @@
 """Tables, fits, plots and the report on a real SQLite MLflow store whose trials carry known numbers."""
 
+import itertools
 import math
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -96,7 +98,27 @@ def store(tmp_path_factory, study_store):
                 factors = {"arch": arch, "method": "sam"}
                 _record(rho_target, f"{arch}-{rho}-{s}", {"model.name": arch, "optimizer.method": "sam",
                         "optimizer.hparams.rho": rho, "train.seed": s}, factors, "arch={arch},method=sam".format(arch=arch), [acc])
+    _record_geometry(uri, root)
     return uri, study_run
+
+
+def _record_geometry(uri, root):
+    """Experiment "geo": trials as a geometry section records them (every: 2 of 3 epochs), gap rising with rho and lr."""
+    target = TrackingTarget(uri, MlflowClient(uri).create_experiment("geo", artifact_location=(root / "art-geo").as_uri()))
+    for rho, lr in itertools.product([0.01, 0.05, 0.1], [0.1, 0.05]):
+        key = f"rho{rho}-lr{lr}"
+        rec = TrialRecorder(target, trial_key=key, run_name=key, params={
+            "optimizer.method": "sam", "optimizer.base": "sgd", "optimizer.momentum": 0.9})
+        rec.set_tags({"factor.arch": "resnet", "factor.rho": str(rho), "factor.lr": str(lr),
+                      "sharpscale.cell": f"arch=resnet,rho={rho},lr={lr}", "sharpscale.trial_id": key})
+        gap = 0.1 * rho + lr
+        for epoch, scale in enumerate([1.0, 0.5, 0.1]):
+            metrics = {"train_loss": 1.0 / (epoch + 1), "lr": lr * scale, "train_acc": 0.9 + gap, "val_acc": 0.9}
+            if epoch >= 1:
+                metrics.update({"geometry/lambda_max": 10 * gap + epoch, "geometry/lambda_max_converged": 1.0,
+                                "geometry_time_s": 0.5})
+            rec.log_epoch(metrics, epoch)
+        rec.finish("finished")
 
 
 @pytest.fixture(scope="module")
@@ -402,6 +424,18 @@ def test_write_report_without_a_study_run_says_how_to_proceed(store, tmp_path):
     paths = write_report("rho", tracking_uri=store[0], out_dir=tmp_path, log_to_mlflow=False, n_boot=200)
     assert {p.name for p in paths} >= {"summary.md", "rho_sensitivity.png", "report.md"}
     assert "scaling.md" not in {p.name for p in paths}  # one fraction: no data-scaling table
+
+
+def test_report_of_trials_that_measured_geometry(store, tmp_path):
+    paths = write_report("geo", tracking_uri=store[0], out_dir=tmp_path, log_to_mlflow=False, n_boot=100)
+    assert {"geometry_tau.md", "geometry_tau.csv", "sharpness.png"} <= {p.name for p in paths}
+    tau = pd.read_csv(tmp_path / "geometry_tau.csv", index_col="measure")
+    assert list(tau.index) == ["geometry/lambda_max"]  # bookkeeping and geometry_time_s are no measures
+    assert tau.loc["geometry/lambda_max", "n"] == 6 and tau.loc["geometry/lambda_max", "tau"] == pytest.approx(1.0)
+    assert tau.loc["geometry/lambda_max", "tau_rho"] == pytest.approx(1.0)  # within each lr, rho alone moves both
+    assert tau.loc["geometry/lambda_max", "groups_rho"] == 2
+    report = (tmp_path / "report.md").read_text()
+    assert "## Geometry against the generalisation gap" in report and "## Sharpness during training" in report
 
 
 def test_analysis_imports_neither_ray_nor_optuna():

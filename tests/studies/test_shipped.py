@@ -44,6 +44,16 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     assert (runs["status"] == "finished").sum() >= len(runs) - 1
     # What each trial held, beside its config: its GPU-seconds are counted from it (analysis.compute).
     assert (runs[WORKERS_PARAM] == 1).all() and (runs[GPUS_PER_WORKER_PARAM] == 0).all()
+    measures = study.cells[0].config.get("geometry", {}).get("measures")
+    if measures:  # the runner hands each trial its probe; the measures come back as the trial's metrics
+        from analysis.geometry import MEASURES
+
+        done = runs[runs["status"] == "finished"]
+        for name in measures:
+            prefix = "geometry/" + MEASURES[name].prefix
+            cols = [c for c in runs.columns if c.startswith(prefix) and (MEASURES[name].prefix or c == prefix + name)]
+            assert cols and done[cols].notna().all().all(), (name, cols)
+        assert (done["geometry_time_s"] > 0).all()
 
 
 def _stated(head: str) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Ray Train runs the very same loop: 2 gloo workers match the in-process run; a killed worker resumes exactly."""
+"""Ray Train runs the very same loop: 2 gloo workers match the in-process run (geometry measured on rank 0 included);
+a killed worker resumes exactly."""
 
 import os
 import signal
@@ -58,14 +59,19 @@ def _worker_pids(ray):
 
 @pytest.mark.timeout(600)
 def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, tmp_path, config):
+    from analysis.geometry import PROBE_FACTORY, make_probe
+
+    # The straight runs also measure lambda_max (rank 0 alone under DDP; the measurement changes no training number).
+    measured = {**config, "geometry": {"measures": ["lambda_max"], "every": 2, "batches": 1, "batch_size": 64, "max_iter": 8}}
     local = tmp_path / "local"
-    fit(config, checkpoint_dir=local)
+    fit(measured, checkpoint_dir=local, probe=make_probe(measured))
     reference = load_checkpoint(local)
 
     plan = DistributedPlan(workers=2, cpus_per_worker=1, max_failures=2, storage_path=str(tmp_path / "ray"))
-    straight = fit_distributed(config, plan=plan, name="straight")
+    straight = fit_distributed(measured, plan=plan, name="straight", payload={"probe": PROBE_FACTORY})
     state, weights = _weights(straight)
     assert state["epoch"] == config["schedule"]["epochs"] - 1
+    assert state["metrics"]["geometry/lambda_max"] == pytest.approx(reference["metrics"]["geometry/lambda_max"], rel=1e-3)
     # Same global batches, mean of per-rank means = global mean: equal up to float reassociation.
     for key, value in reference["model"].items():
         if value.dtype.is_floating_point:

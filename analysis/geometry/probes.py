@@ -1,0 +1,165 @@
+"""Geometry inside a trial: the registry of measures a `geometry:` section may name, and the probe that takes them.
+
+`trainables.fit(config, probe=make_probe(config))` calls the probe after the epochs `config.geometry` asks for;
+under a study, the runner hands the factory's import path (`PROBE_FACTORY`) to each trial, whose worker imports
+it (trainables never imports analysis). Adding a measure is a function here and an entry in `MEASURES`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, get_args
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from analysis.geometry.perturbation import average_flatness, surrogate_gap
+from analysis.geometry.spectrum import (
+    HvpMode,
+    blockwise_top_eigenvalues,
+    default_parameter_groups,
+    hessian_trace,
+    top_eigenvalues,
+)
+
+if TYPE_CHECKING:
+    from trainables.config import GeometryConfig, TrialConfig
+
+__all__ = [
+    "MEASURES",
+    "METRIC_PREFIX",
+    "PROBE_FACTORY",
+    "GeometryProbe",
+    "Measure",
+    "geometry_problems",
+    "make_probe",
+    "stability_threshold",
+]
+
+#: The prefix of every geometry metric a trial logs (`geometry/lambda_max`); load_runs' columns and the report's
+#: geometry-vs-gap table read it.
+METRIC_PREFIX = "geometry/"
+#: The import path of the probe factory, as the runner hands it to each trial (trainables.ray_train imports it).
+PROBE_FACTORY = f"{__name__}:make_probe"
+
+
+def _cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    # The plain loss whose geometry is measured: no label smoothing, no mixup, fp32 (no autocast).
+    x, y = batch
+    return F.cross_entropy(model(x).float(), y)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One measure a `geometry:` section may name: what it is, what it costs, how it is taken."""
+
+    name: str
+    description: str
+    cost: str
+    take: Callable[[nn.Module, list, "GeometryConfig"], Any]  # returns a result with to_metrics(prefix)
+    prefix: str = ""  # under METRIC_PREFIX: keeps a measure's many metrics apart (blockwise/<group>/...)
+
+
+def _lambda_max(model, batches, g):
+    return top_eigenvalues(model, _cross_entropy, batches, k=1, mode=g.mode, max_iter=g.max_iter, tol=g.tol,
+                           seed=g.seed, hvp_mode=g.hvp_mode, mask_seed=g.seed)
+
+
+def _trace(model, batches, g):
+    return hessian_trace(model, _cross_entropy, batches, samples=g.trace_samples, mode=g.mode, seed=g.seed,
+                         hvp_mode=g.hvp_mode, mask_seed=g.seed)
+
+
+def _blockwise(model, batches, g):
+    return blockwise_top_eigenvalues(model, _cross_entropy, batches, default_parameter_groups(model), mode=g.mode,
+                                     max_iter=g.max_iter, tol=g.tol, seed=g.seed, hvp_mode=g.hvp_mode, mask_seed=g.seed)
+
+
+def _flatness(model, batches, g):
+    return average_flatness(model, _cross_entropy, batches, sigma=g.flatness_sigma, draws=g.flatness_draws, mode=g.mode, seed=g.seed,
+                            mask_seed=g.seed)
+
+
+def _surrogate_gap(model, batches, g):
+    return surrogate_gap(model, _cross_entropy, batches, g.surrogate_rho, mode=g.mode, mask_seed=g.seed)
+
+
+MEASURES: dict[str, Measure] = {
+    m.name: m
+    for m in (
+        Measure("lambda_max", "largest Hessian eigenvalue (Lanczos): the sharpness of the minimum",
+                "up to geometry.max_iter Hessian-vector products (HVP ~ 2-4 gradients each)", _lambda_max),
+        Measure("hessian_trace", "tr(H) by Hutchinson's estimator: the summed curvature of every direction",
+                "geometry.trace_samples HVPs", _trace),
+        Measure("blockwise_lambda_max", "lambda_max of each diagonal block of the Hessian (Chen et al. 2022, Table 4):"
+                " patch embedding, attention/token MLP, channel MLP, per block, norms, head",
+                "up to geometry.max_iter HVPs per block (blocks: trainables.models.parameter_groups)", _blockwise,
+                prefix="blockwise/"),
+        Measure("average_flatness", "E L(w + e), e ~ N(0, sigma^2 I), and its excess over L(w) (Chen et al. 2022, "
+                "Table 1)", "geometry.flatness_draws + 1 forward passes", _flatness),
+        Measure("surrogate_gap", "L(w + rho g/||g||) - L(w), GSAM's surrogate gap, and 2h/rho^2",
+                "one gradient and two forward passes", _surrogate_gap),
+    )
+}
+
+
+def geometry_problems(geometry: "GeometryConfig") -> list[str]:
+    """What is wrong with a geometry section beyond its types (names the registry does not know), one line each."""
+    problems = []
+    for name in geometry.measures:
+        if name not in MEASURES:
+            close = difflib.get_close_matches(name, list(MEASURES), n=1)
+            hint = f"Did you mean {close[0]!r}? " if close else ""
+            problems.append(
+                f"geometry.measures: must name measures of analysis.geometry.probes.MEASURES ({', '.join(MEASURES)}), "
+                f"got {name!r}. Fix: {hint}pick among those."
+            )
+    modes = get_args(HvpMode)
+    if geometry.hvp_mode not in modes:
+        close = difflib.get_close_matches(geometry.hvp_mode, modes, n=1)
+        problems.append(
+            f"geometry.hvp_mode: must be one of {', '.join(modes)}, got {geometry.hvp_mode!r}. Fix: "
+            + (f"did you mean {close[0]!r}?" if close else "leave it at 'auto'.")
+        )
+    return problems
+
+
+class GeometryProbe:
+    """The measures of one trial's geometry section, taken in registry order on the same batches (trainables' Probe)."""
+
+    def __init__(self, geometry: "GeometryConfig"):
+        self.geometry = geometry
+        self.measures = [MEASURES[name] for name in MEASURES if name in geometry.measures]
+
+    def __call__(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for measure in self.measures:
+            result = measure.take(model, batches, self.geometry)
+            metrics.update(result.to_metrics(METRIC_PREFIX + measure.prefix))
+        return metrics
+
+
+def make_probe(config: "TrialConfig | dict[str, Any]") -> GeometryProbe:
+    """The probe of a trial config's `geometry` section, for `trainables.fit(..., probe=)`; a ConfigError names
+    every problem of the section at once."""
+    from trainables.config import ConfigError, TrialConfig
+
+    cfg = TrialConfig.load(config)
+    problems = geometry_problems(cfg.geometry)
+    if problems:
+        raise ConfigError(problems)
+    return GeometryProbe(cfg.geometry)
+
+
+def stability_threshold(lr: float, base: str, momentum: float = 0.0) -> float:
+    """The edge-of-stability sharpness of full-batch gradient descent at learning rate `lr`: 2/lr, and with heavy-ball
+    momentum beta (torch's SGD) 2(1 + beta)/lr (Cohen et al. 2021, section 2 and appendix). NaN for adaptive bases
+    (AdamW): there the quantity that hovers at a threshold is the preconditioned sharpness lambda_max(P^-1 H)
+    (Cohen et al. 2022), not the lambda_max of H that the probe measures."""
+    if base != "sgd" or not lr > 0:
+        return math.nan
+    return 2.0 * (1.0 + momentum) / lr
