@@ -5,6 +5,7 @@ Needs only torch, timm and pydantic (no Ray, Optuna or MLflow). Every ratio is t
   python benchmarks/bench_trainables.py single            # fit vs bare forward/backward/step, 1 GPU
   python benchmarks/bench_trainables.py ddp --gpus 2      # SAM per-replica vs global eps on 2 GPUs vs 1 GPU
   python benchmarks/bench_trainables.py single --quick    # tiny CPU smoke of the script itself
+  python benchmarks/bench_trainables.py geometry          # a trial's in-trial geometry against its epoch, 1 GPU
 """
 
 from __future__ import annotations
@@ -107,6 +108,35 @@ def cmd_single(args) -> None:
         print(f"| {key} | {batch} | {b:.0f} | {f:.0f} | {f / b:.3f} |", flush=True)
 
 
+def cmd_geometry(args) -> None:
+    """What a trial's `geometry:` section costs beside its epoch: SAM on a CIFAR-10-sized epoch (synthetic data on
+    the device), lambda_max and tr(H) after the last epoch as studies/rho_sensitivity.yaml measures them."""
+    from analysis.geometry.probes import make_probe
+    from trainables import fit
+
+    device = "cpu" if args.quick else "cuda"
+    models = QUICK if args.quick else {k: MODELS[k] for k in args.models}
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    print(f"# in-trial geometry vs one training epoch, {card}, SAM (rho 0.05), bf16 training; measures "
+          f"{', '.join(args.measures)} on {args.geometry_batches} x {args.geometry_batch_size} fixed samples, fp32")
+    print("| model | train batch | steps/epoch | epoch s | hvp_mode | geometry s | geometry / epoch |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for key, (name, kwargs, img, batch) in models.items():
+        for hvp_mode in args.hvp_modes:
+            cfg = _config(name, kwargs, img, batch, steps=args.steps, device=device, method="sam", hparams={"rho": 0.05})
+            cfg["geometry"] = {"measures": list(args.measures), "batches": args.geometry_batches,
+                               "batch_size": args.geometry_batch_size, "hvp_mode": hvp_mode}
+            seen = []
+            try:
+                fit(cfg, reporter=lambda m, c: seen.append(m), probe=make_probe(cfg))
+            except ValueError as err:  # finite differences refuse a non-smooth model (analysis.geometry)
+                print(f"| {key} | {batch} | {args.steps} | - | {hvp_mode} | refused: {str(err)[:80]} | - |", flush=True)
+                continue
+            epoch, geo = seen[-1]["epoch_time_s"], seen[-1]["geometry_time_s"]
+            print(f"| {key} | {batch} | {args.steps} | {epoch:.2f} | {hvp_mode} | {geo:.2f} | {geo / epoch:.3f} |",
+                  flush=True)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,6 +203,15 @@ def main() -> None:
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--repeats", type=int, default=2)
     d.set_defaults(func=cmd_ddp)
+    g = sub.add_parser("geometry")
+    g.add_argument("--models", nargs="+", default=["vit_s_p4_32"], choices=list(MODELS))
+    g.add_argument("--steps", type=int, default=98, help="steps per epoch (98 x 512 = one CIFAR-10 epoch)")
+    g.add_argument("--measures", nargs="+", default=["lambda_max", "hessian_trace"])
+    g.add_argument("--geometry-batches", type=int, default=2)
+    g.add_argument("--geometry-batch-size", type=int, default=128)
+    g.add_argument("--hvp-modes", nargs="+", default=["auto", "finite_difference"])
+    g.add_argument("--quick", action="store_true", help="tiny model on CPU: checks the script, measures nothing")
+    g.set_defaults(func=cmd_geometry)
     args = p.parse_args()
     args.func(args)
 

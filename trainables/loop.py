@@ -80,6 +80,9 @@ class Probe(Protocol):
 
     def __call__(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]: ...
 
+    # Optional: `check(model, batches)`, called once before the first epoch, raises for what the measures could only
+    # refuse after training (fit looks it up with getattr; a probe without it is not checked).
+
 
 @dataclass(frozen=True)
 class _Dist:
@@ -455,6 +458,8 @@ def fit(
 
     train_loader, val_loader, sampler = _loaders(bundle, cfg, d, device)
     geometry_batches = _geometry_batches(bundle, cfg, d, device)
+    if geometry_batches is not None and callable(getattr(probe, "check", None)):
+        probe.check(model, geometry_batches)  # before any compute is spent on the trial
     base = _base_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr.

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from analysis.geometry._hvp import _RefuseKinks
 from analysis.geometry.perturbation import average_flatness, surrogate_gap
 from analysis.geometry.spectrum import (
     HvpMode,
@@ -134,6 +135,21 @@ class GeometryProbe:
     def __init__(self, geometry: "GeometryConfig"):
         self.geometry = geometry
         self.measures = [MEASURES[name] for name in MEASURES if name in geometry.measures]
+
+    def check(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Before the trial trains (fit calls it): refuse finite-difference products on a model whose loss has kinks,
+        which the first product would find only after all the epochs. One forward pass of two samples, in eval mode
+        (no dropout mask drawn, no batch-norm statistic moved: training is left exactly as it was)."""
+        if not self.geometry.hvp_mode.startswith("finite_difference"):
+            return
+        x, y = batches[0]
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.enable_grad(), _RefuseKinks(self.geometry.hvp_mode):
+                _cross_entropy(model, (x[:2], y[:2]))
+        finally:
+            model.train(was_training)
 
     def __call__(self, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
         metrics: dict[str, float] = {}

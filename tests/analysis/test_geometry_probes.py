@@ -136,6 +136,20 @@ def test_fit_refuses_geometry_it_cannot_take_before_training(config):
     assert reported == []  # refused before the first epoch
 
 
+
+def test_finite_differences_on_a_kinked_model_are_refused_before_training(config, tiny_model):
+    # The first product would find ReLU only after every epoch; the probe's check finds it before the first.
+    cfg = {**config(measures=["lambda_max"], hvp_mode="finite_difference"), "model": tiny_model("resnet")}
+    reported = []
+    with pytest.raises(ValueError, match="cannot measure this model: its loss applies relu"):
+        fit(cfg, probe=make_probe(cfg), reporter=lambda m, c: reported.append(m))
+    assert reported == []
+    # A smooth model passes the check, and the check leaves its training exactly as it was.
+    smooth = config(epochs=1, measures=["lambda_max"], hvp_mode="finite_difference")
+    with_check = fit(smooth, probe=make_probe(smooth))
+    without = fit({**smooth, "geometry": {}})
+    assert with_check["train_loss"] == without["train_loss"] and with_check["val_acc"] == without["val_acc"]
+
 def test_ray_wrapper_imports_the_probe_named_in_the_payload(config):
     cfg = TrialConfig.load(config(measures=["surrogate_gap"]))
     assert load_probe({}, TrialConfig.load(config())) is None  # no geometry: nothing imported, nothing asked
