@@ -91,53 +91,21 @@ def _open_experiment(study: str | Path, tracking_uri: str | None, *, smoke: bool
 
 
 # MLflow's largest search_runs page (its REST API's documented maximum): a study of up to 50,000 trials is one
-# request, and one of exactly a page's size needs no second, empty one.
+# request, and one of exactly a page's size needs no second, empty one. Nothing is read per run: the search brings
+# every param, tag and latest metric. (Splitting the read into 4 concurrent searches over start-time ranges, for a
+# server's 4 workers, was measured and dropped: 5 to 25% faster on a warm server, 3.6x slower on a cold one;
+# docs/benchmarks.md.)
 _PAGE = 50_000
-# Searches sent at once to a tracking server: `mlflow server` (and `sharpscale server`) runs 4 worker processes by
-# default, and building the runs' JSON is most of a search's cost there (SQLAlchemy loading every param, tag and
-# latest metric, then protobuf to JSON); one search would keep one of them busy while the others idle.
-_SERVER_SPLITS = 4
 
 
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
+def _trial_runs(client, experiment_id: str) -> list:
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=_PAGE, page_token=token)
+        page = client.search_runs([experiment_id], filter_string=_TRIAL_FILTER, max_results=_PAGE, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
             return runs
-
-
-def _trial_runs(client, experiment_id: str, *, splits: int = 1) -> list:
-    """Every trial run of the experiment, oldest first: one paged search, or with `splits` > 1 that many searches
-    at once over disjoint ranges of start times (a server spreads them over its workers)."""
-    if splits <= 1:
-        return _search_all(client, experiment_id, _TRIAL_FILTER)
-
-    def edge(order: str):
-        page = client.search_runs([experiment_id], filter_string=_TRIAL_FILTER, max_results=1,
-                                  order_by=[f"attributes.start_time {order}"])
-        return page[0].info.start_time if page else None
-
-    with ThreadPoolExecutor(max_workers=splits) as pool:
-        first, last = pool.map(edge, ("ASC", "DESC"))
-        # No runs; one instant; or a run without a start time (every order puts NULL first one way or the other),
-        # which no range would hold: one search reads them all.
-        if first is None or last is None or last - first < splits:
-            return _search_all(client, experiment_id, _TRIAL_FILTER)
-        cuts = [first + (last - first) * k // splits for k in range(1, splits)]
-        # Open at both ends, so a trial that starts while this reads is in one range, never lost.
-        ranges = [f"attributes.start_time < {cuts[0]}"]
-        ranges += [f"attributes.start_time >= {lo} AND attributes.start_time < {hi}" for lo, hi in zip(cuts, cuts[1:])]
-        ranges.append(f"attributes.start_time >= {cuts[-1]}")
-        parts = pool.map(lambda r: _search_all(client, experiment_id, f"{_TRIAL_FILTER} AND {r}"), ranges)
-        runs = [run for part in parts for run in part]
-    return sorted(runs, key=lambda r: r.info.start_time)
-
-
-def _splits(uri: str) -> int:
-    return _SERVER_SPLITS if uri.startswith(("http://", "https://")) else 1
 
 
 Launch = Union[int, Literal["latest", "all"]]
@@ -181,9 +149,9 @@ def load_runs(
     launch: which launch of the study (`sharpscale run --new-launch` starts another): the newest by default, a
     number, or 'all' (then group or filter by the `launch` column: launches are not replicates of each other).
     """
-    client, exp, uri = _open_experiment(study, tracking_uri, smoke=smoke)
+    client, exp, _ = _open_experiment(study, tracking_uri, smoke=smoke)
     rows = []
-    for run in _of_launch(_trial_runs(client, exp.experiment_id, splits=_splits(uri)), launch):
+    for run in _of_launch(_trial_runs(client, exp.experiment_id), launch):
         row = _identity(run)
         row.update(
             {
@@ -238,7 +206,7 @@ def load_curves(
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be an int >= 1, got {max_workers!r}; use 1 to fetch serially")
     client, exp, uri = _open_experiment(study, tracking_uri, smoke=smoke)
-    runs = _trial_runs(client, exp.experiment_id, splits=_splits(uri))
+    runs = _trial_runs(client, exp.experiment_id)
     if run_ids is None:
         runs = _of_launch(runs, launch)
     else:

@@ -4,9 +4,9 @@ Fills an SQLite store with N trial runs shaped like the runner's (tags, the flat
 epochs of per-epoch metrics, logged in batches), starts `mlflow server` on 127.0.0.1 over it (studies.server,
 as `sharpscale server` does), and times, interleaved over R rounds:
 
-  load_runs (server)    its searches: against a server 4 at once over disjoint start-time ranges (the server's
-                        workers build their JSON in parallel), each one page of up to 50,000 runs; nothing per run
-  one search (server)   the reader before that: load_runs with one search, 1,000 runs a page
+  load_runs (server)    one search, one page of up to 50,000 runs (MLflow's maximum); nothing per run
+  1,000 a page (server) the reader before: the same search in pages of 1,000 runs (then one more, empty, request
+                        when the study has exactly a multiple of 1,000 trials)
   load_runs (SQLite)    the same read straight from the file (one search)
   per-run reads         a search for the ids, then one `get_run` per trial: what a reader without paging costs
                         (timed on --sample trials and scaled to all of them: at ~0.5 s a request on a busy
@@ -86,14 +86,14 @@ def per_run(uri: str, sample: int) -> int:
     return len([client.get_run(i) for i in ids[:sample]])
 
 
-def one_search(url: str) -> int:
-    """load_runs as it read before: one search at a time, 1,000 runs a page."""
-    page, splits = runs_module._PAGE, runs_module._splits
-    runs_module._PAGE, runs_module._splits = 1000, lambda uri: 1
+def pages_of_1000(url: str) -> int:
+    """load_runs as it read before: pages of 1,000 runs."""
+    page = runs_module._PAGE
+    runs_module._PAGE = 1000
     try:
         return len(load_runs(EXPERIMENT, tracking_uri=url))
     finally:
-        runs_module._PAGE, runs_module._splits = page, splits
+        runs_module._PAGE = page
 
 
 def main() -> None:
@@ -126,7 +126,7 @@ def main() -> None:
             sample = min(args.sample, args.trials)
             jobs = {
                 "load_runs (server)": lambda: len(load_runs(EXPERIMENT, tracking_uri=url)),
-                "one search (server)": lambda: one_search(url),
+                "1,000 a page (server)": lambda: pages_of_1000(url),
                 "load_runs (SQLite)": lambda: len(load_runs(EXPERIMENT, tracking_uri=sqlite)),
                 "per-run reads (server)": lambda: per_run(url, sample),
             }

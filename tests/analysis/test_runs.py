@@ -168,31 +168,3 @@ def test_summary_states_each_accuracy_s_sampling_error_on_its_validation_set():
     # Not an accuracy, or no count logged (older records): no error column is invented.
     assert SE_COLUMN not in summarize(runs, metric="val_loss", mode="min", show=()).columns
     assert SE_COLUMN not in summarize(runs.drop(columns=["val_samples"]), metric="val_acc", show=()).columns
-
-
-def test_searches_split_by_start_time_read_every_trial_once(tracking_uri, monkeypatch):
-    # Against a tracking server load_runs sends several searches at once over disjoint start-time ranges; the
-    # ranges must hold every trial exactly once: at a cut, at both ends, and for a trial sharing its start time.
-    import pandas as pd
-
-    from analysis import runs as runs_module
-    from trainables.naming import KIND_TAG
-
-    client = MlflowClient(tracking_uri)
-    exp = client.create_experiment("split")
-    starts = [1_000, 1_000, 2_500, 4_000, 4_000, 5_500, 7_000, 9_999, 10_000]
-    for i, start in enumerate(starts):
-        run = client.create_run(exp, start_time=start, run_name=f"t{i}",
-                                tags={KIND_TAG: "trial", "factor.arch": "vit", TRIAL_ID_TAG: f"t{i}"})
-        client.log_param(run.info.run_id, "model.name", "vit")
-        client.log_metric(run.info.run_id, "val_acc", i / 10, step=0)
-        client.set_terminated(run.info.run_id)
-    client.create_run(exp, start_time=5_000, tags={KIND_TAG: "cell"})  # not a trial: never read
-    one = runs_module._trial_runs(client, exp, splits=1)
-    for splits in (2, 3, 4, 7):
-        split = runs_module._trial_runs(client, exp, splits=splits)
-        assert sorted(r.info.run_id for r in split) == sorted(r.info.run_id for r in one), splits
-        assert len(split) == len(starts)
-    whole = load_runs("split", tracking_uri=tracking_uri)
-    monkeypatch.setattr(runs_module, "_splits", lambda uri: 3)
-    pd.testing.assert_frame_equal(load_runs("split", tracking_uri=tracking_uri), whole)
