@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # timm, torchvision and PIL are imported where they are used; the registry (trainables.datasets) needs no torch.
 
-from trainables.datasets import DATASETS, DatasetSpec, rand_augment_transform, resident_problem
+from trainables.datasets import DATASETS, DatasetSpec, rand_augment_hparams, resident_problem
 from trainables.errors import UserError
 from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
@@ -595,7 +595,7 @@ def _cifar_host_splits(cfg: "DataConfig", train: tuple, val: tuple, size: int, m
     from torchvision import transforms as T
 
     # uint8 out: workers collate and pin a quarter of the bytes; DataBundle.prepare normalises on the device.
-    rand_aug = [rand_augment_transform(cfg.randaugment, size, mean), T.PILToTensor()] if cfg.augment == "strong" else []
+    rand_aug = [_rand_augment(cfg.randaugment, size, mean), T.PILToTensor()] if cfg.augment == "strong" else []
     if size == 32:
         # Native size: crop and flip by slicing (same draws, same pixels as torchvision's), PIL only for RandAugment.
         pad = 0 if cfg.augment == "none" else _cifar_pad(size)
@@ -610,6 +610,12 @@ def _cifar_host_splits(cfg: "DataConfig", train: tuple, val: tuple, size: int, m
         crop_flip = [T.RandomCrop(size, padding=_cifar_pad(size)), T.RandomHorizontalFlip()]
         train_tf = T.Compose([*resize, *crop_flip, *(rand_aug or [T.PILToTensor()])])
     return _UInt8Images(*train, train_tf), _UInt8Images(*val, eval_tf)
+
+
+def _rand_augment(config: str, size: int, mean: Sequence[float]):
+    from timm.data.auto_augment import rand_augment_transform
+
+    return rand_augment_transform(config, rand_augment_hparams(size, mean))
 
 
 def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainables.data import Loader
 
-__all__ = ["DATASETS", "DatasetSpec", "rand_augment_problem", "rand_augment_transform", "resident_problem"]
+__all__ = ["DATASETS", "DatasetSpec", "rand_augment_hparams", "rand_augment_problem", "resident_problem"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ def rand_augment_problem(config: object) -> str | None:
     if not isinstance(config, str):
         return f"must be a string such as 'rand-m9-mstd0.5', got {config!r}"
     try:
-        rand_augment_transform(config, 32, (0.5, 0.5, 0.5))
+        _timm_rand_augment()(config, rand_augment_hparams(32, (0.5, 0.5, 0.5)))
     except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
         return (
             f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
@@ -82,12 +82,11 @@ def rand_augment_problem(config: object) -> str | None:
     return None
 
 
-def rand_augment_transform(config: str, size: int, mean: Sequence[float]):
-    """timm's RandAugment transform for ``config`` on ``size`` px images filled with ``mean``."""
-    # The same hyper-parameters timm's create_transform passes: translation relative to the
-    # image size and fill with the dataset mean.
-    hparams = dict(translate_const=int(size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
-    return _timm_rand_augment()(config, hparams)
+def rand_augment_hparams(size: int, mean: Sequence[float]) -> dict[str, Any]:
+    """The hyper-parameters of timm's RandAugment for ``size`` px images of this ``mean``."""
+    # The same ones timm's create_transform passes: translation relative to the image size and fill with the
+    # dataset mean.
+    return dict(translate_const=int(size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
 
 
 _AUTO_AUGMENT = "_sharpscale_timm_auto_augment"
@@ -100,6 +99,8 @@ def _timm_rand_augment() -> Callable[..., Any]:
     ``__init__``, which imports torch (seconds): a study file's check loads that one file on its own. Where timm
     has moved it or gained imports, the ordinary import serves (correct, only slower);
     tests/trainables/test_datasets_registry.py pins that the file still loads alone and is timm's own function.
+    Only checks use it: a training transform comes from timm itself (trainables.data), so its classes pickle by
+    timm's module name into any data-loader worker.
     """
     if "timm" in sys.modules:  # already paid for: timm's own module object
         from timm.data.auto_augment import rand_augment_transform as timm_rand_augment
