@@ -189,9 +189,10 @@ def _check_hparam_values(cfg: "OptimizerConfig") -> None:
     # value (rho < 0, k = 0, e_start < e_tilde, msam on SGD without momentum) fails at load, without torch.
     import optim
 
+    # AdamW keeps a first moment whatever its settings; SGD keeps one when its momentum is > 0.
     try:
-        optim.check_hparams(cfg.method, base={"sgd": "SGD", "adamw": "AdamW"}[cfg.base],
-                            base_keeps_momentum=cfg.base == "adamw" or cfg.momentum > 0, **cfg.hparams)
+        optim.check_hparams(cfg.method, base={"sgd": "SGD", "adamw": "AdamW"}.get(cfg.base, cfg.base),
+                            base_keeps_momentum=cfg.base != "sgd" or cfg.momentum > 0, **cfg.hparams)
     except (ValueError, TypeError) as err:
         raise ValueError(f"optimizer.hparams: {err}") from None
 
