@@ -4,17 +4,20 @@ Fills an SQLite store with N trial runs shaped like the runner's (tags, the flat
 epochs of per-epoch metrics, logged in batches), starts `mlflow server` on 127.0.0.1 over it (studies.server,
 as `sharpscale server` does), and times, interleaved over R rounds:
 
-  load_runs (server)    the paged search: one `search_runs` call per 1,000 runs, nothing per run
-  load_runs (SQLite)    the same read straight from the file
+  load_runs (server)    one search, one page of up to 50,000 runs (MLflow's maximum); nothing per run
+  1,000 a page (server) the reader before: the same search in pages of 1,000 runs (then one more, empty, request
+                        when the study has exactly a multiple of 1,000 trials)
+  load_runs (SQLite)    the same read straight from the file (one search)
   per-run reads         a search for the ids, then one `get_run` per trial: what a reader without paging costs
                         (timed on --sample trials and scaled to all of them: at ~0.5 s a request on a busy
                         2-core machine, 1,000 of them take minutes a round)
 
-The server's first request after it starts loads its handlers (seconds); one warm-up request precedes the rounds,
-and its time is printed apart. Prints the median seconds of each reader and their ratios to load_runs over the
+The server runs MLflow's default number of worker processes (4), as `sharpscale server` does, unless --workers
+says otherwise. The server's first request after it starts loads its handlers (seconds); one warm-up request
+precedes the rounds, and its time is printed apart. Prints the median seconds of each reader and their ratios to load_runs over the
 server.
 
-    python benchmarks/bench_load_runs.py [--trials 1000] [--epochs 2] [--rounds 3] [--sample 100]
+    python benchmarks/bench_load_runs.py [--trials 1000] [--epochs 2] [--rounds 3] [--sample 100] [--workers N]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
+from analysis import runs as runs_module
 from studies.server import start_server
 from trainables.config import TrialConfig
 from trainables.naming import CELL_TAG, KIND_TAG, LAUNCH_TAG, STATUS_TAG, TRIAL_ID_TAG, TRIAL_KEY_TAG
@@ -82,6 +86,16 @@ def per_run(uri: str, sample: int) -> int:
     return len([client.get_run(i) for i in ids[:sample]])
 
 
+def pages_of_1000(url: str) -> int:
+    """load_runs as it read before: pages of 1,000 runs."""
+    page = runs_module._PAGE
+    runs_module._PAGE = 1000
+    try:
+        return len(load_runs(EXPERIMENT, tracking_uri=url))
+    finally:
+        runs_module._PAGE = page
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=1000)
@@ -90,6 +104,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sample", type=int, default=100, help="trials the per-run reader reads (scaled to all)")
+    ap.add_argument("--workers", type=int, default=None, help="server worker processes (default: MLflow's, 4)")
     ap.add_argument("--store", default=None, help="an SQLite file to fill, or reuse when already filled (default: temp)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-load-runs-") as tmp:
@@ -104,13 +119,14 @@ def main() -> None:
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
         # A busy machine can take minutes to start the server's workers.
         with start_server(backend_store_uri=sqlite, artifacts_destination=str(Path(tmp) / "artifacts"),
-                          log_path=Path(tmp) / "server.log", timeout_s=900) as (_, url):
+                          log_path=Path(tmp) / "server.log", timeout_s=900, workers=args.workers) as (_, url):
             t = time.perf_counter()
             MlflowClient(url).get_experiment_by_name(EXPERIMENT)
             print(f"server's first request: {time.perf_counter() - t:.2f} s", flush=True)
             sample = min(args.sample, args.trials)
             jobs = {
                 "load_runs (server)": lambda: len(load_runs(EXPERIMENT, tracking_uri=url)),
+                "1,000 a page (server)": lambda: pages_of_1000(url),
                 "load_runs (SQLite)": lambda: len(load_runs(EXPERIMENT, tracking_uri=sqlite)),
                 "per-run reads (server)": lambda: per_run(url, sample),
             }
@@ -125,7 +141,8 @@ def main() -> None:
                 print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in times.items()),
                       flush=True)
     base = statistics.median(times["load_runs (server)"])
-    print(f"\n{args.trials} trials, median of {args.rounds} rounds (CPU: {os.cpu_count()} cores):")
+    print(f"\n{args.trials} trials, median of {args.rounds} rounds (CPU: {os.cpu_count()} cores; server workers: "
+          f"{args.workers or 'MLflow default'}):")
     print("| reader | seconds | ratio to load_runs (server) |\n| --- | --- | --- |")
     for name, values in times.items():
         med = statistics.median(values)

@@ -8,8 +8,9 @@ import random
 import torch
 from torch import nn
 
-from ._method import Forward, StepOutput, batch_rows, check, method_spec, split_rows
-from ._sam import TwoPass, _check_rho
+from ._method import Forward, StepOutput, batch_rows, split_rows
+from ._sam import TwoPass
+from ._specs import BY_NAME
 
 __all__ = ["ESAM"]
 
@@ -35,13 +36,8 @@ class ESAM(TwoPass):
                  scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
                          global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho = _check_rho("rho", rho)
-        for name, value, example in (("beta", beta, "beta=0.6"), ("gamma", gamma, "gamma=0.5")):
-            check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                  and 0 < value <= 1, name, f"0 < {name} <= 1", value,
-                  f"pass a fraction such as {example} ({name}=1 switches it off)")
-        self.beta = float(beta)
-        self.gamma = float(gamma)
+        knobs = BY_NAME["esam"].check_knobs(rho=rho, beta=beta, gamma=gamma)
+        self.rho, self.beta, self.gamma = knobs["rho"], knobs["beta"], knobs["gamma"]
         self.name = "esam"
         self._random = random.Random(torch.initial_seed())
 
@@ -121,7 +117,3 @@ class ESAM(TwoPass):
             version, internal, gauss = state["random"]
             self._random.setstate((version, tuple(internal), gauss))
 
-
-SPECS = (method_spec("esam", description="ESAM (Du et al. 2022): eps on a random beta share of the weight tensors "
-                     "(scaled 1/beta), pass 2 on the gamma share of the batch whose loss rises most.",
-                     build=ESAM, knobs=("rho", "beta", "gamma"), two_pass=True, needs=("model",)),)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from ._method import check, group_by_device_dtype, method_spec
-from ._sam import TwoPass, _check_rho
+from ._method import group_by_device_dtype
+from ._sam import TwoPass
+from ._specs import BY_NAME
 
 __all__ = ["FriendlySAM"]
 
@@ -30,13 +29,8 @@ class FriendlySAM(TwoPass):
                  scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
                          global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho = _check_rho("rho", rho)
-        check(isinstance(sigma, (int, float)) and not isinstance(sigma, bool) and math.isfinite(sigma) and sigma >= 0,
-              "sigma", "0 <= sigma < inf", sigma, "pass the share of the EMA removed, e.g. sigma=1.0 (sigma=0 is SAM)")
-        check(isinstance(lmbda, (int, float)) and not isinstance(lmbda, bool) and 0 <= lmbda < 1, "lmbda",
-              "0 <= lmbda < 1", lmbda, "pass an EMA decay such as lmbda=0.6 (CIFAR) or 0.95 (ImageNet)")
-        self.sigma = float(sigma)
-        self.lmbda = float(lmbda)
+        knobs = BY_NAME["fsam"].check_knobs(rho=rho, sigma=sigma, lmbda=lmbda)
+        self.rho, self.sigma, self.lmbda = knobs["rho"], knobs["sigma"], knobs["lmbda"]
         self.name = "fsam"
         self._m: dict[torch.Tensor, torch.Tensor] = {}  # param -> EMA of its pass 1 gradients
         self._g_now: dict[torch.Tensor, torch.Tensor] = {}  # param -> this step's g, until the step is taken
@@ -94,7 +88,3 @@ class FriendlySAM(TwoPass):
             p = params[int(i)]
             self._m[p] = t.to(device=p.device, dtype=p.dtype).clone()
 
-
-SPECS = (method_spec("fsam", description="Friendly SAM (Li et al. 2024): eps along g - sigma m, m an EMA (decay lmbda) "
-                     "of past gradients estimating the full gradient.", build=FriendlySAM,
-                     knobs=("rho", "sigma", "lmbda"), two_pass=True, needs=("model",)),)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from ._method import check, global_norm, group_by_device_dtype, method_spec
-from ._sam import TwoPass, _check_rho, nonzero
+from ._method import global_norm, group_by_device_dtype
+from ._sam import TwoPass, nonzero
+from ._specs import BY_NAME
 
 __all__ = ["GSAM"]
 
@@ -37,21 +36,11 @@ class GSAM(TwoPass):
                  scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
                          scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho_max = _check_rho("rho_max", rho_max)
-        self.rho_min = _check_rho("rho_min", rho_min)
-        check(self.rho_min <= self.rho_max, "rho_min", "rho_min <= rho_max", rho_min,
-              f"pass rho_min <= rho_max={rho_max} (equal values give a constant radius)")
-        check(isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0, "alpha", "0 <= alpha < inf",
-              alpha, "pass a non-negative ascent weight such as alpha=0.3 (alpha=0 is SAM)")
-        self.alpha = float(alpha)
-        check(isinstance(lr_min, (int, float)) and math.isfinite(lr_min) and lr_min >= 0, "lr_min",
-              "0 <= lr_min < inf", lr_min, "pass the schedule's final lr, e.g. lr_min=0.0")
-        check(lr_max is None or (isinstance(lr_max, (int, float)) and math.isfinite(lr_max) and lr_max >= lr_min),
-              "lr_max", "lr_max >= lr_min", lr_max,
-              f"pass the schedule's peak lr (>= lr_min={lr_min}) in units of param group 0's base lr, or None "
-              "for group 0's max_lr (OneCycleLR) or base lr")
+        knobs = BY_NAME["gsam"].check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max,
+                                            lr_min=lr_min)
+        self.rho_max, self.rho_min, self.alpha = knobs["rho_max"], knobs["rho_min"], knobs["alpha"]
         self._lr_max = None if lr_max is None else float(lr_max)
-        self.lr_min = float(lr_min)
+        self.lr_min = knobs["lr_min"]
         # Each group's lr now: its base lr until a scheduler records one as ``initial_lr``.
         self._lr_at_init = [float(g["lr"]) for g in base_optimizer.param_groups]
         self.rho_t = self._rho()
@@ -144,7 +133,3 @@ class GSAM(TwoPass):
         # Saved w plus pass 1's g held until the combination.
         return 2 * super().extra_state_bytes()
 
-
-SPECS = (method_spec("gsam", description="GSAM (Zhuang et al. 2022): g_p - alpha g_perp, radius following the lr.",
-                     build=GSAM, knobs=("rho_max", "rho_min", "alpha", "lr_max", "lr_min", "adaptive", "eta"),
-                     two_pass=True, needs=("model",)),)

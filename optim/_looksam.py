@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -11,12 +10,11 @@ from torch import nn
 from ._method import (
     Forward,
     StepOutput,
-    check,
     global_norm,
     group_by_device_dtype,
-    method_spec,
 )
-from ._sam import TwoPass, _check_rho, nonzero
+from ._sam import TwoPass, nonzero
+from ._specs import BY_NAME
 
 __all__ = ["LookSAM"]
 
@@ -42,13 +40,8 @@ class LookSAM(TwoPass):
                  scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
                          global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho = _check_rho("rho", rho)
-        check(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "k", "k >= 1 (an integer)", k,
-              "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)")
-        check(isinstance(alpha, (int, float)) and not math.isnan(alpha) and alpha >= 0, "alpha", "alpha >= 0", alpha,
-              "pass a non-negative weight for the stored direction, e.g. alpha=0.7")
-        self.k = k
-        self.alpha = float(alpha)
+        knobs = BY_NAME["looksam"].check_knobs(rho=rho, k=k, alpha=alpha)
+        self.rho, self.k, self.alpha = knobs["rho"], knobs["k"], knobs["alpha"]
         self.name = "looksam"
         self._step = 0
         self._gv: dict[torch.Tensor, torch.Tensor] = {}  # param -> stored g_v (in _gv_buf)
@@ -179,7 +172,3 @@ class LookSAM(TwoPass):
         norm = state.get("g_v_norm")
         self._gv_norm = None if norm is None else norm.to(params[0].device).clone()
 
-
-SPECS = (method_spec("looksam", description="LookSAM (Liu et al. 2022): SAM every k-th step, the stored orthogonal "
-                     "direction in between.", build=LookSAM, knobs=("rho", "k", "alpha"), two_pass=True,
-                     needs=("model",)),)

@@ -1,20 +1,19 @@
-"""The one step interface (StepOutput, Method, MethodSpec) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
+"""The one step interface (StepOutput, Method) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
 
 from __future__ import annotations
 
 import abc
 import contextlib
-import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["Forward", "Method", "MethodSpec", "StepOutput", "method_spec"]
+from ._knobs import check
+
+__all__ = ["Forward", "Method", "StepOutput", "check"]
 
 #: ``forward(rows=None, reduction="mean")`` runs the model on the current batch (under the caller's autocast)
 #: and returns ``(loss, logits)``: the mean task loss (``reduction="none"``: one loss per sample) and the
@@ -22,52 +21,6 @@ __all__ = ["Forward", "Method", "MethodSpec", "StepOutput", "method_spec"]
 #: of the batch's rows. A method calls ``forward()`` with no argument unless it works on part of the batch
 #: (micro-batches, m-sharpness, ESAM's data selection), so a zero-argument forward serves every other setting.
 Forward = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
-
-#: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three.
-CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """One registry entry: what the study validator needs to know about a method without building it, and
-    how to build it (``build(base_optimizer, **hparams, **context)``, keyword arguments only)."""
-
-    name: str
-    description: str
-    hparams: Mapping[str, Any] = field(default_factory=dict)  # the method's own knobs and their defaults
-    two_pass: bool = False  # two forward+backward passes on (some) steps
-    needs: frozenset[str] = frozenset()  # context create() must receive (not None)
-    build: Callable[..., Method] | None = field(default=None, repr=False, compare=False)
-
-    def accepts(self) -> frozenset[str]:
-        """The context keywords ``build`` takes (a method ignores context it has no use for): those it names,
-        and Method's own (model, grad_clip, scaler, global_perturbation, accumulate) if it passes ``**context`` on."""
-        params = inspect.signature(self.build).parameters
-        named = {k for k in CONTEXT if k in params}
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            named |= {k for k in inspect.signature(Method.__init__).parameters if k in CONTEXT}
-        return frozenset(named)
-
-
-def method_spec(name: str, *, description: str, build: Callable[..., Method], knobs: Sequence[str] = (),
-                knobs_from: Callable | None = None, two_pass: bool = False, needs: Sequence[str] = (),
-                defaults: Mapping[str, Any] | None = None) -> MethodSpec:
-    """A method module's registry entry: the knobs' defaults are read from the signature of ``knobs_from``
-    (default ``build``), so each default lives in one place, the class; ``defaults`` overrides some of them
-    (ASAM's larger rho)."""
-    params = inspect.signature(knobs_from if knobs_from is not None else build).parameters
-    missing = [k for k in knobs if k not in params or params[k].default is inspect.Parameter.empty]
-    if missing:
-        raise TypeError(f"method {name!r}: knob(s) {missing} are not parameters with a default of "
-                        f"{knobs_from or build}")
-    hp = {k: params[k].default for k in knobs}
-    hp.update(defaults or {})
-    bad = set(needs) - set(CONTEXT[:3])
-    if bad:
-        raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
-    return MethodSpec(name=name, description=description, hparams=MappingProxyType(hp), two_pass=two_pass,
-                      needs=frozenset(needs), build=build)
-
 
 def split_rows(n: int, parts: int) -> list[slice]:
     """``parts`` contiguous row ranges covering ``range(n)``, sizes differing by at most one (empty ones dropped)."""
@@ -104,12 +57,6 @@ class StepOutput:
     extra_loss: torch.Tensor | None
     rho: float | None
     skipped: bool = False
-
-
-def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
-    """Raise the project's ValueError for a bad hyperparameter: the name, the rule, the value and the fix."""
-    if not ok:
-        raise ValueError(f"{name} must satisfy {rule}, but got {name}={value!r}; {fix}")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -487,5 +434,3 @@ class BaseOnly(Method):
     def passes_per_step(self) -> float:
         return 1.0
 
-
-SPECS = (method_spec("none", description="The base optimizer alone (one pass).", build=BaseOnly),)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ._knobs import momentum_problem
 from ._method import (
     Forward,
     Method,
@@ -12,9 +13,9 @@ from ._method import (
     batch_rows,
     global_norm,
     group_by_device_dtype,
-    method_spec,
 )
-from ._sam import _check_rho, nonzero
+from ._sam import nonzero
+from ._specs import BY_NAME
 
 __all__ = ["MSAM"]
 
@@ -40,14 +41,11 @@ class MSAM(Method):
                  global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
                          global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho = _check_rho("rho", rho)
+        self.rho = BY_NAME["msam"].knob("rho").check(rho)
         lacking = [i for i, g in enumerate(base_optimizer.param_groups)
                    if "betas" not in g and not float(g.get("momentum", 0.0)) > 0]
         if lacking:
-            raise ValueError(
-                f"base_optimizer must keep a momentum for msam (Adam's first moment or SGD's momentum > 0), but "
-                f"param group(s) {lacking} of {type(base_optimizer).__name__} have none; use AdamW, or SGD with "
-                "momentum=0.9")
+            raise ValueError(momentum_problem("msam", lacking, type(base_optimizer).__name__))
         self.name = "msam"
         self._saved: dict[torch.Tensor, torch.Tensor] = {}
         self._pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
@@ -111,6 +109,3 @@ class MSAM(Method):
         # The saved copy of w.
         return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
 
-
-SPECS = (method_spec("msam", description="Momentum-SAM (Becker et al. 2024): one gradient per step, at w - rho v/||v|| "
-                     "with v the base optimizer's momentum.", build=MSAM, knobs=("rho",)),)

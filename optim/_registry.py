@@ -1,22 +1,26 @@
-"""The method registry: every method module's ``SPECS`` collected into ``METHODS`` (name -> MethodSpec), ``create`` and ``method_names``."""
+"""The method registry: the entries' ``SPECS`` collected into ``METHODS`` (name -> MethodSpec), ``create``, ``method_names`` and ``check_hparams``; importing it does not import torch."""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+from . import _specs
+from ._knobs import MethodSpec, momentum_problem
 
-from . import _esam, _fsam, _gsam, _looksam, _method, _msam, _sam, _trajectory
-from ._method import Method, MethodSpec
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
-__all__ = ["METHODS", "MethodSpec", "create", "method_names"]
+    from ._method import Method
 
-# Adding a method: its module declares SPECS (optim._method.method_spec) next to the class, and is listed here.
-_MODULES = (_method, _sam, _gsam, _looksam, _trajectory, _esam, _fsam, _msam)
+__all__ = ["METHODS", "MethodSpec", "check_hparams", "create", "method_names"]
+
+# Adding a method: its module holds the class, and one entry in optim._specs.SPECS declares its knobs and names the
+# class; the entries live apart from the classes so that reading them (a study's validation) needs no torch.
+_MODULES = (_specs,)
 
 
 def _collect() -> Mapping[str, MethodSpec]:
@@ -38,6 +42,32 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def _entry(name: str, hparams: dict[str, Any]) -> MethodSpec:
+    """The registry entry ``name``, once ``hparams`` are all its knobs; else the ValueError saying what to fix."""
+    spec = METHODS.get(name) if isinstance(name, str) else None
+    if spec is None:
+        close = difflib.get_close_matches(str(name), METHODS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown method {name!r}: valid names are {', '.join(METHODS)}{hint}")
+    unknown = sorted(set(hparams) - set(spec.hparams))
+    if unknown:
+        accepted = ", ".join(f"{k}={v!r}" for k, v in spec.hparams.items()) or "none"
+        raise ValueError(f"method {name!r} does not take hparam(s) {', '.join(unknown)}; "
+                         f"it accepts: {accepted}; remove or rename them")
+    return spec
+
+
+def check_hparams(name: str, *, base: str, base_keeps_momentum: bool, **hparams: Any) -> None:
+    """Raise what ``create(name, <base optimizer>, **hparams)`` would raise about the method's knobs, without torch:
+    the name, unknown knobs, each knob's rule and the rules between knobs (the unset ones at their defaults), and
+    a base optimizer without the momentum the method needs. ``base``: the base optimizer's class name (AdamW, SGD);
+    ``base_keeps_momentum``: whether it keeps one (Adam's betas, SGD's momentum > 0)."""
+    spec = _entry(name, hparams)
+    spec.check_knobs(**{**spec.hparams, **hparams})
+    if spec.needs_momentum and not base_keeps_momentum:
+        raise ValueError(momentum_problem(name, [0], base))
+
+
 def create(name: str, base_optimizer: torch.optim.Optimizer, *, model: nn.Module | None = None,
            num_samples: int | None = None, num_classes: int | None = None, grad_clip: float | None = None,
            scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1,
@@ -49,16 +79,7 @@ def create(name: str, base_optimizer: torch.optim.Optimizer, *, model: nn.Module
     (each pass accumulated over them). ``hparams`` are the method's own knobs: one it does not take raises
     ValueError listing the accepted ones.
     """
-    spec = METHODS.get(name) if isinstance(name, str) else None
-    if spec is None:
-        close = difflib.get_close_matches(str(name), METHODS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown method {name!r}: valid names are {', '.join(METHODS)}{hint}")
-    unknown = sorted(set(hparams) - set(spec.hparams))
-    if unknown:
-        accepted = ", ".join(f"{k}={v!r}" for k, v in spec.hparams.items()) or "none"
-        raise ValueError(f"method {name!r} does not take hparam(s) {', '.join(unknown)}; "
-                         f"it accepts: {accepted}; remove or rename them")
+    spec = _entry(name, hparams)
     context = {"model": model, "num_samples": num_samples, "num_classes": num_classes, "grad_clip": grad_clip,
                "scaler": scaler, "global_perturbation": global_perturbation, "accumulate": accumulate}
     missing = sorted(k for k in spec.needs if context[k] is None)

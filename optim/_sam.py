@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
 from collections.abc import Callable
 
 import torch
@@ -17,8 +15,8 @@ from ._method import (
     batch_rows,
     check,
     global_norm,
-    method_spec,
 )
+from ._specs import BY_NAME
 
 __all__ = ["SAM"]
 
@@ -32,23 +30,7 @@ def nonzero(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x != 0, x, torch.ones_like(x))
 
 
-def _check_p(p: float | str) -> float:
-    value = float(p) if not isinstance(p, str) else float(p.strip().lower().replace("infinity", "inf"))
-    check(value == 2.0 or value == math.inf, "p", "p == 2 or p == float('inf')", p,
-          "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)")
-    return value
-
-
-def _check_rho(name: str, rho: float) -> float:
-    check(isinstance(rho, (int, float)) and not isinstance(rho, bool) and math.isfinite(rho) and rho >= 0,
-          name, f"0 <= {name} < inf", rho, f"pass a non-negative radius such as {name}=0.05")
-    return float(rho)
-
-
-def _check_eta(eta: float) -> float:
-    check(isinstance(eta, (int, float)) and math.isfinite(eta) and eta >= 0, "eta", "0 <= eta < inf", eta,
-          "pass eta=0.01 (the ASAM authors' choice) or eta=0 for the w^2 g / || |w| g || variant")
-    return float(eta)
+_SAM, _ASAM = BY_NAME["sam"], BY_NAME["asam"]
 
 
 class TwoPass(Method):
@@ -68,9 +50,9 @@ class TwoPass(Method):
                  scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
                          global_perturbation=global_perturbation, accumulate=accumulate)
-        self.p = _check_p(p)
+        self.p = _SAM.knob("p").check(p)
         self.adaptive = bool(adaptive)
-        self.eta = _check_eta(eta)
+        self.eta = _ASAM.knob("eta").check(eta)
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w buffer, allocated once
         self._gbuf: dict[torch.Tensor, torch.Tensor] = {}  # param -> pass 1 g buffer (GSAM, LookSAM)
         self._plan_key: list | None = None
@@ -288,13 +270,10 @@ class SAM(TwoPass):
                  global_perturbation: bool = False, accumulate: int = 1):
         super().__init__(base_optimizer, p=p, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
                          scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
-        self.rho = _check_rho("rho", rho)
-        check(m is None or (isinstance(m, int) and not isinstance(m, bool) and m >= 1), "m",
-              "m >= 1 (an integer number of samples per perturbation) or None", m,
-              "pass e.g. m=32, or leave m unset for one perturbation per batch")
+        knobs = _SAM.check_knobs(rho=rho, m=m)
         check(m is None or not global_perturbation, "m", "m unset when global_perturbation=True", m,
               "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m")
-        self.m = m
+        self.rho, self.m = knobs["rho"], knobs["m"]
         self.name = "asam" if self.adaptive else "sam"
 
     def _rho(self) -> float:
@@ -349,12 +328,3 @@ class SAM(TwoPass):
                           perturbed_loss=torch.stack(perturbed).sum(), extra_loss=None, rho=self._last_rho,
                           skipped=skipped)
 
-
-SPECS = (
-    method_spec("sam", description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
-                "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).",
-                build=SAM, knobs=("rho", "p", "m"), two_pass=True, needs=("model",)),
-    method_spec("asam", description="Adaptive SAM (Kwon et al. 2021): eps = rho T^2 g/||T g||, T = |w| + eta.",
-                build=functools.partial(SAM, adaptive=True), knobs=("rho", "eta", "m"), two_pass=True,
-                needs=("model",), defaults={"rho": 0.5}),
-)

@@ -16,9 +16,9 @@ from ._method import (
     StepOutput,
     check,
     group_by_device_dtype,
-    method_spec,
     unwrap,
 )
+from ._specs import BY_NAME
 
 __all__ = ["MESA", "SAF", "Regularised", "trajectory_kl"]
 
@@ -59,15 +59,6 @@ def _recorded_kl(student_logits: torch.Tensor, past: torch.Tensor, tau: float, w
     return (weight * tau * tau) * per_sample.sum() / recorded.sum().clamp(min=1).to(dtype)
 
 
-def _check_common(lam: float, tau: float, e_start: int) -> None:
-    check(isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0, "lam", "0 <= lam < inf", lam,
-          "pass a non-negative weight for the trajectory loss, e.g. lam=0.3 (SAF) or lam=0.8 (MESA)")
-    check(isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0, "tau", "tau > 0", tau,
-          "pass a positive temperature, e.g. tau=5.0")
-    check(isinstance(e_start, int) and not isinstance(e_start, bool) and e_start >= 0, "e_start",
-          "e_start >= 0 (an integer epoch)", e_start, "pass the last epoch without the loss, e.g. e_start=5")
-
-
 def _world() -> tuple[int, object]:
     import torch.distributed as dist
 
@@ -97,13 +88,9 @@ class SAF:
               "pass the size of the FULL training set (indices go up to num_samples - 1)")
         check(isinstance(num_classes, int) and num_classes >= 1, "num_classes", "num_classes >= 1", num_classes,
               "pass the number of classes (the logits' last dimension)")
-        _check_common(lam, tau, e_start)
-        check(isinstance(e_tilde, int) and not isinstance(e_tilde, bool) and e_tilde >= 1, "e_tilde",
-              "e_tilde >= 1 (an integer number of epochs)", e_tilde, "pass how many epochs back to look, e.g. e_tilde=3")
-        check(e_start >= e_tilde, "e_start", f"e_start >= e_tilde (={e_tilde})", e_start,
-              f"the loss reads logits from e_tilde epochs back, which exist only after epoch e_tilde; pass e_start >= {e_tilde}")
+        knobs = BY_NAME["saf"].check_knobs(lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start)
         self.num_samples, self.num_classes = num_samples, num_classes
-        self.lam, self.tau, self.e_tilde, self.e_start = float(lam), float(tau), e_tilde, e_start
+        self.lam, self.tau, self.e_tilde, self.e_start = knobs["lam"], knobs["tau"], e_tilde, e_start
         self.slots = e_tilde + 1
         self.buffer_dtype = torch.float16
         #: Size of the ring buffer in bytes (say it in the logs).
@@ -232,10 +219,8 @@ class MESA:
     """
 
     def __init__(self, model: nn.Module, beta: float = 0.9998, lam: float = 0.8, tau: float = 5.0, e_start: int = 5):
-        check(isinstance(beta, (int, float)) and 0 <= beta < 1, "beta", "0 <= beta < 1", beta,
-              "pass an EMA decay such as beta=0.9998")
-        _check_common(lam, tau, e_start)
-        self.beta, self.lam, self.tau, self.e_start = float(beta), float(lam), float(tau), e_start
+        knobs = BY_NAME["mesa"].check_knobs(beta=beta, lam=lam, tau=tau, e_start=e_start)
+        self.beta, self.lam, self.tau, self.e_start = knobs["beta"], knobs["lam"], knobs["tau"], e_start
         self.student = unwrap(model)
         self.teacher = copy.deepcopy(self.student)
         self.teacher.requires_grad_(False)
@@ -403,8 +388,8 @@ class Regularised(Method):
         self.regulariser.load_state_dict(state)
 
 
-# The knobs' defaults live in SAF's and MESA's signatures (method_spec reads them there); create() always
-# passes every knob, so the builders declare none.
+# The knobs' defaults live in the registry entries (optim._specs), equal to SAF's and MESA's signatures
+# (tests/optim/test_knobs.py); create() always passes every knob, so the builders declare none.
 def build_saf(base_optimizer: torch.optim.Optimizer, *, num_samples: int, num_classes: int, lam: float, tau: float,
               e_tilde: int, e_start: int, **context) -> Regularised:
     return Regularised(base_optimizer, SAF(num_samples, num_classes, lam=lam, tau=tau, e_tilde=e_tilde,
@@ -416,11 +401,3 @@ def build_mesa(base_optimizer: torch.optim.Optimizer, *, model: nn.Module, beta:
     return Regularised(base_optimizer, MESA(model, beta=beta, lam=lam, tau=tau, e_start=e_start), name="mesa",
                        model=model, **context)
 
-
-SPECS = (
-    method_spec("saf", description="SAF (Du et al. 2022): trajectory loss against each sample's logits from e_tilde "
-                "epochs ago.", build=build_saf, knobs_from=SAF, knobs=("lam", "tau", "e_tilde", "e_start"),
-                needs=("num_samples", "num_classes")),
-    method_spec("mesa", description="MESA (Du et al. 2022): trajectory loss against an EMA teacher's logits.",
-                build=build_mesa, knobs_from=MESA, knobs=("beta", "lam", "tau", "e_start"), needs=("model",)),
-)

@@ -52,9 +52,9 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """Which dataset (a name in `trainables.data.DATASETS`), which fraction of its training set, how it is fed."""
+    """Which dataset (a name in `trainables.datasets.DATASETS`), which fraction of its training set, how it is fed."""
 
-    name: str = Field("digits", description="Registry name in trainables.data.DATASETS (digits, cifar10, ...).")
+    name: str = Field("digits", description="Registry name in trainables.datasets.DATASETS (digits, cifar10, ...).")
     root: str | None = Field(None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once.")
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
@@ -85,7 +85,7 @@ class DataConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from trainables.data import DATASETS
+        from trainables.datasets import DATASETS
 
         if name not in DATASETS:
             close = difflib.get_close_matches(name, list(DATASETS), n=1)
@@ -105,7 +105,7 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
-        from trainables.data import DATASETS, rand_augment_problem, resident_problem
+        from trainables.datasets import DATASETS, rand_augment_problem, resident_problem
         from trainables.fetch import expected_layout
 
         spec = DATASETS[self.name]
@@ -186,21 +186,14 @@ def _hparam_problem(method: str, hparams: tuple, base: str, lr: float, momentum:
 
 
 def _check_hparam_values(cfg: "OptimizerConfig") -> None:
-    # The method's own constructor is the one place its rules live: build it on a stand-in model around the
-    # configured kind of base optimizer, so a bad value (rho < 0, k = 0, e_start < e_tilde, msam on SGD
-    # without momentum) fails at load, long before any trial starts.
-    import torch
-
+    # The registry entry is the one place a method's knob rules live (its class checks with the same rules): a bad
+    # value (rho < 0, k = 0, e_start < e_tilde, msam on SGD without momentum) fails at load, without torch.
     import optim
 
-    method, hparams = cfg.method, cfg.hparams
-    probe = torch.nn.Linear(2, 2)
-    if cfg.base == "sgd":
-        base = torch.optim.SGD(probe.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    else:
-        base = torch.optim.AdamW(probe.parameters(), lr=cfg.lr, betas=cfg.betas)
+    # AdamW keeps a first moment whatever its settings; SGD keeps one when its momentum is > 0.
     try:
-        optim.create(method, base, model=probe, num_samples=4, num_classes=2, **hparams)
+        optim.check_hparams(cfg.method, base={"sgd": "SGD", "adamw": "AdamW"}.get(cfg.base, cfg.base),
+                            base_keeps_momentum=cfg.base != "sgd" or cfg.momentum > 0, **cfg.hparams)
     except (ValueError, TypeError) as err:
         raise ValueError(f"optimizer.hparams: {err}") from None
 

@@ -19,9 +19,9 @@ from torch.utils.data import Dataset
 if TYPE_CHECKING:
     from trainables.config import DataConfig
 
-# timm, torchvision and PIL are imported where they are used: validating a study file reads this registry
-# and must not pay for them.
+# timm, torchvision and PIL are imported where they are used; the registry (trainables.datasets) needs no torch.
 
+from trainables.datasets import DATASETS, DatasetSpec, rand_augment_hparams, resident_problem
 from trainables.errors import UserError
 from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
@@ -635,27 +635,10 @@ def _cifar_host_splits(cfg: "DataConfig", train: tuple, val: tuple, size: int, m
     return _UInt8Images(*train, train_tf), _UInt8Images(*val, eval_tf)
 
 
-def rand_augment_problem(config: object) -> str | None:
-    """Why `config` is not a timm RandAugment string, or None when it is one."""
-    if not isinstance(config, str):
-        return f"must be a string such as 'rand-m9-mstd0.5', got {config!r}"
-    try:
-        _rand_augment(config, 32, (0.5, 0.5, 0.5))
-    except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
-        return (
-            f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
-            f"after 'rand'), got {config!r} ({type(exc).__name__}: {exc})"
-        )
-    return None
-
-
 def _rand_augment(config: str, size: int, mean: Sequence[float]):
     from timm.data.auto_augment import rand_augment_transform
 
-    # The same hyper-parameters timm's create_transform passes: translation relative to the
-    # image size and fill with the dataset mean.
-    hparams = dict(translate_const=int(size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
-    return rand_augment_transform(config, hparams)
+    return rand_augment_transform(config, rand_augment_hparams(size, mean))
 
 
 def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
@@ -775,57 +758,10 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
     )
 
 
-# --------------------------------------------------------------------------- the registry
+# --------------------------------------------------------------------------- loading (the registry: trainables.datasets)
 
 
 Loader = Callable[["DataConfig", "Path | None", Callable[[np.ndarray], np.ndarray], bool], DataBundle]
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """One registered dataset: how to load it, and what the config rules need to know about it.
-
-    load(cfg, root, train_indices_for, resident): the bundle; `root` is the local directory (None when the
-    dataset needs none), `train_indices_for(labels)` the fraction subset, `resident` whether to build the
-    device-resident form.
-    """
-
-    name: str
-    description: str
-    load: Loader
-    needs_root: bool
-    # Small enough to keep on the accelerator: `none`/`basic` augmentation then runs batched on the device.
-    # (`strong` keeps RandAugment in host workers.)
-    device_resident: bool = False
-    native_size: int | None = None  # the only img_size the resident form takes (None: any)
-
-
-DATASETS: dict[str, DatasetSpec] = {
-    spec.name: spec
-    for spec in (
-        DatasetSpec("digits", "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
-                    _load_digits, needs_root=False, device_resident=True),
-        DatasetSpec("cifar10", "CIFAR-10, the python-version pickles; val is the test batch",
-                    _load_cifar, needs_root=True, device_resident=True, native_size=32),
-        DatasetSpec("cifar100", "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
-                    _load_cifar, needs_root=True, device_resident=True, native_size=32),
-        DatasetSpec("imagefolder", "any train/val tree of class folders (ImageNet-style), decoded per sample",
-                    _load_imagefolder, needs_root=True),
-        DatasetSpec("synthetic", "random images for throughput measurements; no augmentation",
-                    _load_synthetic, needs_root=False),
-    )
-}
-
-
-def resident_problem(spec: DatasetSpec, augment: str, img_size: int | None) -> str | None:
-    """Why this dataset cannot take the device-resident form with these settings, or None when it can."""
-    if not spec.device_resident:
-        return f"dataset {spec.name!r} is not registered as device-resident (it does not fit in device memory)"
-    if augment == "strong":
-        return "augment 'strong' runs RandAugment on host workers"
-    if spec.native_size is not None and img_size not in (None, spec.native_size):
-        return f"the resident form keeps {spec.name}'s native {spec.native_size} px, got img_size={img_size}"
-    return None
 
 
 def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | None = None, **fields: Any) -> DataBundle:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Literal
 
 from trainables.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+# torch is imported where it is used: validating a study reads model_family, which needs none.
 
 __all__ = ["Family", "create_model", "fused_attention", "model_family", "parameter_groups", "set_fused_attention"]
 
@@ -42,6 +45,8 @@ def model_family(name: str) -> Family:
 
 def _cifar_stem(model: nn.Module) -> None:
     # Small images lose all resolution to the 7x7/2 conv and the max-pool; the CIFAR ResNet stem keeps it.
+    from torch import nn
+
     conv = model.conv1
     model.conv1 = nn.Conv2d(conv.in_channels, conv.out_channels, 3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
@@ -97,6 +102,8 @@ def fused_attention(model: nn.Module, enabled: bool) -> Iterator[nn.Module]:
 
 def weight_norm(model: nn.Module) -> torch.Tensor:
     """Global L2 norm of all parameters, as a 0-d tensor (no host sync)."""
+    import torch
+
     return torch.nn.utils.get_total_norm([p.detach() for p in model.parameters()]).float()
 
 

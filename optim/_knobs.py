@@ -1,0 +1,173 @@
+"""What the registry knows about a method without importing torch: MethodSpec, its knobs (name, default, rule) and the rules' checks, shared by the classes and the study validator."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "method_spec"]
+
+#: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three.
+CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
+
+
+def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
+    """Raise the project's ValueError for a bad hyperparameter: the name, the rule, the value and the fix."""
+    if not ok:
+        raise ValueError(f"{name} must satisfy {rule}, but got {name}={value!r}; {fix}")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one knob's value must satisfy. ``text`` and ``fix`` may name ``{name}`` and ``{default}``; ``convert``
+    turns an accepted value into the form the method keeps (``float``); ``parse`` runs first (SAM's ``p='inf'``)."""
+
+    text: str
+    ok: Callable[[Any], bool]
+    fix: str
+    convert: Callable[[Any], Any] = _same
+    parse: Callable[[Any], Any] = _same
+
+    def check(self, name: str, value: Any, default: Any = None) -> Any:
+        parsed = self.parse(value)
+        check(self.ok(parsed), name, self.text.format(name=name, default=default), value,
+              self.fix.format(name=name, default=default))
+        return self.convert(parsed)
+
+
+def number(x: Any) -> bool:
+    """A real number, bools included (``True`` is 1, as Python has it): the older rules' type test."""
+    return isinstance(x, (int, float))
+
+
+def strict_number(x: Any) -> bool:
+    """A real number that is not a bool."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def integer(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+#: Any value, kept as given (a knob with no rule of its own, or one a Relation checks).
+ANY = Rule("any value", lambda x: True, "")
+#: A flag, kept as a bool.
+FLAG = Rule("a bool", lambda x: True, "", convert=bool)
+#: A perturbation radius: rho, rho_max, rho_min.
+RADIUS = Rule("0 <= {name} < inf", lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+              "pass a non-negative radius such as {name}=0.05", convert=float)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob of a method: its name, its default (what ``create`` passes when a study leaves it unset) and its rule."""
+
+    name: str
+    default: Any
+    rule: Rule = ANY
+
+    def check(self, value: Any) -> Any:
+        """``value`` as the method keeps it, or the project's ValueError naming the knob, the rule, the value and the fix."""
+        return self.rule.check(self.name, value, self.default)
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A rule between knobs (``rho_min <= rho_max``): ``names`` it reads, ``check(values)`` raising the project's
+    ValueError. Checked once every knob it reads has passed its own rule."""
+
+    names: tuple[str, ...]
+    check: Callable[[Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One registry entry: what the study validator needs to know about a method without building it (its knobs
+    with their defaults and rules, the base optimizers it takes), and how to build it.
+
+    ``builder`` is ``"module:attribute"`` of the class or factory inside ``optim``, imported (with torch) only when
+    a method is built; ``build(base_optimizer, **hparams, **context)`` takes keyword arguments only.
+    """
+
+    name: str
+    description: str
+    knobs: tuple[Knob, ...] = ()
+    relations: tuple[Relation, ...] = ()
+    two_pass: bool = False  # two forward+backward passes on (some) steps
+    needs: frozenset[str] = frozenset()  # context create() must receive (not None)
+    needs_momentum: bool = False  # the base optimizer must keep a momentum (Adam's betas, or SGD's momentum > 0)
+    builder: str = field(default="", repr=False)
+    build_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def hparams(self) -> Mapping[str, Any]:
+        """The method's own knobs and their defaults, in declaration order."""
+        return MappingProxyType({k.name: k.default for k in self.knobs})
+
+    def knob(self, name: str) -> Knob:
+        return next(k for k in self.knobs if k.name == name)
+
+    def check_knobs(self, **values: Any) -> dict[str, Any]:
+        """Check the given knobs (any subset of this method's) by their rules, in declaration order, then every
+        relation whose knobs are all given; returns them as the method keeps them. The first broken rule raises."""
+        out = {k.name: k.check(values[k.name]) for k in self.knobs if k.name in values}
+        for relation in self.relations:
+            if all(n in out for n in relation.names):
+                relation.check(out)
+        return out
+
+    @property
+    def build(self) -> Callable[..., Any]:
+        """The class or factory that builds the method (importing its module, and torch, on first use)."""
+        module, _, attr = self.builder.partition(":")
+        target = getattr(importlib.import_module(module, __package__), attr)
+        if self.build_kwargs:
+            import functools
+
+            return functools.partial(target, **self.build_kwargs)
+        return target
+
+    def accepts(self) -> frozenset[str]:
+        """The context keywords ``build`` takes (a method ignores context it has no use for): those it names,
+        and Method's own (model, grad_clip, scaler, global_perturbation, accumulate) if it passes ``**context`` on."""
+        from ._method import Method
+
+        params = inspect.signature(self.build).parameters
+        named = {k for k in CONTEXT if k in params}
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            named |= {k for k in inspect.signature(Method.__init__).parameters if k in CONTEXT}
+        return frozenset(named)
+
+
+def method_spec(name: str, *, description: str, builder: str, knobs: Sequence[Knob] = (),
+                relations: Sequence[Relation] = (), two_pass: bool = False, needs: Sequence[str] = (),
+                needs_momentum: bool = False, build_kwargs: Mapping[str, Any] | None = None) -> MethodSpec:
+    """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
+    context that create() can pass. tests/optim/test_knobs.py holds each knob's default equal to the builder's."""
+    names = [k.name for k in knobs]
+    if len(set(names)) != len(names):
+        raise TypeError(f"method {name!r}: knob names repeat: {names}")
+    stray = sorted({n for r in relations for n in r.names} - set(names))
+    if stray:
+        raise TypeError(f"method {name!r}: relations read {stray}, which are not among its knobs {names}")
+    bad = set(needs) - set(CONTEXT[:3])
+    if bad:
+        raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
+    return MethodSpec(name=name, description=description, knobs=tuple(knobs), relations=tuple(relations),
+                      two_pass=two_pass, needs=frozenset(needs), needs_momentum=needs_momentum, builder=builder,
+                      build_kwargs=MappingProxyType(dict(build_kwargs or {})))
+
+
+def momentum_problem(method: str, groups: Sequence[int], optimizer: str) -> str:
+    """Why a base optimizer without momentum cannot serve ``method`` (param ``groups`` of ``optimizer`` lack one)."""
+    return (f"base_optimizer must keep a momentum for {method} (Adam's first moment or SGD's momentum > 0), but "
+            f"param group(s) {list(groups)} of {optimizer} have none; use AdamW, or SGD with momentum=0.9")

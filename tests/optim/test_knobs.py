@@ -1,0 +1,108 @@
+"""The registry's torch-free knob declarations: defaults equal the classes' signatures, the study check (`check_hparams`) says exactly what building the method says, and reading the registry imports no torch."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import optim
+from optim import METHODS, check_hparams, create
+
+NAMES = list(METHODS)
+ROOT = Path(__file__).resolve().parents[2]
+
+# The one declared default that is not the class's: asam is the class SAM with adaptive=True, and the ASAM
+# authors' radius is ten times SAM's (create always passes the declared one).
+OVERRIDES = {("asam", "rho")}
+# SAF's and MESA's builders take every knob without a default; the defaults are the regularisers'.
+KNOBS_FROM = {"saf": "SAF", "mesa": "MESA"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_declared_defaults_are_the_signatures(name):
+    spec = METHODS[name]
+    owner = getattr(optim, KNOBS_FROM[name]) if name in KNOBS_FROM else spec.build
+    params = inspect.signature(owner).parameters
+    for knob in spec.knobs:
+        assert knob.name in params, f"{name}: knob {knob.name} is not a parameter of {owner}"
+        if (name, knob.name) in OVERRIDES:
+            assert params[knob.name].default != knob.default
+            continue
+        assert params[knob.name].default == knob.default, (name, knob.name)
+    assert set(spec.hparams) == {k.name for k in spec.knobs}
+
+
+# Values that break some rule of some knob, and values that pass most: every knob of every method gets each.
+PROBES = [-1, -0.1, 0, 0.0, 0.3, 0.5, 1, 1.0, 2, 2.5, 3, 7, 1e9, math.nan, math.inf, True, False]
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except (ValueError, TypeError) as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_check_hparams_says_what_building_says(name):
+    # Every knob at every probe value, and with SGD without momentum: the torch-free check and the class agree on
+    # whether it is accepted and, word for word, on the error.
+    spec = METHODS[name]
+    cases = [{}] + [{k.name: v} for k in spec.knobs for v in PROBES]
+    cases += [{"e_tilde": 4, "e_start": 4}, {"e_tilde": 5, "e_start": 4}] if name == "saf" else []
+    cases += [{"rho_max": 0.2, "rho_min": 0.3}, {"lr_max": 0.5, "lr_min": 0.6}] if name == "gsam" else []
+    checked = 0
+    for hp in cases:
+        for base, momentum in (("adamw", None), ("sgd", 0.9), ("sgd", 0.0)):
+            model = torch.nn.Linear(2, 2)
+            if base == "sgd":
+                opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+            else:
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            built = _outcome(lambda: create(name, opt, model=model, num_samples=4, num_classes=2, **hp))
+            declared = _outcome(lambda: check_hparams(name, base=type(opt).__name__,
+                                                      base_keeps_momentum=base == "adamw" or momentum > 0, **hp))
+            assert declared == built, (name, hp, base, momentum)
+            checked += built is not None
+    assert checked > 0 or not spec.knobs
+
+
+def test_unknown_names_and_knobs_are_refused_like_create():
+    with pytest.raises(ValueError, match="unknown method 'gasm'.*did you mean 'gsam'"):
+        check_hparams("gasm", base="AdamW", base_keeps_momentum=True)
+    with pytest.raises(ValueError, match=r"'sam' does not take hparam\(s\) alpha.*accepts: rho=0.05, p=2"):
+        check_hparams("sam", base="AdamW", base_keeps_momentum=True, alpha=0.1)
+
+
+def test_the_registry_and_a_study_check_import_no_torch():
+    # What `sharpscale validate` reads: the registry, the trial config's checks (a method's knobs, a model family,
+    # a dataset and its RandAugment string). Torch costs seconds on import (and torch._dynamo more on a first
+    # optimizer); the classes load it when a method is built.
+    code = (
+        "import sys\n"
+        "import optim\n"
+        "from trainables.config import TrialConfig\n"
+        "assert [n for n in optim.METHODS] and optim.METHODS['sam'].hparams['rho'] == 0.05\n"
+        "for method in optim.METHODS:\n"
+        "    TrialConfig.load({'model': {'name': 'resnet18'}, 'optimizer': {'method': method},\n"
+        "                      'data': {'augment': 'strong', 'randaugment': 'rand-m9-n3-mstd0.5'}})\n"
+        "try:\n"
+        "    TrialConfig.load({'optimizer': {'method': 'gsam', 'hparams': {'rho_max': 0.01}}})\n"
+        "except Exception as err:\n"
+        "    assert 'rho_min <= rho_max' in str(err), err\n"
+        "else:\n"
+        "    raise AssertionError('rho_min > rho_max passed')\n"
+        "heavy = sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "assert optim.SAM.__name__ == 'SAM' and 'torch' in sys.modules  # the classes still load on use\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,134 @@
+"""The dataset registry, torch-free: each dataset's name, description, rules (root, device-resident form) and loader by name, and the RandAugment string check."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainables.data import Loader
+
+__all__ = ["DATASETS", "DatasetSpec", "rand_augment_hparams", "rand_augment_problem", "resident_problem"]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One registered dataset: how to load it, and what the config rules need to know about it.
+
+    ``loader`` names the load function in trainables.data (which imports torch), read only when a dataset is
+    loaded: ``load(cfg, root, train_indices_for, resident)`` gives the bundle; ``root`` is the local directory
+    (None when the dataset needs none), ``train_indices_for(labels)`` the fraction subset, ``resident`` whether to
+    build the device-resident form.
+    """
+
+    name: str
+    description: str
+    loader: str
+    needs_root: bool
+    # Small enough to keep on the accelerator: `none`/`basic` augmentation then runs batched on the device.
+    # (`strong` keeps RandAugment in host workers.)
+    device_resident: bool = False
+    native_size: int | None = None  # the only img_size the resident form takes (None: any)
+
+    @property
+    def load(self) -> Loader:
+        return getattr(importlib.import_module("trainables.data"), self.loader)
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    spec.name: spec
+    for spec in (
+        DatasetSpec("digits", "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
+                    "_load_digits", needs_root=False, device_resident=True),
+        DatasetSpec("cifar10", "CIFAR-10, the python-version pickles; val is the test batch",
+                    "_load_cifar", needs_root=True, device_resident=True, native_size=32),
+        DatasetSpec("cifar100", "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
+                    "_load_cifar", needs_root=True, device_resident=True, native_size=32),
+        DatasetSpec("imagefolder", "any train/val tree of class folders (ImageNet-style), decoded per sample",
+                    "_load_imagefolder", needs_root=True),
+        DatasetSpec("synthetic", "random images for throughput measurements; no augmentation",
+                    "_load_synthetic", needs_root=False),
+    )
+}
+
+
+def resident_problem(spec: DatasetSpec, augment: str, img_size: int | None) -> str | None:
+    """Why this dataset cannot take the device-resident form with these settings, or None when it can."""
+    if not spec.device_resident:
+        return f"dataset {spec.name!r} is not registered as device-resident (it does not fit in device memory)"
+    if augment == "strong":
+        return "augment 'strong' runs RandAugment on host workers"
+    if spec.native_size is not None and img_size not in (None, spec.native_size):
+        return f"the resident form keeps {spec.name}'s native {spec.native_size} px, got img_size={img_size}"
+    return None
+
+
+def rand_augment_problem(config: object) -> str | None:
+    """Why `config` is not a timm RandAugment string, or None when it is one."""
+    if not isinstance(config, str):
+        return f"must be a string such as 'rand-m9-mstd0.5', got {config!r}"
+    try:
+        _timm_rand_augment()(config, rand_augment_hparams(32, (0.5, 0.5, 0.5)))
+    except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
+        return (
+            f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
+            f"after 'rand'), got {config!r} ({type(exc).__name__}: {exc})"
+        )
+    return None
+
+
+def rand_augment_hparams(size: int, mean: Sequence[float]) -> dict[str, Any]:
+    """The hyper-parameters of timm's RandAugment for ``size`` px images of this ``mean``."""
+    # The same ones timm's create_transform passes: translation relative to the image size and fill with the
+    # dataset mean.
+    return dict(translate_const=int(size * 0.45), img_mean=tuple(min(255, round(255 * m)) for m in mean))
+
+
+_AUTO_AUGMENT = "_sharpscale_timm_auto_augment"
+
+
+def _timm_rand_augment() -> Callable[..., Any]:
+    """timm's ``rand_augment_transform``, the one parser of RandAugment strings, without importing torch.
+
+    ``timm/data/auto_augment.py`` needs only PIL and numpy, but ``import timm.data.auto_augment`` runs timm's
+    ``__init__``, which imports torch (seconds): a study file's check loads that one file on its own. Where timm
+    has moved it or gained imports, the ordinary import serves (correct, only slower);
+    tests/trainables/test_datasets_registry.py pins that the file still loads alone and is timm's own function.
+    Only checks use it: a training transform comes from timm itself (trainables.data), so its classes pickle by
+    timm's module name into any data-loader worker.
+    """
+    if "timm" in sys.modules:  # already paid for: timm's own module object
+        from timm.data.auto_augment import rand_augment_transform as timm_rand_augment
+
+        return timm_rand_augment
+    module = sys.modules.get(_AUTO_AUGMENT)
+    if module is None:
+        module = _load_alone()
+    if module is None:
+        from timm.data.auto_augment import rand_augment_transform as timm_rand_augment
+
+        return timm_rand_augment
+    return module.rand_augment_transform
+
+
+def _load_alone():
+    spec = importlib.util.find_spec("timm")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = next((Path(p) / "data" / "auto_augment.py" for p in locations
+                 if (Path(p) / "data" / "auto_augment.py").is_file()), None)
+    if path is None:
+        return None
+    file_spec = importlib.util.spec_from_file_location(_AUTO_AUGMENT, path)
+    module = importlib.util.module_from_spec(file_spec)
+    sys.modules[_AUTO_AUGMENT] = module
+    try:
+        file_spec.loader.exec_module(module)
+    except ImportError:  # it now imports from timm (or torch): the ordinary import is the only way
+        del sys.modules[_AUTO_AUGMENT]
+        return None
+    return module
