@@ -616,7 +616,7 @@ def _tune(
     resume: bool, trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
-    from analysis.geometry.probes import PROBE_FACTORY
+    from analysis.geometry.names import PROBE_FACTORY
 
     def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -789,7 +789,7 @@ def _geometry_problems(cfg: TrialConfig) -> list[str]:
     """The geometry section's measure names and hvp_mode, checked against analysis' registry (trainables cannot)."""
     if not cfg.geometry.enabled:
         return []
-    from analysis.geometry.probes import geometry_problems
+    from analysis.geometry.names import geometry_problems
 
     return geometry_problems(cfg.geometry)
 

@@ -2,81 +2,86 @@
 
 One module per concept: `spectrum` (the Hessian operator, extreme eigenvalues, trace, SLQ density), `perturbation`
 (average flatness, surrogate gap, m-sharpness), `landscape` (1-D/2-D loss surfaces), `activations` (active
-neurons, linearity), `probes` (the measures a trial takes during training). Every public name is re-exported
-here: `from analysis.geometry import top_eigenvalues`.
+neurons, linearity), `probes` (the measures a trial takes during training), `names` (what a study file may
+name, read without torch). Every public name is re-exported here, imported on first use:
+`from analysis.geometry import top_eigenvalues`.
 """
 
-from analysis.geometry._common import MODES, Mode, no_fused_attention
-from analysis.geometry.activations import (
-    ActiveNeuronResult,
-    LinearityResult,
-    active_neuron_fraction,
-    linearity_missing_rate,
-)
-from analysis.geometry.landscape import (
-    LandscapeResult,
-    filter_normalized_direction,
-    loss_landscape_1d,
-    loss_landscape_2d,
-)
-from analysis.geometry.perturbation import (
-    FlatnessResult,
-    MSharpnessResult,
-    SurrogateGapResult,
-    average_flatness,
-    m_sharpness,
-    surrogate_gap,
-)
-from analysis.geometry.probes import (
-    MEASURES,
-    PROBE_FACTORY,
-    GeometryProbe,
-    Measure,
-    geometry_problems,
-    make_probe,
-    stability_threshold,
-)
-from analysis.geometry.spectrum import (
-    CURVATURES,
-    METHODS,
-    BlockwiseEigenResult,
-    Curvature,
-    DensityResult,
-    EigenResult,
-    HessianOperator,
-    HvpMode,
-    Method,
-    TraceResult,
-    blockwise_top_eigenvalues,
-    default_parameter_groups,
-    eigenvalue_density,
-    hessian_operator,
-    hessian_trace,
-    smallest_eigenvalue,
-    top_eigenvalues,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imported on first use (PEP 562): a study's validation reads `names` without importing torch through the rest.
+_EXPORTS = {
+    "ActiveNeuronResult": "activations",
+    "BlockwiseEigenResult": "spectrum",
+    "CURVATURES": "spectrum",
+    "Curvature": "spectrum",
+    "DensityResult": "spectrum",
+    "EigenResult": "spectrum",
+    "FlatnessResult": "perturbation",
+    "GeometryProbe": "probes",
+    "HVP_MODES": "names",
+    "HessianOperator": "spectrum",
+    "HvpMode": "names",
+    "LandscapeResult": "landscape",
+    "LinearityResult": "activations",
+    "MEASURES": "probes",
+    "MEASURE_NAMES": "names",
+    "METHODS": "spectrum",
+    "MODES": "_common",
+    "MSharpnessResult": "perturbation",
+    "Measure": "probes",
+    "Method": "spectrum",
+    "Mode": "_common",
+    "PROBE_FACTORY": "names",
+    "SurrogateGapResult": "perturbation",
+    "TraceResult": "spectrum",
+    "active_neuron_fraction": "activations",
+    "average_flatness": "perturbation",
+    "blockwise_top_eigenvalues": "spectrum",
+    "default_parameter_groups": "spectrum",
+    "eigenvalue_density": "spectrum",
+    "filter_normalized_direction": "landscape",
+    "geometry_problems": "names",
+    "hessian_operator": "spectrum",
+    "hessian_trace": "spectrum",
+    "linearity_missing_rate": "activations",
+    "loss_landscape_1d": "landscape",
+    "loss_landscape_2d": "landscape",
+    "m_sharpness": "perturbation",
+    "make_probe": "probes",
+    "no_fused_attention": "_common",
+    "smallest_eigenvalue": "spectrum",
+    "stability_threshold": "probes",
+    "surrogate_gap": "perturbation",
+    "top_eigenvalues": "spectrum",
+}
 
 __all__ = [
-    "CURVATURES",
-    "MEASURES",
-    "METHODS",
-    "MODES",
-    "PROBE_FACTORY",
     "ActiveNeuronResult",
     "BlockwiseEigenResult",
+    "CURVATURES",
     "Curvature",
     "DensityResult",
     "EigenResult",
     "FlatnessResult",
     "GeometryProbe",
+    "HVP_MODES",
     "HessianOperator",
     "HvpMode",
     "LandscapeResult",
     "LinearityResult",
+    "MEASURES",
+    "MEASURE_NAMES",
+    "METHODS",
+    "MODES",
     "MSharpnessResult",
     "Measure",
     "Method",
     "Mode",
+    "PROBE_FACTORY",
     "SurrogateGapResult",
     "TraceResult",
     "active_neuron_fraction",
@@ -99,3 +104,74 @@ __all__ = [
     "surrogate_gap",
     "top_eigenvalues",
 ]
+
+if TYPE_CHECKING:
+    from analysis.geometry._common import (
+        MODES,
+        Mode,
+        no_fused_attention,
+    )
+    from analysis.geometry.activations import (
+        ActiveNeuronResult,
+        LinearityResult,
+        active_neuron_fraction,
+        linearity_missing_rate,
+    )
+    from analysis.geometry.landscape import (
+        LandscapeResult,
+        filter_normalized_direction,
+        loss_landscape_1d,
+        loss_landscape_2d,
+    )
+    from analysis.geometry.names import (
+        HVP_MODES,
+        MEASURE_NAMES,
+        PROBE_FACTORY,
+        HvpMode,
+        geometry_problems,
+    )
+    from analysis.geometry.perturbation import (
+        FlatnessResult,
+        MSharpnessResult,
+        SurrogateGapResult,
+        average_flatness,
+        m_sharpness,
+        surrogate_gap,
+    )
+    from analysis.geometry.probes import (
+        MEASURES,
+        GeometryProbe,
+        Measure,
+        make_probe,
+        stability_threshold,
+    )
+    from analysis.geometry.spectrum import (
+        CURVATURES,
+        METHODS,
+        BlockwiseEigenResult,
+        Curvature,
+        DensityResult,
+        EigenResult,
+        HessianOperator,
+        Method,
+        TraceResult,
+        blockwise_top_eigenvalues,
+        default_parameter_groups,
+        eigenvalue_density,
+        hessian_operator,
+        hessian_trace,
+        smallest_eigenvalue,
+        top_eigenvalues,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

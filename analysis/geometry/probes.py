@@ -7,20 +7,19 @@ it (trainables never imports analysis). Adding a measure is a function here and 
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from analysis.geometry._hvp import _RefuseKinks
+from analysis.geometry.names import PROBE_FACTORY, geometry_problems
 from analysis.geometry.perturbation import average_flatness, surrogate_gap
 from analysis.geometry.spectrum import (
-    HvpMode,
     blockwise_top_eigenvalues,
     default_parameter_groups,
     hessian_trace,
@@ -44,8 +43,6 @@ __all__ = [
 #: The prefix of every geometry metric a trial logs (`geometry/lambda_max`); load_runs' columns and the report's
 #: geometry-vs-gap table read it.
 METRIC_PREFIX = "geometry/"
-#: The import path of the probe factory, as the runner hands it to each trial (trainables.ray_train imports it).
-PROBE_FACTORY = f"{__name__}:make_probe"
 
 
 def _cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -106,27 +103,6 @@ MEASURES: dict[str, Measure] = {
                 "one gradient and two forward passes", _surrogate_gap),
     )
 }
-
-
-def geometry_problems(geometry: "GeometryConfig") -> list[str]:
-    """What is wrong with a geometry section beyond its types (names the registry does not know), one line each."""
-    problems = []
-    for name in geometry.measures:
-        if name not in MEASURES:
-            close = difflib.get_close_matches(name, list(MEASURES), n=1)
-            hint = f"Did you mean {close[0]!r}? " if close else ""
-            problems.append(
-                f"geometry.measures: must name measures of analysis.geometry.probes.MEASURES ({', '.join(MEASURES)}), "
-                f"got {name!r}. Fix: {hint}pick among those."
-            )
-    modes = get_args(HvpMode)
-    if geometry.hvp_mode not in modes:
-        close = difflib.get_close_matches(geometry.hvp_mode, modes, n=1)
-        problems.append(
-            f"geometry.hvp_mode: must be one of {', '.join(modes)}, got {geometry.hvp_mode!r}. Fix: "
-            + (f"did you mean {close[0]!r}?" if close else "leave it at 'auto'.")
-        )
-    return problems
 
 
 class GeometryProbe:

@@ -37,13 +37,11 @@ from analysis.geometry._hvp import (
     power_iteration,
     slq,
 )
+from analysis.geometry.names import HvpMode
 
 #: The eigen-solver: Lanczos with full reorthogonalisation, or power iteration with deflation.
 Method = Literal["lanczos", "power"]
 METHODS: tuple[str, ...] = get_args(Method)
-#: How a Hessian-vector product is computed; "auto" picks an exact mode by model class (see _AUTO_HVP_MODE).
-#: The finite-difference modes approximate it from gradients (1 or 2 per product; see _hvp.HessianCore).
-HvpMode = Literal["auto", "double_backward", "forward_over_reverse", "finite_difference", "finite_difference_central"]
 #: The matrix measured: the Hessian of the loss, or its generalised Gauss-Newton part J^T H_z J (PSD).
 Curvature = Literal["hessian", "ggn"]
 CURVATURES: tuple[str, ...] = get_args(Curvature)

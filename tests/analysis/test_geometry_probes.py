@@ -76,6 +76,17 @@ def test_bad_geometry_sections_name_field_rule_value_and_fix(config, tmp_path):
         make_probe(study["base"] | {"geometry": {"measures": ["lambda_mx"]}})
 
 
+
+def test_the_torch_free_names_are_the_registrys():
+    # A study's validation checks measure names and product modes from analysis.geometry.names, without torch;
+    # the registry and the solvers' Literal are the things named.
+    from analysis.geometry import names, spectrum
+
+    assert tuple(MEASURES) == names.MEASURE_NAMES
+    assert spectrum.HvpMode is names.HvpMode  # the solvers take the modes named there, and no other
+    assert {"finite_difference", "finite_difference_central"} <= set(names.HVP_MODES)
+    assert PROBE_FACTORY.split(":")[0] == make_probe.__module__ and PROBE_FACTORY.split(":")[1] == make_probe.__name__
+
 def test_off_by_default_and_due_epochs():
     g = TrialConfig().geometry
     assert not g.enabled and not any(g.due(e, 10) for e in range(10))
