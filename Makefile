@@ -30,9 +30,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/sharpscale run --new-launch studies/quickstart.yaml
 
-# Lint first: it takes a second and fails before the suite's minutes do. Rules: [tool.ruff] in pyproject.toml.
+# Lint first: it takes a second and fails before the suite's minutes do. Rules: [tool.ruff] in pyproject.toml;
+# `ruff format .` writes the layout the check asks for.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

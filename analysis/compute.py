@@ -33,8 +33,9 @@ def trial_compute(runs: pd.DataFrame, epoch_times: pd.DataFrame) -> pd.DataFrame
     for a trial without GPUs), and unit (COST_UNITS). A trial with no timed epoch has cost_s NaN, never 0.
     """
     _require_columns(runs, run_id="run_id")
-    _require_columns(epoch_times, **{"epoch_times.run_id": "run_id", "epoch_times.metric": "metric",
-                                     "epoch_times.value": "value"})
+    _require_columns(
+        epoch_times, **{"epoch_times.run_id": "run_id", "epoch_times.metric": "metric", "epoch_times.value": "value"}
+    )
     times = epoch_times[epoch_times["metric"] == EPOCH_TIME]
     values = pd.to_numeric(times["value"], errors="coerce")
     ok = times[np.isfinite(values.astype("float64")) & (values >= 0)]
@@ -93,17 +94,27 @@ def compute_matched(
         good = part[(part["status"] == "finished") & np.isfinite(part[metric])]
         best = (good[metric].max() if mode == "max" else good[metric].min()) if len(good) else math.nan
         first = part.iloc[0]
-        rows.append({**{k: first[k] for k in keys}, "cell": cell, "trials": len(part),
-                     "epochs": first[epochs] if epochs in part.columns else math.nan,
-                     # A trial without a timed epoch leaves its cell's cost unknown, not smaller.
-                     "cost_s": part["cost_s"].sum(min_count=len(part)), "unit": first["unit"], "value": best})
+        rows.append(
+            {
+                **{k: first[k] for k in keys},
+                "cell": cell,
+                "trials": len(part),
+                "epochs": first[epochs] if epochs in part.columns else math.nan,
+                # A trial without a timed epoch leaves its cell's cost unknown, not smaller.
+                "cost_s": part["cost_s"].sum(min_count=len(part)),
+                "unit": first["unit"],
+                "value": best,
+            }
+        )
     cells = pd.DataFrame(rows)
     out_rows = []
     for key, part in cells.groupby(keys, sort=True, dropna=False):
         done = part[np.isfinite(part["value"].astype("float64"))]
         n = len(done)
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
-        epoch_values = sorted({int(e) for e in done["epochs"] if isinstance(e, (int, float, np.number)) and math.isfinite(e)})
+        epoch_values = sorted(
+            {int(e) for e in done["epochs"] if isinstance(e, (int, float, np.number)) and math.isfinite(e)}
+        )
         row["epochs"] = epoch_values[0] if len(epoch_values) == 1 else (", ".join(map(str, epoch_values)) or math.nan)
         for name, col in (("cost", "cost_s"), ("metric", "value")):
             vals = done[col].astype("float64").dropna()
@@ -118,8 +129,8 @@ def compute_matched(
     columns = [*keys, "epochs", "unit", "cost_mean", "cost_se", "metric_mean", "metric_se", "n", "trials", "note"]
     out = pd.DataFrame(out_rows, columns=columns)
     out = out.rename(columns={k: k.removeprefix(FACTOR_PREFIX) for k in keys}).set_index(
-        [k.removeprefix(FACTOR_PREFIX) for k in keys])
+        [k.removeprefix(FACTOR_PREFIX) for k in keys]
+    )
     units = sorted(set(out.loc[out["n"] > 0, "unit"]))  # a group without a result has no cost to show
     out.attrs.update(metric=metric, mode=mode, unit=units[0] if len(units) == 1 else "mixed units (see `unit`)")
     return out
-

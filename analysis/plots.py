@@ -22,7 +22,12 @@ from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
 
 __all__ = [
-    "plot_compute_frontier", "plot_curves", "plot_error_vs_n", "plot_gain", "plot_rho_sensitivity", "plot_sharpness",
+    "plot_compute_frontier",
+    "plot_curves",
+    "plot_error_vs_n",
+    "plot_gain",
+    "plot_rho_sensitivity",
+    "plot_sharpness",
 ]
 
 
@@ -98,8 +103,18 @@ def _mark_off_axis(ax, x, label_used: list) -> None:
         return
     transform = ax.get_xaxis_transform()  # x in data units, y in axes units
     label = None if label_used else "0 (below the log axis)"
-    ax.plot(x, np.full(len(x), 0.0), linestyle="none", marker="v", markersize=8, markerfacecolor="none",
-            markeredgecolor="black", transform=transform, clip_on=False, label=label)
+    ax.plot(
+        x,
+        np.full(len(x), 0.0),
+        linestyle="none",
+        marker="v",
+        markersize=8,
+        markerfacecolor="none",
+        markeredgecolor="black",
+        transform=transform,
+        clip_on=False,
+        label=label,
+    )
     label_used.append(True)
 
 
@@ -134,7 +149,14 @@ def plot_error_vs_n(
         color, (ls, marker) = style.color(arch), style.line(method)
         shown = np.isfinite(y) & (y > 0)
         xs.extend(x[np.isfinite(y)])
-        ax.plot(x[shown], y[shown], color=color, linestyle=ls, marker=marker, label=f"{arch} / {method} ({_n_text(n)} seeds)")
+        ax.plot(
+            x[shown],
+            y[shown],
+            color=color,
+            linestyle=ls,
+            marker=marker,
+            label=f"{arch} / {method} ({_n_text(n)} seeds)",
+        )
         _bars(ax, x[shown], y[shown], sd[shown], color)
         _mark_off_axis(ax, x[np.isfinite(y) & (y <= 0)], off_axis)
         fit = (fits or {}).get((arch, method))
@@ -161,7 +183,9 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
     """
     missing = [c for c in ("gain", "ci_low", "ci_high") if c not in gain.columns]
     if missing or gain.index.nlevels != 2:
-        raise ValueError(f"gain must be the DataFrame of sam_gain (index arch, fraction; columns gain, ci_low, ci_high); missing {missing}")
+        raise ValueError(
+            f"gain must be the DataFrame of sam_gain (index arch, fraction; columns gain, ci_low, ci_high); missing {missing}"
+        )
     archs = list(dict.fromkeys(map(str, gain.index.get_level_values(0))))
     style = _Style(archs, [gain.attrs.get("treatment", "treatment")])
     fig = _figure()
@@ -213,17 +237,40 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         color, (ls, marker) = style.color(key[0]), style.line(label)
         sd = np.where(part["n"].to_numpy() > 1, part["sd"].to_numpy(dtype="float64"), np.nan)
         rho, mean = part["rho"].to_numpy(dtype="float64"), part["mean"].to_numpy(dtype="float64")
-        ax.plot(rho, mean, color=color, linestyle=ls, marker=marker, label=f"{label} ({_n_text(part['n'])} trials per level)")
+        ax.plot(
+            rho,
+            mean,
+            color=color,
+            linestyle=ls,
+            marker=marker,
+            label=f"{label} ({_n_text(part['n'])} trials per level)",
+        )
         _bars(ax, rho, mean, sd, color)
         best = result.best.loc[key if len(key) > 1 else key[0]]
-        ax.plot([best["best_rho"]], [best["best_mean"]], marker="*", markersize=14, color=color, markeredgecolor="black",
-                linestyle="none")
+        ax.plot(
+            [best["best_rho"]],
+            [best["best_mean"]],
+            marker="*",
+            markersize=14,
+            color=color,
+            markeredgecolor="black",
+            linestyle="none",
+        )
         if math.isfinite(best["rho_low"]) and math.isfinite(best["rho_high"]) and best["rho_high"] > best["rho_low"]:
             ax.axvspan(best["rho_low"], best["rho_high"], color=color, alpha=0.12)
-        if "baseline" in best.index and math.isfinite(best["baseline"]) and (key[0], best["baseline"]) not in baselines_drawn:
+        if (
+            "baseline" in best.index
+            and math.isfinite(best["baseline"])
+            and (key[0], best["baseline"]) not in baselines_drawn
+        ):
             baselines_drawn.add((key[0], best["baseline"]))
-            ax.axhline(best["baseline"], color=color, linestyle=(0, (2, 2)), linewidth=0.9,
-                       label=f"baseline (rho = 0): {best['baseline']:.3g}")
+            ax.axhline(
+                best["baseline"],
+                color=color,
+                linestyle=(0, (2, 2)),
+                linewidth=0.9,
+                label=f"baseline (rho = 0): {best['baseline']:.3g}",
+            )
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
         ax.set_title(f"arch: {arch}")
@@ -231,8 +278,12 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         ax.legend(fontsize=6)
     next(iter(panels.values())).set_ylabel(result.metric)
     name = result.param.rsplit(".", 1)[-1]
-    fig.suptitle(title or f"{result.metric} vs {name}: best level starred, its {result.confidence:.0%} interval shaded "
-                          "where levels were repeated", fontsize=9)
+    fig.suptitle(
+        title
+        or f"{result.metric} vs {name}: best level starred, its {result.confidence:.0%} interval shaded "
+        "where levels were repeated",
+        fontsize=9,
+    )
     return _finish(fig, path)
 
 
@@ -250,14 +301,18 @@ def plot_curves(
     """
     for col in ("run_id", "metric", "step", "value", hue):
         if col not in curves.columns:
-            raise ValueError(f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves")
+            raise ValueError(
+                f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves"
+            )
     metrics = tuple(metrics or sorted(curves["metric"].unique()))
     fig = _figure(4.0 * max(len(metrics), 1) + 1.5, 3.5)
     axes = fig.subplots(1, max(len(metrics), 1), squeeze=False)[0]
     grammar = "factor.arch" in curves.columns and "factor.method" in curves.columns
     arch_col = "factor.arch" if grammar else hue
-    style = _Style(sorted(curves[arch_col].astype(str).unique()),
-                   sorted(curves["factor.method"].astype(str).unique()) if grammar else [""])
+    style = _Style(
+        sorted(curves[arch_col].astype(str).unique()),
+        sorted(curves["factor.method"].astype(str).unique()) if grammar else [""],
+    )
     for ax, metric in zip(axes, metrics):
         part_m = curves[curves["metric"] == metric]
         for run_id, part in part_m.groupby("run_id"):
@@ -268,7 +323,9 @@ def plot_curves(
         ax.set_ylabel(metric)
         ax.set_xlabel("epoch")
     runs = curves["run_id"].nunique()
-    handles = style.legend_handles() if grammar else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
+    handles = (
+        style.legend_handles() if grammar else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
+    )
     if len(handles) <= 16:
         fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{runs} runs", title_fontsize=7)
     return _finish(fig, path)
@@ -283,8 +340,10 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
     """
     missing = [c for c in ("cost_mean", "cost_se", "metric_mean", "metric_se", "n") if c not in table.columns]
     if missing or table.index.nlevels < 2:
-        raise ValueError(f"table must be the DataFrame of compute_matched (index arch, method[, ...]; columns "
-                         f"cost_mean, cost_se, metric_mean, metric_se, n); missing {missing}")
+        raise ValueError(
+            f"table must be the DataFrame of compute_matched (index arch, method[, ...]; columns "
+            f"cost_mean, cost_se, metric_mean, metric_se, n); missing {missing}"
+        )
     keys = [tuple(map(str, k)) for k in table.index]
     style = _Style([k[0] for k in keys], [k[1] for k in keys])
     fig = _figure(6.5, 4.5)
@@ -303,11 +362,24 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
                 continue
             ax.plot([x[i]], [y[i]], linestyle="none", marker=style.line(key[1])[1], markersize=8, color=color)
             if np.isfinite(xse[i]) or np.isfinite(yse[i]):
-                ax.errorbar([x[i]], [y[i]], xerr=None if not np.isfinite(xse[i]) else [xse[i]],
-                            yerr=None if not np.isfinite(yse[i]) else [yse[i]], fmt="none", ecolor=color, capsize=3)
+                ax.errorbar(
+                    [x[i]],
+                    [y[i]],
+                    xerr=None if not np.isfinite(xse[i]) else [xse[i]],
+                    yerr=None if not np.isfinite(yse[i]) else [yse[i]],
+                    fmt="none",
+                    ecolor=color,
+                    capsize=3,
+                )
             extra = " ".join(key[2:])
-            ax.annotate(f"n={int(n[i])}" + (f" {extra}" if extra else ""), (x[i], y[i]), textcoords="offset points",
-                        xytext=(5, 4), fontsize=6, color=color)
+            ax.annotate(
+                f"n={int(n[i])}" + (f" {extra}" if extra else ""),
+                (x[i], y[i]),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=6,
+                color=color,
+            )
         # The frontier: sorted by cost, the points better than every cheaper one.
         order = [i for i in np.argsort(x) if np.isfinite(x[i]) and np.isfinite(y[i])]
         front, best = [], -np.inf
@@ -326,8 +398,10 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
     ax.set_xlabel(f"training compute per cell ({unit}, mean over seeds)")
     ax.set_ylabel(f"{table.attrs.get('metric', 'metric')} (mean over seeds)")
     handles = [Line2D([], [], color=style.color(a), linewidth=3, label=f"arch: {a}") for a in style.archs]
-    handles += [Line2D([], [], color="black", linestyle="none", marker=style.line(m)[1], label=f"method: {m}")
-                for m in style.methods]
+    handles += [
+        Line2D([], [], color="black", linestyle="none", marker=style.line(m)[1], label=f"method: {m}")
+        for m in style.methods
+    ]
     handles.append(Line2D([], [], color="grey", linewidth=0.9, label="frontier (no cheaper point is better)"))
     ax.legend(handles=handles, fontsize=7, title="± SE over seeds (no bar where n = 1)", title_fontsize=7)
     fig.suptitle(title or "Accuracy against compute: each method at its epochs", fontsize=10)
@@ -355,7 +429,9 @@ def plot_sharpness(
 
     for col in ("run_id", "metric", "step", "value"):
         if col not in curves.columns:
-            raise ValueError(f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves")
+            raise ValueError(
+                f"curves has no column {col!r} (columns: {list(curves.columns)}); pass the frame of load_curves"
+            )
     values = curves[curves["metric"] == measure]
     if values.empty:
         raise ValueError(
@@ -380,7 +456,9 @@ def plot_sharpness(
         arch = str(first["factor.arch"]) if grammar else "all"
         ls, marker = style.line(first["factor.method"]) if grammar else ("-", "o")
         ax = axes[arch]
-        ax.plot(part["step"], part["value"], color=style.color(arch), linestyle=ls, marker=marker, markersize=3, alpha=0.85)
+        ax.plot(
+            part["step"], part["value"], color=style.color(arch), linestyle=ls, marker=marker, markersize=3, alpha=0.85
+        )
         base, beta = settings.get(run_id, ("", 0.0))
         if base != "sgd":
             adaptive += base != ""
@@ -401,9 +479,16 @@ def plot_sharpness(
     if drew_line:
         handles.append(Line2D([], [], color="black", linestyle=":", label="2(1+momentum)/lr (SGD)"))
     if handles and len(handles) <= 20:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{values['run_id'].nunique()} runs",
-                   title_fontsize=7)
-    note = f"; {adaptive} adaptive-base run(s): no line (their edge is the preconditioned sharpness)" if adaptive else ""
+        fig.legend(
+            handles=handles,
+            loc="outside right upper",
+            fontsize=7,
+            title=f"{values['run_id'].nunique()} runs",
+            title_fontsize=7,
+        )
+    note = (
+        f"; {adaptive} adaptive-base run(s): no line (their edge is the preconditioned sharpness)" if adaptive else ""
+    )
     fig.suptitle(title or f"{measure} during training, and the edge of stability{note}", fontsize=9)
     return _finish(fig, path)
 

@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from analysis.geometry import EigenResult, TraceResult
     from trainables import TrialConfig
 
-__all__ = ["checkpointed_trials", "download_checkpoint", "log_geometry", "measure_checkpoint", "measure_study", "trial_batches"]
+__all__ = [
+    "checkpointed_trials",
+    "download_checkpoint",
+    "log_geometry",
+    "measure_checkpoint",
+    "measure_study",
+    "trial_batches",
+]
 
 
 def _settings(result: Any) -> dict[str, Any]:
@@ -30,12 +37,18 @@ def _settings(result: Any) -> dict[str, Any]:
         value = getattr(result, f.name)
         if isinstance(value, (str, int, float, bool)) or value is None:
             out[f.name] = value
-        elif isinstance(value, (tuple, list)) and len(value) <= 64 and all(isinstance(v, (str, int, float, bool)) for v in value):
+        elif (
+            isinstance(value, (tuple, list))
+            and len(value) <= 64
+            and all(isinstance(v, (str, int, float, bool)) for v in value)
+        ):
             out[f.name] = list(value)
     return out
 
 
-def log_geometry(run_id: str, *results: Any, tracking_uri: str, prefix: str = "geometry/", step: int = 0) -> dict[str, float]:
+def log_geometry(
+    run_id: str, *results: Any, tracking_uri: str, prefix: str = "geometry/", step: int = 0
+) -> dict[str, float]:
     """Log `analysis.geometry` results to the run `run_id`; they then come back as columns of `load_runs`.
 
     Each result's `to_metrics(prefix)` becomes MLflow metrics; its `to_arrays()` an `.npz` and its settings
@@ -45,7 +58,9 @@ def log_geometry(run_id: str, *results: Any, tracking_uri: str, prefix: str = "g
     from mlflow.tracking import MlflowClient
 
     if not results:
-        raise ValueError("log_geometry needs at least one result, got none. Fix: pass e.g. top_eigenvalues(...)'s result.")
+        raise ValueError(
+            "log_geometry needs at least one result, got none. Fix: pass e.g. top_eigenvalues(...)'s result."
+        )
     client = MlflowClient(tracking_uri=tracking_uri)
     now = int(time.time() * 1000)
     metrics: dict[str, float] = {}
@@ -87,8 +102,12 @@ def checkpointed_trials(
     from analysis.runs import _open_experiment, load_runs
     from trainables.loop import CHECKPOINT_FILE
 
-    if best_per_cell is not None and (isinstance(best_per_cell, bool) or not isinstance(best_per_cell, int) or best_per_cell < 1):
-        raise ValueError(f"best_per_cell must be None (all) or an integer >= 1, got {best_per_cell!r}. Fix: e.g. best_per_cell=2.")
+    if best_per_cell is not None and (
+        isinstance(best_per_cell, bool) or not isinstance(best_per_cell, int) or best_per_cell < 1
+    ):
+        raise ValueError(
+            f"best_per_cell must be None (all) or an integer >= 1, got {best_per_cell!r}. Fix: e.g. best_per_cell=2."
+        )
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
     runs = load_runs(study, tracking_uri=tracking_uri, launch=launch, smoke=smoke)
@@ -162,7 +181,9 @@ def measure_checkpoint(
     model, cfg = load_model(path)
     set_fused_attention(model, False)  # fused attention has no double backward, which Hessian-vector products need
     batches = trial_batches(cfg, samples=samples, batch_size=batch_size, seed=seed, data_root=data_root)
-    eig = top_eigenvalues(model, _cross_entropy, batches, k=k, max_iter=max_iter, tol=tol, seed=seed, mask_seed=mask_seed)
+    eig = top_eigenvalues(
+        model, _cross_entropy, batches, k=k, max_iter=max_iter, tol=tol, seed=seed, mask_seed=mask_seed
+    )
     trace = hessian_trace(model, _cross_entropy, batches, samples=trace_samples, seed=seed, mask_seed=mask_seed)
     return eig, trace
 

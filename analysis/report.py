@@ -185,7 +185,9 @@ def write_report(
     if runs.empty:
         raise ValueError(f"study {experiment.name!r} has no trial runs yet; run it before writing its report")
     if metric not in runs.columns:
-        metrics = sorted(c for c in runs.columns if c in ("val_acc", "val_loss", "train_loss", "best_val_acc", "val_top5"))
+        metrics = sorted(
+            c for c in runs.columns if c in ("val_acc", "val_loss", "train_loss", "best_val_acc", "val_top5")
+        )
         raise ValueError(f"metric {metric!r} was never logged by the study's trials; logged metrics include {metrics}")
 
     w = _Writer(out)
@@ -199,51 +201,99 @@ def write_report(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # Per-cell summary: always.
-        summary_runs = runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
-        summary = summarize(summary_runs, metric=metric, mode=mode, show=tuple(c for c in (_RHO,) if c in runs.columns),
-                            label=statistic_label(metric))
-        w.text("summary.md", f"Best finished trial per cell by {statistic_label(metric)}, {mode}.\n\n"
-               + _markdown(_fmt(summary)))
+        summary_runs = (
+            runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
+        )
+        summary = summarize(
+            summary_runs,
+            metric=metric,
+            mode=mode,
+            show=tuple(c for c in (_RHO,) if c in runs.columns),
+            label=statistic_label(metric),
+        )
+        w.text(
+            "summary.md",
+            f"Best finished trial per cell by {statistic_label(metric)}, {mode}.\n\n" + _markdown(_fmt(summary)),
+        )
         w.csv("summary.csv", summary)
         w.section("Per-cell summary", _markdown(_fmt(summary)))
 
         best_ids = _best_run_ids(runs, metric, mode)
         if best_ids:
-            curves = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=("train_loss", "val_loss", metric), run_ids=best_ids)
+            curves = load_curves(
+                study,
+                tracking_uri=tracking_uri,
+                smoke=smoke,
+                metrics=("train_loss", "val_loss", metric),
+                run_ids=best_ids,
+            )
             if not curves.empty:
                 w.figure("curves.png", plot_curves(curves))
                 w.section("Learning curves", "Per-epoch curves of each cell's best trial.", "curves.png")
 
         fractions = _distinct(runs, _FRACTION)
         if len(fractions) >= 2:
-            _scaling_section(w, runs, arch=arch, method=method, seed=seed_col, metric=metric, mode=mode,
-                             fractions=fractions, scale=scale, digits=digits, unit=unit, n_boot=n_boot, boot_seed=seed)
+            _scaling_section(
+                w,
+                runs,
+                arch=arch,
+                method=method,
+                seed=seed_col,
+                metric=metric,
+                mode=mode,
+                fractions=fractions,
+                scale=scale,
+                digits=digits,
+                unit=unit,
+                n_boot=n_boot,
+                boot_seed=seed,
+            )
 
         if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
             tau = geometry_correlation(runs)
-            tau_md = ("Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
-                      "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
-                      "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
-                      "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau)))
+            tau_md = (
+                "Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
+                "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
+                "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
+                "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau))
+            )
             w.text("geometry_tau.md", tau_md)
             w.csv("geometry_tau.csv", tau)
             w.section("Geometry against the generalisation gap", tau_md)
         _sharpness_section(w, study, runs, best_ids, tracking_uri=tracking_uri, smoke=smoke)
 
         if len(_distinct(runs, _RHO, positive=True)) >= 2:
-            _rho_section(w, runs, arch=arch, method=method, metric=metric, mode=mode,
-                         by=(_FRACTION,) if len(fractions) >= 2 else (), n_boot=n_boot, boot_seed=seed)
+            _rho_section(
+                w,
+                runs,
+                arch=arch,
+                method=method,
+                metric=metric,
+                mode=mode,
+                by=(_FRACTION,) if len(fractions) >= 2 else (),
+                n_boot=n_boot,
+                boot_seed=seed,
+            )
 
         if len(fractions) < 2 and _compares_compute(runs, method):
-            epoch_times = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=(EPOCH_TIME,),
-                                      run_ids=runs["run_id"].tolist())
-            _compute_section(w, runs, epoch_times, arch=arch, method=method, metric=metric, mode=mode, scale=scale,
-                             unit=unit)
+            epoch_times = load_curves(
+                study, tracking_uri=tracking_uri, smoke=smoke, metrics=(EPOCH_TIME,), run_ids=runs["run_id"].tolist()
+            )
+            _compute_section(
+                w, runs, epoch_times, arch=arch, method=method, metric=metric, mode=mode, scale=scale, unit=unit
+            )
 
-    notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
-                               if not issubclass(c.category, (DeprecationWarning, FutureWarning))))
-    head = (f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
-            f"({int((runs['status'] == 'finished').sum())} finished); objective {statistic_label(metric)} ({mode}).\n\n")
+    notes = list(
+        dict.fromkeys(
+            f"{type(c.message).__name__}: {c.message}"
+            for c in caught
+            if not issubclass(c.category, (DeprecationWarning, FutureWarning))
+        )
+    )
+    head = (
+        f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
+        f"({int((runs['status'] == 'finished').sum())} finished); objective {statistic_label(metric)} ({mode}).\n\n"
+    )
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
     w.text("report.md", head + "\n".join(w.sections))
@@ -299,7 +349,9 @@ def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:
     return method_pairs(runs, method=method)
 
 
-def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed) -> None:
+def _scaling_section(
+    w: _Writer, runs, *, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed
+) -> None:
     table = scaling_table(runs, arch=arch, method=method, fraction=_FRACTION, seed=seed, metric=metric, mode=mode)
     md = table.to_markdown(digits=digits, scale=scale)
     w.text("scaling.md", md)
@@ -309,21 +361,38 @@ def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, frac
     w.section(f"Data scaling{unit}", md, "scaling.png")
     if fits:
         frame = fits_frame(fits)
-        fits_md = ("Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
-                   "n = training-set fraction; intervals from a residual bootstrap.\n\n" + _markdown(_fmt(frame)))
+        fits_md = (
+            "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
+            "n = training-set fraction; intervals from a residual bootstrap.\n\n" + _markdown(_fmt(frame))
+        )
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
         w.section("Power-law fits", fits_md)
     if seed is None:  # a gain pairs seeds
         return
     if len(fractions) >= 4:
-        _laws_section(w, table, [(lv, b) for lv, b in _pairs(runs, method)], n_boot=min(n_boot, 100), boot_seed=boot_seed)
+        _laws_section(
+            w, table, [(lv, b) for lv, b in _pairs(runs, method)], n_boot=min(n_boot, 100), boot_seed=boot_seed
+        )
     for level, base in _pairs(runs, method):
-        gain = sam_gain(runs, baseline=base, treatment=level, arch=arch, method=method, fraction=_FRACTION,
-                        seed=seed, metric=metric, mode=mode, n_boot=max(n_boot, 100), boot_seed=boot_seed)
+        gain = sam_gain(
+            runs,
+            baseline=base,
+            treatment=level,
+            arch=arch,
+            method=method,
+            fraction=_FRACTION,
+            seed=seed,
+            metric=metric,
+            mode=mode,
+            n_boot=max(n_boot, 100),
+            boot_seed=boot_seed,
+        )
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
-        gain_md = (f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
-                   f"percentile bootstrap interval over the pairs.\n\n" + _markdown(_fmt(gain)))
+        gain_md = (
+            f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
+            f"percentile bootstrap interval over the pairs.\n\n" + _markdown(_fmt(gain))
+        )
         w.text(f"gain_{slug}.md", gain_md)
         w.csv(f"gain_{slug}.csv", gain)
         w.figure(f"gain_{slug}.png", plot_gain(gain))
@@ -335,12 +404,23 @@ def _scaling_section(w: _Writer, runs, *, arch, method, seed, metric, mode, frac
                 continue
             for f in fractions:
                 m = data_multiplier(fv, ft, float(f))
-                rows.append({"arch": a, "treatment": level, "fraction": f, "multiplier": m.multiplier,
-                             "low": m.interval[0], "high": m.interval[1], "explanation": m.explanation})
+                rows.append(
+                    {
+                        "arch": a,
+                        "treatment": level,
+                        "fraction": f,
+                        "multiplier": m.multiplier,
+                        "low": m.interval[0],
+                        "high": m.interval[1],
+                        "explanation": m.explanation,
+                    }
+                )
         if rows:
             mult = pd.DataFrame(rows)
-            mult_md = (f"How many times more data {base} needs to match {level}'s fitted error at each fraction.\n\n"
-                       + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"]))))
+            mult_md = (
+                f"How many times more data {base} needs to match {level}'s fitted error at each fraction.\n\n"
+                + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+            )
             w.text(f"data_multiplier_{slug}.md", mult_md)
             w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
             w.section(f"Data multiplier of {level}", mult_md)
@@ -350,8 +430,18 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
     # The rho = 0 reference line: the plain level, when every sharpness-aware level pairs with the same one.
     bases = {b for _, b in _pairs(runs, method)}
     base = bases.pop() if len(bases) == 1 else None
-    result = rho_sensitivity(runs, param=_RHO, arch=arch, method=method, by=by, metric=metric, mode=mode,
-                             baseline=base, n_boot=max(n_boot, 100), boot_seed=boot_seed)
+    result = rho_sensitivity(
+        runs,
+        param=_RHO,
+        arch=arch,
+        method=method,
+        by=by,
+        metric=metric,
+        mode=mode,
+        baseline=base,
+        n_boot=max(n_boot, 100),
+        boot_seed=boot_seed,
+    )
     md = result.to_markdown()
     w.text("rho_sensitivity.md", md)
     w.csv("rho_levels.csv", result.levels, index=False)
@@ -360,9 +450,11 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
     w.section("rho sensitivity", md, "rho_sensitivity.png")
     if by:
         transfer = rho_transfer(result, fraction=by[0])
-        transfer_md = ("Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
-                       "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
-                       "overlap (then the data cannot tell a moving rho from a fixed one).\n\n" + _markdown(_fmt(transfer)))
+        transfer_md = (
+            "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
+            "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
+            "overlap (then the data cannot tell a moving rho from a fixed one).\n\n" + _markdown(_fmt(transfer))
+        )
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
         w.section("rho transfer across data", transfer_md)
@@ -371,11 +463,17 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
 def _series(table, arch, method):
     """(fraction, error, seed) points of one (arch, method) from the table's best-of-search rows."""
     cols = table.columns
-    part = table.best[(table.best[cols["arch"]].astype(str) == str(arch)) & (table.best[cols["method"]].astype(str) == str(method))]
+    part = table.best[
+        (table.best[cols["arch"]].astype(str) == str(arch)) & (table.best[cols["method"]].astype(str) == str(method))
+    ]
     part = part.dropna(subset=[table.metric])
     values = part[table.metric].astype("float64")
     err = 1.0 - values if table.mode == "max" else values
-    return part[cols["fraction"]].astype("float64").to_numpy(), err.to_numpy(), part[cols["seed"]].astype(str).to_numpy()
+    return (
+        part[cols["fraction"]].astype("float64").to_numpy(),
+        err.to_numpy(),
+        part[cols["seed"]].astype(str).to_numpy(),
+    )
 
 
 def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> None:
@@ -395,15 +493,37 @@ def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> N
     if not frames:
         return
     laws = pd.concat(frames, ignore_index=True).set_index(["arch", "method", "form"])
-    show = [c for c in ("n_seeds", "E", "E_low", "E_high", "beta", "beta_low", "beta_high", "heldout_n", "observed",
-                        "prediction", "prediction_low", "prediction_high", "abs_error", "noise", "supported", "note")
-            if c in laws.columns]
+    show = [
+        c
+        for c in (
+            "n_seeds",
+            "E",
+            "E_low",
+            "E_high",
+            "beta",
+            "beta_low",
+            "beta_high",
+            "heldout_n",
+            "observed",
+            "prediction",
+            "prediction_low",
+            "prediction_high",
+            "abs_error",
+            "noise",
+            "supported",
+            "note",
+        )
+        if c in laws.columns
+    ]
     verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
-    md = ("Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, several starts) on the "
-          "error (1 - metric) of every seed's best-of-search trial; intervals from a bootstrap over whole seeds; "
-          "held out: the largest fraction, predicted from the others. `noise` is the between-seed standard error of "
-          "the held-out mean: forms whose held-out errors differ by less are not told apart.\n\n"
-          + _markdown(_fmt(laws[show])) + ("\n" + verdicts + "\n" if verdicts else ""))
+    md = (
+        "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, several starts) on the "
+        "error (1 - metric) of every seed's best-of-search trial; intervals from a bootstrap over whole seeds; "
+        "held out: the largest fraction, predicted from the others. `noise` is the between-seed standard error of "
+        "the held-out mean: forms whose held-out errors differ by less are not told apart.\n\n"
+        + _markdown(_fmt(laws[show]))
+        + ("\n" + verdicts + "\n" if verdicts else "")
+    )
     w.text("scaling_laws.md", md)
     w.csv("scaling_laws.csv", laws)
     w.section("Scaling laws checked by extrapolation", md)
@@ -423,8 +543,10 @@ def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> N
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
             slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
-            md = (f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), paired: both fitted on the same "
-                  "resampled seeds in each bootstrap draw.\n\n" + _markdown(_fmt(frame)))
+            md = (
+                f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), paired: both fitted on the same "
+                "resampled seeds in each bootstrap draw.\n\n" + _markdown(_fmt(frame))
+            )
             w.text(f"law_difference_{slug}.md", md)
             w.csv(f"law_difference_{slug}.csv", frame)
             w.section(f"Scaling-law difference of {level} over {base}", md)
@@ -454,18 +576,28 @@ def _compute_section(w: _Writer, runs, epoch_times, *, arch, method, metric, mod
 
     blocks = []
     for a, part in table.groupby(level=0, sort=True):
-        shown = pd.DataFrame({
-            "epochs": [e if isinstance(e, str) else (f"{e:.0f}" if math.isfinite(e) else "–") for e in part["epochs"]],
-            f"{cost_unit} mean ± SE": [pm(m, e, 1.0, 1) for m, e in zip(part["cost_mean"], part["cost_se"])],
-            f"{metric}{unit} mean ± SE": [pm(m, e, scale, 2) for m, e in zip(part["metric_mean"], part["metric_se"])],
-            "n": part["n"].to_numpy(), "trials": part["trials"].to_numpy(), "note": part["note"].to_numpy(),
-        }, index=part.index.droplevel(0))
+        shown = pd.DataFrame(
+            {
+                "epochs": [
+                    e if isinstance(e, str) else (f"{e:.0f}" if math.isfinite(e) else "–") for e in part["epochs"]
+                ],
+                f"{cost_unit} mean ± SE": [pm(m, e, 1.0, 1) for m, e in zip(part["cost_mean"], part["cost_se"])],
+                f"{metric}{unit} mean ± SE": [
+                    pm(m, e, scale, 2) for m, e in zip(part["metric_mean"], part["metric_se"])
+                ],
+                "n": part["n"].to_numpy(),
+                "trials": part["trials"].to_numpy(),
+                "note": part["note"].to_numpy(),
+            },
+            index=part.index.droplevel(0),
+        )
         blocks.append(f"### arch: {a}\n\n" + _markdown(shown))
-    md = (f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "
-          f"all its trials ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; "
-          "validation and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
-          "A method beats more epochs of vanilla only if it is better at equal or lower compute.\n\n"
-          + "\n".join(blocks))
+    md = (
+        f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "
+        f"all its trials ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; "
+        "validation and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
+        "A method beats more epochs of vanilla only if it is better at equal or lower compute.\n\n" + "\n".join(blocks)
+    )
     w.text("compute_matched.md", md)
     w.csv("compute_matched.csv", table)
     w.figure("compute_frontier.png", plot_compute_frontier(table))

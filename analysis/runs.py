@@ -169,7 +169,9 @@ def load_runs(
     first = ["run_id", "trial_id", "cell", "launch", "status", "mlflow_status", "start_time"]
     text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
-    empty = [c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()]
+    empty = [
+        c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()
+    ]
     df = df.drop(columns=empty)
     df = df[first + [c for c in df.columns if c not in first]]
     for col in df.columns:

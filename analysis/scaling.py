@@ -72,8 +72,13 @@ class PowerLawFit:
         for name in ("a", "b", "c"):
             lo, hi = self.intervals[name]
             row.update({name: getattr(self, name), f"{name}_low": lo, f"{name}_high": hi})
-        row.update(points=int(len(self.n)), distinct_n=self.n_distinct, rmse=self.rmse,
-                   floor_identified=self.floor_identified, note=self.note)
+        row.update(
+            points=int(len(self.n)),
+            distinct_n=self.n_distinct,
+            rmse=self.rmse,
+            floor_identified=self.floor_identified,
+            note=self.note,
+        )
         return row
 
 
@@ -83,11 +88,15 @@ def _as_points(n, err) -> tuple[np.ndarray, np.ndarray]:
     if n.shape != err.shape:
         raise ValueError(f"n and err must have the same length, got {len(n)} and {len(err)}; pass one error per n")
     if len(n) < 3:
-        raise ValueError(f"fit_power_law needs at least 3 points for its 3 parameters a, b, c, got {len(n)}; add training-set sizes")
+        raise ValueError(
+            f"fit_power_law needs at least 3 points for its 3 parameters a, b, c, got {len(n)}; add training-set sizes"
+        )
     if not (np.all(np.isfinite(n)) and np.all(n > 0)):
         raise ValueError(f"n must be finite and > 0 (training-set sizes or fractions), got {n.tolist()}")
     if not np.all(np.isfinite(err)) or np.any(err < 0):
-        raise ValueError(f"err must be finite and >= 0 (an error rate or a loss), got {err.tolist()}; drop failed cells first")
+        raise ValueError(
+            f"err must be finite and >= 0 (an error rate or a loss), got {err.tolist()}; drop failed cells first"
+        )
     if len(np.unique(n)) < 2:
         raise ValueError(f"n must hold at least 2 distinct values to fit a slope, got only {np.unique(n).tolist()}")
     return n, err
@@ -128,7 +137,9 @@ def _model(x, a, b, c):
     return a * np.power(x, -b) + c
 
 
-def _polish(x: np.ndarray, err: np.ndarray, start: tuple[float, float, float]) -> tuple[tuple[float, float, float], bool]:
+def _polish(
+    x: np.ndarray, err: np.ndarray, start: tuple[float, float, float]
+) -> tuple[tuple[float, float, float], bool]:
     """Nonlinear least squares from `start` (bounded: a >= 0, 0 <= b <= 20, 0 <= c <= max(err)).
 
     Returns (params, converged); keeps `start` when it fits better or the solver fails.
@@ -225,8 +236,18 @@ def fit_power_law(
     if note and warn:
         warnings.warn(f"fit_power_law: floor c not identified: {note}.", FloorNotIdentifiedWarning, stacklevel=2)
     return PowerLawFit(
-        a=float(a), b=float(b), c=float(c), intervals=intervals, confidence=float(confidence), n=n, err=err,
-        n_distinct=distinct, rmse=rmse, floor_identified=not note, note=note, samples=samples,
+        a=float(a),
+        b=float(b),
+        c=float(c),
+        intervals=intervals,
+        confidence=float(confidence),
+        n=n,
+        err=err,
+        n_distinct=distinct,
+        rmse=rmse,
+        floor_identified=not note,
+        note=note,
+        samples=samples,
     )
 
 
@@ -258,7 +279,9 @@ def _needed(a: float, b: float, c: float, target: float) -> float:
     return (a / (target - c)) ** (1.0 / b)
 
 
-def data_multiplier(fit_vanilla: PowerLawFit, fit_sam: PowerLawFit, n: float, *, confidence: float = 0.95) -> DataMultiplier:
+def data_multiplier(
+    fit_vanilla: PowerLawFit, fit_sam: PowerLawFit, n: float, *, confidence: float = 0.95
+) -> DataMultiplier:
     """Solve a_v n'^(-b_v) + c_v = err_sam(n) for n' and return n' / n with an explanation.
 
     Unreachable (vanilla's floor c_v >= err_sam(n)): multiplier inf. Degenerate vanilla fit (a_v = 0 or
@@ -279,26 +302,31 @@ def data_multiplier(fit_vanilla: PowerLawFit, fit_sam: PowerLawFit, n: float, *,
     k = min(len(fit_vanilla.samples), len(fit_sam.samples))
     if k > 0:
         draws = np.array(
-            [
-                _needed(*fit_vanilla.samples[i], float(_model(n, *fit_sam.samples[i]))) / n
-                for i in range(k)
-            ]
+            [_needed(*fit_vanilla.samples[i], float(_model(n, *fit_sam.samples[i]))) / n for i in range(k)]
         )
         draws = draws[~np.isnan(draws)]
         if len(draws):
             tail = (1.0 - confidence) / 2.0
             # inverted_cdf never interpolates, so an infinite draw cannot turn a bound into NaN.
-            interval = (float(np.quantile(draws, tail, method="inverted_cdf")),
-                        float(np.quantile(draws, 1.0 - tail, method="inverted_cdf")))
+            interval = (
+                float(np.quantile(draws, tail, method="inverted_cdf")),
+                float(np.quantile(draws, 1.0 - tail, method="inverted_cdf")),
+            )
     if math.isnan(multiplier):
-        text = (f"undefined: the vanilla fit is flat (a={fit_vanilla.a:.3g}, b={fit_vanilla.b:.3g}), so no n' "
-                "changes its error; check the points it was fitted on")
+        text = (
+            f"undefined: the vanilla fit is flat (a={fit_vanilla.a:.3g}, b={fit_vanilla.b:.3g}), so no n' "
+            "changes its error; check the points it was fitted on"
+        )
     elif not reachable:
-        text = (f"unreachable: vanilla's fitted floor c={fit_vanilla.c:.4g} is at or above SAM's error "
-                f"{target:.4g} at n={n:g}; under these fits no amount of data lets vanilla match SAM")
+        text = (
+            f"unreachable: vanilla's fitted floor c={fit_vanilla.c:.4g} is at or above SAM's error "
+            f"{target:.4g} at n={n:g}; under these fits no amount of data lets vanilla match SAM"
+        )
     else:
-        text = (f"vanilla needs n'={needed:.4g} ({multiplier:.3g}x n={n:g}) to reach SAM's error {target:.4g} "
-                f"(vanilla's own error at n: {vanilla_err:.4g})")
+        text = (
+            f"vanilla needs n'={needed:.4g} ({multiplier:.3g}x n={n:g}) to reach SAM's error {target:.4g} "
+            f"(vanilla's own error at n: {vanilla_err:.4g})"
+        )
         if multiplier < 1:
             text += "; below 1: vanilla is already better at n"
         if extrapolated:
@@ -307,8 +335,15 @@ def data_multiplier(fit_vanilla: PowerLawFit, fit_sam: PowerLawFit, n: float, *,
     if weak:
         text += f"; the floor of the {' and '.join(weak)} fit is not identified, and the answer depends on it"
     return DataMultiplier(
-        n=n, sam_error=target, vanilla_error=vanilla_err, n_needed=needed, multiplier=multiplier, interval=interval,
-        reachable=reachable, extrapolated=extrapolated, explanation=text,
+        n=n,
+        sam_error=target,
+        vanilla_error=vanilla_err,
+        n_needed=needed,
+        multiplier=multiplier,
+        interval=interval,
+        reachable=reachable,
+        extrapolated=extrapolated,
+        explanation=text,
     )
 
 
@@ -344,12 +379,16 @@ def fit_scaling_table(
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FloorNotIdentifiedWarning)
-            fits[(str(arch), str(method))] = fit_power_law(n, err, n_boot=n_boot, seed=seed, confidence=confidence, warn=warn)
+            fits[(str(arch), str(method))] = fit_power_law(
+                n, err, n_boot=n_boot, seed=seed, confidence=confidence, warn=warn
+            )
         for w in caught:
             if warn:
                 warnings.warn(f"{arch}/{method}: {w.message}", w.category, stacklevel=2)
     if skipped and warn:
-        warnings.warn(f"fit_scaling_table: too few points to fit {', '.join(skipped)}", FloorNotIdentifiedWarning, stacklevel=2)
+        warnings.warn(
+            f"fit_scaling_table: too few points to fit {', '.join(skipped)}", FloorNotIdentifiedWarning, stacklevel=2
+        )
     return fits
 
 
@@ -370,8 +409,11 @@ def fits_frame(fits: Mapping[tuple[str, str], PowerLawFit]):
 
 LawForm = Literal["saturating", "broken", "m4"]
 LAW_FORMS: tuple[str, ...] = ("saturating", "broken", "m4")
-_LAW_PARAMS = {"saturating": ("E", "B", "beta"), "broken": ("E", "B", "beta", "beta2", "n_break"),
-               "m4": ("E", "B", "beta", "alpha")}
+_LAW_PARAMS = {
+    "saturating": ("E", "B", "beta"),
+    "broken": ("E", "B", "beta", "beta2", "n_break"),
+    "m4": ("E", "B", "beta", "alpha"),
+}
 _LOG_FLOOR = 1e-6  # an observed error of 0 enters the log-space loss as this
 _KEEP_STARTS = 4  # starts optimised, out of all those screened
 
@@ -436,8 +478,13 @@ def _law_params(form: str, theta: np.ndarray, n0: float) -> dict[str, float]:
         return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta)}
     if form == "broken":
         e, b, beta, beta2, ld = theta
-        return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta), "beta2": float(beta2),
-                "n_break": math.exp(ld) * n0}
+        return {
+            "E": math.exp(e),
+            "B": math.exp(b) * n0**beta,
+            "beta": float(beta),
+            "beta2": float(beta2),
+            "n_break": math.exp(ld) * n0,
+        }
     e, b, beta, alpha = theta
     return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta), "alpha": float(alpha)}
 
@@ -461,9 +508,11 @@ def _law_starts(form: str, lx: np.ndarray, ly: np.ndarray, eps0: float) -> tuple
             elif math.exp(e) < eps0:
                 # M4's alpha trades off against E and beta: start from several, or a local minimum wins.
                 starts.extend(np.array([e, b, beta, alpha]) for alpha in (0.25, 1.0, 2.0))
-    bounds = {"saturating": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0)],
-              "broken": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0), (0.0, 10.0), span],
-              "m4": [(math.log(1e-8), math.log(eps0) - 1e-6), (-50, 50), (0.0, 10.0), (0.0, 5.0)]}[form]
+    bounds = {
+        "saturating": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0)],
+        "broken": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0), (0.0, 10.0), span],
+        "m4": [(math.log(1e-8), math.log(eps0) - 1e-6), (-50, 50), (0.0, 10.0), (0.0, 5.0)],
+    }[form]
     return starts, bounds
 
 
@@ -492,7 +541,9 @@ def fit_law(
     if not (np.all(np.isfinite(n)) and np.all(n > 0) and np.all(np.isfinite(err)) and np.all(err >= 0)):
         raise ValueError("n must be finite and > 0 and err finite and >= 0; drop failed cells first")
     if form == "m4" and not np.all(err < eps0):
-        raise ValueError(f"m4 needs every error below eps0={eps0} (the error of a model that learned nothing); pass eps0")
+        raise ValueError(
+            f"m4 needs every error below eps0={eps0} (the error of a model that learned nothing); pass eps0"
+        )
     n0 = float(np.exp(np.log(n).mean()))
     lx = np.log(n / n0)
     ly = np.log(np.maximum(err, _LOG_FLOOR))
@@ -516,8 +567,9 @@ def fit_law(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # scipy's loss="huber" with f_scale=delta: 0.5 * sum of Huber_delta(r) exactly.
-            res = least_squares(residuals, s0, bounds=(lower, upper), loss="huber", f_scale=huber_delta, method="dogbox",
-                                x_scale="jac")
+            res = least_squares(
+                residuals, s0, bounds=(lower, upper), loss="huber", f_scale=huber_delta, method="dogbox", x_scale="jac"
+            )
         value = float(_huber(residuals(res.x), huber_delta).sum())
         if value < best_value:
             best, best_value = res, value
@@ -525,8 +577,19 @@ def fit_law(
         # dogbox finds the basin fast but stops early on the linear part of the Huber loss: polish the winner.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            res = least_squares(residuals, best.x, bounds=(lower, upper), loss="huber", f_scale=huber_delta,
-                                method="trf", x_scale="jac", ftol=1e-12, xtol=1e-12, gtol=1e-12, max_nfev=300)
+            res = least_squares(
+                residuals,
+                best.x,
+                bounds=(lower, upper),
+                loss="huber",
+                f_scale=huber_delta,
+                method="trf",
+                x_scale="jac",
+                ftol=1e-12,
+                xtol=1e-12,
+                gtol=1e-12,
+                max_nfev=300,
+            )
         value = float(_huber(residuals(res.x), huber_delta).sum())
         if value < best_value:
             best, best_value = res, value
@@ -579,7 +642,9 @@ def law_extrapolation(
     n, err, seeds = _check_seeded(n, err, seeds)
     distinct = np.unique(n)
     if len(distinct) < 3:
-        raise ValueError(f"law_extrapolation needs at least 3 distinct n (fit on 2+, hold out the largest), got {distinct.tolist()}")
+        raise ValueError(
+            f"law_extrapolation needs at least 3 distinct n (fit on 2+, hold out the largest), got {distinct.tolist()}"
+        )
     top = distinct[-1]
     held_in = n < top
     observed = err[~held_in]
@@ -589,18 +654,28 @@ def law_extrapolation(
     rows = []
     for form in forms:
         k = len(_LAW_PARAMS[form])
-        row: dict = {"form": form, "n_seeds": n_seeds, "heldout_n": float(top), "observed": float(observed.mean()),
-                     "noise": noise}
+        row: dict = {
+            "form": form,
+            "n_seeds": n_seeds,
+            "heldout_n": float(top),
+            "observed": float(observed.mean()),
+            "noise": noise,
+        }
         if len(np.unique(n[held_in])) < k:
-            row["note"] = f"{k} parameters need {k}+ distinct n below the held-out one; have {len(np.unique(n[held_in]))}"
+            row["note"] = (
+                f"{k} parameters need {k}+ distinct n below the held-out one; have {len(np.unique(n[held_in]))}"
+            )
             rows.append(row)
             continue
         full = fit_law(n, err, form=form, huber_delta=huber_delta, eps0=eps0)
         part = fit_law(n[held_in], err[held_in], form=form, huber_delta=huber_delta, eps0=eps0)
         prediction = float(part.predict(top))
         row.update({f"{p}": v for p, v in full.params.items()})
-        row.update(prediction=prediction, abs_error=abs(prediction - row["observed"]),
-                   rel_error=abs(prediction - row["observed"]) / max(row["observed"], 1e-12))
+        row.update(
+            prediction=prediction,
+            abs_error=abs(prediction - row["observed"]),
+            rel_error=abs(prediction - row["observed"]) / max(row["observed"], 1e-12),
+        )
         notes = []
         if bootstrap_forms is not None and form not in bootstrap_forms:
             notes.append("not bootstrapped: point fit only")
@@ -609,11 +684,21 @@ def law_extrapolation(
             draws, preds = [], []
             for _ in range(n_boot):
                 idx = _resample_seeds(rng, seeds)
-                draws.append(list(fit_law(n[idx], err[idx], form=form, huber_delta=huber_delta, eps0=eps0,
-                                          start=full.theta).params.values()))
+                draws.append(
+                    list(
+                        fit_law(
+                            n[idx], err[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=full.theta
+                        ).params.values()
+                    )
+                )
                 inner = idx[n[idx] < top]
-                preds.append(float(fit_law(n[inner], err[inner], form=form, huber_delta=huber_delta, eps0=eps0,
-                                           start=part.theta).predict(top)))
+                preds.append(
+                    float(
+                        fit_law(
+                            n[inner], err[inner], form=form, huber_delta=huber_delta, eps0=eps0, start=part.theta
+                        ).predict(top)
+                    )
+                )
             draws = np.asarray(draws)
             for i, p in enumerate(full.params):
                 row[f"{p}_low"], row[f"{p}_high"] = (float(q) for q in np.quantile(draws[:, i], [tail, 1 - tail]))
@@ -630,8 +715,10 @@ def law_extrapolation(
         frame["supported"] = frame.index == best
         second = frame["abs_error"].drop(best).min() if frame["abs_error"].notna().sum() > 1 else math.nan
         if math.isfinite(noise) and math.isfinite(second) and second - frame.loc[best, "abs_error"] < noise:
-            frame.attrs["verdict"] = (f"{best} predicts the held-out n best, but by less than the between-seed noise "
-                                      f"({noise:.3g}): the data do not tell the forms apart")
+            frame.attrs["verdict"] = (
+                f"{best} predicts the held-out n best, but by less than the between-seed noise "
+                f"({noise:.3g}): the data do not tell the forms apart"
+            )
         else:
             frame.attrs["verdict"] = f"{best} predicts the held-out n best"
     return frame
@@ -679,7 +766,17 @@ def paired_law_difference(
     note = "1 seed: no interval" if n_seeds < 2 else (f"{n_seeds} seeds: interval unreliable" if n_seeds < 3 else "")
     out = []
     for i, p in enumerate(ft.params):
-        lo, hi = (np.quantile(diffs[:, i], [tail, 1 - tail]) if diffs is not None else (math.nan, math.nan))
-        out.append({"param": p, "treatment": ft.params[p], "baseline": fb.params[p], "diff": ft.params[p] - fb.params[p],
-                    "diff_low": float(lo), "diff_high": float(hi), "n_seeds": n_seeds, "note": note})
+        lo, hi = np.quantile(diffs[:, i], [tail, 1 - tail]) if diffs is not None else (math.nan, math.nan)
+        out.append(
+            {
+                "param": p,
+                "treatment": ft.params[p],
+                "baseline": fb.params[p],
+                "diff": ft.params[p] - fb.params[p],
+                "diff_low": float(lo),
+                "diff_high": float(hi),
+                "n_seeds": n_seeds,
+                "note": note,
+            }
+        )
     return pd.DataFrame(out).set_index("param")

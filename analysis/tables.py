@@ -58,7 +58,9 @@ def _require_columns(runs: pd.DataFrame, **named: str | None) -> None:
 
 def _check_mode(mode: str) -> None:
     if mode not in ("max", "min"):
-        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses and errors")
+        raise ValueError(
+            f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses and errors"
+        )
 
 
 def _check_confidence(confidence: float) -> None:
@@ -68,7 +70,9 @@ def _check_confidence(confidence: float) -> None:
 
 def _check_n_boot(n_boot: int) -> None:
     if not (isinstance(n_boot, (int, np.integer)) and n_boot >= 100):
-        raise ValueError(f"n_boot must be an int >= 100, got {n_boot!r}; percentile intervals need many resamples, e.g. 2000")
+        raise ValueError(
+            f"n_boot must be an int >= 100, got {n_boot!r}; percentile intervals need many resamples, e.g. 2000"
+        )
 
 
 def _ok(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -82,6 +86,7 @@ def _ok(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def _sort_key(values: Sequence) -> list:
     """Levels in numeric order when they are numbers ('0.1' < '0.25' < '1'), else as text."""
+
     def key(v):
         try:
             return (0, float(v), "")
@@ -140,7 +145,9 @@ def best_of_search(
         if len(bad):
             example = bad.index[0]
             cells = sorted(grouped.get_group(example if isinstance(example, tuple) else (example,))["cell"].unique())
-            other = [c for c in runs.columns if c.startswith("factor.") and c not in keys and grouped[c].nunique().max() > 1]
+            other = [
+                c for c in runs.columns if c.startswith("factor.") and c not in keys and grouped[c].nunique().max() > 1
+            ]
             raise ValueError(
                 f"the groups of {keys} mix trials of several cells, e.g. {example!r} holds cells {cells[:4]}; "
                 f"the factor(s) {other or 'unknown'} vary inside a group. Fix: filter runs to one level of "
@@ -180,21 +187,28 @@ class ScalingTable:
         for r in self.mean.index:
             for c in self.mean.columns:
                 out.loc[r, c] = format_cell(
-                    float(self.mean.loc[r, c]) * scale, float(self.sd.loc[r, c]) * scale, int(self.n.loc[r, c]), digits=digits
+                    float(self.mean.loc[r, c]) * scale,
+                    float(self.sd.loc[r, c]) * scale,
+                    int(self.n.loc[r, c]),
+                    digits=digits,
                 )
         return out
 
     def to_markdown(self, *, digits: int = 3, scale: float = 1.0) -> str:
         """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'."""
         frac_name = (self.columns.get("fraction") or "fraction").removeprefix("factor.")
-        caption = (f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = number of "
-                   "seeds); sd is left out ('–') where n = 1.")
+        caption = (
+            f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = number of "
+            "seeds); sd is left out ('–') where n = 1."
+        )
         counts = self.n.to_numpy().ravel()
         thin = int(((counts > 0) & (counts < FEW_SAMPLES)).sum())
         note = ""
         if thin:
-            note = (f"\nNote: {thin} of {counts.size} cells rest on fewer than {FEW_SAMPLES} seeds "
-                    f"(n = {sorted(set(int(c) for c in counts if 0 < c < FEW_SAMPLES))}); their sd is not an interval.\n")
+            note = (
+                f"\nNote: {thin} of {counts.size} cells rest on fewer than {FEW_SAMPLES} seeds "
+                f"(n = {sorted(set(int(c) for c in counts if 0 < c < FEW_SAMPLES))}); their sd is not an interval.\n"
+            )
         return caption + "\n\n" + _markdown(self.formatted(digits=digits, scale=scale)) + note
 
     def to_csv(self, path=None) -> str | None:
@@ -205,8 +219,14 @@ class ScalingTable:
     def long(self) -> pd.DataFrame:
         """The table as long data: arch, method, fraction, mean, sd, n."""
         rows = [
-            {"arch": a, "method": m, "fraction": f, "mean": float(self.mean.loc[(a, m), f]),
-             "sd": float(self.sd.loc[(a, m), f]), "n": int(self.n.loc[(a, m), f])}
+            {
+                "arch": a,
+                "method": m,
+                "fraction": f,
+                "mean": float(self.mean.loc[(a, m), f]),
+                "sd": float(self.sd.loc[(a, m), f]),
+                "n": int(self.n.loc[(a, m), f]),
+            }
             for a, m in self.mean.index
             for f in self.mean.columns
         ]
@@ -324,7 +344,9 @@ def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[t
                 out[c] = values[0]
         return out
 
-    optimizer = {lv: set(runs.loc[runs[method].astype(str) == lv, "optimizer.method"].dropna().astype(str)) for lv in levels}
+    optimizer = {
+        lv: set(runs.loc[runs[method].astype(str) == lv, "optimizer.method"].dropna().astype(str)) for lv in levels
+    }
     plain = [lv for lv in levels if optimizer[lv] == {"none"}]
     signatures = {lv: fixed(lv) for lv in levels}
     pairs = []
@@ -345,7 +367,9 @@ def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[t
     return pairs
 
 
-def _bootstrap_mean_ci(values: np.ndarray, *, n_boot: int, confidence: float, rng: np.random.Generator) -> tuple[float, float]:
+def _bootstrap_mean_ci(
+    values: np.ndarray, *, n_boot: int, confidence: float, rng: np.random.Generator
+) -> tuple[float, float]:
     if len(values) == 0:
         return math.nan, math.nan
     draws = rng.integers(0, len(values), size=(n_boot, len(values)))
@@ -389,7 +413,9 @@ def sam_gain(
     base_level = _resolve_level(runs, method, baseline, "baseline")
     treat_level = _resolve_level(runs, method, treatment, "treatment")
     if base_level == treat_level:
-        raise ValueError(f"baseline and treatment are the same level {base_level!r} of {method!r}; pick two different levels")
+        raise ValueError(
+            f"baseline and treatment are the same level {base_level!r} of {method!r}; pick two different levels"
+        )
     data = runs[runs[method].astype(str).isin([base_level, treat_level])]
     best = best_of_search(data, keys=[arch, method, fraction, seed], metric=metric, mode=mode)
     wide = best.pivot_table(index=[arch, fraction, seed], columns=method, values=metric, aggfunc="first")
@@ -398,13 +424,19 @@ def sam_gain(
             wide[level] = np.nan
     rng = np.random.default_rng(boot_seed)
     rows = []
-    groups = sorted({(a, f) for a, f, _ in wide.index}, key=lambda t: (str(t[0]), float(t[1]) if _isnum(t[1]) else str(t[1])))
+    groups = sorted(
+        {(a, f) for a, f, _ in wide.index}, key=lambda t: (str(t[0]), float(t[1]) if _isnum(t[1]) else str(t[1]))
+    )
     for a, f in groups:
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
         # One pair has no spread to resample: its "interval" would be a point, so none is given.
-        lo, hi = _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng) if len(diffs) >= 2 else (math.nan, math.nan)
+        lo, hi = (
+            _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng)
+            if len(diffs) >= 2
+            else (math.nan, math.nan)
+        )
         rows.append(
             {
                 "arch": a,
@@ -542,7 +574,9 @@ def rho_sensitivity(
     base_means = None
     if baseline is not None:
         if method is None:
-            raise ValueError("baseline needs a method column: pass method='factor.method' (or another column naming the method)")
+            raise ValueError(
+                "baseline needs a method column: pass method='factor.method' (or another column naming the method)"
+            )
         base_level = _resolve_level(runs, method, baseline, "baseline")
         base_trials = ok[ok[method].astype(str) == base_level]
         base_means = base_trials.groupby([arch] + by, dropna=True)[metric].mean()
@@ -587,12 +621,28 @@ def rho_sensitivity(
         else:
             note = ""
         for i in range(k):
-            level_rows.append({**dict(zip(groups, key)), "rho": float(level_rho[i]), "mean": float(means[i]),
-                               "sd": float(sds[i]), "n": int(counts[i]), "p_best": float(p_best[i])})
-        row = {**dict(zip(groups, key)), "best_rho": float(level_rho[best]), "best_mean": float(means[best]),
-               "rho_low": rho_low, "rho_high": rho_high, "levels": k, "n_trials": int(len(values)), "note": note}
+            level_rows.append(
+                {
+                    **dict(zip(groups, key)),
+                    "rho": float(level_rho[i]),
+                    "mean": float(means[i]),
+                    "sd": float(sds[i]),
+                    "n": int(counts[i]),
+                    "p_best": float(p_best[i]),
+                }
+            )
+        row = {
+            **dict(zip(groups, key)),
+            "best_rho": float(level_rho[best]),
+            "best_mean": float(means[best]),
+            "rho_low": rho_low,
+            "rho_high": rho_high,
+            "levels": k,
+            "n_trials": int(len(values)),
+            "note": note,
+        }
         if base_means is not None:
-            bkey = (key[0], *key[len(groups) - len(by):]) if by else key[0]
+            bkey = (key[0], *key[len(groups) - len(by) :]) if by else key[0]
             row["baseline"] = float(base_means.get(bkey, math.nan))
         best_rows.append(row)
     names = [g.removeprefix("factor.") for g in groups]
@@ -632,11 +682,16 @@ def geometry_correlation(
     if measures is None:
         measures = [c for c in ok.columns if c.startswith("geometry/") and not c.endswith(_BOOKKEEPING)]
     if not measures:
-        raise ValueError("runs has no geometry/* column; measure a study's checkpointed trials with analysis.measure_study (or the geometry notebook), or log measures with analysis.log_geometry")
+        raise ValueError(
+            "runs has no geometry/* column; measure a study's checkpointed trials with analysis.measure_study (or the geometry notebook), or log measures with analysis.log_geometry"
+        )
     _require_columns(ok, **{f"measures[{i}]": m for i, m in enumerate(measures)})
     if hyperparameters is None:
-        hyperparameters = [c for c in ok.columns if (c.startswith("factor.") or c.startswith("optimizer.hparams."))
-                           and ok[c].astype(str).nunique() > 1]
+        hyperparameters = [
+            c
+            for c in ok.columns
+            if (c.startswith("factor.") or c.startswith("optimizer.hparams.")) and ok[c].astype(str).nunique() > 1
+        ]
     gap = pd.to_numeric(ok[train], errors="coerce") - pd.to_numeric(ok[val], errors="coerce")
     rows = []
     for m in measures:
@@ -655,7 +710,7 @@ def geometry_correlation(
             for o in others:
                 data[o] = ok.loc[keep, o].astype(str)
             taus = []
-            for _, part in (data.groupby(others) if others else [((), data)]):
+            for _, part in data.groupby(others) if others else [((), data)]:
                 if len(part) >= 2 and part["v"].nunique() > 1 and part["g"].nunique() > 1:
                     taus.append(float(kendalltau(part["v"], part["g"])[0]))
             name = h.removeprefix("factor.")
@@ -676,7 +731,9 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
     name = fraction.removeprefix("factor.")
     names = list(result.best.index.names)
     if name not in names:
-        raise ValueError(f"result must be split by {fraction!r}: pass by=({fraction!r},) to rho_sensitivity; its groups are {names}")
+        raise ValueError(
+            f"result must be split by {fraction!r}: pass by=({fraction!r},) to rho_sensitivity; its groups are {names}"
+        )
     best = result.best.reset_index()
     keys = [n for n in names if n != name]
     rows = []

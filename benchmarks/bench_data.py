@@ -28,9 +28,17 @@ from trainables import fit  # noqa: E402
 # (label, data overrides, target ratio to synthetic with the same method)
 PATHS = [
     ("synthetic, on the GPU", {"name": "synthetic"}, None),
-    ("cifar10 basic, device-resident (the default on CUDA)", {"augment": "basic", "device_resident": True}, {"none": 0.97, "sam": 0.98}),
+    (
+        "cifar10 basic, device-resident (the default on CUDA)",
+        {"augment": "basic", "device_resident": True},
+        {"none": 0.97, "sam": 0.98},
+    ),
     ("cifar10 basic, host workers (auto count)", {"augment": "basic", "device_resident": False}, None),
-    ("cifar10 basic, host, num_workers 0 (the old default)", {"augment": "basic", "device_resident": False, "num_workers": 0}, None),
+    (
+        "cifar10 basic, host, num_workers 0 (the old default)",
+        {"augment": "basic", "device_resident": False, "num_workers": 0},
+        None,
+    ),
     ("cifar10 strong (RandAugment + mixup), host workers", {"augment": "strong"}, {"none": 0.90}),
 ]
 
@@ -48,16 +56,25 @@ def write_fake_cifar10(root: Path, n_train: int, n_test: int, seed: int = 0) -> 
     for i in range(1, 6):
         dump(f"data_batch_{i}", n_train // 5)
     dump("test_batch", n_test)
-    (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}, protocol=2))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}, protocol=2)
+    )
 
 
-def config(root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int,
-           epochs: int, device: str) -> dict:
+def config(
+    root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int, epochs: int, device: str
+) -> dict:
     fraction = min(1.0, batch * steps / n_train)
     base = {"name": "cifar10", "root": str(root), "batch_size": batch, "eval_batch_size": 1024, "fraction": fraction}
     if data.get("name") == "synthetic":
-        base = {"name": "synthetic", "img_size": 32, "batch_size": batch, "eval_batch_size": 1024,
-                "synthetic_samples": batch * steps, "synthetic_classes": 10}
+        base = {
+            "name": "synthetic",
+            "img_size": 32,
+            "batch_size": batch,
+            "eval_batch_size": 1024,
+            "synthetic_samples": batch * steps,
+            "synthetic_classes": 10,
+        }
     return {
         "model": model,
         "data": {**base, **{k: v for k, v in data.items() if k != "name"}},
@@ -85,14 +102,20 @@ def main() -> None:
 
     if args.quick:
         device, batch, n_test = "cpu", 16, 64
-        model = {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2}}
+        model = {
+            "name": "vit_tiny_patch16_224",
+            "kwargs": {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2},
+        }
         args.steps, args.epochs, args.rounds, args.n_train = 4, 2, 1, 400
     else:
         device, batch, n_test = "cuda", 512, 10_000
         model = {"name": "vit_small_patch16_224", "kwargs": {"patch_size": 4}}
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"# trainables.fit data paths, {card}, ViT-S/4 @32, batch {batch}, {args.steps} steps/epoch, "
-          f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} torch threads", flush=True)
+    print(
+        f"# trainables.fit data paths, {card}, ViT-S/4 @32, batch {batch}, {args.steps} steps/epoch, "
+        f"{args.rounds} rounds, torch {torch.__version__}, {torch.get_num_threads()} torch threads",
+        flush=True,
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -103,8 +126,17 @@ def main() -> None:
                 for label, data, _ in PATHS:
                     if method != "none" and "num_workers 0" in label:
                         continue  # the slow old default is shown once, for scale
-                    cfg = config(root, data, method, model=model, batch=batch, steps=args.steps,
-                                 n_train=args.n_train, epochs=args.epochs, device=device)
+                    cfg = config(
+                        root,
+                        data,
+                        method,
+                        model=model,
+                        batch=batch,
+                        steps=args.steps,
+                        n_train=args.n_train,
+                        epochs=args.epochs,
+                        device=device,
+                    )
                     ips = images_per_sec(cfg)
                     results.setdefault((label, method), []).append(ips)
                     print(f"  round {r + 1}: {method:5s} {label}: {ips:,.0f} img/s", flush=True)

@@ -176,9 +176,11 @@ def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> l
     # tol=1e-12: no early stop, so the Lanczos run always takes its 20 steps.
     measures = {
         f"lanczos_lambda_max({args.lanczos_steps})": lambda hvp_mode: geometry.top_eigenvalues(
-            model, _cross_entropy, [batch], max_iter=args.lanczos_steps, tol=1e-12, hvp_mode=hvp_mode),
+            model, _cross_entropy, [batch], max_iter=args.lanczos_steps, tol=1e-12, hvp_mode=hvp_mode
+        ),
         f"slq({args.slq_probes}x{args.slq_steps})": lambda hvp_mode: geometry.eigenvalue_density(
-            model, _cross_entropy, [batch], probes=args.slq_probes, steps=args.slq_steps, hvp_mode=hvp_mode),
+            model, _cross_entropy, [batch], probes=args.slq_probes, steps=args.slq_steps, hvp_mode=hvp_mode
+        ),
     }
     rows = []
     for label, run in measures.items():
@@ -196,8 +198,16 @@ def _bench_solvers(geometry, model, name, batch, num_params, grad_ms, args) -> l
             _sync(device)
             ms = (time.perf_counter() - start) * 1e3
             top = result.eigenvalues[0] if hasattr(result, "eigenvalues") else float(result.nodes.max())
-            row = {"model": name, "variant": label + suffix, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
-                   "hvps": getattr(result, "hvp_count", None), "peak_gib": _peak_gib(device), "top": top}
+            row = {
+                "model": name,
+                "variant": label + suffix,
+                "params": num_params,
+                "ms": ms,
+                "ratio": ms / grad_ms,
+                "hvps": getattr(result, "hvp_count", None),
+                "peak_gib": _peak_gib(device),
+                "top": top,
+            }
             if hasattr(result, "moment"):
                 row["moments"] = [result.moment(1), result.moment(2)]
             if exact is None:
@@ -232,11 +242,25 @@ def _bench_solver_overhead(geometry, name, num_params, grad_ms, args) -> list[di
 
     solvers = {
         f"lanczos({args.lanczos_steps}) solver only": lambda: lanczos(
-            free, num_params, k=1, sign=1.0, max_iter=args.lanczos_steps, tol=1e-12, generator=generator(),
-            dtype=torch.float32, device=device),
+            free,
+            num_params,
+            k=1,
+            sign=1.0,
+            max_iter=args.lanczos_steps,
+            tol=1e-12,
+            generator=generator(),
+            dtype=torch.float32,
+            device=device,
+        ),
         f"slq({args.slq_probes}x{args.slq_steps}) solver only": lambda: slq(
-            free, num_params, probes=args.slq_probes, steps=args.slq_steps, generator=generator(),
-            dtype=torch.float32, device=device),
+            free,
+            num_params,
+            probes=args.slq_probes,
+            steps=args.slq_steps,
+            generator=generator(),
+            dtype=torch.float32,
+            device=device,
+        ),
     }
     rows = []
     for label, run in solvers.items():
@@ -247,8 +271,16 @@ def _bench_solver_overhead(geometry, name, num_params, grad_ms, args) -> list[di
         run()
         _sync(device)
         ms = (time.perf_counter() - start) * 1e3
-        rows.append({"model": name, "variant": label, "params": num_params, "ms": ms, "ratio": ms / grad_ms,
-                     "peak_gib": _peak_gib(device)})
+        rows.append(
+            {
+                "model": name,
+                "variant": label,
+                "params": num_params,
+                "ms": ms,
+                "ratio": ms / grad_ms,
+                "peak_gib": _peak_gib(device),
+            }
+        )
     return rows
 
 
@@ -263,8 +295,12 @@ def main() -> None:
         "--models", nargs="*", default=None, help="timm model names at 224px (default: the three of the issue)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
-    parser.add_argument("--no-solvers", dest="solvers", action="store_false",
-                        help="skip the whole-measurement timings (Lanczos lambda_max, SLQ density)")
+    parser.add_argument(
+        "--no-solvers",
+        dest="solvers",
+        action="store_false",
+        help="skip the whole-measurement timings (Lanczos lambda_max, SLQ density)",
+    )
     parser.add_argument("--lanczos-steps", type=int, default=20, help="Lanczos steps of the lambda_max timing (20)")
     parser.add_argument("--slq-probes", type=int, default=10, help="SLQ probes (10)")
     parser.add_argument("--slq-steps", type=int, default=30, help="SLQ Lanczos steps per probe (30)")

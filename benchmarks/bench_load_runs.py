@@ -44,8 +44,20 @@ from trainables.config import TrialConfig
 from trainables.naming import CELL_TAG, KIND_TAG, LAUNCH_TAG, STATUS_TAG, TRIAL_ID_TAG, TRIAL_KEY_TAG
 
 EXPERIMENT = "bench_load_runs"
-METRICS = ("train_loss", "train_acc", "val_loss", "val_acc", "val_top5", "best_val_acc", "best_epoch", "lr",
-           "weight_norm", "images_per_sec", "epoch_time_s", "diverged")
+METRICS = (
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "val_top5",
+    "best_val_acc",
+    "best_epoch",
+    "lr",
+    "weight_norm",
+    "images_per_sec",
+    "epoch_time_s",
+    "diverged",
+)
 
 
 def fill(uri: str, trials: int, epochs: int) -> None:
@@ -57,9 +69,17 @@ def fill(uri: str, trials: int, epochs: int) -> None:
     for i in range(trials):
         arch, method, seed = archs[i % 3], methods[(i // 3) % 4], seeds[(i // 12) % 3]
         cell = f"arch={arch},method={method},train.seed={seed}"
-        tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: f"t{i:05d}", STATUS_TAG: "finished", LAUNCH_TAG: "1",
-                CELL_TAG: cell, TRIAL_ID_TAG: f"t{i:05d}", "factor.arch": arch,
-                "factor.method": method, "factor.train.seed": str(seed)}
+        tags = {
+            KIND_TAG: "trial",
+            TRIAL_KEY_TAG: f"t{i:05d}",
+            STATUS_TAG: "finished",
+            LAUNCH_TAG: "1",
+            CELL_TAG: cell,
+            TRIAL_ID_TAG: f"t{i:05d}",
+            "factor.arch": arch,
+            "factor.method": method,
+            "factor.train.seed": str(seed),
+        }
         run = client.create_run(exp, run_name=f"{arch}/{method}/seed={seed} #{i}", tags=tags)
         run_params = {**params, "optimizer.hparams.rho": str(0.01 + (i % 17) * 0.01), "train.seed": str(seed)}
         items = [Param(k, v) for k, v in run_params.items()]
@@ -105,7 +125,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sample", type=int, default=100, help="trials the per-run reader reads (scaled to all)")
     ap.add_argument("--workers", type=int, default=None, help="server worker processes (default: MLflow's, 4)")
-    ap.add_argument("--store", default=None, help="an SQLite file to fill, or reuse when already filled (default: temp)")
+    ap.add_argument(
+        "--store", default=None, help="an SQLite file to fill, or reuse when already filled (default: temp)"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-load-runs-") as tmp:
         db = Path(args.store).resolve() if args.store else Path(tmp) / "mlflow.db"
@@ -115,11 +137,19 @@ def main() -> None:
         else:
             t0 = time.perf_counter()
             fill(sqlite, args.trials, args.epochs)
-            print(f"filled {args.trials} runs x {len(METRICS)} metrics x {args.epochs} epochs in "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            print(
+                f"filled {args.trials} runs x {len(METRICS)} metrics x {args.epochs} epochs in "
+                f"{time.perf_counter() - t0:.0f} s",
+                flush=True,
+            )
         # A busy machine can take minutes to start the server's workers.
-        with start_server(backend_store_uri=sqlite, artifacts_destination=str(Path(tmp) / "artifacts"),
-                          log_path=Path(tmp) / "server.log", timeout_s=900, workers=args.workers) as (_, url):
+        with start_server(
+            backend_store_uri=sqlite,
+            artifacts_destination=str(Path(tmp) / "artifacts"),
+            log_path=Path(tmp) / "server.log",
+            timeout_s=900,
+            workers=args.workers,
+        ) as (_, url):
             t = time.perf_counter()
             MlflowClient(url).get_experiment_by_name(EXPERIMENT)
             print(f"server's first request: {time.perf_counter() - t:.2f} s", flush=True)
@@ -138,11 +168,15 @@ def main() -> None:
                     scale = args.trials / rows if name.startswith("per-run") else 1.0
                     times[name].append((time.perf_counter() - t) * scale)
                     assert rows == (sample if name.startswith("per-run") else args.trials), (name, rows)
-                print(f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in times.items()),
-                      flush=True)
+                print(
+                    f"  round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {v[-1]:.2f} s" for n, v in times.items()),
+                    flush=True,
+                )
     base = statistics.median(times["load_runs (server)"])
-    print(f"\n{args.trials} trials, median of {args.rounds} rounds (CPU: {os.cpu_count()} cores; server workers: "
-          f"{args.workers or 'MLflow default'}):")
+    print(
+        f"\n{args.trials} trials, median of {args.rounds} rounds (CPU: {os.cpu_count()} cores; server workers: "
+        f"{args.workers or 'MLflow default'}):"
+    )
     print("| reader | seconds | ratio to load_runs (server) |\n| --- | --- | --- |")
     for name, values in times.items():
         med = statistics.median(values)

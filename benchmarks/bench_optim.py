@@ -33,9 +33,18 @@ import torch.nn.functional as F
 import optim
 
 # Targets on the H100 (ratio of images/s to the fused-AdamW step; MESA to its floor).
-TARGETS = {"sam": 0.495, "asam": 0.495, "gsam": 0.49, "looksam": 0.80, "saf": 0.98, "mesa": 0.97,
-           # ESAM: the paper's cost (about 1.4x an SGD step, Du et al. 2022 Table 1); F-SAM costs as SAM; MSAM one pass.
-           "esam": 0.68, "fsam": 0.49, "msam": 0.95}
+TARGETS = {
+    "sam": 0.495,
+    "asam": 0.495,
+    "gsam": 0.49,
+    "looksam": 0.80,
+    "saf": 0.98,
+    "mesa": 0.97,
+    # ESAM: the paper's cost (about 1.4x an SGD step, Du et al. 2022 Table 1); F-SAM costs as SAM; MSAM one pass.
+    "esam": 0.68,
+    "fsam": 0.49,
+    "msam": 0.95,
+}
 METHOD_HPARAMS = {
     "none": {},
     "sam": {"rho": 0.05},
@@ -71,10 +80,18 @@ FULL = {
     "vit_s4_32": ModelSpec("vit_s4_32", "vit_small_patch16_224", {"img_size": 32, "patch_size": 4}, 32, 512, 10),
 }
 QUICK = {
-    "vit_tiny": ModelSpec("vit_tiny", "vit_small_patch16_224",
-                          {"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}, 16, 8, 10),
+    "vit_tiny": ModelSpec(
+        "vit_tiny",
+        "vit_small_patch16_224",
+        {"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2},
+        16,
+        8,
+        10,
+    ),
     # timm's mixer_* entry points fix num_blocks/embed_dim, so the tiny one is built from the class.
-    "mixer_tiny": ModelSpec("mixer_tiny", "MlpMixer", {"img_size": 32, "patch_size": 16, "num_blocks": 1, "embed_dim": 32}, 32, 8, 10),
+    "mixer_tiny": ModelSpec(
+        "mixer_tiny", "MlpMixer", {"img_size": 32, "patch_size": 16, "num_blocks": 1, "embed_dim": 32}, 32, 8, 10
+    ),
     "resnet_tiny": ModelSpec("resnet_tiny", "resnet18", {"channels": (16, 32, 64, 128), "stem_width": 16}, 32, 8, 10),
 }
 
@@ -127,8 +144,9 @@ def build_variants(spec, model, device, methods, autocast):
     for name in methods:
         before = _allocated(device)
         base = _fused_adamw(model.parameters(), device)
-        method = optim.create(name, base, model=model, num_samples=SAF_SAMPLES, num_classes=spec.num_classes,
-                              **METHOD_HPARAMS[name])
+        method = optim.create(
+            name, base, model=model, num_samples=SAF_SAMPLES, num_classes=spec.num_classes, **METHOD_HPARAMS[name]
+        )
         epoch = ACTIVE_EPOCH if name in ("saf", "mesa") else 0
         if name == "saf":
             # The active step reads the logits of epoch ACTIVE_EPOCH - e_tilde, which must have been recorded
@@ -136,12 +154,17 @@ def build_variants(spec, model, device, methods, autocast):
             reg = method.regulariser
             with torch.no_grad():
                 reg.record(forward()[1], idx, ACTIVE_EPOCH - reg.e_tilde)
-        v = Variant(name, lambda m=method, e=epoch: m.train_step(forward, inputs=x, indices=idx, epoch=e),
-                    base_ratio_to="mesa_floor" if name == "mesa" else "none")
+        v = Variant(
+            name,
+            lambda m=method, e=epoch: m.train_step(forward, inputs=x, indices=idx, epoch=e),
+            base_ratio_to="mesa_floor" if name == "mesa" else "none",
+        )
         v.step()  # allocate optimizer state, saved w, buffers
         after = _allocated(device)
         v.extra_bytes = method.extra_state_bytes()
-        v.measured_bytes = None if before is None else after - before  # base state + method state; 'none' subtracted later
+        v.measured_bytes = (
+            None if before is None else after - before
+        )  # base state + method state; 'none' subtracted later
         variants[name] = v
 
     if "mesa" in methods:
@@ -185,7 +208,9 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
     if spec.timm_name == "MlpMixer":
         model = timm.models.MlpMixer(num_classes=spec.num_classes, **spec.kwargs).to(device)
     else:
-        model = timm.create_model(spec.timm_name, pretrained=False, num_classes=spec.num_classes, **spec.kwargs).to(device)
+        model = timm.create_model(spec.timm_name, pretrained=False, num_classes=spec.num_classes, **spec.kwargs).to(
+            device
+        )
     if spec.channels_last:
         model = model.to(memory_format=torch.channels_last)
     model.train()
@@ -195,6 +220,7 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
         for _ in range(warmup):
             v.step()
     _sync(device)
+
     def timed(v):
         # The collector's pauses land on whichever variant is running: collect before, not during.
         gc.collect()
@@ -215,7 +241,7 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
     others = [k for k in variants if k != "none"]
     ratios = {k: [] for k in variants}
     for r in range(repeats):
-        rot = others[r % len(others):] + others[: r % len(others)] if others else []
+        rot = others[r % len(others) :] + others[: r % len(others)] if others else []
         ref_time = timed(variants["none"])
         variants["none"].rates.append(steps * spec.batch / ref_time)
         ratios["none"].append(1.0)
@@ -247,15 +273,22 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast):
             measured = (v.measured_bytes - none_bytes) / numel
         target = TARGETS.get(k)
         ratio = statistics.median(ratios[k])
-        rows.append({
-            "model": spec.name, "variant": v.label, "img_s": statistics.median(v.rates), "ratio": ratio,
-            "spread": (min(ratios[k]), max(ratios[k])),
-            "ratio_to": v.base_ratio_to if k != "none" else "-", "target": target,
-            # The targets are for the H100; on the CPU (--quick) the table is a smoke check only.
-            "ok": None if target is None or device.type != "cuda" else ratio >= target,
-            "pred_bpp": v.extra_bytes / numel if k in methods else None, "meas_bpp": measured,
-            "peak_step_mib": peaks.get(k, 0) / 2**20 if peaks else None,
-        })
+        rows.append(
+            {
+                "model": spec.name,
+                "variant": v.label,
+                "img_s": statistics.median(v.rates),
+                "ratio": ratio,
+                "spread": (min(ratios[k]), max(ratios[k])),
+                "ratio_to": v.base_ratio_to if k != "none" else "-",
+                "target": target,
+                # The targets are for the H100; on the CPU (--quick) the table is a smoke check only.
+                "ok": None if target is None or device.type != "cuda" else ratio >= target,
+                "pred_bpp": v.extra_bytes / numel if k in methods else None,
+                "meas_bpp": measured,
+                "peak_step_mib": peaks.get(k, 0) / 2**20 if peaks else None,
+            }
+        )
     del variants, model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -273,25 +306,61 @@ def _fmt(v, spec):
 
 
 def table(rows, numels):
-    head = ["model", "params", "variant", "img/s", "ratio", "rounds min-max", "vs", "target", "met", "extra B/param (pred)",
-            "extra B/param (meas)", "step peak MiB"]
+    head = [
+        "model",
+        "params",
+        "variant",
+        "img/s",
+        "ratio",
+        "rounds min-max",
+        "vs",
+        "target",
+        "met",
+        "extra B/param (pred)",
+        "extra B/param (meas)",
+        "step peak MiB",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([
-            r["model"], f"{numels[r['model']] / 1e6:.1f}M", r["variant"], _fmt(r["img_s"], ".1f"), _fmt(r["ratio"], ".3f"),
-            f"{_fmt(r['spread'][0], '.3f')}-{_fmt(r['spread'][1], '.3f')}", r["ratio_to"], _fmt(r["target"], ".3f"), _fmt(r["ok"], ""), _fmt(r["pred_bpp"], ".2f"),
-            _fmt(r["meas_bpp"], ".2f"), _fmt(r["peak_step_mib"], ".0f")]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["model"],
+                    f"{numels[r['model']] / 1e6:.1f}M",
+                    r["variant"],
+                    _fmt(r["img_s"], ".1f"),
+                    _fmt(r["ratio"], ".3f"),
+                    f"{_fmt(r['spread'][0], '.3f')}-{_fmt(r['spread'][1], '.3f')}",
+                    r["ratio_to"],
+                    _fmt(r["target"], ".3f"),
+                    _fmt(r["ok"], ""),
+                    _fmt(r["pred_bpp"], ".2f"),
+                    _fmt(r["meas_bpp"], ".2f"),
+                    _fmt(r["peak_step_mib"], ".0f"),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny models on CPU, a smoke check in < 1 min")
-    ap.add_argument("--models", default=None, help="comma list of " + ", ".join(FULL) + " (quick: " + ", ".join(QUICK) + ")")
+    ap.add_argument(
+        "--models", default=None, help="comma list of " + ", ".join(FULL) + " (quick: " + ", ".join(QUICK) + ")"
+    )
     ap.add_argument("--methods", default=",".join(optim.method_names()), help="comma list of registry names")
-    ap.add_argument("--steps", type=int, default=None,
-                    help=f"steps per timed block (default {DEFAULT_STEPS}, which resolves a ratio to ~0.005; quick 2)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"steps per timed block (default {DEFAULT_STEPS}, which resolves a ratio to ~0.005; quick 2)",
+    )
     ap.add_argument("--repeats", type=int, default=None, help="interleaved rounds (default 7; quick 2)")
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps per variant (default 3; quick 1)")
     ap.add_argument("--markdown", default=None, help="also write the table to this Markdown file")
@@ -326,8 +395,11 @@ def main(argv=None):
         return torch.autocast(device.type, dtype=torch.bfloat16)
 
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"# bench_optim: torch {torch.__version__}, timm {timm.__version__}, device {dev_name}, bf16 autocast, "
-          f"steps {steps} x repeats {repeats} (warmup {warmup}), SAF buffer for {SAF_SAMPLES} samples", flush=True)
+    print(
+        f"# bench_optim: torch {torch.__version__}, timm {timm.__version__}, device {dev_name}, bf16 autocast, "
+        f"steps {steps} x repeats {repeats} (warmup {warmup}), SAF buffer for {SAF_SAMPLES} samples",
+        flush=True,
+    )
     rows, numels = [], {}
     for name in names:
         t0 = time.perf_counter()
@@ -339,15 +411,20 @@ def main(argv=None):
     out = table(rows, numels)
     print("\n" + out)
     if args.markdown:
-        header = (f"# optim benchmark\n\ntorch {torch.__version__}, timm {timm.__version__}, device {dev_name}, "
-                  f"bf16 autocast, steps {steps} x repeats {repeats}. Ratio: images/s over the fused-AdamW step "
-                  "(MESA: over its floor, a plain step plus one no-grad forward), median of per-round ratios. "
-                  "Extra B/param: method state beyond the base optimizer, predicted (extra_state_bytes) and "
-                  "measured (torch.cuda.memory_allocated after the first step, minus the plain step's).\n\n")
+        header = (
+            f"# optim benchmark\n\ntorch {torch.__version__}, timm {timm.__version__}, device {dev_name}, "
+            f"bf16 autocast, steps {steps} x repeats {repeats}. Ratio: images/s over the fused-AdamW step "
+            "(MESA: over its floor, a plain step plus one no-grad forward), median of per-round ratios. "
+            "Extra B/param: method state beyond the base optimizer, predicted (extra_state_bytes) and "
+            "measured (torch.cuda.memory_allocated after the first step, minus the plain step's).\n\n"
+        )
         Path(args.markdown).write_text(header + out + "\n")
     missed = [r for r in rows if r["ok"] is False]
     if missed and device.type == "cuda":
-        print("# targets missed: " + ", ".join(f"{r['model']}/{r['variant']} {r['ratio']:.3f} < {r['target']}" for r in missed))
+        print(
+            "# targets missed: "
+            + ", ".join(f"{r['model']}/{r['variant']} {r['ratio']:.3f} < {r['target']}" for r in missed)
+        )
     return 0
 
 

@@ -56,14 +56,18 @@ def cmd_study(args) -> None:
         client = MlflowClient(uri)
         runs["card"] = [client.get_run(r).data.tags.get(tag("card"), "?") for r in runs["run_id"]]
         cols = ["cell", "status", "card", "optimizer.hparams.rho", "images_per_sec", "val_acc"]
-        print(f"# {args.study} reduced ({args.epochs} epochs, {args.n_train} fake CIFAR-10 images, "
-              f"{args.trials_per_cell} trials per searched cell): {outcome.trials} trials, {outcome.errored} errored, "
-              f"{wall:.0f} s wall")
+        print(
+            f"# {args.study} reduced ({args.epochs} epochs, {args.n_train} fake CIFAR-10 images, "
+            f"{args.trials_per_cell} trials per searched cell): {outcome.trials} trials, {outcome.errored} errored, "
+            f"{wall:.0f} s wall"
+        )
         with pd.option_context("display.width", 200, "display.max_columns", 20):
             print(runs[cols].sort_values("cell").to_string(index=False))
 
 
-def _ddp_config(root: Path, *, method_hparams: dict, precision: str, global_eps: bool, epochs: int, augment: str) -> dict:
+def _ddp_config(
+    root: Path, *, method_hparams: dict, precision: str, global_eps: bool, epochs: int, augment: str
+) -> dict:
     return {
         "model": {"name": "vit_small_patch16_224", "kwargs": {"patch_size": 4}},
         "data": {"name": "cifar10", "root": str(root), "augment": augment, "batch_size": 512, "eval_batch_size": 1000},
@@ -96,8 +100,14 @@ def cmd_ddp(args) -> None:
                 ("fp32, global eps, no augmentation (metrics)", "fp32", True, 2, "none"),
                 ("bf16, per-replica eps, basic augmentation (speed)", "bf16", False, 3, "basic"),
             ):
-                cfg = _ddp_config(tmp / "cifar10", method_hparams={"rho": 0.05}, precision=precision,
-                                  global_eps=global_eps, epochs=epochs, augment=augment)
+                cfg = _ddp_config(
+                    tmp / "cifar10",
+                    method_hparams={"rho": 0.05},
+                    precision=precision,
+                    global_eps=global_eps,
+                    epochs=epochs,
+                    augment=augment,
+                )
                 seen: list[float] = []
                 one = fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
                 one_ips = max(seen[1:]) if len(seen) > 1 else seen[-1]
@@ -106,16 +116,20 @@ def cmd_ddp(args) -> None:
                 rows.append((label, one, two, one_ips))
         finally:
             ray.shutdown()
-    print(f"# one trial (ViT-S/4 @32, global batch 512, SAM rho 0.05, fake CIFAR-10 {args.n_train} images): "
-          f"Ray Train 2 workers x {card} (NCCL) vs in-process on 1 GPU")
+    print(
+        f"# one trial (ViT-S/4 @32, global batch 512, SAM rho 0.05, fake CIFAR-10 {args.n_train} images): "
+        f"Ray Train 2 workers x {card} (NCCL) vs in-process on 1 GPU"
+    )
     print("| run | metric | in-process | 2 workers | relative difference |")
     print("| --- | --- | --- | --- | --- |")
     for label, one, two, one_ips in rows:
         for key in ("train_loss", "train_acc", "val_loss", "val_acc"):
             a, b = one[key], two[key]
             print(f"| {label} | {key} | {a:.6f} | {b:.6f} | {abs(a - b) / max(abs(a), 1e-12):.2e} |")
-        print(f"| {label} | images/s (last epoch) | {one_ips:,.0f} | {two['images_per_sec']:,.0f} | "
-              f"ratio {two['images_per_sec'] / one_ips:.2f}x |")
+        print(
+            f"| {label} | images/s (last epoch) | {one_ips:,.0f} | {two['images_per_sec']:,.0f} | "
+            f"ratio {two['images_per_sec'] / one_ips:.2f}x |"
+        )
 
 
 def main() -> None:

@@ -46,7 +46,9 @@ def time_ray(epochs: int, storage: str, name: str) -> float:
     from trainables.ray_train import DistributedPlan, fit_distributed
 
     t0 = time.perf_counter()
-    fit_distributed(_config(epochs), plan=DistributedPlan(workers=1, cpus_per_worker=1, storage_path=storage), name=name)
+    fit_distributed(
+        _config(epochs), plan=DistributedPlan(workers=1, cpus_per_worker=1, storage_path=storage), name=name
+    )
     return time.perf_counter() - t0
 
 
@@ -82,8 +84,10 @@ def main() -> None:
     for (path, e), v in sorted(med.items()):
         print(f"| {path} | {e} | {v:.2f} |")
     print(f"\nRay's fixed start-up cost: {startup:.2f} s per trial")
-    print(f"Per-epoch time: fit {slope_fit:.3f} s, Ray Train {slope_ray:.3f} s -> overhead {slope_ray - slope_fit:+.3f} s "
-          f"per epoch ({(slope_ray / slope_fit - 1) * 100:+.1f}%)")
+    print(
+        f"Per-epoch time: fit {slope_fit:.3f} s, Ray Train {slope_ray:.3f} s -> overhead {slope_ray - slope_fit:+.3f} s "
+        f"per epoch ({(slope_ray / slope_fit - 1) * 100:+.1f}%)"
+    )
 
 
 if __name__ == "__main__":

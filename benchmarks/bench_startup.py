@@ -40,7 +40,9 @@ def _commands(data_root: str) -> dict[str, list[str]]:
         # torch._dynamo import that building a first torch.optim optimizer triggers.
         "import torch": [sys.executable, "-c", "import torch"],
         "import torch + one optimizer": [
-            sys.executable, "-c", "import torch; torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)",
+            sys.executable,
+            "-c",
+            "import torch; torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)",
         ],
     }
     for study in sorted((REPO / "studies").glob("*.yaml")):
@@ -77,9 +79,14 @@ def main() -> None:
             wall0, cpu0 = measured["import yaml, pydantic"]
             for name, (wall, cpu) in measured.items():
                 rows[name].append((wall, wall / wall0, cpu, cpu / cpu0))
-            print(f"round {r + 1}/{args.repeats} (wall s): " + ", ".join(f"{w:.2f}" for w, _ in measured.values()), flush=True)
+            print(
+                f"round {r + 1}/{args.repeats} (wall s): " + ", ".join(f"{w:.2f}" for w, _ in measured.values()),
+                flush=True,
+            )
 
-    print(f"\n{args.repeats} rounds, medians; ratios are per-round ratios to `import yaml, pydantic`, then their median\n")
+    print(
+        f"\n{args.repeats} rounds, medians; ratios are per-round ratios to `import yaml, pydantic`, then their median\n"
+    )
     width = max(len(n) for n in commands)
     print(f"{'command':<{width}}  {'wall s':>7}  {'ratio':>6}  {'CPU s':>6}  {'ratio':>6}  target (wall)")
     for name, runs in rows.items():

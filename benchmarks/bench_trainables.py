@@ -35,12 +35,20 @@ MODELS = {
 QUICK = {"vit_tiny": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 32, 32)}
 
 
-def _config(name, kwargs, img, batch, *, method="none", steps=30, device="cuda", epochs=2, hparams=None, global_eps=False):
+def _config(
+    name, kwargs, img, batch, *, method="none", steps=30, device="cuda", epochs=2, hparams=None, global_eps=False
+):
     kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
     return {
         "model": {"name": name, "kwargs": kwargs},
-        "data": {"name": "synthetic", "img_size": img, "batch_size": batch, "synthetic_samples": batch * steps,
-                 "synthetic_classes": 1000 if img >= 64 else 10, "eval_batch_size": batch},
+        "data": {
+            "name": "synthetic",
+            "img_size": img,
+            "batch_size": batch,
+            "synthetic_samples": batch * steps,
+            "synthetic_classes": 1000 if img >= 64 else 10,
+            "eval_batch_size": batch,
+        },
         "optimizer": {"method": method, "lr": 1e-3, "hparams": hparams or {}, "global_perturbation": global_eps},
         "schedule": {"epochs": epochs, "sched": "cosine", "warmup_epochs": 0},
         "train": {"device": device, "precision": "bf16" if device == "cuda" else "fp32", "checkpoint_every": 1000},
@@ -88,7 +96,10 @@ def loop(name, kwargs, img, batch, steps, device, **kw) -> float:
     from trainables import fit
 
     seen = []
-    fit(_config(name, kwargs, img, batch, steps=steps, device=device, **kw), reporter=lambda m, c: seen.append(m["images_per_sec"]))
+    fit(
+        _config(name, kwargs, img, batch, steps=steps, device=device, **kw),
+        reporter=lambda m, c: seen.append(m["images_per_sec"]),
+    )
     return seen[-1]
 
 
@@ -117,15 +128,23 @@ def cmd_geometry(args) -> None:
     device = "cpu" if args.quick else "cuda"
     models = QUICK if args.quick else {k: MODELS[k] for k in args.models}
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(f"# in-trial geometry vs one training epoch, {card}, SAM (rho 0.05), bf16 training; measures "
-          f"{', '.join(args.measures)} on {args.geometry_batches} x {args.geometry_batch_size} fixed samples, fp32")
+    print(
+        f"# in-trial geometry vs one training epoch, {card}, SAM (rho 0.05), bf16 training; measures "
+        f"{', '.join(args.measures)} on {args.geometry_batches} x {args.geometry_batch_size} fixed samples, fp32"
+    )
     print("| model | train batch | steps/epoch | epoch s | hvp_mode | geometry s | geometry / epoch |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for key, (name, kwargs, img, batch) in models.items():
         for hvp_mode in args.hvp_modes:
-            cfg = _config(name, kwargs, img, batch, steps=args.steps, device=device, method="sam", hparams={"rho": 0.05})
-            cfg["geometry"] = {"measures": list(args.measures), "batches": args.geometry_batches,
-                               "batch_size": args.geometry_batch_size, "hvp_mode": hvp_mode}
+            cfg = _config(
+                name, kwargs, img, batch, steps=args.steps, device=device, method="sam", hparams={"rho": 0.05}
+            )
+            cfg["geometry"] = {
+                "measures": list(args.measures),
+                "batches": args.geometry_batches,
+                "batch_size": args.geometry_batch_size,
+                "hvp_mode": hvp_mode,
+            }
             seen = []
             try:
                 fit(cfg, reporter=lambda m, c: seen.append(m), probe=make_probe(cfg))
@@ -133,8 +152,10 @@ def cmd_geometry(args) -> None:
                 print(f"| {key} | {batch} | {args.steps} | - | {hvp_mode} | refused: {str(err)[:80]} | - |", flush=True)
                 continue
             epoch, geo = seen[-1]["epoch_time_s"], seen[-1]["geometry_time_s"]
-            print(f"| {key} | {batch} | {args.steps} | {epoch:.2f} | {hvp_mode} | {geo:.2f} | {geo / epoch:.3f} |",
-                  flush=True)
+            print(
+                f"| {key} | {batch} | {args.steps} | {epoch:.2f} | {hvp_mode} | {geo:.2f} | {geo / epoch:.3f} |",
+                flush=True,
+            )
 
 
 def _free_port() -> int:
@@ -173,7 +194,9 @@ def cmd_ddp(args) -> None:
     world = args.gpus
     card = torch.cuda.get_device_name()
     print(f"# SAM data-parallel scaling, {world} x {card}, bf16, per-GPU batch fixed")
-    print("| model | per-GPU batch | 1 GPU SAM img/s | per-replica eps img/s | scaling | global eps img/s | per-replica / global |")
+    print(
+        "| model | per-GPU batch | 1 GPU SAM img/s | per-replica eps img/s | scaling | global eps img/s | per-replica / global |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for key in args.models:
         name, kwargs, img, batch = MODELS[key]
@@ -182,7 +205,9 @@ def cmd_ddp(args) -> None:
             one.append(loop(name, kwargs, img, batch, args.steps, "cuda", method="sam", hparams={"rho": 0.05}))
             cfg = _config(name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05})
             local.append(_run_ddp(world, cfg))
-            cfg_g = _config(name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05}, global_eps=True)
+            cfg_g = _config(
+                name, kwargs, img, batch * world, steps=args.steps, method="sam", hparams={"rho": 0.05}, global_eps=True
+            )
             glob.append(_run_ddp(world, cfg_g))
         o, loc, g = statistics.median(one), statistics.median(local), statistics.median(glob)
         print(f"| {key} | {batch} | {o:.0f} | {loc:.0f} | {loc / o:.2f}x | {g:.0f} | {loc / g:.3f} |", flush=True)

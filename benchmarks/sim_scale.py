@@ -63,13 +63,19 @@ def sim_trial(payload: dict) -> None:
     epoch_s = float(os.environ.get(EPOCH_S_ENV, "0.5"))
     ckpt_bytes = int(os.environ.get(CKPT_BYTES_ENV, "4096"))
     recorder = TrialRecorder(
-        TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=ctx.get_trial_name(),
-        params=params, wants_checkpoint=bool(payload.get("log_checkpoint")),
+        TrackingTarget(**payload["tracking"]),
+        trial_key=trial_id,
+        run_name=ctx.get_trial_name(),
+        params=params,
+        wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
-    recorder.set_tags({
-        TRIAL_ID_TAG: trial_id, RAY_NODE_ID_TAG: ray.get_runtime_context().get_node_id(),
-        **payload.get("tags", {}),
-    })
+    recorder.set_tags(
+        {
+            TRIAL_ID_TAG: trial_id,
+            RAY_NODE_ID_TAG: ray.get_runtime_context().get_node_id(),
+            **payload.get("tags", {}),
+        }
+    )
     start = 0
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -124,8 +130,6 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 # ---------------------------------------------------------------- the cluster: real `ray start` nodes on loopback
 
 
-
-
 def _pids_in_groups(groups: set[int]) -> set[int]:
     found = set()
     for entry in Path("/proc").iterdir():
@@ -169,15 +173,24 @@ class LocalCluster:
         }
         self.env.pop("RAY_ADDRESS", None)
         common = [
-            f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--object-store-memory={OBJECT_STORE_BYTES}",
+            f"--num-cpus={cpus}",
+            f"--num-gpus={gpus}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
             "--disable-usage-stats",
         ]
         # As tests/cluster/test_two_node.py: Ray registers each node under the host's own interface address
         # (it will not keep a joining node on 127.0.0.1), so traffic stays on this machine.
-        self.args = [[
-            "--head", f"--port={gcs}", "--include-dashboard=false", f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agents[0]}", *common,
-        ]] + [[f"--address={self.address}", f"--dashboard-agent-listen-port={a}", *common] for a in agents[1:]]
+        self.args = [
+            [
+                "--head",
+                f"--port={gcs}",
+                "--include-dashboard=false",
+                f"--dashboard-port={dashboard}",
+                f"--ray-client-server-port={client}",
+                f"--dashboard-agent-listen-port={agents[0]}",
+                *common,
+            ]
+        ] + [[f"--address={self.address}", f"--dashboard-agent-listen-port={a}", *common] for a in agents[1:]]
         self.nodes: list[subprocess.Popen] = []
 
     def _log(self, i: int) -> Path:
@@ -185,11 +198,22 @@ class LocalCluster:
 
     def _launch(self, i: int) -> None:
         with open(self._log(i), "wb") as log:
-            self.nodes.append(subprocess.Popen(
-                [str(Path(sys.executable).with_name("ray")), "start", "--block", f"--temp-dir={self.temp_dir / f'n{i}'}",
-                 *self.args[i]],
-                env=self.env, cwd=self.temp_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
+            self.nodes.append(
+                subprocess.Popen(
+                    [
+                        str(Path(sys.executable).with_name("ray")),
+                        "start",
+                        "--block",
+                        f"--temp-dir={self.temp_dir / f'n{i}'}",
+                        *self.args[i],
+                    ],
+                    env=self.env,
+                    cwd=self.temp_dir,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
 
     def launch_head(self) -> None:
         """Start the head without waiting for it (it boots while the MLflow server does)."""
@@ -203,8 +227,10 @@ class LocalCluster:
             deadline = time.monotonic() + timeout_s
             while "Ray runtime started" not in self._log(i).read_text(errors="replace"):
                 if self.nodes[i].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Ray node {i} did not start; {self._log(i)} ends with:\n"
-                                       f"{self._log(i).read_text(errors='replace')[-3000:]}")
+                    raise RuntimeError(
+                        f"Ray node {i} did not start; {self._log(i)} ends with:\n"
+                        f"{self._log(i).read_text(errors='replace')[-3000:]}"
+                    )
                 time.sleep(0.5)
 
     def processes(self) -> set[int]:
@@ -304,8 +330,10 @@ class Sampler:
         wall = s[-1]["t"] - s[0]["t"]
         out = {
             "driver_cpu_pct_mean": 100 * (s[-1]["driver_cpu_s"] - s[0]["driver_cpu_s"]) / wall,
-            "driver_cpu_pct_peak_5s": 100 * max(
-                ((b["driver_cpu_s"] - a["driver_cpu_s"]) / (b["t"] - a["t"]) for a, b in zip(s, s[5:], strict=False)), default=0.0
+            "driver_cpu_pct_peak_5s": 100
+            * max(
+                ((b["driver_cpu_s"] - a["driver_cpu_s"]) / (b["t"] - a["t"]) for a, b in zip(s, s[5:], strict=False)),
+                default=0.0,
             ),
             "driver_rss_peak_mb": max(x["driver_rss"] for x in s) / 2**20,
             "machine_available_min_gb": min(x["available"] for x in s) / 2**30,
@@ -345,8 +373,13 @@ def _quantiles(values: list[float]) -> dict:
         return {"n": 0}
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"n": len(values), "mean_ms": 1e3 * statistics.fmean(values), "p50_ms": 1e3 * pick(0.5),
-            "p95_ms": 1e3 * pick(0.95), "max_ms": 1e3 * ordered[-1]}
+    return {
+        "n": len(values),
+        "mean_ms": 1e3 * statistics.fmean(values),
+        "p50_ms": 1e3 * pick(0.5),
+        "p95_ms": 1e3 * pick(0.95),
+        "max_ms": 1e3 * ordered[-1],
+    }
 
 
 _ACCESS = re.compile(r'^(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d) .*"(\w+) (\S+) HTTP/[\d.]+" (\d{3})')
@@ -416,13 +449,19 @@ def _tune_results(experiment_dir: Path, epochs: int) -> dict:
         lines = [json.loads(x) for x in result.read_text().splitlines() if x.strip()]
         received[result.parent.name] = {r["training_iteration"] - 1 for r in lines}  # iteration 1 is epoch 0
     per_trial = [len(v) for v in received.values()]
-    return {"tune_trials": len(per_trial), "tune_results": sum(per_trial),
-            "tune_trials_short": sum(1 for n in per_trial if n < epochs), "_received": received}
+    return {
+        "tune_trials": len(per_trial),
+        "tune_results": sum(per_trial),
+        "tune_trials_short": sum(1 for n in per_trial if n < epochs),
+        "_received": received,
+    }
 
 
 def _lost(received: dict[str, set[int]], steps: dict[str, dict[str, list[int]]]) -> int:
     """Metric values a trial reported to Tune (per epoch, each metric) that MLflow does not hold."""
-    return sum(len(epochs - set(steps.get(trial, {}).get(m, []))) for trial, epochs in received.items() for m in METRICS)
+    return sum(
+        len(epochs - set(steps.get(trial, {}).get(m, []))) for trial, epochs in received.items() for m in METRICS
+    )
 
 
 def _optuna_states(db: Path) -> dict:
@@ -456,8 +495,12 @@ def _write_study(path: Path, *, trials: int, concurrency: int, epochs: int, stor
         "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 1.0}},
         "budget": {"trials_per_cell": per_cell, "sampler": "tpe", "seed": 0, "time_limit_s": time_limit_s},
         # One declared GPU per trial, as a real study on GPU nodes asks; a sliver of CPU, since the trial sleeps.
-        "resources": {"cpus_per_trial": 0.01, "gpus_per_trial": 1, "max_concurrent_trials": concurrency,
-                      "max_failures": 0},
+        "resources": {
+            "cpus_per_trial": 0.01,
+            "gpus_per_trial": 1,
+            "max_concurrent_trials": concurrency,
+            "max_failures": 0,
+        },
         "storage": str(storage),
         # Both Ray nodes run on this one machine, so the working directory is a mount every node shares.
         "shared_mounts": [str(storage.parent)],
@@ -478,33 +521,52 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
     need = args.concurrency * WORKER_MB / 1024 + 3
     available = psutil.virtual_memory().available / 2**30
     if available < need and not args.ignore_memory:
-        raise SystemExit(f"sim_scale: {args.concurrency} trial processes need ~{need:.0f} GB free, this machine has "
-                         f"{available:.1f} GB (shared with others). Fix: lower --concurrency or pass --ignore-memory.")
+        raise SystemExit(
+            f"sim_scale: {args.concurrency} trial processes need ~{need:.0f} GB free, this machine has "
+            f"{available:.1f} GB (shared with others). Fix: lower --concurrency or pass --ignore-memory."
+        )
 
     # By reference, so each trial process imports it from this checkout instead of unpickling a copy.
     from benchmarks.sim_scale import sim_trial as trainable
 
     gpus = max(32, math.ceil(args.concurrency / args.nodes))
     study_path = workdir / "sim_scale.yaml"
-    trials = _write_study(study_path, trials=args.trials, concurrency=args.concurrency, epochs=args.epochs,
-                          storage=workdir / "ray_results", time_limit_s=args.time_limit_s)
+    trials = _write_study(
+        study_path,
+        trials=args.trials,
+        concurrency=args.concurrency,
+        epochs=args.epochs,
+        storage=workdir / "ray_results",
+        time_limit_s=args.time_limit_s,
+    )
     server_log = workdir / "mlflow-server.log"
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=gpus, cpus=args.node_cpus, epoch_s=args.epoch_s,
-                           ckpt_bytes=args.ckpt_bytes)
+    cluster = LocalCluster(
+        workdir, nodes=args.nodes, gpus=gpus, cpus=args.node_cpus, epoch_s=args.epoch_s, ckpt_bytes=args.ckpt_bytes
+    )
     times: dict[str, list[float]] = {}
-    out = {"trials": trials, "concurrency": args.concurrency, "epochs": args.epochs, "epoch_s": args.epoch_s,
-           "nodes": args.nodes, "gpus_declared": gpus * args.nodes, "server_workers": args.server_workers}
+    out = {
+        "trials": trials,
+        "concurrency": args.concurrency,
+        "epochs": args.epochs,
+        "epoch_s": args.epoch_s,
+        "nodes": args.nodes,
+        "gpus_declared": gpus * args.nodes,
+        "server_workers": args.server_workers,
+    }
     killed: list[int] = []
     try:
         t0 = time.monotonic()
         cluster.launch_head()
-        with start_server(backend_store_uri=f"sqlite:///{workdir / 'mlflow.db'}",
-                          artifacts_destination=str(workdir / "mlartifacts"), workers=args.server_workers,
-                          log_path=server_log, timeout_s=240,
-                          # uvicorn restarts a worker that misses its health check (5 s by default); a CPU-starved
-                          # machine misses it while the workers still import MLflow, and they restart for ever.
-                          extra_args=["--uvicorn-opts", f"--timeout-worker-healthcheck {args.server_healthcheck_s}"],
-                          ) as (server, url):
+        with start_server(
+            backend_store_uri=f"sqlite:///{workdir / 'mlflow.db'}",
+            artifacts_destination=str(workdir / "mlartifacts"),
+            workers=args.server_workers,
+            log_path=server_log,
+            timeout_s=240,
+            # uvicorn restarts a worker that misses its health check (5 s by default); a CPU-starved
+            # machine misses it while the workers still import MLflow, and they restart for ever.
+            extra_args=["--uvicorn-opts", f"--timeout-worker-healthcheck {args.server_healthcheck_s}"],
+        ) as (server, url):
             cluster.start()
             out["startup_s"] = time.monotonic() - t0
             log_start = server_log.stat().st_size
@@ -521,21 +583,29 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
                 wall = time.monotonic() - t1
             log = _read_access_log(server_log, log_start)
             out.update(sampler.summary())
-            out.update({"wall_s": wall, "trials_done": outcome.trials, "trials_errored": outcome.errored,
-                        "trials_per_min": 60 * outcome.trials / wall,
-                        "ideal_trials_per_min": 60 * args.concurrency / (args.epochs * args.epoch_s)})
+            out.update(
+                {
+                    "wall_s": wall,
+                    "trials_done": outcome.trials,
+                    "trials_errored": outcome.errored,
+                    "trials_per_min": 60 * outcome.trials / wall,
+                    "ideal_trials_per_min": 60 * args.concurrency / (args.epochs * args.epoch_s),
+                }
+            )
             requests = sum(log["statuses"].values())
-            out.update({
-                "mlflow_requests": requests,
-                "mlflow_req_per_s_mean": requests / wall,
-                "mlflow_req_per_s_peak": max(log["seconds"].values(), default=0),
-                # 5xx and 429: the server failed or shed a request (the client retries those). A 4xx else is a
-                # client's question with a "no" for answer (the runner asks for its experiment before creating it).
-                "mlflow_errors": sum(n for code, n in log["statuses"].items() if code >= 500 or code == 429),
-                "mlflow_statuses": {str(k): v for k, v in sorted(log["statuses"].items())},
-                "mlflow_log_problems": dict(log["problems"]),
-                "mlflow_top_endpoints": dict(log["endpoints"].most_common(8)),
-            })
+            out.update(
+                {
+                    "mlflow_requests": requests,
+                    "mlflow_req_per_s_mean": requests / wall,
+                    "mlflow_req_per_s_peak": max(log["seconds"].values(), default=0),
+                    # 5xx and 429: the server failed or shed a request (the client retries those). A 4xx else is a
+                    # client's question with a "no" for answer (the runner asks for its experiment before creating it).
+                    "mlflow_errors": sum(n for code, n in log["statuses"].items() if code >= 500 or code == 429),
+                    "mlflow_statuses": {str(k): v for k, v in sorted(log["statuses"].items())},
+                    "mlflow_log_problems": dict(log["problems"]),
+                    "mlflow_top_endpoints": dict(log["endpoints"].most_common(8)),
+                }
+            )
             out.update({f"optuna_{name}": _quantiles(v) for name, v in times.items()})
             out.update(_check_records(url, STUDY_NAME, trials, args.epochs))
             if out["first_start_ms"] is not None:

@@ -47,7 +47,7 @@ CLOSE_ASSISTANT = """
   .forEach(b => b.click()); true
 """
 ML = "workflowType=machine_learning"
-SETTLE_S = 3.0    # after the awaited text shows, for the rest of the page (charts) to draw
+SETTLE_S = 3.0  # after the awaited text shows, for the rest of the page (charts) to draw
 
 
 def browser() -> str:
@@ -65,10 +65,21 @@ class Browser:
         self._profile = tempfile.TemporaryDirectory(prefix="sharpscale-chromium-")
         self.port = free_port()
         self._proc = subprocess.Popen(
-            [browser(), "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--hide-scrollbars", f"--user-data-dir={self._profile.name}", f"--window-size={window}",
-             f"--remote-debugging-port={self.port}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                browser(),
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                f"--user-data-dir={self._profile.name}",
+                f"--window-size={window}",
+                f"--remote-debugging-port={self.port}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self._loop = asyncio.new_event_loop()
         self._ids = 0
@@ -158,17 +169,28 @@ def main() -> None:
     study_run = of_kind("study")[0]
     best_trial = study_run.data.tags.get(BEST_RUN_ID_TAG)
     cells = of_kind("cell")
-    best_cell = next((c for c in cells if c.info.run_id == (client.get_run(best_trial).data.tags.get("mlflow.parentRunId")
-                                                             if best_trial else None)), cells[0] if cells else None)
+    best_cell = next(
+        (
+            c
+            for c in cells
+            if c.info.run_id == (client.get_run(best_trial).data.tags.get("mlflow.parentRunId") if best_trial else None)
+        ),
+        cells[0] if cells else None,
+    )
 
     best_name = client.get_run(best_trial).info.run_name if best_trial else None
     cell_name = best_cell.info.run_name if best_cell is not None else None
     chrome = Browser()
     try:
-        with tempfile.TemporaryDirectory(prefix="sharpscale-shots-") as tmp, start_server(
-            backend_store_uri=uri, artifacts_destination=str(Path(tmp) / "artifacts"), log_path=Path(tmp) / "server.log",
-            timeout_s=900,
-        ) as (_, base):
+        with (
+            tempfile.TemporaryDirectory(prefix="sharpscale-shots-") as tmp,
+            start_server(
+                backend_store_uri=uri,
+                artifacts_destination=str(Path(tmp) / "artifacts"),
+                log_path=Path(tmp) / "server.log",
+                timeout_s=900,
+            ) as (_, base),
+        ):
             # The runs table: the study run first; its rows expanded show the cells, each with its best.
             # MLflow 3.17's side bar switches between GenAI and model training, per browser (GenAI by default,
             # whatever the experiment's kind): choose model training once, as a user would.
@@ -200,13 +222,18 @@ def main() -> None:
 
             port = free_port()
             storage = open_optuna_storage(args.optuna_storage)
-            threading.Thread(target=optuna_dashboard.run_server, args=(storage,),
-                             kwargs={"host": "127.0.0.1", "port": port}, daemon=True).start()
+            threading.Thread(
+                target=optuna_dashboard.run_server,
+                args=(storage,),
+                kwargs={"host": "127.0.0.1", "port": port},
+                daemon=True,
+            ).start()
             chrome.open(f"http://127.0.0.1:{port}/dashboard", shows="sam")
             chrome.shoot(out / "optuna_dashboard.png")
             wanted = f":{best_cell.data.tags.get('sharpscale.cell')}" if best_cell is not None else "sam"
-            studies = [st for st in storage.get_all_studies() if st.study_name.endswith(wanted)] or \
-                      [st for st in storage.get_all_studies() if "sam" in st.study_name]
+            studies = [st for st in storage.get_all_studies() if st.study_name.endswith(wanted)] or [
+                st for st in storage.get_all_studies() if "sam" in st.study_name
+            ]
             if studies:
                 sid = storage.get_study_id_from_name(studies[0].study_name)
                 chrome.open(f"http://127.0.0.1:{port}/dashboard/studies/{sid}", shows="History")

@@ -41,11 +41,25 @@ def quickstart_output() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
         out = subprocess.run(
-            [sys.executable, "-m", "studies.cli", "run", str(REPO / "studies" / "quickstart.yaml"),
-             "--storage", str(Path(tmp) / "runs")],
-            cwd=tmp, env=env, capture_output=True, text=True, check=True, timeout=1800,
+            [
+                sys.executable,
+                "-m",
+                "studies.cli",
+                "run",
+                str(REPO / "studies" / "quickstart.yaml"),
+                "--storage",
+                str(Path(tmp) / "runs"),
+            ],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=1800,
         ).stdout
-        text = out[out.index("sharpscale: 15 trials") if "sharpscale: 15 trials" in out else out.rindex("sharpscale: "):]
+        text = out[
+            out.index("sharpscale: 15 trials") if "sharpscale: 15 trials" in out else out.rindex("sharpscale: ") :
+        ]
         return text.replace(tmp + "/", "").replace(tmp, ".").rstrip()
 
 

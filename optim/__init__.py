@@ -20,8 +20,16 @@ if TYPE_CHECKING:
 # The registry (names, knobs and their rules) imports no torch, so a study file validates without it; the classes
 # load torch when first named.
 _LAZY = {
-    "ESAM": "_esam", "FriendlySAM": "_fsam", "GSAM": "_gsam", "LookSAM": "_looksam", "Method": "_method",
-    "StepOutput": "_method", "MSAM": "_msam", "SAM": "_sam", "MESA": "_trajectory", "SAF": "_trajectory",
+    "ESAM": "_esam",
+    "FriendlySAM": "_fsam",
+    "GSAM": "_gsam",
+    "LookSAM": "_looksam",
+    "Method": "_method",
+    "StepOutput": "_method",
+    "MSAM": "_msam",
+    "SAM": "_sam",
+    "MESA": "_trajectory",
+    "SAF": "_trajectory",
     "trajectory_kl": "_trajectory",
 }
 

@@ -31,11 +31,29 @@ class ESAM(TwoPass):
     ``forward(rows, reduction="none")`` when ``gamma < 1``.
     """
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, beta: float = 0.6,
-                 gamma: float = 0.5, *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho: float = 0.05,
+        beta: float = 0.6,
+        gamma: float = 0.5,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            p=2,
+            adaptive=False,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         knobs = BY_NAME["esam"].check_knobs(rho=rho, beta=beta, gamma=gamma)
         self.rho, self.beta, self.gamma = knobs["rho"], knobs["beta"], knobs["gamma"]
         self.name = "esam"
@@ -58,8 +76,14 @@ class ESAM(TwoPass):
         compiled = hasattr(ddp.module if ddp is not None else self.model, "_orig_mod")
         return not (ddp is not None and self.global_perturbation) and not compiled
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         n = batch_rows(inputs)
         select = self.gamma < 1.0
         drawn_from = self._random.getstate()
@@ -91,8 +115,14 @@ class ESAM(TwoPass):
         skipped = self.second_step()
         if skipped:  # method state moves only on a step taken ("Mixed precision and skipped steps")
             self._random.setstate(drawn_from)
-        return StepOutput(loss=loss, logits=logits, perturbed_loss=perturbed_loss, extra_loss=None,
-                          rho=self._last_rho, skipped=skipped)
+        return StepOutput(
+            loss=loss,
+            logits=logits,
+            perturbed_loss=perturbed_loss,
+            extra_loss=None,
+            rho=self._last_rho,
+            skipped=skipped,
+        )
 
     @torch.no_grad()
     def _losses_at_perturbed(self, forward: Forward, n: int) -> torch.Tensor:
@@ -116,4 +146,3 @@ class ESAM(TwoPass):
         if "random" in state:
             version, internal, gauss = state["random"]
             self._random.setstate((version, tuple(internal), gauss))
-

@@ -24,11 +24,29 @@ class FriendlySAM(TwoPass):
     replica keeps the EMA of its own pass 1 gradients (its own stochastic-noise estimate).
     """
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, sigma: float = 1.0,
-                 lmbda: float = 0.6, *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho: float = 0.05,
+        sigma: float = 1.0,
+        lmbda: float = 0.6,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            p=2,
+            adaptive=False,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         knobs = BY_NAME["fsam"].check_knobs(rho=rho, sigma=sigma, lmbda=lmbda)
         self.rho, self.sigma, self.lmbda = knobs["rho"], knobs["sigma"], knobs["lmbda"]
         self.name = "fsam"
@@ -87,4 +105,3 @@ class FriendlySAM(TwoPass):
         for i, t in state.get("m", {}).items():
             p = params[int(i)]
             self._m[p] = t.to(device=p.device, dtype=p.dtype).clone()
-

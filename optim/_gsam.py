@@ -30,14 +30,35 @@ class GSAM(TwoPass):
     _keep_g = True
     _local_pass2 = True
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho_max: float = 0.1, rho_min: float = 0.1,
-                 alpha: float = 0.3, lr_max: float | None = None, lr_min: float = 0.0, adaptive: bool = False,
-                 eta: float = 0.01, *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, p=2, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
-                         scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
-        knobs = BY_NAME["gsam"].check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max,
-                                            lr_min=lr_min)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho_max: float = 0.1,
+        rho_min: float = 0.1,
+        alpha: float = 0.3,
+        lr_max: float | None = None,
+        lr_min: float = 0.0,
+        adaptive: bool = False,
+        eta: float = 0.01,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            p=2,
+            adaptive=adaptive,
+            eta=eta,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
+        knobs = BY_NAME["gsam"].check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max, lr_min=lr_min)
         self.rho_max, self.rho_min, self.alpha = knobs["rho_max"], knobs["rho_min"], knobs["alpha"]
         self._lr_max = None if lr_max is None else float(lr_max)
         self.lr_min = knobs["lr_min"]
@@ -132,4 +153,3 @@ class GSAM(TwoPass):
     def extra_state_bytes(self) -> int:
         # Saved w plus pass 1's g held until the combination.
         return 2 * super().extra_state_bytes()
-

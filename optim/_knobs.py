@@ -39,8 +39,13 @@ class Rule:
 
     def check(self, name: str, value: Any, default: Any = None) -> Any:
         parsed = self.parse(value)
-        check(self.ok(parsed), name, self.text.format(name=name, default=default), value,
-              self.fix.format(name=name, default=default))
+        check(
+            self.ok(parsed),
+            name,
+            self.text.format(name=name, default=default),
+            value,
+            self.fix.format(name=name, default=default),
+        )
         return self.convert(parsed)
 
 
@@ -63,8 +68,12 @@ ANY = Rule("any value", lambda x: True, "")
 #: A flag, kept as a bool.
 FLAG = Rule("a bool", lambda x: True, "", convert=bool)
 #: A perturbation radius: rho, rho_max, rho_min.
-RADIUS = Rule("0 <= {name} < inf", lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
-              "pass a non-negative radius such as {name}=0.05", convert=float)
+RADIUS = Rule(
+    "0 <= {name} < inf",
+    lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+    "pass a non-negative radius such as {name}=0.05",
+    convert=float,
+)
 
 
 @dataclass(frozen=True)
@@ -148,9 +157,18 @@ class MethodSpec:
         return frozenset(named)
 
 
-def method_spec(name: str, *, description: str, builder: str, knobs: Sequence[Knob] = (),
-                relations: Sequence[Relation] = (), two_pass: bool = False, needs: Sequence[str] = (),
-                needs_momentum: bool = False, build_kwargs: Mapping[str, Any] | None = None) -> MethodSpec:
+def method_spec(
+    name: str,
+    *,
+    description: str,
+    builder: str,
+    knobs: Sequence[Knob] = (),
+    relations: Sequence[Relation] = (),
+    two_pass: bool = False,
+    needs: Sequence[str] = (),
+    needs_momentum: bool = False,
+    build_kwargs: Mapping[str, Any] | None = None,
+) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
     context that create() can pass. tests/optim/test_knobs.py holds each knob's default equal to the builder's."""
     names = [k.name for k in knobs]
@@ -162,12 +180,22 @@ def method_spec(name: str, *, description: str, builder: str, knobs: Sequence[Kn
     bad = set(needs) - set(CONTEXT[:3])
     if bad:
         raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
-    return MethodSpec(name=name, description=description, knobs=tuple(knobs), relations=tuple(relations),
-                      two_pass=two_pass, needs=frozenset(needs), needs_momentum=needs_momentum, builder=builder,
-                      build_kwargs=MappingProxyType(dict(build_kwargs or {})))
+    return MethodSpec(
+        name=name,
+        description=description,
+        knobs=tuple(knobs),
+        relations=tuple(relations),
+        two_pass=two_pass,
+        needs=frozenset(needs),
+        needs_momentum=needs_momentum,
+        builder=builder,
+        build_kwargs=MappingProxyType(dict(build_kwargs or {})),
+    )
 
 
 def momentum_problem(method: str, groups: Sequence[int], optimizer: str) -> str:
     """Why a base optimizer without momentum cannot serve ``method`` (param ``groups`` of ``optimizer`` lack one)."""
-    return (f"base_optimizer must keep a momentum for {method} (Adam's first moment or SGD's momentum > 0), but "
-            f"param group(s) {list(groups)} of {optimizer} have none; use AdamW, or SGD with momentum=0.9")
+    return (
+        f"base_optimizer must keep a momentum for {method} (Adam's first moment or SGD's momentum > 0), but "
+        f"param group(s) {list(groups)} of {optimizer} have none; use AdamW, or SGD with momentum=0.9"
+    )

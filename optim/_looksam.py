@@ -35,11 +35,29 @@ class LookSAM(TwoPass):
 
     _keep_g = True
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.1, k: int = 5, alpha: float = 0.7,
-                 *, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, p=2, adaptive=False, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho: float = 0.1,
+        k: int = 5,
+        alpha: float = 0.7,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            p=2,
+            adaptive=False,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         knobs = BY_NAME["looksam"].check_knobs(rho=rho, k=k, alpha=alpha)
         self.rho, self.k, self.alpha = knobs["rho"], knobs["k"], knobs["alpha"]
         self.name = "looksam"
@@ -119,8 +137,14 @@ class LookSAM(TwoPass):
         for gg, gv in group_by_device_dtype(grads, dirs):
             torch._foreach_add_(gg, torch._foreach_mul(gv, coef.to(device=gv[0].device, dtype=gv[0].dtype)))
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         if self._sam_step_due():
             out = super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
         else:
@@ -157,9 +181,11 @@ class LookSAM(TwoPass):
 
     def _method_state(self) -> dict:
         index = {p: i for i, p in enumerate(self._params())}
-        return {"step": self._step,
-                "g_v": {index[p]: t.detach().clone() for p, t in self._gv.items()},
-                "g_v_norm": None if self._gv_norm is None else self._gv_norm.detach().clone()}
+        return {
+            "step": self._step,
+            "g_v": {index[p]: t.detach().clone() for p, t in self._gv.items()},
+            "g_v_norm": None if self._gv_norm is None else self._gv_norm.detach().clone(),
+        }
 
     def _load_method_state(self, state: dict) -> None:
         params = self._params()
@@ -171,4 +197,3 @@ class LookSAM(TwoPass):
             self._gv[p].copy_(t)
         norm = state.get("g_v_norm")
         self._gv_norm = None if norm is None else norm.to(params[0].device).clone()
-

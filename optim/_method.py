@@ -22,6 +22,7 @@ __all__ = ["Forward", "Method", "StepOutput", "check"]
 #: (micro-batches, m-sharpness, ESAM's data selection), so a zero-argument forward serves every other setting.
 Forward = Callable[..., "tuple[torch.Tensor, torch.Tensor]"]
 
+
 def split_rows(n: int, parts: int) -> list[slice]:
     """``parts`` contiguous row ranges covering ``range(n)``, sizes differing by at most one (empty ones dropped)."""
     base, extra = divmod(n, parts)
@@ -112,7 +113,9 @@ class _BNGuard:
     """
 
     def __init__(self, model: nn.Module | None):
-        self.modules = [] if model is None else [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self.modules = (
+            [] if model is None else [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        )
         self._saved: list[torch.Tensor] = []
 
     def _buffers(self) -> list[torch.Tensor]:
@@ -129,7 +132,8 @@ class _BNGuard:
             return
         bufs = self._buffers()
         stale = len(self._saved) != len(bufs) or any(
-            s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs))
+            s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs)
+        )
         if stale:
             self._saved = [torch.empty_like(b) for b in bufs]
         for dst, src in group_by_device_dtype(self._saved, bufs):
@@ -174,16 +178,26 @@ class Method(abc.ABC):
                 "build it first, e.g. torch.optim.AdamW(model.parameters(), lr=1e-3)"
             )
         if grad_clip is not None:
-            check(grad_clip > 0 and math.isfinite(grad_clip), "grad_clip", "0 < grad_clip < inf (or None)", grad_clip,
-                  "pass a positive max norm such as 1.0, or None for no clipping")
-        check(isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate >= 1, "accumulate",
-              "accumulate >= 1 (an integer number of micro-batches)", accumulate,
-              "pass data.accumulate=1 for one pass over the whole batch, or the number of micro-batches per step")
+            check(
+                grad_clip > 0 and math.isfinite(grad_clip),
+                "grad_clip",
+                "0 < grad_clip < inf (or None)",
+                grad_clip,
+                "pass a positive max norm such as 1.0, or None for no clipping",
+            )
+        check(
+            isinstance(accumulate, int) and not isinstance(accumulate, bool) and accumulate >= 1,
+            "accumulate",
+            "accumulate >= 1 (an integer number of micro-batches)",
+            accumulate,
+            "pass data.accumulate=1 for one pass over the whole batch, or the number of micro-batches per step",
+        )
         if self.needs_model and not isinstance(model, nn.Module):
             raise ValueError(
                 f"model must be the nn.Module being trained (the DDP wrapper if any), but got model={model!r}; "
                 f"{type(self).__name__} needs it to keep BatchNorm statistics to pass 1 alone and to run pass 1 "
-                f"under DDP no_sync: pass model=net (optim.create asks for it too)")
+                f"under DDP no_sync: pass model=net (optim.create asks for it too)"
+            )
         self.base_optimizer = base_optimizer
         self.model = model
         self.grad_clip = grad_clip
@@ -194,8 +208,14 @@ class Method(abc.ABC):
 
     # ----------------------------------------------------------------- the interface
     @abc.abstractmethod
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         """One optimisation step on the current batch; calls ``forward()`` once or twice."""
 
     @property
@@ -219,8 +239,11 @@ class Method(abc.ABC):
         resumed run continues the trajectory only with the same loss scale. A caller that also saves the
         scaler itself saves the same state twice, which is harmless.
         """
-        return {"base_optimizer": self.base_optimizer.state_dict(), "method": self._method_state(),
-                "scaler": None if self.scaler is None else self.scaler.state_dict()}
+        return {
+            "base_optimizer": self.base_optimizer.state_dict(),
+            "method": self._method_state(),
+            "scaler": None if self.scaler is None else self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict()``. A checkpoint's scaler state is loaded when this method has a scaler; a
@@ -241,9 +264,16 @@ class Method(abc.ABC):
         return f"{type(self).__name__}(name={self.name!r}, base={type(self.base_optimizer).__name__})"
 
     # ----------------------------------------------------------------- shared machinery
-    def _pass(self, forward: Forward, *, local: bool, rows: slice | torch.Tensor | None = None,
-              n: int | None = None, per_sample: bool = False,
-              extra: Callable[[torch.Tensor, slice | torch.Tensor | None], torch.Tensor | None] | None = None):
+    def _pass(
+        self,
+        forward: Forward,
+        *,
+        local: bool,
+        rows: slice | torch.Tensor | None = None,
+        n: int | None = None,
+        per_sample: bool = False,
+        extra: Callable[[torch.Tensor, slice | torch.Tensor | None], torch.Tensor | None] | None = None,
+    ):
         """ONE forward+backward of the mean loss over ``rows`` of the batch (all of it when None), in
         ``self.accumulate`` micro-batches: each backward is weighted by its share of the rows, so the summed
         gradient is the mean over all of them (docs/algorithms.md, "Gradient accumulation").
@@ -266,10 +296,13 @@ class Method(abc.ABC):
                 raise ValueError(
                     f"{self.name}: inputs= must be the batch tensor (its first dimension is the number of samples) "
                     f"when a step works on parts of the batch (accumulate={self.accumulate}); pass "
-                    "train_step(forward, inputs=x, ...) with a forward(rows=None, reduction='mean')")
+                    "train_step(forward, inputs=x, ...) with a forward(rows=None, reduction='mean')"
+                )
             total = n if rows is None else _count(rows)
-            plan = [(_take(rows, sub), (sub.stop - sub.start) / total)
-                    for sub in split_rows(total, min(self.accumulate, total))]
+            plan = [
+                (_take(rows, sub), (sub.stop - sub.start) / total)
+                for sub in split_rows(total, min(self.accumulate, total))
+            ]
         losses, logits_out, samples, extras = [], [], [], []
         for k, (part, weight) in enumerate(plan):
             sync_here = not local and k == len(plan) - 1
@@ -320,7 +353,9 @@ class Method(abc.ABC):
             flat = torch.cat([t.reshape(-1) for t in bucket])
             dist.all_reduce(flat, group=group)
             flat.div_(world)
-            torch._foreach_copy_(bucket, [c.view_as(t) for c, t in zip(flat.split([t.numel() for t in bucket]), bucket)])
+            torch._foreach_copy_(
+                bucket, [c.view_as(t) for c, t in zip(flat.split([t.numel() for t in bucket]), bucket)]
+            )
 
     def _params(self) -> list[torch.Tensor]:
         return [p for g in self.base_optimizer.param_groups for p in g["params"]]
@@ -337,7 +372,11 @@ class Method(abc.ABC):
     def _no_sync(self) -> contextlib.AbstractContextManager:
         """DDP ``no_sync`` (wrapping forward AND backward), or nothing on one process."""
         no_sync = getattr(self.model, "no_sync", None)
-        return no_sync() if isinstance(self.model, nn.parallel.DistributedDataParallel) and no_sync else contextlib.nullcontext()
+        return (
+            no_sync()
+            if isinstance(self.model, nn.parallel.DistributedDataParallel) and no_sync
+            else contextlib.nullcontext()
+        )
 
     def _local_pass(self) -> contextlib.AbstractContextManager:
         """Pass 1 of a two-pass method: per-replica (no all-reduce) unless a global perturbation is asked for."""
@@ -416,7 +455,8 @@ def _found_inf_per_device(scaler: torch.amp.GradScaler, opt: torch.optim.Optimiz
         raise RuntimeError(
             "torch.amp.GradScaler no longer keeps _per_optimizer_states[id(optimizer)]['found_inf_per_device']; "
             f"optim needs it to skip a step on an overflow in pass 1 (torch {torch.__version__}); "
-            "update optim._method._found_inf_per_device for this torch version")
+            "update optim._method._found_inf_per_device for this torch version"
+        )
     return state[id(opt)]["found_inf_per_device"]
 
 
@@ -425,12 +465,17 @@ class BaseOnly(Method):
 
     name = "none"
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         loss, logits, _, skipped = self._one_pass_step(forward, inputs)
         return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
 
     @property
     def passes_per_step(self) -> float:
         return 1.0
-

@@ -36,14 +36,31 @@ class MSAM(Method):
     is synced like a plain step.
     """
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.3, *, model: nn.Module | None = None,
-                 grad_clip: float | None = None, scaler: torch.amp.GradScaler | None = None,
-                 global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho: float = 0.3,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         self.rho = BY_NAME["msam"].knob("rho").check(rho)
-        lacking = [i for i, g in enumerate(base_optimizer.param_groups)
-                   if "betas" not in g and not float(g.get("momentum", 0.0)) > 0]
+        lacking = [
+            i
+            for i, g in enumerate(base_optimizer.param_groups)
+            if "betas" not in g and not float(g.get("momentum", 0.0)) > 0
+        ]
         if lacking:
             raise ValueError(momentum_problem("msam", lacking, type(base_optimizer).__name__))
         self.name = "msam"
@@ -90,8 +107,14 @@ class MSAM(Method):
             torch._foreach_copy_(ps, saved)  # exact: the values of w come back
         self._pairs = []
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         self._zero_grad()
         self._perturb()
         loss, logits, _, _ = self._pass(forward, local=False, n=batch_rows(inputs))
@@ -108,4 +131,3 @@ class MSAM(Method):
     def extra_state_bytes(self) -> int:
         # The saved copy of w.
         return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
-

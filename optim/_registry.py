@@ -52,8 +52,10 @@ def _entry(name: str, hparams: dict[str, Any]) -> MethodSpec:
     unknown = sorted(set(hparams) - set(spec.hparams))
     if unknown:
         accepted = ", ".join(f"{k}={v!r}" for k, v in spec.hparams.items()) or "none"
-        raise ValueError(f"method {name!r} does not take hparam(s) {', '.join(unknown)}; "
-                         f"it accepts: {accepted}; remove or rename them")
+        raise ValueError(
+            f"method {name!r} does not take hparam(s) {', '.join(unknown)}; "
+            f"it accepts: {accepted}; remove or rename them"
+        )
     return spec
 
 
@@ -68,10 +70,19 @@ def check_hparams(name: str, *, base: str, base_keeps_momentum: bool, **hparams:
         raise ValueError(momentum_problem(name, [0], base))
 
 
-def create(name: str, base_optimizer: torch.optim.Optimizer, *, model: nn.Module | None = None,
-           num_samples: int | None = None, num_classes: int | None = None, grad_clip: float | None = None,
-           scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1,
-           **hparams: Any) -> Method:
+def create(
+    name: str,
+    base_optimizer: torch.optim.Optimizer,
+    *,
+    model: nn.Module | None = None,
+    num_samples: int | None = None,
+    num_classes: int | None = None,
+    grad_clip: float | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    global_perturbation: bool = False,
+    accumulate: int = 1,
+    **hparams: Any,
+) -> Method:
     """Build the registered method ``name`` around a ready ``base_optimizer``.
 
     ``model`` is the (possibly DDP-wrapped) module, ``num_samples``/``num_classes`` the FULL training set's
@@ -80,12 +91,23 @@ def create(name: str, base_optimizer: torch.optim.Optimizer, *, model: nn.Module
     ValueError listing the accepted ones.
     """
     spec = _entry(name, hparams)
-    context = {"model": model, "num_samples": num_samples, "num_classes": num_classes, "grad_clip": grad_clip,
-               "scaler": scaler, "global_perturbation": global_perturbation, "accumulate": accumulate}
+    context = {
+        "model": model,
+        "num_samples": num_samples,
+        "num_classes": num_classes,
+        "grad_clip": grad_clip,
+        "scaler": scaler,
+        "global_perturbation": global_perturbation,
+        "accumulate": accumulate,
+    }
     missing = sorted(k for k in spec.needs if context[k] is None)
     if missing:
-        raise ValueError(f"method {name!r} needs {', '.join(missing)} (got None); pass "
-                         + ", ".join(f"{k}=..." for k in missing) + " to create()")
+        raise ValueError(
+            f"method {name!r} needs {', '.join(missing)} (got None); pass "
+            + ", ".join(f"{k}=..." for k in missing)
+            + " to create()"
+        )
     accepted = spec.accepts()
-    return spec.build(base_optimizer, **{**spec.hparams, **hparams},
-                      **{k: v for k, v in context.items() if k in accepted})
+    return spec.build(
+        base_optimizer, **{**spec.hparams, **hparams}, **{k: v for k, v in context.items() if k in accepted}
+    )

@@ -45,11 +45,27 @@ class TwoPass(Method):
     _local_pass2 = False
     needs_model = True
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, *, p: float = 2, adaptive: bool = False,
-                 eta: float = 0.01, model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        *,
+        p: float = 2,
+        adaptive: bool = False,
+        eta: float = 0.01,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         self.p = _SAM.knob("p").check(p)
         self.adaptive = bool(adaptive)
         self.eta = _ASAM.knob("eta").check(eta)
@@ -84,7 +100,9 @@ class TwoPass(Method):
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                if p.grad is not None:  # no gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients")
+                if (
+                    p.grad is not None
+                ):  # no gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients")
                     entries.append((p, adaptive))
         key = [(id(p), a) for p, a in entries]
         if key == self._plan_key:
@@ -193,8 +211,10 @@ class TwoPass(Method):
         Returns whether the step was skipped (fp16 overflow in either pass).
         """
         if self._restore_pairs is None:
-            raise RuntimeError(f"{type(self).__name__}.second_step() called without first_step(); "
-                               "call loss.backward(); first_step(); loss_fn(model(x), y).backward(); second_step()")
+            raise RuntimeError(
+                f"{type(self).__name__}.second_step() called without first_step(); "
+                "call loss.backward(); first_step(); loss_fn(model(x), y).backward(); second_step()"
+            )
         self._bn.restore()
         self._restore()
         self._combine()
@@ -211,13 +231,17 @@ class TwoPass(Method):
 
     def _check_closure(self, closure) -> None:
         if self.accumulate != 1 or getattr(self, "m", None) is not None:
-            raise ValueError(f"{type(self).__name__}.step(closure) runs the closure on the whole batch, so it cannot "
-                             f"split it (accumulate={self.accumulate}, m={getattr(self, 'm', None)}); use "
-                             "train_step(forward, inputs=x) with a forward(rows=None, reduction='mean')")
+            raise ValueError(
+                f"{type(self).__name__}.step(closure) runs the closure on the whole batch, so it cannot "
+                f"split it (accumulate={self.accumulate}, m={getattr(self, 'm', None)}); use "
+                "train_step(forward, inputs=x) with a forward(rows=None, reduction='mean')"
+            )
         if closure is None:
-            raise ValueError(f"closure must be a callable that computes the loss and calls backward(), but got "
-                             f"closure=None; pass {type(self).__name__}.step(closure) with e.g. "
-                             "closure = lambda: (loss := loss_fn(model(x), y)).backward() or loss")
+            raise ValueError(
+                f"closure must be a callable that computes the loss and calls backward(), but got "
+                f"closure=None; pass {type(self).__name__}.step(closure) with e.g. "
+                "closure = lambda: (loss := loss_fn(model(x), y)).backward() or loss"
+            )
 
     def _closure_two_pass(self, closure: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:
         self._zero_grad()
@@ -231,8 +255,14 @@ class TwoPass(Method):
     def _pass2(self) -> contextlib.AbstractContextManager:
         return self._local_pass() if self._local_pass2 else contextlib.nullcontext()
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         n = batch_rows(inputs)
         self._zero_grad()
         # Pass 1 is per-replica (DDP no_sync around forward AND backward) unless one global eps is asked for.
@@ -240,8 +270,14 @@ class TwoPass(Method):
         self.first_step()
         perturbed_loss, _, _, _ = self._pass(forward, local=self._local_pass2 and not self.global_perturbation, n=n)
         skipped = self.second_step()
-        return StepOutput(loss=loss, logits=logits, perturbed_loss=perturbed_loss, extra_loss=None,
-                          rho=self._last_rho, skipped=skipped)
+        return StepOutput(
+            loss=loss,
+            logits=logits,
+            perturbed_loss=perturbed_loss,
+            extra_loss=None,
+            rho=self._last_rho,
+            skipped=skipped,
+        )
 
     @property
     def passes_per_step(self) -> float:
@@ -264,29 +300,62 @@ class SAM(TwoPass):
     ``m >= batch`` is SAM (docs/algorithms.md, "m-sharpness").
     """
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, rho: float = 0.05, p: float = 2,
-                 adaptive: bool = False, eta: float = 0.01, m: int | None = None, *, model: nn.Module | None = None,
-                 grad_clip: float | None = None, scaler: torch.amp.GradScaler | None = None,
-                 global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, p=p, adaptive=adaptive, eta=eta, model=model, grad_clip=grad_clip,
-                         scaler=scaler, global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        rho: float = 0.05,
+        p: float = 2,
+        adaptive: bool = False,
+        eta: float = 0.01,
+        m: int | None = None,
+        *,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            p=p,
+            adaptive=adaptive,
+            eta=eta,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         knobs = _SAM.check_knobs(rho=rho, m=m)
-        check(m is None or not global_perturbation, "m", "m unset when global_perturbation=True", m,
-              "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m")
+        check(
+            m is None or not global_perturbation,
+            "m",
+            "m unset when global_perturbation=True",
+            m,
+            "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m",
+        )
         self.rho, self.m = knobs["rho"], knobs["m"]
         self.name = "asam" if self.adaptive else "sam"
 
     def _rho(self) -> float:
         return self.rho
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         n = batch_rows(inputs)
         if self.m is None or (n is not None and self.m >= n):
             return super().train_step(forward, inputs=inputs, indices=indices, epoch=epoch)
         if n is None:
-            raise ValueError(f"{self.name} with m={self.m}: inputs= must be the batch tensor, to split it into groups "
-                             "of m samples; pass train_step(forward, inputs=x, ...)")
+            raise ValueError(
+                f"{self.name} with m={self.m}: inputs= must be the batch tensor, to split it into groups "
+                "of m samples; pass train_step(forward, inputs=x, ...)"
+            )
         return self._m_step(forward, n)
 
     def _m_step(self, forward: Forward, n: int) -> StepOutput:
@@ -324,7 +393,11 @@ class SAM(TwoPass):
             self._all_reduce_mean(list(acc.values()))
             skipped = self._finish(found)
         self._zero_grad()
-        return StepOutput(loss=torch.stack(losses).sum(), logits=torch.cat(logits_out),
-                          perturbed_loss=torch.stack(perturbed).sum(), extra_loss=None, rho=self._last_rho,
-                          skipped=skipped)
-
+        return StepOutput(
+            loss=torch.stack(losses).sum(),
+            logits=torch.cat(logits_out),
+            perturbed_loss=torch.stack(perturbed).sum(),
+            extra_loss=None,
+            rho=self._last_rho,
+            skipped=skipped,
+        )

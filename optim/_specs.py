@@ -20,108 +20,256 @@ def _parse_p(p: Any) -> Any:
     return float(p) if number(p) else p
 
 
-P_NORM = Rule("p == 2 or p == float('inf')", lambda p: p == 2.0 or p == math.inf,
-              "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)", parse=_parse_p)
-ETA = Rule("0 <= eta < inf", lambda x: number(x) and math.isfinite(x) and x >= 0,
-           "pass eta=0.01 (the ASAM authors' choice) or eta=0 for the w^2 g / || |w| g || variant", convert=float)
-M_SHARPNESS = Rule("m >= 1 (an integer number of samples per perturbation) or None",
-                   lambda m: m is None or (integer(m) and m >= 1),
-                   "pass e.g. m=32, or leave m unset for one perturbation per batch")
-LAM = Rule("0 <= lam < inf", lambda x: number(x) and math.isfinite(x) and x >= 0,
-           "pass a non-negative weight for the trajectory loss, e.g. lam=0.3 (SAF) or lam=0.8 (MESA)", convert=float)
-TAU = Rule("tau > 0", lambda x: number(x) and math.isfinite(x) and x > 0, "pass a positive temperature, e.g. tau=5.0",
-           convert=float)
-E_START = Rule("e_start >= 0 (an integer epoch)", lambda x: integer(x) and x >= 0,
-               "pass the last epoch without the loss, e.g. e_start=5")
-FRACTION = Rule("0 < {name} <= 1", lambda x: strict_number(x) and math.isfinite(x) and 0 < x <= 1,
-                "pass a fraction such as {name}={default} ({name}=1 switches it off)", convert=float)
+P_NORM = Rule(
+    "p == 2 or p == float('inf')",
+    lambda p: p == 2.0 or p == math.inf,
+    "use p=2 (Euclidean ball, the default) or p=float('inf') (sign of the gradient)",
+    parse=_parse_p,
+)
+ETA = Rule(
+    "0 <= eta < inf",
+    lambda x: number(x) and math.isfinite(x) and x >= 0,
+    "pass eta=0.01 (the ASAM authors' choice) or eta=0 for the w^2 g / || |w| g || variant",
+    convert=float,
+)
+M_SHARPNESS = Rule(
+    "m >= 1 (an integer number of samples per perturbation) or None",
+    lambda m: m is None or (integer(m) and m >= 1),
+    "pass e.g. m=32, or leave m unset for one perturbation per batch",
+)
+LAM = Rule(
+    "0 <= lam < inf",
+    lambda x: number(x) and math.isfinite(x) and x >= 0,
+    "pass a non-negative weight for the trajectory loss, e.g. lam=0.3 (SAF) or lam=0.8 (MESA)",
+    convert=float,
+)
+TAU = Rule(
+    "tau > 0",
+    lambda x: number(x) and math.isfinite(x) and x > 0,
+    "pass a positive temperature, e.g. tau=5.0",
+    convert=float,
+)
+E_START = Rule(
+    "e_start >= 0 (an integer epoch)",
+    lambda x: integer(x) and x >= 0,
+    "pass the last epoch without the loss, e.g. e_start=5",
+)
+FRACTION = Rule(
+    "0 < {name} <= 1",
+    lambda x: strict_number(x) and math.isfinite(x) and 0 < x <= 1,
+    "pass a fraction such as {name}={default} ({name}=1 switches it off)",
+    convert=float,
+)
 
 
 def _rho_order(v: dict[str, Any]) -> None:
-    check(v["rho_min"] <= v["rho_max"], "rho_min", "rho_min <= rho_max", v["rho_min"],
-          f"pass rho_min <= rho_max={v['rho_max']} (equal values give a constant radius)")
+    check(
+        v["rho_min"] <= v["rho_max"],
+        "rho_min",
+        "rho_min <= rho_max",
+        v["rho_min"],
+        f"pass rho_min <= rho_max={v['rho_max']} (equal values give a constant radius)",
+    )
 
 
 def _lr_order(v: dict[str, Any]) -> None:
     lr_max, lr_min = v["lr_max"], v["lr_min"]
-    check(lr_max is None or (number(lr_max) and math.isfinite(lr_max) and lr_max >= lr_min), "lr_max",
-          "lr_max >= lr_min", lr_max,
-          f"pass the schedule's peak lr (>= lr_min={lr_min}) in units of param group 0's base lr, or None "
-          "for group 0's max_lr (OneCycleLR) or base lr")
+    check(
+        lr_max is None or (number(lr_max) and math.isfinite(lr_max) and lr_max >= lr_min),
+        "lr_max",
+        "lr_max >= lr_min",
+        lr_max,
+        f"pass the schedule's peak lr (>= lr_min={lr_min}) in units of param group 0's base lr, or None "
+        "for group 0's max_lr (OneCycleLR) or base lr",
+    )
 
 
 def _e_start_after_e_tilde(v: dict[str, Any]) -> None:
     e_tilde, e_start = v["e_tilde"], v["e_start"]
-    check(e_start >= e_tilde, "e_start", f"e_start >= e_tilde (={e_tilde})", e_start,
-          f"the loss reads logits from e_tilde epochs back, which exist only after epoch e_tilde; pass e_start >= {e_tilde}")
+    check(
+        e_start >= e_tilde,
+        "e_start",
+        f"e_start >= e_tilde (={e_tilde})",
+        e_start,
+        f"the loss reads logits from e_tilde epochs back, which exist only after epoch e_tilde; pass e_start >= {e_tilde}",
+    )
 
 
 SPECS = (
     method_spec("none", description="The base optimizer alone (one pass).", builder="._method:BaseOnly"),
-    method_spec("sam", description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
-                "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).", builder="._sam:SAM",
-                knobs=(Knob("rho", 0.05, RADIUS), Knob("p", 2, P_NORM), Knob("m", None, M_SHARPNESS)),
-                two_pass=True, needs=("model",)),
+    method_spec(
+        "sam",
+        description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
+        "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).",
+        builder="._sam:SAM",
+        knobs=(Knob("rho", 0.05, RADIUS), Knob("p", 2, P_NORM), Knob("m", None, M_SHARPNESS)),
+        two_pass=True,
+        needs=("model",),
+    ),
     # The class SAM with adaptive=True; its larger default radius is the ASAM authors'.
-    method_spec("asam", description="Adaptive SAM (Kwon et al. 2021): eps = rho T^2 g/||T g||, T = |w| + eta.",
-                builder="._sam:SAM", build_kwargs={"adaptive": True},
-                knobs=(Knob("rho", 0.5, RADIUS), Knob("eta", 0.01, ETA), Knob("m", None, M_SHARPNESS)),
-                two_pass=True, needs=("model",)),
-    method_spec("gsam", description="GSAM (Zhuang et al. 2022): g_p - alpha g_perp, radius following the lr.",
-                builder="._gsam:GSAM",
-                knobs=(Knob("rho_max", 0.1, RADIUS), Knob("rho_min", 0.1, RADIUS),
-                       Knob("alpha", 0.3, Rule("0 <= alpha < inf", lambda x: number(x) and math.isfinite(x) and x >= 0,
-                                               "pass a non-negative ascent weight such as alpha=0.3 (alpha=0 is SAM)",
-                                               convert=float)),
-                       Knob("lr_max", None),  # its rule reads lr_min: _lr_order
-                       Knob("lr_min", 0.0, Rule("0 <= lr_min < inf",
-                                                lambda x: number(x) and math.isfinite(x) and x >= 0,
-                                                "pass the schedule's final lr, e.g. lr_min=0.0", convert=float)),
-                       Knob("adaptive", False, FLAG), Knob("eta", 0.01, ETA)),
-                relations=(Relation(("rho_max", "rho_min"), _rho_order), Relation(("lr_max", "lr_min"), _lr_order)),
-                two_pass=True, needs=("model",)),
-    method_spec("looksam", description="LookSAM (Liu et al. 2022): SAM every k-th step, the stored orthogonal "
-                "direction in between.", builder="._looksam:LookSAM",
-                knobs=(Knob("rho", 0.1, RADIUS),
-                       Knob("k", 5, Rule("k >= 1 (an integer)", lambda x: integer(x) and x >= 1,
-                                         "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)")),
-                       Knob("alpha", 0.7, Rule("alpha >= 0", lambda x: number(x) and not math.isnan(x) and x >= 0,
-                                               "pass a non-negative weight for the stored direction, e.g. alpha=0.7",
-                                               convert=float))),
-                two_pass=True, needs=("model",)),
-    method_spec("saf", description="SAF (Du et al. 2022): trajectory loss against each sample's logits from e_tilde "
-                "epochs ago.", builder="._trajectory:build_saf",
-                knobs=(Knob("lam", 0.3, LAM), Knob("tau", 5.0, TAU),
-                       Knob("e_tilde", 3, Rule("e_tilde >= 1 (an integer number of epochs)",
-                                               lambda x: integer(x) and x >= 1,
-                                               "pass how many epochs back to look, e.g. e_tilde=3")),
-                       Knob("e_start", 5, E_START)),
-                relations=(Relation(("e_tilde", "e_start"), _e_start_after_e_tilde),),
-                needs=("num_samples", "num_classes")),
-    method_spec("mesa", description="MESA (Du et al. 2022): trajectory loss against an EMA teacher's logits.",
-                builder="._trajectory:build_mesa",
-                knobs=(Knob("beta", 0.9998, Rule("0 <= beta < 1", lambda x: number(x) and 0 <= x < 1,
-                                                 "pass an EMA decay such as beta=0.9998", convert=float)),
-                       Knob("lam", 0.8, LAM), Knob("tau", 5.0, TAU), Knob("e_start", 5, E_START)),
-                needs=("model",)),
-    method_spec("esam", description="ESAM (Du et al. 2022): eps on a random beta share of the weight tensors "
-                "(scaled 1/beta), pass 2 on the gamma share of the batch whose loss rises most.", builder="._esam:ESAM",
-                knobs=(Knob("rho", 0.05, RADIUS), Knob("beta", 0.6, FRACTION), Knob("gamma", 0.5, FRACTION)),
-                two_pass=True, needs=("model",)),
-    method_spec("fsam", description="Friendly SAM (Li et al. 2024): eps along g - sigma m, m an EMA (decay lmbda) "
-                "of past gradients estimating the full gradient.", builder="._fsam:FriendlySAM",
-                knobs=(Knob("rho", 0.05, RADIUS),
-                       Knob("sigma", 1.0, Rule("0 <= sigma < inf",
-                                               lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
-                                               "pass the share of the EMA removed, e.g. sigma=1.0 (sigma=0 is SAM)",
-                                               convert=float)),
-                       Knob("lmbda", 0.6, Rule("0 <= lmbda < 1", lambda x: strict_number(x) and 0 <= x < 1,
-                                               "pass an EMA decay such as lmbda=0.6 (CIFAR) or 0.95 (ImageNet)",
-                                               convert=float))),
-                two_pass=True, needs=("model",)),
-    method_spec("msam", description="Momentum-SAM (Becker et al. 2024): one gradient per step, at w - rho v/||v|| "
-                "with v the base optimizer's momentum.", builder="._msam:MSAM", knobs=(Knob("rho", 0.3, RADIUS),),
-                needs_momentum=True),
+    method_spec(
+        "asam",
+        description="Adaptive SAM (Kwon et al. 2021): eps = rho T^2 g/||T g||, T = |w| + eta.",
+        builder="._sam:SAM",
+        build_kwargs={"adaptive": True},
+        knobs=(Knob("rho", 0.5, RADIUS), Knob("eta", 0.01, ETA), Knob("m", None, M_SHARPNESS)),
+        two_pass=True,
+        needs=("model",),
+    ),
+    method_spec(
+        "gsam",
+        description="GSAM (Zhuang et al. 2022): g_p - alpha g_perp, radius following the lr.",
+        builder="._gsam:GSAM",
+        knobs=(
+            Knob("rho_max", 0.1, RADIUS),
+            Knob("rho_min", 0.1, RADIUS),
+            Knob(
+                "alpha",
+                0.3,
+                Rule(
+                    "0 <= alpha < inf",
+                    lambda x: number(x) and math.isfinite(x) and x >= 0,
+                    "pass a non-negative ascent weight such as alpha=0.3 (alpha=0 is SAM)",
+                    convert=float,
+                ),
+            ),
+            Knob("lr_max", None),  # its rule reads lr_min: _lr_order
+            Knob(
+                "lr_min",
+                0.0,
+                Rule(
+                    "0 <= lr_min < inf",
+                    lambda x: number(x) and math.isfinite(x) and x >= 0,
+                    "pass the schedule's final lr, e.g. lr_min=0.0",
+                    convert=float,
+                ),
+            ),
+            Knob("adaptive", False, FLAG),
+            Knob("eta", 0.01, ETA),
+        ),
+        relations=(Relation(("rho_max", "rho_min"), _rho_order), Relation(("lr_max", "lr_min"), _lr_order)),
+        two_pass=True,
+        needs=("model",),
+    ),
+    method_spec(
+        "looksam",
+        description="LookSAM (Liu et al. 2022): SAM every k-th step, the stored orthogonal direction in between.",
+        builder="._looksam:LookSAM",
+        knobs=(
+            Knob("rho", 0.1, RADIUS),
+            Knob(
+                "k",
+                5,
+                Rule(
+                    "k >= 1 (an integer)",
+                    lambda x: integer(x) and x >= 1,
+                    "pass the SAM-step interval, e.g. k=5 (k=1 is plain SAM)",
+                ),
+            ),
+            Knob(
+                "alpha",
+                0.7,
+                Rule(
+                    "alpha >= 0",
+                    lambda x: number(x) and not math.isnan(x) and x >= 0,
+                    "pass a non-negative weight for the stored direction, e.g. alpha=0.7",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+    ),
+    method_spec(
+        "saf",
+        description="SAF (Du et al. 2022): trajectory loss against each sample's logits from e_tilde epochs ago.",
+        builder="._trajectory:build_saf",
+        knobs=(
+            Knob("lam", 0.3, LAM),
+            Knob("tau", 5.0, TAU),
+            Knob(
+                "e_tilde",
+                3,
+                Rule(
+                    "e_tilde >= 1 (an integer number of epochs)",
+                    lambda x: integer(x) and x >= 1,
+                    "pass how many epochs back to look, e.g. e_tilde=3",
+                ),
+            ),
+            Knob("e_start", 5, E_START),
+        ),
+        relations=(Relation(("e_tilde", "e_start"), _e_start_after_e_tilde),),
+        needs=("num_samples", "num_classes"),
+    ),
+    method_spec(
+        "mesa",
+        description="MESA (Du et al. 2022): trajectory loss against an EMA teacher's logits.",
+        builder="._trajectory:build_mesa",
+        knobs=(
+            Knob(
+                "beta",
+                0.9998,
+                Rule(
+                    "0 <= beta < 1",
+                    lambda x: number(x) and 0 <= x < 1,
+                    "pass an EMA decay such as beta=0.9998",
+                    convert=float,
+                ),
+            ),
+            Knob("lam", 0.8, LAM),
+            Knob("tau", 5.0, TAU),
+            Knob("e_start", 5, E_START),
+        ),
+        needs=("model",),
+    ),
+    method_spec(
+        "esam",
+        description="ESAM (Du et al. 2022): eps on a random beta share of the weight tensors "
+        "(scaled 1/beta), pass 2 on the gamma share of the batch whose loss rises most.",
+        builder="._esam:ESAM",
+        knobs=(Knob("rho", 0.05, RADIUS), Knob("beta", 0.6, FRACTION), Knob("gamma", 0.5, FRACTION)),
+        two_pass=True,
+        needs=("model",),
+    ),
+    method_spec(
+        "fsam",
+        description="Friendly SAM (Li et al. 2024): eps along g - sigma m, m an EMA (decay lmbda) "
+        "of past gradients estimating the full gradient.",
+        builder="._fsam:FriendlySAM",
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob(
+                "sigma",
+                1.0,
+                Rule(
+                    "0 <= sigma < inf",
+                    lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+                    "pass the share of the EMA removed, e.g. sigma=1.0 (sigma=0 is SAM)",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "lmbda",
+                0.6,
+                Rule(
+                    "0 <= lmbda < 1",
+                    lambda x: strict_number(x) and 0 <= x < 1,
+                    "pass an EMA decay such as lmbda=0.6 (CIFAR) or 0.95 (ImageNet)",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+    ),
+    method_spec(
+        "msam",
+        description="Momentum-SAM (Becker et al. 2024): one gradient per step, at w - rho v/||v|| "
+        "with v the base optimizer's momentum.",
+        builder="._msam:MSAM",
+        knobs=(Knob("rho", 0.3, RADIUS),),
+        needs_momentum=True,
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

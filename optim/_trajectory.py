@@ -82,12 +82,31 @@ class SAF:
     sample, whichever rank saw it (the official per-rank buffer reads wrong logits under DDP).
     """
 
-    def __init__(self, num_samples: int, num_classes: int, lam: float = 0.3, tau: float = 5.0, e_tilde: int = 3,
-                 e_start: int = 5, *, device: torch.device | str | None = None):
-        check(isinstance(num_samples, int) and num_samples >= 1, "num_samples", "num_samples >= 1", num_samples,
-              "pass the size of the FULL training set (indices go up to num_samples - 1)")
-        check(isinstance(num_classes, int) and num_classes >= 1, "num_classes", "num_classes >= 1", num_classes,
-              "pass the number of classes (the logits' last dimension)")
+    def __init__(
+        self,
+        num_samples: int,
+        num_classes: int,
+        lam: float = 0.3,
+        tau: float = 5.0,
+        e_tilde: int = 3,
+        e_start: int = 5,
+        *,
+        device: torch.device | str | None = None,
+    ):
+        check(
+            isinstance(num_samples, int) and num_samples >= 1,
+            "num_samples",
+            "num_samples >= 1",
+            num_samples,
+            "pass the size of the FULL training set (indices go up to num_samples - 1)",
+        )
+        check(
+            isinstance(num_classes, int) and num_classes >= 1,
+            "num_classes",
+            "num_classes >= 1",
+            num_classes,
+            "pass the number of classes (the logits' last dimension)",
+        )
         knobs = BY_NAME["saf"].check_knobs(lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start)
         self.num_samples, self.num_classes = num_samples, num_classes
         self.lam, self.tau, self.e_tilde, self.e_start = knobs["lam"], knobs["tau"], e_tilde, e_start
@@ -104,8 +123,9 @@ class SAF:
     def _ensure(self, device: torch.device) -> torch.Tensor:
         if self.buffer is None or self.buffer.device != device:
             old = self.buffer
-            self.buffer = torch.full((self.slots, self.num_samples, self.num_classes), math.nan,
-                                     dtype=self.buffer_dtype, device=device)
+            self.buffer = torch.full(
+                (self.slots, self.num_samples, self.num_classes), math.nan, dtype=self.buffer_dtype, device=device
+            )
             if old is not None:
                 self.buffer.copy_(old)
         return self.buffer
@@ -158,7 +178,8 @@ class SAF:
                 f"epoch must follow on from the recorded epochs: SAF at epoch={epoch} reads the logits of epoch "
                 f"{past_epoch} (e_tilde={self.e_tilde}), but that slot holds "
                 f"{'nothing' if held < 0 else f'epoch {held}'}; call train_step in every epoch from 0 on "
-                "(recording starts before e_start), and on resume load the method's state_dict()")
+                "(recording starts before e_start), and on resume load the method's state_dict()"
+            )
         buf = self._ensure(logits.device)
         idx = sample_indices.to(device=logits.device, dtype=torch.long, non_blocking=True).reshape(-1)
         return _recorded_kl(logits, buf[read].index_select(0, idx), self.tau, self.lam)
@@ -169,8 +190,10 @@ class SAF:
 
     def check_batch(self, inputs: torch.Tensor | None, indices: torch.Tensor | None) -> None:
         if indices is None:
-            raise ValueError("saf needs indices=: each sample's index in the FULL training set, "
-                             "to record and look up its logits; pass train_step(..., indices=idx)")
+            raise ValueError(
+                "saf needs indices=: each sample's index in the FULL training set, "
+                "to record and look up its logits; pass train_step(..., indices=idx)"
+            )
 
     def extra_loss(self, logits: torch.Tensor, inputs: torch.Tensor | None, indices: torch.Tensor, epoch: int):
         return self.past_loss(logits, indices, epoch) if self.active(epoch) else None
@@ -180,8 +203,12 @@ class SAF:
 
     def run_warnings(self, *, epochs: int, steps_per_epoch: int) -> list[str]:
         if epochs - 1 <= self.e_start:
-            return [(f"saf: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and "
-                     f"this run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer.")]
+            return [
+                (
+                    f"saf: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and "
+                    f"this run's epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start or train longer."
+                )
+            ]
         return []
 
     def nbytes(self) -> int:
@@ -196,9 +223,13 @@ class SAF:
         if buf is None:
             self.buffer = None
             return
-        check(tuple(buf.shape) == (self.slots, self.num_samples, self.num_classes), "buffer shape",
-              f"== {(self.slots, self.num_samples, self.num_classes)}", tuple(buf.shape),
-              "load a checkpoint made with the same num_samples, num_classes and e_tilde")
+        check(
+            tuple(buf.shape) == (self.slots, self.num_samples, self.num_classes),
+            "buffer shape",
+            f"== {(self.slots, self.num_samples, self.num_classes)}",
+            tuple(buf.shape),
+            "load a checkpoint made with the same num_samples, num_classes and e_tilde",
+        )
         device = self.buffer.device if self.buffer is not None else buf.device
         self.buffer = buf.to(device=device, dtype=self.buffer_dtype).clone()
 
@@ -250,7 +281,8 @@ class MESA:
         if epochs - 1 <= self.e_start:
             notes.append(
                 f"mesa: the trajectory loss is never on: it is active when epoch > e_start={self.e_start}, and this run's "
-                f"epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start below {epochs - 1} or train longer.")
+                f"epochs are 0..{epochs - 1}. Fix: lower optimizer.hparams.e_start below {epochs - 1} or train longer."
+            )
         total = epochs * steps_per_epoch
         if total < self.warmup_steps:
             end = self.decay(total)
@@ -258,7 +290,8 @@ class MESA:
                 f"mesa: beta={self.beta:g} is reached after {self.warmup_steps:,} EMA updates, and this run takes "
                 f"{total:,}; the warmed-up decay ends at {end:.4f}, so the teacher averages about the last "
                 f"{1.0 / (1.0 - end):.0f} steps instead of the paper's {1.0 / (1.0 - self.beta):.0f}. The teacher is still "
-                "a recent average of the model (not its initialisation), but this is not the paper's regime.")
+                "a recent average of the model (not its initialisation), but this is not the paper's regime."
+            )
         return notes
 
     def _pairs(self) -> None:
@@ -288,9 +321,13 @@ class MESA:
         """
         device_type = inputs.device.type
         ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
-        if (like is not None and like.dtype in (torch.float16, torch.bfloat16)
-                and not torch.is_autocast_enabled(device_type)
-                and self._float_t and self._float_t[0].dtype != like.dtype):
+        if (
+            like is not None
+            and like.dtype in (torch.float16, torch.bfloat16)
+            and not torch.is_autocast_enabled(device_type)
+            and self._float_t
+            and self._float_t[0].dtype != like.dtype
+        ):
             ctx = torch.autocast(device_type, dtype=like.dtype)
         with ctx:
             return self.teacher(inputs)
@@ -348,16 +385,37 @@ class Regularised(Method):
     regulariser's own update: SAF records the logits, MESA moves its teacher). The regulariser supplies
     ``check_batch``, ``extra_loss``, ``after_step``, ``extra_passes``, ``nbytes`` and its state."""
 
-    def __init__(self, base_optimizer: torch.optim.Optimizer, regulariser: SAF | MESA, *, name: str,
-                 model: nn.Module | None = None, grad_clip: float | None = None,
-                 scaler: torch.amp.GradScaler | None = None, global_perturbation: bool = False, accumulate: int = 1):
-        super().__init__(base_optimizer, model=model, grad_clip=grad_clip, scaler=scaler,
-                         global_perturbation=global_perturbation, accumulate=accumulate)
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        regulariser: SAF | MESA,
+        *,
+        name: str,
+        model: nn.Module | None = None,
+        grad_clip: float | None = None,
+        scaler: torch.amp.GradScaler | None = None,
+        global_perturbation: bool = False,
+        accumulate: int = 1,
+    ):
+        super().__init__(
+            base_optimizer,
+            model=model,
+            grad_clip=grad_clip,
+            scaler=scaler,
+            global_perturbation=global_perturbation,
+            accumulate=accumulate,
+        )
         self.regulariser = regulariser
         self.name = name
 
-    def train_step(self, forward: Forward, *, inputs: torch.Tensor | None = None,
-                   indices: torch.Tensor | None = None, epoch: int = 0) -> StepOutput:
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
         reg = self.regulariser
         reg.check_batch(inputs, indices)
 
@@ -390,14 +448,35 @@ class Regularised(Method):
 
 # The knobs' defaults live in the registry entries (optim._specs), equal to SAF's and MESA's signatures
 # (tests/optim/test_knobs.py); create() always passes every knob, so the builders declare none.
-def build_saf(base_optimizer: torch.optim.Optimizer, *, num_samples: int, num_classes: int, lam: float, tau: float,
-              e_tilde: int, e_start: int, **context) -> Regularised:
-    return Regularised(base_optimizer, SAF(num_samples, num_classes, lam=lam, tau=tau, e_tilde=e_tilde,
-                                           e_start=e_start), name="saf", **context)
+def build_saf(
+    base_optimizer: torch.optim.Optimizer,
+    *,
+    num_samples: int,
+    num_classes: int,
+    lam: float,
+    tau: float,
+    e_tilde: int,
+    e_start: int,
+    **context,
+) -> Regularised:
+    return Regularised(
+        base_optimizer,
+        SAF(num_samples, num_classes, lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start),
+        name="saf",
+        **context,
+    )
 
 
-def build_mesa(base_optimizer: torch.optim.Optimizer, *, model: nn.Module, beta: float, lam: float, tau: float,
-               e_start: int, **context) -> Regularised:
-    return Regularised(base_optimizer, MESA(model, beta=beta, lam=lam, tau=tau, e_start=e_start), name="mesa",
-                       model=model, **context)
-
+def build_mesa(
+    base_optimizer: torch.optim.Optimizer,
+    *,
+    model: nn.Module,
+    beta: float,
+    lam: float,
+    tau: float,
+    e_start: int,
+    **context,
+) -> Regularised:
+    return Regularised(
+        base_optimizer, MESA(model, beta=beta, lam=lam, tau=tau, e_start=e_start), name="mesa", model=model, **context
+    )

@@ -84,23 +84,31 @@ def _study_options() -> argparse.ArgumentParser:
 
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", default=[],
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
         help="override a trial config path for every cell (--set data.root=/data/cifar10) or a study setting "
         f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable",
     )
     parent.add_argument(
-        "--storage", default=None, metavar="PATH_OR_URI",
+        "--storage",
+        default=None,
+        metavar="PATH_OR_URI",
         help="Ray's results and checkpoints (and, by default, Optuna's database beside them) for this run, instead of "
         "the study's `storage:`; same as --set storage=...: a directory, or s3:// / gs:// (docs/cluster.md)",
     )
-    parent.add_argument("--smoke", action="store_true", help="the study's --smoke form: tiny, on the embedded digits, on CPU")
+    parent.add_argument(
+        "--smoke", action="store_true", help="the study's --smoke form: tiny, on the embedded digits, on CPU"
+    )
     return parent
 
 
 def _tracking_option() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
-        "--tracking-uri", default=None,
+        "--tracking-uri",
+        default=None,
         help=f"MLflow tracking URI (default: the study's tracking.uri, {DEFAULT_TRACKING_URI}); sqlite:///, http(s):// "
         "or a database URL",
     )
@@ -109,7 +117,9 @@ def _tracking_option() -> argparse.ArgumentParser:
 
 def _cluster_options() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one")
+    parent.add_argument(
+        "--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one"
+    )
     parent.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
     return parent
 
@@ -168,8 +178,11 @@ def _cmd_run(args) -> int:
         print(_incomplete(args, f"after {outcome.trials} of {study.total_trials} trials"), file=sys.stderr)
         return EXIT_INTERRUPTED
     if outcome.errored:
-        print(f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
-              f"runs' {REASON_TAG} tags", file=sys.stderr)
+        print(
+            f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
+            f"runs' {REASON_TAG} tags",
+            file=sys.stderr,
+        )
     return EXIT_ERRORS if outcome.trials == 0 or outcome.errored else 0
 
 
@@ -207,7 +220,11 @@ def _cmd_status(args) -> int:
         column = spec.objective.column
         if column in runs:
             finished = runs[runs["status"] == "finished"]
-            best = finished.groupby("cell")[column].max() if spec.objective.mode == "max" else finished.groupby("cell")[column].min()
+            best = (
+                finished.groupby("cell")[column].max()
+                if spec.objective.mode == "max"
+                else finished.groupby("cell")[column].min()
+            )
             counts[f"best {spec.objective.label}"] = best
     table = counts.join(planned, how="right").fillna(0)
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
@@ -230,8 +247,11 @@ def _state_line(study, uri: str, name: str) -> str:
     origin = "recorded by its study run" if run is not None else "from the study file; no study run recorded yet"
     state = f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
     if run is not None and run.info.status != "FINISHED":
-        word = {"RUNNING": "running (or its driver died: `resume` finishes it)", "KILLED": "INTERRUPTED (incomplete)",
-                "FAILED": "FAILED (incomplete)"}.get(run.info.status, run.info.status)
+        word = {
+            "RUNNING": "running (or its driver died: `resume` finishes it)",
+            "KILLED": "INTERRUPTED (incomplete)",
+            "FAILED": "FAILED (incomplete)",
+        }.get(run.info.status, run.info.status)
         state = f"Study run: {word}; `{_prog()} resume {study.path}` finishes it.\n{state}"
     return state
 
@@ -254,12 +274,16 @@ def _print_summary(study, tracking_uri: str) -> None:
     else:
         searched = tuple(sorted({p for c in study.cells for p in c.space}))
         table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
-        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
+        with pd.option_context(
+            "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
+        ):
             print(table.to_string() if not table.empty else "  (no finished trial)")
         if SE_COLUMN in table.columns:
-            print(f"({SE_COLUMN}: the sampling error of each best value on its 'val n' validation samples. Cells "
-                  f"less than about two of them apart are not told apart by this run; the best of a searched cell "
-                  f"is also the luckiest of its trials.)")
+            print(
+                f"({SE_COLUMN}: the sampling error of each best value on its 'val n' validation samples. Cells "
+                f"less than about two of them apart are not told apart by this run; the best of a searched cell "
+                f"is also the luckiest of its trials.)"
+            )
     default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
     uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
     study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
@@ -289,8 +313,10 @@ def _no_result_line(runs) -> str:
         return "no trial recorded yet."
     counts = runs["status"].value_counts() if "status" in runs else {}
     by_status = ", ".join(f"{n} {s}" for s, n in counts.items())
-    return (f"no trial finished with a result ({by_status}): nothing to tabulate. Each run's {REASON_TAG} tag "
-            f"says why; `sharpscale status` counts them.")
+    return (
+        f"no trial finished with a result ({by_status}): nothing to tabulate. Each run's {REASON_TAG} tag "
+        f"says why; `sharpscale status` counts them."
+    )
 
 
 def _prog() -> str:
@@ -308,7 +334,18 @@ def _cmd_ui(args) -> int:
     from trainables.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--port", str(args.port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+    ]
     url = f"http://{args.host}:{args.port}"
     print(f"Starting the MLflow UI over {uri} ...", flush=True)
     # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
@@ -348,7 +385,9 @@ def _cmd_dashboard(args) -> int:
     try:
         import optuna_dashboard
     except ImportError:
-        print("sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr)
+        print(
+            "sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr
+        )
         return 2
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
@@ -364,8 +403,11 @@ def _cmd_dashboard(args) -> int:
         )
     storage = state_locations(study, name, run.data.tags).optuna_storage
     url = f"http://{args.host}:{args.port}"
-    print(f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
-          f"its MLflow run id and name) ...", flush=True)
+    print(
+        f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
+        f"its MLflow run id and name) ...",
+        flush=True,
+    )
     _say_when_answering(url, f"optuna-dashboard: {url} (Ctrl-C stops it)", path="/")
     try:
         optuna_dashboard.run_server(open_optuna_storage(storage), host=args.host, port=args.port)
@@ -391,13 +433,22 @@ def _cmd_report(args) -> int:
     out_dir = Path(args.out or f"reports/{name}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        files = write_report(name, tracking_uri=uri, out_dir=out_dir, log_to_mlflow=not args.no_mlflow,
-                             metric=spec.objective.column, mode=spec.objective.mode)
+        files = write_report(
+            name,
+            tracking_uri=uri,
+            out_dir=out_dir,
+            log_to_mlflow=not args.no_mlflow,
+            metric=spec.objective.column,
+            mode=spec.objective.mode,
+        )
     for f in files:
         print(f)
     # What the data cannot support (one seed, few pairs) is a note for the reader, not a traceback line.
-    for note in dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in caught
-                              if not issubclass(c.category, (DeprecationWarning, FutureWarning))):
+    for note in dict.fromkeys(
+        f"{type(c.message).__name__}: {c.message}"
+        for c in caught
+        if not issubclass(c.category, (DeprecationWarning, FutureWarning))
+    ):
         print(f"sharpscale: note: {note}")
     where = "" if args.no_mlflow else " and logged under report/ to the study's MLflow run"
     print(f"{len(files)} files written to {out_dir}{where}")
@@ -424,7 +475,9 @@ def _add_data(sub) -> None:
         "root once into its local cache ($SHARPSCALE_DATA_CACHE, default ~/.cache/sharpscale/data).",
     )
     fetch.add_argument("dataset", metavar="DATASET", help="cifar10 or cifar100")
-    fetch.add_argument("--to", required=True, metavar="DIR_OR_URI", help="a directory, or a URI such as s3://BUCKET/cifar10")
+    fetch.add_argument(
+        "--to", required=True, metavar="DIR_OR_URI", help="a directory, or a URI such as s3://BUCKET/cifar10"
+    )
     fetch.add_argument("--url", default=None, help="the archive's URL on a mirror (default: the official one)")
     fetch.add_argument("--md5", default=None, help="the md5 of the archive at --url (default: the official archive's)")
     fetch.set_defaults(func=_cmd_data_fetch)
@@ -439,36 +492,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     study_file, tracking, cluster = [_study_options()], [_tracking_option()], [_cluster_options()]
-    exits = (f"Exit status: 0 done; {EXIT_ERRORS} when trials errored; {EXIT_USAGE} for a mistake in the study or the "
-             f"options (every problem listed, nothing started); {EXIT_INTERRUPTED} when interrupted (Ctrl-C): the "
-             f"study is incomplete and `resume` finishes it.")
+    exits = (
+        f"Exit status: 0 done; {EXIT_ERRORS} when trials errored; {EXIT_USAGE} for a mistake in the study or the "
+        f"options (every problem listed, nothing started); {EXIT_INTERRUPTED} when interrupted (Ctrl-C): the "
+        f"study is incomplete and `resume` finishes it."
+    )
 
-    run = sub.add_parser("run", parents=study_file + tracking + cluster, epilog=exits,
-                         help="run a study file (validates it completely first)")
+    run = sub.add_parser(
+        "run",
+        parents=study_file + tracking + cluster,
+        epilog=exits,
+        help="run a study file (validates it completely first)",
+    )
     run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
     run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
     run.add_argument(
-        "--new-launch", action="store_true",
+        "--new-launch",
+        action="store_true",
         help="the study already ran into this experiment: start another launch, kept apart from the earlier ones "
         "(without it such a run is refused; `resume` continues the newest launch instead)",
     )
     run.set_defaults(func=_cmd_run)
 
     res = sub.add_parser(
-        "resume", parents=study_file + tracking + cluster, epilog=exits,
+        "resume",
+        parents=study_file + tracking + cluster,
+        epilog=exits,
         help="finish an interrupted study: finished trials are not re-run, no run is duplicated; its state is where "
         "the interrupted run recorded it",
     )
     res.add_argument("study", help="the study file that was run")
     res.set_defaults(func=_cmd_run, dry_run=False)
 
-    st = sub.add_parser("status", parents=study_file + tracking,
-                        help="trials per cell and status, and the best so far, from MLflow (creates nothing)")
+    st = sub.add_parser(
+        "status",
+        parents=study_file + tracking,
+        help="trials per cell and status, and the best so far, from MLflow (creates nothing)",
+    )
     st.add_argument("study")
     st.set_defaults(func=_cmd_status)
 
     val = sub.add_parser(
-        "validate", parents=study_file,
+        "validate",
+        parents=study_file,
         help=f"check a study file: exit 0 when valid, {EXIT_USAGE} listing every problem",
         epilog=f"Exit status: 0 when the study is valid; {EXIT_USAGE} when it is not (every problem listed, one a line).",
     )
@@ -476,7 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.set_defaults(func=_cmd_validate)
 
     rep = sub.add_parser(
-        "report", parents=study_file + tracking,
+        "report",
+        parents=study_file + tracking,
         help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow",
     )
     rep.add_argument("study", help="the study file")
@@ -495,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(sub)
 
     dash = sub.add_parser(
-        "dashboard", parents=study_file + tracking,
+        "dashboard",
+        parents=study_file + tracking,
         help="optuna-dashboard over the study's Optuna storage: each cell's search, trial by trial (Ctrl-C stops it)",
     )
     dash.add_argument("study", help="the study file that was run")
@@ -505,7 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
     ui.add_argument(
-        "--tracking-uri", default=DEFAULT_TRACKING_URI,
+        "--tracking-uri",
+        default=DEFAULT_TRACKING_URI,
         help=f"the MLflow store to browse: an sqlite:/// file, a path, or an http(s):// server (default: {DEFAULT_TRACKING_URI})",
     )
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")

@@ -46,7 +46,10 @@ def _root_problem(name: str, root: str) -> tuple[str, str] | None:
             target = cache_path(root)
             problem = layout_problem(name, target)
             if problem:
-                return f"its copy staged on this node at {target} {problem}", f"correct the data at the URI, then delete {target}"
+                return (
+                    f"its copy staged on this node at {target} {problem}",
+                    f"correct the data at the URI, then delete {target}",
+                )
             return None
         try:
             from pyarrow import fs as pafs
@@ -118,7 +121,9 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
         return  # none can host a trial yet (an autoscaler adds them): Tune waits, and each trial checks its own root
     check = ray.remote(num_cpus=0, max_retries=0)(_check_node)
     pending = {
-        check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(roots): node
+        check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(
+            roots
+        ): node
         for node in nodes
     }
     ready, late = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
@@ -132,8 +137,15 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
         try:
             found = ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - whatever broke the check there, the node is not known to be fit
-            found = [("-", root, f"the check could not run there ({type(exc).__name__}: {exc})",
-                      "check the node with `ray status` and its logs") for _, root in roots]
+            found = [
+                (
+                    "-",
+                    root,
+                    f"the check could not run there ({type(exc).__name__}: {exc})",
+                    "check the node with `ray status` and its logs",
+                )
+                for _, root in roots
+            ]
         for _name, root, reason, fix in found:
             failures.setdefault((root, reason, fix), []).append(label(node))
     for ref in late:
@@ -147,7 +159,9 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
         return
     problems = []
     for (root, reason, fix), where in sorted(failures.items()):
-        shown = ", ".join(where[:_SHOWN_NODES]) + (f" and {len(where) - _SHOWN_NODES} more" if len(where) > _SHOWN_NODES else "")
+        shown = ", ".join(where[:_SHOWN_NODES]) + (
+            f" and {len(where) - _SHOWN_NODES} more" if len(where) > _SHOWN_NODES else ""
+        )
         node_word = "node" if len(where) == 1 else f"{len(where)} nodes"
         problems.append(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}.")
     raise StudyError(study.path, problems)

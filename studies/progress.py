@@ -57,10 +57,13 @@ def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
         except OSError:
             log_file = None  # storage not writable here: the runner's own checks say so, with the fix
     saved = []
-    names = [name for name in logging.root.manager.loggerDict
-             if any(name == n or name.startswith(n + ".") for n in NOISY_LOGGERS)
-             and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
-             and (name in NOISY_LOGGERS or logging.getLogger(name).handlers)]
+    names = [
+        name
+        for name in logging.root.manager.loggerDict
+        if any(name == n or name.startswith(n + ".") for n in NOISY_LOGGERS)
+        and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
+        and (name in NOISY_LOGGERS or logging.getLogger(name).handlers)
+    ]
     for name in dict.fromkeys([*NOISY_LOGGERS, *names]):
         logger = logging.getLogger(name)
         saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
@@ -167,13 +170,17 @@ class LiveView:
     def start(self, trial) -> None:
         cell = self._state(trial)
         if cell is not None:
-            cell.running[trial.trial_id] = _Running(trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id)
+            cell.running[trial.trial_id] = _Running(
+                trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id
+            )
 
     def result(self, trial, result: dict) -> None:
         cell = self._state(trial)
         if cell is None:
             return
-        run = cell.running.setdefault(trial.trial_id, _Running(trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id))
+        run = cell.running.setdefault(
+            trial.trial_id, _Running(trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id)
+        )
         step = result.get("training_iteration")
         run.epoch = int(step) if isinstance(step, int) else run.epoch
         value = result.get(self.column)
@@ -215,7 +222,9 @@ class LiveView:
     def eta_s(self) -> float | None:
         """Seconds left, from the epochs run so far (an ended trial counts its whole schedule: it needs no more)."""
         total = sum(c.planned * c.epochs for c in self.cells.values())
-        run = sum((c.done + c.failed) * c.epochs + sum(r.epoch for r in c.running.values()) for c in self.cells.values())
+        run = sum(
+            (c.done + c.failed) * c.epochs + sum(r.epoch for r in c.running.values()) for c in self.cells.values()
+        )
         if run <= 0:
             return None
         return (time.monotonic() - self.t0) * max(0, total - run) / run
@@ -231,15 +240,19 @@ class LiveView:
     def render(self, max_lines: int | None = None) -> list[str]:
         """The view as lines: a header, a row per cell (active cells first when they do not all fit)."""
         done, running, failed, planned = self._totals()
-        header = (f"{self.title}: {done + failed}/{planned} trials ended ({done} done, {failed} failed), "
-                  f"{running} running; {self._clock()}")
+        header = (
+            f"{self.title}: {done + failed}/{planned} trials ended ({done} done, {failed} failed), "
+            f"{running} running; {self._clock()}"
+        )
         lines = [header]
         width = max([len(c.label) for c in self.cells.values()] + [4])
         lines.append(f"  {'cell':<{width}}  done  run  fail  best {self.label}")
         rows: list[tuple[int, list[str]]] = []
         for cell in self.cells.values():
             best = f"{cell.best:.4f}  {cell.best_name}" if cell.best is not None else "-"
-            row = [f"  {cell.label:<{width}}  {cell.done:>2}/{cell.planned:<2} {len(cell.running):>3}  {cell.failed:>4}  {best}"]
+            row = [
+                f"  {cell.label:<{width}}  {cell.done:>2}/{cell.planned:<2} {len(cell.running):>3}  {cell.failed:>4}  {best}"
+            ]
             row += [f"    > {self._running_text(r, cell.epochs)}" for r in cell.running.values()]
             finished = cell.done + cell.failed >= cell.planned
             rows.append((0 if cell.running else (2 if finished else 1), row))

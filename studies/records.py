@@ -113,9 +113,7 @@ def cell_params(cell: Cell) -> dict[str, str]:
     params = {f"factor.{k}": v for k, v in cell.levels.items()}
     params["trials.planned"] = str(cell.trials)
     for path, dom in cell.space.items():
-        params[f"search.{path.rsplit('.', 1)[-1]}"] = ", ".join(
-            f"{k}={v}" for k, v in dom.model_dump().items()
-        )
+        params[f"search.{path.rsplit('.', 1)[-1]}"] = ", ".join(f"{k}={v}" for k, v in dom.model_dump().items())
     return params
 
 
@@ -146,7 +144,9 @@ def _cell_best(client, experiment_id: str, cell_run_id: str, cell: Cell, column:
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
     runs = _retry(
-        client.search_runs, [experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{cell_run_id}'",
+        client.search_runs,
+        [experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{cell_run_id}'",
         max_results=10_000,
     )
     best = CellBest()
@@ -189,15 +189,23 @@ def _knob_records(knobs: dict[str, Any]) -> tuple[dict[str, float], dict[str, st
 
 
 def roll_up(
-    client, experiment_id: str, study_run_id: str, cell_runs: dict[str, str], cells: dict[str, Cell], *,
-    column: str, mode: str, bests: dict[str, CellBest], only: list[str] | None = None,
+    client,
+    experiment_id: str,
+    study_run_id: str,
+    cell_runs: dict[str, str],
+    cells: dict[str, Cell],
+    *,
+    column: str,
+    mode: str,
+    bests: dict[str, CellBest],
+    only: list[str] | None = None,
 ) -> dict[str, CellBest]:
     """Write each cell's best trial (value, knobs, name) and trial counts onto its run, the best cell's onto the
     study run. only: the cells to read again (the others keep what `bests` holds); returns the updated bests.
 
     Metrics are logged at step = trials ended so far, so each run's chart shows its best value over the study.
     """
-    for key in (list(cell_runs) if only is None else only):
+    for key in list(cell_runs) if only is None else only:
         best = _cell_best(client, experiment_id, cell_runs[key], cells[key], column, mode)
         bests[key] = best
         ended = sum(best.counts.values())
@@ -224,15 +232,25 @@ def roll_up(
         metrics[f"{BEST_PREFIX}{column}"] = top.value
         knob_metrics, knob_tags = _knob_records(top.knobs)
         metrics.update(knob_metrics)
-        tags = {**knob_tags, BEST_CELL_TAG: cell_label(cells[top_key]), BEST_RUN_TAG: top.run_name or "",
-                BEST_RUN_ID_TAG: top.run_id or ""}
+        tags = {
+            **knob_tags,
+            BEST_CELL_TAG: cell_label(cells[top_key]),
+            BEST_RUN_TAG: top.run_name or "",
+            BEST_RUN_ID_TAG: top.run_id or "",
+        }
     _log(client, study_run_id, metrics, tags, step=sum(totals.values()))
     return bests
 
 
 def rollup_callback(
-    tracking_uri: str, experiment_id: str, study_run_id: str, cell_runs: dict[str, str], cells: list[Cell], *,
-    column: str, mode: str,
+    tracking_uri: str,
+    experiment_id: str,
+    study_run_id: str,
+    cell_runs: dict[str, str],
+    cells: list[Cell],
+    *,
+    column: str,
+    mode: str,
 ):
     """A Tune callback that rolls a cell up whenever one of its trials ends (and every cell on its first call,
     so a resumed study's earlier trials count). A failing roll-up is logged, never fatal to the study."""
@@ -255,8 +273,17 @@ def rollup_callback(
                 if self._client is None:
                     self._client = tracking_client(tracking_uri)
                     only = None  # the first call reads every cell
-                roll_up(self._client, experiment_id, study_run_id, cell_runs, by_key, column=column, mode=mode,
-                        bests=self.bests, only=only)
+                roll_up(
+                    self._client,
+                    experiment_id,
+                    study_run_id,
+                    cell_runs,
+                    by_key,
+                    column=column,
+                    mode=mode,
+                    bests=self.bests,
+                    only=only,
+                )
             except Exception:  # the record of the trials is intact; only the summary on the parents lags
                 log.exception("sharpscale: rolling the best trials up onto the cell runs failed")
 

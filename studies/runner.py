@@ -48,7 +48,14 @@ from trainables.naming import (
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import TrackingTarget, _retry, filter_value, resolve_tracking_uri, tracking_client
 
-__all__ = ["StateLocations", "StudyOutcome", "check_cluster_storage", "resolve_tracking_uri", "run_study", "state_locations"]
+__all__ = [
+    "StateLocations",
+    "StudyOutcome",
+    "check_cluster_storage",
+    "resolve_tracking_uri",
+    "run_study",
+    "state_locations",
+]
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,8 @@ class StateLocations:
 
     storage: str
     optuna_storage: str
-    shared: bool             # every node reaches `storage`
-    optuna_default: bool     # optuna_storage was not set, only derived
+    shared: bool  # every node reaches `storage`
+    optuna_default: bool  # optuna_storage was not set, only derived
 
     def tags(self) -> dict[str, str]:
         return {STORAGE_TAG: self.storage, OPTUNA_STORAGE_TAG: self.optuna_storage}
@@ -77,10 +84,13 @@ def state_locations(study: LoadedStudy, run_name: str, recorded: dict[str, str] 
             storage = recorded[STORAGE_TAG]
         kept = recorded.get(OPTUNA_STORAGE_TAG, optuna)
         if "optuna_storage" in overridden and optuna != kept:
-            raise StudyError(study.path, [
-                f"optuna_storage: a resumed run reopens the Optuna storage it started with, {kept}; got {optuna}. "
-                f"Fix: drop the optuna_storage override (and keep the database at {kept}), or start a new run."
-            ])
+            raise StudyError(
+                study.path,
+                [
+                    f"optuna_storage: a resumed run reopens the Optuna storage it started with, {kept}; got {optuna}. "
+                    f"Fix: drop the optuna_storage override (and keep the database at {kept}), or start a new run."
+                ],
+            )
         optuna = kept
     return StateLocations(
         storage=storage,
@@ -160,13 +170,16 @@ def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str
     newest = max(_launch_of(r) for r in earlier)
     if not new_launch:
         trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
-        raise StudyError(study.path, [
-            f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
-            f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
-            f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
-            f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
-            f"tracking.experiment to a new name."
-        ])
+        raise StudyError(
+            study.path,
+            [
+                f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
+                f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
+                f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
+                f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
+                f"tracking.experiment to a new name."
+            ],
+        )
     return newest + 1
 
 
@@ -176,8 +189,15 @@ def find_study_run(client, experiment_id: str, study: LoadedStudy):
 
 
 def _parent_runs(
-    client, study: LoadedStudy, experiment_id: str, commit: str, run, locations: StateLocations, launch: int,
-    opened: list[str], cell_runs: dict[str, str],
+    client,
+    study: LoadedStudy,
+    experiment_id: str,
+    commit: str,
+    run,
+    locations: StateLocations,
+    launch: int,
+    opened: list[str],
+    cell_runs: dict[str, str],
 ) -> str:
     """The study's run and one run per cell (into `cell_runs`); on resume (`run`: the study run found) they are
     reopened, never duplicated. Each run id goes into `opened` as soon as it is RUNNING, for the caller to close."""
@@ -186,9 +206,15 @@ def _parent_runs(
         run = client.create_run(
             experiment_id,
             run_name=study_run_name(study.spec.name, launch),
-            tags={**_study_tags(study), LAUNCH_TAG: str(launch), GIT_COMMIT_TAG: commit,
-                  STUDY_FILE_TAG: str(study.path), NOTE_TAG: study.spec.description,
-                  **source_tags(study, commit), **locations.tags()},
+            tags={
+                **_study_tags(study),
+                LAUNCH_TAG: str(launch),
+                GIT_COMMIT_TAG: commit,
+                STUDY_FILE_TAG: str(study.path),
+                NOTE_TAG: study.spec.description,
+                **source_tags(study, commit),
+                **locations.tags(),
+            },
         )
         opened.append(run.info.run_id)
         client.log_artifact(run.info.run_id, str(study.path))
@@ -207,8 +233,13 @@ def _parent_runs(
             existing = client.create_run(
                 experiment_id,
                 run_name=cell_label(cell),
-                tags={**tags, STUDY_FILE_HASH_TAG: study.file_hash, LAUNCH_TAG: str(launch),
-                      **source_tags(study, commit), **{factor_tag(k): v for k, v in cell.levels.items()}},
+                tags={
+                    **tags,
+                    STUDY_FILE_HASH_TAG: study.file_hash,
+                    LAUNCH_TAG: str(launch),
+                    **source_tags(study, commit),
+                    **{factor_tag(k): v for k, v in cell.levels.items()},
+                },
             )
             _log_params(client, existing.info.run_id, cell_params(cell))
         else:
@@ -251,7 +282,9 @@ def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], sin
         if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
             continue
         ended = run.info.end_time
-        if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (ended is None or ended >= since_ms):
+        if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (
+            ended is None or ended >= since_ms
+        ):
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
@@ -344,7 +377,9 @@ def _trials_leave_this_node(plan: DistributedPlan) -> bool:
     return any(offers.get(name, 0.0) < amount for name, amount in needs.items() if amount > 0)
 
 
-def check_cluster_storage(study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, *, connected: bool) -> None:
+def check_cluster_storage(
+    study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, *, connected: bool
+) -> None:
     """Refuse, before any trial, state that the cluster's other nodes cannot reach or that dies with this node.
 
     connected: the driver joined an existing cluster (--address); a cluster it started itself is this node alone.
@@ -360,7 +395,7 @@ def check_cluster_storage(study: LoadedStudy, locations: StateLocations, plan: D
         mounts = study.spec.shared_mounts
         problems.append(
             f"storage: a path on this node, got {shown(locations.storage)}, and {where}: the first checkpoint written on "
-            f"another node would fail (\"Unable to set up cluster storage\"). Fix: use storage that every node "
+            f'another node would fail ("Unable to set up cluster storage"). Fix: use storage that every node '
             f"reaches: a path on an NFS/EFS mount seen at the same place on every node, listed in shared_mounts "
             f"(e.g. --storage /mnt/shared/sharpscale_runs with `shared_mounts: [/mnt/shared]` in the study file"
             f"{'; listed now: ' + ', '.join(mounts) if mounts else ''}), or a bucket: --storage s3://BUCKET/sharpscale_runs "
@@ -382,9 +417,9 @@ def _ensure_local_dirs(study: LoadedStudy, locations: StateLocations) -> None:
     """Create the local directories the study writes to, or say why not (before any trial starts)."""
     paths = [] if "://" in locations.storage else [("storage", Path(locations.storage))]
     if locations.optuna_storage.startswith("sqlite:///"):
-        paths.append(("optuna_storage", Path(locations.optuna_storage[len("sqlite:///"):]).parent))
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("sqlite:///") :]).parent))
     elif locations.optuna_storage.startswith("journal:///"):
-        paths.append(("optuna_storage", Path(locations.optuna_storage[len("journal://"):]).parent))
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("journal://") :]).parent))
     problems = []
     for field, path in paths:
         try:
@@ -410,8 +445,13 @@ def _init_ray(address: str | None, num_cpus: int | None):
         ray.init(address=address, log_to_driver=False, configure_logging=False, runtime_env=runtime_env)
     else:
         # The dashboard is not optional: Train inside Tune needs it to free a stopped trial's workers.
-        ray.init(num_cpus=num_cpus, include_dashboard=True, log_to_driver=False, configure_logging=False,
-                 runtime_env=runtime_env)
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=True,
+            log_to_driver=False,
+            configure_logging=False,
+            runtime_env=runtime_env,
+        )
     return True
 
 
@@ -493,14 +533,33 @@ def run_study(
             from ray import tune
 
             if not tune.Tuner.can_restore(experiment_dir):
-                raise StudyError(study.path, [
-                    f"resume: no interrupted run of this study under {experiment_dir}. "
-                    f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
-                ])
+                raise StudyError(
+                    study.path,
+                    [
+                        f"resume: no interrupted run of this study under {experiment_dir}. "
+                        f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
+                    ],
+                )
         commit = git_commit(study.path.parent)
-        study_run_id = _parent_runs(client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs)
-        outcome = _tune(study, locations, plan, client, uri, exp_name, run_name, launch, experiment_id, commit,
-                        study_run_id, cell_runs, resume, trainable)
+        study_run_id = _parent_runs(
+            client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs
+        )
+        outcome = _tune(
+            study,
+            locations,
+            plan,
+            client,
+            uri,
+            exp_name,
+            run_name,
+            launch,
+            experiment_id,
+            commit,
+            study_run_id,
+            cell_runs,
+            resume,
+            trainable,
+        )
         return outcome
     except BaseException as err:
         primary = err
@@ -514,8 +573,17 @@ def run_study(
         if opened:
             steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
             # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
-            steps.append(lambda: rollup_callback(uri, experiment_id, opened[0], cell_runs, list(study.cells),
-                                                 column=spec.objective.column, mode=spec.objective.mode).update())
+            steps.append(
+                lambda: rollup_callback(
+                    uri,
+                    experiment_id,
+                    opened[0],
+                    cell_runs,
+                    list(study.cells),
+                    column=spec.objective.column,
+                    mode=spec.objective.mode,
+                ).update()
+            )
             steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
         if started_ray:
             import ray
@@ -589,8 +657,10 @@ def check_cluster_resources(study: LoadedStudy, autoscaler_config: str | Path = 
         if problem := _node_problem(request, offers + types, "the cluster (its nodes and its autoscaler's node types)"):
             raise StudyError(study.path, [problem])
     elif problem := _node_problem(request, offers, "the cluster now"):
-        print(f"sharpscale: warning: {problem.replace('Tune would wait forever', 'unless its autoscaler adds a node type that fits, Tune waits forever')}",
-              flush=True)
+        print(
+            f"sharpscale: warning: {problem.replace('Tune would wait forever', 'unless its autoscaler adds a node type that fits, Tune waits forever')}",
+            flush=True,
+        )
 
 
 def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] | None:
@@ -611,9 +681,20 @@ def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] |
 
 
 def _tune(
-    study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, client, uri: str, exp_name: str,
-    run_name: str, launch: int, experiment_id: str, commit: str, study_run_id: str, cell_runs: dict[str, str],
-    resume: bool, trainable: Any,
+    study: LoadedStudy,
+    locations: StateLocations,
+    plan: DistributedPlan,
+    client,
+    uri: str,
+    exp_name: str,
+    run_name: str,
+    launch: int,
+    experiment_id: str,
+    commit: str,
+    study_run_id: str,
+    cell_runs: dict[str, str],
+    resume: bool,
+    trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
     from analysis.geometry.names import PROBE_FACTORY
@@ -657,8 +738,15 @@ def _tune(
         payload=payload,
     )
     progress = LiveView(study, title=f"{spec.name} ({exp_name})")
-    rollup = rollup_callback(uri, experiment_id, study_run_id, cell_runs, list(study.cells),
-                             column=spec.objective.column, mode=spec.objective.mode)
+    rollup = rollup_callback(
+        uri,
+        experiment_id,
+        study_run_id,
+        cell_runs,
+        list(study.cells),
+        column=spec.objective.column,
+        mode=spec.objective.mode,
+    )
     trainable = tune.with_resources(trainable or tune_trainable(), _trial_resources(plan))
     experiment_dir = f"{locations.storage}/{run_name}"
     if resume:
@@ -718,6 +806,8 @@ def _tune(
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
     errored = sum(1 for r in results if r.error is not None)
-    print(f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
-          + (", INTERRUPTED" if interrupted else ""))
+    print(
+        f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
+        + (", INTERRUPTED" if interrupted else "")
+    )
     return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted)

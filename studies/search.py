@@ -288,13 +288,18 @@ class CellSearcher(Searcher):
         )
         if frozen.state.is_finished() and frozen.user_attrs.get(INTERRUPTED_ATTR):
             # Cut short by Ctrl-C and told FAIL then; resumed, it has ended now: record it under a new trial.
-            study.add_trial(optuna.trial.create_trial(
-                params=frozen.params, distributions=frozen.distributions,
-                user_attrs={**{k: v for k, v in frozen.user_attrs.items() if k != INTERRUPTED_ATTR},
-                            RESUMED_FROM_ATTR: number},
-                state=optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE,
-                value=None if failed else float(value),
-            ))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=frozen.params,
+                    distributions=frozen.distributions,
+                    user_attrs={
+                        **{k: v for k, v in frozen.user_attrs.items() if k != INTERRUPTED_ATTR},
+                        RESUMED_FROM_ATTR: number,
+                    },
+                    state=optuna.trial.TrialState.FAIL if failed else optuna.trial.TrialState.COMPLETE,
+                    value=None if failed else float(value),
+                )
+            )
         elif failed:
             # Ray would pass a nan result on as COMPLETE, which Optuna rejects, leaving the trial RUNNING forever.
             study.tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -317,7 +322,9 @@ class CellSearcher(Searcher):
             study = self._study(key)
             for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if interrupted:
-                    optuna_id = self._storage.get_trial_id_from_study_id_trial_number(self._study_ids[key], trial.number)
+                    optuna_id = self._storage.get_trial_id_from_study_id_trial_number(
+                        self._study_ids[key], trial.number
+                    )
                     self._storage.set_trial_user_attr(optuna_id, INTERRUPTED_ATTR, True)
                 study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
                 failed += 1

@@ -169,7 +169,9 @@ def _check_allowed_host(entry: str) -> str:
             f"{field}: a host name, an address or a pattern without spaces, commas or slashes (one name per option) "
             f"must be given, got {entry!r}. Fix: e.g. {field} mlflow.internal {field} raycluster-head-svc"
         )
-    if any(fnmatch.fnmatch(probe, p) for p in _host_patterns(entry.lower()) for probe in (_PROBE_HOST, f"{_PROBE_HOST}:80")):
+    if any(
+        fnmatch.fnmatch(probe, p) for p in _host_patterns(entry.lower()) for probe in (_PROBE_HOST, f"{_PROBE_HOST}:80")
+    ):
         raise ServerOptionError(
             f"{field}: a pattern must not admit every host (that switches MLflow's DNS-rebinding check off), got "
             f"{entry!r}. Fix: name the hosts clients use, e.g. {field} '*.svc.cluster.local'"
@@ -235,7 +237,7 @@ def auth_database_uri(backend_store_uri: str) -> str:
     uri = resolve_tracking_uri(backend_store_uri)
     prefix = "sqlite:///"
     if uri.startswith(prefix):
-        path = Path(uri[len(prefix):])
+        path = Path(uri[len(prefix) :])
         return prefix + str(path.with_name(f"{path.stem}-auth{path.suffix or '.db'}"))
     return uri
 
@@ -328,19 +330,32 @@ def mlflow_server_command(
     from trainables.tracking import resolve_tracking_uri  # lazy: keeps `import studies.server` to the standard library
 
     if port < 0 or port > 65535:
-        raise ServerOptionError(f"port: 0 <= port <= 65535 must hold, got port={port}. Fix: e.g. --port {DEFAULT_PORT}.")
+        raise ServerOptionError(
+            f"port: 0 <= port <= 65535 must hold, got port={port}. Fix: e.g. --port {DEFAULT_PORT}."
+        )
     if workers is not None and workers < 1:
-        raise ServerOptionError(f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for MLflow's default.")
+        raise ServerOptionError(
+            f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for MLflow's default."
+        )
     _check_extra_args(extra_args, os.environ if environ is None else environ)
     cmd = [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", resolve_tracking_uri(backend_store_uri),
-        "--artifacts-destination", _resolve_artifacts_destination(artifacts_destination),
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        resolve_tracking_uri(backend_store_uri),
+        "--artifacts-destination",
+        _resolve_artifacts_destination(artifacts_destination),
         "--serve-artifacts",
-        "--host", host,
-        "--port", str(port),
-        "--allowed-hosts", ",".join(allowed_hosts(allowed_host)),
-        "--cors-allowed-origins", ",".join(allowed_origins(port, allowed_host, allowed_origin)),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--allowed-hosts",
+        ",".join(allowed_hosts(allowed_host)),
+        "--cors-allowed-origins",
+        ",".join(allowed_origins(port, allowed_host, allowed_origin)),
     ]
     if workers is not None:
         cmd += ["--workers", str(workers)]
@@ -491,7 +506,9 @@ def _describe(cmd: Sequence[str], env: Mapping[str, str], host: str, port: int, 
     if _AUTH_CONFIG_ENV in env and "basic-auth" in cmd:
         database = re.search(r"^database_uri = (.*)$", Path(env[_AUTH_CONFIG_ENV]).read_text(), re.M).group(1)
         user = env.get(_ADMIN_USERNAME_ENV) or DEFAULT_ADMIN_USERNAME
-        lines.append(f"Login required (MLflow basic auth): admin user {user!r}; users and permissions in {redact_uri(database)}.")
+        lines.append(
+            f"Login required (MLflow basic auth): admin user {user!r}; users and permissions in {redact_uri(database)}."
+        )
     return "\n".join(lines)
 
 
@@ -514,8 +531,15 @@ def serve(
     addressed to a name of `allowed_hosts(allowed_host)`. With `auth`, every request needs a login.
     """
     with _prepared(
-        backend_store_uri=backend_store_uri, artifacts_destination=artifacts_destination, host=host, port=port,
-        workers=workers, allowed_host=allowed_host, allowed_origin=allowed_origin, auth=auth, extra_args=extra_args,
+        backend_store_uri=backend_store_uri,
+        artifacts_destination=artifacts_destination,
+        host=host,
+        port=port,
+        workers=workers,
+        allowed_host=allowed_host,
+        allowed_origin=allowed_origin,
+        auth=auth,
+        extra_args=extra_args,
     ) as (cmd, env):
         print(_describe(cmd, env, host, port, allowed_host), flush=True)
         return run_in_process_group(cmd, env=env)
@@ -592,8 +616,15 @@ def start_server(
     port = port or free_port(host)
     url = _url(host, port)
     with _prepared(
-        backend_store_uri=backend_store_uri, artifacts_destination=artifacts_destination, host=host, port=port,
-        workers=workers, allowed_host=allowed_host, allowed_origin=allowed_origin, auth=auth, extra_args=extra_args,
+        backend_store_uri=backend_store_uri,
+        artifacts_destination=artifacts_destination,
+        host=host,
+        port=port,
+        workers=workers,
+        allowed_host=allowed_host,
+        allowed_origin=allowed_origin,
+        auth=auth,
+        extra_args=extra_args,
     ) as (cmd, env):
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="mlflow-server-", suffix=".log")
@@ -631,54 +662,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `sharpscale server`, for the CLI."""
     parser.add_argument(
         "--backend-store-uri",
-        default=DEFAULT_BACKEND_STORE_URI, metavar="URI",
+        default=DEFAULT_BACKEND_STORE_URI,
+        metavar="URI",
         help=f"where runs are stored: {DEFAULT_BACKEND_STORE_URI} (relative paths made absolute; the default) or "
         "postgresql://user@host:5432/db (needs psycopg2-binary; password from ~/.pgpass, PGPASSFILE or PGPASSWORD, "
         "never in the URI)",
     )
     parser.add_argument(
         "--artifacts-destination",
-        default=DEFAULT_ARTIFACTS_DESTINATION, metavar="DEST",
+        default=DEFAULT_ARTIFACTS_DESTINATION,
+        metavar="DEST",
         help="where the server stores the artifacts that clients upload over HTTP: a directory, s3://bucket/prefix "
         "(needs boto3; credentials from the head's instance profile or AWS_* variables), gs://bucket/prefix "
         f"(default: {DEFAULT_ARTIFACTS_DESTINATION})",
     )
     parser.add_argument(
-        "--host", default="127.0.0.1",
+        "--host",
+        default="127.0.0.1",
         help="bind address (default: 127.0.0.1, loopback only; 0.0.0.0 for every interface, with a warning)",
     )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default: {DEFAULT_PORT})")
     parser.add_argument("--workers", type=int, default=None, help="server worker processes (default: MLflow's, 4)")
     parser.add_argument(
-        "--allowed-host", action="append", default=[], metavar="NAME",
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="also accept requests addressed to NAME (with any port, unless NAME:PORT), e.g. a KubeRay Service name "
         "or a DNS alias; fnmatch patterns such as '*.svc.cluster.local' work; repeatable. Always accepted: "
         "this machine's host name, FQDN and interface addresses, localhost and private addresses; others get 403",
     )
     parser.add_argument(
-        "--allowed-origin", action="append", default=[], metavar="ORIGIN",
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
         help="also let browser pages from ORIGIN change data (MLflow's CORS check), e.g. https://mlflow.example.com "
         "behind a TLS proxy; the UI under every accepted name is allowed already; repeatable",
     )
     parser.add_argument(
-        "--auth", action="store_true",
+        "--auth",
+        action="store_true",
         help="require a login: MLflow's basic auth (needs the auth extra: pip install '.[auth]'). The admin user "
         f"(MLFLOW_AUTH_ADMIN_USERNAME, default {DEFAULT_ADMIN_USERNAME}) is created on the first start with the "
         "password from --admin-password-file or MLFLOW_AUTH_ADMIN_PASSWORD; clients log in with "
         "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD",
     )
     parser.add_argument(
-        "--admin-password-file", default=None, metavar="PATH",
+        "--admin-password-file",
+        default=None,
+        metavar="PATH",
         help="with --auth: file holding the admin password (12+ characters, mode 600), instead of "
         "MLFLOW_AUTH_ADMIN_PASSWORD; never printed",
     )
     parser.add_argument(
-        "--auth-database-uri", default=None, metavar="URI",
+        "--auth-database-uri",
+        default=None,
+        metavar="URI",
         help="with --auth: where users and permissions are stored (default: beside the backend store, "
         "mlflow-auth.db next to an SQLite mlflow.db, or the same PostgreSQL database)",
     )
     parser.add_argument(
-        "extra_args", nargs=argparse.REMAINDER,
+        "extra_args",
+        nargs=argparse.REMAINDER,
         help="after --: further `mlflow server` options passed unchanged, e.g. -- --static-prefix /mlflow "
         "(not those set above: they are refused with the option to use instead)",
     )
@@ -690,9 +736,14 @@ def from_args(args: argparse.Namespace) -> int:
     if extra[:1] == ["--"]:
         extra = extra[1:]
     try:
-        for option, value in (("--admin-password-file", args.admin_password_file), ("--auth-database-uri", args.auth_database_uri)):
+        for option, value in (
+            ("--admin-password-file", args.admin_password_file),
+            ("--auth-database-uri", args.auth_database_uri),
+        ):
             if value is not None and not args.auth:
-                raise ServerOptionError(f"{option}: it only applies with --auth, got {option} {value} alone. Fix: add --auth.")
+                raise ServerOptionError(
+                    f"{option}: it only applies with --auth, got {option} {value} alone. Fix: add --auth."
+                )
         auth = Auth(password_file=args.admin_password_file, database_uri=args.auth_database_uri) if args.auth else None
         return serve(
             backend_store_uri=args.backend_store_uri,

@@ -177,7 +177,9 @@ DEFAULT_TRIALS_PER_CELL = 8
 class Resources(_Strict):
     cpus_per_trial: float = Field(1.0, gt=0, description="CPUs of each trial (of each worker when workers > 1).")
     gpus_per_trial: float = Field(0.0, ge=0, description="GPUs likewise; fractions share one GPU between small trials.")
-    workers_per_trial: int = Field(1, ge=1, description="Ray Train DDP workers of each trial (1: in the trial's process).")
+    workers_per_trial: int = Field(
+        1, ge=1, description="Ray Train DDP workers of each trial (1: in the trial's process)."
+    )
     custom: dict[str, float] = Field(
         default_factory=dict, description="Custom Ray resources each trial (each worker) needs, e.g. {node_a: 1}."
     )
@@ -207,7 +209,9 @@ def _name_problem(field: str, value: str) -> str | None:
 
 class Tracking(_Strict):
     uri: str = Field(DEFAULT_TRACKING_URI, description="MLflow tracking URI; relative sqlite paths are made absolute.")
-    artifact_location: str = Field(DEFAULT_ARTIFACT_ROOT, description="Artifact root for a new experiment (made absolute).")
+    artifact_location: str = Field(
+        DEFAULT_ARTIFACT_ROOT, description="Artifact root for a new experiment (made absolute)."
+    )
     experiment: str | None = Field(None, description="Experiment name; defaults to the study name.")
     log_checkpoint: bool = Field(False, description="Keep each trial's final checkpoint as an artifact of its run.")
 
@@ -236,7 +240,8 @@ class Checkpoints(_Strict):
     """Tune's checkpoints of each trial; their cadence is the trial config's train.checkpoint_every."""
 
     keep: int = Field(
-        KEEP_CHECKPOINTS, ge=1,
+        KEEP_CHECKPOINTS,
+        ge=1,
         description="Checkpoints kept per trial (Tune's num_to_keep). Tune snapshots its own state after a trial "
         "writes this many, so 2 or more keeps the one a killed driver's snapshot names, and halves the snapshots.",
     )
@@ -262,6 +267,7 @@ class Study(_Strict):
         if problem := _name_problem("name", value):
             raise ValueError(problem)
         return value
+
     description: str = ""
     objective: Objective = Field(default_factory=Objective)
     base: dict[str, Any] = Field(default_factory=dict, description="Trial config shared by every cell.")
@@ -307,7 +313,7 @@ class Study(_Strict):
         if spec is None or not _is_uri(spec):
             return spec
         scheme = spec.split("://", 1)[0].split("+", 1)[0].lower()
-        if scheme == "journal" and not spec[len("journal://"):].startswith("/"):
+        if scheme == "journal" and not spec[len("journal://") :].startswith("/"):
             raise ValueError(
                 f"optuna_storage: a journal file needs an absolute path, journal:///abs/path, got {shown(spec)}. "
                 f"Fix: e.g. journal:///mnt/shared/sharpscale_runs/STUDY.optuna.journal."
@@ -366,9 +372,11 @@ class _StudyLoader(yaml.SafeLoader):
                 try:
                     if key in seen:
                         raise yaml.constructor.ConstructorError(
-                            "while constructing a mapping", node.start_mark,
+                            "while constructing a mapping",
+                            node.start_mark,
                             f"found the key {shown(key)} twice (lines {seen[key].start_mark.line + 1} and "
-                            f"{key_node.start_mark.line + 1}): the last would silently win; keep one", key_node.start_mark,
+                            f"{key_node.start_mark.line + 1}): the last would silently win; keep one",
+                            key_node.start_mark,
                         )
                     seen[key] = key_node
                 except TypeError:
@@ -440,10 +448,10 @@ SEARCH_SHORTHANDS = "bare names of method hparams (rho, alpha, lam, k, ...) mean
 class Cell:
     """One combination of factor levels: fixed overrides plus the search space that applies to it."""
 
-    key: str                       # e.g. "arch=vit,method=sam"
-    levels: dict[str, str]         # factor -> level name
-    config: dict[str, Any]         # base + overrides, as a nested dict (validated)
-    space: dict[str, Domain]       # dotted config path -> domain
+    key: str  # e.g. "arch=vit,method=sam"
+    levels: dict[str, str]  # factor -> level name
+    config: dict[str, Any]  # base + overrides, as a nested dict (validated)
+    space: dict[str, Domain]  # dotted config path -> domain
     trials: int
 
 
@@ -501,7 +509,9 @@ class LoadedStudy:
         """The study's resources; a smoke run is one CPU process per trial whatever the file asks for."""
         if not self.smoke:
             return self.spec.resources
-        return self.spec.resources.model_copy(update={"cpus_per_trial": 1.0, "gpus_per_trial": 0.0, "workers_per_trial": 1, "custom": {}})
+        return self.spec.resources.model_copy(
+            update={"cpus_per_trial": 1.0, "gpus_per_trial": 0.0, "workers_per_trial": 1, "custom": {}}
+        )
 
 
 def resolve_storage(storage: str, base: Path) -> str:
@@ -513,7 +523,7 @@ def resolve_storage(storage: str, base: Path) -> str:
 def optuna_storage_url(spec: str, base: Path) -> str:
     """A study file's `optuna_storage` as the URL Optuna opens: paths and relative sqlite:/// made absolute."""
     if spec.startswith("sqlite:///"):
-        return f"sqlite:///{(base / Path(spec[len('sqlite:///'):]).expanduser()).resolve()}"
+        return f"sqlite:///{(base / Path(spec[len('sqlite:///') :]).expanduser()).resolve()}"
     if _is_uri(spec):
         return spec
     return f"sqlite:///{(base / Path(spec).expanduser()).resolve()}"
@@ -661,7 +671,9 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     problems: list[str] = _factor_problems(spec)
     for key in spec.search:
         if "." in key and not _known_path(key):
-            problems.append(f"search.{key}: not a trial config path. Fix: use a path such as optimizer.lr, or {SEARCH_SHORTHANDS}.")
+            problems.append(
+                f"search.{key}: not a trial config path. Fix: use a path such as optimizer.lr, or {SEARCH_SHORTHANDS}."
+            )
         elif "." not in key and key not in owners:
             problems.append(
                 f"search.{key}: not a method hparam ({sorted(owners)}) nor a dotted config path. "
@@ -686,10 +698,12 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
 
     factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
     if (cells_planned := math.prod(len(levels) for _, levels in factor_levels)) > MAX_TRIALS:
-        return [], [(
-            f"factors: their levels combine into {cells_planned} cells, more than the {MAX_TRIALS} trials a study may "
-            f"plan. Fix: fewer levels, or split the study."
-        )]
+        return [], [
+            (
+                f"factors: their levels combine into {cells_planned} cells, more than the {MAX_TRIALS} trials a study may "
+                f"plan. Fix: fewer levels, or split the study."
+            )
+        ]
     if smoke:
         factor_levels, smoke_problems = _smoke_levels(spec, factor_levels)
         if smoke_problems:
@@ -768,8 +782,10 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     for fname, fspec in spec.factors.items():
         for level, overrides in _levels(fname, fspec).items():
             for knob in (k for k in overrides if _is_knob(k, owners)) if isinstance(overrides, dict) else ():
-                reached = any(c.levels.get(fname) == level and knob in c.config.get("optimizer", {}).get("hparams", {})
-                              for c in cells)
+                reached = any(
+                    c.levels.get(fname) == level and knob in c.config.get("optimizer", {}).get("hparams", {})
+                    for c in cells
+                )
                 if cells and not smoke and not reached:
                     problems.append(
                         f"factors.{fname}.{level}.{knob}: applies to no cell (no method of the cells with this level takes "
@@ -906,7 +922,9 @@ def load_study(
     cells, problems = expand(spec, smoke=smoke, require_data=require_data)
     if bad or problems:
         raise StudyError(path, bad + problems)
-    return LoadedStudy(spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {}))
+    return LoadedStudy(
+        spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {})
+    )
 
 
 def read_study_text(path: Path) -> str:
@@ -916,23 +934,38 @@ def read_study_text(path: Path) -> str:
     with path.open("rb") as f:
         data = f.read(MAX_STUDY_FILE_BYTES + 1)
     if len(data) > MAX_STUDY_FILE_BYTES:
-        raise StudyError(path, [(
-            f"study file: at most {MAX_STUDY_FILE_BYTES} bytes (a study names its settings, it holds no data), got "
-            f"{path.stat().st_size} bytes. Fix: keep data and long lists out of it (data.root names the data)."
-        )])
+        raise StudyError(
+            path,
+            [
+                (
+                    f"study file: at most {MAX_STUDY_FILE_BYTES} bytes (a study names its settings, it holds no data), got "
+                    f"{path.stat().st_size} bytes. Fix: keep data and long lists out of it (data.root names the data)."
+                )
+            ],
+        )
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise StudyError(path, [(
-            "study file: must be UTF-8 text, got UTF-16 (it starts with a UTF-16 byte-order mark). "
-            "Fix: save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)."
-        )])
+        raise StudyError(
+            path,
+            [
+                (
+                    "study file: must be UTF-8 text, got UTF-16 (it starts with a UTF-16 byte-order mark). "
+                    "Fix: save it as UTF-8 (e.g. `iconv -f UTF-16 -t UTF-8`)."
+                )
+            ],
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise StudyError(path, [(
-            f"study file: must be UTF-8 text, got byte {data[err.start]:#04x} on line {line}, which is not UTF-8. "
-            f"Fix: save the file as UTF-8."
-        )]) from None
+        raise StudyError(
+            path,
+            [
+                (
+                    f"study file: must be UTF-8 text, got byte {data[err.start]:#04x} on line {line}, which is not UTF-8. "
+                    f"Fix: save the file as UTF-8."
+                )
+            ],
+        ) from None
 
 
 def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
@@ -949,7 +982,9 @@ def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
             )
             continue
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
-            problems.append(f"--set {shown(key)}: KEY must be a dotted path of names (data.root). Fix: check its spelling.")
+            problems.append(
+                f"--set {shown(key)}: KEY must be a dotted path of names (data.root). Fix: check its spelling."
+            )
             continue
         try:
             out[key] = parse_yaml(value, f"--set {key}")

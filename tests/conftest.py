@@ -56,8 +56,13 @@ def ray_cluster():
     import ray
 
     # Each pytest-xdist worker starts its own cluster: a small object store each, not Ray's default 30% of RAM.
-    ray.init(num_cpus=2, include_dashboard=True, log_to_driver=False, configure_logging=False,
-             object_store_memory=OBJECT_STORE_BYTES)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=True,
+        log_to_driver=False,
+        configure_logging=False,
+        object_store_memory=OBJECT_STORE_BYTES,
+    )
     try:
         yield ray
     finally:

@@ -65,7 +65,9 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     # The report and the status, as a user asks for them after the run.
     capsys.readouterr()
     assert main(["report", str(path), "--tracking-uri", tracking_uri, "--out", str(tmp_path / "report")]) == 0
-    assert {"summary.md", "summary.csv", "rho_sensitivity.png", "report.md"} <= {p.name for p in (tmp_path / "report").iterdir()}
+    assert {"summary.md", "summary.csv", "rho_sensitivity.png", "report.md"} <= {
+        p.name for p in (tmp_path / "report").iterdir()
+    }
     logged = {a.path for a in client.list_artifacts(study_run.info.run_id, "report")}
     assert {"report/summary.md", "report/report.md"} <= logged
     assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0
@@ -96,12 +98,20 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     from nbclient import NotebookClient
 
     notebooks = REPO / "analysis" / "notebooks"
-    env = {"SHARPSCALE_TRACKING_URI": tracking_uri, "SHARPSCALE_STUDY": "quickstart", "SHARPSCALE_N_BOOT": "200",
-           "SHARPSCALE_CHECKPOINT": local, "SHARPSCALE_GEOMETRY_SAMPLES": "64", "SHARPSCALE_THREADS": "1"}
+    env = {
+        "SHARPSCALE_TRACKING_URI": tracking_uri,
+        "SHARPSCALE_STUDY": "quickstart",
+        "SHARPSCALE_N_BOOT": "200",
+        "SHARPSCALE_CHECKPOINT": local,
+        "SHARPSCALE_GEOMETRY_SAMPLES": "64",
+        "SHARPSCALE_THREADS": "1",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     for name in ("data_scaling", "rho_sensitivity", "geometry"):
         nb = nbformat.read(notebooks / f"{name}.ipynb", as_version=4)
-        NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(
+            nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        ).execute()
         errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
         assert not errors, (name, errors)

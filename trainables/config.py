@@ -55,20 +55,24 @@ class DataConfig(_Strict):
     """Which dataset (a name in `trainables.datasets.DATASETS`), which fraction of its training set, how it is fed."""
 
     name: str = Field("digits", description="Registry name in trainables.datasets.DATASETS (digits, cifar10, ...).")
-    root: str | None = Field(None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once.")
+    root: str | None = Field(
+        None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once."
+    )
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
     fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
     batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
     accumulate: int = Field(
-        1, ge=1,
+        1,
+        ge=1,
         description="Micro-batches each worker's share of the batch is split into: every pass of a step runs over them "
         "in turn and their gradients add up to the whole share's (one perturbation per accumulated gradient).",
     )
     eval_batch_size: int = Field(512, ge=1)
     num_workers: int | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="DataLoader worker processes per training process; None: none for in-memory and device-resident "
         "data, else one per CPU the trial's torch threads allow, less one (at most 16).",
     )
@@ -77,7 +81,9 @@ class DataConfig(_Strict):
         description="Keep the dataset on the training device and augment batches there; None: on for CUDA trials of "
         "datasets that allow it (digits, CIFAR at native size, augment none or basic).",
     )
-    mixup_alpha: float = Field(0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation.")
+    mixup_alpha: float = Field(
+        0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation."
+    )
     randaugment: str = Field("rand-m9-mstd0.5", description="timm RandAugment string of the 'strong' augmentation.")
     synthetic_samples: int = Field(4096, ge=1, description="synthetic only: training-set size (throughput runs).")
     synthetic_classes: int = Field(10, ge=2, description="synthetic only: number of classes.")
@@ -141,7 +147,8 @@ class OptimizerConfig(_Strict):
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
     betas: tuple[float, float] = (0.9, 0.999)
     hparams: dict[str, float | int | bool] = Field(
-        default_factory=dict, description="The method's own knobs (rho, alpha, k, lam, ...); unset ones keep optim's defaults."
+        default_factory=dict,
+        description="The method's own knobs (rho, alpha, k, lam, ...); unset ones keep optim's defaults.",
     )
     grad_clip: float | None = Field(None, gt=0.0, description="Clip the final update gradient to this norm.")
     global_perturbation: bool = Field(False, description="DDP: one global eps instead of per-replica eps.")
@@ -153,9 +160,7 @@ class OptimizerConfig(_Strict):
         if self.method not in METHODS:
             close = difflib.get_close_matches(self.method, list(METHODS), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"optimizer.method: must be one of {sorted(METHODS)}, got {shown(self.method)}.{hint}"
-            )
+            raise ValueError(f"optimizer.method: must be one of {sorted(METHODS)}, got {shown(self.method)}.{hint}")
         accepted = METHODS[self.method].hparams
         unknown = sorted(set(self.hparams) - set(accepted))
         if unknown:
@@ -192,8 +197,12 @@ def _check_hparam_values(cfg: "OptimizerConfig") -> None:
 
     # AdamW keeps a first moment whatever its settings; SGD keeps one when its momentum is > 0.
     try:
-        optim.check_hparams(cfg.method, base={"sgd": "SGD", "adamw": "AdamW"}.get(cfg.base, cfg.base),
-                            base_keeps_momentum=cfg.base != "sgd" or cfg.momentum > 0, **cfg.hparams)
+        optim.check_hparams(
+            cfg.method,
+            base={"sgd": "SGD", "adamw": "AdamW"}.get(cfg.base, cfg.base),
+            base_keeps_momentum=cfg.base != "sgd" or cfg.momentum > 0,
+            **cfg.hparams,
+        )
     except (ValueError, TypeError) as err:
         raise ValueError(f"optimizer.hparams: {err}") from None
 
@@ -252,7 +261,8 @@ class GeometryConfig(_Strict):
     batches: int = Field(2, ge=1, description="Batches of fixed training samples the measures average over.")
     batch_size: int = Field(128, ge=1, description="Samples per measurement batch (unaugmented, drawn once by seed).")
     seed: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="Draws the fixed samples, Lanczos' start vector and the probe vectors; in train mode also the "
         "dropout/drop-path masks (analysis.geometry's mask_seed), the same for every measure.",
     )
@@ -268,7 +278,10 @@ class GeometryConfig(_Strict):
     )
     flatness_draws: int = Field(10, ge=2, description="average_flatness: noise draws (one forward pass each).")
     surrogate_rho: float = Field(
-        0.05, gt=0.0, allow_inf_nan=False, description="surrogate_gap: radius of the ascent step (not the method's rho)."
+        0.05,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="surrogate_gap: radius of the ascent step (not the method's rho).",
     )
 
     @field_validator("measures")

@@ -54,6 +54,7 @@ _DIGITS_SPLIT_SEED = 20240601
 _DIGITS_VAL_FRACTION = 0.2
 _DIGITS_NATIVE_SIZE = 8
 
+
 class DatasetError(UserError):
     """A dataset argument or the data on disk is not what sharpscale expects."""
 
@@ -99,7 +100,9 @@ class DataBundle:
 
 
 @functools.lru_cache(maxsize=16)
-def _stats_on(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _stats_on(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     # Made once per device: a tensor built from host values every step is a pageable copy, which makes the
     # host wait for the device and leaves the device idle while the next step is launched.
     return (torch.tensor(mean, device=device).view(1, -1, 1, 1), torch.tensor(std, device=device).view(1, -1, 1, 1))
@@ -232,8 +235,16 @@ class _UInt8Images(_IndexedDataset):
 
     decodes_on_host = True  # per-sample work on the host: worth DataLoader workers
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, indices: np.ndarray, transform: Callable | None,
-                 *, pad: int = 0, flip: bool = False) -> None:
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        indices: np.ndarray,
+        transform: Callable | None,
+        *,
+        pad: int = 0,
+        flip: bool = False,
+    ) -> None:
         super().__init__(labels, indices)
         self._images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else images
         self._pad, self._flip = pad, flip
@@ -278,8 +289,16 @@ class _ResidentImages(Dataset):
     the same crops.
     """
 
-    def __init__(self, images: torch.Tensor, labels: np.ndarray, indices: np.ndarray, *, pad: int = 0,
-                 flip: bool = False, fill: float = 0.0) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: np.ndarray,
+        indices: np.ndarray,
+        *,
+        pad: int = 0,
+        flip: bool = False,
+        fill: float = 0.0,
+    ) -> None:
         self.indices = np.asarray(indices, dtype=np.int64)
         self.targets = labels[self.indices]
         self._images = images  # the full split: indices are positions in it
@@ -307,8 +326,9 @@ class _ResidentImages(Dataset):
         return x, self._labels.index_select(0, on_dev), index
 
 
-def random_crop_flip(x: torch.Tensor, *, pad: int, flip: bool, fill: float = 0.0,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+def random_crop_flip(
+    x: torch.Tensor, *, pad: int, flip: bool, fill: float = 0.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Per-sample random crop of the `pad`-padded batch `x` (N, C, H, W) back to H x W, then a random flip.
 
     Offsets and flips are drawn on the host (from `generator`, default torch's global one), with the
@@ -373,8 +393,15 @@ def _load_synthetic(cfg: "DataConfig", root: Path | None, train_indices_for, res
     return DataBundle(
         train=_SyntheticImages(num_samples, num_classes, size, seed=0, keep=keep),
         val=_SyntheticImages(max(num_samples // 8, num_classes), num_classes, size, seed=1),
-        num_classes=num_classes, in_chans=3, img_size=size, num_train_full=num_samples,
-        train_indices=keep, mixup=None, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), name="synthetic",
+        num_classes=num_classes,
+        in_chans=3,
+        img_size=size,
+        num_train_full=num_samples,
+        train_indices=keep,
+        mixup=None,
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        name="synthetic",
     )
 
 
@@ -663,6 +690,7 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
     indices = train_indices_for(train_y)
     # CIFAR has no separate validation split: val is the official test batch.
     if resident:
+
         def chw(images: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
 
@@ -670,7 +698,9 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
         train: Dataset = _ResidentImages(chw(train_x), train_y, indices, pad=pad, flip=pad > 0)
         val: Dataset = _ResidentImages(chw(val_x), val_y, np.arange(len(val_y)))
     else:
-        train, val = _cifar_host_splits(cfg, (train_x, train_y, indices), (val_x, val_y, np.arange(len(val_y))), size, mean)
+        train, val = _cifar_host_splits(
+            cfg, (train_x, train_y, indices), (val_x, val_y, np.arange(len(val_y))), size, mean
+        )
     return DataBundle(
         train=train,
         val=val,
@@ -803,7 +833,12 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
 
 
 def fixed_batches(
-    data: "DataConfig", *, samples: int, batch_size: int, seed: int = 0, data_root: str | None = None,
+    data: "DataConfig",
+    *,
+    samples: int,
+    batch_size: int,
+    seed: int = 0,
+    data_root: str | None = None,
     device: torch.device | str | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed batches of a trial's own training set (its dataset, fraction and fraction seed), unaugmented.

@@ -43,16 +43,41 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
-        DatasetSpec("digits", "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
-                    "_load_digits", needs_root=False, device_resident=True),
-        DatasetSpec("cifar10", "CIFAR-10, the python-version pickles; val is the test batch",
-                    "_load_cifar", needs_root=True, device_resident=True, native_size=32),
-        DatasetSpec("cifar100", "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
-                    "_load_cifar", needs_root=True, device_resident=True, native_size=32),
-        DatasetSpec("imagefolder", "any train/val tree of class folders (ImageNet-style), decoded per sample",
-                    "_load_imagefolder", needs_root=True),
-        DatasetSpec("synthetic", "random images for throughput measurements; no augmentation",
-                    "_load_synthetic", needs_root=False),
+        DatasetSpec(
+            "digits",
+            "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
+            "_load_digits",
+            needs_root=False,
+            device_resident=True,
+        ),
+        DatasetSpec(
+            "cifar10",
+            "CIFAR-10, the python-version pickles; val is the test batch",
+            "_load_cifar",
+            needs_root=True,
+            device_resident=True,
+            native_size=32,
+        ),
+        DatasetSpec(
+            "cifar100",
+            "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
+            "_load_cifar",
+            needs_root=True,
+            device_resident=True,
+            native_size=32,
+        ),
+        DatasetSpec(
+            "imagefolder",
+            "any train/val tree of class folders (ImageNet-style), decoded per sample",
+            "_load_imagefolder",
+            needs_root=True,
+        ),
+        DatasetSpec(
+            "synthetic",
+            "random images for throughput measurements; no augmentation",
+            "_load_synthetic",
+            needs_root=False,
+        ),
     )
 }
 
@@ -119,8 +144,10 @@ def _timm_rand_augment() -> Callable[..., Any]:
 def _load_alone():
     spec = importlib.util.find_spec("timm")
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next((Path(p) / "data" / "auto_augment.py" for p in locations
-                 if (Path(p) / "data" / "auto_augment.py").is_file()), None)
+    path = next(
+        (Path(p) / "data" / "auto_augment.py" for p in locations if (Path(p) / "data" / "auto_augment.py").is_file()),
+        None,
+    )
     if path is None:
         return None
     file_spec = importlib.util.spec_from_file_location(_AUTO_AUGMENT, path)

@@ -245,7 +245,9 @@ def fetch_dataset(
     else:
         local = Path(to).expanduser()
         if local.exists() and not local.is_dir():
-            raise FetchError(f"--to {to!r}: is a file, not a directory. Fix: name a directory (it is created if absent).")
+            raise FetchError(
+                f"--to {to!r}: is a file, not a directory. Fix: name a directory (it is created if absent)."
+            )
         local.mkdir(parents=True, exist_ok=True)
         # Unpacked beside its destination, so that putting it in place is one rename on one filesystem.
         where, scratch_parent = str(local.resolve()), local

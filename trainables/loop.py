@@ -28,7 +28,20 @@ from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import BEST_EPOCH_METRICS
 
-__all__ = ["CHECKPOINT_FILE", "GEOMETRY_TIME_METRIC", "Probe", "Reporter", "Recorder", "RunLengthWarning", "TrialDiverged", "TrialStopped", "evaluate", "fit", "load_checkpoint", "load_model"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "GEOMETRY_TIME_METRIC",
+    "Probe",
+    "Reporter",
+    "Recorder",
+    "RunLengthWarning",
+    "TrialDiverged",
+    "TrialStopped",
+    "evaluate",
+    "fit",
+    "load_checkpoint",
+    "load_model",
+]
 
 CHECKPOINT_FILE = "checkpoint.pt"
 # Seconds a geometry measurement took, logged beside its measures; never part of epoch_time_s or images_per_sec.
@@ -239,7 +252,9 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
     val_idx = list(range(d.rank, len(bundle.val), d.world))
     if hasattr(bundle.val, "get_batch"):
         bundle.val.to_device(device)
-        val = _batch_loader(bundle.val, torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False))
+        val = _batch_loader(
+            bundle.val, torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False)
+        )
     else:
         subset = torch.utils.data.Subset(bundle.val, val_idx)
         val = DataLoader(subset, batch_size=cfg.data.eval_batch_size, **common(bundle.val))
@@ -344,7 +359,11 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, device: torch.device, autocast, d: _Dist = _Dist(),
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    autocast,
+    d: _Dist = _Dist(),
     prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
 ) -> dict[str, float]:
     """Loss, top-1 and top-5 accuracy over the whole loader and its sample count (summed over ranks); `prepare` is
@@ -373,7 +392,9 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _save(path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at, meta) -> None:
+def _save(
+    path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at, meta
+) -> None:
     state = {
         "format": 1,
         "model_meta": meta,  # what create_model needs besides the config: load_model works without the data
@@ -561,9 +582,21 @@ def fit(
                 if d.rank == 0:
                     _save(
                         ckpt_root / CHECKPOINT_FILE,
-                        model=net, method=method, scheduler=scheduler, scaler=scaler, epoch=epoch,
-                        num_updates=num_updates, cfg=cfg, best=best, metrics=metrics, logged_at=logged_at,
-                        meta={"num_classes": bundle.num_classes, "in_chans": bundle.in_chans, "img_size": bundle.img_size},
+                        model=net,
+                        method=method,
+                        scheduler=scheduler,
+                        scaler=scaler,
+                        epoch=epoch,
+                        num_updates=num_updates,
+                        cfg=cfg,
+                        best=best,
+                        metrics=metrics,
+                        logged_at=logged_at,
+                        meta={
+                            "num_classes": bundle.num_classes,
+                            "in_chans": bundle.in_chans,
+                            "img_size": bundle.img_size,
+                        },
                     )
                     saved = ckpt_root
             deliver(metrics, epoch, saved, logged_at)
@@ -606,12 +639,18 @@ def _measure_geometry(probe: Probe, model: nn.Module, batches, device: torch.dev
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0
     if not isinstance(measured, dict) or not all(isinstance(k, str) for k in measured):
-        raise TypeError(f"the geometry probe must return a dict of metric name -> number, got {type(measured).__name__}")
+        raise TypeError(
+            f"the geometry probe must return a dict of metric name -> number, got {type(measured).__name__}"
+        )
     return {**{k: float(v) for k, v in measured.items()}, GEOMETRY_TIME_METRIC: elapsed}
 
 
 def describe_hardware(device: torch.device | None = None) -> dict[str, str]:
     """Host and accelerator names, recorded with every trial."""
     device = device or (torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
-    card = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})"
+    card = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()})"
+    )
     return {"host": platform.node(), "card": card, "torch": torch.__version__}

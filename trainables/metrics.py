@@ -14,6 +14,15 @@ SAM_METRICS = ("surrogate_gap", "sharpness_2h_rho2")
 EPOCH_TIME = "epoch_time_s"
 # Everything one epoch's result holds (`trainables.loop.fit`); tests/studies/test_adversarial.py checks a real trial's.
 EPOCH_METRICS = (
-    "train_loss", "train_acc", "images_per_sec", EPOCH_TIME, *VALIDATION_METRICS, VALIDATION_SAMPLES, "lr", "weight_norm",
-    "best_val_acc", "best_epoch", *SAM_METRICS,
+    "train_loss",
+    "train_acc",
+    "images_per_sec",
+    EPOCH_TIME,
+    *VALIDATION_METRICS,
+    VALIDATION_SAMPLES,
+    "lr",
+    "weight_norm",
+    "best_val_acc",
+    "best_epoch",
+    *SAM_METRICS,
 )

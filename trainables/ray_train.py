@@ -15,7 +15,16 @@ from trainables.config import TrialConfig
 from trainables.naming import GPUS_PER_WORKER_PARAM, RAY_NODE_ID_TAG, TRIAL_ID_TAG, WORKERS_PARAM, tag
 from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
-__all__ = ["KEEP_CHECKPOINTS", "DistributedPlan", "check_device", "fit_distributed", "load_probe", "run_tune_trial", "train_worker_loop", "tune_trainable"]
+__all__ = [
+    "KEEP_CHECKPOINTS",
+    "DistributedPlan",
+    "check_device",
+    "fit_distributed",
+    "load_probe",
+    "run_tune_trial",
+    "train_worker_loop",
+    "tune_trainable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +41,7 @@ class DistributedPlan:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     custom: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker
-    max_failures: int = 2        # worker deaths survived per trial, each resumed from the last checkpoint
+    max_failures: int = 2  # worker deaths survived per trial, each resumed from the last checkpoint
     storage_path: str | None = None  # Ray Train's checkpoints (shared storage on a cluster)
     keep_checkpoints: int = KEEP_CHECKPOINTS
 
@@ -58,7 +67,10 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
     plan = DistributedPlan(**payload.get("plan", {}))
     resources = {WORKERS_PARAM: plan.workers, GPUS_PER_WORKER_PARAM: plan.gpus_per_worker}
     recorder = TrialRecorder(
-        TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params={**cfg.flat(), **resources},
+        TrackingTarget(**payload["tracking"]),
+        trial_key=trial_id,
+        run_name=run_name,
+        params={**cfg.flat(), **resources},
         wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
     recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))
@@ -109,13 +121,22 @@ def load_probe(payload: dict[str, Any], cfg: TrialConfig):
 
     module, sep, name = str(path).partition(":")
     if not sep or not module or not name:
-        raise ValueError(f"payload['probe']: must be 'module:function', got {path!r}. Fix: e.g. 'analysis.geometry.probes:make_probe'.")
+        raise ValueError(
+            f"payload['probe']: must be 'module:function', got {path!r}. Fix: e.g. 'analysis.geometry.probes:make_probe'."
+        )
     return getattr(importlib.import_module(module), name)(cfg)
 
 
 def _execute(
-    cfg: TrialConfig, *, checkpoint, sink: Callable, checkpoint_cls, recorder: TrialRecorder | None, metric: str,
-    report_resumed: bool = False, probe_from: dict[str, Any] | None = None,
+    cfg: TrialConfig,
+    *,
+    checkpoint,
+    sink: Callable,
+    checkpoint_cls,
+    recorder: TrialRecorder | None,
+    metric: str,
+    report_resumed: bool = False,
+    probe_from: dict[str, Any] | None = None,
 ) -> None:
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
@@ -138,8 +159,14 @@ def _execute(
             fit(cfg, reporter=report, recorder=recorder, probe=probe)
         else:
             with checkpoint.as_directory() as ckpt_dir:
-                fit(cfg, resume_from=ckpt_dir, reporter=report, recorder=recorder, report_resumed=report_resumed,
-                    probe=probe)
+                fit(
+                    cfg,
+                    resume_from=ckpt_dir,
+                    reporter=report,
+                    recorder=recorder,
+                    report_resumed=report_resumed,
+                    probe=probe,
+                )
     except TrialStopped as stop:
         if recorder is not None:
             if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
@@ -170,7 +197,9 @@ def train_worker_loop(payload: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     cfg = TrialConfig.load(payload["trial"])
     trial_id = payload.get("trial_id") or ctx.get_experiment_name()
-    recorder = _recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg) if ctx.get_world_rank() == 0 else None
+    recorder = (
+        _recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg) if ctx.get_world_rank() == 0 else None
+    )
     _execute(
         cfg,
         checkpoint=ray.train.get_checkpoint(),
@@ -203,20 +232,28 @@ def _trainer(payload: dict[str, Any], plan: DistributedPlan, name: str, callback
             name=name,
             storage_path=plan.storage_path,
             # Finite on both levels: a trial that keeps dying must end, not hold its workers forever.
-            failure_config=ray.train.FailureConfig(max_failures=plan.max_failures, controller_failure_limit=plan.max_failures),
+            failure_config=ray.train.FailureConfig(
+                max_failures=plan.max_failures, controller_failure_limit=plan.max_failures
+            ),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=plan.keep_checkpoints),
             callbacks=callbacks,
         ),
     )
 
 
-def fit_distributed(config: TrialConfig | dict[str, Any], *, plan: DistributedPlan, name: str, payload: dict[str, Any] | None = None):
+def fit_distributed(
+    config: TrialConfig | dict[str, Any], *, plan: DistributedPlan, name: str, payload: dict[str, Any] | None = None
+):
     """Run one trial as a Ray Train job of `plan.workers` DDP workers (Ray must be initialised); returns its Result.
 
     A run with the same `name` and `plan.storage_path` resumes from its latest checkpoint.
     """
     cfg = TrialConfig.load(config)
-    body = {**(payload or {}), "trial": cfg.model_dump(mode="json"), "trial_id": (payload or {}).get("trial_id") or name}
+    body = {
+        **(payload or {}),
+        "trial": cfg.model_dump(mode="json"),
+        "trial_id": (payload or {}).get("trial_id") or name,
+    }
     return _trainer(body, plan, name, callbacks=[]).fit()
 
 
@@ -258,7 +295,8 @@ def _restore_point(result):
     found = {
         index: info.path
         for info in fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
-        if info.type == pafs.FileType.Directory and (index := _checkpoint_index(info.base_name)) is not None
+        if info.type == pafs.FileType.Directory
+        and (index := _checkpoint_index(info.base_name)) is not None
         and complete(info.path)
     }
     # The recorded directory must exist: Tune deletes it when the trial's next checkpoint arrives.
@@ -312,7 +350,9 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
         from ray.tune.integration.ray_train import TuneReportCallback
 
         # Ray Train owns the workers and their checkpoints; a restarted trial finds them under the same name.
-        _trainer(payload, plan, name=f"{payload.get('study', 'trial')}-{trial_id}", callbacks=[TuneReportCallback()]).fit()
+        _trainer(
+            payload, plan, name=f"{payload.get('study', 'trial')}-{trial_id}", callbacks=[TuneReportCallback()]
+        ).fit()
         return
 
     cfg = TrialConfig.load(payload["trial"])

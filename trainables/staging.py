@@ -74,7 +74,9 @@ def open_uri(uri: str):
     try:
         from pyarrow import fs as pafs
     except ImportError as exc:  # pragma: no cover - pyarrow is a declared dependency
-        raise StagingError(f"data root {uri!r}: a URI needs pyarrow, which is not installed. Fix: pip install pyarrow") from exc
+        raise StagingError(
+            f"data root {uri!r}: a URI needs pyarrow, which is not installed. Fix: pip install pyarrow"
+        ) from exc
     try:
         filesystem, path = pafs.FileSystem.from_uri(uri)
     except (ValueError, NotImplementedError, OSError) as exc:
@@ -113,9 +115,11 @@ def _source_files(uri: str) -> tuple[object, list[tuple[str, str, int | None]], 
     for entry in entries:
         if not entry.path.startswith(prefix):
             continue
-        rel = PurePosixPath(entry.path[len(prefix):])
+        rel = PurePosixPath(entry.path[len(prefix) :])
         if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-            raise StagingError(f"data root {uri!r}: lists an entry outside itself ({entry.path!r}). Fix: check the store.")
+            raise StagingError(
+                f"data root {uri!r}: lists an entry outside itself ({entry.path!r}). Fix: check the store."
+            )
         if str(rel) == MANIFEST:
             continue  # a staged copy uploaded back: its manifest is rebuilt here
         if entry.type == pafs.FileType.File:

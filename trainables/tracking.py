@@ -52,7 +52,7 @@ def resolve_tracking_uri(uri: str, base: Path | None = None) -> str:
     """Make a relative `sqlite:///x.db` absolute, so Ray workers in other directories write to the same file."""
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        path = (base or Path.cwd()) / uri[len(prefix):]
+        path = (base or Path.cwd()) / uri[len(prefix) :]
         return prefix + str(path.resolve())
     if "://" not in uri:  # a bare path: MLflow's file store is deprecated, so a path means an SQLite file
         return prefix + str(((base or Path.cwd()) / uri).resolve())
@@ -109,7 +109,7 @@ def filter_value(value: str) -> str:
 
 def sqlite_path(uri: str) -> Path | None:
     """The file of an `sqlite:///` tracking URI, else None."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def tracking_client(tracking_uri: str, *, create: bool = True):
@@ -155,7 +155,13 @@ class TrialRecorder:
     """Owns one trial's MLflow run: get-or-create by trial key, log params once, metrics per epoch, close it."""
 
     def __init__(
-        self, target: TrackingTarget, trial_key: str, run_name: str, params: dict[str, Any], *, wants_checkpoint: bool = False
+        self,
+        target: TrackingTarget,
+        trial_key: str,
+        run_name: str,
+        params: dict[str, Any],
+        *,
+        wants_checkpoint: bool = False,
     ):
         from mlflow.entities import Param
 
@@ -228,9 +234,12 @@ class TrialRecorder:
         if reason:
             tags[REASON_TAG] = reason[:5000]
         self.set_tags(tags)
-        mlflow_status = {"finished": "FINISHED", "early_stopped": "KILLED", "killed": "KILLED", "interrupted": "KILLED"}.get(
-            status, "FAILED"
-        )
+        mlflow_status = {
+            "finished": "FINISHED",
+            "early_stopped": "KILLED",
+            "killed": "KILLED",
+            "interrupted": "KILLED",
+        }.get(status, "FAILED")
         _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
 
 

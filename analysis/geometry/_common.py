@@ -22,6 +22,7 @@ def _metrics(prefix: str, values: Mapping[str, float]) -> dict[str, float]:
     # NaN (a standard error from one draw) is left out: a metric store would plot it as a gap anyway.
     return {prefix + key: float(value) for key, value in values.items() if not math.isnan(float(value))}
 
+
 def _check_int(name: str, value: Any, minimum: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__}); {fix}")
@@ -116,7 +117,6 @@ def _resolve_params(
     return [n for n, _ in chosen], [p for _, p in chosen]
 
 
-
 def _generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
@@ -128,7 +128,6 @@ def _std_error(values: Sequence[float]) -> float:
 
 
 # --------------------------------------------------------------------------------------- model state
-
 
 
 def no_fused_attention(model: nn.Module):
@@ -192,5 +191,3 @@ def _set_params(
             for coefficient, direction in steps:
                 if coefficient != 0.0:
                     param.add_(direction[index], alpha=coefficient)
-
-

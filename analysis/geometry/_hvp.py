@@ -57,8 +57,14 @@ def split_batch(batch: Any, size: int, m: int) -> list[Any]:
 
 
 # The fp32 precision switches of PyTorch's backends (torch >= 2.9); each may say "tf32" (or "bf16" on CPU).
-_FP32_BACKENDS = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"), ("mkldnn", "matmul"), ("mkldnn", "conv"),
-                  ("mkldnn", "rnn"))
+_FP32_BACKENDS = (
+    ("cuda", "matmul"),
+    ("cudnn", "conv"),
+    ("cudnn", "rnn"),
+    ("mkldnn", "matmul"),
+    ("mkldnn", "conv"),
+    ("mkldnn", "rnn"),
+)
 
 
 @contextlib.contextmanager
@@ -95,13 +101,40 @@ def ieee_fp32() -> Iterator[None]:
 # max changing its argument. A loss built from them has a discontinuous gradient, so a difference of gradients
 # over a step h picks up every switch the step crosses: their number grows like h, each adds a jump of O(1) / h,
 # and the sum does not vanish as h shrinks. (ResNet-50, ReLU and max pooling: lambda_max off by 33x.)
-_KINKED = frozenset({
-    "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "hardtanh_", "hardswish", "hardsigmoid",
-    "prelu", "rrelu", "rrelu_", "selu", "selu_", "threshold", "threshold_", "_threshold", "hardshrink", "softshrink",
-    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices",
-    "max_pool3d_with_indices", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
-    "fractional_max_pool2d", "fractional_max_pool3d",
-})
+_KINKED = frozenset(
+    {
+        "relu",
+        "relu_",
+        "relu6",
+        "leaky_relu",
+        "leaky_relu_",
+        "hardtanh",
+        "hardtanh_",
+        "hardswish",
+        "hardsigmoid",
+        "prelu",
+        "rrelu",
+        "rrelu_",
+        "selu",
+        "selu_",
+        "threshold",
+        "threshold_",
+        "_threshold",
+        "hardshrink",
+        "softshrink",
+        "max_pool1d",
+        "max_pool2d",
+        "max_pool3d",
+        "max_pool1d_with_indices",
+        "max_pool2d_with_indices",
+        "max_pool3d_with_indices",
+        "adaptive_max_pool1d",
+        "adaptive_max_pool2d",
+        "adaptive_max_pool3d",
+        "fractional_max_pool2d",
+        "fractional_max_pool3d",
+    }
+)
 
 
 class _RefuseKinks(torch.overrides.TorchFunctionMode):
@@ -501,7 +534,6 @@ class HessianCore:
                 out.add_(part)
         return result
 
-
     def _gradient(self, params: Sequence[nn.Parameter]) -> list[torch.Tensor]:
         """The mean loss's gradient with respect to params, one tensor per parameter, with no host sync.
 
@@ -540,7 +572,9 @@ class HessianCore:
             norms = torch._foreach_norm([self._base[i] for i in index])
             self._w_norms[key] = float(torch.linalg.vector_norm(torch.stack(norms).double()))
         eps = torch.finfo(self._base[index[0]].dtype).eps
-        return (eps ** (1 / 3) if central else math.sqrt(eps)) * (1.0 + self._w_norms[key]) / (_FD_STEP_DIVISOR * v_norm)
+        return (
+            (eps ** (1 / 3) if central else math.sqrt(eps)) * (1.0 + self._w_norms[key]) / (_FD_STEP_DIVISOR * v_norm)
+        )
 
     def _hvp_finite_difference(self, index: Sequence[int], vectors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # About one gradient per product (forward): the weights are shifted in place with one fused add, the gradient
@@ -634,8 +668,9 @@ class _Basis:
 
     def append(self, vector: torch.Tensor) -> None:
         if self.count == self.rows.shape[0]:
-            grown = torch.empty(min(2 * self.count, self.capacity), self.rows.shape[1], dtype=self.rows.dtype,
-                                device=self.rows.device)
+            grown = torch.empty(
+                min(2 * self.count, self.capacity), self.rows.shape[1], dtype=self.rows.dtype, device=self.rows.device
+            )
             grown[: self.count] = self.rows
             self.rows = grown
         self.rows[self.count] = vector
@@ -875,7 +910,9 @@ class GGNCore:
 
     hvp_mode = "ggn"
 
-    def __init__(self, oracle: LossOracle, names: Sequence[str], params: Sequence[nn.Parameter], *, cache_graphs: bool) -> None:
+    def __init__(
+        self, oracle: LossOracle, names: Sequence[str], params: Sequence[nn.Parameter], *, cache_graphs: bool
+    ) -> None:
         self.oracle = oracle
         self.names = list(names)
         self.params = list(params)

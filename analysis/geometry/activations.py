@@ -65,7 +65,6 @@ class LinearityResult:
         return _metrics(prefix, {"missing_rate": self.missing_rate, "missing_rate_std_error": self.std_error})
 
 
-
 def _activation_groups(model: nn.Module) -> dict[str, list[nn.Module]]:
     """Hidden activation modules per block: the `act` of every mlp / mlp_tokens / mlp_channels (ViT, Mixer),
     or every act* inside a residual block layerL.B (ResNet)."""
@@ -232,4 +231,3 @@ def linearity_missing_rate(
         mode=mode,
         num_inputs=labels.shape[0],
     )
-

@@ -61,7 +61,6 @@ class LandscapeResult:
         }
 
 
-
 # ------------------------------------------------------------------------------------------ landscapes
 
 
@@ -98,7 +97,16 @@ def _grid(steps: int, span: float) -> list[float]:
 
 
 def _landscape(
-    model: nn.Module, loss_fn: LossFn, batches: Any, *, dims: int, steps: int, span: float, seed: int, mode: Mode, mask_seed: int
+    model: nn.Module,
+    loss_fn: LossFn,
+    batches: Any,
+    *,
+    dims: int,
+    steps: int,
+    span: float,
+    seed: int,
+    mode: Mode,
+    mask_seed: int,
 ) -> LandscapeResult:
     steps = _check_int("steps", steps, 2, "use at least two grid points per axis (odd counts include alpha=0)")
     span = _check_positive("span", span, "the largest |alpha| of the grid, e.g. 1.0")
@@ -157,7 +165,9 @@ def loss_landscape_1d(
     """L(w + alpha d) for `steps` alphas evenly in [-span, span], d = filter_normalized_direction(model, seed).
 
     mask_seed fixes dropout / drop-path masks in train mode (as in hessian_operator)."""
-    return _landscape(model, loss_fn, batches, dims=1, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed)
+    return _landscape(
+        model, loss_fn, batches, dims=1, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed
+    )
 
 
 def loss_landscape_2d(
@@ -172,6 +182,6 @@ def loss_landscape_2d(
     mask_seed: int = 0,
 ) -> LandscapeResult:
     """L(w + alpha d1 + beta d2) on a steps x steps grid over [-span, span]^2; d1, d2 from seeds seed, seed+1."""
-    return _landscape(model, loss_fn, batches, dims=2, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed)
-
-
+    return _landscape(
+        model, loss_fn, batches, dims=2, steps=steps, span=span, seed=seed, mode=mode, mask_seed=mask_seed
+    )

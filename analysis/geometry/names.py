@@ -15,7 +15,11 @@ HVP_MODES: tuple[str, ...] = get_args(HvpMode)
 #: The measures a `geometry:` section may name, in the order a trial takes them; each is an entry of
 #: `analysis.geometry.probes.MEASURES` (tests/analysis/test_geometry_probes.py holds the two equal).
 MEASURE_NAMES: tuple[str, ...] = (
-    "lambda_max", "hessian_trace", "blockwise_lambda_max", "average_flatness", "surrogate_gap",
+    "lambda_max",
+    "hessian_trace",
+    "blockwise_lambda_max",
+    "average_flatness",
+    "surrogate_gap",
 )
 #: The import path of the probe factory, as the runner hands it to each trial (trainables.ray_train imports it).
 PROBE_FACTORY = "analysis.geometry.probes:make_probe"

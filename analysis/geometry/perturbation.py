@@ -114,7 +114,6 @@ class MSharpnessResult:
         return {"values": np.asarray(self.values, dtype=np.float64)}
 
 
-
 # ------------------------------------------------------------------------------ zeroth/first order
 
 
@@ -274,5 +273,3 @@ def m_sharpness(
         num_samples=oracle.num_samples,
         num_params=sum(p.numel() for p in chosen),
     )
-
-

@@ -63,23 +63,59 @@ class Measure:
 
 
 def _lambda_max(model, batches, g):
-    return top_eigenvalues(model, _cross_entropy, batches, k=1, mode=g.mode, max_iter=g.max_iter, tol=g.tol,
-                           seed=g.seed, hvp_mode=g.hvp_mode, mask_seed=g.seed)
+    return top_eigenvalues(
+        model,
+        _cross_entropy,
+        batches,
+        k=1,
+        mode=g.mode,
+        max_iter=g.max_iter,
+        tol=g.tol,
+        seed=g.seed,
+        hvp_mode=g.hvp_mode,
+        mask_seed=g.seed,
+    )
 
 
 def _trace(model, batches, g):
-    return hessian_trace(model, _cross_entropy, batches, samples=g.trace_samples, mode=g.mode, seed=g.seed,
-                         hvp_mode=g.hvp_mode, mask_seed=g.seed)
+    return hessian_trace(
+        model,
+        _cross_entropy,
+        batches,
+        samples=g.trace_samples,
+        mode=g.mode,
+        seed=g.seed,
+        hvp_mode=g.hvp_mode,
+        mask_seed=g.seed,
+    )
 
 
 def _blockwise(model, batches, g):
-    return blockwise_top_eigenvalues(model, _cross_entropy, batches, default_parameter_groups(model), mode=g.mode,
-                                     max_iter=g.max_iter, tol=g.tol, seed=g.seed, hvp_mode=g.hvp_mode, mask_seed=g.seed)
+    return blockwise_top_eigenvalues(
+        model,
+        _cross_entropy,
+        batches,
+        default_parameter_groups(model),
+        mode=g.mode,
+        max_iter=g.max_iter,
+        tol=g.tol,
+        seed=g.seed,
+        hvp_mode=g.hvp_mode,
+        mask_seed=g.seed,
+    )
 
 
 def _flatness(model, batches, g):
-    return average_flatness(model, _cross_entropy, batches, sigma=g.flatness_sigma, draws=g.flatness_draws, mode=g.mode, seed=g.seed,
-                            mask_seed=g.seed)
+    return average_flatness(
+        model,
+        _cross_entropy,
+        batches,
+        sigma=g.flatness_sigma,
+        draws=g.flatness_draws,
+        mode=g.mode,
+        seed=g.seed,
+        mask_seed=g.seed,
+    )
 
 
 def _surrogate_gap(model, batches, g):
@@ -89,18 +125,38 @@ def _surrogate_gap(model, batches, g):
 MEASURES: dict[str, Measure] = {
     m.name: m
     for m in (
-        Measure("lambda_max", "largest Hessian eigenvalue (Lanczos): the sharpness of the minimum",
-                "up to geometry.max_iter Hessian-vector products (HVP ~ 2-4 gradients each)", _lambda_max),
-        Measure("hessian_trace", "tr(H) by Hutchinson's estimator: the summed curvature of every direction",
-                "geometry.trace_samples HVPs", _trace),
-        Measure("blockwise_lambda_max", "lambda_max of each diagonal block of the Hessian (Chen et al. 2022, Table 4):"
-                " patch embedding, attention/token MLP, channel MLP, per block, norms, head",
-                "up to geometry.max_iter HVPs per block (blocks: trainables.models.parameter_groups)", _blockwise,
-                prefix="blockwise/"),
-        Measure("average_flatness", "E L(w + e), e ~ N(0, sigma^2 I), and its excess over L(w) (Chen et al. 2022, "
-                "Table 1)", "geometry.flatness_draws + 1 forward passes", _flatness),
-        Measure("surrogate_gap", "L(w + rho g/||g||) - L(w), GSAM's surrogate gap, and 2h/rho^2",
-                "one gradient and two forward passes", _surrogate_gap),
+        Measure(
+            "lambda_max",
+            "largest Hessian eigenvalue (Lanczos): the sharpness of the minimum",
+            "up to geometry.max_iter Hessian-vector products (HVP ~ 2-4 gradients each)",
+            _lambda_max,
+        ),
+        Measure(
+            "hessian_trace",
+            "tr(H) by Hutchinson's estimator: the summed curvature of every direction",
+            "geometry.trace_samples HVPs",
+            _trace,
+        ),
+        Measure(
+            "blockwise_lambda_max",
+            "lambda_max of each diagonal block of the Hessian (Chen et al. 2022, Table 4):"
+            " patch embedding, attention/token MLP, channel MLP, per block, norms, head",
+            "up to geometry.max_iter HVPs per block (blocks: trainables.models.parameter_groups)",
+            _blockwise,
+            prefix="blockwise/",
+        ),
+        Measure(
+            "average_flatness",
+            "E L(w + e), e ~ N(0, sigma^2 I), and its excess over L(w) (Chen et al. 2022, Table 1)",
+            "geometry.flatness_draws + 1 forward passes",
+            _flatness,
+        ),
+        Measure(
+            "surrogate_gap",
+            "L(w + rho g/||g||) - L(w), GSAM's surrogate gap, and 2h/rho^2",
+            "one gradient and two forward passes",
+            _surrogate_gap,
+        ),
     )
 }
 

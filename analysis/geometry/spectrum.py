@@ -63,7 +63,6 @@ _AUTO_HVP_MODE = {
 }
 
 
-
 @dataclass(frozen=True)
 class EigenResult:
     """Extreme Hessian eigenvalues of the mean loss over `num_samples` samples in `num_batches` batches.
@@ -176,7 +175,6 @@ class TraceResult:
         return {"estimates": np.asarray(self.estimates, dtype=np.float64)}
 
 
-
 def _resolve_hvp_mode(model: nn.Module, hvp_mode: str) -> str:
     _check_choice("hvp_mode", hvp_mode, ("auto",) + HVP_MODES)
     if hvp_mode != "auto":
@@ -185,7 +183,6 @@ def _resolve_hvp_mode(model: nn.Module, hvp_mode: str) -> str:
         if cls.__name__ in _AUTO_HVP_MODE:
             return _AUTO_HVP_MODE[cls.__name__]
     return "double_backward"
-
 
 
 # ------------------------------------------------------------------------------------ Hessian spectrum
@@ -271,8 +268,14 @@ def hessian_operator(
             "not Gauss-Newton ones (the GGN products are always exact). Use curvature='hessian' with it, or "
             "hvp_mode='auto' with curvature='ggn'"
         )
-    core_args = dict(oracle=oracle, names=names, params=chosen, hvp_mode=resolved, cache_graphs=bool(cache_graphs),
-                     curvature=curvature)
+    core_args = dict(
+        oracle=oracle,
+        names=names,
+        params=chosen,
+        hvp_mode=resolved,
+        cache_graphs=bool(cache_graphs),
+        curvature=curvature,
+    )
     return _HessianOperatorScope(model, core_args, mode)
 
 
@@ -339,8 +342,15 @@ def _extreme_eigenvalues(
 ) -> EigenResult:
     solver = _solver_settings(**solver)
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, curvature=curvature,
+        model,
+        loss_fn,
+        batches,
+        mode=mode,
+        params=params,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+        curvature=curvature,
     ) as op:
         if solver["k"] > op.num_params:
             raise ValueError(
@@ -348,8 +358,15 @@ def _extreme_eigenvalues(
             )
         output = _solve(op._flat, which, **solver)
         return _eigen_result(
-            output, op._core, which=which, hvp_count=op.hvp_count, num_params=op.num_params, mode=mode,
-            mask_seed=mask_seed, curvature=curvature, **solver
+            output,
+            op._core,
+            which=which,
+            hvp_count=op.hvp_count,
+            num_params=op.num_params,
+            mode=mode,
+            mask_seed=mask_seed,
+            curvature=curvature,
+            **solver,
         )
 
 
@@ -384,8 +401,21 @@ def top_eigenvalues(
     cache_graphs and mask_seed as in hessian_operator; `seed` draws the start vector only.
     """
     return _extreme_eigenvalues(
-        model, loss_fn, batches, "largest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, curvature=curvature, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        model,
+        loss_fn,
+        batches,
+        "largest",
+        mode=mode,
+        params=params,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+        curvature=curvature,
+        k=k,
+        method=method,
+        max_iter=max_iter,
+        tol=tol,
+        seed=seed,
     )
 
 
@@ -408,8 +438,21 @@ def smallest_eigenvalue(
 ) -> EigenResult:
     """The k algebraically smallest Hessian eigenvalues (ascending), as top_eigenvalues does for -H."""
     return _extreme_eigenvalues(
-        model, loss_fn, batches, "smallest", mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, curvature=curvature, k=k, method=method, max_iter=max_iter, tol=tol, seed=seed,
+        model,
+        loss_fn,
+        batches,
+        "smallest",
+        mode=mode,
+        params=params,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+        curvature=curvature,
+        k=k,
+        method=method,
+        max_iter=max_iter,
+        tol=tol,
+        seed=seed,
     )
 
 
@@ -447,7 +490,13 @@ def blockwise_top_eigenvalues(
     union = list(dict.fromkeys(n for names in members.values() for n in names))
     results = []
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=union, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
+        model,
+        loss_fn,
+        batches,
+        mode=mode,
+        params=union,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
         mask_seed=mask_seed,
     ) as op:
         core = op._core
@@ -458,8 +507,14 @@ def blockwise_top_eigenvalues(
             output = _solve(block, "largest", **solver)
             results.append(
                 _eigen_result(
-                    output, core, which="largest", hvp_count=core.hvp_count - before, num_params=block.size, mode=mode,
-                    mask_seed=mask_seed, **solver,
+                    output,
+                    core,
+                    which="largest",
+                    hvp_count=core.hvp_count - before,
+                    num_params=block.size,
+                    mode=mode,
+                    mask_seed=mask_seed,
+                    **solver,
                 )
             )
         return BlockwiseEigenResult(
@@ -494,8 +549,15 @@ def hessian_trace(
     _check_int("samples", samples, 2, "a standard error needs at least two probe vectors")
     _check_int("seed", seed, 0, "use a non-negative seed")
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, curvature=curvature,
+        model,
+        loss_fn,
+        batches,
+        mode=mode,
+        params=params,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+        curvature=curvature,
     ) as op:
         flat = op._flat
         generator = _generator(flat.device, seed)
@@ -520,7 +582,6 @@ def hessian_trace(
         )
 
 
-
 def default_parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     """Parameter groups of a timm ViT, MLP-Mixer or ResNet for blockwise_top_eigenvalues, by parameter name.
 
@@ -531,8 +592,6 @@ def default_parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     from trainables.models import parameter_groups
 
     return parameter_groups(model)
-
-
 
 
 @dataclass(frozen=True)
@@ -574,12 +633,15 @@ class DensityResult:
 
     def to_metrics(self, prefix: str = "") -> dict[str, float]:
         used = self.weights > 0
-        return _metrics(prefix, {
-            "slq_lambda_max": float(self.nodes[used].max()),
-            "slq_lambda_min": float(self.nodes[used].min()),
-            "slq_trace_estimate": self.moment(1) * self.num_params,
-            "slq_negative_mass": float(np.sum(self.weights * (self.nodes < 0)) / self.probes),
-        })
+        return _metrics(
+            prefix,
+            {
+                "slq_lambda_max": float(self.nodes[used].max()),
+                "slq_lambda_min": float(self.nodes[used].min()),
+                "slq_trace_estimate": self.moment(1) * self.num_params,
+                "slq_negative_mass": float(np.sum(self.weights * (self.nodes < 0)) / self.probes),
+            },
+        )
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         return {"nodes": self.nodes, "weights": self.weights}
@@ -610,14 +672,38 @@ def eigenvalue_density(
     _check_int("steps", steps, 1, "use at least one Lanczos step per probe (30 is usual)")
     _check_int("seed", seed, 0, "use a non-negative seed")
     with hessian_operator(
-        model, loss_fn, batches, mode=mode, params=params, hvp_mode=hvp_mode, cache_graphs=cache_graphs,
-        mask_seed=mask_seed, curvature=curvature,
+        model,
+        loss_fn,
+        batches,
+        mode=mode,
+        params=params,
+        hvp_mode=hvp_mode,
+        cache_graphs=cache_graphs,
+        mask_seed=mask_seed,
+        curvature=curvature,
     ) as op:
         flat = op._flat
-        nodes, weights = slq(flat, flat.size, probes=probes, steps=steps, generator=_generator(flat.device, seed),
-                             dtype=flat.dtype, device=flat.device)
+        nodes, weights = slq(
+            flat,
+            flat.size,
+            probes=probes,
+            steps=steps,
+            generator=_generator(flat.device, seed),
+            dtype=flat.dtype,
+            device=flat.device,
+        )
         return DensityResult(
-            nodes=nodes.numpy(), weights=weights.numpy(), probes=probes, steps=min(steps, flat.size), mode=mode,
-            hvp_mode=op.hvp_mode, seed=seed, mask_seed=mask_seed, hvp_count=op.hvp_count,
-            num_batches=op.num_batches, num_samples=op.num_samples, num_params=op.num_params, curvature=curvature,
+            nodes=nodes.numpy(),
+            weights=weights.numpy(),
+            probes=probes,
+            steps=min(steps, flat.size),
+            mode=mode,
+            hvp_mode=op.hvp_mode,
+            seed=seed,
+            mask_seed=mask_seed,
+            hvp_count=op.hvp_count,
+            num_batches=op.num_batches,
+            num_samples=op.num_samples,
+            num_params=op.num_params,
+            curvature=curvature,
         )

@@ -26,8 +26,18 @@ from analysis import geometry
 from trainables import fit, load_dataset, load_model
 
 ARCHS = {
-    "vit": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 4,
-                                                        "mlp_ratio": 2, "global_pool": "avg", "class_token": False}},
+    "vit": {
+        "name": "vit_tiny_patch16_224",
+        "kwargs": {
+            "patch_size": 4,
+            "embed_dim": 64,
+            "depth": 2,
+            "num_heads": 4,
+            "mlp_ratio": 2,
+            "global_pool": "avg",
+            "class_token": False,
+        },
+    },
     "mixer": {"name": "mixer_s16_224", "kwargs": {"patch_size": 4, "num_blocks": 2, "embed_dim": 64}},
 }
 METHODS = {
@@ -62,7 +72,9 @@ def lambda_max(checkpoint: str, images: int = 512) -> float:
     x = bundle.prepare(torch.stack([item[0] for item in items]))
     y = torch.tensor([item[1] for item in items])
     batches = [(x[i : i + 128], y[i : i + 128]) for i in range(0, images, 128)]
-    result = geometry.top_eigenvalues(model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), batches, max_iter=30, tol=1e-3)
+    result = geometry.top_eigenvalues(
+        model, lambda m, b: F.cross_entropy(m(b[0]), b[1]), batches, max_iter=30, tol=1e-3
+    )
     return result.eigenvalues[0]
 
 
@@ -79,8 +91,15 @@ def run_one(job: tuple[str, str, int, int]) -> dict:
             lam = lambda_max(tmp)
     finally:
         optim.MESA.decay = paper_decay
-    row = {"arch": arch, "method": method, "seed": seed, "train_loss": final["train_loss"],
-           "val_acc": final["val_acc"], "lambda_max": lam, "seconds": time.perf_counter() - t0}
+    row = {
+        "arch": arch,
+        "method": method,
+        "seed": seed,
+        "train_loss": final["train_loss"],
+        "val_acc": final["val_acc"],
+        "lambda_max": lam,
+        "seconds": time.perf_counter() - t0,
+    }
     print(row, flush=True)
     return row
 
@@ -114,8 +133,10 @@ def main() -> None:
             rows = pool.map(run_one, jobs, chunksize=1)
     else:
         rows = [run_one(job) for job in jobs]
-    print("\n| arch | method | n seeds | train CE loss | val acc | lambda_max median (min-max) | "
-          "lambda_max / vanilla, same seed: geometric mean [95% CI over seeds] |")
+    print(
+        "\n| arch | method | n seeds | train CE loss | val acc | lambda_max median (min-max) | "
+        "lambda_max / vanilla, same seed: geometric mean [95% CI over seeds] |"
+    )
     print("|---|---|---|---|---|---|---|")
     for arch in args.archs:
         for method in args.methods:
@@ -123,9 +144,11 @@ def main() -> None:
             lams = [r["lambda_max"] for r in part]
             ratio, lo, hi, n = paired_ratio(rows, arch, method)
             shown = "1 (itself)" if method == "vanilla" else f"{ratio:.2f} [{lo:.2f}, {hi:.2f}] (n = {n})"
-            print(f"| {arch} | {method} | {len(part)} | {np.mean([r['train_loss'] for r in part]):.3f} | "
-                  f"{np.mean([r['val_acc'] for r in part]):.3f} | {np.median(lams):.1f} ({min(lams):.1f}-{max(lams):.1f}) | "
-                  f"{shown} |")
+            print(
+                f"| {arch} | {method} | {len(part)} | {np.mean([r['train_loss'] for r in part]):.3f} | "
+                f"{np.mean([r['val_acc'] for r in part]):.3f} | {np.median(lams):.1f} ({min(lams):.1f}-{max(lams):.1f}) | "
+                f"{shown} |"
+            )
 
 
 if __name__ == "__main__":

@@ -29,18 +29,37 @@ def store(tmp_path_factory, study_store):
             cell = f"arch=resnet,method={method},train.seed={seed}"
             for i, final in enumerate(finals):
                 key = f"{method}-{seed}-{i}"
-                params = {"optimizer.method": "sam" if method == "sam" else "none", "schedule.epochs": epochs,
-                          "train.seed": seed, WORKERS_PARAM: WORKERS, GPUS_PER_WORKER_PARAM: GPUS}
+                params = {
+                    "optimizer.method": "sam" if method == "sam" else "none",
+                    "schedule.epochs": epochs,
+                    "train.seed": seed,
+                    WORKERS_PARAM: WORKERS,
+                    GPUS_PER_WORKER_PARAM: GPUS,
+                }
                 rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
-                rec.set_tags({"factor.arch": "resnet", "factor.method": method, "factor.train.seed": str(seed),
-                              "sharpscale.cell": cell, "sharpscale.trial_id": key})
+                rec.set_tags(
+                    {
+                        "factor.arch": "resnet",
+                        "factor.method": method,
+                        "factor.train.seed": str(seed),
+                        "sharpscale.cell": cell,
+                        "sharpscale.trial_id": key,
+                    }
+                )
                 for epoch in range(epochs):
                     rec.log_epoch({"val_acc": final - 0.1 * (epochs - 1 - epoch), "epoch_time_s": seconds}, epoch)
                 rec.finish("finished")
     # A study with vit too, whose one trial never finished an epoch: its cost is unknown, not 0.
     rec = TrialRecorder(target, trial_key="vit-dead", run_name="vit-dead", params={"schedule.epochs": 2})
-    rec.set_tags({"factor.arch": "vit", "factor.method": "vanilla", "factor.train.seed": "0",
-                  "sharpscale.cell": "arch=vit,method=vanilla,train.seed=0", "sharpscale.trial_id": "vit-dead"})
+    rec.set_tags(
+        {
+            "factor.arch": "vit",
+            "factor.method": "vanilla",
+            "factor.train.seed": "0",
+            "sharpscale.cell": "arch=vit,method=vanilla,train.seed=0",
+            "sharpscale.trial_id": "vit-dead",
+        }
+    )
     rec.finish("failed", "out of memory")
     return uri, study_run
 
@@ -80,7 +99,9 @@ def test_compute_matched_pays_a_search_and_averages_seeds(frames):
     assert table.attrs["unit"] == "GPU-s"  # the vit trial without a timed epoch has no cost to show
     sam = table.loc[("resnet", "sam")]
     # Each SAM cell's answer is its better rho (0.86, 0.88); its cost both trials' (2 x 2 epochs x 20 s x 1 GPU).
-    assert sam["metric_mean"] == pytest.approx(0.87) and sam["metric_se"] == pytest.approx(np.std([0.86, 0.88], ddof=1) / math.sqrt(2))
+    assert sam["metric_mean"] == pytest.approx(0.87) and sam["metric_se"] == pytest.approx(
+        np.std([0.86, 0.88], ddof=1) / math.sqrt(2)
+    )
     assert sam["cost_mean"] == pytest.approx(80.0) and sam["cost_se"] == pytest.approx(0.0)
     assert (sam["n"], sam["trials"], sam["epochs"], sam["note"]) == (2, 4, 2, "2 seeds: interval unreliable")
     twice = table.loc[("resnet", "vanilla_2x")]
@@ -118,6 +139,8 @@ def test_report_writes_the_compute_section(store, tmp_path):
         paths = write_report("compute", tracking_uri=uri, out_dir=tmp_path, n_boot=200)
     assert {"compute_matched.md", "compute_matched.csv", "compute_frontier.png"} <= {p.name for p in paths}
     md = (tmp_path / "compute_matched.md").read_text()
-    assert "### arch: resnet" in md and "GPU-s mean ± SE" in md and "| sam | 2 | 80.0 ± 0.0 | 87.00 ± 1.00 | 2 | 4 |" in md
+    assert (
+        "### arch: resnet" in md and "GPU-s mean ± SE" in md and "| sam | 2 | 80.0 ± 0.0 | 87.00 ± 1.00 | 2 | 4 |" in md
+    )
     assert "| vanilla | – | – | – | 0 | 1 | no seeds |" in md  # vit: its one trial never timed an epoch
     assert "## Accuracy against compute" in (tmp_path / "report.md").read_text()

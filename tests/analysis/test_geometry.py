@@ -54,7 +54,14 @@ def cross_entropy(model: nn.Module, batch) -> torch.Tensor:
 
 def tiny_vit() -> nn.Module:
     return timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, num_classes=3
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=16,
+        patch_size=4,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
     )
 
 
@@ -73,7 +80,9 @@ def tiny_resnet() -> nn.Module:
 
 def image_batches(seed: int = 0, sizes=(4, 3)):
     generator = torch.Generator().manual_seed(seed)
-    return [(torch.randn(n, 3, 16, 16, generator=generator), torch.randint(0, 3, (n,), generator=generator)) for n in sizes]
+    return [
+        (torch.randn(n, 3, 16, 16, generator=generator), torch.randint(0, 3, (n,), generator=generator)) for n in sizes
+    ]
 
 
 # ------------------------------------------------------------------------------------ quadratic spectra
@@ -138,7 +147,9 @@ def test_hutchinson_trace_of_a_quadratic():
     diagonal = geometry.hessian_trace(
         Quadratic(torch.diag(torch.tensor(SPECTRUM, dtype=torch.float64))), quadratic_loss, BATCH, samples=5
     )
-    assert diagonal.trace == pytest.approx(sum(SPECTRUM), abs=1e-12) and diagonal.std_error == pytest.approx(0, abs=1e-12)
+    assert diagonal.trace == pytest.approx(sum(SPECTRUM), abs=1e-12) and diagonal.std_error == pytest.approx(
+        0, abs=1e-12
+    )
 
 
 def test_average_flatness_of_a_quadratic():
@@ -241,7 +252,9 @@ def test_tiny_mlp_against_the_exact_hessian(hvp_mode):
         assert operator.num_samples == 8
     top = geometry.top_eigenvalues(model, cross_entropy, batches, k=3, hvp_mode=hvp_mode, tol=1e-10)
     np.testing.assert_allclose(top.eigenvalues, exact.flip(0)[:3].numpy(), atol=1e-8)
-    power = geometry.top_eigenvalues(model, cross_entropy, batches, method="power", hvp_mode=hvp_mode, tol=1e-10, max_iter=3000)
+    power = geometry.top_eigenvalues(
+        model, cross_entropy, batches, method="power", hvp_mode=hvp_mode, tol=1e-10, max_iter=3000
+    )
     assert power.eigenvalues[0] == pytest.approx(float(exact[-1]), abs=1e-6)
     low = geometry.smallest_eigenvalue(model, cross_entropy, batches, hvp_mode=hvp_mode, tol=1e-10)
     assert low.eigenvalues[0] == pytest.approx(float(exact[0]), abs=1e-8)
@@ -272,9 +285,15 @@ def test_cheap_second_order_layers_give_the_stock_products(train):
     model.train(train)
     names, params = zip(*model.named_parameters())
     oracle = LossOracle(model, cross_entropy, [batch], train=train, seed=0)
-    vector = torch.randn(sum(p.numel() for p in params), generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    vector = torch.randn(
+        sum(p.numel() for p in params), generator=torch.Generator().manual_seed(1), dtype=torch.float64
+    )
     products = {}
-    for label, mode, cheap in [("stock", "double_backward", False), ("cheap", "double_backward", True), ("forward", "forward_over_reverse", True)]:
+    for label, mode, cheap in [
+        ("stock", "double_backward", False),
+        ("cheap", "double_backward", True),
+        ("forward", "forward_over_reverse", True),
+    ]:
         core = HessianCore(oracle, names, params, hvp_mode=mode, cache_graphs=True, cheap_layers=cheap)
         products[label] = FlatOperator(core, range(len(params)))(vector)
     torch.testing.assert_close(products["cheap"], products["stock"], atol=1e-12, rtol=1e-10)
@@ -362,11 +381,17 @@ def test_finite_difference_products_and_spectra_against_the_dense_hessian(hvp_mo
     # Same probes as the exact mode: each Hutchinson sample and each SLQ moment agrees to the product's error.
     trace = geometry.hessian_trace(model, cross_entropy, batches, samples=50, hvp_mode=hvp_mode, seed=4)
     reference = geometry.hessian_trace(model, cross_entropy, batches, samples=50, hvp_mode="double_backward", seed=4)
-    np.testing.assert_allclose(trace.estimates, reference.estimates, rtol=10 * rtol, atol=10 * rtol * float(hessian.trace()))
+    np.testing.assert_allclose(
+        trace.estimates, reference.estimates, rtol=10 * rtol, atol=10 * rtol * float(hessian.trace())
+    )
     assert abs(trace.trace - float(hessian.trace())) < 4 * trace.std_error
     size = hessian.shape[0]
-    density = geometry.eigenvalue_density(model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode=hvp_mode)
-    reference = geometry.eigenvalue_density(model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode="double_backward")
+    density = geometry.eigenvalue_density(
+        model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode=hvp_mode
+    )
+    reference = geometry.eigenvalue_density(
+        model, cross_entropy, batches, probes=10, steps=size, seed=1, hvp_mode="double_backward"
+    )
     for k in (1, 2):
         assert density.moment(k) == pytest.approx(reference.moment(k), rel=100 * rtol)
         per_probe = np.sum(density.weights * density.nodes**k, axis=1)
@@ -381,7 +406,9 @@ def test_finite_difference_holds_dropout_masks_and_restores_weights_bit_for_bit(
     model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 3)).double()
     batches = mlp_batches()
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    vector = torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    vector = torch.randn(
+        sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(5), dtype=torch.float64
+    )
     with geometry.hessian_operator(model, cross_entropy, batches, mode="train", hvp_mode="double_backward") as h:
         want = h(vector)
     with geometry.hessian_operator(model, cross_entropy, batches, mode="train", hvp_mode="finite_difference") as h:
@@ -400,7 +427,9 @@ def test_finite_difference_lambda_max_of_a_float32_tiny_vit_is_within_one_percen
     nn.init.normal_(model.head.weight)  # a zero head would make most of the Hessian vanish
     batches = image_batches()
     exact = geometry.top_eigenvalues(model, cross_entropy, batches, hvp_mode="double_backward", max_iter=20, tol=1e-4)
-    approx = geometry.top_eigenvalues(model, cross_entropy, batches, hvp_mode="finite_difference", max_iter=20, tol=1e-4)
+    approx = geometry.top_eigenvalues(
+        model, cross_entropy, batches, hvp_mode="finite_difference", max_iter=20, tol=1e-4
+    )
     assert next(model.parameters()).dtype == torch.float32
     assert approx.eigenvalues[0] == pytest.approx(exact.eigenvalues[0], rel=1e-2)
 
@@ -423,8 +452,11 @@ def test_finite_difference_refuses_kinked_models_and_leaves_them_as_they_were(hv
     modes = [m.training for m in model.modules()]
     rng = torch.get_rng_state()
     word = "relu" if kinked == "relu" else "max_pool2d"
-    with pytest.raises(ValueError, match=rf"hvp_mode='{hvp_mode}' cannot measure this model: its loss applies {word} "
-                       r".*Use hvp_mode='auto'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"hvp_mode='{hvp_mode}' cannot measure this model: its loss applies {word} "
+        r".*Use hvp_mode='auto'",
+    ):
         geometry.top_eigenvalues(model, cross_entropy, batches, mode=mode, max_iter=3, hvp_mode=hvp_mode)
     assert [m.training for m in model.modules()] == modes
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
@@ -551,7 +583,9 @@ def test_train_mode_hessian_is_one_symmetric_operator_despite_dropout():
     products = {}
     for hvp_mode in ("double_backward", "forward_over_reverse"):
         for cache in (True, False):
-            with geometry.hessian_operator(model, cross_entropy, batches, mode="train", hvp_mode=hvp_mode, cache_graphs=cache) as h:
+            with geometry.hessian_operator(
+                model, cross_entropy, batches, mode="train", hvp_mode=hvp_mode, cache_graphs=cache
+            ) as h:
                 if not products:
                     u = torch.randn(h.num_params, generator=generator, dtype=torch.float64)
                     v = torch.randn(h.num_params, generator=generator, dtype=torch.float64)
@@ -690,13 +724,21 @@ def test_active_neuron_fraction_of_a_hand_built_net(act_layer):
     result = geometry.active_neuron_fraction(model, inputs, batch_size=2)
     assert result.as_dict() == {"blocks.0.mlp": 0.5, "blocks.1.mlp": 0.75}
     assert result.total == (20, 20) and result.num_samples == 5
-    assert result.to_metrics("act/") == {"act/active_fraction/blocks.0.mlp": 0.5, "act/active_fraction/blocks.1.mlp": 0.75}
+    assert result.to_metrics("act/") == {
+        "act/active_fraction/blocks.0.mlp": 0.5,
+        "act/active_fraction/blocks.1.mlp": 0.75,
+    }
 
 
 def test_active_neuron_fraction_finds_the_blocks_of_timm_models():
     images = image_batches()[0][0]
     mixer = geometry.active_neuron_fraction(tiny_mixer(), images)
-    assert mixer.blocks == ("blocks.0.mlp_tokens", "blocks.0.mlp_channels", "blocks.1.mlp_tokens", "blocks.1.mlp_channels")
+    assert mixer.blocks == (
+        "blocks.0.mlp_tokens",
+        "blocks.0.mlp_channels",
+        "blocks.1.mlp_tokens",
+        "blocks.1.mlp_channels",
+    )
     vit = geometry.active_neuron_fraction(tiny_vit(), images)
     assert vit.blocks == ("blocks.0.mlp", "blocks.1.mlp")
     assert vit.total[0] == 4 * 17 * 64  # samples x tokens (16 patches + class token) x hidden units
@@ -763,8 +805,17 @@ def test_default_parameter_groups_of_tiny_timm_models():
     vit = tiny_vit()
     groups = geometry.default_parameter_groups(vit)
     assert list(groups) == [
-        "patch_embed", "attn", "mlp", "norms", "head",
-        "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1", "blocks.1.attn", "blocks.1.mlp",
+        "patch_embed",
+        "attn",
+        "mlp",
+        "norms",
+        "head",
+        "blocks.0",
+        "blocks.0.attn",
+        "blocks.0.mlp",
+        "blocks.1",
+        "blocks.1.attn",
+        "blocks.1.mlp",
     ]
     assert groups["head"] == ["head.weight", "head.bias"]
     norm_modules = {n for n, m in vit.named_modules() if isinstance(m, nn.LayerNorm)}
@@ -775,7 +826,9 @@ def test_default_parameter_groups_of_tiny_timm_models():
 
     mixer = geometry.default_parameter_groups(tiny_mixer())
     assert list(mixer)[:3] == ["stem", "mlp_tokens", "mlp_channels"]
-    assert mixer["blocks.1.mlp_tokens"] == [f"blocks.1.mlp_tokens.{p}" for p in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]
+    assert mixer["blocks.1.mlp_tokens"] == [
+        f"blocks.1.mlp_tokens.{p}" for p in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    ]
 
     resnet = geometry.default_parameter_groups(tiny_resnet())
     assert list(resnet) == ["stem", "layer1", "layer2", "layer3", "layer4", "fc"]
@@ -787,7 +840,9 @@ def test_default_parameter_groups_of_tiny_timm_models():
 
 def test_blockwise_on_a_tiny_mixer_shares_one_graph():
     model = tiny_mixer()
-    groups = {k: v for k, v in geometry.default_parameter_groups(model).items() if k in ("stem", "blocks.0", "blocks.1")}
+    groups = {
+        k: v for k, v in geometry.default_parameter_groups(model).items() if k in ("stem", "blocks.0", "blocks.1")
+    }
     result = geometry.blockwise_top_eigenvalues(model, cross_entropy, image_batches(), groups, max_iter=20)
     assert result.groups == ("stem", "blocks.0", "blocks.1")
     assert all(r.eigenvalues[0] > 0 and r.hvp_count > 0 for r in result.results)
@@ -815,14 +870,28 @@ CALLS = {
     "top_eigenvalues": lambda m, b: geometry.top_eigenvalues(m, cross_entropy, b, mode="train", max_iter=5),
     "smallest_eigenvalue": lambda m, b: geometry.smallest_eigenvalue(m, cross_entropy, b, mode="train", max_iter=5),
     "power": lambda m, b: geometry.top_eigenvalues(m, cross_entropy, b, mode="train", method="power", max_iter=5),
-    "blockwise": lambda m, b: geometry.blockwise_top_eigenvalues(m, cross_entropy, b, {"c": ["conv.weight"]}, mode="train", max_iter=5),
-    "trace": lambda m, b: geometry.hessian_trace(m, cross_entropy, b, samples=2, mode="train"),
-    "trace_fd": lambda m, b: geometry.hessian_trace(m, cross_entropy, b, samples=2, mode="train", hvp_mode="finite_difference"),
-    "lanczos_fd": lambda m, b: geometry.top_eigenvalues(m, cross_entropy, b, mode="train", max_iter=5, hvp_mode="finite_difference"),
-    "blockwise_fd": lambda m, b: geometry.blockwise_top_eigenvalues(
-        m, cross_entropy, b, {"c": ["conv.weight"], "h": ["head.weight"]}, mode="train", max_iter=5, hvp_mode="finite_difference_central"
+    "blockwise": lambda m, b: geometry.blockwise_top_eigenvalues(
+        m, cross_entropy, b, {"c": ["conv.weight"]}, mode="train", max_iter=5
     ),
-    "density_fd": lambda m, b: geometry.eigenvalue_density(m, cross_entropy, b, probes=2, steps=3, mode="train", hvp_mode="finite_difference"),
+    "trace": lambda m, b: geometry.hessian_trace(m, cross_entropy, b, samples=2, mode="train"),
+    "trace_fd": lambda m, b: geometry.hessian_trace(
+        m, cross_entropy, b, samples=2, mode="train", hvp_mode="finite_difference"
+    ),
+    "lanczos_fd": lambda m, b: geometry.top_eigenvalues(
+        m, cross_entropy, b, mode="train", max_iter=5, hvp_mode="finite_difference"
+    ),
+    "blockwise_fd": lambda m, b: geometry.blockwise_top_eigenvalues(
+        m,
+        cross_entropy,
+        b,
+        {"c": ["conv.weight"], "h": ["head.weight"]},
+        mode="train",
+        max_iter=5,
+        hvp_mode="finite_difference_central",
+    ),
+    "density_fd": lambda m, b: geometry.eigenvalue_density(
+        m, cross_entropy, b, probes=2, steps=3, mode="train", hvp_mode="finite_difference"
+    ),
     "flatness": lambda m, b: geometry.average_flatness(m, cross_entropy, b, draws=2, mode="train"),
     "surrogate_gap": lambda m, b: geometry.surrogate_gap(m, cross_entropy, b, 0.05, mode="train"),
     "m_sharpness": lambda m, b: geometry.m_sharpness(m, cross_entropy, b, 0.05, 2, mode="train"),
@@ -855,20 +924,32 @@ def test_every_metric_restores_modes_weights_buffers_and_rng(name):
     ("call", "message"),
     [
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, k=0), "k must be >= 1, got 0"),
-        (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, k=9), r"k must be <= the number of parameters \(8\), got 9"),
-        (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, method="lanczso"), "method must be one of 'lanczos', 'power', got 'lanczso'"),
+        (
+            lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, k=9),
+            r"k must be <= the number of parameters \(8\), got 9",
+        ),
+        (
+            lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, method="lanczso"),
+            "method must be one of 'lanczos', 'power', got 'lanczso'",
+        ),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, hvp_mode="jvp"), "hvp_mode must be one of"),
         (
             lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, hvp_mode="finite_difference", curvature="ggn"),
             r"hvp_mode='finite_difference' with curvature='ggn'.*Use curvature='hessian'",
         ),
-        (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, mode="training"), "mode must be one of 'eval', 'train'"),
+        (
+            lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, mode="training"),
+            "mode must be one of 'eval', 'train'",
+        ),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, tol=0), "tol must be a finite number > 0, got 0"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, iter(BATCH)), "batches must be re-iterable"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, []), "at least one batch"),
         (lambda m: geometry.top_eigenvalues(m, quadratic_loss, BATCH, params=["v"]), "does not have"),
         (lambda m: geometry.hessian_trace(m, quadratic_loss, BATCH, samples=1), "samples must be >= 2, got 1"),
-        (lambda m: geometry.average_flatness(m, quadratic_loss, BATCH, sigma=-1.0), "sigma must be a finite number > 0"),
+        (
+            lambda m: geometry.average_flatness(m, quadratic_loss, BATCH, sigma=-1.0),
+            "sigma must be a finite number > 0",
+        ),
         (lambda m: geometry.m_sharpness(m, quadratic_loss, BATCH, 0.1, 2), "m must be <= the largest batch size"),
         (lambda m: geometry.loss_landscape_1d(m, quadratic_loss, BATCH, steps=1), "steps must be >= 2, got 1"),
         (lambda m: geometry.blockwise_top_eigenvalues(m, quadratic_loss, BATCH, {"g": []}), r"groups\['g'\] is empty"),

@@ -15,11 +15,19 @@ def trials() -> pd.DataFrame:
     rows = []
     for rho, lr in itertools.product([0.01, 0.05, 0.1, 0.5], [0.1, 0.01, 0.001]):
         gap = 0.1 * rho + 10 * lr  # rho and lr both widen the gap
-        rows.append({"status": "finished", "factor.lr": lr, "optimizer.hparams.rho": rho, "train_acc": 0.9 + gap,
-                     "val_acc": 0.9, "geometry/lambda_max": gap * 3 + 1,  # ranks every pair exactly as the gap
-                     "geometry/lambda_max_converged": 1.0,  # bookkeeping: left out
-                     "geometry/lr_only": lr,  # tracks lr alone: right overall, blind within lr's groups
-                     "geometry/anti": -gap})
+        rows.append(
+            {
+                "status": "finished",
+                "factor.lr": lr,
+                "optimizer.hparams.rho": rho,
+                "train_acc": 0.9 + gap,
+                "val_acc": 0.9,
+                "geometry/lambda_max": gap * 3 + 1,  # ranks every pair exactly as the gap
+                "geometry/lambda_max_converged": 1.0,  # bookkeeping: left out
+                "geometry/lr_only": lr,  # tracks lr alone: right overall, blind within lr's groups
+                "geometry/anti": -gap,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -37,6 +45,8 @@ def test_tau_overall_and_within_each_hyperparameter():
 
 def test_too_few_trials_and_no_measure_are_said():
     few = geometry_correlation(trials().head(2))
-    assert np.isnan(few.loc["geometry/lambda_max", "tau"]) and few.loc["geometry/lambda_max", "note"] == "2 trials: no tau"
+    assert (
+        np.isnan(few.loc["geometry/lambda_max", "tau"]) and few.loc["geometry/lambda_max", "note"] == "2 trials: no tau"
+    )
     with pytest.raises(ValueError, match="no geometry"):
         geometry_correlation(trials().drop(columns=[c for c in trials().columns if c.startswith("geometry/")]))

@@ -76,7 +76,6 @@ def test_bad_geometry_sections_name_field_rule_value_and_fix(config, tmp_path):
         make_probe(study["base"] | {"geometry": {"measures": ["lambda_mx"]}})
 
 
-
 def test_the_torch_free_names_are_the_registrys():
     # A study's validation checks measure names and product modes from analysis.geometry.names, without torch;
     # the registry and the solvers' Literal are the things named.
@@ -86,6 +85,7 @@ def test_the_torch_free_names_are_the_registrys():
     assert spectrum.HvpMode is names.HvpMode  # the solvers take the modes named there, and no other
     assert {"finite_difference", "finite_difference_central"} <= set(names.HVP_MODES)
     assert PROBE_FACTORY.split(":")[0] == make_probe.__module__ and PROBE_FACTORY.split(":")[1] == make_probe.__name__
+
 
 def test_off_by_default_and_due_epochs():
     g = TrialConfig().geometry
@@ -147,7 +147,6 @@ def test_fit_refuses_geometry_it_cannot_take_before_training(config):
     assert reported == []  # refused before the first epoch
 
 
-
 def test_finite_differences_on_a_kinked_model_are_refused_before_training(config, tiny_model):
     # The first product would find ReLU only after every epoch; the probe's check finds it before the first.
     cfg = {**config(measures=["lambda_max"], hvp_mode="finite_difference"), "model": tiny_model("resnet")}
@@ -160,6 +159,7 @@ def test_finite_differences_on_a_kinked_model_are_refused_before_training(config
     with_check = fit(smooth, probe=make_probe(smooth))
     without = fit({**smooth, "geometry": {}})
     assert with_check["train_loss"] == without["train_loss"] and with_check["val_acc"] == without["val_acc"]
+
 
 def test_ray_wrapper_imports_the_probe_named_in_the_payload(config):
     cfg = TrialConfig.load(config(measures=["surrogate_gap"]))
@@ -183,10 +183,22 @@ def test_plot_sharpness_draws_each_trial_and_the_sgd_edge():
     rows = []
     for run, arch, base in (("a", "resnet", "sgd"), ("b", "vit", "adamw")):
         for step, lr in enumerate([0.1, 0.05, 0.01]):
-            rows.append({"run_id": run, "factor.arch": arch, "factor.method": "sam", "metric": "lr", "step": step, "value": lr})
-            rows.append({"run_id": run, "factor.arch": arch, "factor.method": "sam", "metric": "geometry/lambda_max",
-                         "step": step, "value": 5.0 + step})
-    runs = pd.DataFrame({"run_id": ["a", "b"], "optimizer.base": ["sgd", "adamw"], "optimizer.momentum": ["0.9", "0.9"]})
+            rows.append(
+                {"run_id": run, "factor.arch": arch, "factor.method": "sam", "metric": "lr", "step": step, "value": lr}
+            )
+            rows.append(
+                {
+                    "run_id": run,
+                    "factor.arch": arch,
+                    "factor.method": "sam",
+                    "metric": "geometry/lambda_max",
+                    "step": step,
+                    "value": 5.0 + step,
+                }
+            )
+    runs = pd.DataFrame(
+        {"run_id": ["a", "b"], "optimizer.base": ["sgd", "adamw"], "optimizer.momentum": ["0.9", "0.9"]}
+    )
     fig = plot_sharpness(pd.DataFrame(rows), runs)
     resnet, vit = fig.axes[:2]
     assert len(resnet.lines) == 2 and len(vit.lines) == 1  # the trial and its edge; AdamW: no edge

@@ -29,19 +29,34 @@ def store(tmp_path_factory, study_store):
                 factors = {"arch": arch, "method": method, "data.fraction": str(fraction)}
                 cell = ",".join(f"{k}={v}" for k, v in factors.items())
                 for i, rho in enumerate(rhos):
-                    params = {"model.name": arch, "optimizer.method": "none" if rho is None else "sam",
-                              "data.fraction": fraction, "train.seed": 0}
+                    params = {
+                        "model.name": arch,
+                        "optimizer.method": "none" if rho is None else "sam",
+                        "data.fraction": fraction,
+                        "train.seed": 0,
+                    }
                     if rho is not None:
                         params["optimizer.hparams.rho"] = rho
                     key = f"{cell}-{i}"
                     final = skill - 0.1 * (1 - fraction) + (0.03 if method == "sam" else 0.0) - 0.01 * i
                     rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
-                    rec.set_tags({**{f"factor.{k}": v for k, v in factors.items()}, "sharpscale.cell": cell,
-                                  "sharpscale.trial_id": key})
+                    rec.set_tags(
+                        {
+                            **{f"factor.{k}": v for k, v in factors.items()},
+                            "sharpscale.cell": cell,
+                            "sharpscale.trial_id": key,
+                        }
+                    )
                     for epoch in range(3):
                         progress = (epoch + 1) / 3
-                        rec.log_epoch({"val_acc": final * progress, "train_loss": 2.0 / (epoch + 1),
-                                       "val_loss": 2.2 / (epoch + 1)}, epoch)
+                        rec.log_epoch(
+                            {
+                                "val_acc": final * progress,
+                                "train_loss": 2.0 / (epoch + 1),
+                                "val_loss": 2.2 / (epoch + 1),
+                            },
+                            epoch,
+                        )
                     rec.finish("finished")
     return uri
 
@@ -51,12 +66,18 @@ def checkpoint(tmp_path_factory, tiny_model):
     """A checkpoint in the trials' format (config, model meta, model state) of an untrained tiny ViT."""
     from trainables import create_model
 
-    cfg = TrialConfig.load({"data": {"name": "digits", "img_size": 16},
-                            "model": tiny_model("vit", embed_dim=32, depth=2, mlp_ratio=2, global_pool="avg", class_token=False)})
+    cfg = TrialConfig.load(
+        {
+            "data": {"name": "digits", "img_size": 16},
+            "model": tiny_model("vit", embed_dim=32, depth=2, mlp_ratio=2, global_pool="avg", class_token=False),
+        }
+    )
     model = create_model(cfg.model, num_classes=10, in_chans=1, img_size=16)
     path = tmp_path_factory.mktemp("ckpt") / "checkpoint.pt"
     meta = {"num_classes": 10, "in_chans": 1, "img_size": 16}
-    torch.save({"format": 1, "config": cfg.model_dump(mode="json"), "model_meta": meta, "model": model.state_dict()}, path)
+    torch.save(
+        {"format": 1, "config": cfg.model_dump(mode="json"), "model_meta": meta, "model": model.state_dict()}, path
+    )
     return path
 
 
@@ -101,16 +122,21 @@ def checkpointed(tmp_path_factory, study_store, checkpoint):
     Returns (uri, {study: {trial key: run id}}). Cell adamw: a0 (val_acc 0.8), a1 (0.7), both with checkpoints;
     cell sam: s0 (0.9) with one, s1 (0.95) without (log_checkpoint was off for it), f0 failed with one."""
     root = tmp_path_factory.mktemp("geostore")
-    trials = (("adamw", "a0", 0.8, True, "finished"), ("adamw", "a1", 0.7, True, "finished"),
-              ("sam", "s0", 0.9, True, "finished"), ("sam", "s1", 0.95, False, "finished"),
-              ("sam", "f0", 0.99, True, "failed"))
+    trials = (
+        ("adamw", "a0", 0.8, True, "finished"),
+        ("adamw", "a1", 0.7, True, "finished"),
+        ("sam", "s0", 0.9, True, "finished"),
+        ("sam", "s1", 0.95, False, "finished"),
+        ("sam", "f0", 0.99, True, "failed"),
+    )
     ids: dict[str, dict[str, str]] = {}
     for study in ("geo_fn", "geo_nb"):
         uri, target, _ = study_store(root, study)
         ids[study] = {}
         for method, key, val_acc, keep, status in trials:
-            rec = TrialRecorder(target, trial_key=key, run_name=key, params={"optimizer.method": method},
-                                wants_checkpoint=keep)
+            rec = TrialRecorder(
+                target, trial_key=key, run_name=key, params={"optimizer.method": method}, wants_checkpoint=keep
+            )
             rec.set_tags({"factor.method": method, "sharpscale.cell": f"method={method}"})
             rec.log_epoch({"train_loss": 1.0, "train_acc": 1.0, "val_acc": val_acc}, 0)
             if rec.wants_checkpoint:  # as trainables.loop's keep_final does at a trial's end

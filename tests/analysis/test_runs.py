@@ -15,8 +15,14 @@ def _record(target, key, arch, method, rho, accs, status="finished"):
     if rho is not None:
         params["optimizer.hparams.rho"] = rho
     rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
-    rec.set_tags({"factor.arch": arch, "factor.method": method, "sharpscale.cell": f"arch={arch},method={method}",
-                  "sharpscale.trial_id": key})
+    rec.set_tags(
+        {
+            "factor.arch": arch,
+            "factor.method": method,
+            "sharpscale.cell": f"arch={arch},method={method}",
+            "sharpscale.trial_id": key,
+        }
+    )
     for epoch, acc in enumerate(accs):
         rec.log_epoch({"epoch": epoch, "val_acc": acc, "train_loss": 1.0 / (epoch + 1), "bad": math.nan}, epoch)
     rec.finish(status, None if status == "finished" else "loss became nan")
@@ -104,9 +110,17 @@ def test_params_come_back_with_the_config_s_dtypes(tracking_uri, tmp_path):
     exp = client.create_experiment("typed", artifact_location=(tmp_path / "art").as_uri())
     target = TrackingTarget(tracking_uri, exp)
     for key, grad_clip, resident, hparams in (("a", None, None, {}), ("b", 1.0, True, {"optimizer.hparams.rho": 0.05})):
-        params = {"optimizer.grad_clip": grad_clip, "data.device_resident": resident, "model.fused_attn": True,
-                  "schedule.epochs": 10, "optimizer.lr": 0.001, "model.name": "resnet18", "optimizer.betas": [0.9, 0.999],
-                  "train.channels_last": None, **({"optimizer.hparams": {}} if not hparams else hparams)}
+        params = {
+            "optimizer.grad_clip": grad_clip,
+            "data.device_resident": resident,
+            "model.fused_attn": True,
+            "schedule.epochs": 10,
+            "optimizer.lr": 0.001,
+            "model.name": "resnet18",
+            "optimizer.betas": [0.9, 0.999],
+            "train.channels_last": None,
+            **({"optimizer.hparams": {}} if not hparams else hparams),
+        }
         rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
         rec.set_tags({"sharpscale.trial_id": key})
         rec.log_epoch({"val_acc": 0.5}, 0)
@@ -125,7 +139,9 @@ def test_params_come_back_with_the_config_s_dtypes(tracking_uri, tmp_path):
 
 def test_summary_of_a_study_without_factors_or_finished_trials(tracking_uri, tmp_path):
     client = MlflowClient(tracking_uri)
-    target = TrackingTarget(tracking_uri, client.create_experiment("plain", artifact_location=(tmp_path / "a").as_uri()))
+    target = TrackingTarget(
+        tracking_uri, client.create_experiment("plain", artifact_location=(tmp_path / "a").as_uri())
+    )
     for key, status, accs in (("x", "finished", [0.4, 0.6]), ("y", "diverged", [0.2])):
         rec = TrialRecorder(target, trial_key=key, run_name=key, params={"optimizer.hparams.rho": 0.1})
         rec.set_tags({"sharpscale.trial_id": key})
@@ -157,10 +173,15 @@ def test_summary_states_each_accuracy_s_sampling_error_on_its_validation_set():
 
     from analysis.runs import SE_COLUMN
 
-    runs = pd.DataFrame({
-        "factor.method": ["adamw", "sam", "sam"], "status": ["finished"] * 3,
-        "val_acc": [0.8, 0.5, 0.9], "val_samples": [400.0, 100.0, 100.0], "val_loss": [0.5, 0.6, 0.4],
-    })
+    runs = pd.DataFrame(
+        {
+            "factor.method": ["adamw", "sam", "sam"],
+            "status": ["finished"] * 3,
+            "val_acc": [0.8, 0.5, 0.9],
+            "val_samples": [400.0, 100.0, 100.0],
+            "val_loss": [0.5, 0.6, 0.4],
+        }
+    )
     table = summarize(runs, metric="val_acc", show=())
     # sqrt(p (1 - p) / n): 0.8 on 400 samples is +-0.02, 0.9 on 100 is +-0.03.
     assert table.loc["adamw", SE_COLUMN] == pytest.approx(0.02) and table.loc["sam", SE_COLUMN] == pytest.approx(0.03)

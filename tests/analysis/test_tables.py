@@ -40,8 +40,12 @@ RHO_GRID = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 def error(arch: str, method: str, fraction: float) -> float:
     """The known error curves: a f^-0.5 + c per (arch, method)."""
-    a, c = {("vit", "adamw"): (0.1, 0.10), ("vit", "sam"): (0.06, 0.08),
-            ("resnet", "adamw"): (0.05, 0.06), ("resnet", "sam"): (0.04, 0.05)}[(arch, method)]
+    a, c = {
+        ("vit", "adamw"): (0.1, 0.10),
+        ("vit", "sam"): (0.06, 0.08),
+        ("resnet", "adamw"): (0.05, 0.06),
+        ("resnet", "sam"): (0.04, 0.05),
+    }[(arch, method)]
     return a * fraction**-0.5 + c
 
 
@@ -51,7 +55,9 @@ def base_acc(arch, method, fraction):
 
 def _record(target, key, params, factors, cell, values, status="finished"):
     rec = TrialRecorder(target, trial_key=key, run_name=key, params=params)
-    rec.set_tags({**{f"factor.{k}": str(v) for k, v in factors.items()}, "sharpscale.cell": cell, "sharpscale.trial_id": key})
+    rec.set_tags(
+        {**{f"factor.{k}": str(v) for k, v in factors.items()}, "sharpscale.cell": cell, "sharpscale.trial_id": key}
+    )
     for epoch, value in enumerate(values):
         rec.log_epoch({"val_acc": value, "train_loss": 1.0 / (epoch + 1)}, epoch)
     rec.finish(status, None if status == "finished" else "loss became nan")
@@ -69,8 +75,12 @@ def store(tmp_path_factory, study_store):
                 for s in SEEDS:
                     factors = {"arch": arch, "method": method, "data.fraction": fraction, "train.seed": s}
                     cell = ",".join(f"{k}={v}" for k, v in factors.items())
-                    params = {"model.name": arch, "optimizer.method": "none" if method == "adamw" else method,
-                              "data.fraction": fraction, "train.seed": s}
+                    params = {
+                        "model.name": arch,
+                        "optimizer.method": "none" if method == "adamw" else method,
+                        "data.fraction": fraction,
+                        "train.seed": s,
+                    }
                     best = base_acc(arch, method, fraction) + DELTA[method][s]
                     key = f"{arch}-{method}-{fraction}-{s}"
                     if (arch, method, fraction, s) == FAILED:
@@ -80,13 +90,33 @@ def store(tmp_path_factory, study_store):
                         _record(target, key + "-a", params, factors, cell, [best - 0.2, best])
                     else:  # two search trials: the better one counts, the other is worse by 0.05
                         win, lose = (0.2, 0.05) if arch == "vit" else (0.05, 0.2)
-                        _record(target, key + "-a", {**params, "optimizer.hparams.rho": win}, factors, cell, [best - 0.2, best])
-                        _record(target, key + "-b", {**params, "optimizer.hparams.rho": lose}, factors, cell, [best - 0.05])
+                        _record(
+                            target,
+                            key + "-a",
+                            {**params, "optimizer.hparams.rho": win},
+                            factors,
+                            cell,
+                            [best - 0.2, best],
+                        )
+                        _record(
+                            target, key + "-b", {**params, "optimizer.hparams.rho": lose}, factors, cell, [best - 0.05]
+                        )
     # One diverged trial whose last logged accuracy beats every other: it must never win a search.
-    _record(target, "vit-sam-diverged", {"model.name": "vit", "optimizer.method": "sam", "data.fraction": 1.0,
-                                         "train.seed": 0, "optimizer.hparams.rho": 2.0},
-            {"arch": "vit", "method": "sam", "data.fraction": 1.0, "train.seed": 0},
-            "arch=vit,method=sam,data.fraction=1.0,train.seed=0", [0.999], status="diverged")
+    _record(
+        target,
+        "vit-sam-diverged",
+        {
+            "model.name": "vit",
+            "optimizer.method": "sam",
+            "data.fraction": 1.0,
+            "train.seed": 0,
+            "optimizer.hparams.rho": 2.0,
+        },
+        {"arch": "vit", "method": "sam", "data.fraction": 1.0, "train.seed": 0},
+        "arch=vit,method=sam,data.fraction=1.0,train.seed=0",
+        [0.999],
+        status="diverged",
+    )
 
     rho_exp = MlflowClient(uri).create_experiment("rho", artifact_location=(root / "art-rho").as_uri())
     rho_target = TrackingTarget(uri, rho_exp)
@@ -96,27 +126,51 @@ def store(tmp_path_factory, study_store):
                 # A parabola in log10(rho), peaked at the architecture's best rho; seeds differ by 0.002.
                 acc = 0.9 - 0.05 * (math.log10(rho) - math.log10(RHO_BEST[arch])) ** 2 + (0.002 if s else -0.002)
                 factors = {"arch": arch, "method": "sam"}
-                _record(rho_target, f"{arch}-{rho}-{s}", {"model.name": arch, "optimizer.method": "sam",
-                        "optimizer.hparams.rho": rho, "train.seed": s}, factors, "arch={arch},method=sam".format(arch=arch), [acc])
+                _record(
+                    rho_target,
+                    f"{arch}-{rho}-{s}",
+                    {"model.name": arch, "optimizer.method": "sam", "optimizer.hparams.rho": rho, "train.seed": s},
+                    factors,
+                    "arch={arch},method=sam".format(arch=arch),
+                    [acc],
+                )
     _record_geometry(uri, root)
     return uri, study_run
 
 
 def _record_geometry(uri, root):
     """Experiment "geo": trials as a geometry section records them (every: 2 of 3 epochs), gap rising with rho and lr."""
-    target = TrackingTarget(uri, MlflowClient(uri).create_experiment("geo", artifact_location=(root / "art-geo").as_uri()))
+    target = TrackingTarget(
+        uri, MlflowClient(uri).create_experiment("geo", artifact_location=(root / "art-geo").as_uri())
+    )
     for rho, lr in itertools.product([0.01, 0.05, 0.1], [0.1, 0.05]):
         key = f"rho{rho}-lr{lr}"
-        rec = TrialRecorder(target, trial_key=key, run_name=key, params={
-            "optimizer.method": "sam", "optimizer.base": "sgd", "optimizer.momentum": 0.9})
-        rec.set_tags({"factor.arch": "resnet", "factor.rho": str(rho), "factor.lr": str(lr),
-                      "sharpscale.cell": f"arch=resnet,rho={rho},lr={lr}", "sharpscale.trial_id": key})
+        rec = TrialRecorder(
+            target,
+            trial_key=key,
+            run_name=key,
+            params={"optimizer.method": "sam", "optimizer.base": "sgd", "optimizer.momentum": 0.9},
+        )
+        rec.set_tags(
+            {
+                "factor.arch": "resnet",
+                "factor.rho": str(rho),
+                "factor.lr": str(lr),
+                "sharpscale.cell": f"arch=resnet,rho={rho},lr={lr}",
+                "sharpscale.trial_id": key,
+            }
+        )
         gap = 0.1 * rho + lr
         for epoch, scale in enumerate([1.0, 0.5, 0.1]):
             metrics = {"train_loss": 1.0 / (epoch + 1), "lr": lr * scale, "train_acc": 0.9 + gap, "val_acc": 0.9}
             if epoch >= 1:
-                metrics.update({"geometry/lambda_max": 10 * gap + epoch, "geometry/lambda_max_converged": 1.0,
-                                "geometry_time_s": 0.5})
+                metrics.update(
+                    {
+                        "geometry/lambda_max": 10 * gap + epoch,
+                        "geometry/lambda_max_converged": 1.0,
+                        "geometry_time_s": 0.5,
+                    }
+                )
             rec.log_epoch(metrics, epoch)
         rec.finish("finished")
 
@@ -218,14 +272,27 @@ def test_method_pairs_match_each_sam_level_with_the_plain_level_of_the_same_sett
 
     assert method_pairs(runs) == [("sam", "adamw")]
     # Table 5's four methods: SAM pairs with Vanilla, SAM + AUG with AUG (same data.augment).
-    levels = {"vanilla": ("none", "basic"), "sam": ("sam", "basic"), "aug": ("none", "strong"), "sam_aug": ("sam", "strong")}
+    levels = {
+        "vanilla": ("none", "basic"),
+        "sam": ("sam", "basic"),
+        "aug": ("none", "strong"),
+        "sam_aug": ("sam", "strong"),
+    }
     table5 = pd.DataFrame(
-        [{"factor.method": lv, "optimizer.method": opt, "data.augment": aug, "model.name": arch, "train.seed": s}
-         for lv, (opt, aug) in levels.items() for arch in ("vit", "resnet") for s in (0, 1)]
+        [
+            {"factor.method": lv, "optimizer.method": opt, "data.augment": aug, "model.name": arch, "train.seed": s}
+            for lv, (opt, aug) in levels.items()
+            for arch in ("vit", "resnet")
+            for s in (0, 1)
+        ]
     )
     assert sorted(method_pairs(table5)) == [("sam", "vanilla"), ("sam_aug", "aug")]
     with pytest.raises(ValueError, match=r"several levels .* \['aug', 'vanilla'\]"):
-        sam_gain(table5.assign(**{"data.fraction": 1.0, "val_acc": 0.5, "status": "finished"}), baseline="none", arch="model.name")
+        sam_gain(
+            table5.assign(**{"data.fraction": 1.0, "val_acc": 0.5, "status": "finished"}),
+            baseline="none",
+            arch="model.name",
+        )
 
 
 # ------------------------------------------------------------------------------------------- power laws
@@ -340,8 +407,19 @@ def test_rho_transfer_says_whether_the_best_rho_moves_with_data(runs):
 def test_load_curves_is_tidy_per_epoch(store, runs):
     ids = runs[runs["trial_id"] == "vit-sam-0.5-1-a"]["run_id"].tolist()
     curves = load_curves("scaling", tracking_uri=store[0], metrics=("val_acc", "train_loss"), run_ids=ids)
-    assert list(curves.columns) == ["run_id", "trial_id", "cell", "launch", "factor.arch", "factor.data.fraction",
-                                    "factor.method", "factor.train.seed", "metric", "step", "value"]
+    assert list(curves.columns) == [
+        "run_id",
+        "trial_id",
+        "cell",
+        "launch",
+        "factor.arch",
+        "factor.data.fraction",
+        "factor.method",
+        "factor.train.seed",
+        "metric",
+        "step",
+        "value",
+    ]
     assert set(curves["launch"]) == {1}  # recorded before launches were tagged: the first
     acc = curves[curves["metric"] == "val_acc"]
     best = base_acc("vit", "sam", 0.5) - 0.01
@@ -359,7 +437,11 @@ def test_plots_write_png_files(runs, tmp_path):
         gain = sam_gain(runs, n_boot=200)
         rho = rho_sensitivity(runs, by=("data.fraction",), n_boot=200)
     paths = [tmp_path / "scaling.png", tmp_path / "gain.png", tmp_path / "rho.png"]
-    figs = [plot_error_vs_n(table, fits, path=paths[0]), plot_gain(gain, path=paths[1]), plot_rho_sensitivity(rho, path=paths[2])]
+    figs = [
+        plot_error_vs_n(table, fits, path=paths[0]),
+        plot_gain(gain, path=paths[1]),
+        plot_rho_sensitivity(rho, path=paths[2]),
+    ]
     for path, fig in zip(paths, figs):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
         assert fig.axes[0].get_xscale() == "log"
@@ -404,16 +486,43 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
         warnings.simplefilter("ignore")
         paths = write_report("scaling", tracking_uri=uri, out_dir=tmp_path / "report", n_boot=200)
     names = {p.name for p in paths}
-    expected = {"summary.md", "summary.csv", "curves.png", "scaling.md", "scaling.csv", "scaling.png",
-                "scaling_fits.md", "scaling_fits.csv", "gain_sam.md", "gain_sam.csv", "gain_sam.png",
-                "data_multiplier_sam.md", "data_multiplier_sam.csv", "rho_sensitivity.md", "rho_levels.csv",
-                "rho_best.csv", "rho_sensitivity.png", "report.md", "scaling_laws.md", "scaling_laws.csv",
-                "law_difference_sam.md", "law_difference_sam.csv", "rho_transfer.md", "rho_transfer.csv"}
+    expected = {
+        "summary.md",
+        "summary.csv",
+        "curves.png",
+        "scaling.md",
+        "scaling.csv",
+        "scaling.png",
+        "scaling_fits.md",
+        "scaling_fits.csv",
+        "gain_sam.md",
+        "gain_sam.csv",
+        "gain_sam.png",
+        "data_multiplier_sam.md",
+        "data_multiplier_sam.csv",
+        "rho_sensitivity.md",
+        "rho_levels.csv",
+        "rho_best.csv",
+        "rho_sensitivity.png",
+        "report.md",
+        "scaling_laws.md",
+        "scaling_laws.csv",
+        "law_difference_sam.md",
+        "law_difference_sam.csv",
+        "rho_transfer.md",
+        "rho_transfer.csv",
+    }
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "## Data scaling (%)" in report and "2 seed pairs: interval unreliable" in report and "![rho sensitivity]" in report
-    assert "## Scaling laws checked by extrapolation" in report and "## Scaling-law difference of sam over adamw" in report
+    assert (
+        "## Data scaling (%)" in report
+        and "2 seed pairs: interval unreliable" in report
+        and "![rho sensitivity]" in report
+    )
+    assert (
+        "## Scaling laws checked by extrapolation" in report and "## Scaling-law difference of sam over adamw" in report
+    )
     logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
     assert logged == {f"report/{n}" for n in expected}
 
@@ -442,6 +551,8 @@ def test_analysis_imports_neither_ray_nor_optuna():
     import subprocess
     import sys
 
-    code = ("import sys, analysis, analysis.report, analysis.plots, analysis.scaling, analysis.tables; "
-            "bad = [m for m in ('ray', 'optuna') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, analysis, analysis.report, analysis.plots, analysis.scaling, analysis.tables; "
+        "bad = [m for m in ('ray', 'optuna') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

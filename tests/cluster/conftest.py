@@ -21,8 +21,12 @@ def auth_server(tmp_path_factory, _empty_mlflow_db):
     (tmp / "admin-password").write_text(password + "\n")
     shutil.copyfile(_empty_mlflow_db, tmp / "mlflow.db")
     with start_server(
-        backend_store_uri=f"sqlite:///{tmp / 'mlflow.db'}", artifacts_destination=str(tmp / "mlartifacts"),
-        auth=Auth(password_file=str(tmp / "admin-password")), log_path=tmp / "server.log", timeout_s=240, workers=2,
+        backend_store_uri=f"sqlite:///{tmp / 'mlflow.db'}",
+        artifacts_destination=str(tmp / "mlartifacts"),
+        auth=Auth(password_file=str(tmp / "admin-password")),
+        log_path=tmp / "server.log",
+        timeout_s=240,
+        workers=2,
     ) as (_, url):
         yield {"url": url, "admin": ("admin", password), "dir": tmp, "artifacts": tmp / "mlartifacts"}
 

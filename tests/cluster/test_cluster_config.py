@@ -21,10 +21,10 @@ BASE_IMAGE = f"rayproject/ray:{ray.__version__}-{PY_TAG}-gpu"
 
 # Things that must never be in a committed file: cloud keys, private keys, passwords inside URIs.
 _SECRETS = [
-    re.compile(r"AKIA[0-9A-Z]{16}"),                                 # AWS access key id
+    re.compile(r"AKIA[0-9A-Z]{16}"),  # AWS access key id
     re.compile(r"aws_secret_access_key|AWS_SECRET_ACCESS_KEY"),
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
-    re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@"),           # scheme://user:password@host
+    re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@"),  # scheme://user:password@host
     re.compile(r"(?i)(password|secret|token)\s*[:=]\s*['\"]?[A-Za-z0-9/+_-]{16,}"),
 ]
 

@@ -79,8 +79,23 @@ def test_node_local_state_refused_on_a_multi_node_cluster(cluster, tmp_path, tra
     # The head alone, offering no CPU: every trial would run on a worker the autoscaler adds.
     tracking = tracking_uri
     driver = subprocess.run(
-        [sys.executable, "-m", "studies.cli", "run", str(study), "--address", cluster.address, "--tracking-uri", tracking],
-        env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=300, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "run",
+            str(study),
+            "--address",
+            cluster.address,
+            "--tracking-uri",
+            tracking,
+        ],
+        env=cluster.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
     )
     assert driver.returncode == 2, driver.stdout[-2000:] + driver.stderr[-3000:]
     assert f"storage: a path on this node, got '{tmp_path / 'runs'}'" in driver.stderr, driver.stderr[-3000:]
@@ -104,7 +119,12 @@ def test_node_local_state_refused_on_a_multi_node_cluster(cluster, tmp_path, tra
     }
     checks = subprocess.run(
         [sys.executable, "-c", _CHECKS, cluster.address, str(study), json.dumps(cases)],
-        env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=300, start_new_session=True,
+        env=cluster.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
     )
     assert checks.returncode == 0, checks.stdout[-2000:] + checks.stderr[-3000:]
     problems = json.loads(checks.stdout.split("CHECKS ", 1)[1])

@@ -46,7 +46,9 @@ def test_auth_options_are_checked_before_anything_starts(tmp_path, monkeypatch, 
     import importlib.util
 
     find_spec = importlib.util.find_spec  # an install without the auth extra, as the user who found the bug had
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flask_wtf" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "flask_wtf" else find_spec(name, *a)
+    )
     code, err = run("--auth", "--admin-password-file", str(tmp_path / "pw"))
     assert code == 2 and "mlflow[auth]" in err and "Fix: pip install" in err
     assert started == []
@@ -64,9 +66,14 @@ def test_auth_passes_the_password_to_mlflow_only_and_never_prints_it(tmp_path, m
     monkeypatch.delenv("MLFLOW_FLASK_SERVER_SECRET_KEY", raising=False)
     password = "correct-horse-battery-staple"
     (tmp_path / "pw").write_text(password + "\n")
-    assert server.serve(
-        backend_store_uri=f"sqlite:///{tmp_path / 'runs.db'}", host="0.0.0.0", auth=Auth(password_file=str(tmp_path / "pw")),
-    ) == 0
+    assert (
+        server.serve(
+            backend_store_uri=f"sqlite:///{tmp_path / 'runs.db'}",
+            host="0.0.0.0",
+            auth=Auth(password_file=str(tmp_path / "pw")),
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert password not in out.out + out.err
     assert "Login required" in out.out and "runs-auth.db" in out.out and "basic auth over plain HTTP" in out.err
@@ -82,7 +89,12 @@ def test_trial_runtime_env_forwards_the_drivers_mlflow_credentials_only():
     from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
     from ray.runtime_env.runtime_env import _merge_runtime_env
 
-    env = {"MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p", "AWS_SECRET_ACCESS_KEY": "no", "HOME": "/h"}
+    env = {
+        "MLFLOW_TRACKING_USERNAME": "u",
+        "MLFLOW_TRACKING_PASSWORD": "p",
+        "AWS_SECRET_ACCESS_KEY": "no",
+        "HOME": "/h",
+    }
     assert trial_runtime_env(env) == {"env_vars": {"MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}}
     assert trial_runtime_env({"MLFLOW_TRACKING_TOKEN": "t"}) == {"env_vars": {"MLFLOW_TRACKING_TOKEN": "t"}}
     assert trial_runtime_env({"HOME": "/h", "MLFLOW_TRACKING_PASSWORD": ""}) is None

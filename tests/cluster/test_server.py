@@ -73,8 +73,16 @@ def test_redact_uri_hides_passwords_only():
 
 @pytest.mark.parametrize(
     "host, loopback",
-    [("127.0.0.1", True), ("127.0.1.1", True), ("::1", True), ("localhost", True),
-     ("0.0.0.0", False), ("10.0.0.5", False), ("::", False), ("head.internal", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.0.1.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.5", False),
+        ("::", False),
+        ("head.internal", False),
+    ],
 )
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
@@ -98,16 +106,37 @@ def test_cli_options_and_passthrough(monkeypatch):
     server.add_arguments(parser)
     calls = []
     monkeypatch.setattr(server, "serve", lambda **kw: calls.append(kw) or 0)
-    args = parser.parse_args([
-        "--port", "5001", "--workers", "2", "--allowed-host", "head-svc", "--allowed-host", "mlflow.internal",
-        "--allowed-origin", "https://mlflow.example.com", "--", "--static-prefix", "/mlflow",
-    ])
+    args = parser.parse_args(
+        [
+            "--port",
+            "5001",
+            "--workers",
+            "2",
+            "--allowed-host",
+            "head-svc",
+            "--allowed-host",
+            "mlflow.internal",
+            "--allowed-origin",
+            "https://mlflow.example.com",
+            "--",
+            "--static-prefix",
+            "/mlflow",
+        ]
+    )
     assert server.from_args(args) == 0
-    assert calls == [{
-        "backend_store_uri": "sqlite:///mlflow.db", "artifacts_destination": "./mlartifacts", "host": "127.0.0.1",
-        "port": 5001, "workers": 2, "allowed_host": ["head-svc", "mlflow.internal"],
-        "allowed_origin": ["https://mlflow.example.com"], "auth": None, "extra_args": ["--static-prefix", "/mlflow"],
-    }]
+    assert calls == [
+        {
+            "backend_store_uri": "sqlite:///mlflow.db",
+            "artifacts_destination": "./mlartifacts",
+            "host": "127.0.0.1",
+            "port": 5001,
+            "workers": 2,
+            "allowed_host": ["head-svc", "mlflow.internal"],
+            "allowed_origin": ["https://mlflow.example.com"],
+            "auth": None,
+            "extra_args": ["--static-prefix", "/mlflow"],
+        }
+    ]
 
 
 def test_allowed_hosts_are_mlflows_defaults_plus_this_machines_names():
@@ -150,8 +179,14 @@ def test_bad_host_options_are_refused_naming_the_fix(kwargs, field):
     assert field in str(err.value)
 
 
-def _request(port: int, host_header: str, method: str = "GET", path: str = "/api/2.0/mlflow/experiments/search?max_results=1",
-             body: dict | None = None, origin: str | None = None) -> int:
+def _request(
+    port: int,
+    host_header: str,
+    method: str = "GET",
+    path: str = "/api/2.0/mlflow/experiments/search?max_results=1",
+    body: dict | None = None,
+    origin: str | None = None,
+) -> int:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # loopback only; the Host header says the rest
     try:
         headers = {"Host": host_header, "Content-Type": "application/json"}
@@ -169,8 +204,12 @@ def _request(port: int, host_header: str, method: str = "GET", path: str = "/api
 def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_path, tracking_uri):
     svc = "raycluster-sharpscale-head-svc"
     with start_server(
-        backend_store_uri=tracking_uri, artifacts_destination=str(tmp_path / "art"),
-        allowed_host=[svc, "*.svc.cluster.local"], log_path=tmp_path / "server.log", timeout_s=180, workers=1,
+        backend_store_uri=tracking_uri,
+        artifacts_destination=str(tmp_path / "art"),
+        allowed_host=[svc, "*.svc.cluster.local"],
+        log_path=tmp_path / "server.log",
+        timeout_s=180,
+        workers=1,
     ) as (_, url):
         port = int(url.rsplit(":", 1)[1])
         admitted = [f"{svc}:{port}", svc, f"{svc}.default.svc.cluster.local:{port}", "localhost", f"127.0.0.1:{port}"]
@@ -184,7 +223,9 @@ def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_pa
         # The UI as served under the head's own name may change data (MLflow's CORS check); another site may not.
         head = socket.gethostname().lower()
         create = {"method": "POST", "path": "/api/2.0/mlflow/experiments/create"}
-        assert _request(port, f"{head}:{port}", **create, body={"name": "from-ui"}, origin=f"http://{head}:{port}") == 200
+        assert (
+            _request(port, f"{head}:{port}", **create, body={"name": "from-ui"}, origin=f"http://{head}:{port}") == 200
+        )
         assert _request(port, f"{head}:{port}", **create, body={"name": "x"}, origin="http://evil.example.com") == 403
 
 
@@ -192,12 +233,12 @@ def test_server_admits_the_heads_names_and_added_hosts_and_refuses_others(tmp_pa
 def test_start_server_reports_the_servers_own_error(tmp_path):
     with pytest.raises(ServerError, match="no-such-option"):
         with start_server(
-            backend_store_uri=f"sqlite:///{tmp_path / 'm.db'}", extra_args=["--no-such-option"], timeout_s=90,
+            backend_store_uri=f"sqlite:///{tmp_path / 'm.db'}",
+            extra_args=["--no-such-option"],
+            timeout_s=90,
             log_path=tmp_path / "server.log",
         ):
             pass
-
-
 
 
 @pytest.mark.timeout(300)
@@ -209,7 +250,10 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path, tracking_uri):
         f"artifacts_destination='{tmp_path / 'art'}', port={port}, workers=2))"
     )
     launcher = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     server_pgid = None

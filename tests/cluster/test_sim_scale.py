@@ -25,12 +25,34 @@ def test_tiny_simulation_loses_nothing(tmp_path):
     out = tmp_path / "sim.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"  # its driver joins a multi-node cluster (tests/conftest.py turns it off)
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = (
+        "1"  # its driver joins a multi-node cluster (tests/conftest.py turns it off)
+    )
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "sim_scale.py"), "--trials", str(TRIALS), "--concurrency", "4",
-         "--epochs", str(EPOCHS), "--epoch-s", "0.2", "--server-workers", "2", "--workdir", str(tmp_path / "work"),
-         "--json", str(out)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=840, start_new_session=True,
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "sim_scale.py"),
+            "--trials",
+            str(TRIALS),
+            "--concurrency",
+            "4",
+            "--epochs",
+            str(EPOCHS),
+            "--epoch-s",
+            "0.2",
+            "--server-workers",
+            "2",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        start_new_session=True,
     )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     print(proc.stdout.strip().splitlines()[-1])  # the measurements as a row of docs/scale.md's table (pytest -s)

@@ -51,8 +51,6 @@ TRIALS = 4  # 2 cells x 2 trials: two waves of two concurrent trials
 EPOCHS = 6
 
 
-
-
 def _pids_in_group(pgid: int) -> set[int]:
     found = set()
     for entry in Path("/proc").iterdir():
@@ -91,12 +89,21 @@ class TwoNodeCluster:
         self.env.pop("RAY_ADDRESS", None)
         common = ["--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
         self._head_args = [
-            "--head", f"--port={gcs}", '--resources={"node_a": 1}',
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent_a}", *common,
+            "--head",
+            f"--port={gcs}",
+            '--resources={"node_a": 1}',
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={client}",
+            f"--dashboard-agent-listen-port={agent_a}",
+            *common,
         ]
         self._worker_args = [
-            f"--address={self.address}", '--resources={"node_b": 1}', f"--dashboard-agent-listen-port={agent_b}", *common,
+            f"--address={self.address}",
+            '--resources={"node_b": 1}',
+            f"--dashboard-agent-listen-port={agent_b}",
+            *common,
         ]
         self.nodes: dict[str, subprocess.Popen] = {}
 
@@ -105,7 +112,11 @@ class TwoNodeCluster:
         with log:
             self.nodes[name] = subprocess.Popen(
                 [RAY, "start", "--block", f"--temp-dir={self.temp_dir / name}", *args],
-                env=self.env, cwd=self.temp_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=self.env,
+                cwd=self.temp_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def _wait_started(self, name: str, timeout_s: float = 180.0) -> None:
@@ -184,6 +195,7 @@ nodes = {n.node_id: sorted(n.resources_total) for n in list_nodes(address=sys.ar
 print("NODES " + json.dumps(nodes))
 """
 
+
 def _study(tmp_path: Path, tiny_model) -> Path:
     study = {
         "name": "two-node",
@@ -249,7 +261,12 @@ def test_no_login_gets_401_and_a_login_creates_runs(auth_server, monkeypatch):
 
 
 def test_study_runs_on_both_nodes_and_records_through_the_server_with_the_drivers_login(
-    cluster, tmp_path, auth_server, trials_user, monkeypatch, tiny_model,
+    cluster,
+    tmp_path,
+    auth_server,
+    trials_user,
+    monkeypatch,
+    tiny_model,
 ):
     from mlflow.tracking import MlflowClient
 
@@ -263,7 +280,12 @@ def test_study_runs_on_both_nodes_and_records_through_the_server_with_the_driver
     driver_env = {**cluster.env, "MLFLOW_TRACKING_USERNAME": user, "MLFLOW_TRACKING_PASSWORD": password}
     driver = subprocess.run(
         [sys.executable, "-m", "studies.cli", "run", str(study), "--address", cluster.address, "--tracking-uri", url],
-        env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=420, start_new_session=True,
+        env=driver_env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=420,
+        start_new_session=True,
     )
     (tmp_path / "driver.log").write_text(driver.stdout + driver.stderr)
     errors = "".join(f"\n{e}:\n{e.read_text()[-3000:]}" for e in sorted(cluster.temp_dir.rglob("error.txt")))
@@ -273,7 +295,11 @@ def test_study_runs_on_both_nodes_and_records_through_the_server_with_the_driver
 
     query = subprocess.run(
         [sys.executable, "-c", _NODES_QUERY, cluster.address],
-        env=cluster.env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env=cluster.env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert query.returncode == 0, query.stderr[-3000:]
     nodes = json.loads(query.stdout.split("NODES ", 1)[1])

@@ -84,7 +84,9 @@ def run(method, model, steps, start=0, counter=None, autocast_dtype=None):
     outs = []
     for t in range(start, start + steps):
         x, y, idx = make_batch(t)
-        outs.append(method.train_step(make_forward(model, x, y, counter, autocast_dtype), inputs=x, indices=idx, epoch=t))
+        outs.append(
+            method.train_step(make_forward(model, x, y, counter, autocast_dtype), inputs=x, indices=idx, epoch=t)
+        )
     return outs
 
 
@@ -92,6 +94,14 @@ def run(method, model, steps, start=0, counter=None, autocast_dtype=None):
 def helpers():
     import types
 
-    return types.SimpleNamespace(make_model=make_model, make_batch=make_batch, make_forward=make_forward,
-                                 build=build, run=run, FAST_HPARAMS=FAST_HPARAMS, NUM_CLASSES=NUM_CLASSES,
-                                 NUM_SAMPLES=NUM_SAMPLES, TinyNet=TinyNet)
+    return types.SimpleNamespace(
+        make_model=make_model,
+        make_batch=make_batch,
+        make_forward=make_forward,
+        build=build,
+        run=run,
+        FAST_HPARAMS=FAST_HPARAMS,
+        NUM_CLASSES=NUM_CLASSES,
+        NUM_SAMPLES=NUM_SAMPLES,
+        TinyNet=TinyNet,
+    )

@@ -33,8 +33,11 @@ def mlp(seed=0):
 
 def data(t):
     g = torch.Generator().manual_seed(40 + t)
-    return (torch.randn(N, D_IN, generator=g, dtype=torch.float64), torch.randint(0, C, (N,), generator=g),
-            torch.randperm(N, generator=g))
+    return (
+        torch.randn(N, D_IN, generator=g, dtype=torch.float64),
+        torch.randint(0, C, (N,), generator=g),
+        torch.randperm(N, generator=g),
+    )
 
 
 def forward_of(model, x, y, seen=None):
@@ -50,10 +53,14 @@ def forward_of(model, x, y, seen=None):
 
 def trajectory(name, accumulate, steps=4, base="sgd", **hp):
     model = mlp()
-    opt = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3) if base == "sgd"
-           else torch.optim.AdamW(model.parameters(), lr=0.01))
-    method = optim.create(name, opt, model=model, num_samples=N, num_classes=C, accumulate=accumulate,
-                          **{**HP[name], **hp})
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+        if base == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=0.01)
+    )
+    method = optim.create(
+        name, opt, model=model, num_samples=N, num_classes=C, accumulate=accumulate, **{**HP[name], **hp}
+    )
     seen, losses = [], []
     for t in range(steps):
         x, y, idx = data(t)
@@ -120,7 +127,7 @@ def m_reference(ws0, m, steps=3, rho=0.05, lr=0.1, mu=0.9):
         x, y, _ = data(t)
         u = [torch.zeros_like(w) for w in ws]
         for start in range(0, N, m):
-            xs, ys = x[start:start + m], y[start:start + m]
+            xs, ys = x[start : start + m], y[start : start + m]
             g = grad(ws, xs, ys)
             norm = torch.sqrt(sum((gi * gi).sum() for gi in g))
             gp = grad([w + rho * gi / (norm + 1e-12) for w, gi in zip(ws, g)], xs, ys)

@@ -126,7 +126,9 @@ def test_mesa_teacher_runs_in_the_training_autocast_dtype(helpers):
     model = helpers.make_model()
     method = helpers.build("mesa", model)
     seen = []
-    method.regulariser.teacher.head.register_forward_hook(lambda m, i, o: seen.append((o.dtype, m.training, torch.is_grad_enabled())))
+    method.regulariser.teacher.head.register_forward_hook(
+        lambda m, i, o: seen.append((o.dtype, m.training, torch.is_grad_enabled()))
+    )
     helpers.run(method, model, 3, autocast_dtype=torch.bfloat16)
     assert seen == [(torch.bfloat16, False, False)]  # only the active epoch (2 > e_start=1) runs the teacher
 
@@ -140,7 +142,9 @@ def test_grad_clip_acts_on_the_final_update_gradient(name, helpers):
     for grad_clip in (None, clip):
         model = helpers.make_model()
         base = torch.optim.SGD(model.parameters(), lr=1.0, momentum=0.9)  # msam needs a momentum
-        base.register_step_pre_hook(lambda opt, a, k, model=model: finals.append([p.grad.clone() for p in model.parameters()]))
+        base.register_step_pre_hook(
+            lambda opt, a, k, model=model: finals.append([p.grad.clone() for p in model.parameters()])
+        )
         method = helpers.build(name, model, base, grad_clip=grad_clip)
         helpers.run(method, model, 1)
         captured[grad_clip] = finals[-1]

@@ -53,8 +53,9 @@ def test_gsam_rho_under_timm_layer_decay_and_cosine():
     scales = [g["lr_scale"] for g in opt.param_groups]
     assert scales[0] < 0.5 and max(scales) == 1.0  # group 0 is a decayed group
     method = optim.create("gsam", opt, model=vit, rho_max=RHO_MAX, rho_min=RHO_MIN, lr_min=lr_min)
-    sched = timm.scheduler.CosineLRScheduler(opt, t_initial=t_initial, lr_min=lr_min, warmup_t=warmup_t,
-                                             warmup_lr_init=warm_init)
+    sched = timm.scheduler.CosineLRScheduler(
+        opt, t_initial=t_initial, lr_min=lr_min, warmup_t=warmup_t, warmup_lr_init=warm_init
+    )
     x, y = torch.randn(2, 3, 8, 8), torch.tensor([0, 2])
     rhos, want = [], []
     for t in range(t_initial):
@@ -106,14 +107,18 @@ def test_gsam_rho_with_per_group_lrs_under_torch_cosine():
     a user lr_max is in group 0's units."""
     model = mlp()
     decay = 0.65
-    groups = [{"params": [model[0].weight, model[0].bias], "lr": 0.1 * decay**2},
-              {"params": [model[2].weight, model[2].bias], "lr": 0.1}]
+    groups = [
+        {"params": [model[0].weight, model[0].bias], "lr": 0.1 * decay**2},
+        {"params": [model[2].weight, model[2].bias], "lr": 0.1},
+    ]
     base = torch.optim.SGD(groups, lr=0.1)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(base, T_max=6)
     method = optim.create("gsam", base, model=model, rho_max=RHO_MAX, rho_min=RHO_MIN, lr_min=0.0)
     for t in range(7):
         out = one_step(method, model)
-        assert out.rho == pytest.approx(expected_rho(0.5 * (1 + math.cos(math.pi * t / 6)), 1.0, 0.0), rel=1e-12, abs=1e-15)
+        assert out.rho == pytest.approx(
+            expected_rho(0.5 * (1 + math.cos(math.pi * t / 6)), 1.0, 0.0), rel=1e-12, abs=1e-15
+        )
         sched.step()
 
 
@@ -149,7 +154,9 @@ def test_the_classes_and_create_ask_for_the_model_alike(name):
     needs = "model" in METHODS[name].needs
     if name in CLASSES:
         assert needs
-        with pytest.raises(ValueError, match=r"^model must be the nn.Module being trained.*got model=None; .*pass model=net"):
+        with pytest.raises(
+            ValueError, match=r"^model must be the nn.Module being trained.*got model=None; .*pass model=net"
+        ):
             CLASSES[name](base)
         CLASSES[name](base, model=model)
     if needs:

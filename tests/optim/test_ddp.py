@@ -17,8 +17,14 @@ WORLD = 2
 
 def _model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
-                         nn.Flatten(), nn.Linear(16, 5))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16, 5),
+    )
 
 
 def _batch(rank, step):
@@ -79,8 +85,14 @@ def _run_method(rank, name, global_perturbation, steps=1, local=False, **hp):
             start = hook_calls[0]
             method.train_step(forward, inputs=x, epoch=0)
             eps = snaps[1] - snaps[0] if len(snaps) == 2 else None
-            records.append({"eps": eps, "final": finals[-1], "pass1_calls": (calls[1] - start) if len(calls) == 2 else None,
-                            "calls": hook_calls[0] - start})
+            records.append(
+                {
+                    "eps": eps,
+                    "final": finals[-1],
+                    "pass1_calls": (calls[1] - start) if len(calls) == 2 else None,
+                    "calls": hook_calls[0] - start,
+                }
+            )
     finally:
         dist.all_reduce = real_all_reduce
     return {"steps": records, "params": _flat([p.detach() for p in model.parameters()]), "manual": manual[0]}
@@ -103,7 +115,13 @@ def _saf_reshuffled(rank):
             if epoch >= 2:
                 want = optim.trajectory_kl(z, logits_of(batch, epoch - 1).half().float(), 1.0)
                 errors.append(float((loss - want).abs()))
-                errors.append(float((saf.buffer[(epoch - 1) % 2, batch].float() - logits_of(batch, epoch - 1).half().float()).abs().max()))
+                errors.append(
+                    float(
+                        (saf.buffer[(epoch - 1) % 2, batch].float() - logits_of(batch, epoch - 1).half().float())
+                        .abs()
+                        .max()
+                    )
+                )
     # After epoch 3 every sample's slot holds epoch 3's logits, including those other ranks saw.
     full = saf.buffer[3 % 2].float()
     errors.append(float((full - logits_of(torch.arange(n), 3).half().float()).abs().max()))
@@ -126,8 +144,9 @@ def _m_sharpness(rank, m_ddp, m_single, steps=2):
     for label, m, world in (("ddp", m_ddp, True), ("single", m_single, False)):
         model = _model()
         net = nn.parallel.DistributedDataParallel(model) if world else model
-        method = optim.create("sam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=net, rho=0.05,
-                              m=m)
+        method = optim.create(
+            "sam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=net, rho=0.05, m=m
+        )
         for step in range(steps):
             if world:
                 x, y = _batch(rank, step)

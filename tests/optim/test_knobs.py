@@ -67,8 +67,11 @@ def test_check_hparams_says_what_building_says(name):
             else:
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
             built = _outcome(lambda: create(name, opt, model=model, num_samples=4, num_classes=2, **hp))
-            declared = _outcome(lambda: check_hparams(name, base=type(opt).__name__,
-                                                      base_keeps_momentum=base == "adamw" or momentum > 0, **hp))
+            declared = _outcome(
+                lambda: check_hparams(
+                    name, base=type(opt).__name__, base_keeps_momentum=base == "adamw" or momentum > 0, **hp
+                )
+            )
             assert declared == built, (name, hp, base, momentum)
             checked += built is not None
     assert checked > 0 or not spec.knobs
@@ -103,6 +106,12 @@ def test_the_registry_and_a_study_check_import_no_torch():
         "assert not heavy, heavy\n"
         "assert optim.SAM.__name__ == 'SAM' and 'torch' in sys.modules  # the classes still load on use\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -156,8 +156,13 @@ def test_saf_first_active_update():
             gz = _kl_grad_logits(z, past, tau, lam)
             expected = w - lr * (model.grad(w) + torch.einsum("bcd,bc->d", model.A, gz))
             torch.testing.assert_close(model.w.detach(), expected, **TOL)
-            kl = lam * tau**2 * F.kl_div(F.log_softmax(z / tau, -1), F.log_softmax(past / tau, -1),
-                                         reduction="batchmean", log_target=True)
+            kl = (
+                lam
+                * tau**2
+                * F.kl_div(
+                    F.log_softmax(z / tau, -1), F.log_softmax(past / tau, -1), reduction="batchmean", log_target=True
+                )
+            )
             torch.testing.assert_close(out.extra_loss, kl, **TOL)
 
 
@@ -289,6 +294,7 @@ def test_first_and_second_step_standalone_and_step_closure(helpers):
                 F.cross_entropy(model(x), y).backward()
                 sam.second_step()
             else:
+
                 def closure():
                     loss = F.cross_entropy(model(x), y)
                     loss.backward()

@@ -40,8 +40,13 @@ def test_esam_perturbs_and_differentiates_only_the_drawn_tensors(helpers):
     inner = helpers.make_forward(model, x, y)
 
     def forward(rows=None, reduction="mean"):
-        calls.append(([p.requires_grad for p in model.parameters()], [p.detach().clone() for p in model.parameters()],
-                      None if rows is None else rows.clone()))
+        calls.append(
+            (
+                [p.requires_grad for p in model.parameters()],
+                [p.detach().clone() for p in model.parameters()],
+                None if rows is None else rows.clone(),
+            )
+        )
         return inner(rows, reduction)
 
     w0 = [p.detach().clone() for p in model.parameters()]
@@ -103,5 +108,7 @@ def test_msam_first_step_is_the_base_optimizer(helpers):
 
 def test_msam_needs_a_momentum(helpers):
     model = helpers.make_model()
-    with pytest.raises(ValueError, match=r"must keep a momentum for msam.*param group\(s\) \[0\].*SGD with momentum=0.9"):
+    with pytest.raises(
+        ValueError, match=r"must keep a momentum for msam.*param group\(s\) \[0\].*SGD with momentum=0.9"
+    ):
         helpers.build("msam", model, torch.optim.SGD(model.parameters(), lr=0.1))

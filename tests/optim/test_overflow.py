@@ -15,9 +15,18 @@ import optim
 from optim import METHODS
 
 TWO_PASS = {n for n, s in METHODS.items() if s.two_pass}
-HP = {"none": {}, "sam": {"rho": 0.05}, "asam": {"rho": 0.5}, "gsam": {"rho_max": 0.08, "rho_min": 0.02, "lr_max": 0.05},
-      "looksam": {"rho": 0.1, "k": 2}, "saf": {"e_tilde": 1, "e_start": 1}, "mesa": {"beta": 0.9, "e_start": 1},
-      "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5}, "fsam": {"rho": 0.05}, "msam": {"rho": 0.1}}
+HP = {
+    "none": {},
+    "sam": {"rho": 0.05},
+    "asam": {"rho": 0.5},
+    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "lr_max": 0.05},
+    "looksam": {"rho": 0.1, "k": 2},
+    "saf": {"e_tilde": 1, "e_start": 1},
+    "mesa": {"beta": 0.9, "e_start": 1},
+    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
+    "fsam": {"rho": 0.05},
+    "msam": {"rho": 0.1},
+}
 #: Which forward call is pass N, where a method makes others (ESAM's no-grad selection forward is call 2).
 CALL_OF_PASS = {"esam": {1: 1, 2: 3}}
 BASES = {
@@ -39,15 +48,25 @@ def mlp():
 
 def data(t):
     g = torch.Generator().manual_seed(77 + t)
-    return (torch.randn(N_SAMPLES, 6, generator=g), torch.randint(0, N_CLASSES, (N_SAMPLES,), generator=g),
-            torch.randperm(N_SAMPLES, generator=g))
+    return (
+        torch.randn(N_SAMPLES, 6, generator=g),
+        torch.randint(0, N_CLASSES, (N_SAMPLES,), generator=g),
+        torch.randperm(N_SAMPLES, generator=g),
+    )
 
 
 def build(name, base):
     model = mlp()
     scaler = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
-    method = optim.create(name, BASES[base](model.parameters()), model=model, scaler=scaler,
-                          num_samples=N_SAMPLES, num_classes=N_CLASSES, **HP[name])
+    method = optim.create(
+        name,
+        BASES[base](model.parameters()),
+        model=model,
+        scaler=scaler,
+        num_samples=N_SAMPLES,
+        num_classes=N_CLASSES,
+        **HP[name],
+    )
     return model, method, scaler
 
 
@@ -98,11 +117,14 @@ def assert_same(a: dict, b: dict):
             assert v == b[k], k
 
 
-CASES = [(n, b, bad, at) for n in METHODS for b in BASES for bad in ((1, 2) if n in TWO_PASS else (1,)) for at in (0, 2)]
+CASES = [
+    (n, b, bad, at) for n in METHODS for b in BASES for bad in ((1, 2) if n in TWO_PASS else (1,)) for at in (0, 2)
+]
 
 
-@pytest.mark.parametrize("name,base,bad_call,at", CASES,
-                         ids=[f"{n}-{b}-inf-in-pass-{bad}-at-step-{at}" for n, b, bad, at in CASES])
+@pytest.mark.parametrize(
+    "name,base,bad_call,at", CASES, ids=[f"{n}-{b}-inf-in-pass-{bad}-at-step-{at}" for n, b, bad, at in CASES]
+)
 def test_overflow_skips_the_step_cleanly(name, base, bad_call, at):
     """Old code: with a fused base an overflow in pass 1 made the scaler's found_inf 2.0, which the fused
     kernels do not treat as a skip (weights NaN, AdamW's step going backwards); MESA's teacher moved and

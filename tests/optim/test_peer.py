@@ -29,7 +29,10 @@ STEPS = 3
 
 
 def _state(model):
-    return [p.detach().clone() for p in model.parameters()] + [model.bn.running_mean.clone(), model.bn.running_var.clone()]
+    return [p.detach().clone() for p in model.parameters()] + [
+        model.bn.running_mean.clone(),
+        model.bn.running_var.clone(),
+    ]
 
 
 def _ours(helpers, name, **hp):

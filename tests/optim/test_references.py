@@ -48,7 +48,10 @@ def tensors(model) -> list[torch.Tensor]:
 
 def groups_of(model) -> list[dict]:
     w = tensors(model)
-    return [{"params": w[:2], "lr": LR[0], "weight_decay": WD[0]}, {"params": w[2:], "lr": LR[1], "weight_decay": WD[1]}]
+    return [
+        {"params": w[:2], "lr": LR[0], "weight_decay": WD[0]},
+        {"params": w[2:], "lr": LR[1], "weight_decay": WD[1]},
+    ]
 
 
 GROUP_OF = (0, 0, 1, 1)  # group of each tensor in tensors()
@@ -258,8 +261,15 @@ def test_multi_tensor_multi_group_multi_step_reference(name, base):
 
 # ----------------------------------------------------------------------------- rho = 0 is the base optimizer
 # ESAM with gamma < 1 is the base optimizer on the selected samples only, so rho = 0 needs gamma = 1 too.
-ZERO_RHO = {"sam": {"rho": 0.0}, "asam": {"rho": 0.0}, "gsam": {"rho_max": 0.0, "rho_min": 0.0},
-            "looksam": {"rho": 0.0}, "esam": {"rho": 0.0, "gamma": 1.0}, "fsam": {"rho": 0.0}, "msam": {"rho": 0.0}}
+ZERO_RHO = {
+    "sam": {"rho": 0.0},
+    "asam": {"rho": 0.0},
+    "gsam": {"rho_max": 0.0, "rho_min": 0.0},
+    "looksam": {"rho": 0.0},
+    "esam": {"rho": 0.0, "gamma": 1.0},
+    "fsam": {"rho": 0.0},
+    "msam": {"rho": 0.0},
+}
 PERTURBING = [n for n, s in METHODS.items() if s.two_pass or "rho" in s.hparams]
 
 
@@ -367,8 +377,11 @@ def test_looksam_step_closure_follows_the_train_step_schedule():
     for mode in ("train_step", "closure", "sam"):
         model = net()
         base = torch.optim.SGD(groups_of(model), lr=LR[0], momentum=0.9)
-        method = (optim.create("sam", base, model=model, rho=0.1) if mode == "sam"
-                  else optim.create("looksam", base, model=model, rho=0.1, k=k, alpha=0.7))
+        method = (
+            optim.create("sam", base, model=model, rho=0.1)
+            if mode == "sam"
+            else optim.create("looksam", base, model=model, rho=0.1, k=k, alpha=0.7)
+        )
         calls = []
         for t in range(n):
             x, y, _ = batch(t)

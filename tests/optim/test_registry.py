@@ -73,8 +73,19 @@ def test_every_method_steps_with_every_base_optimizer(name, helpers):
         if name in ("saf", "mesa"):
             assert outs[0].extra_loss is None and outs[2].extra_loss is not None  # active when epoch > e_start=1
         assert method.passes_per_step == pytest.approx(
-            {"none": 1, "sam": 2, "asam": 2, "gsam": 2, "looksam": 1.5, "saf": 1, "mesa": 4 / 3, "esam": 1 + 1 / 3 + 0.5,
-             "fsam": 2, "msam": 1}[name])
+            {
+                "none": 1,
+                "sam": 2,
+                "asam": 2,
+                "gsam": 2,
+                "looksam": 1.5,
+                "saf": 1,
+                "mesa": 4 / 3,
+                "esam": 1 + 1 / 3 + 0.5,
+                "fsam": 2,
+                "msam": 1,
+            }[name]
+        )
         # ESAM with gamma < 1: pass 1, the no-grad selection forward, pass 2 on the selected half.
         assert len(counter) == {"looksam": 5, "esam": 9}.get(name, 3 * (2 if spec.two_pass else 1))
         assert method.extra_state_bytes() >= 0
@@ -95,7 +106,10 @@ def test_extra_state_bytes(helpers):
 
 def test_unknown_name_lists_valid_names_and_closest():
     base = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    with pytest.raises(ValueError, match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa, esam, fsam, msam.*did you mean 'gsam'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa, esam, fsam, msam.*did you mean 'gsam'",
+    ):
         create("gasm", base)
 
 
@@ -172,8 +186,20 @@ def test_optim_is_pure_pytorch():
         text = f.read_text()
         assert not re.search(r"^\s*(import|from)\s+(ray|optuna|mlflow)\b", text, re.MULTILINE), f
         assert text.startswith('"""'), f"{f.name} must open with a one-line docstring"
-    assert set(optim.__all__) >= {"SAM", "GSAM", "LookSAM", "SAF", "MESA", "create", "trajectory_kl", "METHODS",
-                                  "MethodSpec", "method_names", "Method", "StepOutput"}
+    assert set(optim.__all__) >= {
+        "SAM",
+        "GSAM",
+        "LookSAM",
+        "SAF",
+        "MESA",
+        "create",
+        "trajectory_kl",
+        "METHODS",
+        "MethodSpec",
+        "method_names",
+        "Method",
+        "StepOutput",
+    }
 
 
 def test_readme_methods_table_is_the_registry():
@@ -185,7 +211,9 @@ def test_readme_methods_table_is_the_registry():
     spec.loader.exec_module(module)
     readme = (root / "README.md").read_text()
     block = readme.split(module.METHODS_BEGIN, 1)[1].split(module.METHODS_END, 1)[0].strip()
-    assert block == module.methods_table(), "README's methods table is stale: run python docs/update_readme.py --methods"
+    assert block == module.methods_table(), (
+        "README's methods table is stale: run python docs/update_readme.py --methods"
+    )
     assert all(f"| `{name}` |" in block for name in METHODS)
 
 

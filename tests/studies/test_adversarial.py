@@ -42,43 +42,109 @@ def _edit(*pairs: tuple[str, str]) -> str:
 
 # (id, study file text or bytes (None: the shipped quickstart), extra arguments, what the message must say)
 REFUSED = [
-    ("int-log-low-0", _edit((RHO, RHO + "\n  train.seed: {type: int, low: 0, high: 5, log: true}")), [], "log: true needs low >= 1"),
+    (
+        "int-log-low-0",
+        _edit((RHO, RHO + "\n  train.seed: {type: int, low: 0, high: 5, log: true}")),
+        [],
+        "log: true needs low >= 1",
+    ),
     ("uniform-inf", _edit((RHO, "rho: {type: uniform, low: 0.0, high: .inf}")), [], "finite number"),
     ("uniform-nan", _edit((RHO, "rho: {type: uniform, low: .nan, high: 0.5}")), [], "finite number"),
     ("metric-typo", _edit(("metric: val_acc", "metric: val_accc")), [], "did you mean 'val_acc'"),
     ("cpus-too-many", _edit(("cpus_per_trial: 1", "cpus_per_trial: 4096")), [], "resources.cpus_per_trial"),
-    ("custom-resource-nowhere", _edit(("cpus_per_trial: 1", "cpus_per_trial: 1, custom: {node_a: 1}")), [],
-     "resources.custom.node_a"),
+    (
+        "custom-resource-nowhere",
+        _edit(("cpus_per_trial: 1", "cpus_per_trial: 1, custom: {node_a: 1}")),
+        [],
+        "resources.custom.node_a",
+    ),
     ("factor-no-levels", _edit((METHOD_FACTOR, "  method: {}\n")), [], "needs at least one level"),
-    ("grid-huge", _edit((RHO, "train.seed: {type: int, low: 0, high: 1000000000}"), ("sampler: tpe", "sampler: grid"),
-                        ("trials_per_cell: 4, ", "")), [], f"more than {MAX_TRIALS}"),
-    ("factors-huge", _edit((METHOD_FACTOR, f"  train.seed: {list(range(MAX_TRIALS // 3 + 1))}\n")), [], "cells, more than"),
+    (
+        "grid-huge",
+        _edit(
+            (RHO, "train.seed: {type: int, low: 0, high: 1000000000}"),
+            ("sampler: tpe", "sampler: grid"),
+            ("trials_per_cell: 4, ", ""),
+        ),
+        [],
+        f"more than {MAX_TRIALS}",
+    ),
+    (
+        "factors-huge",
+        _edit((METHOD_FACTOR, f"  train.seed: {list(range(MAX_TRIALS // 3 + 1))}\n")),
+        [],
+        "cells, more than",
+    ),
     ("set-factor-path", None, ["--set", "optimizer.method=gsam"], "from the study's factor 'method'"),
     ("set-searched-path", None, ["--set", "optimizer.hparams.rho=0.1"], "search key 'rho'"),
     ("duplicate-key", QUICKSTART + "\nbudget: {trials_per_cell: 8}\n", [], "found the key 'budget' twice"),
     ("duplicate-levels", _edit((METHOD_FACTOR, '  data.fraction: [0.5, 0.5, "0.5"]\n')), [], "levels must be distinct"),
-    ("duplicate-choices", _edit((RHO, "rho: {type: choice, values: [0.1, 0.1]}")), [], "choice values must be distinct"),
+    (
+        "duplicate-choices",
+        _edit((RHO, "rho: {type: choice, values: [0.1, 0.1]}")),
+        [],
+        "choice values must be distinct",
+    ),
     ("bool-as-int", _edit(("trials_per_cell: 4", "trials_per_cell: true")), [], "valid integer"),
     ("string-as-int", _edit(("trials_per_cell: 4", 'trials_per_cell: "4"')), [], "valid integer"),
     ("latin-1-file", ("# caf\xe9\n" + QUICKSTART).encode("latin-1"), [], "must be UTF-8 text, got byte 0xe9 on line 1"),
     ("utf-16-file", QUICKSTART.encode("utf-16"), [], "got UTF-16"),
     ("set-unclosed-bracket", None, ["--set", "optimizer.lr=["], "--set optimizer.lr: YAML syntax"),
-    ("set-python-tag", None, ["--set", "data.root=!!python/object/apply:os.system"], "could not determine a constructor"),
+    (
+        "set-python-tag",
+        None,
+        ["--set", "data.root=!!python/object/apply:os.system"],
+        "could not determine a constructor",
+    ),
     ("set-below-a-value", None, ["--set", "data.root.x=1"], "--set data.root.x: neither a trial config path"),
     ("set-no-equals", None, ["--set", "data.root"], "must be KEY=VALUE"),
     ("set-bad-key", None, ["--set", "data..root=1"], "KEY must be a dotted path"),
-    ("search-below-a-value", _edit((RHO, "model.name.x: {type: choice, values: [1]}")), [], "search.model.name.x: not a trial config path"),
-    ("level-sets-section-and-field", _edit(("adamw: {optimizer.method: none}",
-                                            "adamw: {optimizer.method: none, model: {name: resnet18}, model.name: resnet18}")),
-     [], "sets both model and model.name"),
-    ("level-name-both-quotes", _edit((METHOD_FACTOR, "  method:\n    \"a'b\\\"\": {optimizer.method: none}\n")), [],
-     "may hold ' or \" but not both"),
-    ("experiment-absolute", _edit(("tracking: {", "tracking: {experiment: /tmp/x, ")), [], "tracking.experiment: must be one file-name"),
-    ("experiment-climbs-out", _edit(("tracking: {", "tracking: {experiment: ../../escaped, ")), [], "tracking.experiment: must be one file-name"),
+    (
+        "search-below-a-value",
+        _edit((RHO, "model.name.x: {type: choice, values: [1]}")),
+        [],
+        "search.model.name.x: not a trial config path",
+    ),
+    (
+        "level-sets-section-and-field",
+        _edit(
+            (
+                "adamw: {optimizer.method: none}",
+                "adamw: {optimizer.method: none, model: {name: resnet18}, model.name: resnet18}",
+            )
+        ),
+        [],
+        "sets both model and model.name",
+    ),
+    (
+        "level-name-both-quotes",
+        _edit((METHOD_FACTOR, '  method:\n    "a\'b\\"": {optimizer.method: none}\n')),
+        [],
+        "may hold ' or \" but not both",
+    ),
+    (
+        "experiment-absolute",
+        _edit(("tracking: {", "tracking: {experiment: /tmp/x, ")),
+        [],
+        "tracking.experiment: must be one file-name",
+    ),
+    (
+        "experiment-climbs-out",
+        _edit(("tracking: {", "tracking: {experiment: ../../escaped, ")),
+        [],
+        "tracking.experiment: must be one file-name",
+    ),
     ("name-with-dots", _edit(("name: quickstart", "name: a..b")), [], "name: must be one file-name"),
     ("alias-bomb", BOMB + "name: [*h]\n", [], "YAML aliases may expand to at most"),
-    ("alias-bomb-in-model-kwargs", BOMB + _edit(("model.kwargs: {patch_size: 4, num_blocks: 2, embed_dim: 64}",
-                                                 "model.kwargs: {patch_size: 4, bomb: *h}")), [], "YAML aliases may expand"),
+    (
+        "alias-bomb-in-model-kwargs",
+        BOMB
+        + _edit(
+            ("model.kwargs: {patch_size: 4, num_blocks: 2, embed_dim: 64}", "model.kwargs: {patch_size: 4, bomb: *h}")
+        ),
+        [],
+        "YAML aliases may expand",
+    ),
     ("recursive-alias", "a: &a [*a]\n" + QUICKSTART, [], "YAML aliases may expand"),
     ("huge-file", QUICKSTART + "#" + "x" * MAX_STUDY_FILE_BYTES + "\n", [], f"at most {MAX_STUDY_FILE_BYTES} bytes"),
     ("huge-name", _edit(("name: quickstart", "name: " + "x/" * 50_000)), [], "name: must be one file-name"),
@@ -122,11 +188,17 @@ def test_refused_before_anything_runs(content, extra, expected, tmp_path, monkey
 
 
 @pytest.mark.parametrize("command", ["status", "report"])
-@pytest.mark.parametrize("uri, expected", [
-    ("foo://bar", "tracking URI: must be"),
-    ("sqlite:///{tmp}/typo/mlflow.db", "no MLflow store at"),
-], ids=["unknown-scheme", "missing-store"])
-def test_read_only_commands_refuse_a_bad_store_and_create_nothing(command, uri, expected, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("foo://bar", "tracking URI: must be"),
+        ("sqlite:///{tmp}/typo/mlflow.db", "no MLflow store at"),
+    ],
+    ids=["unknown-scheme", "missing-store"],
+)
+def test_read_only_commands_refuse_a_bad_store_and_create_nothing(
+    command, uri, expected, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     study = _write(tmp_path, None)
     assert main([command, str(study), "--tracking-uri", uri.format(tmp=tmp_path)]) == EXIT_USAGE
@@ -289,8 +361,11 @@ def _listening(pid: int) -> list[tuple[str, str]]:
 
     root = psutil.Process(pid)
     pids = {pid} | {c.pid for c in root.children(recursive=True)}
-    return [(c.laddr.ip, psutil.Process(c.pid).name()) for c in psutil.net_connections("inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    return [
+        (c.laddr.ip, psutil.Process(c.pid).name())
+        for c in psutil.net_connections("inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    ]
 
 
 def _sql(db: Path, query: str) -> list:
@@ -305,9 +380,12 @@ def _sql(db: Path, query: str) -> list:
 
 def _runs(db: Path) -> list[tuple[str, str, str]]:
     """(kind, MLflow status, sharpscale.status) of every run."""
-    return _sql(db, "select k.value, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
-                    "k.key = 'sharpscale.kind' left join tags s on s.run_uuid = r.run_uuid and s.key = 'sharpscale.status' "
-                    "where r.lifecycle_stage = 'active'")
+    return _sql(
+        db,
+        "select k.value, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
+        "k.key = 'sharpscale.kind' left join tags s on s.run_uuid = r.run_uuid and s.key = 'sharpscale.status' "
+        "where r.lifecycle_stage = 'active'",
+    )
 
 
 @pytest.mark.timeout(900)
@@ -317,18 +395,33 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
     db = tmp_path / "mlflow.db"
     new_mlflow_store(db)  # the study's own ./mlflow.db, its schema already made: the test is about Ctrl-C
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+    }
     cmd = [sys.executable, "-m", "studies.cli"]
-    driver = subprocess.Popen([*cmd, "run", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    driver = subprocess.Popen(
+        [*cmd, "run", "study.yaml", "--num-cpus", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         # Hold until one trial has finished and the next has recorded an epoch: then it is mid-training.
         deadline = time.time() + 600
         while time.time() < deadline and driver.poll() is None:
             kinds = _runs(db)
-            running = _sql(db, "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
-                               "m.key = 'train_loss' where r.status = 'RUNNING'")
+            running = _sql(
+                db,
+                "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
+                "m.key = 'train_loss' where r.status = 'RUNNING'",
+            )
             if ("trial", "FINISHED", "finished") in kinds and running and running[0][0]:
                 break
             time.sleep(0.2)
@@ -340,7 +433,9 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
     # A local study's Ray (GCS, raylet, workers, agents, dashboard) and its driver listen on loopback only.
-    assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), listening
+    assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), (
+        listening
+    )
     assert driver.returncode == EXIT_INTERRUPTED, out[-3000:]
     assert "INCOMPLETE" in out and "resume study.yaml" in out
     runs = _runs(db)
@@ -352,15 +447,30 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
     optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     assert "RUNNING" not in states and "FAIL" in states, states
-    keys = {k for (k,) in _sql(db, "select distinct m.key from metrics m join tags s on s.run_uuid = m.run_uuid "
-                                   "and s.key = 'sharpscale.status' and s.value = 'finished'")}
+    keys = {
+        k
+        for (k,) in _sql(
+            db,
+            "select distinct m.key from metrics m join tags s on s.run_uuid = m.run_uuid "
+            "and s.key = 'sharpscale.status' and s.value = 'finished'",
+        )
+    }
     assert set(EPOCH_METRICS) <= keys, set(EPOCH_METRICS) - keys  # the objective's names are the loop's
-    status = subprocess.run([*cmd, "status", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            check=False, timeout=300)
+    status = subprocess.run(
+        [*cmd, "status", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     assert "INTERRUPTED" in status.stdout and "interrupted" in status.stdout, status.stdout + status.stderr
 
-    resumed = subprocess.run([*cmd, "resume", "study.yaml", "--num-cpus", "2"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, check=False, timeout=600, start_new_session=True)
+    resumed = subprocess.run(
+        [*cmd, "resume", "study.yaml", "--num-cpus", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        start_new_session=True,
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     runs = _runs(db)
     assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 3, runs
@@ -371,14 +481,21 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
     assert {p.name for p in tmp_path.iterdir()} <= {"study.yaml", "mlflow.db", "mlflow.db.lock", "mlartifacts", "runs"}
 
 
-def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_cluster, tmp_path, tiny_model, tracking_uri):
+def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(
+    ray_cluster, tmp_path, tiny_model, tracking_uri
+):
     # The Optuna storage is opened after the study and cell runs are created: its failure must close them.
     from mlflow.tracking import MlflowClient
 
     from studies.runner import run_study
 
-    study = {**_ctrl_c_study(tiny_model), "name": "closes", "optuna_storage": "mysql://user@127.0.0.1:1/optuna",
-             "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
+    study = {
+        **_ctrl_c_study(tiny_model),
+        "name": "closes",
+        "optuna_storage": "mysql://user@127.0.0.1:1/optuna",
+        "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
+        "storage": str(tmp_path / "runs"),
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     uri = tracking_uri
@@ -387,15 +504,24 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(ray_clus
     assert not getattr(err.value, "__notes__", None)  # closing went fine: nothing added to the one cause
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("closes").experiment_id])
-    assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [("cell", "FAILED"), ("study", "FAILED")]
+    assert sorted((r.data.tags["sharpscale.kind"], r.info.status) for r in runs) == [
+        ("cell", "FAILED"),
+        ("study", "FAILED"),
+    ]
     assert ray_cluster.is_initialized()  # a cluster the caller started is the caller's to shut down
 
 
-@pytest.mark.parametrize("raised, status, says", [
-    (KeyboardInterrupt(), EXIT_INTERRUPTED, "INCOMPLETE"),
-    (OSError(28, "No space left on device"), 1, "No space left on device"),
-], ids=["ctrl-c-before-the-trials", "disk-full"])
-def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, status, says, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "raised, status, says",
+    [
+        (KeyboardInterrupt(), EXIT_INTERRUPTED, "INCOMPLETE"),
+        (OSError(28, "No space left on device"), 1, "No space left on device"),
+    ],
+    ids=["ctrl-c-before-the-trials", "disk-full"],
+)
+def test_main_turns_an_interruption_or_a_machine_error_into_one_line(
+    raised, status, says, tmp_path, monkeypatch, capsys
+):
     from studies import cli
 
     def fail(args):
@@ -410,12 +536,16 @@ def test_main_turns_an_interruption_or_a_machine_error_into_one_line(raised, sta
         assert f"resume {study} --storage {tmp_path / 'runs'}" in err
 
 
-@pytest.mark.parametrize("node_types, outcome", [
-    ({"head": {"resources": {"CPU": 0}}, "big": {"resources": {"CPU": 64}}}, "fits"),
-    ({"head": {"resources": {"CPU": 0}}, "small": {"resources": {"CPU": 8}}}, "refused"),
-    ({"head": {"resources": {"CPU": 0}}, "detected": {"node_config": {"InstanceType": "m6i.16xlarge"}}}, "warned"),
-    (None, "warned"),
-], ids=["a-node-type-fits", "no-node-type-fits", "types-unknown", "no-launcher-config"])
+@pytest.mark.parametrize(
+    "node_types, outcome",
+    [
+        ({"head": {"resources": {"CPU": 0}}, "big": {"resources": {"CPU": 64}}}, "fits"),
+        ({"head": {"resources": {"CPU": 0}}, "small": {"resources": {"CPU": 8}}}, "refused"),
+        ({"head": {"resources": {"CPU": 0}}, "detected": {"node_config": {"InstanceType": "m6i.16xlarge"}}}, "warned"),
+        (None, "warned"),
+    ],
+    ids=["a-node-type-fits", "no-node-type-fits", "types-unknown", "no-launcher-config"],
+)
 def test_a_trial_no_node_of_a_cluster_can_host(node_types, outcome, ray_cluster, tmp_path, capsys):
     from studies.runner import check_cluster_resources
     from studies.spec import StudyError, load_study

@@ -111,6 +111,7 @@ def test_ui_address_is_printed_once_it_answers(capsys):
     finally:
         server.shutdown()
 
+
 def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path):
     import os
 
@@ -119,7 +120,9 @@ def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path)
     for key in cli.QUIET_ENV:
         monkeypatch.delenv(key, raising=False)
     seen = {}
-    monkeypatch.setattr(cli, "_cmd_validate", lambda args: seen.update({k: os.environ.get(k) for k in cli.QUIET_ENV}) or 0)
+    monkeypatch.setattr(
+        cli, "_cmd_validate", lambda args: seen.update({k: os.environ.get(k) for k in cli.QUIET_ENV}) or 0
+    )
     assert cli.main(["validate", str(tmp_path / "study.yaml")]) == 0
     assert seen == cli.QUIET_ENV  # Ray and MLflow started by the command see it
     assert not [key for key in cli.QUIET_ENV if key in os.environ]  # the caller's environment is as it was
@@ -134,7 +137,11 @@ def test_every_command_the_readme_shows_parses():
     readme = (REPO / "README.md").read_text()
     block = readme.split("## The `sharpscale` command", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     lines = [line.split("#", 1)[0].strip() for line in block.splitlines()]
-    commands = [shlex.split(re.sub(r"STUDY\.yaml", "studies/quickstart.yaml", line[3:])) for line in lines if line.startswith("$S ")]
+    commands = [
+        shlex.split(re.sub(r"STUDY\.yaml", "studies/quickstart.yaml", line[3:]))
+        for line in lines
+        if line.startswith("$S ")
+    ]
     assert len(commands) >= 10, commands  # the block was found and read
     parser = build_parser()
     for args in commands:

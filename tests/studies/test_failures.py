@@ -55,7 +55,10 @@ def test_diverging_trials_are_recorded_and_failed_in_optuna(ray_cluster, tmp_pat
     path = _study(
         tmp_path,
         "nan",
-        factors={"arch": {"mixer": tiny_model("mixer", dotted=True)}, "lr": {"ok": {"optimizer.lr": 0.003}, "explode": {"optimizer.lr": 1e12}}},
+        factors={
+            "arch": {"mixer": tiny_model("mixer", dotted=True)},
+            "lr": {"ok": {"optimizer.lr": 0.003}, "explode": {"optimizer.lr": 1e12}},
+        },
         search={"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
     )
     outcome = run_study(path, tracking_uri=tracking_uri)
@@ -81,9 +84,11 @@ def _finished_and_running(tracking_uri, *, finished):
     two cores, and `load_runs` there would take a core away from the trials it waits for.
     """
     db = tracking_uri.removeprefix("sqlite:///")
-    query = ("select r.run_uuid, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
-             "k.key = 'sharpscale.kind' and k.value = 'trial' left join tags s on s.run_uuid = r.run_uuid and "
-             "s.key = 'sharpscale.status' where r.lifecycle_stage = 'active'")
+    query = (
+        "select r.run_uuid, r.status, s.value from runs r join tags k on k.run_uuid = r.run_uuid and "
+        "k.key = 'sharpscale.kind' and k.value = 'trial' left join tags s on s.run_uuid = r.run_uuid and "
+        "s.key = 'sharpscale.status' where r.lifecycle_stage = 'active'"
+    )
     try:
         with contextlib.closing(sqlite3.connect(db, timeout=30)) as con:
             rows = con.execute(query).fetchall()
@@ -115,7 +120,10 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     path = _study(
         tmp_path,
         "killme",
-        factors={"arch": {"mixer": tiny_model("mixer", dotted=True)}, "method": {"sam": {"optimizer.method": "sam"}, "asam": {"optimizer.method": "asam"}}},
+        factors={
+            "arch": {"mixer": tiny_model("mixer", dotted=True)},
+            "method": {"sam": {"optimizer.method": "sam"}, "asam": {"optimizer.method": "asam"}},
+        },
         search={"rho": {"type": "loguniform", "low": 0.01, "high": 1.0}},
         epochs=4,
         trials=3,
@@ -124,7 +132,11 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     cmd = [sys.executable, "-m", "studies.cli"]
     driver = subprocess.Popen(
         [*cmd, "run", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         # Kill on an observed state, not after a guessed delay: two trials finished and another one mid-run, as
@@ -142,10 +154,17 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         # What the driver's death leaves of its local Ray cluster (its agents outlive it by a minute or more, issue
         # 13.11): the resume starts beside them at once, and must be neither confused nor stopped by them.
         survivors = _pids_in_group(driver.pid)
-        assert survivors, "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
+        assert survivors, (
+            "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
+        )
         resumed = subprocess.run(
             [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, start_new_session=True,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            start_new_session=True,
         )
     finally:
         # The killed driver's Ray processes live in its process group: take down whatever is left of them.
@@ -155,7 +174,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     print(f"resumed beside {len(survivors)} processes of the killed driver's Ray: {sorted(survivors.values())}")
 
     after = load_runs("killme", tracking_uri=tracking_uri)
-    assert len(after) == 6, after[["trial_id", "status"]]          # exactly one run per trial
+    assert len(after) == 6, after[["trial_id", "status"]]  # exactly one run per trial
     assert after["trial_id"].is_unique
     assert set(after["status"]) == {"finished"}
     assert set(after["mlflow_status"]) == {"FINISHED"}

@@ -50,7 +50,9 @@ def test_a_second_run_is_refused_or_a_new_launch_kept_apart(ray_cluster, tmp_pat
     assert sorted(every["launch"]) == [1, 1, 2, 2]
     newest = load_runs("twice", tracking_uri=tracking_uri)
     assert list(newest["launch"]) == [2, 2] and set(newest["run_id"]) == set(every[every.launch == 2]["run_id"])
-    assert set(load_runs("twice", tracking_uri=tracking_uri, launch=1)["run_id"]) == set(every[every.launch == 1]["run_id"])
+    assert set(load_runs("twice", tracking_uri=tracking_uri, launch=1)["run_id"]) == set(
+        every[every.launch == 1]["run_id"]
+    )
     assert set(load_curves("twice", tracking_uri=tracking_uri, metrics=("val_acc",))["launch"]) == {2}
 
     # Each launch has its own Tune experiment and its own Optuna studies: the second did not resume the first's search.

@@ -65,11 +65,22 @@ def test_every_unreadable_root_is_reported_with_node_reason_and_fix(ray_cluster,
     assert len(problems) == 3, problems
     (node,) = [n for n in ray_cluster.nodes() if n["Alive"]]
     where = f"on node {node['NodeManagerAddress']} ({node['NodeID'][:8]}): "
-    by_root = {root: next(p for p in problems if p.startswith(f"data.root {root!r}")) for root in (str(gone), str(empty), missing_uri)}
+    by_root = {
+        root: next(p for p in problems if p.startswith(f"data.root {root!r}"))
+        for root in (str(gone), str(empty), missing_uri)
+    }
     assert all(where in p and ". Fix: " in p for p in problems)
-    assert "no such directory on this node" in by_root[str(gone)] and "sharpscale data fetch cifar10 --to s3://" in by_root[str(gone)]
-    assert "does not hold the cifar10 layout" in by_root[str(empty)] and "missing: cifar-10-batches-py/data_batch_1" in by_root[str(empty)]
-    assert "does not exist, seen from this node" in by_root[missing_uri] and f"--to {missing_uri}" in by_root[missing_uri]
+    assert (
+        "no such directory on this node" in by_root[str(gone)]
+        and "sharpscale data fetch cifar10 --to s3://" in by_root[str(gone)]
+    )
+    assert (
+        "does not hold the cifar10 layout" in by_root[str(empty)]
+        and "missing: cifar-10-batches-py/data_batch_1" in by_root[str(empty)]
+    )
+    assert (
+        "does not exist, seen from this node" in by_root[missing_uri] and f"--to {missing_uri}" in by_root[missing_uri]
+    )
     assert not any(good_local in p or good_uri in p for p in problems)
 
 
@@ -84,7 +95,9 @@ def test_only_nodes_that_can_host_a_trial_are_asked(ray_cluster, tmp_path, tiny_
 
 
 @pytest.mark.ray
-def test_a_study_whose_data_no_node_reads_fails_before_any_trial(ray_cluster, tmp_path, tracking_uri, good_roots, tiny_model):
+def test_a_study_whose_data_no_node_reads_fails_before_any_trial(
+    ray_cluster, tmp_path, tracking_uri, good_roots, tiny_model
+):
     missing_uri = (tmp_path / "no-bucket" / "cifar10").as_uri()
     path = _study(tmp_path, tiny_model, [good_roots[0], missing_uri], name="unreadable")
     load_study(path)  # the driver cannot tell: a URI is read on the nodes
@@ -101,5 +114,7 @@ def test_the_driver_demands_a_local_root_but_not_a_uri(tmp_path, tiny_model):
     with pytest.raises(StudyError, match=r"data.root: the directory must exist, got '/nowhere/cifar10'.*Fix:"):
         load_study(_study(tmp_path, tiny_model, ["/nowhere/cifar10"]))
     # No store is contacted at validation: the bucket need not exist for the file to be valid.
-    study = load_study(_study(tmp_path, tiny_model, ["s3://sharpscale-no-such-bucket/cifar10", "gs://nor-this/cifar10"]))
+    study = load_study(
+        _study(tmp_path, tiny_model, ["s3://sharpscale-no-such-bucket/cifar10", "gs://nor-this/cifar10"])
+    )
     assert [r for _, r in data_roots(study)] == ["gs://nor-this/cifar10", "s3://sharpscale-no-such-bucket/cifar10"]

@@ -78,8 +78,9 @@ def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_
     study_run = client.create_run(exp, tags={KIND_TAG: "study", **source_tags(study, "abc123-dirty")}).info.run_id
     assert client.get_run(study_run).data.tags["mlflow.source.git.commit"] == "abc123"
     cells = {c.key: c for c in study.cells if c.levels["arch"] == "vit"}
-    cell_runs = {k: client.create_run(exp, tags={KIND_TAG: "cell", "mlflow.parentRunId": study_run}).info.run_id
-                 for k in cells}
+    cell_runs = {
+        k: client.create_run(exp, tags={KIND_TAG: "cell", "mlflow.parentRunId": study_run}).info.run_id for k in cells
+    }
     sam, adamw = (k for k in cells if "sam" in k), (k for k in cells if "adamw" in k)
     sam, adamw = next(sam), next(adamw)
     assert cell_params(cells[sam])["trials.planned"] == "4" and "search.rho" in cell_params(cells[sam])

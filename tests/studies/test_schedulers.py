@@ -18,8 +18,13 @@ def write(tmp_path, tiny_model):
             "train": {"device": "cpu", "threads": 1},
             "schedule": fields.pop("schedule"),
         }
-        study = {"name": name, "base": base, **fields,
-                 "tracking": {"artifact_location": str(tmp_path / "mlartifacts")}, "storage": str(tmp_path / "runs")}
+        study = {
+            "name": name,
+            "base": base,
+            **fields,
+            "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
+            "storage": str(tmp_path / "runs"),
+        }
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(study, sort_keys=False))
         return path
@@ -29,7 +34,8 @@ def write(tmp_path, tiny_model):
 
 @pytest.mark.timeout(600)
 def test_grid_sampler_visits_each_point_once(ray_cluster, tmp_path, tracking_uri, write):
-    path = write("grid",
+    path = write(
+        "grid",
         schedule={"epochs": 1, "warmup_epochs": 0},
         search={"rho": {"type": "choice", "values": [0.01, 0.05, 0.2]}},
         budget={"sampler": "grid"},
@@ -43,7 +49,8 @@ def test_grid_sampler_visits_each_point_once(ray_cluster, tmp_path, tracking_uri
 @pytest.mark.timeout(600)
 def test_asha_stops_poor_trials_and_leaves_nothing_running(ray_cluster, tmp_path, tracking_uri, write):
     epochs = 4
-    path = write("asha",
+    path = write(
+        "asha",
         schedule={"epochs": epochs, "warmup_epochs": 0},
         search={"optimizer.lr": {"type": "loguniform", "low": 1e-5, "high": 1e-2}},
         budget={"trials_per_cell": 6, "asha": {"grace_period": 1, "reduction_factor": 2}, "seed": 3},

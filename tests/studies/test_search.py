@@ -32,8 +32,11 @@ from trainables.ray_train import DistributedPlan
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "studies").glob("*.yaml"))
 RHO = "optimizer.hparams.rho"
 SPACE = {RHO: LogUniform(type="loguniform", low=0.01, high=1.0)}
-FAIL, RUNNING, COMPLETE = (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING,
-                           optuna.trial.TrialState.COMPLETE)
+FAIL, RUNNING, COMPLETE = (
+    optuna.trial.TrialState.FAIL,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.COMPLETE,
+)
 
 
 def _payload(cell, sample):  # module level: the searcher must pickle as Tune pickles it
@@ -42,8 +45,16 @@ def _payload(cell, sample):  # module level: the searcher must pickle as Tune pi
 
 def _searcher(storage, trials, *, sampler="tpe", seed=0, cells=None, name="s"):
     cells = cells or [Cell(key="method=sam", levels={"method": "sam"}, config={}, space=SPACE, trials=trials)]
-    return CellSearcher(cells, metric="val_acc", mode="max", sampler=sampler, seed=seed, storage_url=storage,
-                        study_name=name, payload=_payload)
+    return CellSearcher(
+        cells,
+        metric="val_acc",
+        mode="max",
+        sampler=sampler,
+        seed=seed,
+        storage_url=storage,
+        study_name=name,
+        payload=_payload,
+    )
 
 
 def _study(storage, key="method=sam"):
@@ -87,8 +98,9 @@ def _best_found(storage, sampler, trials, seed):
     # Measured over the first 40 seeds: tpe 0.68 of random search's distance at 4 trials, 0.45 at 8; gp ~0.1 at 8.
     [("tpe", 4, 40, 0.85), ("tpe", 8, 20, 0.7), ("gp", 8, 4, 0.5)],
 )
-def test_the_model_finds_better_values_than_random_search_at_the_shipped_budgets(tmp_path, sampler, trials, seeds,
-                                                                                   ratio):
+def test_the_model_finds_better_values_than_random_search_at_the_shipped_budgets(
+    tmp_path, sampler, trials, seeds, ratio
+):
     # The same seeds and objective for both: only the sampler differs. With Optuna's default startup (10 random
     # trials) neither model runs at all in a 4- or 8-trial cell: both would be random search (ratio 1).
     storage = _journal(tmp_path)
@@ -131,8 +143,10 @@ PENDING_TRIALS, NEAR = 8, 0.05  # 0.05 decades: rho values within 12% of each ot
 @pytest.mark.parametrize("sampler, seeds", [("tpe", 12), ("gp", 3)])
 def test_concurrent_trials_of_a_cell_are_not_near_duplicates(tmp_path, sampler, seeds):
     storage, done = _journal(tmp_path), startup_trials(PENDING_TRIALS)
-    spread = [_pending_spread(_searcher(storage, PENDING_TRIALS, sampler=sampler, seed=s, name=f"{sampler}{s}"), done)
-              for s in range(seeds)]
+    spread = [
+        _pending_spread(_searcher(storage, PENDING_TRIALS, sampler=sampler, seed=s, name=f"{sampler}{s}"), done)
+        for s in range(seeds)
+    ]
     assert np.median(spread) > NEAR, spread
 
 
@@ -168,7 +182,10 @@ def test_records_link_each_optuna_trial_to_its_tune_trial_cell_and_mlflow_run(tm
     name = issued[int(sam[0][1:])]["run_name"]
     assert name.startswith("sam rho=") and name.endswith(" #1")
     assert first.user_attrs == {
-        TUNE_TRIAL_ATTR: sam[0], CELL_ATTR: "method=sam", MLFLOW_RUN_ATTR: "run-a", RUN_NAME_ATTR: name,
+        TUNE_TRIAL_ATTR: sam[0],
+        CELL_ATTR: "method=sam",
+        MLFLOW_RUN_ATTR: "run-a",
+        RUN_NAME_ATTR: name,
     }
     assert first.state == COMPLETE and first.value == 0.7 and first.intermediate_values == {1: 0.5, 2: 0.7}
     assert diverged.state == FAIL and diverged.user_attrs[MLFLOW_RUN_ATTR] == "run-b"

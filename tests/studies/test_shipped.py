@@ -11,8 +11,15 @@ from trainables.naming import GPUS_PER_WORKER_PARAM, WORKERS_PARAM
 
 REPO_STUDIES = Path(__file__).resolve().parents[2] / "studies"
 STUDIES = sorted(REPO_STUDIES.glob("*.yaml"))
-EXPECTED = {"compute_matched", "data_scaling", "gsam_alpha", "optimizer_cost", "quickstart", "rho_sensitivity",
-            "saf_mesa_lambda"}
+EXPECTED = {
+    "compute_matched",
+    "data_scaling",
+    "gsam_alpha",
+    "optimizer_cost",
+    "quickstart",
+    "rho_sensitivity",
+    "saf_mesa_lambda",
+}
 
 
 def test_every_shipped_study_is_checked():
@@ -118,7 +125,9 @@ def test_compute_matched_gives_vanilla_twice_the_epochs_in_both_forms():
     assert rho == {"resnet": 0.05, "vit": 0.1, "mixer": 0.15}
 
 
-@pytest.mark.parametrize("name, knob", [("rho_sensitivity", "rho"), ("saf_mesa_lambda", "lam"), ("gsam_alpha", "alpha")])
+@pytest.mark.parametrize(
+    "name, knob", [("rho_sensitivity", "rho"), ("saf_mesa_lambda", "lam"), ("gsam_alpha", "alpha")]
+)
 def test_smoke_of_a_sensitivity_study_tries_several_values(name, knob):
     smoke = load_study(REPO_STUDIES / f"{name}.yaml", smoke=True)
     searched = [c for c in smoke.cells if any(p.endswith(knob) for p in c.space)]

@@ -14,7 +14,10 @@ GOOD = {
     "base": {"data": {"name": "digits", "img_size": 16}, "schedule": {"epochs": 2}},
     "factors": {
         "arch": {
-            "vit": {"model.name": "vit_tiny_patch16_224", "model.kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}},
+            "vit": {
+                "model.name": "vit_tiny_patch16_224",
+                "model.kwargs": {"patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2},
+            },
             "resnet": {"model.name": "resnet18", "model.cifar_stem": True},
         },
         "method": {"adamw": {"optimizer.method": "none"}, "sam": {"optimizer.method": "sam"}},
@@ -33,7 +36,12 @@ def write(tmp_path, data) -> Path:
 def test_cells_and_conditional_search(tmp_path):
     study = load_study(write(tmp_path, GOOD))
     keys = [c.key for c in study.cells]
-    assert keys == ["arch=vit,method=adamw", "arch=vit,method=sam", "arch=resnet,method=adamw", "arch=resnet,method=sam"]
+    assert keys == [
+        "arch=vit,method=adamw",
+        "arch=vit,method=sam",
+        "arch=resnet,method=adamw",
+        "arch=resnet,method=sam",
+    ]
     by_key = {c.key: c for c in study.cells}
     # rho is SAM's knob: the AdamW cells search nothing and run once.
     assert by_key["arch=vit,method=adamw"].space == {}
@@ -74,20 +82,50 @@ def test_shipped_quickstart_is_valid_and_big_enough():
     "mutate, expected",
     [
         (lambda d: d.update(epochs=3), "epochs: unknown key"),
-        (lambda d: d["base"]["schedule"].update(epochs=0), "schedule.epochs: Input should be greater than or equal to 1, got 0"),
-        (lambda d: d["search"].update(rho={"type": "loguniform", "low": 0.5, "high": 0.1}), "search.rho: low < high must hold, got low=0.5, high=0.1"),
-        (lambda d: d["search"].update(rho={"type": "loguniform", "low": -1, "high": 0.1}), "search.rho.loguniform.low: Input should be greater than 0"),
-        (lambda d: d["factors"]["method"].update(gsamm={"optimizer.method": "gsamm"}), "optimizer.method: must be one of"),
-        (lambda d: d["factors"]["method"].update(bad={"optimizer.methd": "sam"}), "factors.method.bad.optimizer.methd: not a trial config path"),
-        (lambda d: d["search"].update(rhoo={"type": "uniform", "low": 0, "high": 1}), "search.rhoo: not a method hparam"),
-        (lambda d: d["search"].update(alpha={"type": "uniform", "low": 0, "high": 1}), "search.alpha: applies to no cell"),
-        (lambda d: d["search"].update(rho={"type": "uniform", "low": -0.5, "high": 0.1}), "search.optimizer.hparams.rho = -0.5"),
+        (
+            lambda d: d["base"]["schedule"].update(epochs=0),
+            "schedule.epochs: Input should be greater than or equal to 1, got 0",
+        ),
+        (
+            lambda d: d["search"].update(rho={"type": "loguniform", "low": 0.5, "high": 0.1}),
+            "search.rho: low < high must hold, got low=0.5, high=0.1",
+        ),
+        (
+            lambda d: d["search"].update(rho={"type": "loguniform", "low": -1, "high": 0.1}),
+            "search.rho.loguniform.low: Input should be greater than 0",
+        ),
+        (
+            lambda d: d["factors"]["method"].update(gsamm={"optimizer.method": "gsamm"}),
+            "optimizer.method: must be one of",
+        ),
+        (
+            lambda d: d["factors"]["method"].update(bad={"optimizer.methd": "sam"}),
+            "factors.method.bad.optimizer.methd: not a trial config path",
+        ),
+        (
+            lambda d: d["search"].update(rhoo={"type": "uniform", "low": 0, "high": 1}),
+            "search.rhoo: not a method hparam",
+        ),
+        (
+            lambda d: d["search"].update(alpha={"type": "uniform", "low": 0, "high": 1}),
+            "search.alpha: applies to no cell",
+        ),
+        (
+            lambda d: d["search"].update(rho={"type": "uniform", "low": -0.5, "high": 0.1}),
+            "search.optimizer.hparams.rho = -0.5",
+        ),
         (lambda d: d["base"]["data"].update(name="cifar10"), "data.root: required for data.name='cifar10'"),
         (lambda d: d["base"]["data"].update(fraction=1.5), "data.fraction: Input should be less than or equal to 1"),
         (lambda d: d.update(name="bad name!"), "name: must be one file-name component"),
-        (lambda d: d["budget"].update(sampler="cmaes"), "budget.sampler: Input should be 'tpe', 'gp', 'random' or 'grid'"),
+        (
+            lambda d: d["budget"].update(sampler="cmaes"),
+            "budget.sampler: Input should be 'tpe', 'gp', 'random' or 'grid'",
+        ),
         (lambda d: d["factors"]["arch"].update(vgg={"model.name": "vgg16"}), "model.name: must be a timm ViT"),
-        (lambda d: d.update(resources={"max_concurrent_trials": 0}), "resources.max_concurrent_trials: Input should be greater than or equal to 1"),
+        (
+            lambda d: d.update(resources={"max_concurrent_trials": 0}),
+            "resources.max_concurrent_trials: Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_invalid_study_names_field_rule_and_value(tmp_path, mutate, expected):
@@ -146,8 +184,11 @@ def test_objective_names_its_statistic(tmp_path):
 
 
 def test_smoke_form_keeps_the_levels_it_names(tmp_path):
-    data = {**GOOD, "factors": {**GOOD["factors"], "data.fraction": [0.1, 0.25, 0.5, 1.0]},
-            "smoke_form": {"levels": {"data.fraction": [0.1, 0.5, 1.0], "arch": ["resnet"]}, "trials_per_cell": 2}}
+    data = {
+        **GOOD,
+        "factors": {**GOOD["factors"], "data.fraction": [0.1, 0.25, 0.5, 1.0]},
+        "smoke_form": {"levels": {"data.fraction": [0.1, 0.5, 1.0], "arch": ["resnet"]}, "trials_per_cell": 2},
+    }
     study = load_study(write(tmp_path, data), smoke=True)
     assert sorted({c.levels["data.fraction"] for c in study.cells}) == ["0.1", "0.5", "1.0"]
     assert {c.levels["arch"] for c in study.cells} == {"resnet"}
@@ -169,18 +210,30 @@ def test_set_of_an_unknown_path_suggests_the_known_one(key, meant):
 def test_smoke_keeps_each_cells_ratio_of_epochs(tmp_path):
     # A level with twice the epochs (the compute-matched baseline) or ten times (equal steps on a tenth of the
     # data) keeps that ratio in the tiny run; the shortest cell runs the smoke's epochs.
-    data = {**GOOD, "search": {}, "base": {**GOOD["base"], "schedule": {"epochs": 100}},
-            "factors": {"method": {"short": {"optimizer.method": "none"},
-                                   "double": {"optimizer.method": "none", "schedule.epochs": 200},
-                                   "tenfold": {"optimizer.method": "sam", "schedule.epochs": 1000}}}}
+    data = {
+        **GOOD,
+        "search": {},
+        "base": {**GOOD["base"], "schedule": {"epochs": 100}},
+        "factors": {
+            "method": {
+                "short": {"optimizer.method": "none"},
+                "double": {"optimizer.method": "none", "schedule.epochs": 200},
+                "tenfold": {"optimizer.method": "sam", "schedule.epochs": 1000},
+            }
+        },
+    }
     full = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data)).cells}
     assert full == {"short": 100, "double": 200, "tenfold": 1000}
-    smoke = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells}
+    smoke = {
+        c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells
+    }
     assert smoke == {"short": 2, "double": 4, "tenfold": 20}
     # The smoke's own epochs (smoke: schedule.epochs) are the shortest kept cell's; a dropped cell sets nothing.
     data["smoke"] = {"schedule": {"epochs": 3}}
     data["smoke_form"] = {"levels": {"method": ["double", "tenfold"]}}
-    smoke = {c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells}
+    smoke = {
+        c.levels["method"]: c.config["schedule"]["epochs"] for c in load_study(write(tmp_path, data), smoke=True).cells
+    }
     assert smoke == {"double": 3, "tenfold": 15}
 
 
@@ -190,8 +243,12 @@ def test_bare_knob_of_a_level_reaches_only_methods_that_take_it(tmp_path):
     data["factors"]["arch"]["vit"]["rho"] = 0.1
     data["factors"]["arch"]["resnet"]["rho"] = 0.05
     cells = {c.key: c.config["optimizer"].get("hparams", {}) for c in load_study(write(tmp_path, data)).cells}
-    assert cells == {"arch=vit,method=adamw": {}, "arch=vit,method=sam": {"rho": 0.1},
-                     "arch=resnet,method=adamw": {}, "arch=resnet,method=sam": {"rho": 0.05}}
+    assert cells == {
+        "arch=vit,method=adamw": {},
+        "arch=vit,method=sam": {"rho": 0.1},
+        "arch=resnet,method=adamw": {},
+        "arch=resnet,method=sam": {"rho": 0.05},
+    }
     with pytest.raises(StudyError) as err:  # --set of a value the levels fix would be silently replaced
         load_study(write(tmp_path, data), overrides={"optimizer.hparams.rho": 0.2})
     assert "factor 'arch'" in str(err.value)
@@ -204,7 +261,12 @@ def test_bare_knob_of_a_level_reaches_only_methods_that_take_it(tmp_path):
 
 
 def test_smoke_with_an_invalid_epochs_level_reports_it_instead_of_failing(tmp_path):
-    data = {**GOOD, "search": {}, "factors": {"method": {"a": {"optimizer.method": "none"},
-                                                         "b": {"optimizer.method": "none", "schedule.epochs": "many"}}}}
+    data = {
+        **GOOD,
+        "search": {},
+        "factors": {
+            "method": {"a": {"optimizer.method": "none"}, "b": {"optimizer.method": "none", "schedule.epochs": "many"}}
+        },
+    }
     with pytest.raises(StudyError, match="schedule.epochs"):
         load_study(write(tmp_path, data), smoke=True)

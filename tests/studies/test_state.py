@@ -50,8 +50,12 @@ def test_default_locations_follow_the_study_file_not_the_working_directory(tmp_p
         monkeypatch.chdir(cwd)
         study = load_study(path)
         seen.add((study.storage, study.optuna_storage("state")))
-    assert seen == {(str(tmp_path / "studies" / "sharpscale_runs"),
-                     f"sqlite:///{tmp_path / 'studies' / 'sharpscale_runs' / 'state.optuna.db'}")}
+    assert seen == {
+        (
+            str(tmp_path / "studies" / "sharpscale_runs"),
+            f"sqlite:///{tmp_path / 'studies' / 'sharpscale_runs' / 'state.optuna.db'}",
+        )
+    }
 
 
 @pytest.mark.parametrize(
@@ -61,7 +65,11 @@ def test_default_locations_follow_the_study_file_not_the_working_directory(tmp_p
         ({"storage": "/abs/runs/"}, "/abs/runs", "sqlite:////abs/runs/state.optuna.db"),
         ({"storage": "runs", "optuna_storage": "db/o.db"}, "{d}/runs", "sqlite:///{d}/db/o.db"),
         ({"optuna_storage": "sqlite:///o.db"}, "{d}/sharpscale_runs", "sqlite:///{d}/o.db"),
-        ({"optuna_storage": "journal:///mnt/shared/o.journal"}, "{d}/sharpscale_runs", "journal:///mnt/shared/o.journal"),
+        (
+            {"optuna_storage": "journal:///mnt/shared/o.journal"},
+            "{d}/sharpscale_runs",
+            "journal:///mnt/shared/o.journal",
+        ),
         ({"optuna_storage": "postgresql://me@db:5432/optuna"}, "{d}/sharpscale_runs", "postgresql://me@db:5432/optuna"),
         # A bucket has no local "beside": Optuna's file goes under the study file's own sharpscale_runs/.
         ({"storage": "s3://bucket/runs/"}, "s3://bucket/runs", "sqlite:///{d}/sharpscale_runs/state.optuna.db"),
@@ -79,7 +87,9 @@ def test_locations_resolved(tmp_path, monkeypatch, changes, storage, optuna, wri
 def test_set_overrides_study_settings_and_locations_leave_the_hash_alone(tmp_path, write):
     path = write(tmp_path)
     plain = load_study(path)
-    moved = load_study(path, overrides={"storage": "s3://b/x", "shared_mounts": ["/mnt/shared"], "optuna_storage": "o.db"})
+    moved = load_study(
+        path, overrides={"storage": "s3://b/x", "shared_mounts": ["/mnt/shared"], "optuna_storage": "o.db"}
+    )
     assert moved.storage == "s3://b/x" and moved.spec.shared_mounts == ["/mnt/shared"]
     # Where the state lives is not what the study computes: `resume --storage` still finds its study run.
     assert moved.file_hash == plain.file_hash
@@ -119,15 +129,21 @@ def test_every_bad_setting_reported_at_once(tmp_path, write):
 
 def _cli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "studies.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "studies.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=180
+    )
 
 
 def test_cli_storage_option_and_set_on_study_settings(tmp_path, write):
     path = write(tmp_path / "s")
-    out = _cli("validate", str(path), "--storage", str(tmp_path / "elsewhere"), "--set", "checkpoints.keep=3", cwd=tmp_path)
+    out = _cli(
+        "validate", str(path), "--storage", str(tmp_path / "elsewhere"), "--set", "checkpoints.keep=3", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
-    assert f"Ray storage {tmp_path / 'elsewhere'}, Optuna sqlite:///{tmp_path / 'elsewhere' / 'state.optuna.db'}" in out.stdout
+    assert (
+        f"Ray storage {tmp_path / 'elsewhere'}, Optuna sqlite:///{tmp_path / 'elsewhere' / 'state.optuna.db'}"
+        in out.stdout
+    )
     bad = _cli("validate", str(path), "--set", "nosuch=1", cwd=tmp_path)
     assert bad.returncode == 2 and "--set nosuch: neither a trial config path nor a study setting" in bad.stderr
     assert "Traceback" not in bad.stderr
@@ -140,12 +156,17 @@ def test_cli_storage_option_and_set_on_study_settings(tmp_path, write):
 
 
 def _optuna_trials(url: str) -> list[str]:
-    return [t.state.name for s in optuna.get_all_study_summaries(url)
-            for t in optuna.load_study(study_name=s.study_name, storage=url).trials]
+    return [
+        t.state.name
+        for s in optuna.get_all_study_summaries(url)
+        for t in optuna.load_study(study_name=s.study_name, storage=url).trials
+    ]
 
 
 @pytest.mark.timeout(600)
-def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys, write):
+def test_resume_finds_the_recorded_state_after_a_cwd_change(
+    ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys, write
+):
     from studies.runner import OPTUNA_STORAGE_TAG, STORAGE_TAG, run_study
 
     path = write(tmp_path / "studies", tracking={"artifact_location": str(tmp_path / "mlartifacts")})
@@ -186,4 +207,6 @@ def test_resume_finds_the_recorded_state_after_a_cwd_change(ray_cluster, tmp_pat
 
     # A resumed run cannot switch Optuna databases: Tune restores its searcher with the one it started with.
     with pytest.raises(StudyError, match="optuna_storage: a resumed run reopens the Optuna storage it started with"):
-        run_study(path, tracking_uri=tracking_uri, resume=True, overrides={"optuna_storage": str(tmp_path / "other.db")})
+        run_study(
+            path, tracking_uri=tracking_uri, resume=True, overrides={"optuna_storage": str(tmp_path / "other.db")}
+        )

@@ -17,7 +17,10 @@ def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", tracking_uri, "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.time() + 120

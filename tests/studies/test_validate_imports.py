@@ -21,7 +21,18 @@ def test_validating_every_shipped_study_imports_no_torch(tmp_path):
         "heavy = sorted(m for m in ('torch', 'timm', 'torchvision', 'ray', 'mlflow') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-                               "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "HF_HUB_OFFLINE": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        },
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

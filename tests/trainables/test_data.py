@@ -90,7 +90,14 @@ def test_load_dataset_reports_every_argument_problem_at_once():
     with pytest.raises(DatasetError) as info:
         load_dataset("cifar", augment="stronk", fraction=0, img_size=0, mixup_alpha=-1, fraction_seed=-2)
     message = str(info.value)
-    fields = ("data.name:", "data.augment:", "data.fraction:", "data.img_size:", "data.mixup_alpha:", "data.fraction_seed:")
+    fields = (
+        "data.name:",
+        "data.augment:",
+        "data.fraction:",
+        "data.img_size:",
+        "data.mixup_alpha:",
+        "data.fraction_seed:",
+    )
     for expected in (*fields, "Did you mean 'cifar10'", "Did you mean 'strong'", "got -2", "got 'stronk'"):
         assert expected in message
     with pytest.raises(DatasetError, match="data.root: required for data.name='cifar10'"):
@@ -118,8 +125,13 @@ def test_digits_are_read_as_scikit_learns_load_digits_gives_them():
     raw = load_digits()
     assert pixels.shape == (1797, 64) and np.array_equal(pixels, raw.data) and np.array_equal(labels, raw.target)
     code = "import sys; from trainables.data import digits_raw; digits_raw(); print('sklearn' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.strip() == "False"
 
 

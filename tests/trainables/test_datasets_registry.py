@@ -38,13 +38,30 @@ def test_timm_auto_augment_still_loads_alone():
         "heavy = sorted(m for m in ('torch', 'timm') if m in sys.modules)\n"
         "assert not heavy, heavy\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-STRINGS = ["rand-m9-mstd0.5", "rand-m9-n3-mstd0.5-inc1", "rand-mstd1-tweights", "rand-m5-p0.3-mmax20", "rand",
-           "rand-x9", "augmix-m5", "", "rand-mfoo", "rand-n2.5", "rand-tnosuchset"]
+STRINGS = [
+    "rand-m9-mstd0.5",
+    "rand-m9-n3-mstd0.5-inc1",
+    "rand-mstd1-tweights",
+    "rand-m5-p0.3-mmax20",
+    "rand",
+    "rand-x9",
+    "augmix-m5",
+    "",
+    "rand-mfoo",
+    "rand-n2.5",
+    "rand-tnosuchset",
+]
 
 
 @pytest.mark.parametrize("config", STRINGS)

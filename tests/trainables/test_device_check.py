@@ -58,13 +58,25 @@ def test_auto_device_with_a_ray_gpu_torch_cannot_see_fails_the_trial_with_the_fi
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(
         [sys.executable, "-c", _DRIVER, str(path), tracking_uri],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, start_new_session=True,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        start_new_session=True,
     )
     assert out.returncode == 0 and "RESULT " in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     result = json.loads(out.stdout.split("RESULT ", 1)[1])
     assert result["errored"] == 1
     status, reason = result["runs"]["auto"]
     assert status == "failed"
-    for part in ("train.device: 'auto'", "ray.get_gpu_ids() = [", "torch sees none", "Fix:", "--gpus all", "train.device: cpu"):
+    for part in (
+        "train.device: 'auto'",
+        "ray.get_gpu_ids() = [",
+        "torch sees none",
+        "Fix:",
+        "--gpus all",
+        "train.device: cpu",
+    ):
         assert part in reason, reason
     assert result["runs"]["cpu"][0] == "finished"  # asked for the CPU on purpose: no error

@@ -62,7 +62,10 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     from analysis.geometry import PROBE_FACTORY, make_probe
 
     # The straight runs also measure lambda_max (rank 0 alone under DDP; the measurement changes no training number).
-    measured = {**config, "geometry": {"measures": ["lambda_max"], "every": 2, "batches": 1, "batch_size": 64, "max_iter": 8}}
+    measured = {
+        **config,
+        "geometry": {"measures": ["lambda_max"], "every": 2, "batches": 1, "batch_size": 64, "max_iter": 8},
+    }
     local = tmp_path / "local"
     fit(measured, checkpoint_dir=local, probe=make_probe(measured))
     reference = load_checkpoint(local)
@@ -71,7 +74,9 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     straight = fit_distributed(measured, plan=plan, name="straight", payload={"probe": PROBE_FACTORY})
     state, weights = _weights(straight)
     assert state["epoch"] == config["schedule"]["epochs"] - 1
-    assert state["metrics"]["geometry/lambda_max"] == pytest.approx(reference["metrics"]["geometry/lambda_max"], rel=1e-3)
+    assert state["metrics"]["geometry/lambda_max"] == pytest.approx(
+        reference["metrics"]["geometry/lambda_max"], rel=1e-3
+    )
     # Same global batches, mean of per-rank means = global mean: equal up to float reassociation.
     for key, value in reference["model"].items():
         if value.dtype.is_floating_point:
@@ -83,7 +88,9 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     # the kill cannot race the end of training. Then kill one (SIGKILL), let the other go on; Ray Train restarts
     # the group from the checkpoint.
     out = {}
-    thread = threading.Thread(target=lambda: out.setdefault("result", fit_distributed(config, plan=plan, name="killed")))
+    thread = threading.Thread(
+        target=lambda: out.setdefault("result", fit_distributed(config, plan=plan, name="killed"))
+    )
     thread.start()
     run_dir = tmp_path / "ray" / "killed"
     deadline = time.time() + 300

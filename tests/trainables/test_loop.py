@@ -117,7 +117,13 @@ def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path, con
 
     def seen_by(**kw):
         seen = []
-        fit(cfg, checkpoint_dir=done, resume_from=first, reporter=lambda m, c: seen.append((m["epoch"], c is not None)), **kw)
+        fit(
+            cfg,
+            checkpoint_dir=done,
+            resume_from=first,
+            reporter=lambda m, c: seen.append((m["epoch"], c is not None)),
+            **kw,
+        )
         return seen
 
     assert seen_by() == [(2, True)]
@@ -128,6 +134,7 @@ def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path, con
     seen = []
     final = fit(cfg, resume_from=done, reporter=lambda m, c: seen.append(m))
     assert seen == [] and final == load_checkpoint(done)["metrics"] and final["epoch"] == 2
+
 
 def test_divergence_stops_the_trial(config):
     cfg = config("mixer", "none", epochs=3)
@@ -149,8 +156,10 @@ def test_divergence_stops_the_trial(config):
         (lambda c: c.update(optimiser={}), "optimiser: unknown key"),
         (lambda c: c["data"].update(accumulate=0), "data.accumulate: Input should be greater than or equal to 1"),
         (lambda c: c["data"].update(accumulate=256), "data.accumulate: must not exceed data.batch_size (128)"),
-        (lambda c: c["optimizer"].update(method="msam", base="sgd", momentum=0.0),
-         "optimizer.hparams: base_optimizer must keep a momentum for msam"),
+        (
+            lambda c: c["optimizer"].update(method="msam", base="sgd", momentum=0.0),
+            "optimizer.hparams: base_optimizer must keep a momentum for msam",
+        ),
     ],
 )
 def test_bad_config_names_the_field(mutate, expected, config):

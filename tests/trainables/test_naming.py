@@ -51,8 +51,10 @@ def _strings(source: str):
     """Every string literal of a module (f-string pieces included), with its line; logger names excepted."""
     tree = ast.parse(source)
     loggers = {
-        id(arg) for node in ast.walk(tree) if isinstance(node, ast.Call)
-        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger" for arg in node.args
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
     }
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in loggers:
@@ -61,7 +63,9 @@ def _strings(source: str):
 
 # A tag key, a filter on one, the default store, the smoke suffix, MLflow's parent-run tag: spelled out only in naming.
 # (A file name such as sharpscale.log is no tag.)
-_COPY = re.compile(r"sharpscale\.(?!log$)[a-z_]*|.*`sharpscale\.[a-z_]+`.*|sqlite:///mlflow\.db|-smoke|mlflow\.parentRunId")
+_COPY = re.compile(
+    r"sharpscale\.(?!log$)[a-z_]*|.*`sharpscale\.[a-z_]+`.*|sqlite:///mlflow\.db|-smoke|mlflow\.parentRunId"
+)
 
 
 def _sources():
@@ -80,6 +84,8 @@ def test_no_module_but_naming_spells_out_an_mlflow_name():
         if path == REPO / "trainables" / "naming.py":
             continue
         checked += 1
-        copies += [f"{path.relative_to(REPO)}:{line}: {text!r}" for line, text in _strings(source) if _COPY.fullmatch(text)]
+        copies += [
+            f"{path.relative_to(REPO)}:{line}: {text!r}" for line, text in _strings(source) if _COPY.fullmatch(text)
+        ]
     assert checked >= 40, f"only {checked} modules found under {PACKAGES}: the scan lost its way"
     assert not copies, "import these from trainables.naming instead:\n" + "\n".join(copies)

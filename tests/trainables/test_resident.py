@@ -112,7 +112,9 @@ def test_resident_cifar_matches_the_host_path_pixel_for_pixel(fake_cifar10, tmp_
         hx, hy, hi = host.train[k]
         assert torch.equal(x[k], hx) and (int(y[k]), int(index[k])) == (hy, hi)
     vx, vy, _ = resident.val.get_batch(list(range(len(resident.val))))
-    torch.testing.assert_close(resident.prepare(vx), host.prepare(torch.stack([host.val[k][0] for k in range(len(host.val))])))
+    torch.testing.assert_close(
+        resident.prepare(vx), host.prepare(torch.stack([host.val[k][0] for k in range(len(host.val))]))
+    )
     assert vy.tolist() == fake_cifar10["test_labels"].tolist()
 
 
@@ -135,7 +137,9 @@ def _tiny(tiny_model, data: dict) -> dict:
 
 
 @pytest.mark.parametrize("augment", ["none", "basic"])
-def test_fit_on_resident_cifar_is_seeded_and_equals_the_host_path_without_augmentation(fake_cifar10, tmp_path, augment, tiny_model):
+def test_fit_on_resident_cifar_is_seeded_and_equals_the_host_path_without_augmentation(
+    fake_cifar10, tmp_path, augment, tiny_model
+):
     data = {"name": "cifar10", "root": str(tmp_path), "augment": augment}
     timing = ("epoch_time_s", "images_per_sec")
 

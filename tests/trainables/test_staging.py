@@ -48,7 +48,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 def test_uri_rule_and_cache_location(monkeypatch):
     assert is_uri("s3://bucket/cifar10") and is_uri("gs://b/x") and is_uri("file:///data/cifar10")
-    assert not is_uri("/data/cifar10") and not is_uri("~/data/cifar10") and not is_uri("data/s3:/x") and not is_uri(None)
+    assert (
+        not is_uri("/data/cifar10") and not is_uri("~/data/cifar10") and not is_uri("data/s3:/x") and not is_uri(None)
+    )
     monkeypatch.delenv(staging.CACHE_ENV, raising=False)
     assert cache_dir() == Path.home() / ".cache" / "sharpscale" / "data"
     monkeypatch.setenv(staging.CACHE_ENV, "/somewhere/else")
@@ -178,8 +180,14 @@ def test_trials_starting_together_on_one_node_stage_once(cache, source):
     procs = []
     try:
         for _ in range(4):
-            procs.append(subprocess.Popen([sys.executable, "-c", _CHILD, uri, staging.__file__],
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _CHILD, uri, staging.__file__],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         assert not target.exists()

@@ -48,8 +48,11 @@ def _interrupted(tmp_path: Path, name: str, config: dict):
         param_space={"trial": config},
         tune_config=tune.TuneConfig(num_samples=1),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(tmp_path), verbose=0,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1), callbacks=[Interrupt()],
+            name=name,
+            storage_path=str(tmp_path),
+            verbose=0,
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[Interrupt()],
         ),
     ).fit()
     recorded = grid[0]
