@@ -60,7 +60,8 @@ def quickstart_output() -> str:
         text = out[
             out.index("sharpscale: 15 trials") if "sharpscale: 15 trials" in out else out.rindex("sharpscale: ") :
         ]
-        return text.replace(tmp + "/", "").replace(tmp, ".").rstrip()
+        # As `make demo` shows it, run from the repository's root: paths relative to it.
+        return text.replace(tmp + "/", "").replace(tmp, ".").replace(str(REPO) + "/", "").rstrip()
 
 
 def _replace(text: str, begin: str, end: str, body: str) -> str:
