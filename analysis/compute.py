@@ -120,13 +120,27 @@ def compute_matched(
             vals = done[col].astype("float64").dropna()
             row[f"{name}_mean"] = float(vals.mean()) if len(vals) else math.nan
             row[f"{name}_se"] = float(vals.std(ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else math.nan
+            if name == "cost":  # cells with a result but an untimed trial: their cost is unknown, and n says so
+                row["cost_n"] = len(vals)
         units = sorted(set((done if n else part)["unit"]))
         row["unit"] = units[0] if len(units) == 1 else ", ".join(units)
         row["n"] = n
         row["trials"] = int(part["trials"].sum())
         row["note"] = sample_note(n, "seeds")
         out_rows.append(row)
-    columns = [*keys, "epochs", "unit", "cost_mean", "cost_se", "metric_mean", "metric_se", "n", "trials", "note"]
+    columns = [
+        *keys,
+        "epochs",
+        "unit",
+        "cost_mean",
+        "cost_se",
+        "cost_n",
+        "metric_mean",
+        "metric_se",
+        "n",
+        "trials",
+        "note",
+    ]
     out = pd.DataFrame(out_rows, columns=columns)
     out = out.rename(columns={k: k.removeprefix(FACTOR_PREFIX) for k in keys}).set_index(
         [k.removeprefix(FACTOR_PREFIX) for k in keys]

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from analysis.geometry.names import METRIC_PREFIX
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
 
@@ -412,7 +413,7 @@ def plot_sharpness(
     curves: pd.DataFrame,
     runs: pd.DataFrame | None = None,
     *,
-    measure: str = "geometry/lambda_max",
+    measure: str = METRIC_PREFIX + "lambda_max",
     lr: str = "lr",
     path: str | Path | None = None,
     title: str | None = None,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from analysis.geometry.names import METRIC_PREFIX
 from trainables.naming import CHECKPOINT_ARTIFACT
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def _settings(result: Any) -> dict[str, Any]:
 
 
 def log_geometry(
-    run_id: str, *results: Any, tracking_uri: str, prefix: str = "geometry/", step: int = 0
+    run_id: str, *results: Any, tracking_uri: str, prefix: str = METRIC_PREFIX, step: int = 0
 ) -> dict[str, float]:
     """Log `analysis.geometry` results to the run `run_id`; they then come back as columns of `load_runs`.
 
@@ -71,7 +72,7 @@ def log_geometry(
         client.log_batch(run_id, metrics=finite[i : i + 1000])
     for result in results:
         name = type(result).__name__.removesuffix("Result").lower()
-        client.log_dict(run_id, _settings(result), f"geometry/{name}.json")
+        client.log_dict(run_id, _settings(result), f"{METRIC_PREFIX}{name}.json")
         arrays = result.to_arrays() if hasattr(result, "to_arrays") else {}
         if arrays:
             with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.compute import compute_matched
+from analysis.geometry.names import METRIC_PREFIX
 from analysis.plots import (
     plot_compute_frontier,
     plot_curves,
@@ -249,7 +250,7 @@ def write_report(
                 boot_seed=seed,
             )
 
-        if any(c.startswith("geometry/") for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
+        if any(c.startswith(METRIC_PREFIX) for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
             tau = geometry_correlation(runs)
             tau_md = (
                 "Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
@@ -307,7 +308,7 @@ def write_report(
     return w.paths
 
 
-_SHARPNESS = "geometry/lambda_max"
+_SHARPNESS = METRIC_PREFIX + "lambda_max"
 
 
 def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str], *, tracking_uri, smoke) -> None:
@@ -591,6 +592,8 @@ def _compute_section(w: _Writer, runs, epoch_times, *, arch, method, metric, mod
             },
             index=part.index.droplevel(0),
         )
+        if (part["cost_n"] != part["n"]).any():  # some cells' cost is unknown (an untimed trial): say over how many
+            shown.insert(2, f"{cost_unit} n", part["cost_n"].to_numpy())
         blocks.append(f"### arch: {a}\n\n" + _markdown(shown))
     md = (
         f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "

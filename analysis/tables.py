@@ -10,6 +10,8 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.geometry.names import METRIC_PREFIX
+
 __all__ = [
     "FewSamplesWarning",
     "RhoSensitivity",
@@ -655,6 +657,9 @@ def rho_sensitivity(
 
 #: Suffixes of geometry metrics that describe how a measure was computed, not the measure.
 _BOOKKEEPING = ("_std_error", "_converged", "_iterations", "_hvp_count", "_residual")
+#: Geometry metrics that are values of the loss (or its gradient) at the weights, logged beside a measure for reference,
+#: not measures of sharpness: left out of the default measures of the geometry-vs-gap table.
+_PLAIN_VALUES = frozenset({"loss", "perturbed_loss", "grad_norm"})
 
 
 def geometry_correlation(
@@ -680,7 +685,13 @@ def geometry_correlation(
     _require_columns(runs, train=train, val=val)
     ok = runs[runs["status"] == "finished"] if "status" in runs.columns else runs
     if measures is None:
-        measures = [c for c in ok.columns if c.startswith("geometry/") and not c.endswith(_BOOKKEEPING)]
+        measures = [
+            c
+            for c in ok.columns
+            if c.startswith(METRIC_PREFIX)
+            and not c.endswith(_BOOKKEEPING)
+            and c.rsplit("/", 1)[-1] not in _PLAIN_VALUES
+        ]
     if not measures:
         raise ValueError(
             "runs has no geometry/* column; measure a study's checkpointed trials with analysis.measure_study (or the geometry notebook), or log measures with analysis.log_geometry"

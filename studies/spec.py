@@ -1008,6 +1008,9 @@ _SMOKE = {
     "data": {"name": "digits", "root": None, "img_size": 16, "batch_size": 64, "num_workers": 0},
     "schedule": {"epochs": 2, "warmup_epochs": 0},
     "train": {"device": "cpu", "threads": 1},
+    # A geometry section's measurement set, small enough for the smallest digits fraction (0.1: 143 images) and
+    # seconds of CPU; which measures, and how often, stay the study's own.
+    "geometry": {"batches": 1, "batch_size": 32, "max_iter": 10, "trace_samples": 8, "flatness_draws": 4},
 }
 # One tiny model per family: the smoke run keeps each cell's architecture family, not its size.
 _SMOKE_MODELS = {

@@ -254,8 +254,8 @@ class GeometryConfig(_Strict):
 
     measures: list[str] = Field(
         default_factory=list,
-        description="Registry names in analysis.geometry.probes.MEASURES (lambda_max, hessian_trace, "
-        "blockwise_lambda_max, average_flatness, surrogate_gap); empty: no geometry, no cost.",
+        description="Names of the measures registered in analysis.geometry.probes.MEASURES (checked at study load "
+        "against analysis.geometry.names.MEASURE_NAMES); empty: no geometry, no cost.",
     )
     every: int = Field(0, ge=0, description="Also measure after every k-th epoch; 0: only after the last epoch.")
     batches: int = Field(2, ge=1, description="Batches of fixed training samples the measures average over.")

@@ -97,8 +97,9 @@ def rand_augment_problem(config: object) -> str | None:
     """Why `config` is not a timm RandAugment string, or None when it is one."""
     if not isinstance(config, str):
         return f"must be a string such as 'rand-m9-mstd0.5', got {config!r}"
+    parse = _timm_rand_augment()  # outside the try: a failure to find timm's parser is not the string's fault
     try:
-        _timm_rand_augment()(config, rand_augment_hparams(32, (0.5, 0.5, 0.5)))
+        parse(config, rand_augment_hparams(32, (0.5, 0.5, 0.5)))
     except Exception as exc:  # noqa: BLE001 - timm signals a bad string with asserts and ValueErrors
         return (
             f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
@@ -155,7 +156,7 @@ def _load_alone():
     sys.modules[_AUTO_AUGMENT] = module
     try:
         file_spec.loader.exec_module(module)
-    except ImportError:  # it now imports from timm (or torch): the ordinary import is the only way
+    except Exception:  # noqa: BLE001 - it now imports from timm (or torch), or fails alone: the ordinary import serves
         del sys.modules[_AUTO_AUGMENT]
         return None
     return module

@@ -46,6 +46,9 @@ __all__ = [
 CHECKPOINT_FILE = "checkpoint.pt"
 # Seconds a geometry measurement took, logged beside its measures; never part of epoch_time_s or images_per_sec.
 GEOMETRY_TIME_METRIC = "geometry_time_s"
+# 1.0 at an epoch whose measurement raised: the epoch is kept and recorded without its measures (the trial's log,
+# and the warning it carries, say why).
+GEOMETRY_FAILED_METRIC = "geometry_failed"
 
 
 class TrialDiverged(RuntimeError):
@@ -634,7 +637,18 @@ def _measure_geometry(probe: Probe, model: nn.Module, batches, device: torch.dev
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    measured = probe(model, batches)
+    try:
+        measured = probe(model, batches)
+    except Exception as err:  # a measurement that fails (out of memory, say) must not cost the trained epoch
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        warnings.warn(
+            f"geometry: the measurement failed ({type(err).__name__}: {err}); the epoch is checkpointed and "
+            f"recorded without its measures, with {GEOMETRY_FAILED_METRIC} = 1",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {GEOMETRY_FAILED_METRIC: 1.0, GEOMETRY_TIME_METRIC: time.perf_counter() - t0}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-HVP_MODES = ("double_backward", "forward_over_reverse", "finite_difference", "finite_difference_central")
 #: The modes that difference gradients instead of differentiating them twice (first-order autograd only).
 FINITE_DIFFERENCE_MODES = ("finite_difference", "finite_difference_central")
 

@@ -21,6 +21,8 @@ MEASURE_NAMES: tuple[str, ...] = (
     "average_flatness",
     "surrogate_gap",
 )
+#: What every geometry metric's name starts with, in a trial's record and in `log_geometry`'s (analysis.record).
+METRIC_PREFIX = "geometry/"
 #: The import path of the probe factory, as the runner hands it to each trial (trainables.ray_train imports it).
 PROBE_FACTORY = "analysis.geometry.probes:make_probe"
 

@@ -2,7 +2,8 @@
 
 `trainables.fit(config, probe=make_probe(config))` calls the probe after the epochs `config.geometry` asks for;
 under a study, the runner hands the factory's import path (`PROBE_FACTORY`) to each trial, whose worker imports
-it (trainables never imports analysis). Adding a measure is a function here and an entry in `MEASURES`.
+it (trainables never imports analysis). Adding a measure is a function here, an entry in `MEASURES`, and its
+name in `analysis.geometry.names.MEASURE_NAMES` (what a study's validation checks without torch).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.geometry._hvp import _RefuseKinks
-from analysis.geometry.names import PROBE_FACTORY, geometry_problems
+from analysis.geometry.names import METRIC_PREFIX, PROBE_FACTORY, geometry_problems
 from analysis.geometry.perturbation import average_flatness, surrogate_gap
 from analysis.geometry.spectrum import (
     blockwise_top_eigenvalues,
@@ -40,10 +41,6 @@ __all__ = [
     "stability_threshold",
 ]
 
-#: The prefix of every geometry metric a trial logs (`geometry/lambda_max`); load_runs' columns and the report's
-#: geometry-vs-gap table read it.
-METRIC_PREFIX = "geometry/"
-
 
 def _cross_entropy(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     # The plain loss whose geometry is measured: no label smoothing, no mixup, fp32 (no autocast).
@@ -60,6 +57,7 @@ class Measure:
     cost: str
     take: Callable[[nn.Module, list, "GeometryConfig"], Any]  # returns a result with to_metrics(prefix)
     prefix: str = ""  # under METRIC_PREFIX: keeps a measure's many metrics apart (blockwise/<group>/...)
+    uses_hvp: bool = True  # takes Hessian-vector products, so geometry.hvp_mode applies to it
 
 
 def _lambda_max(model, batches, g):
@@ -150,12 +148,14 @@ MEASURES: dict[str, Measure] = {
             "E L(w + e), e ~ N(0, sigma^2 I), and its excess over L(w) (Chen et al. 2022, Table 1)",
             "geometry.flatness_draws + 1 forward passes",
             _flatness,
+            uses_hvp=False,
         ),
         Measure(
             "surrogate_gap",
             "L(w + rho g/||g||) - L(w), GSAM's surrogate gap, and 2h/rho^2",
             "one gradient and two forward passes",
             _surrogate_gap,
+            uses_hvp=False,
         ),
     )
 }
@@ -172,8 +172,8 @@ class GeometryProbe:
         """Before the trial trains (fit calls it): refuse finite-difference products on a model whose loss has kinks,
         which the first product would find only after all the epochs. One forward pass of two samples, in eval mode
         (no dropout mask drawn, no batch-norm statistic moved: training is left exactly as it was)."""
-        if not self.geometry.hvp_mode.startswith("finite_difference"):
-            return
+        if not self.geometry.hvp_mode.startswith("finite_difference") or not any(m.uses_hvp for m in self.measures):
+            return  # perturbation measures take no products: a kinked model is fine for them
         x, y = batches[0]
         was_training = model.training
         model.eval()

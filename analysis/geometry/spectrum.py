@@ -27,7 +27,6 @@ from analysis.geometry._common import (
 )
 from analysis.geometry._hvp import (
     FINITE_DIFFERENCE_MODES,
-    HVP_MODES,
     EigenOutput,
     FlatOperator,
     GGNCore,
@@ -37,7 +36,7 @@ from analysis.geometry._hvp import (
     power_iteration,
     slq,
 )
-from analysis.geometry.names import HvpMode
+from analysis.geometry.names import HVP_MODES, HvpMode
 
 #: The eigen-solver: Lanczos with full reorthogonalisation, or power iteration with deflation.
 Method = Literal["lanczos", "power"]
@@ -176,7 +175,7 @@ class TraceResult:
 
 
 def _resolve_hvp_mode(model: nn.Module, hvp_mode: str) -> str:
-    _check_choice("hvp_mode", hvp_mode, ("auto",) + HVP_MODES)
+    _check_choice("hvp_mode", hvp_mode, HVP_MODES)
     if hvp_mode != "auto":
         return hvp_mode
     for cls in type(model).__mro__:

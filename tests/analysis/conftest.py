@@ -11,7 +11,7 @@ from trainables.tracking import TrackingTarget
 
 
 def _study_store(root: Path, name: str) -> tuple[str, TrackingTarget, str]:
-    """A new store under root holding experiment `name` and its study run: (uri, target for trials, study run id)."""
+    """The store under root (made if new) with experiment `name` and its study run: (uri, target for trials, study run id)."""
     uri = f"sqlite:///{root / 'mlflow.db'}"
     client = MlflowClient(uri)
     exp = client.create_experiment(name, artifact_location=(root / "art").as_uri())
@@ -26,7 +26,8 @@ def study_store(_empty_mlflow_db):
 
     def make(root: Path, name: str) -> tuple[str, TrackingTarget, str]:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_empty_mlflow_db, root / "mlflow.db")
+        if not (root / "mlflow.db").exists():  # a second study in the same store joins it
+            shutil.copyfile(_empty_mlflow_db, root / "mlflow.db")
         return _study_store(root, name)
 
     return make

@@ -104,6 +104,7 @@ def test_compute_matched_pays_a_search_and_averages_seeds(frames):
     )
     assert sam["cost_mean"] == pytest.approx(80.0) and sam["cost_se"] == pytest.approx(0.0)
     assert (sam["n"], sam["trials"], sam["epochs"], sam["note"]) == (2, 4, 2, "2 seeds: interval unreliable")
+    assert sam["cost_n"] == 2  # every cell with a result has its cost
     twice = table.loc[("resnet", "vanilla_2x")]
     assert (twice["epochs"], twice["cost_mean"], twice["metric_mean"]) == (4, pytest.approx(40.0), pytest.approx(0.845))
     dead = table.loc[("vit", "vanilla")]

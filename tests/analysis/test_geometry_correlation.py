@@ -24,6 +24,8 @@ def trials() -> pd.DataFrame:
                 "val_acc": 0.9,
                 "geometry/lambda_max": gap * 3 + 1,  # ranks every pair exactly as the gap
                 "geometry/lambda_max_converged": 1.0,  # bookkeeping: left out
+                "geometry/loss": 0.1 - gap,  # the loss at the weights, logged beside a measure: not a measure
+                "geometry/blockwise/head/perturbed_loss": 0.2,  # likewise, under a measure's own prefix
                 "geometry/lr_only": lr,  # tracks lr alone: right overall, blind within lr's groups
                 "geometry/anti": -gap,
             }

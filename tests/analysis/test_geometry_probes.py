@@ -161,6 +161,31 @@ def test_finite_differences_on_a_kinked_model_are_refused_before_training(config
     assert with_check["train_loss"] == without["train_loss"] and with_check["val_acc"] == without["val_acc"]
 
 
+def test_perturbation_measures_on_a_kinked_model_are_not_refused(config, tiny_model):
+    # average_flatness takes no Hessian-vector product: hvp_mode does not apply to it.
+    cfg = {
+        **config(epochs=1, measures=["average_flatness"], hvp_mode="finite_difference"),
+        "model": tiny_model("resnet"),
+    }
+    assert math.isfinite(fit(cfg, probe=make_probe(cfg))["geometry/average_flatness"])
+
+
+def test_a_failed_measurement_keeps_the_epoch(config):
+    # A probe that raises (out of memory, say) must not cost the trained epoch: it is recorded without measures.
+    from trainables.loop import GEOMETRY_FAILED_METRIC
+
+    def broken(model, batches):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    recorder = _Recorder()
+    cfg = config(epochs=2, measures=["lambda_max"])
+    with pytest.warns(RuntimeWarning, match="measurement failed .*simulated.* recorded without its measures"):
+        final = fit(cfg, probe=broken, recorder=recorder)
+    assert sorted(recorder.epochs) == [0, 1] and final["val_acc"] == recorder.epochs[1]["val_acc"]
+    assert recorder.epochs[1][GEOMETRY_FAILED_METRIC] == 1.0 and GEOMETRY_FAILED_METRIC not in recorder.epochs[0]
+    assert not any(k.startswith("geometry/") for k in recorder.epochs[1])
+
+
 def test_ray_wrapper_imports_the_probe_named_in_the_payload(config):
     cfg = TrialConfig.load(config(measures=["surrogate_gap"]))
     assert load_probe({}, TrialConfig.load(config())) is None  # no geometry: nothing imported, nothing asked

@@ -115,7 +115,7 @@ def _pids_in_group(pgid: int) -> dict[int, str]:
     return found
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     path = _study(
         tmp_path,
@@ -157,20 +157,28 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         assert survivors, (
             "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
         )
-        resumed = subprocess.run(
+        # Its own process group, like the driver's: on a timeout the whole resumed study is taken down, not only
+        # its driver (subprocess.run's timeout would kill the driver alone and leave its Ray running).
+        resume = subprocess.Popen(
             [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
             cwd=tmp_path,
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=600,
             start_new_session=True,
         )
+        try:
+            resumed_out, resumed_err = resume.communicate(timeout=480)
+        finally:
+            if resume.poll() is None:
+                os.killpg(resume.pid, signal.SIGKILL)
+                resume.wait()
     finally:
         # The killed driver's Ray processes live in its process group: take down whatever is left of them.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert resume.returncode == 0, resumed_out[-3000:] + resumed_err[-3000:]
     print(f"resumed beside {len(survivors)} processes of the killed driver's Ray: {sorted(survivors.values())}")
 
     after = load_runs("killme", tracking_uri=tracking_uri)
