@@ -345,12 +345,26 @@ def _cmd_ui(args) -> int:
         args.host,
         "--port",
         str(args.port),
+        "--workers",
+        str(args.workers),
     ]
     url = f"http://{args.host}:{args.port}"
     print(f"Starting the MLflow UI over {uri} ...", flush=True)
     # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
     _say_when_answering(url, f"MLflow UI: {url}/#/experiments?workflowType=machine_learning (Ctrl-C stops it)")
     return server_cli.run_in_process_group(cmd)
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
 
 
 def _say_when_answering(url: str, message: str, *, path: str = "/health", timeout_s: float = 600.0) -> None:
@@ -579,6 +593,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="server processes (default 1: one person browsing is served by one; MLflow's own default, 4, starts "
+        "four, each importing all of MLflow)",
+    )
     ui.set_defaults(func=_cmd_ui)
     return p
 
