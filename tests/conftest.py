@@ -25,6 +25,38 @@ REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
+# The files that take minutes (Ray clusters, servers, whole studies), longest first, as the last full run measured
+# them. `make test` hands whole files to two pytest-xdist workers in collection order; run last, one of these would
+# leave a worker alone on it for minutes at the end, so they go first and the short files fill in around them.
+_LONG_FILES = (
+    "tests/cluster/test_two_node.py",
+    "tests/studies/test_shipped.py",
+    "tests/cluster/test_sim_scale.py",
+    "tests/studies/test_failures.py",
+    "tests/studies/test_adversarial.py",
+    "tests/test_end_to_end.py",
+    "tests/studies/test_ui.py",
+    "tests/studies/test_multiworker.py",
+    "tests/trainables/test_distributed.py",
+    "tests/cluster/test_cluster_storage.py",
+    "tests/trainables/test_device_check.py",
+    "tests/cluster/test_server.py",
+    "tests/studies/test_launches.py",
+    "tests/studies/test_state.py",
+    "tests/studies/test_schedulers.py",
+    "tests/trainables/test_tune_resume.py",
+    "tests/analysis/test_notebooks.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = [path for path in _LONG_FILES if not (REPO / path).is_file()]
+    if missing:  # a renamed file would silently lose its place
+        raise pytest.UsageError(f"tests/conftest.py: _LONG_FILES names files that do not exist: {missing}")
+    rank = {path: i for i, path in enumerate(_LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep order
+
+
 # One tiny model per family, the one every test that trains a model starts from: a few thousand parameters at
 # 16 px, seconds on one CPU thread. A test that needs another size says so through overrides of timm's kwargs.
 TINY_MODELS = {
