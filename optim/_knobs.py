@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "method_spec"]
+__all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "check_m_sharpness", "method_spec"]
 
 #: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three.
 CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
@@ -20,6 +20,18 @@ def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
     """Raise the project's ValueError for a bad hyperparameter: the name, the rule, the value and the fix."""
     if not ok:
         raise ValueError(f"{name} must satisfy {rule}, but got {name}={value!r}; {fix}")
+
+
+def check_m_sharpness(m: Any, global_perturbation: bool) -> None:
+    """m-sharpness and a global perturbation exclude each other: the one home of that rule, which SAM's constructor
+    and `check_hparams` (a study's validation, without torch) both apply."""
+    check(
+        m is None or not global_perturbation,
+        "m",
+        "m unset when global_perturbation=True",
+        m,
+        "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m",
+    )
 
 
 def _same(value: Any) -> Any:

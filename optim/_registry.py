@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _specs
-from ._knobs import MethodSpec, momentum_problem
+from ._knobs import MethodSpec, check_m_sharpness, momentum_problem
 
 if TYPE_CHECKING:
     import torch
@@ -59,13 +59,19 @@ def _entry(name: str, hparams: dict[str, Any]) -> MethodSpec:
     return spec
 
 
-def check_hparams(name: str, *, base: str, base_keeps_momentum: bool, **hparams: Any) -> None:
+def check_hparams(
+    name: str, *, base: str, base_keeps_momentum: bool, global_perturbation: bool = False, **hparams: Any
+) -> None:
     """Raise what ``create(name, <base optimizer>, **hparams)`` would raise about the method's knobs, without torch:
     the name, unknown knobs, each knob's rule and the rules between knobs (the unset ones at their defaults), and
     a base optimizer without the momentum the method needs. ``base``: the base optimizer's class name (AdamW, SGD);
-    ``base_keeps_momentum``: whether it keeps one (Adam's betas, SGD's momentum > 0)."""
+    ``base_keeps_momentum``: whether it keeps one (Adam's betas, SGD's momentum > 0); ``global_perturbation``: the
+    trial's setting, which excludes m-sharpness."""
     spec = _entry(name, hparams)
-    spec.check_knobs(**{**spec.hparams, **hparams})
+    knobs = {**spec.hparams, **hparams}
+    spec.check_knobs(**knobs)
+    if "m" in knobs:
+        check_m_sharpness(knobs["m"], global_perturbation)
     if spec.needs_momentum and not base_keeps_momentum:
         raise ValueError(momentum_problem(name, [0], base))
 

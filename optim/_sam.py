@@ -8,12 +8,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ._knobs import check_m_sharpness
 from ._method import (
     Forward,
     Method,
     StepOutput,
     batch_rows,
-    check,
     global_norm,
 )
 from ._specs import BY_NAME
@@ -327,13 +327,7 @@ class SAM(TwoPass):
             accumulate=accumulate,
         )
         knobs = _SAM.check_knobs(rho=rho, m=m)
-        check(
-            m is None or not global_perturbation,
-            "m",
-            "m unset when global_perturbation=True",
-            m,
-            "m-sharpness perturbs each group of m samples on its own replica; drop global_perturbation or m",
-        )
+        check_m_sharpness(m, global_perturbation)
         self.rho, self.m = knobs["rho"], knobs["m"]
         self.name = "asam" if self.adaptive else "sam"
 

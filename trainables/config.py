@@ -171,17 +171,27 @@ class OptimizerConfig(_Strict):
         # Cached: a study validates every cell and every search bound, mostly with the same few settings. The
         # type is part of the key: 1, 1.0 and True are equal, but a method may take only one of them.
         hparams = tuple(sorted((k, type(v), v) for k, v in self.hparams.items()))
-        problem = _hparam_problem(self.method, hparams, self.base, self.lr, self.momentum, tuple(self.betas))
+        problem = _hparam_problem(
+            self.method, hparams, self.base, self.lr, self.momentum, tuple(self.betas), self.global_perturbation
+        )
         if problem:
             raise ValueError(problem)
         return self
 
 
 @functools.lru_cache(maxsize=1024)
-def _hparam_problem(method: str, hparams: tuple, base: str, lr: float, momentum: float, betas: tuple) -> str | None:
+def _hparam_problem(
+    method: str, hparams: tuple, base: str, lr: float, momentum: float, betas: tuple, global_perturbation: bool
+) -> str | None:
     """What `_check_hparam_values` finds wrong with these settings (the fields it reads), or None."""
     cfg = types.SimpleNamespace(
-        method=method, hparams={k: v for k, _, v in hparams}, base=base, lr=lr, momentum=momentum, betas=betas
+        method=method,
+        hparams={k: v for k, _, v in hparams},
+        base=base,
+        lr=lr,
+        momentum=momentum,
+        betas=betas,
+        global_perturbation=global_perturbation,
     )
     try:
         _check_hparam_values(cfg)
@@ -201,6 +211,7 @@ def _check_hparam_values(cfg: "OptimizerConfig") -> None:
             cfg.method,
             base={"sgd": "SGD", "adamw": "AdamW"}.get(cfg.base, cfg.base),
             base_keeps_momentum=cfg.base != "sgd" or cfg.momentum > 0,
+            global_perturbation=cfg.global_perturbation,
             **cfg.hparams,
         )
     except (ValueError, TypeError) as err:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import subprocess
 import sys
@@ -60,21 +61,38 @@ def test_check_hparams_says_what_building_says(name):
     cases += [{"rho_max": 0.2, "rho_min": 0.3}, {"lr_max": 0.5, "lr_min": 0.6}] if name == "gsam" else []
     checked = 0
     for hp in cases:
-        for base, momentum in (("adamw", None), ("sgd", 0.9), ("sgd", 0.0)):
+        # global_perturbation: the trial's setting that excludes m-sharpness (m), checked by both as well.
+        for (base, momentum), gp in itertools.product((("adamw", None), ("sgd", 0.9), ("sgd", 0.0)), (False, True)):
             model = torch.nn.Linear(2, 2)
             if base == "sgd":
                 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
             else:
                 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-            built = _outcome(lambda: create(name, opt, model=model, num_samples=4, num_classes=2, **hp))
+            built = _outcome(
+                lambda: create(name, opt, model=model, num_samples=4, num_classes=2, global_perturbation=gp, **hp)
+            )
             declared = _outcome(
                 lambda: check_hparams(
-                    name, base=type(opt).__name__, base_keeps_momentum=base == "adamw" or momentum > 0, **hp
+                    name,
+                    base=type(opt).__name__,
+                    base_keeps_momentum=base == "adamw" or momentum > 0,
+                    global_perturbation=gp,
+                    **hp,
                 )
             )
-            assert declared == built, (name, hp, base, momentum)
+            assert declared == built, (name, hp, base, momentum, gp)
             checked += built is not None
     assert checked > 0 or not spec.knobs
+
+
+def test_m_sharpness_with_a_global_perturbation_is_refused_at_load():
+    # Before any trial starts: a study's validation loads each cell's TrialConfig.
+    from trainables.config import ConfigError, TrialConfig
+
+    cfg = {"optimizer": {"method": "sam", "hparams": {"m": 32}, "global_perturbation": True}}
+    with pytest.raises(ConfigError, match=r"m must satisfy m unset when global_perturbation=True.*m=32"):
+        TrialConfig.load(cfg)
+    TrialConfig.load({"optimizer": {"method": "sam", "hparams": {"m": 32}}})  # either one alone is fine
 
 
 def test_unknown_names_and_knobs_are_refused_like_create():
