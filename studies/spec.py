@@ -710,6 +710,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             return [], smoke_problems
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
+    geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell
     combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
     merged: list[tuple[dict[str, str], dict[str, Any]]] = []
     for combo in combos:
@@ -747,7 +748,8 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 continue  # conditional: rho only where the method has a rho
             space[path] = dom
         try:
-            problems.extend(f"{label}: {p}" for p in _geometry_problems(TrialConfig.load(tree)))
+            for problem in _geometry_problems(TrialConfig.load(tree)):  # said once, with the cells it is in
+                geometry_cells.setdefault(problem, []).append(key or "all")
             for path, dom in space.items():
                 for probe in _domain_probes(dom):
                     probe_tree = copy.deepcopy(tree)
@@ -775,7 +777,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             f"{', '.join(f'{k} with {n}' for n, k in sizes)}; a grid over an int range has one trial per value). "
             f"Fix: narrow the ranges, use a choice of values, or sampler tpe with trials_per_cell."
         )
-    for problem, where in missing_roots.items():
+    for problem, where in [*missing_roots.items(), *geometry_cells.items()]:
         listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
         problems.append(f"{problem} (cells: {listed})")
     # A knob of a level, or a search parameter, that applies to no cell is almost always a typo or a forgotten factor.

@@ -61,14 +61,21 @@ def test_bad_geometry_sections_name_field_rule_value_and_fix(config, tmp_path):
     # Names and hvp_mode are the registry's: a study checks them at load, with the other problems of its file.
     import yaml
 
-    study = {"name": "g", "base": config(measures=["lambda_mx", "hessian_trace"], hvp_mode="exact")}
+    # Two cells share the base's geometry section: each problem is said once, naming the cells it is in.
+    study = {
+        "name": "g",
+        "base": config(measures=["lambda_mx", "hessian_trace"], hvp_mode="exact"),
+        "factors": {"optimizer.lr": [0.01, 0.02]},
+    }
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump(study))
     with pytest.raises(StudyError) as err:
         load_study(path)
     problems = err.value.problems
     assert len(problems) == 2, problems
-    assert problems[0].startswith("the study: geometry.measures")
+    assert problems[0].startswith("geometry.measures") and problems[0].endswith(
+        "(cells: optimizer.lr=0.01; optimizer.lr=0.02)"
+    )
     assert "geometry.measures: must name measures of analysis.geometry.probes.MEASURES" in problems[0]
     assert "got 'lambda_mx'. Fix: Did you mean 'lambda_max'?" in problems[0]
     assert "geometry.hvp_mode: must be one of auto, double_backward" in problems[1] and "got 'exact'" in problems[1]
