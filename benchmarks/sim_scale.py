@@ -130,17 +130,6 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 # ---------------------------------------------------------------- the cluster: real `ray start` nodes on loopback
 
 
-def _pids_in_groups(groups: set[int]) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces, so split after ')'.
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) in groups:
-                    found.add(int(entry.name))
-    return found
-
-
 class LocalCluster:
     """A Ray head and worker nodes on this machine, each `ray start --block` in its own process group.
 
@@ -234,9 +223,9 @@ class LocalCluster:
                 time.sleep(0.5)
 
     def processes(self) -> set[int]:
-        from studies.server import pids_naming
+        from studies.server import pids_in_groups, pids_naming
 
-        return _pids_in_groups({p.pid for p in self.nodes}) | pids_naming(str(self.temp_dir))
+        return set(pids_in_groups({p.pid for p in self.nodes})) | pids_naming(str(self.temp_dir))
 
     def stop(self, timeout_s: float = 60.0) -> list[int]:
         """Stop every node; returns the pids that needed SIGKILL."""
@@ -516,7 +505,7 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
     import psutil
 
     from studies import runner
-    from studies.server import pids_naming, start_server
+    from studies.server import pids_in_groups, pids_naming, start_server
 
     need = args.concurrency * WORKER_MB / 1024 + 3
     available = psutil.virtual_memory().available / 2**30
@@ -571,7 +560,7 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
             out["startup_s"] = time.monotonic() - t0
             log_start = server_log.stat().st_size
             groups = {
-                "mlflow_server": lambda: _pids_in_groups({server.pid}),
+                "mlflow_server": lambda: set(pids_in_groups({server.pid})),
                 "ray_nodes": cluster.processes,
             }
             timed = _timed_searcher(runner.CellSearcher, times)

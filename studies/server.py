@@ -329,14 +329,7 @@ def mlflow_server_command(
     """
     from trainables.tracking import resolve_tracking_uri  # lazy: keeps `import studies.server` to the standard library
 
-    if port < 0 or port > 65535:
-        raise ServerOptionError(
-            f"port: 0 <= port <= 65535 must hold, got port={port}. Fix: e.g. --port {DEFAULT_PORT}."
-        )
-    if workers is not None and workers < 1:
-        raise ServerOptionError(
-            f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for MLflow's default."
-        )
+    check_port_and_workers(port, workers)
     _check_extra_args(extra_args, os.environ if environ is None else environ)
     cmd = [
         sys.executable,
@@ -573,6 +566,32 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def check_port_and_workers(port: int, workers: int | None) -> None:
+    """The rules on the two numbers of an MLflow server's command line (`sharpscale server` and `sharpscale ui`)."""
+    if port < 0 or port > 65535:
+        raise ServerOptionError(
+            f"port: 0 <= port <= 65535 must hold, got port={port}. Fix: e.g. --port {DEFAULT_PORT}."
+        )
+    if workers is not None and workers < 1:
+        raise ServerOptionError(
+            f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for the command's default."
+        )
+
+
+def pids_in_groups(groups: set[int], *, live: bool = False) -> dict[int, str]:
+    """{pid: command name} of the processes in the process groups `groups`, from /proc; live: zombies left out."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                # /proc/<pid>/stat: "pid (comm) state ppid pgrp ...": comm may hold spaces, so split at the last ')'.
+                head, tail = (entry / "stat").read_text().rsplit(")", 1)
+                state, _, pgrp = tail.split()[:3]
+                if int(pgrp) in groups and not (live and state == "Z"):
+                    found[int(entry.name)] = head.split("(", 1)[1]
+    return found
 
 
 def pids_naming(text: str) -> set[int]:

@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from studies.server import free_ports, pids_naming
+from studies.server import free_ports, pids_in_groups, pids_naming
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -49,19 +49,6 @@ TRIALS = 4  # 2 cells x 2 trials: two waves of two concurrent trials
 # finished trial's actor for a pending trial and drops the actor still starting for it, so trials much shorter
 # than an actor's start would all run on whichever node started first.
 EPOCHS = 6
-
-
-def _pids_in_group(pgid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces, so split after ')'.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                found.add(int(entry.name))
-    return found
 
 
 class TwoNodeCluster:
@@ -138,7 +125,7 @@ class TwoNodeCluster:
     def stop(self, timeout_s: float = 60.0) -> list[str]:
         """Stop both nodes; returns the command lines of processes that had to be SIGKILLed or that survived."""
         groups = {proc.pid for proc in self.nodes.values()}
-        members = set().union(*(_pids_in_group(g) for g in groups)) | pids_naming(str(self.temp_dir))
+        members = set(pids_in_groups(groups)) | pids_naming(str(self.temp_dir))
         for proc in reversed(list(self.nodes.values())):  # the worker first: it drains into a live head
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)

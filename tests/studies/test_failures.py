@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
+from studies.server import pids_in_groups
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,21 +101,6 @@ def _finished_and_running(tracking_uri, *, finished):
     return done
 
 
-def _pids_in_group(pgid: int) -> dict[int, str]:
-    """{pid: command name} of the live (not zombie) processes of process group `pgid`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # /proc/<pid>/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces, so split at the last ')'.
-            head, tail = (entry / "stat").read_text().rsplit(")", 1)
-            fields = tail.split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found[int(entry.name)] = head.split("(", 1)[1]
-    return found
-
-
 @pytest.mark.timeout(1200)
 def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     path = _study(
@@ -153,7 +139,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         driver.wait(timeout=30)
         # What the driver's death leaves of its local Ray cluster (its agents outlive it by a minute or more, issue
         # 13.11): the resume starts beside them at once, and must be neither confused nor stopped by them.
-        survivors = _pids_in_group(driver.pid)
+        survivors = pids_in_groups({driver.pid}, live=True)
         assert survivors, (
             "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
         )
