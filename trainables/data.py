@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 # timm, torchvision and PIL are imported where they are used; the registry (trainables.datasets) needs no torch.
 
-from trainables.datasets import DATASETS, DatasetSpec, rand_augment_hparams, resident_problem
+from trainables.datasets import DATASETS, DatasetSpec, package_file, rand_augment_hparams, resident_problem
 from trainables.errors import UserError
 from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
@@ -447,15 +447,12 @@ def digits_raw() -> tuple[np.ndarray, np.ndarray]:
     public `load_digits` is used. tests/trainables/test_data.py pins the two to be equal.
     """
     import gzip
-    import importlib.util
 
-    spec = importlib.util.find_spec("sklearn")  # locates the package; runs none of its code
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            with gzip.open(path, "rt") as f:
-                table = np.loadtxt(f, delimiter=",")
-            return table[:, :-1], table[:, -1].astype(int)
+    path = package_file("sklearn", "datasets", "data", "digits.csv.gz")
+    if path is not None:
+        with gzip.open(path, "rt") as f:
+            table = np.loadtxt(f, delimiter=",")
+        return table[:, :-1], table[:, -1].astype(int)
     from sklearn.datasets import load_digits
 
     raw = load_digits()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainables.data import Loader
 
-__all__ = ["DATASETS", "DatasetSpec", "rand_augment_hparams", "rand_augment_problem", "resident_problem"]
+__all__ = ["DATASETS", "DatasetSpec", "package_file", "rand_augment_hparams", "rand_augment_problem", "resident_problem"]
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,18 @@ def _timm_rand_augment() -> Callable[..., Any]:
     return module.rand_augment_transform
 
 
+def package_file(package: str, *parts: str) -> Path | None:
+    """A file shipped inside an installed package (``parts`` below its folder), found without importing the package
+    (``find_spec`` of a top-level package runs none of its code); None where it is not."""
+    spec = importlib.util.find_spec(package)
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        if (path := Path(folder, *parts)).is_file():
+            return path
+    return None
+
+
 def _load_alone():
-    spec = importlib.util.find_spec("timm")
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    path = next(
-        (Path(p) / "data" / "auto_augment.py" for p in locations if (Path(p) / "data" / "auto_augment.py").is_file()),
-        None,
-    )
+    path = package_file("timm", "data", "auto_augment.py")
     if path is None:
         return None
     file_spec = importlib.util.spec_from_file_location(_AUTO_AUGMENT, path)
