@@ -334,6 +334,7 @@ def _cmd_ui(args) -> int:
     from trainables.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
+    server_cli.check_port_and_workers(args.port, args.workers)
     cmd = [
         sys.executable,
         "-m",
@@ -353,18 +354,6 @@ def _cmd_ui(args) -> int:
     # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
     _say_when_answering(url, f"MLflow UI: {url}/#/experiments?workflowType=machine_learning (Ctrl-C stops it)")
     return server_cli.run_in_process_group(cmd)
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
 
 
 def _say_when_answering(url: str, message: str, *, path: str = "/health", timeout_s: float = 600.0) -> None:
@@ -595,7 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument(
         "--workers",
-        type=_positive_int,
+        type=int,
         default=1,
         help="server processes (default 1: one person browsing is served by one; MLflow's own default, 4, starts "
         "four, each importing all of MLflow)",
