@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.geometry._hvp import _RefuseKinks
+from analysis.geometry._hvp import FINITE_DIFFERENCE_MODES, _RefuseKinks
 from analysis.geometry.names import METRIC_PREFIX, PROBE_FACTORY, geometry_problems
 from analysis.geometry.perturbation import average_flatness, surrogate_gap
 from analysis.geometry.spectrum import (
@@ -172,7 +172,7 @@ class GeometryProbe:
         """Before the trial trains (fit calls it): refuse finite-difference products on a model whose loss has kinks,
         which the first product would find only after all the epochs. One forward pass of two samples, in eval mode
         (no dropout mask drawn, no batch-norm statistic moved: training is left exactly as it was)."""
-        if not self.geometry.hvp_mode.startswith("finite_difference") or not any(m.uses_hvp for m in self.measures):
+        if self.geometry.hvp_mode not in FINITE_DIFFERENCE_MODES or not any(m.uses_hvp for m in self.measures):
             return  # perturbation measures take no products: a kinked model is fine for them
         x, y = batches[0]
         was_training = model.training
