@@ -116,7 +116,7 @@ def _empty_mlflow_db(tmp_path_factory) -> Path:
     return db
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def new_mlflow_store(_empty_mlflow_db):
     """`make(path) -> uri`: a real, empty MLflow SQLite store at `path` (a copy of the session's migrated one)."""
 

@@ -1,6 +1,5 @@
 """Shared set-up for the analysis tests: a real SQLite MLflow store laid out as the runner lays out a study."""
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,13 @@ def _study_store(root: Path, name: str) -> tuple[str, TrackingTarget, str]:
 
 
 @pytest.fixture(scope="session")
-def study_store(_empty_mlflow_db):
+def study_store(new_mlflow_store):
     """`_study_store`, as a fixture (the tests run under --import-mode=importlib, where conftest is no module), on a
     copy of the session's migrated empty store (tests/conftest.py) rather than a store migrated again."""
 
     def make(root: Path, name: str) -> tuple[str, TrackingTarget, str]:
-        root.mkdir(parents=True, exist_ok=True)
         if not (root / "mlflow.db").exists():  # a second study in the same store joins it
-            shutil.copyfile(_empty_mlflow_db, root / "mlflow.db")
+            new_mlflow_store(root / "mlflow.db")
         return _study_store(root, name)
 
     return make
