@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainables.data import Loader
 
-__all__ = ["DATASETS", "DatasetSpec", "package_file", "rand_augment_hparams", "rand_augment_problem", "resident_problem"]
+__all__ = [
+    "DATASETS",
+    "DatasetSpec",
+    "package_file",
+    "rand_augment_hparams",
+    "rand_augment_problem",
+    "resident_problem",
+]
 
 
 @dataclass(frozen=True)
