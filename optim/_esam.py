@@ -22,7 +22,8 @@ class ESAM(TwoPass):
       (one ``random.Random`` draw per tensor, in the base optimizer's parameter order, from a generator of the
       method's own seeded with ``torch.initial_seed()`` when built: replicas draw alike, the model's random
       streams are untouched, no device sync; a skipped step puts the generator back); pass 1 computes gradients for ``S`` only, and
-      ``eps = (rho / beta) g_S / (||g_S|| + 1e-12)`` on ``S``, zero elsewhere.
+      ``eps = (rho / beta) g_S / (||g_S|| + 1e-12)`` on ``S``, zero elsewhere (zero everywhere when no tensor of
+      ``S`` reaches the loss).
     - SDS: pass 1 also gives each sample's loss ``l_i(w)``; a no-grad forward at ``w + eps`` gives
       ``l_i(w + eps)``; pass 2 (forward+backward at ``w + eps``) runs on the ``round(gamma * B)`` samples
       with the largest ``l_i(w + eps) - l_i(w)`` only, and its gradient updates every parameter.
@@ -58,6 +59,7 @@ class ESAM(TwoPass):
         self.rho, self.beta, self.gamma = knobs["rho"], knobs["beta"], knobs["gamma"]
         self.name = "esam"
         self._random = random.Random(torch.initial_seed())
+        self._frozen_pass = False  # pass 1 is running with the left-out tensors' requires_grad off
 
     def _rho(self) -> float:
         return self.rho / self.beta
@@ -67,6 +69,14 @@ class ESAM(TwoPass):
         if self.beta >= 1.0:
             return []
         return [p for p in self._params() if p.requires_grad and not self._random.random() < self.beta]
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        # Pass 1 with the left-out tensors frozen: when no drawn tensor reaches the loss (all left out, or only
+        # tensors the forward never uses drawn), g_S = 0, so eps = 0 (docs/algorithms.md, "ESAM") and there is
+        # nothing to differentiate; backward() would raise on a loss without a graph.
+        if self._frozen_pass and not loss.requires_grad:
+            return
+        super()._backward(loss)
 
     def _can_skip_gradients(self) -> bool:
         # Switching requires_grad off saves the backward work for the left-out tensors, the point of SWP. Not
@@ -88,15 +98,15 @@ class ESAM(TwoPass):
         select = self.gamma < 1.0
         drawn_from = self._random.getstate()
         left_out = self._draw()
-        # Every tensor left out: eps = 0, but the backward still needs one tensor that takes a gradient.
-        everything = len(left_out) == sum(1 for p in self._params() if p.requires_grad)
-        frozen = left_out if self._can_skip_gradients() and not everything else []
+        frozen = left_out if self._can_skip_gradients() else []
         self._zero_grad()
         for p in frozen:
             p.requires_grad_(False)
+        self._frozen_pass = bool(frozen)
         try:
             loss, logits, before, _ = self._pass(forward, local=not self.global_perturbation, n=n, per_sample=select)
         finally:
+            self._frozen_pass = False
             for p in frozen:
                 p.requires_grad_(True)
         for p in left_out:

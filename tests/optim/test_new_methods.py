@@ -92,6 +92,58 @@ def test_esam_draws_from_its_own_generator(helpers):
     torch.testing.assert_close(after_step, torch.rand(3))  # the model's random streams are left alone
 
 
+class _WithUnused(torch.nn.Module):
+    """A linear classifier beside a layer its forward never uses (a head kept for later, a branch switched off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = torch.nn.Linear(6, 3)
+        self.unused = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_esam_step_whose_draw_holds_only_unused_tensors_is_the_base_step(accumulate):
+    """Old code raised "element 0 of tensors does not require grad": the used tensors were frozen for pass 1 and
+    the loss had no graph. By ESAM's rule g_S = 0 there, so eps = 0: with gamma = 1 the step is the base step."""
+    import random
+
+    import torch.nn.functional as F
+
+    import optim
+
+    seed, beta = 0, 0.5
+    # The method draws one number per tensor (used.weight, used.bias, unused.weight, unused.bias) from a
+    # random.Random seeded with torch.initial_seed(): this seed keeps the unused tensors only.
+    draws = random.Random(seed)
+    assert [draws.random() < beta for _ in range(4)] == [False, False, True, True]
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = torch.arange(8) % 3
+
+    def trained(name, **hp):
+        torch.manual_seed(seed)
+        model = _WithUnused().double()
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        method = optim.create(name, base, model=model, accumulate=accumulate, **hp)
+
+        def forward(rows=None, reduction="mean"):
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            z = model(xs)
+            return F.cross_entropy(z, ys, reduction=reduction), z
+
+        out = method.train_step(forward, inputs=x)
+        assert all(p.requires_grad for p in model.parameters())
+        return out, [p.detach().clone() for p in model.parameters()]
+
+    out, esam = trained("esam", rho=0.05, beta=beta, gamma=1.0)
+    _, base = trained("none")
+    for a, b in zip(esam, base):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(out.perturbed_loss, out.loss, rtol=0, atol=0)  # the loss at w + 0
+
+
 def test_msam_first_step_is_the_base_optimizer(helpers):
     # No momentum before the first step: no perturbation, the gradient at w.
     base_model, msam_model = helpers.make_model(), helpers.make_model()
