@@ -412,6 +412,7 @@ class Method(abc.ABC):
             if self.grad_clip is not None:
                 # After any all-reduce: clips the final update gradient (docs/algorithms.md, "Clipping").
                 torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
+            self._before_base_step()
             opt.step()
             return False
         scaler.unscale_(opt)
@@ -435,9 +436,14 @@ class Method(abc.ABC):
             return True
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
+        self._before_base_step()
         scaler.step(opt)
         scaler.update()
         return False
+
+    def _before_base_step(self) -> None:
+        """A hook on the final, unscaled and clipped gradients of a step that is taken, just before the base
+        optimizer's step (MSAM moves its L2 weight decay to the perturbed point here); nothing by default."""
 
 
 def batch_rows(inputs: torch.Tensor | None) -> int | None:

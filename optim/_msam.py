@@ -22,6 +22,24 @@ __all__ = ["MSAM"]
 #: Where the base optimizers keep the momentum MSAM follows: Adam/AdamW's first moment, SGD's buffer.
 MOMENTUM_KEYS = ("exp_avg", "momentum_buffer")
 
+#: torch optimizers whose ``weight_decay`` is an L2 term added to the gradient (``d = g + wd w``), unless the
+#: param group says ``decoupled_weight_decay`` (AdamW; Adam, NAdam, RAdam with decoupled_weight_decay=True).
+L2_DECAY = (
+    torch.optim.SGD,
+    torch.optim.Adam,
+    torch.optim.NAdam,
+    torch.optim.RAdam,
+    torch.optim.Adamax,
+    torch.optim.RMSprop,
+)
+
+
+def l2_decay(optimizer: torch.optim.Optimizer, group: dict) -> float:
+    """The L2 weight decay ``optimizer`` adds to the gradients of ``group``; 0 for a decoupled (or unknown) decay."""
+    if not isinstance(optimizer, L2_DECAY) or group.get("decoupled_weight_decay", False):
+        return 0.0
+    return float(group.get("weight_decay", 0.0) or 0.0)
+
 
 class MSAM(Method):
     """MSAM (the paper's Algorithm 1; docs/algorithms.md, "MSAM"): with ``v`` the base optimizer's momentum
@@ -30,10 +48,13 @@ class MSAM(Method):
     ``g``, which also moves ``v``. One global ``||v||``; no momentum yet (the first step) or ``v = 0`` gives
     no perturbation, and so does ``rho = 0`` (the base optimizer exactly).
 
-    The authors keep the weights at the perturbed point between steps; holding ``w`` and perturbing inside
-    the step is the same trajectory, and evaluation and checkpoints see ``w``. BatchNorm statistics come from
-    the one (perturbed) pass, as in the paper. Under DDP ``v`` is the same on every replica, so the one pass
-    is synced like a plain step.
+    An L2 weight decay that the base adds to the gradient (SGD's, Adam's without decoupling) is taken at the
+    perturbed point, where the gradient is, as in the authors' SGD code: ``wd * eps`` is added to the final
+    gradient, so the base's ``g + wd w`` becomes ``g + wd (w + eps)``. A decoupled decay (AdamW) acts on ``w``,
+    as in their AdamW code. The authors keep the weights at the perturbed point between steps; holding ``w`` and
+    perturbing inside the step gives their trajectory (tests/optim/test_references.py), and evaluation and
+    checkpoints see ``w``. BatchNorm statistics come from the one (perturbed) pass, as in the paper. Under DDP
+    ``v`` is the same on every replica, so the one pass is synced like a plain step.
     """
 
     def __init__(
@@ -66,26 +87,33 @@ class MSAM(Method):
         self.name = "msam"
         self._saved: dict[torch.Tensor, torch.Tensor] = {}
         self._pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+        # This step's eps = scale v, for moving the L2 decay to w + eps: (L2 decay, params, their v) and scale.
+        self._decayed: list[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = []
+        self._scale: torch.Tensor | None = None
 
-    def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        params, moms = [], []
+    def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
+        """The params that have a momentum, their momentum, and their group's L2 weight decay."""
+        params, moms, decays = [], [], []
         state = self.base_optimizer.state
-        for p in self._params():
-            if not p.requires_grad or p not in state:
-                continue
-            v = next((state[p][k] for k in MOMENTUM_KEYS if state[p].get(k) is not None), None)
-            if v is not None:
-                params.append(p)
-                moms.append(v)
-        return params, moms
+        for group in self.base_optimizer.param_groups:
+            wd = l2_decay(self.base_optimizer, group)
+            for p in group["params"]:
+                if not p.requires_grad or p not in state:
+                    continue
+                v = next((state[p][k] for k in MOMENTUM_KEYS if state[p].get(k) is not None), None)
+                if v is not None:
+                    params.append(p)
+                    moms.append(v)
+                    decays.append(wd)
+        return params, moms, decays
 
     @torch.no_grad()
     def _perturb(self) -> None:
         """``w <- w - rho v / ||v||`` (w saved); the division by the exact norm, 1 where it is 0 (then v = 0)."""
-        self._pairs = []
+        self._pairs, self._decayed, self._scale = [], [], None
         if self.rho == 0.0:
             return
-        params, moms = self._momenta()
+        params, moms, decays = self._momenta()
         if not params:
             return
         scale = -self.rho / nonzero(global_norm(moms))
@@ -94,6 +122,24 @@ class MSAM(Method):
             torch._foreach_copy_(saved, ps)
             torch._foreach_add_(ps, torch._foreach_mul(vs, scale.to(device=vs[0].device, dtype=vs[0].dtype)))
             self._pairs.append((ps, saved))
+        by_decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for p, v, wd in zip(params, moms, decays):
+            if wd != 0.0:
+                ps, vs = by_decay.setdefault(wd, ([], []))
+                ps.append(p)
+                vs.append(v)
+        self._decayed = [(wd, ps, vs) for wd, (ps, vs) in by_decay.items()]
+        self._scale = scale
+
+    @torch.no_grad()
+    def _before_base_step(self) -> None:
+        """The L2 decay at the perturbed point: ``g + wd eps`` here, to which the base adds ``wd w``. ``v`` has not
+        moved since ``_perturb`` (the base has not stepped), so ``eps = scale v`` is this step's perturbation."""
+        for wd, ps, vs in self._decayed:
+            pairs = [(p.grad, v) for p, v in zip(ps, vs) if p.grad is not None]  # no gradient: the base skips p
+            for gs, ms in group_by_device_dtype([g for g, _ in pairs], [v for _, v in pairs]):
+                factor = (self._scale * wd).to(device=ms[0].device, dtype=ms[0].dtype)
+                torch._foreach_add_(gs, torch._foreach_mul(ms, factor))
 
     def _buffer(self, p: torch.Tensor) -> torch.Tensor:
         buf = self._saved.get(p)
@@ -120,6 +166,7 @@ class MSAM(Method):
         loss, logits, _, _ = self._pass(forward, local=False, n=batch_rows(inputs))
         self._restore()
         skipped = self._finish()
+        self._decayed, self._scale = [], None
         self._zero_grad()
         # The one loss is taken at the perturbed point: it is the step's loss (there is no clean pass).
         return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
