@@ -20,7 +20,8 @@ class FriendlySAM(TwoPass):
 
     ``d_t`` is formed as ``(1 - sigma (1 - lmbda)) g_t - sigma lmbda m_{t-1}``, so ``m`` is written only once the
     step is known to be taken (an fp16 overflow leaves it as it was); pass 1's ``g`` is kept until then.
-    ``sigma = 0`` is SAM exactly; ``rho = 0`` the base optimizer. Under DDP with per-replica perturbation each
+    ``sigma (1 - lmbda) < 1`` is required (the registry's relation; otherwise the batch gradient's share of
+    ``d_t`` is not positive). ``sigma = 0`` is SAM exactly; ``rho = 0`` the base optimizer. Under DDP with per-replica perturbation each
     replica keeps the EMA of its own pass 1 gradients (its own stochastic-noise estimate).
     """
 

@@ -95,6 +95,19 @@ def _e_start_after_e_tilde(v: dict[str, Any]) -> None:
     )
 
 
+def _fsam_first_step_uphill(v: dict[str, Any]) -> None:
+    sigma, lmbda = v["sigma"], v["lmbda"]
+    check(
+        sigma * (1.0 - lmbda) < 1.0,
+        "sigma",
+        f"sigma * (1 - lmbda) < 1 (lmbda={lmbda})",
+        sigma,
+        f"d_t = (1 - sigma (1 - lmbda)) g_t - sigma lmbda m_(t-1), so otherwise the batch gradient's share is zero or "
+        f"negative and the first step's perturbation (m_(-1) = 0) vanishes or points downhill; pass sigma < "
+        f"{1.0 / (1.0 - lmbda):.6g} (= 1 / (1 - lmbda)) or a larger lmbda, e.g. sigma=1.0 with lmbda=0.6",
+    )
+
+
 SPECS = (
     method_spec("none", description="The base optimizer alone (one pass).", builder="._method:BaseOnly"),
     method_spec(
@@ -259,6 +272,7 @@ SPECS = (
                 ),
             ),
         ),
+        relations=(Relation(("sigma", "lmbda"), _fsam_first_step_uphill),),
         two_pass=True,
         needs=("model",),
     ),

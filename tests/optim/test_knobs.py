@@ -133,3 +133,47 @@ def test_the_registry_and_a_study_check_import_no_torch():
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# F-SAM: d_t = (1 - sigma (1 - lmbda)) g_t - sigma lmbda m_{t-1}. At sigma (1 - lmbda) >= 1 the first step's
+# perturbation (m_{-1} = 0) is zero or points downhill; the old code took it.
+FSAM_REFUSED = [{"sigma": 3.0}, {"sigma": 2.0, "lmbda": 0.5}, {"sigma": 1.0, "lmbda": 0.0}]
+FSAM_RULE = r"^sigma must satisfy sigma \* \(1 - lmbda\) < 1 \(lmbda=[0-9.]+\), but got sigma=[0-9.]+; .*pass sigma < "
+
+
+@pytest.mark.parametrize("hp", FSAM_REFUSED, ids=lambda hp: ",".join(f"{k}={v}" for k, v in hp.items()))
+def test_fsam_refuses_sigma_times_one_minus_lmbda_from_one_up(hp):
+    model = torch.nn.Linear(2, 2)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with pytest.raises(ValueError, match=FSAM_RULE):
+        optim.FriendlySAM(base, model=model, **hp)  # the class itself, not only create()
+    with pytest.raises(ValueError, match=FSAM_RULE):
+        check_hparams("fsam", base="SGD", base_keeps_momentum=True, **hp)
+    limit = 1.0 / (1.0 - hp.get("lmbda", 0.6))
+    below = {**hp, "sigma": limit * (1 - 1e-9)}  # just under the bound: accepted by both
+    optim.FriendlySAM(base, model=model, **below)
+    check_hparams("fsam", base="SGD", base_keeps_momentum=True, **below)
+
+
+def test_fsam_relation_is_refused_by_sharpscale_validate(tmp_path):
+    # The study's validation (torch-free) names the field, the rule, the value and the fix, before any trial.
+    study = tmp_path / "fsam.yaml"
+    study.write_text(
+        "name: fsam_uphill\n"
+        "objective: {metric: val_acc, mode: max}\n"
+        "base:\n"
+        "  data: {name: digits, img_size: 16, batch_size: 32}\n"
+        "  model: {name: resnet18}\n"
+        "  optimizer: {base: sgd, momentum: 0.9, method: fsam, hparams: {sigma: 3.0}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "validate", str(study)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "optimizer.hparams: sigma must satisfy sigma * (1 - lmbda) < 1 (lmbda=0.6), but got sigma=3.0" in done.stderr
+    assert "pass sigma < 2.5" in done.stderr

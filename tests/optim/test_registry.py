@@ -155,6 +155,8 @@ BAD = [
     ("esam", {"gamma": 1.5}, "gamma", "0 < gamma <= 1"),
     ("fsam", {"sigma": -1.0}, "sigma", "0 <= sigma"),
     ("fsam", {"lmbda": 1.0}, "lmbda", "0 <= lmbda < 1"),
+    ("fsam", {"sigma": 3.0}, "sigma", "sigma * (1 - lmbda) < 1"),
+    ("fsam", {"sigma": 1.0, "lmbda": 0.0}, "sigma", "sigma * (1 - lmbda) < 1"),
     ("msam", {"rho": -0.1}, "rho", "0 <= rho"),
 ]
 
