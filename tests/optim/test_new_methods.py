@@ -164,3 +164,19 @@ def test_msam_needs_a_momentum(helpers):
         ValueError, match=r"must keep a momentum for msam.*param group\(s\) \[0\].*SGD with momentum=0.9"
     ):
         helpers.build("msam", model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_msam_moves_only_an_l2_decay_to_the_perturbed_point():
+    # docs/algorithms.md, MSAM "Weight decay": a decay the base adds to the gradient is taken at w + eps; a
+    # decoupled one (AdamW, Adam with decoupled_weight_decay=True) acts on w, where the base applies it.
+    from optim._msam import l2_decay
+
+    w = [torch.nn.Parameter(torch.zeros(2))]
+    cases = {
+        torch.optim.SGD(w, lr=0.1, momentum=0.9, weight_decay=5e-4): 5e-4,
+        torch.optim.Adam(w, lr=0.1, weight_decay=5e-4): 5e-4,
+        torch.optim.Adam(w, lr=0.1, weight_decay=5e-4, decoupled_weight_decay=True): 0.0,
+        torch.optim.AdamW(w, lr=0.1, weight_decay=5e-4): 0.0,
+        torch.optim.SGD(w, lr=0.1, momentum=0.9): 0.0,
+    }
+    assert [l2_decay(opt, opt.param_groups[0]) for opt in cases] == list(cases.values())
