@@ -81,6 +81,13 @@ class DataConfig(_Strict):
         description="Keep the dataset on the training device and augment batches there; None: on for CUDA trials of "
         "datasets that allow it (digits, CIFAR at native size, augment none or basic).",
     )
+    decode: Literal["auto", "cpu", "device"] = Field(
+        "auto",
+        description="Image folders: where images are decoded and augmented. 'device': workers only read the files; "
+        "each batch is decoded (nvjpeg on CUDA), cropped, flipped and RandAugmented on the training device. 'cpu': "
+        "workers decode and augment each image with PIL (timm's transforms). auto: 'device' on CUDA where the "
+        "RandAugment string's ops all have a device version, else 'cpu'.",
+    )
     mixup_alpha: float = Field(
         0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation."
     )
@@ -111,7 +118,7 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
-        from trainables.datasets import DATASETS, rand_augment_problem, resident_problem
+        from trainables.datasets import DATASETS, device_rand_augment_problem, rand_augment_problem, resident_problem
         from trainables.fetch import expected_layout
 
         spec = DATASETS[self.name]
@@ -128,6 +135,21 @@ class DataConfig(_Strict):
             )
         if self.augment == "strong" and (problem := rand_augment_problem(self.randaugment)):
             problems.append(f"data.randaugment: {problem}. Fix: use e.g. 'rand-m9-mstd0.5'.")
+        if self.decode == "device" and not spec.device_decode:
+            problems.append(
+                f"data.decode: 'device' is for datasets registered with device decoding "
+                f"({sorted(n for n, s in DATASETS.items() if s.device_decode)}), got data.name={self.name!r}. "
+                "Fix: leave data.decode unset (auto)."
+            )
+        elif (
+            self.decode == "device"
+            and self.augment == "strong"
+            and (problem := device_rand_augment_problem(self.randaugment))
+        ):
+            problems.append(
+                f"data.decode: 'device' cannot apply data.randaugment={self.randaugment!r}: {problem}. "
+                "Fix: set data.decode to 'cpu' or 'auto', or use a RandAugment string of supported ops."
+            )
         if self.device_resident and (problem := resident_problem(spec, self.augment, self.img_size)):
             problems.append(
                 f"data.device_resident: true is impossible here: {problem}. Fix: leave it unset (auto) or false."

@@ -21,7 +21,14 @@ if TYPE_CHECKING:
 
 # timm, torchvision and PIL are imported where they are used; the registry (trainables.datasets) needs no torch.
 
-from trainables.datasets import DATASETS, DatasetSpec, package_file, rand_augment_hparams, resident_problem
+from trainables.datasets import (
+    DATASETS,
+    DatasetSpec,
+    device_rand_augment_problem,
+    package_file,
+    rand_augment_hparams,
+    resident_problem,
+)
 from trainables.errors import UserError
 from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
@@ -769,9 +776,23 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
     targets = np.asarray(train.targets, dtype=np.int64)
     indices = train_indices_for(targets)
     num_classes = len(train.classes)
+    val_indices = np.arange(len(val.targets))
+    if cfg.decode == "device":
+        from timm.data.auto_augment import RandAugment
+
+        from trainables.jpeg import FolderBytes
+
+        # The host transform's own RandAugment (its ops, magnitudes, fill and interpolation), applied on the device.
+        rand_augment = next((t for t in getattr(train_tf, "transforms", ()) if isinstance(t, RandAugment)), None)
+        train_split: Dataset = FolderBytes(
+            train.samples, indices, size, train=augment != "none", rand_augment=rand_augment
+        )
+        val_split: Dataset = FolderBytes(val.samples, val_indices, size, train=False)
+    else:
+        train_split, val_split = _FolderImages(train, indices), _FolderImages(val, val_indices)
     return DataBundle(
-        train=_FolderImages(train, indices),
-        val=_FolderImages(val, np.arange(len(val.targets))),
+        train=train_split,
+        val=val_split,
         num_classes=num_classes,
         in_chans=3,
         img_size=size,
@@ -795,7 +816,8 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
     """The dataset that `data` (a DataConfig, or a registry name plus DataConfig fields) describes.
 
     `data.device_resident` None (auto) builds the device-resident form when `device` is a CUDA device and
-    the dataset allows it (`resident_problem`); True builds it on any device. Every field problem is
+    the dataset allows it (`resident_problem`); True builds it on any device. `data.decode` auto decodes and
+    augments an image folder on the device when `device` is a CUDA device (trainables.jpeg), else in host workers. Every field problem is
     reported at once in one DatasetError; a bad path or file raises DatasetError naming the path, the
     expected layout, what was found and the fix. See `DATASETS` for what each dataset is and how
     `basic`/`strong` augment it (`strong` adds mixup, applied by the loop to whole batches on the device).
@@ -816,10 +838,13 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
             lines = format_validation_error(err, prefix="data.")
             raise DatasetError("load_dataset got invalid arguments:\n  - " + "\n  - ".join(lines)) from None
     spec = DATASETS[cfg.name]
+    on_cuda = device is not None and torch.device(device).type == "cuda"
     resident = cfg.device_resident
     if resident is None:
-        on_cuda = device is not None and torch.device(device).type == "cuda"
         resident = on_cuda and resident_problem(spec, cfg.augment, cfg.img_size) is None
+    if spec.device_decode and cfg.decode == "auto":
+        ops_fit = cfg.augment != "strong" or device_rand_augment_problem(cfg.randaugment) is None
+        cfg = cfg.model_copy(update={"decode": "device" if on_cuda and ops_fit else "cpu"})
 
     def train_indices_for(labels: np.ndarray) -> np.ndarray:
         return _stratified_prefix(labels, float(cfg.fraction), int(cfg.fraction_seed))

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATASETS",
+    "DEVICE_RAND_OPS",
     "DatasetSpec",
+    "device_rand_augment_problem",
     "package_file",
     "rand_augment_hparams",
     "rand_augment_problem",
@@ -41,6 +43,8 @@ class DatasetSpec:
     # (`strong` keeps RandAugment in host workers.)
     device_resident: bool = False
     native_size: int | None = None  # the only img_size the resident form takes (None: any)
+    # Image files that can be decoded and augmented in batches on the training device (`data.decode`).
+    device_decode: bool = False
 
     @property
     def load(self) -> Loader:
@@ -78,6 +82,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "any train/val tree of class folders (ImageNet-style), decoded per sample",
             "_load_imagefolder",
             needs_root=True,
+            device_decode=True,
         ),
         DatasetSpec(
             "synthetic",
@@ -112,6 +117,49 @@ def rand_augment_problem(config: object) -> str | None:
             f"must be a timm RandAugment string such as 'rand-m9-mstd0.5' (sections m, n, p, mstd, mmax, inc, t "
             f"after 'rand'), got {config!r} ({type(exc).__name__}: {exc})"
         )
+    return None
+
+
+# timm's RandAugment ops that trainables.jpeg applies in batches on the device (every op of timm's default and
+# 'increasing' RandAugment sets); a RandAugment string using any other op is decoded and augmented on the host.
+DEVICE_RAND_OPS = frozenset(
+    {
+        "AutoContrast",
+        "Equalize",
+        "Invert",
+        "Rotate",
+        "Posterize",
+        "PosterizeIncreasing",
+        "PosterizeOriginal",
+        "Solarize",
+        "SolarizeIncreasing",
+        "SolarizeAdd",
+        "Color",
+        "ColorIncreasing",
+        "Contrast",
+        "ContrastIncreasing",
+        "Brightness",
+        "BrightnessIncreasing",
+        "Sharpness",
+        "SharpnessIncreasing",
+        "ShearX",
+        "ShearY",
+        "TranslateX",
+        "TranslateY",
+        "TranslateXRel",
+        "TranslateYRel",
+    }
+)
+
+
+def device_rand_augment_problem(config: str) -> str | None:
+    """Why the RandAugment string `config` cannot run on the device (an op without a device version), or None."""
+    if rand_augment_problem(config):
+        return None  # not a RandAugment string at all: rand_augment_problem reports that
+    ops = {op.name for op in _timm_rand_augment()(config, rand_augment_hparams(32, (0.5, 0.5, 0.5))).ops}
+    unknown = sorted(ops - DEVICE_RAND_OPS)
+    if unknown:
+        return f"its ops {unknown} have no device version (the device applies {sorted(DEVICE_RAND_OPS)})"
     return None
 
 

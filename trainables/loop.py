@@ -246,14 +246,19 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
         workers = _num_workers(cfg, dataset)
         return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
-    if hasattr(bundle.train, "get_batch"):
+    if hasattr(bundle.train, "device_loader"):  # reads on the host, decodes and augments each batch on the device
+        train = bundle.train.device_loader(sampler, device, **common(bundle.train))
+    elif hasattr(bundle.train, "get_batch"):
         bundle.train.to_device(device)
         train = _batch_loader(bundle.train, sampler)
     else:
         train = DataLoader(bundle.train, batch_sampler=sampler, **common(bundle.train))
     # Evaluation is never subsampled: each rank takes a strided share, sums are all-reduced.
     val_idx = list(range(d.rank, len(bundle.val), d.world))
-    if hasattr(bundle.val, "get_batch"):
+    if hasattr(bundle.val, "device_loader"):
+        val_batches = torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False)
+        val = bundle.val.device_loader(val_batches, device, **common(bundle.val))
+    elif hasattr(bundle.val, "get_batch"):
         bundle.val.to_device(device)
         val = _batch_loader(
             bundle.val, torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False)

@@ -1,0 +1,609 @@
+"""Image folders decoded and augmented in batches on the training device: byte-reading workers, nvjpeg, batched crops, flips and RandAugment."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from trainables.datasets import DEVICE_RAND_OPS
+
+__all__ = [
+    "DeviceRandAugment",
+    "apply_op",
+    "FolderBytes",
+    "center_crop_boxes",
+    "crop_resize",
+    "decode_batch",
+    "device_rand_augment_problem",
+    "random_resized_crop_boxes",
+]
+
+# timm's ImageNet defaults for RandomResizedCropAndInterpolation (transforms_imagenet_train) and its eval crop.
+RRC_SCALE = (0.08, 1.0)
+RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+RRC_ATTEMPTS = 10
+EVAL_CROP_PCT = 0.875
+
+
+# --------------------------------------------------------------------------- crop boxes (drawn on the host)
+
+
+def random_resized_crop_boxes(
+    sizes: torch.Tensor,
+    generator: torch.Generator,
+    scale: tuple[float, float] = RRC_SCALE,
+    ratio: tuple[float, float] = RRC_RATIO,
+) -> torch.Tensor:
+    """Boxes (N, 4) as (top, left, height, width) for images of `sizes` (N, 2) = (height, width).
+
+    The distribution of timm's RandomResizedCropAndInterpolation.get_params (torchvision's RandomResizedCrop): up to
+    10 attempts of an area uniform in `scale` times the image's and a log-uniform aspect ratio, rounded, the first
+    that fits placed uniformly; else the central crop clamped to the ratio range. All attempts are drawn at once.
+    """
+    n = sizes.shape[0]
+    h_img, w_img = sizes[:, 0].double(), sizes[:, 1].double()
+    area = (h_img * w_img)[:, None]
+    u_area = torch.rand(n, RRC_ATTEMPTS, generator=generator, dtype=torch.float64)
+    u_ratio = torch.rand(n, RRC_ATTEMPTS, generator=generator, dtype=torch.float64)
+    target_area = (scale[0] + (scale[1] - scale[0]) * u_area) * area
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + (log_hi - log_lo) * u_ratio)
+    # Python's round: half to even, as torch.round.
+    tw = torch.round(torch.sqrt(target_area * aspect))
+    th = torch.round(torch.sqrt(target_area / aspect))
+    fits = (tw <= w_img[:, None]) & (th <= h_img[:, None])
+    first = torch.where(fits.any(1), fits.float().argmax(1), torch.full((n,), -1))
+    ok = first >= 0
+    pick = first.clamp(min=0)[:, None]
+    h = th.gather(1, pick)[:, 0]
+    w = tw.gather(1, pick)[:, 0]
+    # Placement: uniform integer offsets (random.randint(0, H - h), both ends included).
+    u_top = torch.rand(n, generator=generator, dtype=torch.float64)
+    u_left = torch.rand(n, generator=generator, dtype=torch.float64)
+    top = torch.floor(u_top * (h_img - h + 1).clamp(min=1))
+    left = torch.floor(u_left * (w_img - w + 1).clamp(min=1))
+    # The fallback: the whole image, or its central crop at the nearest allowed ratio.
+    in_ratio = w_img / h_img
+    fw = torch.where(in_ratio > max(ratio), torch.round(h_img * max(ratio)), w_img)
+    fh = torch.where(in_ratio < min(ratio), torch.round(w_img / min(ratio)), h_img)
+    fh = torch.where(in_ratio > max(ratio), h_img, fh)
+    fw = torch.where(in_ratio < min(ratio), w_img, fw)
+    ftop, fleft = torch.div(h_img - fh, 2, rounding_mode="floor"), torch.div(w_img - fw, 2, rounding_mode="floor")
+    boxes = torch.stack(
+        [torch.where(ok, top, ftop), torch.where(ok, left, fleft), torch.where(ok, h, fh), torch.where(ok, w, fw)], 1
+    )
+    return boxes.to(torch.int64)
+
+
+def center_crop_boxes(sizes: torch.Tensor, size: int, crop_pct: float = EVAL_CROP_PCT) -> torch.Tensor:
+    """Boxes (N, 4) = (top, left, height, width), in original pixels, of timm's eval transform: the shorter side resized
+    to floor(size / crop_pct), then the central `size` x `size` crop (torchvision's Resize + CenterCrop arithmetic)."""
+    h_img, w_img = sizes[:, 0].double(), sizes[:, 1].double()
+    scale_size = math.floor(size / crop_pct)
+    # Resize: the shorter side becomes scale_size, the longer int(scale_size * long / short).
+    hr = torch.where(h_img <= w_img, torch.full_like(h_img, scale_size), torch.floor(scale_size * h_img / w_img))
+    wr = torch.where(w_img <= h_img, torch.full_like(w_img, scale_size), torch.floor(scale_size * w_img / h_img))
+    top = torch.round((hr - size) / 2.0)
+    left = torch.round((wr - size) / 2.0)
+    sy, sx = h_img / hr, w_img / wr
+    return torch.stack([top * sy, left * sx, size * sy, size * sx], 1)
+
+
+# --------------------------------------------------------------------------- decoding and resizing (on any device)
+
+
+def _is_jpeg(data: torch.Tensor) -> bool:
+    return data.numel() > 2 and int(data[0]) == 0xFF and int(data[1]) == 0xD8
+
+
+def decode_batch(datas: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Encoded images (1-D uint8 tensors on the host) as RGB uint8 CHW tensors on `device`.
+
+    JPEGs decode together (torchvision's batched nvjpeg decode on CUDA, libjpeg on the CPU); anything else an image
+    folder may hold (PNG, a JPEG nvjpeg refuses such as CMYK) decodes alone on the host and is copied over.
+    """
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    out: list[torch.Tensor | None] = [None] * len(datas)
+    jpeg = [i for i, d in enumerate(datas) if _is_jpeg(d)]
+    if jpeg:
+        try:
+            decoded = decode_jpeg([datas[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            decoded = None  # one bad file fails the batch: decode these one by one below
+        if decoded is not None:
+            for i, img in zip(jpeg, decoded):
+                out[i] = img
+    for i, img in enumerate(out):
+        if img is None:
+            out[i] = decode_image(datas[i], mode=ImageReadMode.RGB).to(device, non_blocking=True)
+    return out  # type: ignore[return-value]
+
+
+def crop_resize(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """The `boxes` (N, 4) = (top, left, height, width) of `images` (CHW uint8, any sizes, one device) resized to
+    `size` x `size`, as float (N, C, size, size) in 0..255.
+
+    One roi_align per group of equally sized images: bilinear samples averaged over each output pixel's footprint
+    (ceil(box / size) samples a side), so a downscaled crop is low-pass filtered as PIL's resize filters it.
+    """
+    from torchvision.ops import roi_align
+
+    device = images[0].device
+    n = len(images)
+    out = torch.empty(n, images[0].shape[0], size, size, device=device)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, img in enumerate(images):
+        groups.setdefault(tuple(img.shape), []).append(i)
+    # (x1, y1, x2, y2) in continuous pixel coordinates (pixel i spans [i, i + 1): aligned=True).
+    xyxy = torch.stack([boxes[:, 1], boxes[:, 0], boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]], 1).float()
+    for members in groups.values():
+        stacked = torch.stack([images[i] for i in members]) if len(members) > 1 else images[members[0]][None]
+        rows = torch.cat([torch.arange(len(members), dtype=torch.float32)[:, None], xyxy[members]], 1)
+        resized = roi_align(
+            stacked.float(), _to(rows, device), (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True
+        )
+        if len(members) == n:
+            return resized
+        out[torch.as_tensor(members, device=device)] = resized
+    return out
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    # Host draws reach the GPU through pinned memory, asynchronously: a pageable copy would make the host wait.
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+# --------------------------------------------------------------------------- RandAugment, batched
+
+_GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXRel", "TranslateYRel")
+
+
+def device_rand_augment_problem(rand_augment: Any) -> str | None:
+    """Why timm's RandAugment object `rand_augment` cannot run on the device, or None when it can."""
+    unknown = sorted({op.name for op in rand_augment.ops} - DEVICE_RAND_OPS)
+    if unknown:
+        return f"its ops {unknown} have no device version (the device applies {sorted(DEVICE_RAND_OPS)})"
+    return None
+
+
+def level_args(name: str, magnitude: torch.Tensor, negate: torch.Tensor, hparams: dict) -> torch.Tensor:
+    """timm's LEVEL_TO_ARG for op `name`, for a batch of magnitudes; `negate` is timm's _randomly_negate draw."""
+    m = magnitude.double() / 10.0
+    sign = torch.where(negate, -1.0, 1.0).double()
+    if name == "Rotate":
+        return m * 30.0 * sign
+    if name in ("ShearX", "ShearY"):
+        return m * 0.3 * sign
+    if name in ("TranslateX", "TranslateY"):
+        return m * float(hparams["translate_const"]) * sign
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return m * float(hparams.get("translate_pct", 0.45)) * sign
+    if name == "Posterize":
+        return torch.floor(m * 4)
+    if name == "PosterizeIncreasing":
+        return 4 - torch.floor(m * 4)
+    if name == "PosterizeOriginal":
+        return torch.floor(m * 4) + 4
+    if name == "Solarize":
+        return torch.clamp(torch.floor(m * 256), max=256)
+    if name == "SolarizeIncreasing":
+        return 256 - torch.clamp(torch.floor(m * 256), max=256)
+    if name == "SolarizeAdd":
+        return torch.clamp(torch.floor(m * 110), max=128)
+    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
+        return m * 1.8 + 0.1
+    if name.endswith("Increasing"):  # the enhance ops
+        return torch.clamp(1.0 + sign * m * 0.9, min=0.1)
+    return torch.zeros_like(m)  # AutoContrast, Equalize, Invert take no argument
+
+
+def _affine(name: str, arg: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """PIL's inverse affine (a, b, c, d, e, f) of op `name` per sample, (N, 2, 3): input = M @ (x, y, 1), in
+    continuous pixel coordinates (pixel centres at i + 0.5), as PIL's Image.transform / rotate take it."""
+    n = arg.shape[0]
+    m = torch.zeros(n, 2, 3, dtype=torch.float64)
+    m[:, 0, 0] = 1.0
+    m[:, 1, 1] = 1.0
+    if name == "Rotate":
+        a = -torch.deg2rad(arg)
+        c, s = torch.cos(a), torch.sin(a)
+        cx, cy = w / 2.0, h / 2.0
+        m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1] = c, s, -s, c
+        m[:, 0, 2] = cx - (c * cx + s * cy)
+        m[:, 1, 2] = cy - (-s * cx + c * cy)
+    elif name == "ShearX":
+        m[:, 0, 1] = arg
+    elif name == "ShearY":
+        m[:, 1, 0] = arg
+    elif name == "TranslateX":
+        m[:, 0, 2] = arg
+    elif name == "TranslateY":
+        m[:, 1, 2] = arg
+    elif name == "TranslateXRel":
+        m[:, 0, 2] = arg * w
+    elif name == "TranslateYRel":
+        m[:, 1, 2] = arg * h
+    return m
+
+
+def _warp(x: torch.Tensor, pixel_affine: torch.Tensor, mode: str, fill: torch.Tensor) -> torch.Tensor:
+    """x (N, C, H, W) sampled at PIL's inverse affine (N, 2, 3); outputs whose source lies outside get `fill`."""
+    n, _, h, w = x.shape
+    a = pixel_affine
+    # Pixel coordinates u = (xn + 1) W / 2 (align_corners=False); the input's normalised coordinate is 2 u' / W - 1.
+    theta = torch.empty(n, 2, 3, dtype=torch.float64)
+    theta[:, 0, 0] = a[:, 0, 0]
+    theta[:, 0, 1] = a[:, 0, 1] * h / w
+    theta[:, 0, 2] = a[:, 0, 0] + a[:, 0, 1] * h / w + 2 * a[:, 0, 2] / w - 1
+    theta[:, 1, 0] = a[:, 1, 0] * w / h
+    theta[:, 1, 1] = a[:, 1, 1]
+    theta[:, 1, 2] = a[:, 1, 0] * w / h + a[:, 1, 1] + 2 * a[:, 1, 2] / h - 1
+    grid = F.affine_grid(_to(theta.to(x.dtype), x.device), [n, 1, h, w], align_corners=False)
+    sampled = F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
+    # PIL fills where the source point lies outside [0, W) x [0, H) and filters with clamped edges inside.
+    inside = ((grid >= -1) & (grid < 1)).all(-1)[:, None]
+    return torch.where(inside, sampled, fill.view(1, -1, 1, 1))
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    # PIL's convert("L"): ITU-R 601-2 luma, rounded.
+    return torch.round(x[:, 0:1] * 0.299 + x[:, 1:2] * 0.587 + x[:, 2:3] * 0.114)
+
+
+def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    # PIL's Image.blend(degenerate, image, factor), as ImageEnhance uses it.
+    return degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)
+
+
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    # PIL's ImageFilter.SMOOTH (3x3, centre 5, scale 13); PIL keeps the border pixels as they were.
+    c = x.shape[1]
+    k = torch.ones(3, 3, device=x.device, dtype=x.dtype)
+    k[1, 1] = 5.0
+    k = (k / 13.0).expand(c, 1, 3, 3)
+    inner = torch.round(F.conv2d(x, k, groups=c))
+    out = x.clone()
+    out[:, :, 1:-1, 1:-1] = inner
+    return out
+
+
+def _equalize(x: torch.Tensor) -> torch.Tensor:
+    # PIL's ImageOps.equalize per channel: lut[i] = (step // 2 + #pixels below i) // step, step from the histogram
+    # without its last non-empty bin; a channel with step 0 stays as it is.
+    n, c, h, w = x.shape
+    flat = x.reshape(n * c, h * w).long()
+    hist = torch.zeros(n * c, 256, device=x.device, dtype=torch.int64).scatter_add_(1, flat, torch.ones_like(flat))
+    last = torch.where(hist > 0, torch.arange(256, device=x.device), -1).amax(1, keepdim=True)
+    step = torch.div(h * w - hist.gather(1, last), 255, rounding_mode="floor")
+    below = hist.cumsum(1) - hist
+    safe = step.clamp(min=1)
+    lut = torch.clamp(
+        torch.div(torch.div(safe, 2, rounding_mode="floor") + below, safe, rounding_mode="floor"), max=255
+    )
+    lut = torch.where(step > 0, lut, torch.arange(256, device=x.device))
+    return lut.gather(1, flat).view(n, c, h, w).to(x.dtype)
+
+
+def _auto_contrast(x: torch.Tensor) -> torch.Tensor:
+    # PIL's ImageOps.autocontrast (cutoff 0) per channel: lo..hi stretched to 0..255, truncated.
+    lo = x.amin((2, 3), keepdim=True)
+    hi = x.amax((2, 3), keepdim=True)
+    scale = 255.0 / (hi - lo).clamp(min=1)
+    out = torch.floor((x - lo) * scale).clamp(0, 255)
+    return torch.where(hi > lo, out, x)
+
+
+def _pixel_op(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
+    base = name.removesuffix("Increasing").removesuffix("Original")
+    if base == "AutoContrast":
+        return _auto_contrast(x)
+    if base == "Equalize":
+        return _equalize(x)
+    if base == "Invert":
+        return 255.0 - x
+    a = arg.view(-1, 1, 1, 1).to(x.dtype)
+    if base == "Posterize":
+        # Keep `bits` high bits (8 or more: unchanged, as timm's posterize).
+        q = torch.pow(2.0, (8 - a).clamp(min=0))
+        return torch.where(a >= 8, x, torch.floor(x / q) * q)
+    if base == "Solarize":
+        return torch.where(x < a, x, 255.0 - x)
+    if base == "SolarizeAdd":
+        return torch.where(x < 128, torch.clamp(x + a, max=255), x)
+    if base == "Color":
+        return _blend(_gray(x), x, arg)
+    if base == "Contrast":
+        mean = torch.floor(_gray(x).mean((1, 2, 3), keepdim=True) + 0.5)
+        return _blend(mean, x, arg)
+    if base == "Brightness":
+        return _blend(torch.zeros_like(x), x, arg)
+    if base == "Sharpness":
+        return _blend(_smooth(x), x, arg)
+    raise KeyError(name)
+
+
+def apply_op(
+    name: str, x: torch.Tensor, arg: torch.Tensor, *, mode: str = "bicubic", fill: Sequence[float] = (128, 128, 128)
+) -> torch.Tensor:
+    """timm's RandAugment op `name` at argument `arg` (per sample, timm's op argument) on x: float (N, C, H, W) in
+    0..255; geometric ops resample with `mode` and show `fill` where the source lies outside. Rounded to whole values."""
+    if name in _GEOMETRIC:
+        _, _, h, w = x.shape
+        out = _warp(x, _affine(name, arg.cpu().double(), h, w), mode, _to(torch.tensor(fill, dtype=x.dtype), x.device))
+    else:
+        out = _pixel_op(name, x, _to(arg.float(), x.device))
+    return torch.round(out).clamp_(0, 255)
+
+
+@dataclass(frozen=True)
+class _Op:
+    name: str
+    prob: float
+    magnitude: float
+    magnitude_std: float
+    magnitude_max: float
+    hparams: dict
+    fill: tuple[float, ...]
+    modes: tuple[str, ...]  # grid_sample modes the op draws from (timm: a fixed interpolation or a random one)
+
+
+class DeviceRandAugment:
+    """timm's RandAugment (the very object the host path builds) applied to batches on their device.
+
+    Per sample, as timm draws per image: `num_layers` ops chosen uniformly with replacement (or by timm's weights
+    without), each applied with its probability, at a magnitude N(m, mstd) clipped to [0, mmax], with timm's sign
+    draws and, for geometric ops, its interpolation. Samples that share an op in a layer are transformed together.
+    Images are float 0..255 and are rounded to whole values after each op, as PIL's 8-bit images are.
+    """
+
+    def __init__(self, rand_augment: Any) -> None:
+        problem = device_rand_augment_problem(rand_augment)
+        if problem:
+            raise ValueError(f"RandAugment {rand_augment!r} cannot run on the device: {problem}")
+        self.num_layers = int(rand_augment.num_layers)
+        weights = rand_augment.choice_weights
+        self.weights = None if weights is None else torch.as_tensor(np.asarray(weights), dtype=torch.float64)
+        self.ops = [self._op(op) for op in rand_augment.ops]
+
+    @staticmethod
+    def _op(op: Any) -> _Op:
+        from PIL import Image
+
+        modes = {Image.Resampling.BILINEAR: "bilinear", Image.Resampling.BICUBIC: "bicubic"}
+        resample = op.kwargs.get("resample", Image.Resampling.BICUBIC)
+        chosen = tuple(resample) if isinstance(resample, (list, tuple)) else (resample,)
+        std = float(op.magnitude_std or 0.0)
+        return _Op(
+            name=op.name,
+            prob=float(op.prob),
+            magnitude=float(op.magnitude),
+            magnitude_std=std,
+            magnitude_max=float(op.magnitude_max or 10.0),
+            hparams=dict(op.hparams),
+            fill=tuple(float(v) for v in op.kwargs.get("fillcolor", (128, 128, 128))),
+            modes=tuple(modes.get(r, "bilinear") for r in chosen),
+        )
+
+    def draws(self, n: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        """Each layer's per-sample draws: op index, applied or not, magnitude, sign, interpolation choice."""
+        k = len(self.ops)
+        if self.weights is None:
+            choice = torch.randint(0, k, (n, self.num_layers), generator=generator)
+        else:
+            choice = torch.multinomial(
+                self.weights.expand(n, -1), self.num_layers, replacement=False, generator=generator
+            )
+        layers = []
+        for layer in range(self.num_layers):
+            op_idx = choice[:, layer]
+            prob = torch.tensor([o.prob for o in self.ops], dtype=torch.float64)[op_idx]
+            mag = torch.tensor([o.magnitude for o in self.ops], dtype=torch.float64)[op_idx]
+            std = torch.tensor([o.magnitude_std for o in self.ops], dtype=torch.float64)[op_idx]
+            mmax = torch.tensor([o.magnitude_max for o in self.ops], dtype=torch.float64)[op_idx]
+            u_apply = torch.rand(n, generator=generator, dtype=torch.float64)
+            gauss = torch.randn(n, generator=generator, dtype=torch.float64)
+            uni = torch.rand(n, generator=generator, dtype=torch.float64)
+            magnitude = torch.where(torch.isinf(std), uni * mag, mag + torch.where(std > 0, std, 0.0) * gauss)
+            layers.append(
+                {
+                    "op": op_idx,
+                    # timm skips an op when random() > prob.
+                    "apply": u_apply <= prob,
+                    "magnitude": torch.clamp(magnitude, 0.0, None).minimum(mmax),
+                    "negate": torch.rand(n, generator=generator, dtype=torch.float64) > 0.5,
+                    "mode": torch.rand(n, generator=generator, dtype=torch.float64),
+                }
+            )
+        return layers
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """x: float (N, 3, H, W) of whole values in 0..255; returns the same, augmented."""
+        n, _, h, w = x.shape
+        for d in self.draws(n, generator):
+            geo_rows, geo_mats, geo_modes, fills = [], [], [], []
+            for k, op in enumerate(self.ops):
+                rows = torch.nonzero((d["op"] == k) & d["apply"]).flatten()
+                if rows.numel() == 0:
+                    continue
+                arg = level_args(op.name, d["magnitude"][rows], d["negate"][rows], op.hparams)
+                if op.name in _GEOMETRIC:
+                    geo_rows.append(rows)
+                    geo_mats.append(_affine(op.name, arg, h, w))
+                    pick = torch.clamp((d["mode"][rows] * len(op.modes)).long(), max=len(op.modes) - 1)
+                    geo_modes += [op.modes[i] for i in pick.tolist()]
+                    fills.append(torch.tensor(op.fill, dtype=torch.float64).expand(rows.numel(), -1))
+                    continue
+                on_dev = _to(rows, x.device)
+                x[on_dev] = apply_op(op.name, x[on_dev], arg)
+            if geo_rows:
+                rows = torch.cat(geo_rows)
+                mats = torch.cat(geo_mats)
+                fill = torch.cat(fills)
+                modes = np.asarray(geo_modes)
+                for mode in sorted(set(geo_modes)):
+                    sel = torch.from_numpy(np.flatnonzero(modes == mode))
+                    # One fill per call: timm's ops of one RandAugment share img_mean.
+                    on_dev = _to(rows[sel], x.device)
+                    warped = _warp(x[on_dev], mats[sel], mode, _to(fill[sel][0].float(), x.device))
+                    x[on_dev] = torch.round(warped).clamp_(0, 255)
+        return x
+
+
+# --------------------------------------------------------------------------- the dataset and its loader
+
+
+def _collate_bytes(items: list[tuple[torch.Tensor, int, int]]):
+    # One flat tensor and its lengths: a worker hands over one shared-memory block per batch, not one per image.
+    datas, labels, indices = zip(*items)
+    lengths = torch.tensor([d.numel() for d in datas], dtype=torch.int64)
+    return torch.cat(datas), lengths, torch.tensor(labels, dtype=torch.int64), torch.tensor(indices, dtype=torch.int64)
+
+
+class FolderBytes(Dataset):
+    """The files of an image folder, read as bytes by DataLoader workers; batches are decoded and augmented on the
+    training device by `device_loader`.
+
+    Items of the dataset itself are `(image, label, index)` like every DataBundle's, each decoded and transformed
+    alone (for code that indexes a bundle directly); training goes through `device_loader`, whose batches are
+    (uint8 images on the device, labels on the device, indices).
+    `train`: random-resized crops and flips (timm's ImageNet training distribution) plus `rand_augment` when given;
+    else timm's eval resize and central crop.
+    """
+
+    decodes_on_host = True  # workers only read files here, but reading overlaps the device's work: worth them
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[str, int]],
+        indices: np.ndarray,
+        size: int,
+        *,
+        train: bool,
+        rand_augment: Any = None,
+    ) -> None:
+        self._paths = [p for p, _ in samples]
+        self._labels = np.asarray([t for _, t in samples], dtype=np.int64)
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.targets = self._labels[self.indices]
+        self.size, self.train = size, train
+        self.rand_augment = None if rand_augment is None else DeviceRandAugment(rand_augment)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def read(self, i: int) -> tuple[torch.Tensor, int, int]:
+        index = int(self.indices[i])
+        data = torch.from_numpy(np.fromfile(self._paths[index], dtype=np.uint8))
+        return data, int(self._labels[index]), index
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        data, label, index = self.read(i)
+        x = self.transform([data], torch.device("cpu"), torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
+        return x[0], label, index
+
+    def transform(
+        self, datas: Sequence[torch.Tensor], device: torch.device, generator: torch.Generator
+    ) -> torch.Tensor:
+        """Encoded images to a uint8 (N, 3, size, size) batch on `device`, augmented by draws from `generator`."""
+        images = decode_batch(datas, device)
+        sizes = torch.tensor([tuple(img.shape[1:]) for img in images], dtype=torch.int64)
+        if not self.train:
+            return crop_resize(images, center_crop_boxes(sizes, self.size), self.size).round_().clamp_(0, 255).byte()
+        boxes = random_resized_crop_boxes(sizes, generator)
+        flips = torch.rand(len(images), generator=generator) < 0.5
+        x = crop_resize(images, boxes, self.size)
+        if flips.any():
+            rows = _to(torch.nonzero(flips).flatten(), device)
+            x[rows] = x[rows].flip(3)
+        # PIL hands RandAugment an 8-bit image.
+        x = x.round_().clamp_(0, 255)
+        if self.rand_augment is not None:
+            x = self.rand_augment(x, generator)
+        return x.byte()
+
+    def device_loader(
+        self, batch_sampler, device: torch.device, *, num_workers: int, pin_memory: bool, persistent_workers: bool
+    ) -> "_DeviceBatches":
+        """Batches of `batch_sampler` as (uint8 images on `device`, labels on `device`, indices on the host)."""
+        loader = DataLoader(
+            _Reader(self),
+            batch_sampler=batch_sampler,
+            collate_fn=_collate_bytes,
+            num_workers=num_workers,
+            pin_memory=False,  # the bytes go to the decoder, which reads host memory
+            persistent_workers=persistent_workers,
+        )
+        return _DeviceBatches(self, loader, device)
+
+
+class _Reader(Dataset):
+    def __init__(self, folder: FolderBytes) -> None:
+        self.folder = folder
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        return self.folder.read(i)
+
+
+class _DeviceBatches:
+    """Iterates a byte loader, decoding and augmenting each batch on the device a batch or two ahead of the consumer.
+
+    On CUDA the work runs on a side stream, so it overlaps the training step; the consumer's stream waits for it.
+    The augmentation draws come from a generator seeded, when iteration starts, from torch's global generator
+    (which the loop seeds per epoch and rank): an epoch is reproducible whatever the prefetch depth.
+    """
+
+    AHEAD = 2
+
+    def __init__(self, folder: FolderBytes, loader: DataLoader, device: torch.device) -> None:
+        self.folder, self.loader, self.device = folder, loader, device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        pending: deque = deque()
+        for flat, lengths, labels, indices in self.loader:
+            pending.append(self._launch(flat, lengths, labels, indices, generator, stream))
+            if len(pending) > self.AHEAD:
+                yield self._hand_over(*pending.popleft())
+        while pending:
+            yield self._hand_over(*pending.popleft())
+
+    def _launch(self, flat, lengths, labels, indices, generator, stream):
+        datas = list(torch.split(flat, lengths.tolist()))
+        if stream is None:
+            return self.folder.transform(datas, self.device, generator), labels, indices, None
+        with torch.cuda.stream(stream):
+            x = self.folder.transform(datas, self.device, generator)
+            y = _to(labels, self.device)
+            event = torch.cuda.Event()
+            event.record(stream)
+        return x, y, indices, event
+
+    def _hand_over(self, x, y, indices, event):
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            # Made on the side stream, used on this one: the allocator must not reuse them before this one is done.
+            x.record_stream(current)
+            y.record_stream(current)
+        else:
+            y = y.to(self.device)
+        return x, y, indices
