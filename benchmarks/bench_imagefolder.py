@@ -1,0 +1,207 @@
+"""Do JPEG folders feed the GPU? `trainables.fit` on an ImageNet-style folder, host decode against device decode,
+against synthetic data already on the GPU.
+
+Writes its own image folder (500x375 JPEGs of smooth noise plus grain, quality 90, in 10 class folders, made in
+parallel), then times `trainables.fit` on ViT-S/16 and ResNet-50 at 224, batch 256, bf16, `none` and SAM, for
+synthetic data, `data.decode: cpu` (PIL in DataLoader workers, timm's transforms) and `data.decode: device`
+(workers read bytes; nvjpeg, crops, flips and RandAugment batched on the GPU), `basic` and `strong`
+augmentation, with the default worker count. Paths and methods are interleaved round by round; each figure is
+the median over rounds of the median epoch after the first. Needs only torch, torchvision, timm and pydantic.
+
+  python benchmarks/bench_imagefolder.py                 # the issue's table on one GPU
+  python benchmarks/bench_imagefolder.py --quick         # tiny CPU smoke of the script itself, measures nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from trainables import fit  # noqa: E402
+
+# (label, data overrides, {method: target ratio to synthetic with the same method}); issue 21's targets
+PATHS = [
+    ("synthetic, on the GPU", {"name": "synthetic"}, None),
+    ("imagefolder basic, decode cpu", {"augment": "basic", "decode": "cpu"}, None),
+    ("imagefolder basic, decode device", {"augment": "basic", "decode": "device"}, {"none": 0.90, "sam": 0.95}),
+    ("imagefolder strong, decode cpu", {"augment": "strong", "decode": "cpu"}, None),
+    ("imagefolder strong, decode device", {"augment": "strong", "decode": "device"}, {"none": 0.80}),
+]
+MODELS = {
+    "ViT-S/16": {"name": "vit_small_patch16_224"},
+    "ResNet-50": {"name": "resnet50"},
+}
+
+
+def _jpeg(seed: int, h: int, w: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (h // 24 + 2, w // 24 + 2, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC), dtype=np.int16)
+    grain = rng.normal(0, 7, (h, w, 1)).astype(np.int16)  # sets the file size near ImageNet's ~110 kB / 57 kB
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(smooth + grain, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _write(job: tuple[Path, int, int, int]) -> int:
+    path, seed, h, w = job
+    data = _jpeg(seed, h, w)
+    path.write_bytes(data)
+    return len(data)
+
+
+def write_jpeg_folder(root: Path, n_train: int, n_val: int, classes: int = 10, h: int = 375, w: int = 500) -> float:
+    """<root>/{train,val}/c<k>/<i>.jpg; returns the mean file size in bytes."""
+    jobs = []
+    for split, n in (("train", n_train), ("val", n_val)):
+        for k in range(classes):
+            (root / split / f"c{k}").mkdir(parents=True, exist_ok=True)
+        jobs += [(root / split / f"c{i % classes}" / f"{i}.jpg", i + (split == "val") * 10**7, h, w) for i in range(n)]
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        sizes = list(pool.map(_write, jobs, chunksize=64))
+    return float(np.mean(sizes))
+
+
+def config(root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int, epochs: int,
+           device: str, size: int) -> dict:  # fmt: skip
+    base = {
+        "name": "imagefolder",
+        "root": str(root),
+        "img_size": size,
+        "batch_size": batch,
+        "eval_batch_size": 512,
+        "fraction": min(1.0, batch * steps / n_train),
+    }
+    if data.get("name") == "synthetic":
+        base = {
+            "name": "synthetic",
+            "img_size": size,
+            "batch_size": batch,
+            "eval_batch_size": 512,
+            "synthetic_samples": batch * steps,
+            "synthetic_classes": 10,
+        }
+    return {
+        "model": model,
+        "data": {**base, **{k: v for k, v in data.items() if k != "name"}},
+        "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
+        "schedule": {"epochs": epochs, "sched": "cosine"},
+        "train": {"device": device, "checkpoint_every": 1000},
+    }
+
+
+def pipeline_rate(root: Path, augment: str, size: int, batch: int, device: str, reps: int = 8) -> float:
+    """Images a second of the device path alone (decode, crop, flip, RandAugment of one batch of bytes), no model."""
+    from trainables.data import load_dataset
+
+    train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
+    datas = [train.read(i)[0] for i in range(min(batch, len(train)))]
+    g, dev = torch.Generator().manual_seed(0), torch.device(device)
+    train.transform(datas, dev, g)  # warm-up: decoder state, kernels
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        train.transform(datas, dev, g)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    return reps * len(datas) / (time.perf_counter() - t)
+
+
+def images_per_sec(cfg: dict) -> float:
+    seen: list[float] = []
+    fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
+    return statistics.median(seen[1:])  # the first epoch pays for allocation, cuDNN autotuning and worker start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--methods", nargs="+", default=["none", "sam"])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--n-train", type=int, default=12_800)
+    p.add_argument("--n-val", type=int, default=512)
+    p.add_argument("--root", type=Path, default=None, help="write (or reuse) the folder here; default a temp dir")
+    p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
+    args = p.parse_args()
+
+    size, batch, device = 224, 256, "cuda"
+    models = {m: MODELS[m] for m in args.models}
+    if args.quick:
+        size, batch, device = 32, 8, "cpu"
+        models = {"tiny ViT": {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 8, "embed_dim": 32,
+                                                                          "depth": 1, "num_heads": 2}}}  # fmt: skip
+        args.steps, args.epochs, args.rounds, args.n_train, args.n_val = 3, 2, 1, 48, 16
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.root or Path(tmp)
+        t0 = time.perf_counter()
+        if not (root / "train").is_dir():
+            mean_bytes = write_jpeg_folder(root, args.n_train, args.n_val)
+        else:
+            mean_bytes = float(np.mean([f.stat().st_size for f in (root / "train").rglob("*.jpg")]))
+        print(
+            f"# trainables.fit on a JPEG folder, {card}, {os.cpu_count()} CPUs, {args.n_train} train JPEGs 500x375 "
+            f"(mean {mean_bytes / 1e3:.0f} kB, written in {time.perf_counter() - t0:.0f} s), @{size}, batch {batch}, "
+            f"{args.steps} steps/epoch, {args.epochs} epochs, {args.rounds} rounds, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} torch threads",
+            flush=True,
+        )
+        for augment in ("basic", "strong"):
+            rate = pipeline_rate(root, augment, size, batch, device)
+            print(f"  device path alone, {augment}: {rate:,.0f} img/s (decode + crop + flip + RandAugment)", flush=True)
+        results: dict[tuple[str, str, str], list[float]] = {}
+        for r in range(args.rounds):
+            for model_label, model in models.items():
+                for method in args.methods:
+                    for label, data, _ in PATHS:
+                        cfg = config(root, data, method, model=model, batch=batch, steps=args.steps,
+                                     n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
+                        t = time.perf_counter()
+                        try:
+                            ips = images_per_sec(cfg)
+                        except Exception as err:  # noqa: BLE001 - one failing path must not cost the table
+                            print(f"  {model_label} {method} {label}: FAILED {type(err).__name__}: {err}", flush=True)
+                            continue
+                        results.setdefault((model_label, label, method), []).append(ips)
+                        print(
+                            f"  round {r + 1}: {model_label} {method:5s} {label}: {ips:,.0f} img/s "
+                            f"({time.perf_counter() - t:.0f} s)",
+                            flush=True,
+                        )
+
+    print()
+    print("| model | data path | method | img/s | ratio to synthetic | target |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for model_label in models:
+        for method in args.methods:
+            base_runs = results.get((model_label, PATHS[0][0], method))
+            for label, _, targets in PATHS:
+                runs = results.get((model_label, label, method))
+                if not runs or not base_runs:
+                    continue
+                ips, base = statistics.median(runs), statistics.median(base_runs)
+                target = (targets or {}).get(method)
+                verdict = "" if target is None else f">= {target} ({'met' if ips / base >= target else 'MISSED'})"
+                print(f"| {model_label} | {label} | {method} | {ips:,.0f} | {ips / base:.3f} | {verdict} |")
+
+
+if __name__ == "__main__":
+    main()
