@@ -104,22 +104,28 @@ def config(root: Path, data: dict, method: str, *, model: dict, batch: int, step
     }
 
 
-def pipeline_rate(root: Path, augment: str, size: int, batch: int, device: str, reps: int = 8) -> float:
-    """Images a second of the device path alone (decode, crop, flip, RandAugment of one batch of bytes), no model."""
+def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str, reps: int = 8) -> tuple[float, float]:
+    """Images a second of the device path alone, no model: decoding one batch of bytes, and the whole transform
+    (decode, crop, flip, RandAugment)."""
     from trainables.data import load_dataset
+    from trainables.jpeg import decode_batch
 
     train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
     datas = [train.read(i)[0] for i in range(min(batch, len(train)))]
     g, dev = torch.Generator().manual_seed(0), torch.device(device)
-    train.transform(datas, dev, g)  # warm-up: decoder state, kernels
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(reps):
-        train.transform(datas, dev, g)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    return reps * len(datas) / (time.perf_counter() - t)
+
+    def rate(work) -> float:
+        work()  # warm-up: decoder state, kernels
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            work()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return reps * len(datas) / (time.perf_counter() - t)
+
+    return rate(lambda: decode_batch(datas, dev)), rate(lambda: train.transform(datas, dev, g))
 
 
 def images_per_sec(cfg: dict) -> float:
@@ -137,6 +143,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--n-train", type=int, default=12_800)
     p.add_argument("--n-val", type=int, default=512)
+    p.add_argument("--skip", nargs="*", default=[], help="leave out the data paths whose label contains any of these")
     p.add_argument("--root", type=Path, default=None, help="write (or reuse) the folder here; default a temp dir")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
@@ -165,13 +172,15 @@ def main() -> None:
             flush=True,
         )
         for augment in ("basic", "strong"):
-            rate = pipeline_rate(root, augment, size, batch, device)
-            print(f"  device path alone, {augment}: {rate:,.0f} img/s (decode + crop + flip + RandAugment)", flush=True)
+            decode, whole = pipeline_rates(root, augment, size, batch, device)
+            print(f"  device path alone, {augment}: decode {decode:,.0f} img/s, whole transform {whole:,.0f} img/s")
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
             for model_label, model in models.items():
                 for method in args.methods:
                     for label, data, _ in PATHS:
+                        if any(word in label for word in args.skip):
+                            continue
                         cfg = config(root, data, method, model=model, batch=batch, steps=args.steps,
                                      n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
                         t = time.perf_counter()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections import deque
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -559,14 +561,18 @@ class _Reader(Dataset):
 
 
 class _DeviceBatches:
-    """Iterates a byte loader, decoding and augmenting each batch on the device a batch or two ahead of the consumer.
+    """Iterates a byte loader, decoding and augmenting each batch on the device in a thread, up to `AHEAD` batches
+    ahead of the consumer.
 
-    On CUDA the work runs on a side stream, so it overlaps the training step; the consumer's stream waits for it.
-    The augmentation draws come from a generator seeded, when iteration starts, from torch's global generator
-    (which the loop seeds per epoch and rank): an epoch is reproducible whatever the prefetch depth.
+    The decode (nvjpeg's host-side work and its waits) and the augmentation's launches run in a producer thread,
+    which torch and torchvision leave the interpreter to while they work: the training thread keeps the device fed
+    meanwhile. On CUDA the producer's kernels run on a side stream; the consumer's stream waits for each batch's
+    event. The draws come from one generator seeded, when iteration starts, from torch's global generator (which the
+    loop seeds per epoch and rank) and used by the producer alone, batch after batch: an epoch is reproducible.
     """
 
     AHEAD = 2
+    _END = object()
 
     def __init__(self, folder: FolderBytes, loader: DataLoader, device: torch.device) -> None:
         self.folder, self.loader, self.device = folder, loader, device
@@ -576,15 +582,42 @@ class _DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(int(torch.randint(2**62, ())))
-        cuda = self.device.type == "cuda"
-        stream = torch.cuda.Stream(self.device) if cuda else None
-        pending: deque = deque()
-        for flat, lengths, labels, indices in self.loader:
-            pending.append(self._launch(flat, lengths, labels, indices, generator, stream))
-            if len(pending) > self.AHEAD:
-                yield self._hand_over(*pending.popleft())
-        while pending:
-            yield self._hand_over(*pending.popleft())
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        ready: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False  # the consumer has gone
+
+        def produce() -> None:
+            try:
+                with torch.cuda.device(self.device) if stream is not None else contextlib.nullcontext():
+                    for flat, lengths, labels, indices in self.loader:
+                        if not put(self._launch(flat, lengths, labels, indices, generator, stream)):
+                            return
+                put(self._END)
+            except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
+                put(err)
+
+        thread = threading.Thread(target=produce, name="sharpscale-device-batches", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is self._END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._hand_over(*item)
+        finally:
+            stop.set()
+            thread.join()
 
     def _launch(self, flat, lengths, labels, indices, generator, stream):
         datas = list(torch.split(flat, lengths.tolist()))
