@@ -50,7 +50,7 @@ def _write_folder(root: Path, sizes: list[tuple[int, int]], per_class: int = 4) 
 def test_random_resized_crop_boxes_have_timms_distribution(hw):
     from timm.data.transforms import RandomResizedCropAndInterpolation
 
-    n = 4000
+    n = 30000  # KS then tells a scale range of (0.1, 1) from (0.08, 1)
     h, w = hw
     device = random_resized_crop_boxes(torch.tensor([hw] * n), torch.Generator().manual_seed(0)).double()
     random.seed(0)
@@ -240,3 +240,16 @@ def test_decode_auto_picks_the_device_on_cuda_only_and_the_setting_is_checked(tm
     assert type(load_dataset("imagefolder", root=tmp_path, augment="strong", device="cuda").train).__name__ == (
         "FolderBytes"
     )
+
+
+def test_weighted_rand_augment_draws_without_replacement_at_timms_weights():
+    # 'tweights': timm picks a sample's ops by its weights, without replacement (np.random.choice(replace=False)).
+    ra = _timm_rand_augment("rand-m9-mstd0.5-tweights")
+    n = 20000
+    layers = DeviceRandAugment(ra).draws(n, torch.Generator().manual_seed(0))
+    assert bool((layers[0]["op"] != layers[1]["op"]).all())
+    from scipy.stats import chisquare
+
+    counts = torch.bincount(layers[0]["op"], minlength=len(ra.ops)).numpy()
+    weights = np.asarray(ra.choice_weights)
+    assert chisquare(counts, weights / weights.sum() * n).pvalue > 1e-3  # the first pick follows the weights
