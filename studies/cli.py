@@ -143,10 +143,11 @@ def _cmd_validate(args) -> int:
 
 def _print_cells(study) -> None:
     width = max((len(c.key) for c in study.cells), default=4)
-    print(f"{'cell':<{width}}  trials  searched")
+    confirm = study.spec.confirm is not None
+    print(f"{'cell':<{width}}  trials  {'confirm  ' if confirm else ''}searched")
     for c in study.cells:
         space = ", ".join(f"{p} ~ {d.type}" for p, d in c.space.items()) or "-"
-        print(f"{c.key or 'all':<{width}}  {c.trials:>6}  {space}")
+        print(f"{c.key or 'all':<{width}}  {c.trials:>6}  {f'{c.confirm:>7}  ' if confirm else ''}{space}")
     print(f"{len(study.cells)} cells, {study.total_trials} trials")
 
 
@@ -212,7 +213,7 @@ def _cmd_status(args) -> int:
     uri = _read_uri(args, spec)
     name = study.experiment_name
     runs = load_runs(name, tracking_uri=uri)
-    planned = pd.Series({c.key: c.trials for c in study.cells}, name="planned")
+    planned = pd.Series({c.key: c.planned for c in study.cells}, name="planned")
     if runs.empty:
         counts = pd.DataFrame(index=planned.index)
     else:

@@ -154,7 +154,7 @@ class LiveView:
         self.column, self.mode, self.label = objective.column, objective.mode, objective.label
         self.title = title
         self.cells = {
-            c.key: _CellState(cell_label(c), c.trials, TrialConfig.load(c.config).schedule.epochs) for c in study.cells
+            c.key: _CellState(cell_label(c), c.planned, TrialConfig.load(c.config).schedule.epochs) for c in study.cells
         }
         self.t0 = time.monotonic()
         self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())

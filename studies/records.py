@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from studies.spec import Cell, LoadedStudy
-from trainables.naming import BEST_CELL_TAG, BEST_RUN_ID_TAG, BEST_RUN_TAG, STATUS_TAG
+from trainables.naming import BEST_CELL_TAG, BEST_RUN_ID_TAG, BEST_RUN_TAG, CONFIRM_STAGE, STAGE_TAG, STATUS_TAG
 from trainables.tracking import _retry
 
 __all__ = [
@@ -155,6 +155,8 @@ def _cell_best(client, experiment_id: str, cell_run_id: str, cell: Cell, column:
         status = "failed" if status in _FAILED else status
         best.counts[status] = best.counts.get(status, 0) + 1
         value = run.data.metrics.get(column)
+        if run.data.tags.get(STAGE_TAG) == CONFIRM_STAGE:
+            continue  # scored on the held-out half: the cell's best is its search's (studies.confirm)
         if status != "finished" or value is None or not math.isfinite(value) or not _better(value, best.value, mode):
             continue
         best.value, best.run_id = value, run.info.run_id

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studies.confirm import confirm_config
 from studies.preflight import check_data_on_nodes
 from studies.progress import LiveView, quiet_libraries, stderr_to
 from studies.records import (
@@ -28,12 +29,16 @@ from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_st
 from trainables.errors import shown
 from trainables.naming import (
     CELL_TAG,
+    CHOSEN_FROM_TAG,
+    CONFIRM_STAGE,
     GIT_COMMIT_TAG,
     KIND_TAG,
     LAUNCH_TAG,
     NOTE_TAG,
     OPTUNA_STORAGE_TAG,
     PARENT_RUN_TAG,
+    SEARCH_STAGE,
+    STAGE_TAG,
     STATUS_TAG,
     STORAGE_TAG,
     STUDY_FILE_HASH_TAG,
@@ -699,14 +704,18 @@ def _tune(
     spec = study.spec
     from analysis.geometry.names import PROBE_FACTORY
 
-    def payload(cell: Cell, sample: dict[str, Any]) -> dict[str, Any]:
+    def payload(cell: Cell, sample: dict[str, Any], confirm: tuple[int, str | None] | None = None) -> dict[str, Any]:
+        # confirm: (seed, chosen run name) of a confirm trial (studies.confirm), None for a search trial.
+        stage = {STAGE_TAG: SEARCH_STAGE}
+        if confirm is not None:
+            stage = {STAGE_TAG: CONFIRM_STAGE, **({CHOSEN_FROM_TAG: confirm[1]} if confirm[1] else {})}
         return {
             "study": run_name,
             "probe": PROBE_FACTORY,  # imported by the trial only when its geometry section names measures
             "plan": asdict(plan),
             "log_checkpoint": spec.tracking.log_checkpoint,
             "cell": cell.key,
-            "trial": apply_sample(cell.config, sample),
+            "trial": apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0]),
             "sample": sample,
             "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},
             "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
@@ -718,6 +727,7 @@ def _tune(
                 STUDY_TAG: spec.name,
                 **source_tags(study, commit),
                 **{factor_tag(k): v for k, v in cell.levels.items()},
+                **stage,
             },
         }
 
@@ -736,6 +746,7 @@ def _tune(
         storage_url=locations.optuna_storage,
         study_name=run_name,
         payload=payload,
+        confirm_seeds={c.key: spec.confirm.seed_list[: c.confirm] for c in study.cells} if spec.confirm else None,
     )
     progress = LiveView(study, title=f"{spec.name} ({exp_name})")
     rollup = rollup_callback(
@@ -806,6 +817,10 @@ def _tune(
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
     errored = sum(1 for r in results if r.error is not None)
+    if unconfirmed := searcher.unconfirmed():
+        print(
+            f"sharpscale: no confirm runs for {len(unconfirmed)} cell(s) whose every search trial failed: {unconfirmed}"
+        )
     print(
         f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
         + (", INTERRUPTED" if interrupted else "")

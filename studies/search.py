@@ -12,6 +12,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from studies.confirm import ConfirmState
 from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
 from trainables.errors import UserError
@@ -144,6 +145,10 @@ class CellSearcher(Searcher):
     Every Optuna trial carries its Tune trial id, its cell and (from its first result on) its MLflow run id as
     user attributes. A diverged or failed trial reaches Optuna as FAIL, so no Optuna trial stays RUNNING.
     storage_url: an Optuna storage spec (see `open_optuna_storage`).
+    confirm_seeds: cell key -> the seeds of its confirm stage (studies.confirm); once every search trial of a cell
+    has ended, one trial per seed at the knobs the search chose, its payload built by
+    `payload(cell, sample, confirm=(seed, chosen run name))`. The searcher waits (suggests nothing) while a cell
+    with seeds left has not chosen.
     """
 
     def __init__(
@@ -156,7 +161,8 @@ class CellSearcher(Searcher):
         seed: int,
         storage_url: str,
         study_name: str,
-        payload: Callable[[Cell, dict[str, Any]], dict[str, Any]],
+        payload: Callable[..., dict[str, Any]],
+        confirm_seeds: dict[str, list[int]] | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
         self._cells = {c.key: c for c in cells}
@@ -170,6 +176,10 @@ class CellSearcher(Searcher):
         self._trial_cell: dict[str, str] = {}
         self._live: dict[str, int] = {}  # Tune trial id -> its Optuna trial's number, until told
         self._run_ids: set[str] = set()  # Tune trials whose Optuna trial holds their MLflow run id
+        self._samples: dict[str, tuple[dict[str, Any], str]] = {}  # Tune trial id -> (its sample, its run name)
+        self._confirm = ConfirmState(
+            mode=mode, seeds=dict(confirm_seeds or {}), searched={c.key: c.trials for c in cells}
+        )
         self._open()
         for key in self._order:
             if self._cells[key].space:
@@ -238,7 +248,7 @@ class CellSearcher(Searcher):
     def suggest(self, trial_id: str):
         pending = [k for k in self._order if self._issued[k] < self._cells[k].trials]
         if not pending:
-            return Searcher.FINISHED
+            return self._suggest_confirm(trial_id)
         # Fewest-issued first keeps every cell moving, so a time limit cuts all cells evenly.
         key = min(pending, key=lambda k: (self._issued[k] / self._cells[k].trials, self._order.index(k)))
         cell = self._cells[key]
@@ -254,7 +264,26 @@ class CellSearcher(Searcher):
         name = trial_run_name(cell, sample, self._issued[key])
         if cell.space:
             trial.set_user_attr(RUN_NAME_ATTR, name)
+        self._samples[trial_id] = (sample, name)
         return {**self._payload(cell, sample), "run_name": name}
+
+    def _suggest_confirm(self, trial_id: str):
+        """The next confirm trial; None (ask again later) while a cell is still searching; else FINISHED."""
+        nxt = self._confirm.next_confirm(self._order)
+        if nxt is None:
+            return None if self._confirm.waiting() else Searcher.FINISHED
+        key, seed, choice = nxt
+        cell = self._cells[key]
+        self._trial_cell[trial_id] = key
+        self._confirm.confirm_trials.add(trial_id)
+        name = " ".join(
+            p for p in (trial_run_name(cell, choice.sample, self._confirm.issued[key]), f"confirm seed={seed}")
+        )
+        return {**self._payload(cell, choice.sample, confirm=(seed, choice.run_name)), "run_name": name}
+
+    def unconfirmed(self) -> list[str]:
+        """Keys of the cells whose confirm stage cannot run (every search trial failed)."""
+        return self._confirm.unconfirmed()
 
     def _note_run_id(self, trial_id: str, result: dict) -> None:
         run_id = str(result.get(RUN_ID_RESULT_KEY) or "")
@@ -273,16 +302,21 @@ class CellSearcher(Searcher):
             self._update_trial(trial_id, lambda storage, t: storage.set_trial_intermediate_value(t, step, float(value)))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        if trial_id in self._confirm.confirm_trials:
+            return  # measures a choice, chooses nothing
+        result = result or {}
+        value = result.get(self.metric)
+        failed = error or result.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value)
+        if trial_id in self._samples:
+            sample, name = self._samples[trial_id]
+            self._confirm.search_ended(self._trial_cell[trial_id], trial_id, value, bool(failed), sample, name)
         if trial_id not in self._live:
             return  # a cell with nothing to search
         import optuna
 
-        result = result or {}
         self._note_run_id(trial_id, result)
         key, number = self._trial_cell[trial_id], self._live.pop(trial_id)
-        value = result.get(self.metric)
         study = self._study(key)
-        failed = error or result.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value)
         frozen = self._storage.get_trial(
             self._storage.get_trial_id_from_study_id_trial_number(self._study_ids[key], number)
         )
@@ -331,7 +365,14 @@ class CellSearcher(Searcher):
         return failed
 
     def save(self, checkpoint_path: str) -> None:
-        state = {"issued": self._issued, "trial_cell": self._trial_cell, "live": self._live, "run_ids": self._run_ids}
+        state = {
+            "issued": self._issued,
+            "trial_cell": self._trial_cell,
+            "live": self._live,
+            "run_ids": self._run_ids,
+            "samples": self._samples,
+            "confirm": self._confirm,
+        }
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
 
@@ -342,6 +383,8 @@ class CellSearcher(Searcher):
             state = pickle.load(f)
         self._issued, self._trial_cell = state["issued"], state["trial_cell"]
         self._live, self._run_ids = state["live"], set(state["run_ids"])
+        self._samples = state.get("samples", {})  # a snapshot from before the confirm stage existed has none
+        self._confirm = state.get("confirm", self._confirm)
         tracked = {(self._trial_cell[t], number) for t, number in self._live.items()}
         for key in self._order:
             if not self._cells[key].space:

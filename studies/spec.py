@@ -29,6 +29,7 @@ __all__ = [
     "MAX_YAML_NODES",
     "SEARCH_SHORTHANDS",
     "Cell",
+    "Confirm",
     "Study",
     "StudyError",
     "load_study",
@@ -223,6 +224,23 @@ class Tracking(_Strict):
         return value
 
 
+class Confirm(_Strict):
+    """The confirm stage (studies.confirm): once a cell's search has ended, `seeds` fresh trials at the knobs it chose,
+    scored on the validation set's held-out half, so that what the report compares was never used to choose."""
+
+    seeds: int = Field(ge=1, description="Confirm trials of each cell, one per seed: seed_start, seed_start + 1, ...")
+    seed_start: int = Field(
+        1000,
+        ge=0,
+        description="The first confirm seed. Fresh: no search trial may use one (its train.seed), so that no confirm "
+        "run repeats a trial the choice saw; the same seeds in every cell, so that cells pair by seed.",
+    )
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seed_start, self.seed_start + self.seeds))
+
+
 class SmokeForm(_Strict):
     """Which part of the study `--smoke` runs, so that the tiny run still asks the study's question."""
 
@@ -233,6 +251,9 @@ class SmokeForm(_Strict):
     )
     trials_per_cell: int = Field(
         1, ge=1, description="Trials of each cell that searches something under --smoke (at most its budget)."
+    )
+    confirm_seeds: int = Field(
+        2, ge=1, description="Confirm trials of each cell under --smoke (at most confirm.seeds): two, so gains pair."
     )
 
 
@@ -293,6 +314,11 @@ class Study(_Strict):
         "storage; for a URI storage, under sharpscale_runs/ beside the study file (multi-node: set it).",
     )
     checkpoints: Checkpoints = Field(default_factory=Checkpoints)
+    confirm: Confirm | None = Field(
+        None,
+        description="The confirm stage: fresh seeds at each cell's chosen knobs, scored on held-out data (what the "
+        "report compares). None: the study's numbers are its search trials', chosen and measured on the same data.",
+    )
     smoke: dict[str, Any] = Field(default_factory=dict, description="Extra overrides applied by --smoke.")
     smoke_form: SmokeForm = Field(default_factory=SmokeForm)
 
@@ -340,6 +366,18 @@ class Study(_Strict):
                         f"search.{key}: budget.sampler 'grid' needs choice or int domains, got {dom.type}. "
                         f"Fix: list the values, e.g. {{type: choice, values: [0.01, 0.05, 0.1]}}, or use sampler tpe."
                     )
+        if self.confirm is not None and "train.seed" in {*self.factors, *self.search}:
+            where = "factors" if "train.seed" in self.factors else "search"
+            problems.append(
+                f"{where}.train.seed: with a confirm stage the seeds that measure each cell are the confirm's (confirm.seeds "
+                f"fresh ones at the chosen knobs); seeds as a factor or a knob would search each seed apart and repeat "
+                f"the confirm runs. Fix: drop {where}.train.seed and set confirm.seeds to the seeds wanted."
+            )
+        if self.confirm is not None and self.budget.asha is not None:
+            problems.append(
+                "confirm: a confirm stage needs every confirm trial trained to its end, and budget.asha would stop "
+                "some early (ranked against the search trials). Fix: drop budget.asha, or the confirm section."
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -452,7 +490,13 @@ class Cell:
     levels: dict[str, str]  # factor -> level name
     config: dict[str, Any]  # base + overrides, as a nested dict (validated)
     space: dict[str, Domain]  # dotted config path -> domain
-    trials: int
+    trials: int  # search trials (none for a cell with nothing to search when the study has a confirm stage)
+    confirm: int = 0  # confirm trials, one per confirm seed (studies.confirm)
+
+    @property
+    def planned(self) -> int:
+        """Every trial the cell runs: its search's and its confirm stage's."""
+        return self.trials + self.confirm
 
 
 @dataclass(frozen=True)
@@ -502,7 +546,7 @@ class LoadedStudy:
 
     @property
     def total_trials(self) -> int:
-        return sum(c.trials for c in self.cells)
+        return sum(c.planned for c in self.cells)
 
     @property
     def resources(self) -> "Resources":
@@ -740,6 +784,10 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")
         key = ",".join(f"{f}={lv}" for f, lv in levels.items())
         label = f"cell {key}" if key else "the study"
+        if spec.confirm is not None:
+            problems.extend(_confirm_problems(spec.confirm, tree, label))
+            # The search scores on the selection half; the confirm runs on the other (studies.confirm).
+            tree = deep_merge(tree, {"data": {"eval_split": "selection"}})
         method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
         space: dict[str, Domain] = {}
         for skey, dom in spec.search.items():
@@ -768,10 +816,14 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             problems.append(problem)
         if smoke:
             trials = min(trials, spec.smoke_form.trials_per_cell) if space else 1
-        cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials))
-    total = sum(c.trials for c in cells)
+        confirm = 0
+        if spec.confirm is not None:
+            confirm = min(spec.confirm.seeds, spec.smoke_form.confirm_seeds) if smoke else spec.confirm.seeds
+            trials = trials if space else 0  # nothing to choose: the confirm seeds are the cell's trials
+        cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials, confirm=confirm))
+    total = sum(c.planned for c in cells)
     if total > MAX_TRIALS:
-        sizes = sorted(((c.trials, c.key or "all") for c in cells), reverse=True)[:2]
+        sizes = sorted(((c.planned, c.key or "all") for c in cells), reverse=True)[:2]
         problems.append(
             f"budget: the study plans {total} trials, more than {MAX_TRIALS} (largest cells: "
             f"{', '.join(f'{k} with {n}' for n, k in sizes)}; a grid over an int range has one trial per value). "
@@ -801,6 +853,24 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
     return cells, _dedupe(problems)
+
+
+def _confirm_problems(confirm: Confirm, tree: dict[str, Any], label: str) -> list[str]:
+    """What of a cell's config a confirm stage cannot take: a seed of its own range, an evaluation split set by hand."""
+    problems = []
+    seed = (tree.get("train") or {}).get("seed", TrialConfig().train.seed) if isinstance(tree.get("train"), dict) else 0
+    if seed in confirm.seed_list:
+        problems.append(
+            f"confirm.seed_start: the confirm seeds {confirm.seed_start}..{confirm.seed_start + confirm.seeds - 1} must "
+            f"be fresh, and {label} searches with train.seed {seed}. Fix: move seed_start past the search seeds."
+        )
+    data = tree.get("data")
+    if isinstance(data, dict) and data.get("eval_split") is not None:
+        problems.append(
+            f"{label}: data.eval_split is set ({shown(data['eval_split'])}), and a confirm stage sets it itself (the "
+            f"search on the 'selection' half, the confirm runs on the 'test' half). Fix: drop data.eval_split."
+        )
+    return problems
 
 
 def _geometry_problems(cfg: TrialConfig) -> list[str]:

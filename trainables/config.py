@@ -70,6 +70,12 @@ class DataConfig(_Strict):
         "in turn and their gradients add up to the whole share's (one perturbation per accumulated gradient).",
     )
     eval_batch_size: int = Field(512, ge=1)
+    eval_split: Literal["all", "selection", "test"] = Field(
+        "all",
+        description="Which part of the validation set the trial is scored on: all of it; or one of its two fixed, "
+        "disjoint halves (trainables.data.eval_positions): 'selection', where a study's search chooses its knobs, "
+        "and 'test', where its confirm runs measure the choice on data it never saw (studies.confirm).",
+    )
     num_workers: int | None = Field(
         None,
         ge=0,

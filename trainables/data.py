@@ -39,6 +39,7 @@ __all__ = [
     "DatasetError",
     "fixed_batches",
     "DatasetSpec",
+    "eval_positions",
     "fraction_indices",
     "load_dataset",
     "random_crop_flip",
@@ -187,6 +188,29 @@ def _stratified_prefix(labels: np.ndarray, fraction: float, seed: int) -> np.nda
     out = np.sort(np.concatenate(chosen)).astype(np.int64)
     out.setflags(write=False)
     return out
+
+
+# --------------------------------------------------------------------------- evaluation splits
+
+# The validation set's two halves (DataConfig.eval_split): one fixed permutation of its positions, the same for every
+# trial, seed and fraction, so that what a study's search chose on ('selection') and what its confirm runs report on
+# ('test') never share an image.
+_EVAL_SPLIT_SEED = 20261126
+
+
+def eval_positions(n: int, split: str) -> np.ndarray:
+    """Sorted positions in a validation set of `n` items that the evaluation split `split` scores on.
+
+    'all': every position; 'selection' and 'test': the first and second half of one fixed permutation (disjoint,
+    together everything; 'test' takes the odd one out of an odd n).
+    """
+    if split == "all":
+        return np.arange(n, dtype=np.int64)
+    if split not in ("selection", "test"):
+        raise ValueError(f"eval_split must be 'all', 'selection' or 'test', got {split!r}")
+    order = np.random.default_rng(_EVAL_SPLIT_SEED).permutation(n)
+    half = order[: n // 2] if split == "selection" else order[n // 2 :]
+    return np.sort(half).astype(np.int64)
 
 
 # --------------------------------------------------------------------------- datasets

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Sampler
 
 import optim
 from trainables.config import TrialConfig
-from trainables.data import DataBundle, load_dataset
+from trainables.data import DataBundle, eval_positions, load_dataset
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
@@ -253,8 +253,9 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
         train = _batch_loader(bundle.train, sampler)
     else:
         train = DataLoader(bundle.train, batch_sampler=sampler, **common(bundle.train))
-    # Evaluation is never subsampled: each rank takes a strided share, sums are all-reduced.
-    val_idx = list(range(d.rank, len(bundle.val), d.world))
+    # Evaluation is never subsampled: each rank takes a strided share of the trial's evaluation split (all of the
+    # validation set, or one of its fixed halves: DataConfig.eval_split), sums are all-reduced.
+    val_idx = eval_positions(len(bundle.val), cfg.data.eval_split)[d.rank :: d.world].tolist()
     if hasattr(bundle.val, "device_loader"):
         val_batches = torch.utils.data.BatchSampler(val_idx, cfg.data.eval_batch_size, drop_last=False)
         val = bundle.val.device_loader(val_batches, device, **common(bundle.val))

@@ -15,6 +15,8 @@ __all__ = [
     "BEST_RUN_TAG",
     "CELL_TAG",
     "CHECKPOINT_ARTIFACT",
+    "CHOSEN_FROM_TAG",
+    "CONFIRM_STAGE",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
     "FACTOR_PREFIX",
@@ -26,6 +28,8 @@ __all__ = [
     "OPTUNA_STORAGE_TAG",
     "PARENT_RUN_TAG",
     "RAY_NODE_ID_TAG",
+    "SEARCH_STAGE",
+    "STAGE_TAG",
     "REASON_TAG",
     "STATUS_TAG",
     "STORAGE_TAG",
@@ -37,6 +41,7 @@ __all__ = [
     "TRIAL_KEY_TAG",
     "WORKERS_PARAM",
     "Kind",
+    "Stage",
     "experiment_name",
     "factor_tag",
     "kind_filter",
@@ -62,6 +67,15 @@ def tag(key: str) -> str:
 # Which kind of run this is: a study's parent run, one cell's run under it, or one trial's run under that.
 Kind = Literal["study", "cell", "trial"]
 KIND_TAG = tag("kind")
+# Which stage of its study a trial belongs to: the search, whose trials choose each cell's knobs on the validation
+# set's selection half, or the confirm stage, fresh seeds at the chosen knobs scored on its held-out test half
+# (studies.confirm). A trial without the tag was recorded before stages existed: a search trial.
+Stage = Literal["search", "confirm"]
+SEARCH_STAGE: Stage = "search"
+CONFIRM_STAGE: Stage = "confirm"
+STAGE_TAG = tag("stage")
+# On a confirm trial: the run name of the search trial whose knobs it repeats (none for a cell with nothing to search).
+CHOSEN_FROM_TAG = tag("chosen_from")
 # What became of a trial: running, finished, diverged, failed, early_stopped, killed, lost (trainables.tracking).
 STATUS_TAG = tag("status")
 # Why a trial failed or diverged, when it did (the message, truncated).
