@@ -22,8 +22,11 @@ _HOMES = {
     "measure_checkpoint": "record",
     "measure_study": "record",
     "write_report": "report",
+    "confirm_summary": "runs",
     "load_curves": "runs",
     "load_runs": "runs",
+    "measured_on": "runs",
+    "split_stages": "runs",
     "summarize": "runs",
     "DataMultiplier": "scaling",
     "FloorNotIdentifiedWarning": "scaling",
@@ -60,6 +63,7 @@ __all__ = [
     "best_of_search",
     "checkpointed_trials",
     "compute_matched",
+    "confirm_summary",
     "data_multiplier",
     "fit_law",
     "fit_power_law",
@@ -71,6 +75,7 @@ __all__ = [
     "load_curves",
     "load_runs",
     "log_geometry",
+    "measured_on",
     "measure_checkpoint",
     "measure_study",
     "method_pairs",
@@ -84,6 +89,7 @@ __all__ = [
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
+    "split_stages",
     "summarize",
     "trial_compute",
     "write_report",
@@ -102,7 +108,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
     )
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
-    from analysis.runs import load_curves, load_runs, summarize
+    from analysis.runs import confirm_summary, load_curves, load_runs, measured_on, split_stages, summarize
     from analysis.scaling import (
         DataMultiplier,
         FloorNotIdentifiedWarning,

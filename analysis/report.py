@@ -22,8 +22,11 @@ from analysis.plots import (
 )
 from analysis.runs import (
     _open_experiment,
+    confirm_summary,
     load_curves,
     load_runs,
+    measured_on,
+    split_stages,
     summarize,
 )
 from analysis.scaling import (
@@ -169,6 +172,11 @@ def write_report(
         rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
       - one data fraction, epoch times logged, and 2+ methods or 2+ epoch counts: compute_matched.md/.csv (per
         arch: each method's epochs, training compute mean ± SE, objective mean ± SE, n) and compute_frontier.png.
+    Every table says which data its numbers come from (`measured_on`). A study with a confirm stage
+    (studies.confirm) compares its cells on the confirm runs only: fresh seeds at each cell's chosen knobs, scored on
+    the validation set's held-out half; its search trials (the selection half) feed the summary of the search, the
+    curves and the rho sensitivity, which are about the choice. Without confirm runs, the search trials are all
+    there is, and the tables say that they were chosen and scored on the same data.
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
     and re-issued. Returns the written paths. With log_to_mlflow, the files go to the latest run tagged
     sharpscale.kind=study in the study's experiment, under report/ (LookupError when there is none).
@@ -191,6 +199,10 @@ def write_report(
         )
         raise ValueError(f"metric {metric!r} was never logged by the study's trials; logged metrics include {metrics}")
 
+    search, confirm = split_stages(runs)
+    # What the report compares cells on: the confirm runs where the study has them.
+    compared = confirm if not confirm.empty else search
+    source = measured_on(compared)
     w = _Writer(out)
     percent = "acc" in metric and mode == "max"
     scale, digits = (100.0, 2) if percent else (1.0, 4)
@@ -203,7 +215,7 @@ def write_report(
         warnings.simplefilter("always")
         # Per-cell summary: always.
         summary_runs = (
-            runs if any(c.startswith("factor.") for c in runs.columns) else runs.assign(**{"factor.study": "all"})
+            search if any(c.startswith("factor.") for c in runs.columns) else search.assign(**{"factor.study": "all"})
         )
         summary = summarize(
             summary_runs,
@@ -212,14 +224,24 @@ def write_report(
             show=tuple(c for c in (_RHO,) if c in runs.columns),
             label=statistic_label(metric),
         )
-        w.text(
-            "summary.md",
-            f"Best finished trial per cell by {statistic_label(metric)}, {mode}.\n\n" + _markdown(_fmt(summary)),
+        summary_md = (
+            f"Best finished search trial per cell by {statistic_label(metric)}, {mode}. Numbers from: "
+            f"{measured_on(search)}.\n\n" + _markdown(_fmt(summary))
         )
+        w.text("summary.md", summary_md)
         w.csv("summary.csv", summary)
-        w.section("Per-cell summary", _markdown(_fmt(summary)))
+        w.section("Per-cell summary of the search", summary_md)
+        if not confirm.empty:
+            chosen = confirm_summary(confirm, metric=metric, show=tuple(c for c in (_RHO,) if c in runs.columns))
+            confirm_md = (
+                f"Each cell's confirm runs: {statistic_label(metric)} mean, sd and standard error over its fresh "
+                f"seeds at the knobs its search chose. Numbers from: {source}.\n\n" + _markdown(_fmt(chosen))
+            )
+            w.text("confirm.md", confirm_md)
+            w.csv("confirm.csv", chosen)
+            w.section("Per-cell confirm runs (what the comparisons below use)", confirm_md)
 
-        best_ids = _best_run_ids(runs, metric, mode)
+        best_ids = _best_run_ids(search if not search.empty else compared, metric, mode)
         if best_ids:
             curves = load_curves(
                 study,
@@ -232,11 +254,12 @@ def write_report(
                 w.figure("curves.png", plot_curves(curves))
                 w.section("Learning curves", "Per-epoch curves of each cell's best trial.", "curves.png")
 
-        fractions = _distinct(runs, _FRACTION)
+        fractions = _distinct(compared, _FRACTION)
         if len(fractions) >= 2:
             _scaling_section(
                 w,
-                runs,
+                compared,
+                source=source,
                 arch=arch,
                 method=method,
                 seed=seed_col,
@@ -249,6 +272,23 @@ def write_report(
                 n_boot=n_boot,
                 boot_seed=seed,
             )
+        elif not confirm.empty and seed_col is not None:
+            # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
+            for level, base in _pairs(compared, method):
+                _gain_section(
+                    w,
+                    compared,
+                    level,
+                    base,
+                    source=source,
+                    arch=arch,
+                    method=method,
+                    seed=seed_col,
+                    metric=metric,
+                    mode=mode,
+                    n_boot=n_boot,
+                    boot_seed=seed,
+                )
 
         if any(c.startswith(METRIC_PREFIX) for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
             tau = geometry_correlation(runs)
@@ -263,10 +303,11 @@ def write_report(
             w.section("Geometry against the generalisation gap", tau_md)
         _sharpness_section(w, study, runs, best_ids, tracking_uri=tracking_uri, smoke=smoke)
 
-        if len(_distinct(runs, _RHO, positive=True)) >= 2:
+        if len(_distinct(search, _RHO, positive=True)) >= 2:
             _rho_section(
                 w,
-                runs,
+                search,
+                source=measured_on(search),
                 arch=arch,
                 method=method,
                 metric=metric,
@@ -276,12 +317,25 @@ def write_report(
                 boot_seed=seed,
             )
 
-        if len(fractions) < 2 and _compares_compute(runs, method):
+        if len(fractions) < 2 and _compares_compute(compared, method):
             epoch_times = load_curves(
-                study, tracking_uri=tracking_uri, smoke=smoke, metrics=(EPOCH_TIME,), run_ids=runs["run_id"].tolist()
+                study,
+                tracking_uri=tracking_uri,
+                smoke=smoke,
+                metrics=(EPOCH_TIME,),
+                run_ids=compared["run_id"].tolist(),
             )
             _compute_section(
-                w, runs, epoch_times, arch=arch, method=method, metric=metric, mode=mode, scale=scale, unit=unit
+                w,
+                compared,
+                epoch_times,
+                source=source,
+                arch=arch,
+                method=method,
+                metric=metric,
+                mode=mode,
+                scale=scale,
+                unit=unit,
             )
 
     notes = list(
@@ -293,7 +347,8 @@ def write_report(
     )
     head = (
         f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
-        f"({int((runs['status'] == 'finished').sum())} finished); objective {statistic_label(metric)} ({mode}).\n\n"
+        f"({int((runs['status'] == 'finished').sum())} finished; {len(search)} search, {len(confirm)} confirm); "
+        f"objective {statistic_label(metric)} ({mode}).\n\nCells are compared on: {source}.\n\n"
     )
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
@@ -351,10 +406,10 @@ def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:
 
 
 def _scaling_section(
-    w: _Writer, runs, *, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed
+    w: _Writer, runs, *, source, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed
 ) -> None:
     table = scaling_table(runs, arch=arch, method=method, fraction=_FRACTION, seed=seed, metric=metric, mode=mode)
-    md = table.to_markdown(digits=digits, scale=scale)
+    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=digits, scale=scale)
     w.text("scaling.md", md)
     w.csv("scaling.csv", table.long(), index=False)
     fits = fit_scaling_table(table, n_boot=n_boot, seed=boot_seed) if len(fractions) >= 3 else {}
@@ -363,6 +418,7 @@ def _scaling_section(
     if fits:
         frame = fits_frame(fits)
         fits_md = (
+            f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
             "n = training-set fraction; intervals from a residual bootstrap.\n\n" + _markdown(_fmt(frame))
         )
@@ -373,31 +429,29 @@ def _scaling_section(
         return
     if len(fractions) >= 4:
         _laws_section(
-            w, table, [(lv, b) for lv, b in _pairs(runs, method)], n_boot=min(n_boot, 100), boot_seed=boot_seed
+            w,
+            table,
+            [(lv, b) for lv, b in _pairs(runs, method)],
+            source=source,
+            n_boot=min(n_boot, 100),
+            boot_seed=boot_seed,
         )
     for level, base in _pairs(runs, method):
-        gain = sam_gain(
+        _gain_section(
+            w,
             runs,
-            baseline=base,
-            treatment=level,
+            level,
+            base,
+            source=source,
             arch=arch,
             method=method,
-            fraction=_FRACTION,
             seed=seed,
             metric=metric,
             mode=mode,
-            n_boot=max(n_boot, 100),
+            n_boot=n_boot,
             boot_seed=boot_seed,
         )
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
-        gain_md = (
-            f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
-            f"percentile bootstrap interval over the pairs.\n\n" + _markdown(_fmt(gain))
-        )
-        w.text(f"gain_{slug}.md", gain_md)
-        w.csv(f"gain_{slug}.csv", gain)
-        w.figure(f"gain_{slug}.png", plot_gain(gain))
-        w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
         rows = []
         for a in sorted({k[0] for k in fits}):
             fv, ft = fits.get((a, base)), fits.get((a, level))
@@ -419,16 +473,45 @@ def _scaling_section(
         if rows:
             mult = pd.DataFrame(rows)
             mult_md = (
-                f"How many times more data {base} needs to match {level}'s fitted error at each fraction.\n\n"
-                + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+                f"How many times more data {base} needs to match {level}'s fitted error at each fraction. Numbers "
+                f"from: {source}.\n\n" + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
             )
             w.text(f"data_multiplier_{slug}.md", mult_md)
             w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
             w.section(f"Data multiplier of {level}", mult_md)
 
 
-def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, boot_seed) -> None:
-    # The rho = 0 reference line: the plain level, when every sharpness-aware level pairs with the same one.
+def _gain_section(
+    w: _Writer, runs, level, base, *, source, arch, method, seed, metric, mode, n_boot, boot_seed
+) -> None:
+    """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed (sam_gain)."""
+    gain = sam_gain(
+        runs,
+        baseline=base,
+        treatment=level,
+        arch=arch,
+        method=method,
+        fraction=_FRACTION,
+        seed=seed,
+        metric=metric,
+        mode=mode,
+        n_boot=max(n_boot, 100),
+        boot_seed=boot_seed,
+    )
+    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+    gain_md = (
+        f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
+        f"percentile bootstrap interval over the pairs. Numbers from: {source}.\n\n" + _markdown(_fmt(gain))
+    )
+    w.text(f"gain_{slug}.md", gain_md)
+    w.csv(f"gain_{slug}.csv", gain)
+    w.figure(f"gain_{slug}.png", plot_gain(gain))
+    w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
+
+
+def _rho_section(w: _Writer, runs, *, source, arch, method, metric, mode, by, n_boot, boot_seed) -> None:
+    # The rho = 0 reference line: the plain level, when every sharpness-aware level pairs with the same one (and
+    # has trials here: with a confirm stage a plain level searches nothing, and is compared on its confirm runs).
     bases = {b for _, b in _pairs(runs, method)}
     base = bases.pop() if len(bases) == 1 else None
     result = rho_sensitivity(
@@ -443,7 +526,7 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
         n_boot=max(n_boot, 100),
         boot_seed=boot_seed,
     )
-    md = result.to_markdown()
+    md = f"Numbers from: {source}.\n\n" + result.to_markdown()
     w.text("rho_sensitivity.md", md)
     w.csv("rho_levels.csv", result.levels, index=False)
     w.csv("rho_best.csv", result.best)
@@ -454,7 +537,8 @@ def _rho_section(w: _Writer, runs, *, arch, method, metric, mode, by, n_boot, bo
         transfer_md = (
             "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
             "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
-            "overlap (then the data cannot tell a moving rho from a fixed one).\n\n" + _markdown(_fmt(transfer))
+            f"overlap (then the data cannot tell a moving rho from a fixed one). Numbers from: {source}.\n\n"
+            + _markdown(_fmt(transfer))
         )
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
@@ -477,7 +561,7 @@ def _series(table, arch, method):
     )
 
 
-def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> None:
+def _laws_section(w: _Writer, table, pairs, *, source: str, n_boot: int, boot_seed: int) -> None:
     """Scaling laws checked by extrapolation, and each sharpness-aware level's paired difference in beta and E."""
     frames = []
     for arch, method in table.mean.index:
@@ -518,6 +602,7 @@ def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> N
     ]
     verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
     md = (
+        f"Numbers from: {source}. "
         "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, several starts) on the "
         "error (1 - metric) of every seed's best-of-search trial; intervals from a bootstrap over whole seeds; "
         "held out: the largest fraction, predicted from the others. `noise` is the between-seed standard error of "
@@ -546,7 +631,7 @@ def _laws_section(w: _Writer, table, pairs, *, n_boot: int, boot_seed: int) -> N
             slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
             md = (
                 f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), paired: both fitted on the same "
-                "resampled seeds in each bootstrap draw.\n\n" + _markdown(_fmt(frame))
+                f"resampled seeds in each bootstrap draw. Numbers from: {source}.\n\n" + _markdown(_fmt(frame))
             )
             w.text(f"law_difference_{slug}.md", md)
             w.csv(f"law_difference_{slug}.csv", frame)
@@ -562,7 +647,7 @@ def _compares_compute(runs: pd.DataFrame, method: str) -> bool:
     return methods >= 2 or epochs >= 2
 
 
-def _compute_section(w: _Writer, runs, epoch_times, *, arch, method, metric, mode, scale, unit) -> None:
+def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, metric, mode, scale, unit) -> None:
     """Accuracy against training compute: a table per arch and the frontier plot (analysis.compute)."""
     seed = f"factor.{_SEED}" if f"factor.{_SEED}" in runs.columns else None
     table = compute_matched(runs, epoch_times, arch=arch, method=method, seed=seed, metric=metric, mode=mode)
@@ -599,7 +684,8 @@ def _compute_section(w: _Writer, runs, epoch_times, *, arch, method, metric, mod
         f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "
         f"all its trials ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; "
         "validation and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
-        "A method beats more epochs of vanilla only if it is better at equal or lower compute.\n\n" + "\n".join(blocks)
+        "A method beats more epochs of vanilla only if it is better at equal or lower compute. Numbers from: "
+        f"{source}.\n\n" + "\n".join(blocks)
     )
     w.text("compute_matched.md", md)
     w.csv("compute_matched.csv", table)

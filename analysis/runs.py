@@ -13,22 +13,39 @@ from trainables.errors import UserError
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
     CELL_TAG,
+    CONFIRM_STAGE,
     DEFAULT_TRACKING_URI,
     FACTOR_PREFIX,
     LAUNCH_TAG,
+    SEARCH_STAGE,
+    STAGE_TAG,
     STATUS_TAG,
     TRIAL_ID_TAG,
     experiment_name,
     kind_filter,
 )
 
-__all__ = ["SE_COLUMN", "StudyNotFound", "load_curves", "load_runs", "summarize"]
+__all__ = [
+    "SE_COLUMN",
+    "STAGE_COLUMN",
+    "StudyNotFound",
+    "confirm_summary",
+    "load_curves",
+    "load_runs",
+    "measured_on",
+    "split_stages",
+    "summarize",
+]
 
 # Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
 ACCURACY_METRICS = ("val_acc", "best_val_acc", "val_top5")
 SE_COLUMN = "± SE"
 
 _TRIAL_FILTER = kind_filter("trial")
+# load_runs' column naming each trial's stage: 'search' or 'confirm' (trainables.naming.STAGE_TAG, studies.confirm).
+STAGE_COLUMN = "stage"
+# The trial config's evaluation split (trainables.config.DataConfig.eval_split), a param column of load_runs.
+_EVAL_SPLIT = "data.eval_split"
 
 
 def _experiment_name(study: str | Path, *, smoke: bool = False) -> str:
@@ -156,6 +173,7 @@ def load_runs(
         row.update(
             {
                 "status": run.data.tags.get(STATUS_TAG, "unknown"),
+                STAGE_COLUMN: run.data.tags.get(STAGE_TAG, SEARCH_STAGE),
                 "mlflow_status": run.info.status,
                 "start_time": pd.Timestamp(run.info.start_time, unit="ms"),
             }
@@ -166,7 +184,7 @@ def load_runs(
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    first = ["run_id", "trial_id", "cell", "launch", "status", "mlflow_status", "start_time"]
+    first = ["run_id", "trial_id", "cell", "launch", "status", STAGE_COLUMN, "mlflow_status", "start_time"]
     text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
     empty = [
@@ -286,3 +304,67 @@ def summarize(
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]
     return out.rename(columns={metric: f"best {label or metric}"})
+
+
+def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(search trials, confirm trials) of a load_runs frame; a frame without a stage column is all search.
+
+    Each confirm trial is its own replicate: its `cell` becomes '<cell> seed=<train.seed>', so that any "best trial
+    of a cell" reading (summarize, compute_matched) takes that one run, never the best of a cell's confirm seeds.
+    """
+    if runs.empty or STAGE_COLUMN not in runs.columns:
+        return runs, runs.iloc[0:0]
+    confirm = runs[runs[STAGE_COLUMN] == CONFIRM_STAGE].copy()
+    if not confirm.empty and "train.seed" in confirm.columns:
+        confirm["cell"] = confirm["cell"].astype(str) + " seed=" + confirm["train.seed"].astype(str)
+    return runs[runs[STAGE_COLUMN] != CONFIRM_STAGE], confirm
+
+
+def measured_on(runs: pd.DataFrame) -> str:
+    """Which data the numbers of these trials come from, in words, for every table a report prints."""
+    if runs.empty:
+        return "no trials"
+    stages = set(runs[STAGE_COLUMN]) if STAGE_COLUMN in runs.columns else {SEARCH_STAGE}
+    splits = set(runs[_EVAL_SPLIT].dropna().astype(str)) if _EVAL_SPLIT in runs.columns else set()
+    if stages == {CONFIRM_STAGE}:
+        return (
+            "confirm runs: fresh seeds at each cell's chosen knobs, scored on the held-out test half of the validation "
+            "set, which no choice saw (selection-free)"
+        )
+    if splits == {"selection"}:
+        return "search trials, scored on the selection half of the validation set (the data the knobs were chosen on)"
+    return (
+        "search trials, best of each cell's search, chosen and scored on the same validation data: biased upwards by "
+        "the choice (a confirm stage, studies/confirm.py, measures without it)"
+    )
+
+
+def confirm_summary(
+    confirm: pd.DataFrame, *, metric: str = "val_acc", show: tuple[str, ...] = ("optimizer.hparams.rho",)
+) -> pd.DataFrame:
+    """Per cell, its confirm runs (split_stages' second frame): mean, sd and standard error of `metric` over the
+    finished ones, their number, the seeds, and the chosen value of each `show` column (one per cell)."""
+    if confirm.empty or metric not in confirm.columns:
+        return pd.DataFrame()
+    ok = confirm[(confirm["status"] == "finished") & pd.to_numeric(confirm[metric], errors="coerce").notna()]
+    if ok.empty:
+        return pd.DataFrame()
+    ok = ok.assign(__cell=ok["cell"].str.rsplit(" seed=", n=1).str[0], __value=pd.to_numeric(ok[metric]))
+    factors = [c for c in ok.columns if c.startswith(FACTOR_PREFIX)] or ["__cell"]
+    rows = []
+    for key, part in ok.groupby(factors, sort=False):
+        values = part["__value"].astype("float64")
+        n = len(values)
+        sd = float(values.std(ddof=1)) if n > 1 else math.nan
+        row = dict(zip(factors, key if isinstance(key, tuple) else (key,)))
+        row.update({f"mean {metric}": float(values.mean()), "sd": sd, "SE": sd / math.sqrt(n) if n > 1 else math.nan})
+        row["n seeds"] = n
+        if "train.seed" in part.columns:
+            row["seeds"] = ", ".join(str(v) for v in sorted(part["train.seed"].tolist()))
+        for col in show:
+            if col in part.columns and part[col].notna().any():
+                row[f"chosen {col.rsplit('.', 1)[-1]}"] = part[col].iloc[0]
+        rows.append(row)
+    out = pd.DataFrame(rows).set_index(factors)
+    out.index.names = [f.removeprefix(FACTOR_PREFIX).removeprefix("__") for f in factors]
+    return out
