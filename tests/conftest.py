@@ -35,6 +35,7 @@ _LONG_FILES = (
     "tests/studies/test_failures.py",
     "tests/studies/test_adversarial.py",
     "tests/test_end_to_end.py",
+    "tests/studies/test_confirm.py",
     "tests/studies/test_ui.py",
     "tests/studies/test_multiworker.py",
     "tests/trainables/test_distributed.py",

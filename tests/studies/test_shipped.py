@@ -49,6 +49,10 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     assert len(runs) == study.total_trials
     assert set(runs["status"]) <= {"finished", "diverged"}
     assert (runs["status"] == "finished").sum() >= len(runs) - 1
+    if study.spec.confirm is not None:  # the confirm stage ran in full: fresh seeds, one trial each, in every cell
+        confirm = runs[runs["stage"] == "confirm"]
+        assert len(confirm) == sum(c.confirm for c in study.cells)
+        assert set(confirm["train.seed"]) == set(study.spec.confirm.seed_list[: study.cells[0].confirm])
     # What each trial held, beside its config: its GPU-seconds are counted from it (analysis.compute).
     assert (runs[WORKERS_PARAM] == 1).all() and (runs[GPUS_PER_WORKER_PARAM] == 0).all()
     measures = study.cells[0].config.get("geometry", {}).get("measures")
@@ -97,13 +101,14 @@ def _updates(cell) -> float:
 def test_data_scaling_smoke_keeps_the_scaling_question():
     smoke = load_study(REPO_STUDIES / "data_scaling.yaml", smoke=True)
     fractions = {c.config["data"]["fraction"] for c in smoke.cells}
-    seeds = {c.levels["train.seed"] for c in smoke.cells}
-    assert len(fractions) >= 3 and len(seeds) >= 2
+    # The seeds are the confirm stage's, the same in every cell (they pair the gain).
+    assert {c.confirm for c in smoke.cells} == {2} and smoke.spec.confirm is not None
+    assert len(fractions) >= 3
     assert {c.levels["method"] for c in smoke.cells} >= {"vanilla", "sam"}
     assert len({_updates(c) for c in smoke.cells}) == 1  # equal steps, tiny
 
 
-def test_data_scaling_gives_every_fraction_equal_steps_its_own_rho_and_five_seeds():
+def test_data_scaling_gives_every_fraction_equal_steps_its_own_rho_and_five_confirm_seeds():
     full = load_study(REPO_STUDIES / "data_scaling.yaml", require_data=False)
     assert len({_updates(c) for c in full.cells}) == 1
     # The warm-up is the same share of every schedule.
@@ -111,7 +116,7 @@ def test_data_scaling_gives_every_fraction_equal_steps_its_own_rho_and_five_seed
     assert {c.config["data"]["fraction"] for c in full.cells} == {0.1, 0.25, 0.5, 1.0}
     sam = [c for c in full.cells if c.config["optimizer"]["method"] == "sam"]
     assert sam and all("optimizer.hparams.rho" in c.space and c.trials >= 4 for c in sam)  # searched in each cell
-    assert len({c.levels["train.seed"] for c in full.cells}) >= 5
+    assert {c.confirm for c in full.cells} == {5}  # five fresh seeds per cell, at its chosen rho
 
 
 def test_compute_matched_gives_vanilla_twice_the_epochs_in_both_forms():
