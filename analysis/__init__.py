@@ -28,6 +28,7 @@ _HOMES = {
     "measured_on": "runs",
     "split_stages": "runs",
     "summarize": "runs",
+    "unconfirmed_cells": "runs",
     "DataMultiplier": "scaling",
     "FloorNotIdentifiedWarning": "scaling",
     "LawFit": "scaling",
@@ -92,6 +93,7 @@ __all__ = [
     "split_stages",
     "summarize",
     "trial_compute",
+    "unconfirmed_cells",
     "write_report",
 ]
 
@@ -108,7 +110,15 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
     )
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
-    from analysis.runs import confirm_summary, load_curves, load_runs, measured_on, split_stages, summarize
+    from analysis.runs import (
+        confirm_summary,
+        load_curves,
+        load_runs,
+        measured_on,
+        split_stages,
+        summarize,
+        unconfirmed_cells,
+    )
     from analysis.scaling import (
         DataMultiplier,
         FloorNotIdentifiedWarning,

@@ -28,6 +28,7 @@ from analysis.runs import (
     measured_on,
     split_stages,
     summarize,
+    unconfirmed_cells,
 )
 from analysis.scaling import (
     data_multiplier,
@@ -232,6 +233,13 @@ def write_report(
         w.csv("summary.csv", summary)
         w.section("Per-cell summary of the search", summary_md)
         if not confirm.empty:
+            if missing := unconfirmed_cells(search, confirm):
+                warnings.warn(
+                    f"{len(missing)} cell(s) have no finished confirm run, and are left out of every comparison: "
+                    f"{missing[:6]}{' ...' if len(missing) > 6 else ''}. Their confirm stage was interrupted or cut by "
+                    f"the time limit (`sharpscale resume` finishes it), or every search trial failed.",
+                    stacklevel=2,
+                )
             chosen = confirm_summary(confirm, metric=metric, show=tuple(c for c in (_RHO,) if c in runs.columns))
             confirm_md = (
                 f"Each cell's confirm runs: {statistic_label(metric)} mean, sd and standard error over its fresh "

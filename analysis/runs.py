@@ -35,6 +35,7 @@ __all__ = [
     "measured_on",
     "split_stages",
     "summarize",
+    "unconfirmed_cells",
 ]
 
 # Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
@@ -318,6 +319,16 @@ def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not confirm.empty and "train.seed" in confirm.columns:
         confirm["cell"] = confirm["cell"].astype(str) + " seed=" + confirm["train.seed"].astype(str)
     return runs[runs[STAGE_COLUMN] != CONFIRM_STAGE], confirm
+
+
+def unconfirmed_cells(search: pd.DataFrame, confirm: pd.DataFrame) -> list[str]:
+    """Cells with search or confirm trials but no finished confirm run (split_stages' two frames): interrupted, cut
+    by the time limit, or every search trial failed. A comparison on confirm runs leaves them out, and must say so."""
+    if confirm.empty:
+        return []
+    base = confirm["cell"].astype(str).str.rsplit(" seed=", n=1).str[0]
+    done = set(base[confirm["status"] == "finished"])
+    return sorted((set(search["cell"].astype(str)) | set(base)) - done)
 
 
 def measured_on(runs: pd.DataFrame) -> str:

@@ -241,3 +241,49 @@ def test_a_study_with_a_confirm_stage_end_to_end(ray_cluster, tmp_path, tracking
     assert "Cells are compared on: confirm runs" in (out / "report.md").read_text()
     assert "selection half" in (out / "summary.md").read_text()
     assert (out / "confirm.csv").exists()
+
+
+# ------------------------------------------------------------------------------------------------ the report's reading
+
+
+def _frames():
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "sim_selection", Path(__file__).resolve().parents[2] / "benchmarks" / "sim_selection.py"
+    )
+    sim = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sim_selection", sim)
+    spec.loader.exec_module(sim)
+    return sim.simulate_runs("confirm", np.random.default_rng(0), seeds=3)
+
+
+def test_the_report_compares_confirm_runs_and_names_their_data():
+    from analysis import confirm_summary, measured_on, split_stages, unconfirmed_cells
+
+    runs = _frames()
+    search, confirm = split_stages(runs)
+    assert "confirm runs" in measured_on(confirm) and "held-out test half" in measured_on(confirm)
+    assert "selection half" in measured_on(search)
+    legacy = search.assign(**{"data.eval_split": "all"}).drop(columns=["stage"])
+    assert "biased upwards by the choice" in measured_on(legacy)
+    assert split_stages(legacy)[1].empty  # recorded before stages: every trial is a search trial
+    # Each confirm run is its own replicate: no "best of a cell" reading can pick among its seeds.
+    assert confirm["cell"].nunique() == len(confirm)
+    table = confirm_summary(confirm, metric="val_acc")
+    assert set(table["n seeds"]) == {3} and set(table["seeds"]) == {"1000, 1001, 1002"}
+    sam = confirm[confirm["factor.method"] == "sam"]
+    first = sam[sam["data.fraction"] == 0.05]
+    row = table.loc[("0.05", "resnet", "sam")]
+    assert np.isclose(row["mean val_acc"], first["val_acc"].mean())
+    assert row["chosen rho"] == first["optimizer.hparams.rho"].iloc[0]
+    # A cell whose confirm stage did not finish is named, not silently dropped.
+    assert unconfirmed_cells(search, confirm) == []
+    cut = confirm.assign(
+        status=np.where(confirm["cell"].str.startswith("data.fraction=0.05,"), "interrupted", "finished")
+    )
+    assert unconfirmed_cells(search, cut) == [
+        "data.fraction=0.05,arch=resnet,method=sam",
+        "data.fraction=0.05,arch=resnet,method=vanilla",
+    ]
