@@ -161,8 +161,10 @@ def write_report(
 
     study: its name (MLflow experiment) or YAML file, as for load_runs; smoke: its --smoke runs, likewise. metric / mode: default to the study
     file's objective, else val_acc / max. What is written, decided from the columns present:
-      - always: summary.md/.csv (best trial per cell, `summarize`), curves.png (per-epoch curves of each
+      - always: summary.md/.csv (best search trial per cell, `summarize`), curves.png (per-epoch curves of each
         cell's best trial) when histories exist, and report.md, an index of everything with the notes;
+      - confirm runs: confirm.md/.csv (per cell, mean ± SE over its confirm seeds and the chosen knob,
+        `confirm_summary`); with one fraction, gain_<level>.md/.csv per sharpness-aware level, paired by seed;
       - more than one data.fraction: scaling.md/.csv (Table 5 shape), scaling.png (log-log error vs
         fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
         for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
