@@ -111,7 +111,7 @@ def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
 def cell_params(cell: Cell) -> dict[str, str]:
     """The params of a cell's run: its factor levels, its planned trials and what it searches."""
     params = {f"factor.{k}": v for k, v in cell.levels.items()}
-    params["trials.planned"] = str(cell.trials)
+    params["trials.planned"] = str(cell.planned)  # its search's and its confirm stage's
     for path, dom in cell.space.items():
         params[f"search.{path.rsplit('.', 1)[-1]}"] = ", ".join(f"{k}={v}" for k, v in dom.model_dump().items())
     return params

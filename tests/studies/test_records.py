@@ -1,5 +1,6 @@
 """How a study reads in the MLflow UI: experiment kind, trial names, datasets, and the roll-up onto cell and study runs."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,10 @@ def test_experiment_kind_is_the_value_the_installed_ui_knows():
 def test_trial_names_say_what_the_trial_is():
     study = load_study(REPO / "studies" / "data_scaling.yaml", require_data=False)
     cell = next(c for c in study.cells if c.levels["method"] == "sam" and c.levels["arch"] == "vit")
-    assert cell_label(cell) == f"fraction={cell.levels['data.fraction']}/vit/sam/seed={cell.levels['train.seed']}"
+    assert cell_label(cell) == f"fraction={cell.levels['data.fraction']}/vit/sam"
+    # A seed factor (a study without a confirm stage) reads as seed=N.
+    cell = dataclasses.replace(cell, levels={**cell.levels, "train.seed": "3"})
+    assert cell_label(cell) == f"fraction={cell.levels['data.fraction']}/vit/sam/seed=3"
     name = trial_run_name(cell, {"optimizer.hparams.rho": 0.03412}, 2)
     assert name == f"{cell_label(cell)} rho=0.0341 #2"
     quick = load_study(REPO / "studies" / "quickstart.yaml")
