@@ -858,7 +858,8 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
 def _confirm_problems(confirm: Confirm, tree: dict[str, Any], label: str) -> list[str]:
     """What of a cell's config a confirm stage cannot take: a seed of its own range, an evaluation split set by hand."""
     problems = []
-    seed = (tree.get("train") or {}).get("seed", TrialConfig().train.seed) if isinstance(tree.get("train"), dict) else 0
+    train = tree.get("train")
+    seed = train.get("seed", TrialConfig().train.seed) if isinstance(train, dict) else TrialConfig().train.seed
     if seed in confirm.seed_list:
         problems.append(
             f"confirm.seed_start: the confirm seeds {confirm.seed_start}..{confirm.seed_start + confirm.seeds - 1} must "
