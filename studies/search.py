@@ -276,9 +276,7 @@ class CellSearcher(Searcher):
         cell = self._cells[key]
         self._trial_cell[trial_id] = key
         self._confirm.confirm_trials.add(trial_id)
-        name = " ".join(
-            p for p in (trial_run_name(cell, choice.sample, self._confirm.issued[key]), f"confirm seed={seed}")
-        )
+        name = f"{trial_run_name(cell, choice.sample, self._confirm.issued[key])} confirm seed={seed}"
         return {**self._payload(cell, choice.sample, confirm=(seed, choice.run_name)), "run_name": name}
 
     def unconfirmed(self) -> list[str]:
