@@ -6,6 +6,7 @@ Needs only torch, timm and pydantic (no Ray, Optuna or MLflow). Every ratio is t
   python benchmarks/bench_trainables.py ddp --gpus 2      # SAM per-replica vs global eps on 2 GPUs vs 1 GPU
   python benchmarks/bench_trainables.py single --quick    # tiny CPU smoke of the script itself
   python benchmarks/bench_trainables.py geometry          # a trial's in-trial geometry against its epoch, 1 GPU
+  python benchmarks/bench_trainables.py compile           # fit eager vs compiled (CUDA graphs); compile cache reuse
 """
 
 from __future__ import annotations
@@ -33,14 +34,33 @@ MODELS = {
     "vit_s_p4_32": ("vit_small_patch16_224", {"img_size": 32, "patch_size": 4}, 32, 512),
 }
 QUICK = {"vit_tiny": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, 32, 32)}
+# Issue 21's CIFAR shapes (32x32, batch 256): (timm name, timm kwargs, img, batch, cifar_stem).
+CIFAR = {
+    "vit_s4": ("vit_small_patch16_224", {"patch_size": 4}, 32, 256, False),
+    "mixer_s4": ("mixer_s16_224", {"patch_size": 4}, 32, 256, False),
+    "resnet18_cifar": ("resnet18", {}, 32, 256, True),
+}
 
 
 def _config(
-    name, kwargs, img, batch, *, method="none", steps=30, device="cuda", epochs=2, hparams=None, global_eps=False
+    name,
+    kwargs,
+    img,
+    batch,
+    *,
+    method="none",
+    steps=30,
+    device="cuda",
+    epochs=2,
+    hparams=None,
+    global_eps=False,
+    compile="off",
+    cifar_stem=False,
+    compile_cache=None,
 ):
     kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
     return {
-        "model": {"name": name, "kwargs": kwargs},
+        "model": {"name": name, "kwargs": kwargs, "cifar_stem": cifar_stem},
         "data": {
             "name": "synthetic",
             "img_size": img,
@@ -51,7 +71,13 @@ def _config(
         },
         "optimizer": {"method": method, "lr": 1e-3, "hparams": hparams or {}, "global_perturbation": global_eps},
         "schedule": {"epochs": epochs, "sched": "cosine", "warmup_epochs": 0},
-        "train": {"device": device, "precision": "bf16" if device == "cuda" else "fp32", "checkpoint_every": 1000},
+        "train": {
+            "device": device,
+            "precision": "bf16" if device == "cuda" else "fp32",
+            "checkpoint_every": 1000,
+            "compile": compile,
+            "compile_cache": compile_cache,
+        },
     }
 
 
@@ -117,6 +143,63 @@ def cmd_single(args) -> None:
             fits.append(loop(name, kwargs, img, batch, args.steps, device))
         b, f = statistics.median(bares), statistics.median(fits)
         print(f"| {key} | {batch} | {b:.0f} | {f:.0f} | {f / b:.3f} |", flush=True)
+
+
+def cmd_compile(args) -> None:
+    """`trainables.fit` with train.compile off against reduce-overhead (CUDA graphs), interleaved, at issue 21's
+    CIFAR shapes; then the compile cache: two fresh processes compiling one trial into a new cache directory."""
+    import subprocess
+
+    from trainables import fit
+
+    device = "cpu" if args.quick else "cuda"
+    mode = "default" if args.quick else "reduce-overhead"
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    models = {k: (*v, False) for k, v in QUICK.items()} if args.quick else {k: CIFAR[k] for k in args.models}
+    print(
+        f"# trainables.fit, train.compile off vs {mode}, {card}, bf16, synthetic data on the device, img/s of epoch 2"
+    )
+    print("| model | batch | method | eager img/s | compiled img/s | compiled / eager | compile s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for key, (name, kwargs, img, batch, stem) in models.items():
+        for method, hp in (("none", {}), ("sam", {"rho": 0.05})):
+            rates = {"off": [], mode: []}
+            compile_s = []
+            for _ in range(args.repeats):
+                for m in rates:
+                    seen = []
+                    cfg = _config(name, kwargs, img, batch, steps=args.steps, device=device, method=method, hparams=hp)
+                    cfg["model"]["cifar_stem"] = stem
+                    cfg["train"]["compile"] = m
+                    fit(cfg, reporter=lambda r, c, seen=seen: seen.append(r))
+                    rates[m].append(seen[-1]["images_per_sec"])
+                    if m != "off":
+                        compile_s.append(seen[0]["compile_time_s"])
+            e, c = statistics.median(rates["off"]), statistics.median(rates[mode])
+            print(
+                f"| {key} | {batch} | {method} | {e:.0f} | {c:.0f} | {c / e:.2f}x | {max(compile_s):.1f} |", flush=True
+            )
+    if args.cache_model and not args.quick:
+        name, kwargs, img, batch, stem = CIFAR[args.cache_model]
+        cache = Path(tempfile.mkdtemp(prefix="sharpscale-compile-cache-"))
+        cfg = _config(name, kwargs, img, batch, steps=4, device=device, epochs=1, method="sam", hparams={"rho": 0.05})
+        cfg["model"]["cifar_stem"] = stem
+        cfg["train"].update(compile=mode, compile_cache=str(cache))
+        code = (
+            "import json, sys; from trainables import fit; seen = []; "
+            "fit(json.loads(sys.argv[1]), reporter=lambda r, c: seen.append(r)); print(seen[0]['compile_time_s'])"
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])] + sys.path)}
+        times = []
+        for trial in ("first", "second"):  # each a fresh process: only the cache directory carries over
+            out = subprocess.run(
+                [sys.executable, "-c", code, json.dumps(cfg)], env=env, capture_output=True, text=True, check=True
+            )
+            times.append(float(out.stdout.strip().splitlines()[-1]))
+        print(
+            f"\n# compile cache, {args.cache_model} SAM, two fresh processes sharing train.compile_cache: first trial "
+            f"{times[0]:.1f} s, second {times[1]:.1f} s, second / first {times[1] / times[0]:.2f}"
+        )
 
 
 def cmd_geometry(args) -> None:
@@ -228,6 +311,13 @@ def main() -> None:
     d.add_argument("--steps", type=int, default=30)
     d.add_argument("--repeats", type=int, default=2)
     d.set_defaults(func=cmd_ddp)
+    c = sub.add_parser("compile")
+    c.add_argument("--models", nargs="+", default=list(CIFAR), choices=list(CIFAR))
+    c.add_argument("--steps", type=int, default=40, help="steps per epoch")
+    c.add_argument("--repeats", type=int, default=1)
+    c.add_argument("--cache-model", default="resnet18_cifar", help="model of the cache measurement ('' skips it)")
+    c.add_argument("--quick", action="store_true", help="tiny run on CPU: checks the script, measures nothing")
+    c.set_defaults(func=cmd_compile)
     g = sub.add_parser("geometry")
     g.add_argument("--models", nargs="+", default=["vit_s_p4_32"], choices=list(MODELS))
     g.add_argument("--steps", type=int, default=98, help="steps per epoch (98 x 512 = one CIFAR-10 epoch)")

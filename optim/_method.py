@@ -223,6 +223,11 @@ class Method(abc.ABC):
     def passes_per_step(self) -> float:
         """Forward+backward passes per step on average, for cost reporting."""
 
+    def compile_modules(self, compiler: Callable[[nn.Module], nn.Module]) -> None:
+        """Run the forwards of the modules the method keeps itself (MESA's teacher) through ``compiler(module)``,
+        e.g. a ``torch.compile`` wrapper; the step's own model is the caller's to compile. Weights, buffers and
+        state stay those of the eager modules. Nothing to do for most methods."""
+
     def extra_state_bytes(self) -> int:
         """Memory the method holds beyond the base optimizer (saved w, stored directions, buffers, teacher)."""
         return 0

@@ -259,6 +259,11 @@ class MESA:
         #: EMA updates taken so far (the t of beta_t); saved with the teacher.
         self.updates = 0
         self._pairs()
+        self._teacher_forward: nn.Module | None = None  # the compiled teacher, when the caller compiles it
+
+    def compile_modules(self, compiler) -> None:
+        """The teacher's forward runs through ``compiler(teacher)``; its weights stay ``self.teacher``'s."""
+        self._teacher_forward = compiler(self.teacher)
 
     def decay(self, t: int) -> float:
         """The decay of the t-th EMA update: ``min(beta, (1 + t) / (10 + t))``."""
@@ -330,7 +335,7 @@ class MESA:
         ):
             ctx = torch.autocast(device_type, dtype=like.dtype)
         with ctx:
-            return self.teacher(inputs)
+            return (self.teacher if self._teacher_forward is None else self._teacher_forward)(inputs)
 
     # ------------------------------------------------------------ the regulariser protocol (Regularised)
     #: The teacher's no-grad forward: about a third of a forward+backward.
@@ -438,6 +443,11 @@ class Regularised(Method):
 
     def extra_state_bytes(self) -> int:
         return self.regulariser.nbytes()
+
+    def compile_modules(self, compiler) -> None:
+        hook = getattr(self.regulariser, "compile_modules", None)  # MESA's teacher; SAF holds no module
+        if hook is not None:
+            hook(compiler)
 
     def _method_state(self) -> dict:
         return self.regulariser.state_dict()

@@ -280,6 +280,18 @@ class TrainConfig(_Strict):
     divergence_check_every: int = Field(
         20, ge=1, description="Steps between checks for a non-finite loss (each check syncs the device)."
     )
+    compile: Literal["auto", "off", "default", "reduce-overhead"] = Field(
+        "auto",
+        description="torch.compile of the training step's model (every method's passes, MESA's teacher): "
+        "'reduce-overhead' adds CUDA graphs, 'default' compiles without them, 'off' runs eager. auto: "
+        "reduce-overhead on CUDA, off on CPU (trainables.compiled.resolve_compile says which settings fall back).",
+    )
+    compile_cache: str | None = Field(
+        None,
+        description="Directory of torch's compile cache (Inductor's FX graph and kernel caches), shared by the "
+        "trials that name it; None: what the trial's driver sets (a study: <storage>/compile_cache), else torch's "
+        "per-host default.",
+    )
 
 
 class GeometryConfig(_Strict):

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 import optim
+from trainables import compiled as compiled_step
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, eval_positions, load_dataset
 from trainables.metrics import VALIDATION_SAMPLES
@@ -298,6 +299,35 @@ def _check_finite(loss: torch.Tensor, d: _Dist, epoch: int, step: int) -> None:
         raise TrialDiverged(epoch, step, float(loss))
 
 
+def _forward(model, x, target, autocast, smoothing) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def forward(rows=None, reduction="mean"):
+        # optim's Forward: the method asks for rows of the batch (micro-batches, m-sharpness, ESAM's
+        # selection) and, where it needs them, one loss per sample.
+        xs, ts = (x, target) if rows is None else (x[rows], target[rows])
+        with autocast():
+            logits = model(xs)
+            if ts.dtype.is_floating_point:  # soft mixup targets
+                loss = torch.sum(-ts * F.log_softmax(logits.float(), dim=-1), dim=-1)
+                loss = loss.mean() if reduction == "mean" else loss
+            else:
+                loss = F.cross_entropy(logits.float(), ts, label_smoothing=smoothing, reduction=reduction)
+        return loss, logits
+
+    return forward
+
+
+def _batch(bundle, x, y, device, channels_last):
+    """A loader's batch on the device, prepared (and mixed up): (inputs, labels, loss targets)."""
+    x = bundle.prepare(x.to(device, non_blocking=True))
+    y = y.to(device, non_blocking=True)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    target = y
+    if bundle.mixup is not None:
+        x, target = bundle.mixup(x, y)
+    return x, y, target
+
+
 def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates):
     model.train()
     sampler.set_epoch(epoch)
@@ -308,28 +338,8 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     channels_last = _channels_last(cfg, device)
     t0 = time.perf_counter()
     for step, (x, y, idx) in enumerate(loader):
-        x = bundle.prepare(x.to(device, non_blocking=True))
-        y = y.to(device, non_blocking=True)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        target = y
-        if bundle.mixup is not None:
-            x, target = bundle.mixup(x, y)
-
-        def forward(rows=None, reduction="mean", x=x, target=target):
-            # optim's Forward: the method asks for rows of the batch (micro-batches, m-sharpness, ESAM's
-            # selection) and, where it needs them, one loss per sample.
-            if rows is not None:
-                x, target = x[rows], target[rows]
-            with autocast():
-                logits = model(x)
-                if target.dtype.is_floating_point:  # soft mixup targets
-                    loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1)
-                    loss = loss.mean() if reduction == "mean" else loss
-                else:
-                    loss = F.cross_entropy(logits.float(), target, label_smoothing=smoothing, reduction=reduction)
-            return loss, logits
-
+        x, y, target = _batch(bundle, x, y, device, channels_last)
+        forward = _forward(model, x, target, autocast, smoothing)
         out = method.train_step(forward, inputs=x, indices=idx, epoch=epoch)
         num_updates += 1
         if scheduler is not None:
@@ -398,7 +408,7 @@ def _channels_last(cfg: TrialConfig, device: torch.device) -> bool:
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return compiled_step.unwrap(model)
 
 
 def _save(
@@ -482,9 +492,15 @@ def fit(
     model.to(device)
     if _channels_last(cfg, device):
         model.to(memory_format=torch.channels_last)
-    net: nn.Module = model
+    plan = compiled_step.resolve_compile(cfg, device, d.world)
+    if d.rank == 0 and plan.warn:
+        warnings.warn(plan.reason, compiled_step.CompileFallbackWarning, stacklevel=2)
+    if plan.enabled:
+        compiled_step.use_cache_dir(cfg.train.compile_cache)
+    # Compiled inside DDP: DDP's gradient hooks stay eager, and every pass of the step runs the compiled graphs.
+    net: nn.Module = compiled_step.compile_module(model, plan)
     if d.world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        net = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None)
 
     train_loader, val_loader, sampler = _loaders(bundle, cfg, d, device)
     geometry_batches = _geometry_batches(bundle, cfg, d, device)
@@ -505,6 +521,8 @@ def fit(
         accumulate=cfg.data.accumulate,
         **cfg.optimizer.hparams,
     )
+    if plan.enabled:
+        method.compile_modules(lambda module: compiled_step.compile_module(module, plan))
     scheduler = _scheduler(base, cfg, len(train_loader))
     # A method may know that this run is too short for its settings: say so once, at the start, on rank 0.
     if d.rank == 0 and resume_from is None:
@@ -563,16 +581,35 @@ def fit(
     own_dir = checkpoint_dir is None
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
+    compile_seconds = None
+    if plan.enabled and start_epoch < cfg.schedule.epochs:
+        # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
+        x, y, _ = next(iter(train_loader))
+        x, _, target = _batch(bundle, x, y, device, _channels_last(cfg, device))
+        compile_seconds = compiled_step.warm_up(
+            net,
+            _forward(net, x, target, autocast, cfg.train.label_smoothing),
+            rows=x.shape[0],
+            accumulate=cfg.data.accumulate,
+            device=device,
+            buffers_of=model,
+        )
     try:
         for epoch in range(start_epoch, cfg.schedule.epochs):
             _seed_epoch(cfg.train.seed, epoch, d.rank)
             train_metrics, num_updates = _train_epoch(
                 net, method, train_loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates
             )
-            val_metrics = evaluate(net, val_loader, device, autocast, d, prepare=bundle.prepare)
+            val_metrics = evaluate(
+                compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare
+            )
+            if compile_seconds is not None:
+                train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
+                compile_seconds = None
             metrics = {
                 "epoch": epoch,
                 **train_metrics,
+                compiled_step.COMPILED_METRIC: float(plan.enabled),
                 **val_metrics,
                 "lr": base.param_groups[0]["lr"],
                 "weight_norm": float(weight_norm(model)),

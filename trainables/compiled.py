@@ -1,0 +1,238 @@
+"""The compiled training step: which trials compile (resolve_compile), the module every pass runs through
+(CompiledModule), its warm-up timed apart from training (warm_up), and the shared cache of compiled artefacts
+(use_cache_dir)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = [
+    "COMPILED_METRIC",
+    "COMPILE_TIME_METRIC",
+    "CompilePlan",
+    "CompiledModule",
+    "compile_module",
+    "resolve_compile",
+    "unwrap",
+    "CompileFallbackWarning",
+    "eval_module",
+    "use_cache_dir",
+    "warm_up",
+]
+
+# Seconds the compile's warm-up took (logged with the first epoch a process trains); never part of epoch_time_s or
+# images_per_sec.
+COMPILE_TIME_METRIC = "compile_time_s"
+# 1.0 on every epoch whose steps ran compiled, 0.0 on those that ran eager (the trial's log says why).
+COMPILED_METRIC = "compiled"
+
+
+class CompileFallbackWarning(UserWarning):
+    """A trial asked to compile (train.compile auto or a mode) runs eager, or compiled with a known difference."""
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a trial's `train.compile` resolved to: the torch.compile mode (or "off") and why."""
+
+    mode: str  # "off", "default" or "reduce-overhead"
+    reason: str
+    #: Said in the trial's log as a CompileFallbackWarning: a setting kept auto from compiling, or an explicit mode
+    #: compiles what differs from eager.
+    warn: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+# Methods whose compiled step disagreed with eager beyond float rounding on the GPU check
+# (benchmarks/check_compiled.py, docs/benchmarks.md), with what was seen; they run eager under auto.
+_EAGER_METHODS = {
+    "msam": "its compiled step (CUDA graphs) ended 0.26 relative from eager after 50 fp32 steps on an H200, where a "
+    "one-rounding nudge of the start moved eager by 2e-6 (not yet explained)",
+}
+
+
+def _eager_only(cfg) -> list[str]:
+    """The trial's settings under which a compiled step would not be the eager step, each with why."""
+    out = []
+    if cfg.optimizer.method in _EAGER_METHODS:
+        out.append(f"optimizer.method={cfg.optimizer.method}: {_EAGER_METHODS[cfg.optimizer.method]}")
+    if cfg.model.drop_rate > 0 or cfg.model.drop_path_rate > 0:
+        # Inductor draws dropout masks with its own generator: another trajectory than eager's at the same seed.
+        out.append(
+            f"model.drop_rate={cfg.model.drop_rate} / drop_path_rate={cfg.model.drop_path_rate}: compiled dropout "
+            "draws other masks than eager at the same seed"
+        )
+    return out
+
+
+def _without_graphs(cfg, world: int) -> list[str]:
+    """The trial's settings under which the step compiles without CUDA graphs, each with why."""
+    out = []
+    if cfg.data.accumulate > 1:
+        # Measured: a micro-batch's gradients live in the graph's memory and the next micro-batch's replay
+        # overwrites them before they are added up (torch raises "accessing tensor output of CUDAGraphs that has
+        # been overwritten").
+        out.append(
+            f"data.accumulate={cfg.data.accumulate}: a CUDA graph's replay would overwrite the previous micro-batch's "
+            "gradients"
+        )
+    if world > 1:
+        out.append(f"{world} data-parallel workers: CUDA graphs under DDP are not verified on a GPU here")
+    return out
+
+
+def resolve_compile(cfg, device: torch.device, world: int = 1) -> CompilePlan:
+    """`cfg.train.compile` for a trial on `device` with `world` data-parallel workers. auto: CUDA graphs on CUDA (the
+    eager step is launch-bound at CIFAR sizes), eager on CPU, eager wherever `_eager_only` finds a setting the
+    compiled step would change, and compiled without CUDA graphs where `_without_graphs` says so; an explicit mode
+    compiles all the same (the user asked for it) and says what differs. CUDA graphs are left out wherever they
+    cannot run, whatever the mode."""
+    want = cfg.train.compile
+    if want == "off":
+        return CompilePlan("off", "train.compile: off")
+    if want == "auto" and device.type != "cuda":
+        return CompilePlan(
+            "off", "train.compile: auto runs eager on CPU (compiling pays where kernel launches dominate)"
+        )
+    problems = _eager_only(cfg)
+    no_graphs = _without_graphs(cfg, world) if want in ("auto", "reduce-overhead") and device.type == "cuda" else []
+    if no_graphs:
+        mode = "default"
+        note = f"train.compile: {want} compiles without CUDA graphs: " + "; ".join(no_graphs)
+        if problems and want == "auto":
+            return CompilePlan("off", "train.compile: auto runs this trial eager: " + "; ".join(problems), warn=True)
+        return CompilePlan(mode, note + ("" if not problems else "; though " + "; ".join(problems)), warn=True)
+    if want == "auto":
+        if problems:
+            return CompilePlan("off", "train.compile: auto runs this trial eager: " + "; ".join(problems), warn=True)
+        return CompilePlan("reduce-overhead", "train.compile: auto on CUDA")
+    if problems:
+        return CompilePlan(want, f"train.compile: {want} as asked, though " + "; ".join(problems), warn=True)
+    return CompilePlan(want, f"train.compile: {want}")
+
+
+def use_cache_dir(path: str | os.PathLike | None) -> Path | None:
+    """Point torch's compile caches (Inductor's FX graph cache, AOTAutograd's cache and the Triton kernels) at
+    `path`, so every trial that names it reuses what an earlier one compiled for the same graph. Must run before this
+    process compiles anything; None leaves torch's per-host default. Returns the directory."""
+    if path is None:
+        return None
+    where = Path(path).expanduser().resolve()
+    where.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
+    os.environ["TRITON_CACHE_DIR"] = str(where / "triton")
+    return where
+
+
+class CompiledModule(nn.Module):
+    """`torch.compile(module)` whose outputs are copied out of the CUDA graphs' memory.
+
+    Under CUDA graphs (mode reduce-overhead) an output lives in memory that the next replay overwrites, and a
+    two-pass method runs the model again before the step returns pass 1's logits; the copy (one small tensor a
+    call) keeps them. The eager module stays registered as `_orig_mod`, as torch.compile's own wrapper has it, so
+    `optim`'s unwrap, BatchNorm guard and ESAM find the module, its parameters and that it is compiled.
+    """
+
+    def __init__(self, module: nn.Module, mode: str, backend: str = "inductor"):
+        super().__init__()
+        self._orig_mod = module
+        options = {"mode": mode} if backend == "inductor" and mode != "default" else {}
+        # Shapes stay static: a trial sees a handful (the batch, micro-batches, ESAM's selection), each its own graph.
+        compiled = torch.compile(module, backend=backend, dynamic=False, **options)
+        object.__setattr__(self, "_compiled", compiled)  # not a submodule: its parameters are _orig_mod's
+
+    def forward(self, *args, **kwargs):
+        out = self._compiled(*args, **kwargs)
+        return out.clone() if isinstance(out, torch.Tensor) else out
+
+
+#: The torch.compile backend of every compiled step. Inductor in use; the tests set "aot_eager" (the same graphs
+#: through AOTAutograd, run eagerly: bit-equal to eager, and affordable on a small CPU).
+BACKEND = "inductor"
+
+
+def compile_module(module: nn.Module, plan: CompilePlan) -> nn.Module:
+    """`module` compiled as `plan` says (itself when the plan is off)."""
+    return CompiledModule(module, plan.mode, BACKEND) if plan.enabled else module
+
+
+def _micro_batch_sizes(rows: int, parts: int) -> list[int]:
+    # optim's split_rows gives `parts` contiguous ranges of `rows`, sizes differing by at most one.
+    base, extra = divmod(rows, parts)
+    return sorted({base + 1, base} if extra else {base}, reverse=True)
+
+
+def warm_up(
+    net: nn.Module,
+    forward: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    *,
+    rows: int,
+    accumulate: int,
+    device: torch.device,
+    buffers_of: nn.Module,
+    rounds: int = 3,
+) -> float:
+    """Compile (and record the CUDA graphs of) the step's forward and backward before training; returns the seconds.
+
+    `forward(rows)` is the loop's forward on its first batch. Three rounds: CUDA graph trees run a new graph once
+    to warm up, record it on the second call and replay it from the third. Nothing of the trial moves: the
+    gradients are dropped, the buffers of `buffers_of` (BatchNorm's statistics) put back and the random generators restored, and
+    under DDP no gradient is all-reduced. A shape first seen later (ESAM's selection, MESA's teacher once it
+    starts) compiles then, inside its epoch.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    buffers = list(buffers_of.buffers())  # BatchNorm's running statistics and counters: put back after
+    saved = [b.detach().clone() for b in buffers]
+    no_sync = net.no_sync if isinstance(net, nn.parallel.DistributedDataParallel) else contextlib.nullcontext
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for _ in range(rounds):
+            for size in _micro_batch_sizes(rows, accumulate):
+                with no_sync():
+                    loss, _ = forward(None if size == rows else slice(0, size))
+                    loss.backward()
+                # Dropped at once: under CUDA graphs these gradients live in memory the next replay overwrites.
+                for p in net.parameters():
+                    p.grad = None
+    with torch.no_grad():
+        for b, v in zip(buffers, saved):
+            b.copy_(v)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def eval_module(net: nn.Module, module: nn.Module) -> nn.Module:
+    """What evaluation runs: `net` when it is eager, else the eager `module` (one graph per shape of the evaluation's
+    batches would buy little: it is forward-only). Under DDP, rank 0's buffers are broadcast first, as the DDP
+    wrapper's own forward would have done."""
+    compiled = isinstance(net, CompiledModule) or isinstance(getattr(net, "module", None), CompiledModule)
+    if not compiled:
+        return net
+    if isinstance(net, nn.parallel.DistributedDataParallel) and net.broadcast_buffers:
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for b in module.buffers():
+                dist.broadcast(b, src=0, group=net.process_group)
+    return module
+
+
+def unwrap(net: nn.Module) -> nn.Module:
+    """The eager module inside DDP and/or CompiledModule."""
+    if isinstance(net, nn.parallel.DistributedDataParallel):
+        net = net.module
+    return net._orig_mod if isinstance(net, CompiledModule) else net
