@@ -142,9 +142,15 @@ def _execute(
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
     checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
-    the geometry probe's factory (`load_probe`).
+    the geometry probe's factory (`load_probe`) and the study's compile cache (key "compile_cache", used where the
+    trial's train.compile_cache is unset).
     """
+    from trainables.compiled import use_cache_dir
     from trainables.loop import TrialDiverged, TrialStopped, fit
+
+    cache = (probe_from or {}).get("compile_cache")
+    if cache and cfg.train.compile_cache is None:
+        use_cache_dir(cache)
 
     run_id = recorder.run_id if recorder is not None else None
 

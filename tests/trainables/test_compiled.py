@@ -1,0 +1,300 @@
+"""The compiled step (trainables.compiled): every registered method's step through torch.compile equals the eager
+step (aot_eager on CPU: the same graphs run eagerly, bit for bit; one Inductor case to float rounding), the warm-up
+moves nothing, fit records it, and train.compile resolves as documented. CUDA graphs themselves are checked on a GPU
+by benchmarks/check_compiled.py (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import optim
+from trainables import compiled, fit, load_checkpoint
+from trainables.config import ConfigError, TrialConfig
+
+BATCH = 12
+# Knobs that make every method do its whole work within a few steps (SAF/MESA active from epoch 1, LookSAM's
+# skipped passes at k=2, ESAM's selection of half the batch).
+HPARAMS = {
+    "sam": {"rho": 0.05},
+    "looksam": {"k": 2},
+    "saf": {"e_start": 1, "e_tilde": 1},
+    "mesa": {"e_start": 0, "beta": 0.9},
+    "esam": {"beta": 0.5, "gamma": 0.5},
+}
+
+
+@pytest.fixture(autouse=True)
+def _aot_eager(monkeypatch):
+    # AOTAutograd's graphs run eagerly: the compiled structure (graphs, guards, recompiles, the step's passes
+    # through them) without Inductor's code generation, which costs minutes on a small CPU.
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    torch._dynamo.reset()
+
+
+def _model():
+    # BatchNorm included: pass 1's statistics rule and the warm-up's restore both act on its buffers.
+    torch.manual_seed(0)
+    return timm.create_model(
+        "resnet18", pretrained=False, num_classes=5, layers=[1, 1, 1, 1], channels=(4, 8, 8, 8), stem_width=4
+    ).train()
+
+
+def _train(name, mode, *, steps=6, accumulate=1, hp=None, model=None):
+    model = _model() if model is None else model
+    plan = compiled.CompilePlan(mode, "test")
+    net = compiled.compile_module(model, plan)
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    method = optim.create(
+        name,
+        base,
+        model=net,
+        num_samples=BATCH * 3,
+        num_classes=5,
+        accumulate=accumulate,
+        **(HPARAMS.get(name, {}) if hp is None else hp),
+    )
+    if plan.enabled:
+        method.compile_modules(lambda m: compiled.compile_module(m, plan))
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(step % 3)  # 3 batches an epoch
+        x, y = torch.randn(BATCH, 3, 8, 8, generator=g), torch.randint(0, 5, (BATCH,), generator=g)
+        idx = torch.arange(BATCH) + BATCH * (step % 3)
+
+        def forward(rows=None, reduction="mean", x=x, y=y):
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            logits = net(xs)
+            return F.cross_entropy(logits, ys, reduction=reduction), logits
+
+        out = method.train_step(forward, inputs=x, indices=idx, epoch=step // 3)
+        losses.append(out.loss.clone())
+        losses.append(out.logits.clone())
+    return model, method, losses
+
+
+def _same(a: nn.Module, b: nn.Module):
+    for (k, v), w in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(v, w), k
+
+
+@pytest.mark.parametrize("name", list(optim.METHODS))
+def test_every_method_compiled_equals_eager(name):
+    eager, _, le = _train(name, "off")
+    comp, method, lc = _train(name, "default")
+    _same(eager, comp)
+    for a, b in zip(le, lc):
+        assert torch.equal(a, b)
+    if name == "mesa":  # the teacher ran through the compiled wrapper, and its weights are still the EMA's own
+        reg = method.regulariser
+        assert isinstance(reg._teacher_forward, compiled.CompiledModule)
+        assert reg._teacher_forward._orig_mod is reg.teacher
+
+
+# 12 rows in 5 micro-batches: sizes 3 and 2, each its own graph; ESAM's 6 selected rows in 3 (BatchNorm needs 2).
+@pytest.mark.parametrize(("name", "accumulate"), [("sam", 5), ("saf", 5), ("esam", 3)])
+def test_micro_batches_compiled_equal_eager(name, accumulate):
+    eager, _, le = _train(name, "off", accumulate=accumulate)
+    comp, _, lc = _train(name, "default", accumulate=accumulate)
+    _same(eager, comp)
+    for a, b in zip(le, lc):
+        assert torch.equal(a, b)
+
+
+def test_rho_zero_compiled_is_the_base_step():
+    base, _, _ = _train("none", "default")
+    zero, _, _ = _train("sam", "default", hp={"rho": 0.0})
+    _same(base, zero)
+
+
+def test_inductor_step_agrees_with_eager_to_rounding(monkeypatch):
+    monkeypatch.setattr(compiled, "BACKEND", "inductor")
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 5))
+
+    eager, _, _ = _train("sam", "off", steps=3, model=mlp())
+    comp, _, _ = _train("sam", "default", steps=3, model=mlp())
+    for (k, v), w in zip(eager.state_dict().items(), comp.state_dict().values()):
+        torch.testing.assert_close(v, w, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_warm_up_moves_nothing():
+    model = _model()
+    net = compiled.compile_module(model, compiled.CompilePlan("default", "test"))
+    before = copy.deepcopy(model.state_dict())
+    x, y = torch.randn(BATCH, 3, 8, 8), torch.randint(0, 5, (BATCH,))
+    rng = torch.get_rng_state()
+
+    def forward(rows=None, reduction="mean"):
+        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+        return F.cross_entropy(net(xs), ys, reduction=reduction), None
+
+    seconds = compiled.warm_up(net, forward, rows=BATCH, accumulate=5, device=torch.device("cpu"), buffers_of=model)
+    assert seconds > 0
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k  # weights, BatchNorm statistics and num_batches_tracked
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def _trial(tiny_model, compile_mode, **train):
+    return {
+        "model": tiny_model("resnet"),
+        "data": {"name": "digits", "img_size": 16, "batch_size": 32, "fraction": 0.2},
+        "optimizer": {"method": "sam", "base": "sgd", "lr": 0.05, "hparams": {"rho": 0.05}},
+        "schedule": {"epochs": 2, "warmup_epochs": 0},
+        "train": {"device": "cpu", "seed": 3, "threads": 1, "compile": compile_mode, **train},
+    }
+
+
+def test_fit_compiled_equals_eager_and_records_the_compile(tiny_model, tmp_path):
+    runs = {}
+    for mode in ("off", "default"):
+        seen = []
+        ckpt = tmp_path / mode
+        fit(_trial(tiny_model, mode), checkpoint_dir=ckpt, reporter=lambda m, c, seen=seen: seen.append(m))
+        runs[mode] = seen, load_checkpoint(ckpt)
+    (eager, eager_ckpt), (comp, comp_ckpt) = runs["off"], runs["default"]
+    for key in ("train_loss", "val_loss", "val_acc", "weight_norm"):
+        assert [m[key] for m in eager] == [m[key] for m in comp], key
+    # The checkpoint holds the eager module's weights under its own names (no compile wrapper's prefix).
+    assert comp_ckpt["model"].keys() == eager_ckpt["model"].keys()
+    for k, v in eager_ckpt["model"].items():
+        assert torch.equal(v, comp_ckpt["model"][k]), k
+    assert [m[compiled.COMPILED_METRIC] for m in comp] == [1.0, 1.0]
+    assert [m[compiled.COMPILED_METRIC] for m in eager] == [0.0, 0.0]
+    # Timed once, before the first epoch, and never inside the epochs' timing.
+    assert comp[0][compiled.COMPILE_TIME_METRIC] > 0 and compiled.COMPILE_TIME_METRIC not in comp[1]
+    assert all(compiled.COMPILE_TIME_METRIC not in m for m in eager)
+
+
+def test_fit_points_the_compile_cache_at_train_compile_cache(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    cfg = _trial(tiny_model, "default", compile_cache=str(tmp_path / "cache"))
+    cfg["schedule"]["epochs"] = 1
+    fit(cfg)
+    import os
+
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache").resolve())
+    assert (tmp_path / "cache").is_dir()
+
+
+def _cfg(**sections) -> TrialConfig:
+    base = {"model": {"name": "resnet18"}}
+    for k, v in sections.items():
+        base.setdefault(k, {}).update(v)
+    return TrialConfig.load(base)
+
+
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("sections", "device", "world", "mode", "warns"),
+    [
+        ({}, CPU, 1, "off", False),
+        ({}, CUDA, 1, "reduce-overhead", False),
+        ({"train": {"compile": "off"}}, CUDA, 1, "off", False),
+        ({"train": {"compile": "default"}}, CPU, 1, "default", False),
+        ({"data": {"accumulate": 2}}, CUDA, 1, "default", True),
+        ({}, CUDA, 2, "default", True),
+        ({"train": {"compile": "reduce-overhead"}, "data": {"accumulate": 2}}, CUDA, 1, "default", True),
+        ({"model": {"drop_path_rate": 0.1}}, CUDA, 1, "off", True),
+        ({"train": {"compile": "reduce-overhead"}, "model": {"drop_rate": 0.1}}, CUDA, 1, "reduce-overhead", True),
+        ({"optimizer": {"method": "msam"}}, CUDA, 1, "off", True),
+    ],
+)
+def test_resolve_compile(sections, device, world, mode, warns):
+    plan = compiled.resolve_compile(_cfg(**sections), device, world)
+    assert (plan.mode, plan.warn) == (mode, warns), plan.reason
+
+
+def test_a_fallback_is_said_in_the_trials_log(tiny_model):
+    cfg = _trial(tiny_model, "auto")
+    cfg["schedule"]["epochs"] = 1
+    cfg["model"]["drop_rate"] = 0.1
+    cfg["train"]["compile"] = "default"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = fit(cfg)
+    assert any(
+        issubclass(w.category, compiled.CompileFallbackWarning) and "drop_rate" in str(w.message) for w in caught
+    )
+    assert metrics[compiled.COMPILED_METRIC] == 1.0
+
+
+def test_train_compile_names_the_field_and_its_options():
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.load({"train": {"compile": "max-autotune"}})
+    text = str(err.value)
+    assert "train.compile" in text and "reduce-overhead" in text and "max-autotune" in text
+
+
+def _ddp_worker(rank, out):
+    import torch.distributed as dist
+
+    compiled.BACKEND = "aot_eager"  # a spawned process: the fixture's patch does not reach it
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    try:
+        res = {}
+        for name, glob in (("sam", False), ("sam", True), ("esam", False), ("mesa", False)):
+            for mode in ("off", "default"):
+                model = _model()
+                net = nn.parallel.DistributedDataParallel(
+                    compiled.compile_module(model, compiled.CompilePlan(mode, "t"))
+                )
+                base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+                method = optim.create(
+                    name,
+                    base,
+                    model=net,
+                    num_samples=BATCH * 3,
+                    num_classes=5,
+                    global_perturbation=glob,
+                    **HPARAMS.get(name, {}),
+                )
+                if mode != "off":
+                    method.compile_modules(lambda m: compiled.compile_module(m, compiled.CompilePlan(mode, "t")))
+                for step in range(3):
+                    g = torch.Generator().manual_seed(10 * rank + step)  # each replica its own batch
+                    x, y = torch.randn(BATCH, 3, 8, 8, generator=g), torch.randint(0, 5, (BATCH,), generator=g)
+
+                    def forward(rows=None, reduction="mean", x=x, y=y, net=net):
+                        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+                        logits = net(xs)
+                        return F.cross_entropy(logits, ys, reduction=reduction), logits
+
+                    method.train_step(forward, inputs=x, epoch=step)
+                res[(name, glob, mode)] = {k: v.clone() for k, v in model.state_dict().items()}
+        torch.save(res, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_compiled_equals_ddp_eager(tmp_path):
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    mp.spawn(_ddp_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for res in ranks:
+        for (name, glob, mode), state in res.items():
+            if mode == "off":
+                continue
+            for k, v in res[(name, glob, "off")].items():
+                assert torch.equal(v, state[k]), (name, glob, k)
+    for key, state in ranks[0].items():  # the replicas stay identical, compiled or not
+        for k, v in state.items():
+            if "running" not in k and "num_batches" not in k:  # BatchNorm statistics are per replica
+                assert torch.equal(v, ranks[1][key][k]), (key, k)
