@@ -41,6 +41,7 @@ _LONG_FILES = (
     "tests/trainables/test_distributed.py",
     "tests/cluster/test_cluster_storage.py",
     "tests/trainables/test_device_check.py",
+    "tests/trainables/test_compiled.py",
     "tests/cluster/test_server.py",
     "tests/studies/test_launches.py",
     "tests/studies/test_state.py",
