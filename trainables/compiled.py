@@ -151,10 +151,11 @@ class CompiledModule(nn.Module):
         # Shapes stay static: a trial sees a handful (the batch, micro-batches, ESAM's selection), each its own graph.
         compiled = torch.compile(module, backend=backend, dynamic=False, **options)
         object.__setattr__(self, "_compiled", compiled)  # not a submodule: its parameters are _orig_mod's
+        self._copy_out = mode == "reduce-overhead"  # without CUDA graphs an output is the caller's already
 
     def forward(self, *args, **kwargs):
         out = self._compiled(*args, **kwargs)
-        return out.clone() if isinstance(out, torch.Tensor) else out
+        return out.clone() if self._copy_out and isinstance(out, torch.Tensor) else out
 
 
 #: The torch.compile backend of every compiled step. Inductor in use; the tests set "aot_eager" (the same graphs
