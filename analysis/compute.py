@@ -11,11 +11,11 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analysis.tables import _require_columns, sample_note
+from analysis.tables import _require_columns, holm, sample_note
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
 
-__all__ = ["COST_UNITS", "compute_matched", "trial_compute"]
+__all__ = ["COST_UNITS", "compute_matched", "compute_matched_gains", "trial_compute"]
 
 # The unit of a trial's cost: GPU-seconds where it held GPUs; CPU worker-seconds where it held none; plain seconds of
 # its one process where its record predates the resource params (WORKERS_PARAM, GPUS_PER_WORKER_PARAM).
@@ -60,26 +60,8 @@ def trial_compute(runs: pd.DataFrame, epoch_times: pd.DataFrame) -> pd.DataFrame
     return out
 
 
-def compute_matched(
-    runs: pd.DataFrame,
-    epoch_times: pd.DataFrame,
-    *,
-    arch: str = "factor.arch",
-    method: str = "factor.method",
-    seed: str | None = "factor.train.seed",
-    epochs: str = "schedule.epochs",
-    metric: str = "val_acc",
-    mode: Literal["max", "min"] = "max",
-) -> pd.DataFrame:
-    """Each (arch, method, other factors) group's answer against its compute: the frontier's points.
-
-    A cell (one combination of factor levels, one seed) delivers its best finished trial by `metric` and costs
-    the compute of all its trials (a search's trials are the price of its answer; `trial_compute`). Cells that
-    differ only in `seed` are replicates: per group, mean and standard error (sd / sqrt(n), none where n = 1) of
-    the cost and of the metric, n the number of cells with a result, and a small-sample note. Groups: `arch`,
-    `method` and every other factor.* column but `seed`; `epochs` (the configured schedule.epochs, so the 2x
-    baseline reads as such) is a column. attrs: metric, mode, unit (the cost unit when every trial shares one).
-    """
+def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tuple[list[str], pd.DataFrame]:
+    """One row per cell: its group keys (arch, method, other factors but seed), trials, epochs, cost and answer."""
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses")
     _require_columns(runs, arch=arch, method=method, metric=metric, cell="cell", status="status")
@@ -106,7 +88,32 @@ def compute_matched(
                 "value": best,
             }
         )
-    cells = pd.DataFrame(rows)
+    return keys, pd.DataFrame(rows)
+
+
+def compute_matched(
+    runs: pd.DataFrame,
+    epoch_times: pd.DataFrame,
+    *,
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    seed: str | None = "factor.train.seed",
+    epochs: str = "schedule.epochs",
+    metric: str = "val_acc",
+    mode: Literal["max", "min"] = "max",
+) -> pd.DataFrame:
+    """Each (arch, method, other factors) group's answer against its compute: the frontier's points.
+
+    A cell (one combination of factor levels, one seed) delivers its best finished trial by `metric` and costs
+    the compute of all its trials (a search's trials are the price of its answer; `trial_compute`). Cells that
+    differ only in `seed` are replicates: per group, mean and standard error (sd / sqrt(n), none where n = 1) of
+    the cost and of the metric, n the number of cells with a result, and a small-sample note. Groups: `arch`,
+    `method` and every other factor.* column but `seed`; `epochs` (the configured schedule.epochs, so the 2x
+    baseline reads as such) is a column. attrs: metric, mode, unit (the cost unit when every trial shares one).
+    """
+    keys, cells = _cells(
+        runs, epoch_times, arch=arch, method=method, seed=seed, epochs=epochs, metric=metric, mode=mode
+    )
     out_rows = []
     for key, part in cells.groupby(keys, sort=True, dropna=False):
         done = part[np.isfinite(part["value"].astype("float64"))]
@@ -147,4 +154,100 @@ def compute_matched(
     )
     units = sorted(set(out.loc[out["n"] > 0, "unit"]))  # a group without a result has no cost to show
     out.attrs.update(metric=metric, mode=mode, unit=units[0] if len(units) == 1 else "mixed units (see `unit`)")
+    return out
+
+
+def compute_matched_gains(
+    runs: pd.DataFrame,
+    epoch_times: pd.DataFrame,
+    *,
+    baseline: str,
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    seed: str = "factor.train.seed",
+    epochs: str = "schedule.epochs",
+    metric: str = "val_acc",
+    mode: Literal["max", "min"] = "max",
+    confidence: float = 0.95,
+    power: float = 0.8,
+) -> pd.DataFrame:
+    """Each method's gain over `baseline` (a level of `method`) at its compute, paired by seed within an arch.
+
+    A pair: the two cells of one arch and seed (and the same other factors). gain: mean of the paired
+    differences of the cells' answers (method - baseline; positive: the method scored higher), its Student-t
+    interval (ci_low, ci_high) and p-value on the pairs, p_holm Holm-adjusted across the methods of an arch,
+    `significant` p_holm < 1 - confidence; detectable: the gain the pairs find with `power` (from their sd);
+    cost_ratio: the method's mean cost over the baseline's on the same seeds (1 = compute-matched). One row per
+    (arch, other factors, method); n_pairs and a small-sample note.
+    """
+    from scipy.stats import t as student
+
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses")
+    _require_columns(runs, arch=arch, method=method, seed=seed, metric=metric, cell="cell", status="status")
+    levels = sorted(runs[method].dropna().astype(str).unique())
+    if baseline not in levels:
+        raise ValueError(f"baseline={baseline!r} is not a level of {method!r} ({levels}); pass one of them")
+    keys, cells = _cells(
+        runs, epoch_times, arch=arch, method=method, seed=seed, epochs=epochs, metric=metric, mode=mode
+    )
+    cells[seed] = runs.groupby("cell")[seed].first().reindex(cells["cell"]).to_numpy()
+    groups = [k for k in keys if k != method]
+    alpha = 1.0 - confidence
+    rows = []
+    for key, part in cells.groupby(groups, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        wide = part.pivot_table(index=seed, columns=method, values="value", aggfunc="first")
+        cost = part.pivot_table(index=seed, columns=method, values="cost_s", aggfunc="first")
+        if baseline not in wide.columns:
+            continue
+        for level in [c for c in wide.columns if c != baseline]:
+            both = wide[[level, baseline]].dropna()
+            d = (both[level] - both[baseline]).to_numpy(dtype="float64")
+            k = len(d)
+            mean = float(d.mean()) if k else math.nan
+            se = float(d.std(ddof=1) / math.sqrt(k)) if k > 1 else math.nan
+            lo = hi = pval = mde = math.nan
+            if k > 1:
+                q = float(student.ppf(1 - alpha / 2, k - 1))
+                lo, hi = mean - q * se, mean + q * se
+                pval = float(2 * student.sf(abs(mean) / se, k - 1)) if se > 0 else (0.0 if mean != 0 else 1.0)
+                mde = float((q + student.ppf(power, k - 1)) * se)
+            c = cost.reindex(both.index)
+            ratio = float(c[level].mean() / c[baseline].mean()) if k and c[baseline].mean() > 0 else math.nan
+            rows.append(
+                {
+                    **dict(zip(groups, key)),
+                    "method": level,
+                    "baseline": baseline,
+                    "gain": mean,
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "p_value": pval,
+                    "detectable": mde,
+                    "cost_ratio": ratio,
+                    "n_pairs": k,
+                    "note": sample_note(k, "seed pairs"),
+                }
+            )
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out["p_holm"] = np.nan
+    for _, idx in out.groupby(groups, dropna=False).groups.items():
+        out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
+    out["significant"] = out["p_holm"] < alpha
+    quiet = (~out["significant"]) & out["detectable"].notna()
+    out.loc[quiet, "note"] = [
+        "; ".join(
+            filter(
+                None,
+                [n, f"no difference detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"],
+            )
+        )
+        for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
+    ]
+    names = [g.removeprefix(FACTOR_PREFIX) for g in groups]
+    out = out.rename(columns=dict(zip(groups, names))).set_index([*names, "method"])
+    out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline)
     return out

@@ -180,7 +180,7 @@ def plot_error_vs_n(
 def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str | None = None) -> Figure:
     """The gain (treatment - baseline) against training-set fraction, colour = arch; n pairs beside each point.
 
-    The bootstrap interval is drawn only where it exists (2+ seed pairs); a single pair is an open marker.
+    The interval (sam_gain's Student-t over seed pairs) is drawn only where it exists (2+ seed pairs); a single pair is an open marker.
     """
     missing = [c for c in ("gain", "ci_low", "ci_high") if c not in gain.columns]
     if missing or gain.index.nlevels != 2:
@@ -215,7 +215,7 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
     metric = gain.attrs.get("metric", "metric")
     ax.set_ylabel(f"gain in {metric} ({treat} - {base})")
     conf = gain.attrs.get("confidence")
-    what = f"{int(round(conf * 100))}% bootstrap interval over seed pairs" if conf else "bootstrap interval"
+    what = f"{int(round(conf * 100))}% Student-t interval over seed pairs" if conf else "interval over seed pairs"
     ax.set_title(title or f"Paired gain; bars: {what} (open: one pair, no interval)", fontsize=9)
     ax.legend(fontsize=7)
     return _finish(fig, path)

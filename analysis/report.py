@@ -10,7 +10,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analysis.compute import compute_matched
+from analysis.compute import compute_matched, compute_matched_gains
 from analysis.geometry.names import METRIC_PREFIX
 from analysis.plots import (
     plot_compute_frontier,
@@ -31,11 +31,13 @@ from analysis.runs import (
     unconfirmed_cells,
 )
 from analysis.scaling import (
+    chance_error,
     data_multiplier,
     fit_scaling_table,
     fits_frame,
     law_extrapolation,
     paired_law_difference,
+    table_points,
 )
 from analysis.tables import (
     _markdown,
@@ -296,8 +298,6 @@ def write_report(
                     seed=seed_col,
                     metric=metric,
                     mode=mode,
-                    n_boot=n_boot,
-                    boot_seed=seed,
                 )
 
         if any(c.startswith(METRIC_PREFIX) for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
@@ -430,7 +430,9 @@ def _scaling_section(
         fits_md = (
             f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
-            "n = training-set fraction; intervals from a residual bootstrap.\n\n" + _markdown(_fmt(frame))
+            "n = training-set fraction, least squares on every seed's point; intervals from a residual bootstrap "
+            "over points, which treats points as independent and is not checked by simulation: the seed-level "
+            "intervals (checked: docs/science.md) are in the scaling-law section.\n\n" + _markdown(_fmt(frame))
         )
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
@@ -441,10 +443,10 @@ def _scaling_section(
         _laws_section(
             w,
             table,
-            [(lv, b) for lv, b in _pairs(runs, method)],
+            _pairs(runs, method),
             source=source,
-            n_boot=min(n_boot, 100),
-            boot_seed=boot_seed,
+            heldout=float(max(fractions)),
+            eps0=_chance(runs, metric, mode),
         )
     for level, base in _pairs(runs, method):
         _gain_section(
@@ -458,8 +460,6 @@ def _scaling_section(
             seed=seed,
             metric=metric,
             mode=mode,
-            n_boot=n_boot,
-            boot_seed=boot_seed,
         )
         slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
         rows = []
@@ -483,17 +483,16 @@ def _scaling_section(
         if rows:
             mult = pd.DataFrame(rows)
             mult_md = (
-                f"How many times more data {base} needs to match {level}'s fitted error at each fraction. Numbers "
-                f"from: {source}.\n\n" + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+                f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
+                "power-law fits above (their residual-bootstrap draws give the interval; not checked by simulation). "
+                f"Numbers from: {source}.\n\n" + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
             )
             w.text(f"data_multiplier_{slug}.md", mult_md)
             w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
             w.section(f"Data multiplier of {level}", mult_md)
 
 
-def _gain_section(
-    w: _Writer, runs, level, base, *, source, arch, method, seed, metric, mode, n_boot, boot_seed
-) -> None:
+def _gain_section(w: _Writer, runs, level, base, *, source, arch, method, seed, metric, mode) -> None:
     """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed (sam_gain)."""
     gain = sam_gain(
         runs,
@@ -505,13 +504,16 @@ def _gain_section(
         seed=seed,
         metric=metric,
         mode=mode,
-        n_boot=max(n_boot, 100),
-        boot_seed=boot_seed,
     )
     slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
     gain_md = (
-        f"Gain of {level} over {base} in {metric}, paired by seed; {gain.attrs['confidence']:.0%} "
-        f"percentile bootstrap interval over the pairs. Numbers from: {source}.\n\n" + _markdown(_fmt(gain))
+        f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
+        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that fraction; p_holm: "
+        "the paired t test's p-value, Holm-adjusted across the arch's fractions (`significant` below "
+        f"{1 - gain.attrs['confidence']:.2g}); band_low/band_high: a simultaneous band over all fractions "
+        f"(Bonferroni); detectable: the gain those pairs find with {gain.attrs['power']:.0%} power at the "
+        "family's level, from their sd (what a fraction without a significant gain rules out).\n\n"
+        + _markdown(_fmt(gain))
     )
     w.text(f"gain_{slug}.md", gain_md)
     w.csv(f"gain_{slug}.csv", gain)
@@ -546,39 +548,32 @@ def _rho_section(w: _Writer, runs, *, source, arch, method, metric, mode, by, n_
         transfer = rho_transfer(result, fraction=by[0])
         transfer_md = (
             "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
-            "the slope of log10(best rho) on log10(fraction), and whether the intervals of all fractions "
-            f"overlap (then the data cannot tell a moving rho from a fixed one). Numbers from: {source}.\n\n"
-            + _markdown(_fmt(transfer))
+            "the slope of log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the "
+            "slopes of the per-fraction bootstrap draws; a slope whose interval holds 0 is no evidence of a move), "
+            "and whether the intervals of all fractions overlap (then the data cannot tell a moving rho from a "
+            f"fixed one). Numbers from: {source}.\n\n" + _markdown(_fmt(transfer))
         )
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
         w.section("rho transfer across data", transfer_md)
 
 
-def _series(table, arch, method):
-    """(fraction, error, seed) points of one (arch, method) from the table's best-of-search rows."""
-    cols = table.columns
-    part = table.best[
-        (table.best[cols["arch"]].astype(str) == str(arch)) & (table.best[cols["method"]].astype(str) == str(method))
-    ]
-    part = part.dropna(subset=[table.metric])
-    values = part[table.metric].astype("float64")
-    err = 1.0 - values if table.mode == "max" else values
-    return (
-        part[cols["fraction"]].astype("float64").to_numpy(),
-        err.to_numpy(),
-        part[cols["seed"]].astype(str).to_numpy(),
-    )
+def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
+    """M4's eps0 for the study's dataset (one data.name) and metric; None where unknown."""
+    names = runs["data.name"].dropna().astype(str).unique() if "data.name" in runs.columns else []
+    return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
 
 
-def _laws_section(w: _Writer, table, pairs, *, source: str, n_boot: int, boot_seed: int) -> None:
+def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0: float | None) -> None:
     """Scaling laws checked by extrapolation, and each sharpness-aware level's paired difference in beta and E."""
     frames = []
     for arch, method in table.mean.index:
-        n, err, seeds = _series(table, arch, method)
-        if len(np.unique(n)) < 4:
+        n, err, seeds = table_points(table, arch, method)
+        if len(np.unique(n[n < heldout])) < 3 or np.all(err == 0):
+            why = "every error is 0: nothing to fit" if len(err) and np.all(err == 0) else "fewer than 3 fractions"
+            frames.append(pd.DataFrame([{"arch": arch, "method": method, "form": "-", "note": why, "verdict": ""}]))
             continue
-        frame = law_extrapolation(n, err, seeds, n_boot=n_boot, seed=boot_seed, bootstrap_forms=("saturating",))
+        frame = law_extrapolation(n, err, seeds, heldout=heldout, eps0=eps0)
         verdict = frame.attrs.get("verdict", "")
         frame = frame.reset_index()
         frame.insert(0, "method", method)
@@ -603,8 +598,10 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, n_boot: int, boot_se
             "prediction",
             "prediction_low",
             "prediction_high",
-            "abs_error",
-            "noise",
+            "check",
+            "check_se",
+            "consistent",
+            "check_detectable",
             "supported",
             "note",
         )
@@ -612,11 +609,15 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, n_boot: int, boot_se
     ]
     verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
     md = (
-        f"Numbers from: {source}. "
-        "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, several starts) on the "
-        "error (1 - metric) of every seed's best-of-search trial; intervals from a bootstrap over whole seeds; "
-        "held out: the largest fraction, predicted from the others. `noise` is the between-seed standard error of "
-        "the held-out mean: forms whose held-out errors differ by less are not told apart.\n\n"
+        "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, delta scaled to the "
+        "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
+        f"best-of-search trial at the fractions below {heldout:g}, which is held out and predicted. "
+        f"Numbers from: {source}. Every number of a row comes from that one held-in fit: E, beta and the "
+        "prediction with 95% intervals (delete-one-seed jackknife, Student t on seeds - 1 df); `check` = "
+        "prediction - observed mean at the held-out fraction, `check_se` its standard error (the prediction's "
+        "error and the observed mean's), `consistent` whether |check| is within its interval, `check_detectable` "
+        "the misprediction these seeds find with 80% power (what a consistent check rules out). A form is named "
+        "better only where its held-out error is smaller by more than that difference's own noise.\n\n"
         + _markdown(_fmt(laws[show]))
         + ("\n" + verdicts + "\n" if verdicts else "")
     )
@@ -626,22 +627,27 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, n_boot: int, boot_se
     for level, base in pairs:
         rows = []
         for arch in sorted({str(a) for a, _ in table.mean.index}):
-            nt, et, st = _series(table, arch, level)
-            nb, eb, sb = _series(table, arch, base)
+            nt, et, st = table_points(table, arch, level)
+            nb, eb, sb = table_points(table, arch, base)
             tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
             keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
-            if len({k[0] for k in keep}) < 3:
+            if len({k[0] for k in keep}) < 4:
                 continue
             f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
-            diff = paired_law_difference(f, e_t, e_b, s_, n_boot=n_boot, seed=boot_seed).reset_index()
+            if np.all(e_t == 0) or np.all(e_b == 0):
+                continue
+            diff = paired_law_difference(f, e_t, e_b, s_).reset_index()
             diff.insert(0, "arch", arch)
             rows.append(diff)
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
             slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
             md = (
-                f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), paired: both fitted on the same "
-                f"resampled seeds in each bootstrap draw. Numbers from: {source}.\n\n" + _markdown(_fmt(frame))
+                f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
+                f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (delete-one-seed "
+                "jackknife of the difference, both laws refitted without the same seed; Student t on seeds - 1 df); "
+                "detectable: the |diff| this design finds with 80% power (what a null result rules out).\n\n"
+                + _markdown(_fmt(frame))
             )
             w.text(f"law_difference_{slug}.md", md)
             w.csv(f"law_difference_{slug}.csv", frame)
@@ -697,6 +703,26 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
         "A method beats more epochs of vanilla only if it is better at equal or lower compute. Numbers from: "
         f"{source}.\n\n" + "\n".join(blocks)
     )
+    pair_on = seed or (_SEED if _SEED in runs.columns else None)
+    if pair_on is not None and "optimizer.method" in runs.columns:
+        plain = sorted(runs.loc[runs["optimizer.method"].astype(str) == "none", method].dropna().astype(str).unique())
+        paired = [
+            compute_matched_gains(
+                runs, epoch_times, baseline=b, arch=arch, method=method, seed=pair_on, metric=metric, mode=mode
+            )
+            for b in plain
+        ]
+        paired = [p for p in paired if not p.empty]
+        if paired:
+            gains = pd.concat(paired)
+            md += (
+                f"\n### Paired by seed\n\nEach method against each plain level of the same arch, paired by seed: "
+                f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
+                "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
+                "with 80% power, cost_ratio the method's compute over the baseline's on those seeds (1: matched). "
+                f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
+            )
+            w.csv("compute_matched_gains.csv", gains)
     w.text("compute_matched.md", md)
     w.csv("compute_matched.csv", table)
     w.figure("compute_frontier.png", plot_compute_frontier(table))

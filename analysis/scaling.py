@@ -16,13 +16,20 @@ __all__ = [
     "FloorNotIdentifiedWarning",
     "LawFit",
     "PowerLawFit",
+    "chance_error",
     "data_multiplier",
+    "detectable",
     "fit_law",
     "fit_power_law",
     "fit_scaling_table",
     "fits_frame",
+    "jackknife_se",
     "law_extrapolation",
+    "law_parameters",
     "paired_law_difference",
+    "robust_delta",
+    "t_quantile",
+    "table_points",
 ]
 
 
@@ -219,7 +226,12 @@ def fit_power_law(
         intervals = {name: (float(lo[i]), float(hi[i])) for i, name in enumerate("abc")}
     a = a_s * n0**b
     notes = []
-    if distinct < 4:
+    if np.all(err == 0):
+        notes.append(
+            "every error is 0 (e.g. every seed at accuracy 1.0): there is no curve, and the flat fit at 0 says nothing "
+            "about scaling; use a harder task or a metric that is not saturated"
+        )
+    elif distinct < 4:
         notes.append(
             f"only {distinct} distinct n: a, b and c can pass through {distinct} mean errors exactly for a whole "
             "range of floors c; measure at least 4 (better 5+) training-set sizes"
@@ -291,6 +303,22 @@ def data_multiplier(
     if not (isinstance(n, (int, float, np.integer, np.floating)) and math.isfinite(float(n)) and n > 0):
         raise ValueError(f"n must be a finite number > 0 (a training-set size or fraction), got {n!r}")
     n = float(n)
+    flat = [name for name, f in (("vanilla", fit_vanilla), ("SAM", fit_sam)) if np.all(f.err == 0)]
+    if flat:
+        return DataMultiplier(
+            n=n,
+            sam_error=float(fit_sam.predict(n)),
+            vanilla_error=float(fit_vanilla.predict(n)),
+            n_needed=math.nan,
+            multiplier=math.nan,
+            interval=(math.nan, math.nan),
+            reachable=False,
+            extrapolated=False,
+            explanation=(
+                f"undefined: every error of the {' and '.join(flat)} fit is 0 (accuracy 1.0 throughout): there is "
+                "no curve to solve for the data needed"
+            ),
+        )
     target = float(fit_sam.predict(n))
     vanilla_err = float(fit_vanilla.predict(n))
     needed = _needed(fit_vanilla.a, fit_vanilla.b, fit_vanilla.c, target)
@@ -403,9 +431,8 @@ def fits_frame(fits: Mapping[tuple[str, str], PowerLawFit]):
 # ------------------------------------------------------------------------------ laws checked by extrapolation
 #
 # The method of Epoch AI's replication of Chinchilla (Besiroglu et al. 2024) and of Alabdulmohsin et al. 2022:
-# fit in log space with a Huber loss from many starts, bootstrap over the independent units (seeds, whose curves
-# share nested fractions) rather than over points, and judge a law by how well it predicts the largest n it was
-# not fitted on.
+# fit in log space with a Huber loss from many starts, resample the independent units (seeds, whose curves share
+# nested fractions) rather than points, and judge a law by how well it predicts the largest n it was not fitted on.
 
 LawForm = Literal["saturating", "broken", "m4"]
 LAW_FORMS: tuple[str, ...] = ("saturating", "broken", "m4")
@@ -420,6 +447,8 @@ _KEEP_STARTS = 4  # starts optimised, out of all those screened
 
 def _huber(r: np.ndarray, delta: float) -> np.ndarray:
     a = np.abs(r)
+    if not math.isfinite(delta):  # least squares
+        return 0.5 * r * r
     return np.where(a <= delta, 0.5 * r * r, delta * (a - 0.5 * delta))
 
 
@@ -440,8 +469,10 @@ def _m4_solve(lx: np.ndarray, E: float, logB: float, beta: float, alpha: float, 
 def _law_log_pred(form: str, theta: np.ndarray, lx: np.ndarray, eps0: float) -> np.ndarray:
     """log L(x) for the internal parameters theta on the rescaled log n (lx = log(n / n0))."""
     if form == "saturating":
+        # E is on its own scale here (not log E): it may go below 0, so that its estimate is not truncated at a
+        # bound, the condition of an interval that covers (an estimate piled up on a bound has no spread to measure).
         e, b, beta = theta
-        return np.logaddexp(e, b - beta * lx)
+        return np.log(np.maximum(e + np.exp(b - beta * lx), 1e-300))
     if form == "broken":
         e, b, beta, beta2, ld = theta
         return np.logaddexp(e, b - beta * lx - beta2 * np.logaddexp(0.0, lx - ld))
@@ -455,8 +486,10 @@ class LawFit:
 
     saturating: L = E + B n^-beta. broken (a smoothly broken power law, one break): L = E + B n^-beta
     (1 + n/n_break)^-beta2, i.e. slope beta below the break and beta + beta2 above it. m4 (Alabdulmohsin et al.
-    2022): (L - E) / (eps0 - L)^alpha = B n^-beta, with eps0 the error of a model that learned nothing (1.0 for
-    error rates unless given).
+    2022): (L - E) / (eps0 - L)^alpha = B n^-beta, with eps0 the error of a model that learned nothing
+    (`chance_error`: 1 - 1/classes for an error rate; no default, M4 needs it given). huber_delta: the Huber loss's delta in log units (by
+    default 1.345 robust sds of the least-squares residuals: `robust_delta`). at_bound: parameters that ended on
+    an edge of their range, whose value is that edge rather than an estimate.
     """
 
     form: str
@@ -465,6 +498,8 @@ class LawFit:
     n0: float = field(repr=False)
     theta: np.ndarray = field(repr=False)
     eps0: float = 1.0
+    huber_delta: float = math.nan
+    at_bound: tuple[str, ...] = ()
 
     def predict(self, n) -> np.ndarray | float:
         lx = np.log(np.asarray(n, dtype="float64") / self.n0)
@@ -475,7 +510,7 @@ class LawFit:
 def _law_params(form: str, theta: np.ndarray, n0: float) -> dict[str, float]:
     if form == "saturating":
         e, b, beta = theta
-        return {"E": math.exp(e), "B": math.exp(b) * n0**beta, "beta": float(beta)}
+        return {"E": float(e), "B": math.exp(b) * n0**beta, "beta": float(beta)}
     if form == "broken":
         e, b, beta, beta2, ld = theta
         return {
@@ -491,7 +526,8 @@ def _law_params(form: str, theta: np.ndarray, n0: float) -> dict[str, float]:
 
 def _law_starts(form: str, lx: np.ndarray, ly: np.ndarray, eps0: float) -> tuple[list[np.ndarray], list[tuple]]:
     low = float(np.exp(ly.min()))
-    es = [math.log(max(low * f, 1e-8)) for f in (1e-4, 0.5, 0.9)]
+    top = float(np.exp(ly.max()))
+    es = [math.log(low * f) for f in (1e-3, 0.5, 0.9)]
     betas = (0.3, 1.0)
     span = (float(lx.min()) - 2.0, float(lx.max()) + 2.0)
     starts = []
@@ -501,19 +537,104 @@ def _law_starts(form: str, lx: np.ndarray, ly: np.ndarray, eps0: float) -> tuple
             gap = np.maximum(np.exp(ly) - math.exp(e), low * 1e-3)
             b = float(np.mean(np.log(gap) + beta * lx))
             if form == "saturating":
-                starts.append(np.array([e, b, beta]))
+                starts.append(np.array([math.exp(e), b, beta]))
             elif form == "broken":
                 for ld in np.quantile(lx, [0.25, 0.5, 0.75]):
                     starts.extend(np.array([e, b, beta, beta2, float(ld)]) for beta2 in (0.5, 2.0))
             elif math.exp(e) < eps0:
                 # M4's alpha trades off against E and beta: start from several, or a local minimum wins.
                 starts.extend(np.array([e, b, beta, alpha]) for alpha in (0.25, 1.0, 2.0))
+    # The floor E lies between a ten-thousandth of the smallest error (a floor indistinguishable from 0) and the
+    # largest error (never a fixed 1: a loss floor above 1 must not be clipped there), below eps0 for M4.
+    e_range = (math.log(1e-4 * low), math.log(top))
     bounds = {
-        "saturating": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0)],
-        "broken": [(math.log(1e-8), math.log(max(eps0, 1.0))), (-50, 50), (0.0, 10.0), (0.0, 10.0), span],
-        "m4": [(math.log(1e-8), math.log(eps0) - 1e-6), (-50, 50), (0.0, 10.0), (0.0, 5.0)],
+        "saturating": [(-top, top), (-50, 50), (0.0, 10.0)],
+        "broken": [e_range, (-50, 50), (0.0, 10.0), (0.0, 10.0), span],
+        "m4": [(e_range[0], min(e_range[1], math.log(eps0) - 1e-6)), (-50, 50), (0.0, 10.0), (0.0, 5.0)],
     }[form]
     return starts, bounds
+
+
+def _saturating_jac(theta: np.ndarray, lx: np.ndarray) -> np.ndarray:
+    """d log L / d (e, b, beta) of the saturating form: the shares of the floor and of the power term in L."""
+    e, b, beta = theta
+    power = np.exp(b - beta * lx)
+    level = np.maximum(e + power, 1e-300)
+    pb = power / level
+    return np.column_stack([1.0 / level, pb, -lx * pb])
+
+
+def _lm_saturating(
+    theta: np.ndarray, lx: np.ndarray, ly: np.ndarray, delta: float, lower: np.ndarray, upper: np.ndarray
+) -> np.ndarray:
+    """Levenberg-Marquardt on the Huber loss (iteratively reweighted) of the saturating form, steps clipped to the
+    bounds: the same optimum scipy's least_squares finds, at a fraction of its per-call cost (the intervals refit
+    once per seed, and the simulation harness fits thousands of times)."""
+
+    def evaluate(th):
+        level = th[0] + np.exp(th[1] - th[2] * lx)
+        if np.any(level <= 0):  # below zero error somewhere: not a curve of errors
+            return ly, math.inf
+        r = np.log(level) - ly
+        return r, float(_huber(r, delta).sum())
+
+    r, value = evaluate(theta)
+    lam = 1e-3
+    for _ in range(100):
+        jac = _saturating_jac(theta, lx)
+        a = np.abs(r)
+        w = np.where(a <= delta, 1.0, delta / np.maximum(a, 1e-300))
+        grad = jac.T @ (w * r)
+        hess = jac.T @ (jac * w[:, None])
+        # A parameter on a bound that the gradient pushes outwards stays there (active set): clipping its step
+        # instead would stall the damping.
+        edge = 1e-9 * (upper - lower)
+        free = ~(((theta <= lower + edge) & (grad > 0)) | ((theta >= upper - edge) & (grad < 0)))
+        if not free.any():
+            break
+        hf, gf = hess[np.ix_(free, free)], grad[free]
+        damp = np.diag(np.diag(hf)) + 1e-12 * np.eye(int(free.sum()))
+        moved = False
+        while lam < 1e12:
+            step = np.zeros_like(theta)
+            step[free] = np.linalg.solve(hf + lam * damp, gf)
+            cand = np.clip(theta - step, lower, upper)
+            rc, vc = evaluate(cand)
+            if vc < value:
+                done = value - vc <= 1e-10 * (1.0 + value)
+                theta, r, value, lam, moved = cand, rc, vc, max(lam / 5.0, 1e-12), True
+                break
+            lam *= 4.0
+        if not moved or done:
+            break
+    return theta
+
+
+def robust_delta(residuals: np.ndarray) -> float:
+    """Huber's delta for residuals of scale s: 1.345 s (95% efficiency under normal noise), s = 1.4826 MAD.
+
+    The floor (1e-6 in log units) keeps a noise-free fit from dividing by zero."""
+    r = np.asarray(residuals, dtype="float64")
+    s = 1.4826 * float(np.median(np.abs(r - np.median(r)))) if len(r) else 0.0
+    return max(1.345 * s, 1e-6)
+
+
+def _check_errors(err: np.ndarray, who: str) -> None:
+    """err must be finite and >= 0, with hints that name the likely cause."""
+    if not np.all(np.isfinite(err)):
+        raise ValueError(f"{who}: err must be finite, got {err.tolist()}; drop failed cells (NaN metrics) first")
+    if np.any(err < 0):
+        hint = (
+            "an error below -1 comes from 1 - accuracy with accuracies on a 0-100 scale: divide the metric by 100"
+            if err.min() < -1.0
+            else "an error rate or a loss cannot be negative: pass 1 - accuracy, or the loss itself"
+        )
+        raise ValueError(f"{who}: err must be >= 0, got min {err.min():.4g}; {hint}")
+    if np.all(err == 0):
+        raise ValueError(
+            f"{who}: every error is 0 (e.g. every seed at accuracy 1.0): there is no curve to fit, and a law "
+            "fitted to it would claim a floor of 0 at every n; use a harder task or a metric that is not saturated"
+        )
 
 
 def fit_law(
@@ -521,29 +642,47 @@ def fit_law(
     err,
     *,
     form: LawForm = "saturating",
-    huber_delta: float = 1e-3,
-    eps0: float = 1.0,
+    huber_delta: float | None = None,
+    eps0: float | None = None,
     start: np.ndarray | None = None,
 ) -> LawFit:
     """Fit one form to points (n, err) by minimising sum Huber_delta(log L(n) - log err) from many starts.
 
-    Several points may share an n (seeds). n is rescaled by its geometric mean inside the fit; the params come
-    back in the units of n as given. start: internal parameters to start from alone (the bootstrap's refits).
+    Several points may share an n (seeds); the form needs as many distinct n as it has parameters. n is
+    rescaled by its geometric mean inside the fit; the params come back in the units of n as given.
+    huber_delta: None scales it to the data (`robust_delta` of the least-squares fit's log residuals); a
+    number fixes it (the refits of an interval reuse the full fit's). start: internal parameters tried first,
+    beside the default starts (a refit is multi-start too: a resample can move the optimum to another basin).
     """
-    from scipy.optimize import least_squares
-
     if form not in LAW_FORMS:
         raise ValueError(f"form must be one of {', '.join(map(repr, LAW_FORMS))}, got {form!r}")
     n = np.asarray(n, dtype="float64").ravel()
     err = np.asarray(err, dtype="float64").ravel()
     if n.shape != err.shape or len(n) == 0:
         raise ValueError(f"n and err must be non-empty and of the same length, got {len(n)} and {len(err)}")
-    if not (np.all(np.isfinite(n)) and np.all(n > 0) and np.all(np.isfinite(err)) and np.all(err >= 0)):
-        raise ValueError("n must be finite and > 0 and err finite and >= 0; drop failed cells first")
+    if not (np.all(np.isfinite(n)) and np.all(n > 0)):
+        raise ValueError(f"n must be finite and > 0 (training-set sizes or fractions), got {n.tolist()}")
+    _check_errors(err, "fit_law")
+    k = len(_LAW_PARAMS[form])
+    distinct = len(np.unique(n))
+    if distinct < k:
+        raise ValueError(
+            f"fit_law: the {form} form has {k} parameters and needs {k}+ distinct n, got {distinct} "
+            f"({np.unique(n).tolist()}); through fewer points a whole family of curves fits exactly: measure more n"
+        )
+    if form == "m4" and eps0 is None:
+        raise ValueError(
+            "m4 needs eps0, the error of a model that learned nothing (1 - 1/classes for an error rate, 0.9 on "
+            "CIFAR-10; log(classes) for a cross-entropy loss): analysis.chance_error gives it for a dataset and metric"
+        )
     if form == "m4" and not np.all(err < eps0):
         raise ValueError(
-            f"m4 needs every error below eps0={eps0} (the error of a model that learned nothing); pass eps0"
+            f"m4 needs every error below eps0={eps0} (the error of a model that learned nothing), got max "
+            f"{err.max():.4g}; pass eps0 (analysis.chance_error gives it for a dataset and metric)"
         )
+    if huber_delta is not None and not (math.isfinite(huber_delta) and huber_delta > 0):
+        raise ValueError(f"huber_delta must be None (scaled to the residuals) or a number > 0, got {huber_delta!r}")
+    eps0 = 1.0 if eps0 is None else float(eps0)  # unused by the saturating and broken forms
     n0 = float(np.exp(np.log(n).mean()))
     lx = np.log(n / n0)
     ly = np.log(np.maximum(err, _LOG_FLOOR))
@@ -551,50 +690,62 @@ def fit_law(
     def residuals(theta):
         return _law_log_pred(form, theta, lx, eps0) - ly
 
+    jac = (lambda theta: _saturating_jac(theta, lx)) if form == "saturating" else "2-point"
     starts, bounds = _law_starts(form, lx, ly, eps0)
-    if start is not None:
-        starts = [np.asarray(start, dtype="float64")]
     lower = np.array([b[0] for b in bounds])
     upper = np.array([b[1] for b in bounds])
-    # Strictly inside the bounds, as the trust-region solver requires; then only the most promising starts
-    # (by their loss before any step) are optimised: many starts cost one evaluation each.
-    starts = [np.clip(s0, lower + 1e-9 * (upper - lower), upper - 1e-9 * (upper - lower)) for s0 in starts]
-    if len(starts) > _KEEP_STARTS:
-        screened = [float(_huber(residuals(s0), huber_delta).sum()) for s0 in starts]
-        starts = [starts[i] for i in np.argsort(screened)[:_KEEP_STARTS]]
-    best, best_value = None, math.inf
-    for s0 in starts:
+    inner = 1e-9 * (upper - lower)
+
+    def clip(theta):  # strictly inside the bounds, as the trust-region solver requires
+        return np.clip(theta, lower + inner, upper - inner)
+
+    starts = [clip(s0) for s0 in starts]
+    # Many starts cost one evaluation each; only the most promising are optimised (and a given start always).
+    screened = [float((residuals(s0) ** 2).sum()) for s0 in starts]
+    keep = [starts[i] for i in np.argsort(screened)[: _KEEP_STARTS if start is None else 1]]
+    if start is not None:
+        keep.insert(0, clip(np.asarray(start, dtype="float64")))
+
+    def solve(s0, loss, delta):
+        if form == "saturating":
+            theta = _lm_saturating(s0, lx, ly, delta, lower, upper)
+            return theta, float(_huber(residuals(theta), delta).sum())
+        from scipy.optimize import least_squares
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            # scipy's loss="huber" with f_scale=delta: 0.5 * sum of Huber_delta(r) exactly.
             res = least_squares(
-                residuals, s0, bounds=(lower, upper), loss="huber", f_scale=huber_delta, method="dogbox", x_scale="jac"
+                residuals, s0, jac=jac, bounds=(lower, upper), loss=loss, f_scale=delta, method="trf", x_scale="jac"
             )
-        value = float(_huber(residuals(res.x), huber_delta).sum())
-        if value < best_value:
-            best, best_value = res, value
-    if start is None:
-        # dogbox finds the basin fast but stops early on the linear part of the Huber loss: polish the winner.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            res = least_squares(
-                residuals,
-                best.x,
-                bounds=(lower, upper),
-                loss="huber",
-                f_scale=huber_delta,
-                method="trf",
-                x_scale="jac",
-                ftol=1e-12,
-                xtol=1e-12,
-                gtol=1e-12,
-                max_nfev=300,
-            )
-        value = float(_huber(residuals(res.x), huber_delta).sum())
-        if value < best_value:
-            best, best_value = res, value
-    theta = np.asarray(best.x, dtype="float64")
-    return LawFit(form=form, params=_law_params(form, theta, n0), objective=best_value, n0=n0, theta=theta, eps0=eps0)
+        return res.x, float(_huber(residuals(res.x), delta).sum())
+
+    if huber_delta is None:
+        # Least squares first: its residuals measure the noise, and the Huber delta is scaled to them.
+        fits = [solve(s0, "linear", math.inf) for s0 in keep]
+        theta_ls = min(fits, key=lambda f: float((residuals(f[0]) ** 2).sum()))[0]
+        delta = robust_delta(residuals(theta_ls))
+        keep = [clip(theta_ls)]
+    else:
+        delta = float(huber_delta)
+    theta, value = min((solve(s0, "huber", delta) for s0 in keep), key=lambda f: f[1])
+    theta = np.asarray(theta, dtype="float64")
+    edge = 1e-6 * (upper - lower)
+    names = _LAW_PARAMS[form]
+    at_bound = tuple(
+        names[i]
+        for i in range(len(theta))
+        if (theta[i] - lower[i] < edge[i] and names[i] != "beta") or upper[i] - theta[i] < edge[i]
+    )
+    return LawFit(
+        form=form,
+        params=_law_params(form, theta, n0),
+        objective=value,
+        n0=n0,
+        theta=theta,
+        eps0=eps0,
+        huber_delta=delta,
+        at_bound=at_bound,
+    )
 
 
 def _check_seeded(n, err, seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -606,11 +757,91 @@ def _check_seeded(n, err, seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return n, err, seeds
 
 
-def _resample_seeds(rng: np.random.Generator, seeds: np.ndarray) -> np.ndarray:
-    """Row indices of a bootstrap draw of whole seeds (with replacement): a seed's points travel together."""
-    unique = np.unique(seeds)
-    drawn = rng.choice(unique, size=len(unique), replace=True)
-    return np.concatenate([np.flatnonzero(seeds == s) for s in drawn])
+# ---------------------------------------------------------------------------------- intervals over seeds
+#
+# The seed is the independent unit (its curve shares nested fractions), and a study has 3-5 of them: a bootstrap
+# over 3 seeds has 10 distinct resamples and its percentile interval is too narrow by design. Every interval of
+# this module's laws is a delete-one-seed jackknife (exact: every leave-one-out refit, no draws) standard error
+# with Student's t on S - 1 degrees of freedom, on the log scale for quantities that are positive (E, B, a
+# prediction). benchmarks/sim_coverage.py measures the coverage; docs/science.md has its table.
+
+_LOG_SCALE = frozenset({"B", "n_break"})
+
+
+def t_quantile(confidence: float, df: float) -> float:
+    """Student's t quantile of a two-sided `confidence` interval on df degrees of freedom (NaN for df < 1)."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + confidence / 2.0, df)) if df >= 1 else math.nan
+
+
+def jackknife_se(values: np.ndarray) -> np.ndarray:
+    """Delete-one jackknife standard error of each column of `values` (one row per left-out unit)."""
+    values = np.asarray(values, dtype="float64")
+    units = len(values)
+    centred = values - values.mean(axis=0)
+    return np.sqrt((units - 1) / units * (centred**2).sum(axis=0))
+
+
+def _t_interval(estimate: float, jack: np.ndarray, q: float, log: bool) -> tuple[float, float, float]:
+    """(low, high, se) of `estimate` from its leave-one-out values `jack`; se on the scale the interval is built."""
+    if not (math.isfinite(estimate) and np.all(np.isfinite(jack))) or (log and (estimate <= 0 or np.any(jack <= 0))):
+        return math.nan, math.nan, math.nan
+    if log:
+        se = float(jackknife_se(np.log(jack)[:, None])[0])
+        return estimate * math.exp(-q * se), estimate * math.exp(q * se), se
+    se = float(jackknife_se(np.asarray(jack)[:, None])[0])
+    return estimate - q * se, estimate + q * se, se
+
+
+def _leave_one_seed_out(seeds: np.ndarray, refit) -> tuple[list, str]:
+    """refit(keep_mask) for each seed left out; ([], reason) when some refit is impossible."""
+    out = []
+    for s in np.unique(seeds):
+        try:
+            out.append(refit(seeds != s))
+        except ValueError as exc:
+            return [], f"leaving seed {s} out leaves too little to refit ({exc}): no interval"
+    return out, ""
+
+
+def chance_error(dataset: str | None, metric: str, *, mode: str = "max") -> float | None:
+    """The error of a model that learned nothing (M4's eps0) for a dataset of the registry and a metric.
+
+    1 - 1/classes for an accuracy (an error rate: 0.9 on CIFAR-10), log(classes) for a cross-entropy loss;
+    None where the registry does not know the classes (imagefolder, synthetic) or the metric is neither.
+    """
+    from trainables.datasets import DATASETS
+
+    spec = DATASETS.get(str(dataset)) if dataset is not None else None
+    classes = getattr(spec, "num_classes", None)
+    if not classes:
+        return None
+    if "acc" in metric and mode == "max":
+        return 1.0 - 1.0 / classes
+    if "loss" in metric and mode == "min":
+        return math.log(classes)
+    return None
+
+
+def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fraction, error, seed) points of one (arch, method) of a ScalingTable: each seed's best-of-search trial.
+
+    The error is 1 - metric where the table maximised it (an accuracy in [0, 1]), else the metric itself (a
+    loss or an error). A maximised metric above 1 is refused with the fix (a 0-100 scale)."""
+    cols = table.columns
+    best = table.best
+    part = best[(best[cols["arch"]].astype(str) == str(arch)) & (best[cols["method"]].astype(str) == str(method))]
+    part = part.dropna(subset=[table.metric])
+    values = part[table.metric].astype("float64").to_numpy()
+    if table.mode == "max" and len(values) and values.max() > 1.0:
+        raise ValueError(
+            f"{table.metric} of {arch}/{method} reaches {values.max():.4g}: a maximised metric becomes an error as "
+            "1 - metric, which needs it in [0, 1]; this looks like a 0-100 (percent) scale: divide the metric by 100"
+        )
+    err = 1.0 - values if table.mode == "max" else values
+    seeds = part[cols["seed"]].astype(str).to_numpy() if cols.get("seed") else np.zeros(len(part), dtype=str)
+    return part[cols["fraction"]].astype("float64").to_numpy(), err, seeds
 
 
 def law_extrapolation(
@@ -619,109 +850,194 @@ def law_extrapolation(
     seeds,
     *,
     forms: tuple[str, ...] = LAW_FORMS,
-    bootstrap_forms: tuple[str, ...] | None = None,
-    n_boot: int = 200,
+    heldout: float | None = None,
     confidence: float = 0.95,
-    seed: int = 0,
-    huber_delta: float = 1e-3,
-    eps0: float = 1.0,
+    huber_delta: float | None = None,
+    eps0: float | None = None,
 ):
-    """Fit each form on all n but the largest, predict the largest, and compare: a scaling law checked by extrapolation.
+    """Fit each form on every n below the held-out one, predict the held-out n, and judge: a law checked by extrapolation.
 
-    One row per form: its parameters fitted on ALL points with percentile intervals from a bootstrap over
-    seeds (`n_boot` draws of whole seeds with replacement), then the held-out check: fitted without the largest
-    n, the prediction there, its bootstrap interval, the observed mean over seeds and the absolute and relative
-    error of the prediction. A form with more parameters than the held-in distinct n is not fitted (its note
-    says so). `noise` is the standard error of the observed mean at the held-out n (between seeds): held-out
-    errors that differ by less than it do not tell the forms apart. With one seed there is nothing to resample:
-    no intervals (note says so). The best form (smallest held-out error) is flagged in `supported`.
-    bootstrap_forms: the forms that get intervals (None: all); the others are compared by their point fits.
+    heldout: the n held out (default the largest; pass the design's largest fraction so that every series is
+    checked at the same n, even one whose runs there all failed: its row then says so). One row per form, every
+    number from the one held-in fit that makes the prediction: its parameters, the prediction, and their
+    intervals (delete-one-seed jackknife, t on S - 1 df; see above), the observed mean over seeds at the held-out
+    n, and the check: `check` = prediction - observed with `check_se`, the standard error of that difference
+    (the prediction's own error and the observed mean's, from the same leave-one-seed-out refits), `consistent`
+    whether |check| is within its t interval, `check_detectable` the misprediction found with 80% power. A form is fitted only where the held-in distinct n can pin it
+    (as many as its parameters; M4 also needs eps0, the error of a model that learned nothing). attrs["verdict"]
+    names a form that predicts better only where the seeds say so (the difference of the absolute held-out
+    errors outside its own interval); with one fittable form, or one seed, none is named.
     """
     import pandas as pd
 
+    _check_confidence(confidence)
     n, err, seeds = _check_seeded(n, err, seeds)
     distinct = np.unique(n)
-    if len(distinct) < 3:
-        raise ValueError(
-            f"law_extrapolation needs at least 3 distinct n (fit on 2+, hold out the largest), got {distinct.tolist()}"
-        )
-    top = distinct[-1]
+    top = float(distinct[-1] if heldout is None else heldout)
     held_in = n < top
-    observed = err[~held_in]
-    n_seeds = len(np.unique(seeds))
-    noise = float(observed.std(ddof=1) / math.sqrt(len(observed))) if len(observed) > 1 else math.nan
-    tail = (1.0 - confidence) / 2.0
-    rows = []
+    inner = np.unique(n[held_in])
+    if len(inner) < 3:
+        raise ValueError(
+            f"law_extrapolation needs at least 3 distinct n below the held-out n={top:g} (fit on 3+, hold out the "
+            f"largest), got {inner.tolist()}; measure more training-set sizes"
+        )
+    at_top = n == top
+    observed = err[at_top]
+    unique_seeds = np.unique(seeds)
+    n_seeds = len(unique_seeds)
+    q = t_quantile(confidence, n_seeds - 1)
+    rows, checks, reasons = [], {}, {}
     for form in forms:
         k = len(_LAW_PARAMS[form])
         row: dict = {
             "form": form,
             "n_seeds": n_seeds,
-            "heldout_n": float(top),
-            "observed": float(observed.mean()),
-            "noise": noise,
+            "heldout_n": top,
+            "observed": float(observed.mean()) if len(observed) else math.nan,
         }
-        if len(np.unique(n[held_in])) < k:
-            row["note"] = (
-                f"{k} parameters need {k}+ distinct n below the held-out one; have {len(np.unique(n[held_in]))}"
+        why = ""
+        if len(inner) < k:
+            why = f"{k} parameters need {k}+ distinct n below the held-out one; have {len(inner)}"
+        elif form == "m4" and (eps0 is None or np.any(err >= eps0)):
+            why = (
+                "not fitted: M4 needs the error of a model that learned nothing (eps0), unknown for this metric"
+                if eps0 is None
+                else f"not fitted: M4 needs every error below eps0={eps0:.4g}, the error of a model that learned nothing"
             )
+        if why:
+            row["note"] = reasons[form] = why
             rows.append(row)
             continue
-        full = fit_law(n, err, form=form, huber_delta=huber_delta, eps0=eps0)
         part = fit_law(n[held_in], err[held_in], form=form, huber_delta=huber_delta, eps0=eps0)
         prediction = float(part.predict(top))
-        row.update({f"{p}": v for p, v in full.params.items()})
-        row.update(
-            prediction=prediction,
-            abs_error=abs(prediction - row["observed"]),
-            rel_error=abs(prediction - row["observed"]) / max(row["observed"], 1e-12),
-        )
-        notes = []
-        if bootstrap_forms is not None and form not in bootstrap_forms:
-            notes.append("not bootstrapped: point fit only")
-        elif n_seeds >= 2 and n_boot > 0:
-            rng = np.random.default_rng(seed)
-            draws, preds = [], []
-            for _ in range(n_boot):
-                idx = _resample_seeds(rng, seeds)
-                draws.append(
-                    list(
-                        fit_law(
-                            n[idx], err[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=full.theta
-                        ).params.values()
-                    )
-                )
-                inner = idx[n[idx] < top]
-                preds.append(
-                    float(
-                        fit_law(
-                            n[inner], err[inner], form=form, huber_delta=huber_delta, eps0=eps0, start=part.theta
-                        ).predict(top)
-                    )
-                )
-            draws = np.asarray(draws)
-            for i, p in enumerate(full.params):
-                row[f"{p}_low"], row[f"{p}_high"] = (float(q) for q in np.quantile(draws[:, i], [tail, 1 - tail]))
-            row["prediction_low"], row["prediction_high"] = (float(q) for q in np.quantile(preds, [tail, 1 - tail]))
-            if n_seeds < 3:
-                notes.append(f"{n_seeds} seeds: intervals unreliable")
+        row.update(part.params)
+        row.update(prediction=prediction, huber_delta=part.huber_delta)
+        if len(observed):
+            row.update(check=prediction - row["observed"], abs_error=abs(prediction - row["observed"]))
+        notes = [f"{', '.join(part.at_bound)} at the edge of its range"] if part.at_bound else []
+        if not len(observed):
+            notes.append(f"no finished run at the held-out n={top:g}: nothing to check the prediction against")
+        if n_seeds >= 2:
+
+            def refit(keep, part=part, form=form):
+                f = fit_law(
+                    n[held_in & keep], err[held_in & keep], form=form, huber_delta=part.huber_delta,
+                    eps0=eps0, start=part.theta,
+                )  # fmt: skip
+                obs = err[at_top & keep]
+                pred = float(f.predict(top))
+                return [*f.params.values(), pred, pred - (obs.mean() if len(obs) else math.nan)]
+
+            jack, why = _leave_one_seed_out(seeds, refit)
+            if jack:
+                jack = np.asarray(jack, dtype="float64")
+                names = [*part.params, "prediction"]
+                for i, p in enumerate(names):
+                    est = prediction if p == "prediction" else part.params[p]
+                    row[f"{p}_low"], row[f"{p}_high"], _ = _t_interval(est, jack[:, i], q, p in _LOG_SCALE)
+                if len(observed):
+                    se = float(jackknife_se(jack[:, -1:])[0])
+                    row["check_se"] = se
+                    row["consistent"] = bool(abs(row["check"]) <= q * se) if math.isfinite(se) else math.nan
+                    # What a "consistent" check rules out: the misprediction the seeds find with 80% power.
+                    row["check_detectable"] = detectable(se, n_seeds - 1, confidence=confidence)
+                    checks[form] = jack[:, -1]
+                if n_seeds < 3:
+                    notes.append(f"{n_seeds} seeds: t on 1 df, the interval is wide")
+            else:
+                notes.append(why)
         else:
-            notes.append("1 seed: no interval" if n_seeds < 2 else "n_boot=0: no interval")
+            notes.append("1 seed: no interval, no check")
         row["note"] = "; ".join(notes)
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("form")
-    if "abs_error" in frame.columns and frame["abs_error"].notna().any():
-        best = frame["abs_error"].idxmin()
-        frame["supported"] = frame.index == best
-        second = frame["abs_error"].drop(best).min() if frame["abs_error"].notna().sum() > 1 else math.nan
-        if math.isfinite(noise) and math.isfinite(second) and second - frame.loc[best, "abs_error"] < noise:
-            frame.attrs["verdict"] = (
-                f"{best} predicts the held-out n best, but by less than the between-seed noise "
-                f"({noise:.3g}): the data do not tell the forms apart"
-            )
-        else:
-            frame.attrs["verdict"] = f"{best} predicts the held-out n best"
+    frame["supported"] = False
+    frame.attrs["verdict"] = _law_verdict(frame, checks, reasons, q, confidence)
+    winner = frame.attrs.pop("_winner", None)
+    if winner is not None:
+        frame.loc[winner, "supported"] = True
     return frame
+
+
+def _law_verdict(frame, checks: dict, reasons: dict, q: float, confidence: float) -> str:
+    """Which form predicts the held-out n better, only where the data decide; else why they cannot."""
+    fitted = [f for f in frame.index if "abs_error" in frame.columns and math.isfinite(frame.loc[f, "abs_error"])]
+    left_out = "; ".join(f"{f} not compared ({r})" for f, r in reasons.items())
+    tail = f"; {left_out}" if left_out else ""
+    if not fitted:
+        return "no form was fitted and checked against the held-out n" + tail
+    if len(fitted) == 1:
+        f = fitted[0]
+        state = {True: "consistent with", False: "misses"}.get(
+            frame.loc[f].get("consistent"), "cannot be checked against"
+        )
+        return (
+            f"only {f} could be fitted and checked: no comparison of forms; its prediction {state} the held-out n{tail}"
+        )
+    if len(checks) < len(fitted):
+        return "one seed (or a refit that failed): no noise estimate, so no form is named better" + tail
+    order = sorted(fitted, key=lambda f: frame.loc[f, "abs_error"])
+    best, second = order[0], order[1]
+    gap = float(frame.loc[second, "abs_error"] - frame.loc[best, "abs_error"])
+    se = float(jackknife_se((np.abs(checks[second]) - np.abs(checks[best]))[:, None])[0])
+    if math.isfinite(se) and gap > q * se:
+        frame.attrs["_winner"] = best
+        return (
+            f"{best} predicts the held-out n better than {second}: its absolute error is smaller by {gap:.3g}, "
+            f"outside the {confidence:.0%} interval of that difference (± {q * se:.3g}){tail}"
+        )
+    return (
+        f"the forms' held-out errors differ by {gap:.3g}, within their noise (± {q * se:.3g} at {confidence:.0%}): "
+        f"the data do not tell the forms apart{tail}"
+    )
+
+
+def _check_confidence(confidence: float) -> None:
+    if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}; e.g. 0.95 for a 95% interval")
+
+
+def detectable(se: float, df: float, *, confidence: float = 0.95, power: float = 0.8) -> float:
+    """The smallest true effect a two-sided t test at `confidence` finds with probability `power`, given its se.
+
+    (t_{1 - alpha/2} + t_{power}) x se on df degrees of freedom: the usual closed form."""
+    from scipy.stats import t
+
+    if not (df >= 1 and math.isfinite(se)):
+        return math.nan
+    return float((t.ppf(0.5 + confidence / 2.0, df) + t.ppf(power, df)) * se)
+
+
+def law_parameters(n, err, seeds, *, form: LawForm = "saturating", confidence: float = 0.95, eps0: float | None = None):
+    """One form fitted on every point, with each parameter's jackknife-over-seeds t interval: param, estimate,
+    low, high, se (on the log scale for E and B), n_seeds, note."""
+    import pandas as pd
+
+    _check_confidence(confidence)
+    n, err, seeds = _check_seeded(n, err, seeds)
+    fit = fit_law(n, err, form=form, eps0=eps0)
+    n_seeds = len(np.unique(seeds))
+    q = t_quantile(confidence, n_seeds - 1)
+    jack, why = (
+        _leave_one_seed_out(
+            seeds,
+            lambda keep: list(
+                fit_law(
+                    n[keep], err[keep], form=form, huber_delta=fit.huber_delta, eps0=eps0, start=fit.theta
+                ).params.values()
+            ),
+        )
+        if n_seeds >= 2
+        else ([], "1 seed: no interval")
+    )
+    rows = []
+    for i, p in enumerate(fit.params):
+        lo, hi, se = _t_interval(fit.params[p], np.asarray(jack)[:, i], q, p in _LOG_SCALE) if jack else (math.nan,) * 3
+        note = why or ("at the edge of its range" if p in fit.at_bound else "")
+        rows.append(
+            {"param": p, "estimate": fit.params[p], "low": lo, "high": hi, "se": se, "n_seeds": n_seeds, "note": note}
+        )
+    return pd.DataFrame(rows).set_index("param")
 
 
 def paired_law_difference(
@@ -731,50 +1047,68 @@ def paired_law_difference(
     seeds,
     *,
     form: LawForm = "saturating",
-    n_boot: int = 200,
     confidence: float = 0.95,
-    seed: int = 0,
-    huber_delta: float = 1e-3,
-    eps0: float = 1.0,
+    power: float = 0.8,
+    huber_delta: float | None = None,
+    eps0: float | None = None,
 ):
-    """treatment - baseline in each parameter of `form` (e.g. SAM - vanilla in beta and E), paired bootstrap over seeds.
+    """treatment - baseline in each parameter of `form` (e.g. SAM - vanilla in beta and E), paired over seeds.
 
-    The points are paired: point i of both arrays shares n and seed (nested fractions, seeds shared). Each
-    draw resamples whole seeds once and refits both laws on the same seeds. One row per parameter: treatment,
-    baseline, diff, diff_low, diff_high, n_seeds, note.
+    The points are paired: point i of both arrays shares n and seed (nested fractions, seeds shared). The
+    interval: delete-one-seed jackknife of the difference (each leave-one-out refits both laws without the same
+    seed), t on S - 1 df. One row per parameter: treatment, baseline, diff, diff_low, diff_high, se, p_value,
+    detectable (the |diff| this design finds with `power`, from the same se: what a null result rules out),
+    n_seeds, note. Needs as many distinct n as the form has parameters.
     """
     import pandas as pd
 
+    _check_confidence(confidence)
     n, err_t, seeds = _check_seeded(n, err_treatment, seeds)
     err_b = np.asarray(err_baseline, dtype="float64").ravel()
     if len(err_b) != len(n):
         raise ValueError(f"err_baseline must pair with err_treatment point by point, got {len(err_b)} and {len(err_t)}")
+    k = len(_LAW_PARAMS.get(form, ()))
+    if len(np.unique(n)) < k + 1:
+        raise ValueError(
+            f"paired_law_difference: the {form} form has {k} parameters; comparing two laws needs {k + 1}+ distinct n "
+            f"(one more than it takes to pass through the means exactly), got {len(np.unique(n))}: measure more n"
+        )
     ft = fit_law(n, err_t, form=form, huber_delta=huber_delta, eps0=eps0)
     fb = fit_law(n, err_b, form=form, huber_delta=huber_delta, eps0=eps0)
     n_seeds = len(np.unique(seeds))
-    tail = (1.0 - confidence) / 2.0
-    diffs = None
-    if n_seeds >= 2 and n_boot > 0:
-        rng = np.random.default_rng(seed)
-        rows = []
-        for _ in range(n_boot):
-            idx = _resample_seeds(rng, seeds)
-            t = fit_law(n[idx], err_t[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=ft.theta).params
-            b = fit_law(n[idx], err_b[idx], form=form, huber_delta=huber_delta, eps0=eps0, start=fb.theta).params
-            rows.append([t[p] - b[p] for p in ft.params])
-        diffs = np.asarray(rows)
-    note = "1 seed: no interval" if n_seeds < 2 else (f"{n_seeds} seeds: interval unreliable" if n_seeds < 3 else "")
+    q = t_quantile(confidence, n_seeds - 1)
+
+    def refit(keep):
+        t = fit_law(n[keep], err_t[keep], form=form, huber_delta=ft.huber_delta, eps0=eps0, start=ft.theta)
+        b = fit_law(n[keep], err_b[keep], form=form, huber_delta=fb.huber_delta, eps0=eps0, start=fb.theta)
+        return [t.params[p] - b.params[p] for p in ft.params]
+
+    jack, why = _leave_one_seed_out(seeds, refit) if n_seeds >= 2 else ([], "1 seed: no interval")
+    from scipy.stats import t as student
+
     out = []
     for i, p in enumerate(ft.params):
-        lo, hi = np.quantile(diffs[:, i], [tail, 1 - tail]) if diffs is not None else (math.nan, math.nan)
+        diff = ft.params[p] - fb.params[p]
+        lo, hi, se = _t_interval(diff, np.asarray(jack)[:, i], q, False) if jack else (math.nan,) * 3
+        pval = float(2 * student.sf(abs(diff) / se, n_seeds - 1)) if jack and se > 0 else math.nan
+        mde = detectable(se, n_seeds - 1, confidence=confidence, power=power) if jack else math.nan
+        note = why
+        if jack and lo <= 0 <= hi:
+            note = f"no difference detected: a true |diff| of {mde:.3g} or more would be found with {power:.0%} power"
+        bounded = [name for name, f in (("treatment", ft), ("baseline", fb)) if p in f.at_bound]
+        if bounded:
+            note = "; ".join(filter(None, [note, f"{p} at the edge of its range in the {' and '.join(bounded)} fit"]))
         out.append(
             {
                 "param": p,
                 "treatment": ft.params[p],
                 "baseline": fb.params[p],
-                "diff": ft.params[p] - fb.params[p],
-                "diff_low": float(lo),
-                "diff_high": float(hi),
+                "diff": diff,
+                "diff_low": lo,
+                "diff_high": hi,
+                "se": se,
+                "p_value": pval,
+                "detectable": mde,
                 "n_seeds": n_seeds,
                 "note": note,
             }

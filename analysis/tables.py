@@ -18,6 +18,7 @@ __all__ = [
     "ScalingTable",
     "best_of_search",
     "format_cell",
+    "holm",
     "geometry_correlation",
     "method_pairs",
     "sample_note",
@@ -369,16 +370,18 @@ def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[t
     return pairs
 
 
-def _bootstrap_mean_ci(
-    values: np.ndarray, *, n_boot: int, confidence: float, rng: np.random.Generator
-) -> tuple[float, float]:
-    if len(values) == 0:
-        return math.nan, math.nan
-    draws = rng.integers(0, len(values), size=(n_boot, len(values)))
-    means = values[draws].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(means, [tail, 1.0 - tail])
-    return float(lo), float(hi)
+def holm(p_values: Sequence[float]) -> np.ndarray:
+    """Holm's step-down adjusted p-values (family-wise error control across the family given); NaN stays NaN."""
+    p = np.asarray(p_values, dtype="float64")
+    out = np.full(p.shape, math.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok])]
+    adjusted = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out[order] = adjusted
+    return out
 
 
 def sam_gain(
@@ -392,9 +395,8 @@ def sam_gain(
     seed: str = "train.seed",
     metric: str = "val_acc",
     mode: Mode = "max",
-    n_boot: int = 10_000,
     confidence: float = 0.95,
-    boot_seed: int = 0,
+    power: float = 0.8,
 ) -> pd.DataFrame:
     """Gain of `treatment` over `baseline` per (arch, fraction): best-of-search metric, paired by seed.
 
@@ -402,14 +404,18 @@ def sam_gain(
     so "none" finds the level 'adamw' of the quickstart). Each side takes its best finished trial per seed
     (as scaling_table does); a seed counts as a pair only where both sides have one. gain is the mean of
     the paired differences (treatment - baseline, whatever `mode`: positive means the treatment scored
-    higher); ci_low / ci_high the percentile interval of that mean over `n_boot` resamples of the pairs with
-    replacement (numpy Generator seeded with `boot_seed`). With 1 pair there is no interval (NaN); rows with
-    fewer than 3 pairs say so in their `note` (with 2 the interval has only 3 distinct values) - in the table,
-    not on stderr. Columns: baseline, treatment (their means over the paired seeds), gain, sd, ci_low,
-    ci_high, n_pairs, note.
+    higher). Its interval is Student's t on the pairs (exact for normal seed noise, where a bootstrap over 3-5
+    pairs is too narrow): ci_low / ci_high per fraction, p_value the paired t test's. The fractions of an arch
+    are one family: p_holm is Holm-adjusted across them and `significant` is p_holm < 1 - confidence;
+    band_low / band_high a simultaneous band (Bonferroni) that holds for all fractions at once. detectable:
+    the gain this fraction's pairs find with `power` at the family's strictest level (from the observed sd):
+    what a gain that is not significant rules out. With 1 pair there is no interval (NaN); rows with fewer than
+    3 pairs say so in `note`. attrs: baseline, treatment, metric, confidence, power, and `chosen_on` (the
+    metric the best trial was picked by, the same that measures it: a best-of-search value, see the report).
     """
+    from scipy.stats import t as student
+
     _check_mode(mode)
-    _check_n_boot(n_boot)
     _check_confidence(confidence)
     _require_columns(runs, arch=arch, method=method, fraction=fraction, seed=seed, metric=metric)
     base_level = _resolve_level(runs, method, baseline, "baseline")
@@ -424,39 +430,82 @@ def sam_gain(
     for level in (base_level, treat_level):
         if level not in wide.columns:
             wide[level] = np.nan
-    rng = np.random.default_rng(boot_seed)
+    alpha = 1.0 - confidence
     rows = []
     groups = sorted(
         {(a, f) for a, f, _ in wide.index}, key=lambda t: (str(t[0]), float(t[1]) if _isnum(t[1]) else str(t[1]))
     )
+    family = {a: sum(1 for g in groups if g[0] == a) for a, _ in groups}
     for a, f in groups:
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
-        # One pair has no spread to resample: its "interval" would be a point, so none is given.
-        lo, hi = (
-            _bootstrap_mean_ci(diffs, n_boot=n_boot, confidence=confidence, rng=rng)
-            if len(diffs) >= 2
-            else (math.nan, math.nan)
-        )
+        k = len(diffs)
+        mean = float(diffs.mean()) if k else math.nan
+        sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
+        se = sd / math.sqrt(k) if k > 1 else math.nan
+        lo = hi = band_lo = band_hi = pval = mde = math.nan
+        if k > 1:
+            m = family[a]
+            lo, hi = (mean + s * student.ppf(1 - alpha / 2, k - 1) * se for s in (-1, 1))
+            band_lo, band_hi = (mean + s * student.ppf(1 - alpha / (2 * m), k - 1) * se for s in (-1, 1))
+            pval = float(2 * student.sf(abs(mean) / se, k - 1)) if se > 0 else (0.0 if mean != 0 else 1.0)
+            mde = float((student.ppf(1 - alpha / (2 * m), k - 1) + student.ppf(power, k - 1)) * se)
         rows.append(
             {
                 "arch": a,
                 "fraction": f,
                 "baseline": float(pairs[base_level].mean()) if len(pairs) else math.nan,
                 "treatment": float(pairs[treat_level].mean()) if len(pairs) else math.nan,
-                "gain": float(diffs.mean()) if len(diffs) else math.nan,
-                "sd": float(diffs.std(ddof=1)) if len(diffs) > 1 else math.nan,
+                "gain": mean,
+                "sd": sd,
                 "ci_low": lo,
                 "ci_high": hi,
-                "n_pairs": int(len(diffs)),
-                "note": sample_note(len(diffs), "seed pairs"),
+                "p_value": pval,
+                "band_low": band_lo,
+                "band_high": band_hi,
+                "detectable": mde,
+                "n_pairs": int(k),
+                "note": sample_note(k, "seed pairs"),
             }
         )
-    columns = ["arch", "fraction", "baseline", "treatment", "gain", "sd", "ci_low", "ci_high", "n_pairs", "note"]
-    out = pd.DataFrame(rows, columns=columns)
-    out = out.set_index(["arch", "fraction"])
-    out.attrs.update(baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, n_boot=n_boot)
+    columns = [
+        "arch",
+        "fraction",
+        "baseline",
+        "treatment",
+        "gain",
+        "sd",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "p_holm",
+        "significant",
+        "band_low",
+        "band_high",
+        "detectable",
+        "n_pairs",
+        "note",
+    ]
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["p_holm"] = np.nan
+        for a, idx in out.groupby("arch").groups.items():
+            out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
+        out["significant"] = out["p_holm"] < alpha
+        quiet = (~out["significant"]) & out["detectable"].notna()
+        out.loc[quiet, "note"] = [
+            "; ".join(
+                filter(
+                    None, [n, f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"]
+                )
+            )
+            for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
+        ]
+    out = out.reindex(columns=columns).set_index(["arch", "fraction"])
+    out.attrs.update(
+        baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, power=power, chosen_on=metric
+    )
     return out
 
 
@@ -478,6 +527,8 @@ class RhoSensitivity:
     levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
     this level was the best). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
     and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
+    draws: per group (the tuple of its index values in `best`), the best rho of each bootstrap resample (NaN
+    where the group's levels hold single trials): rho_transfer's slope interval pairs them across fractions.
     """
 
     levels: pd.DataFrame
@@ -486,6 +537,7 @@ class RhoSensitivity:
     metric: str
     mode: str
     confidence: float
+    draws: dict = field(default_factory=dict, repr=False)
 
     def to_markdown(self, *, digits: int = 3) -> str:
         lv = self.levels.copy()
@@ -573,6 +625,7 @@ def rho_sensitivity(
     rng = np.random.default_rng(boot_seed)
     tail = (1.0 - confidence) / 2.0
     level_rows, best_rows = [], []
+    draws_by_group: dict[tuple, np.ndarray] = {}
     base_means = None
     if baseline is not None:
         if method is None:
@@ -617,11 +670,13 @@ def rho_sensitivity(
         if repeated < 2:
             # One trial per level: resampling trials only drops levels, it measures no noise; no interval.
             rho_low = rho_high = math.nan
+            best_rhos = np.full(n_boot, math.nan)
             note = "1 trial per rho level: no interval"
         elif repeated < FEW_SAMPLES:
             note = f"at most {repeated} trials per rho level: interval unreliable"
         else:
             note = ""
+        draws_by_group[key] = best_rhos
         for i in range(k):
             level_rows.append(
                 {
@@ -650,7 +705,15 @@ def rho_sensitivity(
     names = [g.removeprefix("factor.") for g in groups]
     levels = pd.DataFrame(level_rows).rename(columns=dict(zip(groups, names)))
     best_df = pd.DataFrame(best_rows).rename(columns=dict(zip(groups, names))).set_index(names)
-    return RhoSensitivity(levels=levels, best=best_df, param=param, metric=metric, mode=mode, confidence=confidence)
+    return RhoSensitivity(
+        levels=levels,
+        best=best_df,
+        param=param,
+        metric=metric,
+        mode=mode,
+        confidence=confidence,
+        draws=draws_by_group,
+    )
 
 
 # ------------------------------------------------------------------------ geometry vs generalisation gap
@@ -731,13 +794,21 @@ def geometry_correlation(
     return pd.DataFrame(rows).set_index("measure")
 
 
+def _slopes(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slope of each row of y (draws x points) on x."""
+    xc = x - x.mean()
+    return ((y - y.mean(axis=-1, keepdims=True)) * xc).sum(axis=-1) / (xc**2).sum()
+
+
 def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> pd.DataFrame:
     """Does the best rho move with the amount of data? From a rho_sensitivity split by fraction (by=(fraction,)).
 
     One row per (arch, method): the best rho at each fraction with its interval (as columns rho@<f>), the slope
-    of log10(best rho) on log10(fraction) by least squares, and `overlap`: whether the best-rho intervals of all
-    fractions share a common value (then the data cannot tell a moving rho from a fixed one). Groups without
-    intervals (single trials per level) have overlap NaN and say so in `note`.
+    of log10(best rho) on log10(fraction) by least squares with its interval (slope_low, slope_high: percentiles
+    of the slopes of rho_sensitivity's bootstrap draws, each fraction's trials resampled independently, draw i
+    of every fraction taken together), and `overlap`: whether the best-rho intervals of all fractions share a
+    common value. A slope whose interval holds 0 is no evidence that the best rho moves (note says so). Groups
+    without intervals (single trials per level) have no slope interval and overlap NaN, and say so in `note`.
     """
     name = fraction.removeprefix("factor.")
     names = list(result.best.index.names)
@@ -747,6 +818,7 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         )
     best = result.best.reset_index()
     keys = [n for n in names if n != name]
+    tail = (1.0 - result.confidence) / 2.0
     rows = []
     for key, part in best.groupby(keys, sort=True):
         key = key if isinstance(key, tuple) else (key,)
@@ -757,14 +829,25 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
             span = f" [{low:.3g}, {high:.3g}]" if math.isfinite(low) and math.isfinite(high) else ""
             row[f"rho@{r[name]}"] = f"{r['best_rho']:.3g}{span}"
         x, y = np.log10(part["_f"].to_numpy(dtype="float64")), np.log10(part["best_rho"].to_numpy(dtype="float64"))
-        row["slope"] = float(np.polyfit(x, y, 1)[0]) if len(np.unique(x)) >= 2 else math.nan
+        fits = len(np.unique(x)) >= 2
+        row["slope"] = float(_slopes(x, y[None, :])[0]) if fits else math.nan
+        draws = [result.draws.get(tuple(r[n] for n in names)) for _, r in part.iterrows()]
+        row["slope_low"] = row["slope_high"] = math.nan
+        if fits and all(d is not None and np.all(np.isfinite(d)) for d in draws):
+            slopes = _slopes(x, np.log10(np.column_stack(draws)))
+            row["slope_low"], row["slope_high"] = (float(v) for v in np.quantile(slopes, [tail, 1 - tail]))
         lows, highs = part["rho_low"].to_numpy(dtype="float64"), part["rho_high"].to_numpy(dtype="float64")
+        notes = []
         if np.isfinite(lows).all() and np.isfinite(highs).all():
             row["overlap"] = bool(lows.max() <= highs.min())
-            row["note"] = "" if row["overlap"] is False else "intervals overlap: no evidence that the best rho moves"
+            if row["overlap"]:
+                notes.append("intervals overlap: no evidence that the best rho moves")
         else:
             row["overlap"] = math.nan
-            row["note"] = "no interval at some fraction (single trials per level)"
+            notes.append("no interval at some fraction (single trials per level)")
+        if math.isfinite(row["slope_low"]) and row["slope_low"] <= 0 <= row["slope_high"]:
+            notes.append("the slope's interval holds 0")
+        row["note"] = "; ".join(notes)
         row["fractions"] = int(len(part))
         rows.append(row)
     return pd.DataFrame(rows).set_index(keys)

@@ -158,6 +158,11 @@ def _cmd_run(args) -> int:
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=not args.dry_run)
     if args.dry_run:
         _print_cells(study)
+        from analysis.design import study_detectable
+
+        statement = study_detectable(study)
+        if statement:
+            print(f"Design: {statement}")
         return 0
     from studies.runner import run_study
     from trainables.tracking import check_tracking_uri
@@ -509,7 +514,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a study file (validates it completely first)",
     )
     run.add_argument("study", help="study file, e.g. studies/quickstart.yaml")
-    run.add_argument("--dry-run", action="store_true", help="print the cells and trial counts, run nothing")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cells and trial counts and what the design can detect (80%% power); run nothing",
+    )
     run.add_argument(
         "--new-launch",
         action="store_true",

@@ -698,7 +698,7 @@ def _rand_augment(config: str, size: int, mean: Sequence[float]):
 
 def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
     name = cfg.name
-    num_classes = 10 if name == "cifar10" else 100
+    num_classes = DATASETS[name].num_classes
     assert root is not None  # the registry entry needs a root; DataConfig enforces it
     base = _find_cifar_dir(name, root)
     _, train_files, test_files, meta_file = _cifar_files(name)

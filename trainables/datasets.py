@@ -45,6 +45,9 @@ class DatasetSpec:
     native_size: int | None = None  # the only img_size the resident form takes (None: any)
     # Image files that can be decoded and augmented in batches on the training device (`data.decode`).
     device_decode: bool = False
+    # Classes of a fixed dataset (None where the data or the config decide): analysis.chance_error reads it for the
+    # error of a model that learned nothing (1 - 1/classes), M4's eps0.
+    num_classes: int | None = None
 
     @property
     def load(self) -> Loader:
@@ -60,6 +63,7 @@ DATASETS: dict[str, DatasetSpec] = {
             "_load_digits",
             needs_root=False,
             device_resident=True,
+            num_classes=10,
         ),
         DatasetSpec(
             "cifar10",
@@ -68,6 +72,7 @@ DATASETS: dict[str, DatasetSpec] = {
             needs_root=True,
             device_resident=True,
             native_size=32,
+            num_classes=10,
         ),
         DatasetSpec(
             "cifar100",
@@ -76,6 +81,7 @@ DATASETS: dict[str, DatasetSpec] = {
             needs_root=True,
             device_resident=True,
             native_size=32,
+            num_classes=100,
         ),
         DatasetSpec(
             "imagefolder",

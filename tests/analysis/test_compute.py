@@ -113,6 +113,30 @@ def test_compute_matched_pays_a_search_and_averages_seeds(frames):
     assert one["n"] == 1 and math.isnan(one["metric_se"]) and math.isnan(one["cost_se"])
 
 
+def test_compute_matched_gains_pair_cells_by_seed(frames):
+    from scipy.stats import t
+
+    from analysis.compute import compute_matched_gains
+
+    runs, times = frames
+    gains = compute_matched_gains(runs, times, baseline="vanilla")
+    sam = gains.loc[("resnet", "sam")]
+    # Seed pairs: 0.86 - 0.80 and 0.88 - 0.82, both +0.06: no spread, so p = 0 and an interval of width 0.
+    assert sam["gain"] == pytest.approx(0.06) and sam["n_pairs"] == 2 and sam["ci_low"] == pytest.approx(0.06)
+    assert sam["cost_ratio"] == pytest.approx(80.0 / 20.0)  # two 2-epoch trials at 20 s against one at 10 s
+    twice = gains.loc[("resnet", "vanilla_2x")]
+    diffs = np.array([0.84 - 0.80, 0.85 - 0.82])
+    half = t.ppf(0.975, 1) * diffs.std(ddof=1) / math.sqrt(2)
+    assert twice["gain"] == pytest.approx(diffs.mean()) and twice["ci_high"] - twice["ci_low"] == pytest.approx(
+        2 * half
+    )
+    assert twice["p_holm"] >= twice["p_value"] and twice["cost_ratio"] == pytest.approx(2.0)
+    assert "2 seed pairs: interval unreliable" in twice["note"]
+    assert ("vit", "vanilla") not in gains.index  # the vit cell has no result to pair
+    with pytest.raises(ValueError, match="not a level"):
+        compute_matched_gains(runs, times, baseline="nope")
+
+
 def test_frontier_plot_shows_n_draws_no_interval_for_one_seed_and_joins_the_frontier(frames, tmp_path):
     runs, times = frames
     table = compute_matched(runs, times)

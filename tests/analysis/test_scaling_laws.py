@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.scaling import fit_law, law_extrapolation, paired_law_difference
+from analysis.scaling import (
+    FloorNotIdentifiedWarning,
+    chance_error,
+    data_multiplier,
+    fit_law,
+    fit_power_law,
+    law_extrapolation,
+    paired_law_difference,
+)
 
 FRACTIONS = np.array([0.05, 0.1, 0.2, 0.4, 0.7, 1.0])
 
@@ -38,7 +46,7 @@ def test_m4_and_broken_forms_fit_their_own_laws():
     grid = np.linspace(E + 1e-9, 1 - 1e-9, 2_000_001)
     lhs = (grid - E) / (1 - grid) ** alpha
     err = np.array([grid[np.argmin(np.abs(lhs - B * f**-beta))] for f in FRACTIONS])
-    m4 = fit_law(FRACTIONS, err, form="m4")
+    m4 = fit_law(FRACTIONS, err, form="m4", eps0=1.0)
     assert m4.params["beta"] == pytest.approx(beta, rel=2e-2) and m4.params["E"] == pytest.approx(E, rel=2e-2)
     # Broken: slope 0.3 below n = 0.2, 0.3 + 1.2 above it.
     n = np.geomspace(0.01, 1.0, 12)
@@ -50,29 +58,66 @@ def test_m4_and_broken_forms_fit_their_own_laws():
     assert broken.objective < fit_law(n, err, form="saturating").objective / 10  # the break is what the data hold
 
 
-def test_extrapolation_check_holds_out_the_largest_n_and_bootstraps_seeds():
+def test_extrapolation_check_holds_out_the_largest_n_and_resamples_seeds():
     n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=6, noise=0.03)
-    frame = law_extrapolation(n, err, seeds, n_boot=20, forms=("saturating",))
+    frame = law_extrapolation(n, err, seeds, forms=("saturating",))
     row = frame.loc["saturating"]
     truth = 0.05 + 0.02
     assert row["heldout_n"] == 1.0 and row["n_seeds"] == 6 and row["note"] == ""
     assert abs(row["prediction"] - truth) < 0.01 and row["abs_error"] < 0.01
     assert row["prediction_low"] <= row["prediction"] <= row["prediction_high"]
     assert row["beta_low"] < 0.7 < row["beta_high"] and row["E_low"] < 0.05 < row["E_high"]
-    # Five held-in fractions: all three forms are fitted; one is flagged as best, with a verdict.
-    every = law_extrapolation(n, err, seeds, n_boot=0)
+    # One fit per number: the parameters beside the prediction are the held-in fit's, which made it.
+    held_in = fit_law(n[n < 1.0], err[n < 1.0])
+    assert row["beta"] == pytest.approx(held_in.params["beta"]) and row["prediction"] == pytest.approx(
+        held_in.predict(1.0)
+    )
+    assert bool(row["consistent"]) and row["check_detectable"] > 2 * row["check_se"]
+    # The check's noise holds the prediction's own error, not only the observed mean's standard error: with
+    # independent noise per run it is larger (with a seed effect shared across fractions it may be smaller).
+    rng = np.random.default_rng(4)
+    iid = 0.05 + 0.02 * n**-0.7 + 0.003 * rng.standard_normal(len(n))
+    check = law_extrapolation(n, iid, seeds, forms=("saturating",)).loc["saturating"]
+    assert check["check_se"] > iid[n == 1.0].std(ddof=1) / np.sqrt(6)
+    # Five held-in fractions: saturating and M4 (given eps0) are fitted, the broken law (5 parameters) too.
+    every = law_extrapolation(n, err, seeds, eps0=0.9)
     assert list(every.index) == ["saturating", "broken", "m4"] and every["prediction"].notna().all()
-    assert every["supported"].sum() == 1 and "held-out" in every.attrs["verdict"]
-    assert set(every["note"]) == {"n_boot=0: no interval"}
-    one = law_extrapolation(n[seeds == 0], err[seeds == 0], seeds[seeds == 0], n_boot=20, forms=("saturating",))
-    assert one.loc["saturating", "note"] == "1 seed: no interval" and "prediction_low" not in one.columns
+    assert every["supported"].sum() <= 1 and "held-out" in every.attrs["verdict"]
+    one = law_extrapolation(n[seeds == 0], err[seeds == 0], seeds[seeds == 0], forms=("saturating",))
+    assert one.loc["saturating", "note"] == "1 seed: no interval, no check" and "prediction_low" not in one.columns
+
+
+def test_no_form_is_named_where_only_one_is_fittable_or_the_seeds_cannot_tell():
+    # Four fractions, 3 held in: only the saturating form can be fitted; no "predicts best" (issue 22).
+    n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=4, noise=0.03)
+    keep = np.isin(n, [0.1, 0.2, 0.4, 1.0])
+    frame = law_extrapolation(n[keep], err[keep], seeds[keep], eps0=0.9)
+    verdict = frame.attrs["verdict"]
+    assert "only saturating could be fitted" in verdict and "best" not in verdict and not frame["supported"].any()
+    assert "broken not compared" in verdict and "m4 not compared" in verdict
+    # One seed: every form fitted, none named.
+    single = law_extrapolation(n[seeds == 0], err[seeds == 0], seeds[seeds == 0], eps0=0.9)
+    assert "no form is named" in single.attrs["verdict"] and not single["supported"].any()
+    # Two forms that predict equally well within their noise: not told apart.
+    both = law_extrapolation(n, err, seeds, forms=("saturating", "m4"), eps0=0.9)
+    if not both["supported"].any():
+        assert "do not tell the forms apart" in both.attrs["verdict"]
+
+
+def test_huber_delta_is_scaled_to_the_residuals():
+    rng = np.random.default_rng(0)
+    n = np.repeat(FRACTIONS, 5)
+    err = (0.03 + 0.02 * n**-0.7) * np.exp(0.05 * rng.standard_normal(len(n)))
+    fit = fit_law(n, err)
+    # 1.345 robust sds of log residuals of sd 0.05: about 0.067, never the old fixed 1e-3 (least absolute deviations).
+    assert 0.03 < fit.huber_delta < 0.12
 
 
 def test_a_form_with_too_many_parameters_for_the_data_is_not_fitted():
     keep = np.isin(FRACTIONS, [0.1, 0.4, 0.7, 1.0])
     n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=2)
     mask = np.isin(n, FRACTIONS[keep])
-    frame = law_extrapolation(n[mask], err[mask], seeds[mask], n_boot=0)
+    frame = law_extrapolation(n[mask], err[mask], seeds[mask])
     assert "5 parameters need 5+ distinct n" in frame.loc["broken", "note"]
     assert np.isnan(frame.loc["broken", "prediction"]) and np.isfinite(frame.loc["saturating", "prediction"])
 
@@ -80,9 +125,95 @@ def test_a_form_with_too_many_parameters_for_the_data_is_not_fitted():
 def test_paired_difference_recovers_a_known_gap_in_beta_and_E():
     n, err_t, seeds = synthetic(0.03, 0.02, 0.9, seeds=6, noise=0.02, rng_seed=1)
     _, err_b, _ = synthetic(0.05, 0.02, 0.6, seeds=6, noise=0.02, rng_seed=1)  # same seed effects: paired
-    diff = paired_law_difference(n, err_t, err_b, seeds, n_boot=20)
+    diff = paired_law_difference(n, err_t, err_b, seeds)
     assert diff.loc["beta", "diff"] == pytest.approx(0.3, abs=0.1)
     assert diff.loc["E", "diff"] == pytest.approx(-0.02, abs=0.01)
     assert diff.loc["beta", "diff_low"] > 0 and diff.loc["E", "diff_high"] < 0  # the interval excludes no difference
+    assert diff.loc["beta", "p_value"] < 0.05 and diff.loc["beta", "detectable"] > 0
     with pytest.raises(ValueError, match="pair with err_treatment"):
         paired_law_difference(n, err_t, err_b[:-1], seeds)
+
+
+def test_a_null_law_difference_says_what_the_design_could_have_detected():
+    n, err_t, seeds = synthetic(0.05, 0.02, 0.7, seeds=4, noise=0.03, rng_seed=2)
+    _, err_b, _ = synthetic(0.05, 0.02, 0.7, seeds=4, noise=0.03, rng_seed=3)
+    diff = paired_law_difference(n, err_t, err_b, seeds)
+    row = diff.loc["beta"]
+    assert row["diff_low"] <= 0 <= row["diff_high"]
+    assert row["detectable"] > row["diff_high"] - row["diff"] and "would be found with 80% power" in row["note"]
+
+
+# ------------------------------------------------------------------------------ the bugs of issue 22
+
+
+def test_law_fits_refuse_fewer_distinct_n_than_parameters():
+    n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.03)
+    two = np.isin(n, [0.1, 1.0])
+    with pytest.raises(ValueError, match="needs 3\\+ distinct n"):
+        fit_law(n[two], err[two])
+    with pytest.raises(ValueError, match="distinct n"):
+        paired_law_difference(n[two], err[two], err[two] * 1.1, seeds[two])
+
+
+def test_a_loss_floor_above_1_is_fitted_not_clipped():
+    n = np.repeat(FRACTIONS, 3)
+    loss = 1.5 + 0.5 * n**-0.7
+    fit = fit_law(n, loss)
+    assert fit.params["E"] == pytest.approx(1.5, rel=1e-3) and fit.params["beta"] == pytest.approx(0.7, rel=1e-3)
+    assert fit.at_bound == ()
+
+
+def test_a_loss_at_or_above_1_does_not_crash_the_extrapolation_check():
+    # val_loss of a 10-class problem, 6 fractions: M4 needs eps0 = log(10) (chance_error), not the error rate's 1.
+    n, err, seeds = synthetic(1.2, 0.1, 0.7, seeds=3, noise=0.03)
+    frame = law_extrapolation(n, err, seeds)  # eps0 unknown: M4 is left out with a note, the rest runs
+    assert "M4 needs" in frame.loc["m4", "note"] and np.isfinite(frame.loc["saturating", "prediction"])
+    eps0 = chance_error("cifar10", "val_loss", mode="min")
+    assert eps0 == pytest.approx(np.log(10))
+    assert np.isfinite(law_extrapolation(n, err, seeds, eps0=eps0).loc["m4", "prediction"])
+
+
+def test_m4_learned_nothing_error_comes_from_the_dataset_registry():
+    assert chance_error("cifar10", "val_acc") == pytest.approx(0.9)
+    assert chance_error("cifar100", "best_val_acc") == pytest.approx(0.99)
+    assert chance_error("imagefolder", "val_acc") is None  # classes unknown: M4 is not fitted rather than guessed
+    with pytest.raises(ValueError, match="m4 needs eps0"):
+        fit_law(FRACTIONS, 0.03 + 0.02 * FRACTIONS**-0.7, form="m4")
+
+
+def test_every_error_zero_is_refused_and_flagged_not_fitted_as_a_flat_law():
+    n = np.repeat(FRACTIONS[:4], 3)
+    with pytest.raises(ValueError, match="every error is 0"):
+        fit_law(n, np.zeros(len(n)))
+    with pytest.warns(FloorNotIdentifiedWarning, match="every error is 0"):
+        flat = fit_power_law(n, np.zeros(len(n)), n_boot=100)
+    assert not flat.floor_identified
+    other = fit_power_law(n, 0.03 + 0.02 * n**-0.7, n_boot=100, warn=False)
+    for m in (data_multiplier(other, flat, 1.0), data_multiplier(flat, other, 1.0)):
+        assert np.isnan(m.multiplier) and np.isnan(m.interval[0]) and "every error" in m.explanation
+
+
+def test_a_percent_scale_is_refused_with_the_right_hint():
+    with pytest.raises(ValueError, match="divide the metric by 100"):
+        fit_law(FRACTIONS, 1.0 - np.linspace(90, 95, len(FRACTIONS)))
+
+
+def test_the_held_out_n_is_the_designs_even_where_a_series_failed_there():
+    n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.03)
+    failed_top = n < 1.0  # every run at the largest fraction failed
+    row = law_extrapolation(n[failed_top], err[failed_top], seeds[failed_top], heldout=1.0, forms=("saturating",))
+    row = row.loc["saturating"]
+    assert row["heldout_n"] == 1.0 and np.isnan(row["observed"]) and "no finished run at the held-out" in row["note"]
+    assert np.isfinite(row["prediction"])
+
+
+def test_a_percent_scale_table_is_refused_with_the_fix_before_any_fit():
+    from analysis.scaling import table_points
+    from analysis.tables import scaling_table
+    from benchmarks.sim_coverage import synthetic_runs
+
+    runs = synthetic_runs(np.random.default_rng(0), seeds=2, noise=0.005)
+    runs["val_acc"] *= 100.0
+    table = scaling_table(runs, fraction="data.fraction")
+    with pytest.raises(ValueError, match="0-100 \\(percent\\) scale: divide the metric by 100"):
+        table_points(table, "resnet", "vanilla")

@@ -227,10 +227,12 @@ def test_best_of_search_refuses_to_maximise_across_another_factor(runs):
 # ------------------------------------------------------------------------------------------------- gain
 
 
-def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
+def test_sam_gain_pairs_by_seed_with_a_t_interval_around_the_true_gain(runs):
+    from scipy.stats import t
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a small sample is said in the table, not on stderr
-        gain = sam_gain(runs, baseline="none", treatment="sam", n_boot=2000, boot_seed=1)
+        gain = sam_gain(runs, baseline="none", treatment="sam")
     assert gain.attrs["baseline"] == "adamw"  # found through optimizer.method = none
     for arch in ARCHS:
         for f in FRACTIONS:
@@ -238,20 +240,37 @@ def test_sam_gain_pairs_by_seed_with_a_bootstrap_ci_around_the_true_gain(runs):
             true_gain = base_acc(arch, "sam", f) - base_acc(arch, "adamw", f)
             if (arch, f) == ("resnet", 0.1):
                 # Seeds 0 and 1: sam offsets (0, -0.01), adamw (-0.01, 0): differences +0.01 and -0.01.
-                assert row["n_pairs"] == 2 and row["note"] == "2 seed pairs: interval unreliable"
+                assert row["n_pairs"] == 2 and row["note"].startswith("2 seed pairs: interval unreliable")
                 assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
                 continue
-            assert row["n_pairs"] == 3 and row["note"] == ""
+            assert row["n_pairs"] == 3 and row["note"] in (
+                "",
+                f"no gain detected: a true gain of {row['detectable']:.3g} or more would be found with 80% power",
+            )
             # Paired differences: offsets (0 - -0.01, -0.01 - 0, 0.01 - 0.01) = (+0.01, -0.01, 0).
             assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
             assert row["sd"] == pytest.approx(0.01, abs=1e-12)
             assert row["ci_low"] < true_gain < row["ci_high"]
-            assert row["ci_high"] - row["ci_low"] < 0.03
-    again = sam_gain(runs[runs["factor.arch"] == "vit"], baseline="adamw", treatment="sam", n_boot=2000, boot_seed=1)
-    assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # seeded: reproducible
-    one = sam_gain(runs[runs["train.seed"].astype(int) == 0], n_boot=200)
+            # Student's t on 3 pairs: mean ± t(0.975, 2) x sd / sqrt(3), exact (a bootstrap over 3 pairs is too narrow).
+            half = t.ppf(0.975, 2) * 0.01 / np.sqrt(3)
+            assert row["ci_high"] - row["ci_low"] == pytest.approx(2 * half, rel=1e-9)
+            # The band over the arch's 4 fractions is wider (Bonferroni), Holm's p no smaller than the raw one.
+            assert row["band_high"] - row["band_low"] == pytest.approx(2 * t.ppf(1 - 0.025 / 4, 2) * 0.01 / np.sqrt(3))
+            assert row["p_holm"] >= row["p_value"] and row["significant"] == (row["p_holm"] < 0.05)
+            if not row["significant"]:
+                assert row["detectable"] > half and "would be found with 80% power" in row["note"]
+    again = sam_gain(runs[runs["factor.arch"] == "vit"], baseline="adamw", treatment="sam")
+    assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # no draws: reproducible
+    one = sam_gain(runs[runs["train.seed"].astype(int) == 0])
     assert (one["n_pairs"] == 1).all() and one["ci_low"].isna().all() and one["ci_high"].isna().all()
-    assert set(one["note"]) == {"1 of seed pairs: no interval"}
+    assert set(one["note"]) == {"1 of seed pairs: no interval"} and not one["significant"].any()
+
+
+def test_holm_adjusts_step_down():
+    from analysis.tables import holm
+
+    adjusted = holm([0.01, 0.04, 0.03, float("nan")])
+    assert adjusted[:3] == pytest.approx([0.03, 0.06, 0.06]) and np.isnan(adjusted[3])
 
 
 def test_scaling_table_says_n_and_notes_small_cells(runs):
@@ -397,6 +416,11 @@ def test_rho_transfer_says_whether_the_best_rho_moves_with_data(runs):
     # The fixture's best rho is 0.2 for the ViT at every fraction: slope 0.
     assert table.loc[("vit", "sam"), "slope"] == pytest.approx(0.0, abs=1e-12)
     assert table.loc[("vit", "sam"), "fractions"] == 4 and table.loc[("vit", "sam"), "rho@0.5"].startswith("0.2")
+    # The slope comes with its interval (issue 22: a slope without uncertainty reads as a trend).
+    for key, row in table.iterrows():
+        if np.isfinite(row["slope_low"]):
+            assert row["slope_low"] <= row["slope"] <= row["slope_high"], key
+    assert np.isfinite(table["slope_low"]).any()
     with pytest.raises(ValueError, match="by=\\('data.fraction',\\)"):
         rho_transfer(rho_sensitivity(runs, n_boot=200))
 
@@ -434,7 +458,7 @@ def test_plots_write_png_files(runs, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fits = fit_scaling_table(table, n_boot=100)
-        gain = sam_gain(runs, n_boot=200)
+        gain = sam_gain(runs)
         rho = rho_sensitivity(runs, by=("data.fraction",), n_boot=200)
     paths = [tmp_path / "scaling.png", tmp_path / "gain.png", tmp_path / "rho.png"]
     figs = [
@@ -463,7 +487,7 @@ def test_plots_label_every_axis_show_n_and_draw_no_interval_the_data_cannot_give
     assert not any(c.get_segments() for c in ax.collections)  # n = 1: no error bars at all
     xlo, xhi = ax.get_xlim()
     assert xlo > 0.05 and xhi < 2.0  # the measured fractions 0.1..1, not padded to the next decade
-    gain = sam_gain(one_seed, n_boot=200)
+    gain = sam_gain(one_seed)
     gfig = plot_gain(gain)
     gax = gfig.axes[0]
     assert gax.get_xlabel() and gax.get_ylabel() and not any(c.get_segments() for c in gax.collections)

@@ -1,0 +1,205 @@
+"""Coverage and power of the report's intervals, by simulation: runs frames from a known scaling law through the report's functions.
+
+Each simulated study is a runs frame with the columns `analysis.load_runs` returns (one finished trial per
+method, fraction and seed: a confirm stage's runs), vanilla and SAM both with error L(n) = E + B n^-beta (E = 0.03,
+B = 0.02, beta = 0.7; `analysis.design.REFERENCE_LAW`) at 5 fractions 0.05-1.0, plus independent seed noise of sd
+`noise` accuracy points per run. It goes through what `write_report` calls: `scaling_table`, `table_points`,
+`law_extrapolation` (the largest fraction held out), `law_parameters` (all fractions), `paired_law_difference`
+and `sam_gain`. Measured: how often each 95% interval covers the truth (beta, E, the held-out prediction, the
+paired beta difference 0, the per-fraction gain 0), how often a true law "fails" the held-out check, how often
+`sam_gain` calls some fraction significant under no difference (family-wise), and the power at the effects
+`analysis.design.detectable_effects` says the design detects with 80% power. docs/science.md has the table:
+
+  PYTHONPATH=. python benchmarks/sim_coverage.py --studies 400 [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pandas as pd
+
+if __package__ in (None, ""):  # run as a script: the repository root on the path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from analysis.design import REFERENCE_LAW, detectable_effects  # noqa: E402
+from analysis.scaling import (  # noqa: E402
+    law_extrapolation,
+    law_parameters,
+    paired_law_difference,
+    table_points,
+)
+from analysis.tables import sam_gain, scaling_table  # noqa: E402
+
+FRACTIONS = tuple(float(f) for f in np.geomspace(0.05, 1.0, 5))
+
+
+def law(n, E=REFERENCE_LAW["E"], B=REFERENCE_LAW["B"], beta=REFERENCE_LAW["beta"]):
+    return E + B * np.asarray(n, dtype="float64") ** -beta
+
+
+def synthetic_runs(
+    rng: np.random.Generator,
+    *,
+    seeds: int,
+    noise: float,
+    fractions=FRACTIONS,
+    sam_beta: float = REFERENCE_LAW["beta"],
+    sam_gain_points: float = 0.0,
+    gain_fraction: float | None = None,
+) -> pd.DataFrame:
+    """A runs frame in load_runs' shape: vanilla and SAM, one finished trial per (method, fraction, seed).
+
+    val_acc = 1 - L(n) + noise x N(0, 1), clipped to [0, 1]; SAM's law may have another beta, and a gain in
+    accuracy at `gain_fraction` (every fraction when None); no difference by default."""
+    rows = []
+    for method, opt in (("vanilla", "none"), ("sam", "sam")):
+        for f in fractions:
+            for s in range(seeds):
+                err = float(law(f, beta=sam_beta if method == "sam" else REFERENCE_LAW["beta"]))
+                shifted = method == "sam" and (gain_fraction is None or f == gain_fraction)
+                acc = 1.0 - err + (sam_gain_points if shifted else 0.0) + noise * rng.standard_normal()
+                cell = f"arch=resnet,data.fraction={f:g},method={method},train.seed={s}"
+                rows.append(
+                    {
+                        "run_id": f"{cell}/0",
+                        "cell": cell,
+                        "status": "finished",
+                        "factor.arch": "resnet",
+                        "factor.method": method,
+                        "factor.data.fraction": f"{f:g}",
+                        "factor.train.seed": str(s),
+                        "optimizer.method": opt,
+                        "data.fraction": f,
+                        "train.seed": s,
+                        "val_acc": min(max(acc, 0.0), 1.0),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def one_study(seed: int, seeds: int, noise: float, *, full: bool = True) -> dict[str, float]:
+    """One simulated study under "SAM = vanilla": which intervals cover the truth (1.0) or not (0.0)."""
+    rng = np.random.default_rng(seed)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise)
+    table = scaling_table(runs, fraction="data.fraction")
+    n, err, s = table_points(table, "resnet", "vanilla")
+    top = max(FRACTIONS)
+    out: dict[str, float] = {}
+    ex = law_extrapolation(n, err, s, forms=("saturating",), heldout=top).loc["saturating"]
+    truth = {"beta": REFERENCE_LAW["beta"], "E": REFERENCE_LAW["E"], "prediction": float(law(top))}
+    for p, value in truth.items():
+        out[f"heldin_{p}"] = float(ex[f"{p}_low"] <= value <= ex[f"{p}_high"])
+    out["check_fails"] = float(not ex["consistent"])
+    gain = sam_gain(runs, baseline="vanilla", treatment="sam", fraction="data.fraction")
+    out["gain_covers"] = float(((gain["ci_low"] <= 0) & (0 <= gain["ci_high"])).mean())
+    out["band_covers"] = float(((gain["band_low"] <= 0) & (0 <= gain["band_high"])).all())
+    out["any_significant"] = float(gain["significant"].any())
+    if full:
+        params = law_parameters(n, err, s)
+        for p in ("beta", "E"):
+            out[f"all_{p}"] = float(params.loc[p, "low"] <= truth[p] <= params.loc[p, "high"])
+        _, err_t, _ = table_points(table, "resnet", "sam")
+        diff = paired_law_difference(n, err_t, err, s)
+        out["diff_beta"] = float(diff.loc["beta", "diff_low"] <= 0 <= diff.loc["beta", "diff_high"])
+        out["diff_E"] = float(diff.loc["E", "diff_low"] <= 0 <= diff.loc["E", "diff_high"])
+    return out
+
+
+def power_study(seed: int, seeds: int, noise: float) -> dict[str, float]:
+    """One study with SAM better by the design's detectable effects: whether each is found."""
+    d = detectable_effects(seeds, FRACTIONS, noise)
+    rng = np.random.default_rng(seed)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise, sam_beta=REFERENCE_LAW["beta"] + d.beta_diff)
+    table = scaling_table(runs, fraction="data.fraction")
+    n, err_b, s = table_points(table, "resnet", "vanilla")
+    _, err_t, _ = table_points(table, "resnet", "sam")
+    diff = paired_law_difference(n, err_t, err_b, s).loc["beta"]
+    # The gain at one fraction (the smallest), the others equal: what detectable_effects states.
+    shifted = synthetic_runs(
+        np.random.default_rng(seed), seeds=seeds, noise=noise, sam_gain_points=d.gain, gain_fraction=FRACTIONS[0]
+    )
+    gain = sam_gain(shifted, baseline="vanilla", treatment="sam", fraction="data.fraction")
+    return {"power_beta": float(diff["diff_low"] > 0), "power_gain": float(gain["significant"].iloc[0])}
+
+
+def _run(args):
+    kind, seed, seeds, noise, full = args
+    return one_study(seed, seeds, noise, full=full) if kind == "coverage" else power_study(seed, seeds, noise)
+
+
+def simulate(
+    seeds: int, noise: float, studies: int, *, full: bool = True, power: bool = True, jobs: int = 1, first: int = 0
+) -> dict[str, float]:
+    """Mean over `studies` simulated studies of each measured rate (one_study's, and power_study's if power)."""
+    tasks = [("coverage", first + i, seeds, noise, full) for i in range(studies)]
+    if power:
+        tasks += [("power", 10**6 + first + i, seeds, noise, full) for i in range(studies)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(_run, tasks, chunksize=8))
+    else:
+        results = [_run(t) for t in tasks]
+    frame = pd.DataFrame(results)
+    return {c: float(frame[c].mean()) for c in frame.columns}
+
+
+COLUMNS = {
+    "heldin_beta": "beta (held-in fit)",
+    "heldin_E": "E (held-in fit)",
+    "heldin_prediction": "held-out prediction",
+    "all_beta": "beta (all fractions)",
+    "all_E": "E (all fractions)",
+    "diff_beta": "beta difference",
+    "diff_E": "E difference",
+    "gain_covers": "gain, per fraction",
+    "band_covers": "gain band, all fractions",
+    "check_fails": "true law fails held-out check",
+    "any_significant": "some fraction 'significant'",
+    "power_beta": "power at detectable beta diff",
+    "power_gain": "power at detectable gain",
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--studies", type=int, default=400, help="simulated studies per (seeds, noise)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[3, 5])
+    parser.add_argument("--noise", type=float, nargs="+", default=[0.002, 0.005, 0.01], help="sd of one run's accuracy")
+    parser.add_argument("--jobs", type=int, default=1)
+    args = parser.parse_args(argv)
+    rows = []
+    for seeds in args.seeds:
+        for noise in args.noise:
+            t0 = time.perf_counter()
+            rates = simulate(seeds, noise, args.studies, jobs=args.jobs)
+            d = detectable_effects(seeds, FRACTIONS, noise)
+            rows.append(
+                {
+                    "seeds": seeds,
+                    "noise (points)": f"{noise * 100:g}",
+                    **{COLUMNS[k]: f"{100 * v:.1f}%" for k, v in rates.items()},
+                    "detectable gain (points)": f"{d.gain * 100:.2f}",
+                    "detectable beta diff": f"{d.beta_diff:.3f}",
+                }
+            )
+            print(f"seeds={seeds} noise={noise}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    frame = pd.DataFrame(rows)
+    header = "| " + " | ".join(frame.columns) + " |"
+    print(header)
+    print("|" + "---|" * len(frame.columns))
+    for _, r in frame.iterrows():
+        print("| " + " | ".join(str(v) for v in r.tolist()) + " |")
+    binom = 1.96 * math.sqrt(0.95 * 0.05 / args.studies)
+    print(f"\n{args.studies} studies per row: a 95% coverage is measured to ± {100 * binom:.1f} points (binomial).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

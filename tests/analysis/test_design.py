@@ -1,0 +1,49 @@
+"""What a design can detect: the closed form, the shipped study headers that state it, and the dry run that prints it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.design import detectable_effects, header_statement, study_detectable
+
+REPO = Path(__file__).resolve().parents[2]
+FRACTIONS = np.geomspace(0.05, 1.0, 5)
+
+
+def test_detectable_gain_is_the_noncentral_t_answer_and_shrinks_with_seeds():
+    from scipy.stats import nct, t
+
+    d = detectable_effects(5, FRACTIONS, 0.005)
+    se = math.sqrt(2) * 0.005 / math.sqrt(5)
+    crit = t.ppf(1 - 0.05 / 10, 4)  # Holm's first step over 5 fractions
+    assert nct.sf(crit, 4, d.gain / se) + nct.cdf(-crit, 4, d.gain / se) == pytest.approx(0.8, abs=1e-6)
+    more = detectable_effects(10, FRACTIONS, 0.005)
+    assert more.gain < d.gain and more.beta_diff < d.beta_diff
+    assert detectable_effects(5, FRACTIONS, 0.01).gain == pytest.approx(2 * d.gain)  # linear in the noise
+    assert math.isnan(detectable_effects(5, FRACTIONS[:3], 0.005).beta_diff)  # 3 fractions: no law to compare
+    with pytest.raises(ValueError, match="seeds must be an int >= 2"):
+        detectable_effects(1, FRACTIONS, 0.005)
+
+
+def test_every_shipped_study_header_states_what_its_design_detects():
+    from studies.spec import load_study
+
+    for path in sorted((REPO / "studies").glob("*.yaml")):
+        study = load_study(path, require_data=False)
+        comments = [line[1:].strip() for line in path.read_text().splitlines() if line.startswith("#")]
+        assert header_statement(study) in " ".join(comments), path.name
+
+
+def test_dry_run_prints_what_the_design_detects(capsys):
+    from studies.cli import main
+    from studies.spec import load_study
+
+    study = REPO / "studies" / "data_scaling.yaml"
+    assert main(["run", "--dry-run", str(study), "--set", "data.root=/nonexistent"]) == 0
+    out = capsys.readouterr().out
+    statement = study_detectable(load_study(study, require_data=False))
+    assert f"Design: {statement}" in out and "beta difference" in statement
