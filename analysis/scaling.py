@@ -1,5 +1,5 @@
 """Data-scaling laws: err(n) = a n^-b + c with bootstrap intervals, laws checked by extrapolation (Huber fits in log space,
-seed bootstrap, held-out largest n, three functional forms, paired differences), and the data multiplier between methods."""
+seed-jackknife t intervals, held-out largest n, three forms, paired differences), and the data multiplier between methods."""
 
 from __future__ import annotations
 
