@@ -17,6 +17,12 @@ extra no-grad eval-mode forward of a model copy.
 ``--compile`` adds, for every method, the same step with the model run through ``trainables.compiled``'s
 ``CompiledModule`` (``torch.compile(mode="reduce-overhead")``: CUDA graphs), shown as ``<method>@compiled`` with
 its ratio to the eager step of the same method (issue 21's target: >= 2.5x at CIFAR sizes, batch 256).
+
+``--profile`` adds, after the timed rounds, where each variant's step time goes (one block of steps each): the wall
+time per step, the host's time to issue a step (the loop without waiting for the GPU), the GPU's kernel time per
+step (torch.profiler, CUDA graphs' kernels included), the host syncs inside one step (``set_sync_debug_mode``), and
+the compiled variants' heaviest kernels. A step whose GPU time is close to its wall time is bound by the GPU: host
+work outside the graphs is hidden behind it, and cutting that work cannot raise its throughput.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import math
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -235,7 +242,53 @@ def build_variants(spec, model, device, methods, autocast, compiled=False):
     return variants
 
 
-def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compiled=False):
+def probe(key, v, device, steps, top=6):
+    """Where one variant's step time goes: wall, host issue and GPU kernel ms per step, syncs per step, and (compiled
+    variants) the heaviest kernels. Printed, not tabled: a diagnosis, not a claim of speed."""
+    gc.collect()
+    gc.disable()
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            v.step()
+        t1 = time.perf_counter()  # the host has issued every step; the GPU may still be working
+        _sync(device)
+        t2 = time.perf_counter()
+    finally:
+        gc.enable()
+    wall, host = (t2 - t0) / steps * 1e3, (t1 - t0) / steps * 1e3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            v.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    from torch.profiler import ProfilerActivity, profile
+
+    n = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            v.step()
+        _sync(device)
+    avgs = [a for a in prof.key_averages() if getattr(a, "self_device_time_total", 0) > 0]
+    gpu = sum(a.self_device_time_total for a in avgs) / n / 1e3
+    print(
+        f"# profile {key}: wall {wall:.3f} ms/step, host issue {host:.3f} ms/step ({host / wall:.2f} of wall), "
+        f"GPU kernels {gpu:.3f} ms/step ({gpu / wall:.2f} of wall), syncs in one step: {len(syncs)}"
+        + (f" at {', '.join(sorted(set(syncs)))}" if syncs else ""),
+        flush=True,
+    )
+    if key.endswith("@compiled"):
+        for a in sorted(avgs, key=lambda a: -a.self_device_time_total)[:top]:
+            print(
+                f"#   {a.self_device_time_total / n / 1e3:7.3f} ms/step  x{a.count // n:<4d} {a.key[:110]}", flush=True
+            )
+
+
+def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compiled=False, profiled=False):
     torch.manual_seed(0)
     if spec.timm_name == "MlpMixer":
         model = timm.models.MlpMixer(num_classes=spec.num_classes, **spec.kwargs).to(device)
@@ -290,6 +343,9 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
                 ref_time = after
             v.rates.append(steps * spec.batch / t)
             ratios[k].append(0.5 * (before + after) / t)
+    if profiled and device.type == "cuda":
+        for k, v in variants.items():
+            probe(f"{spec.name}/{k}", v, device, steps)
     # Peak memory of one step per variant (after the timed rounds).
     peaks = {}
     if device.type == "cuda":
@@ -404,6 +460,12 @@ def main(argv=None):
         action="store_true",
         help="also time each method with the model compiled (CUDA graphs on CUDA): <method>@compiled, ratio to eager",
     )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="CUDA only: also print where each variant's step time goes (wall, host issue and GPU kernel ms per step, "
+        "host syncs, the compiled variants' heaviest kernels)",
+    )
     args = ap.parse_args(argv)
 
     specs = QUICK if args.quick else FULL
@@ -443,7 +505,9 @@ def main(argv=None):
     rows, numels = [], {}
     for name in names:
         t0 = time.perf_counter()
-        r, numel = bench_model(specs[name], device, methods, steps, repeats, warmup, autocast, args.compile)
+        r, numel = bench_model(
+            specs[name], device, methods, steps, repeats, warmup, autocast, args.compile, args.profile
+        )
         rows += r
         numels[name] = numel
         print(f"# {name}: {time.perf_counter() - t0:.1f}s", flush=True)
