@@ -146,7 +146,10 @@ def _fused_adamw(params, device):
     return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05, fused=True)
 
 
-def build_variants(spec, model, device, methods, autocast, compiled=False):
+def build_variants(spec, model, device, methods, autocast, compiled=False, probes=None):
+    """The timed variants of one model; with ``probes`` (a dict) and ``compiled``, also fills it with the compiled
+    step's parts, untimed, for --profile: the compiled forward+backward alone, and it plus a bare fused-AdamW step
+    (what optim's ``none`` adds beyond that is the method's own host work)."""
     x = torch.randn(spec.batch, 3, spec.img, spec.img, device=device)
     if spec.channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
@@ -177,6 +180,22 @@ def build_variants(spec, model, device, methods, autocast, compiled=False):
         plan = CompilePlan("reduce-overhead", "bench_optim --compile")
         net = compile_module(model, plan)
         runs += [(name, net, forward_of(net), f"{name}@compiled") for name in methods]
+        if probes is not None:
+            fwd_c, bare = forward_of(net), _fused_adamw(model.parameters(), device)
+
+            def fwd_bwd():
+                bare.zero_grad(set_to_none=True)
+                fwd_c()[0].backward()
+                bare.zero_grad(set_to_none=True)
+
+            def fwd_bwd_adamw():
+                bare.zero_grad(set_to_none=True)
+                fwd_c()[0].backward()
+                bare.step()
+                bare.zero_grad(set_to_none=True)
+
+            probes["fwd+bwd@compiled"] = Variant("fwd+bwd@compiled", fwd_bwd)
+            probes["fwd+bwd+adamw@compiled"] = Variant("fwd+bwd+adamw@compiled", fwd_bwd_adamw)
     for name, net, forward, key in runs:
         before = _allocated(device)
         base = _fused_adamw(model.parameters(), device)
@@ -303,7 +322,8 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
         model = model.to(memory_format=torch.channels_last)
     model.train()
     numel = sum(p.numel() for p in model.parameters())
-    variants = build_variants(spec, model, device, methods, autocast, compiled)
+    probes = {} if profiled and device.type == "cuda" else None
+    variants = build_variants(spec, model, device, methods, autocast, compiled, probes)
     for v in variants.values():
         for _ in range(warmup):
             v.step()
@@ -344,7 +364,9 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
             v.rates.append(steps * spec.batch / t)
             ratios[k].append(0.5 * (before + after) / t)
     if profiled and device.type == "cuda":
-        for k, v in variants.items():
+        for k, v in {**variants, **probes}.items():
+            for _ in range(warmup):  # a probe's first calls record its CUDA graphs
+                v.step()
             probe(f"{spec.name}/{k}", v, device, steps)
     # Peak memory of one step per variant (after the timed rounds).
     peaks = {}
