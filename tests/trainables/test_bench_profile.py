@@ -1,0 +1,33 @@
+"""benchmarks/bench_optim.py --profile on CPU: every variant, and the compiled model's parts, get their line."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_optim", REPO / "benchmarks" / "bench_optim.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_optim", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_prints_each_variant_and_the_compiled_parts(capsys, monkeypatch):
+    bench = _load()
+    import trainables.compiled as compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")  # the same graphs run eagerly: affordable on a small CPU
+    argv = ["--quick", "--models", "resnet_tiny", "--methods", "none,sam", "--compile", "--profile"]
+    assert bench.main([*argv, "--steps", "1", "--repeats", "1", "--warmup", "1"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("# profile resnet_tiny/")]
+    keys = {ln.split(":")[0].removeprefix("# profile resnet_tiny/") for ln in lines}
+    assert {"none", "sam", "none@compiled", "sam@compiled", "fwd+bwd@compiled", "fwd+bwd+adamw@compiled"} <= keys
+    for ln in lines:
+        wall = float(ln.split("wall ")[1].split(" ms/step")[0])
+        host = float(ln.split("host issue ")[1].split(" ms/step")[0])
+        assert 0 < host <= wall  # the host has issued every step before the last one ends
