@@ -411,15 +411,32 @@ def _cmd_dashboard(args) -> int:
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
     storage = state_locations(study, name, run.data.tags).optuna_storage
+    hosts = server_cli.allowed_hosts(args.allowed_host)  # the checks `sharpscale server` makes, --allowed-host too
+    app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
     url = f"http://{args.host}:{args.port}"
+    if not server_cli.is_loopback(args.host):
+        print(
+            f"WARNING: optuna-dashboard listens on {args.host}:{args.port}, not on loopback, with no login: anyone "
+            f"who reaches it reads every trial{' and may change or delete them' if args.allow_writes else ''}. "
+            f"Prefer the default 127.0.0.1 and an SSH tunnel.",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
-        f"its MLflow run id and name) ...",
+        f"its MLflow run id and name; {'writes allowed' if args.allow_writes else 'read-only'}) ...",
         flush=True,
     )
     _say_when_answering(url, f"optuna-dashboard: {url} (Ctrl-C stops it)", path="/")
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002 - wsgiref's signature
+            pass  # one line per request would bury the terminal
+
     try:
-        optuna_dashboard.run_server(open_optuna_storage(storage), host=args.host, port=args.port)
+        with make_server(args.host, args.port, app, handler_class=_Quiet) as httpd:
+            httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     return 0
@@ -582,6 +599,20 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("study", help="the study file that was run")
     dash.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     dash.add_argument("--port", type=int, default=8080)
+    dash.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host header to accept besides loopback, private addresses and this machine's names (repeatable); "
+        "others get 403",
+    )
+    dash.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="let the browser change the Optuna studies (notes, deleting a study); without it POST/PUT/DELETE get "
+        "405: the dashboard has no login",
+    )
     dash.set_defaults(func=_cmd_dashboard)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studies import identity
 from studies.confirm import confirm_config
 from studies.preflight import check_data_on_nodes
 from studies.progress import LiveView, quiet_libraries, stderr_to
@@ -168,12 +169,13 @@ def _launch_of(run) -> int:
 
 
 def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
-    """The launch a new run of the study starts: 1, or the next one when asked for; refused when that would mix runs."""
+    """The launch a new run of the study starts, claimed in the store (studies.identity.claim_launch): 1, or the next
+    one when asked for; refused when that would mix runs, or when a run started at the same moment claimed it."""
+    from studies.identity import LaunchTaken, claim_launch
+
     earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
-    if not earlier:
-        return 1
-    newest = max(_launch_of(r) for r in earlier)
-    if not new_launch:
+    newest = max((_launch_of(r) for r in earlier), default=0)
+    if earlier and not new_launch:
         trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
         raise StudyError(
             study.path,
@@ -185,7 +187,26 @@ def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str
                 f"tracking.experiment to a new name."
             ],
         )
-    return newest + 1
+    artifacts = None if uri.startswith(("http://", "https://")) else _artifact_uri(study)
+    for launch in range(newest + 1, newest + 1 + (100 if new_launch else 1)):
+        try:
+            claim_launch(client, exp_name, launch, artifacts)
+            return launch
+        except LaunchTaken:
+            continue
+    raise StudyError(
+        study.path,
+        [
+            f"run: launch {newest + 1} of MLflow experiment {exp_name!r} at {uri} was claimed by another `sharpscale "
+            f"run` of this study started at the same moment (or its runs were deleted since); two runs never share "
+            f"a launch. Fix: let that run go on (`sharpscale status {study.path}`; `sharpscale resume` if it was "
+            f"interrupted), or start one of your own with `sharpscale run --new-launch {study.path}`."
+        ],
+    )
+
+
+def _artifact_uri(study: LoadedStudy) -> str:
+    return Path(study.spec.tracking.artifact_location).resolve().as_uri()
 
 
 def find_study_run(client, experiment_id: str, study: LoadedStudy):
@@ -490,16 +511,18 @@ def run_study(
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
-    client = tracking_client(uri)
     exp_name = study.experiment_name
     _warn_split_records(address, uri)
-    experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
-    describe_experiment(client, experiment_id, study)
-    previous = find_study_run(client, experiment_id, study) if resume else None
     if resume:
-        launch = _launch_of(previous) if previous is not None else 1
+        # Only the launch this file ran, in the store it ran into: never a new store, experiment or launch.
+        uri, client, experiment_id, previous = _resume_target(study, uri, explicit=tracking_uri is not None)
+        launch = _launch_of(previous)
     else:
+        client = tracking_client(uri)
+        experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
+        previous = None
         launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
+    describe_experiment(client, experiment_id, study)
     run_name = launch_name(exp_name, launch)
     locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
 
@@ -537,6 +560,10 @@ def run_study(
         if resume:
             from ray import tune
 
+            identity.check_launch_record(
+                study, experiment_dir, identity.launch_record(study, uri, experiment_id, previous.info.run_id, launch)
+            )
+
             if not tune.Tuner.can_restore(experiment_dir):
                 raise StudyError(
                     study.path,
@@ -545,10 +572,16 @@ def run_study(
                         f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
                     ],
                 )
+        else:
+            identity.check_fresh_experiment_dir(study, experiment_dir, uri)
         commit = git_commit(study.path.parent)
         study_run_id = _parent_runs(
             client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs
         )
+        if not resume:
+            identity.write_launch_record(
+                experiment_dir, identity.launch_record(study, uri, experiment_id, study_run_id, launch)
+            )
         outcome = _tune(
             study,
             locations,
@@ -599,6 +632,56 @@ def run_study(
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
             steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
         _close_all(steps, primary)
+
+
+def _resume_target(study: LoadedStudy, uri: str, *, explicit: bool):
+    """(uri, client, experiment id, study run) of the launch `resume` continues (studies.identity.resume_target).
+
+    A relative sqlite:/// tracking URI taken from the study file means a different store in each directory; when
+    the store here holds no launch of the study and the launch record in its Ray storage names an existing SQLite
+    store, that is the one the study ran into: resume uses it, and says so.
+    """
+    from trainables.tracking import sqlite_path
+
+    recorded = identity.find_recorded_store(study, study.storage)
+    other = recorded.get("tracking_uri") if recorded else None
+    if not explicit and other and other != uri and not _holds_study(uri, study):
+        db = sqlite_path(other)
+        if db is not None and db.is_file():
+            print(
+                f"sharpscale: resume: the study's tracking.uri {study.spec.tracking.uri} is relative to the directory "
+                f"a command runs in; launch {recorded.get('launch')} was recorded at {other}: resuming it there.",
+                flush=True,
+            )
+            uri = other
+    hint = (
+        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: `sharpscale resume {study.path} "
+        f"--tracking-uri {other}`, or run the command from the directory the study was started in."
+        if other and other != uri
+        else ""
+    )
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        identity.resume_target(None, None, study, uri, hint)  # refuses: nothing to resume in a store never made
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(study.experiment_name)
+    experiment_id = exp.experiment_id if exp is not None and exp.lifecycle_stage == "active" else None
+    previous = identity.resume_target(client, experiment_id, study, uri, hint)
+    return uri, client, experiment_id, previous
+
+
+def _holds_study(uri: str, study: LoadedStudy) -> bool:
+    """Whether the MLflow store at `uri` exists and holds a study run of the study's experiment."""
+    from trainables.tracking import sqlite_path
+
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return False
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(study.experiment_name)
+    return exp is not None and bool(
+        client.search_runs([exp.experiment_id], filter_string=kind_filter("study"), max_results=1)
+    )
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
@@ -750,6 +833,7 @@ def _tune(
         study_name=run_name,
         payload=payload,
         confirm_seeds={c.key: spec.confirm.seed_list[: c.confirm] for c in study.cells} if spec.confirm else None,
+        owner=study_run_id,
     )
     progress = LiveView(study, title=f"{spec.name} ({exp_name})")
     rollup = rollup_callback(

@@ -20,6 +20,7 @@ from trainables.errors import UserError, shown
 from trainables.metrics import EPOCH_METRICS
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, experiment_name
 from trainables.ray_train import KEEP_CHECKPOINTS
+from trainables.secrets import password_problem
 from trainables.staging import is_uri
 from trainables.tracking import BEST_EPOCH_METRICS
 
@@ -354,6 +355,13 @@ class Study(_Strict):
     @model_validator(mode="after")
     def _ranges(self) -> "Study":
         problems = []
+        for field, uri in (
+            ("tracking.uri", self.tracking.uri),
+            ("storage", self.storage),
+            ("optuna_storage", self.optuna_storage),
+        ):
+            if uri is not None and (problem := password_problem(field, uri)):
+                problems.append(problem)
         for key, dom in self.search.items():
             if isinstance(dom, (LogUniform, Uniform, IntRange)) and not dom.low < dom.high:
                 problems.append(

@@ -86,12 +86,15 @@ def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
 def check_tracking_uri(uri: str) -> str:
     """`uri` when MLflow can record to it (a scheme of TRACKING_SCHEMES), else a UserError naming the fix."""
     from trainables.errors import UserError, shown
+    from trainables.secrets import password_problem, redact
 
+    if problem := password_problem("tracking URI", uri):
+        raise UserError(problem)
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     if scheme not in TRACKING_SCHEMES:
         raise UserError(
             f"tracking URI: must be sqlite:///path/mlflow.db, http(s)://HOST:PORT of an MLflow server, or a database "
-            f"URL ({', '.join(s + '://' for s in TRACKING_SCHEMES)}), got {shown(uri)}. Fix: e.g. --tracking-uri "
+            f"URL ({', '.join(s + '://' for s in TRACKING_SCHEMES)}), got {shown(redact(uri))}. Fix: e.g. --tracking-uri "
             f"sqlite:///mlflow.db, or http://127.0.0.1:5000 for `sharpscale server`."
         )
     return uri
