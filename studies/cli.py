@@ -183,6 +183,14 @@ def _cmd_run(args) -> int:
     if outcome.interrupted:
         print(_incomplete(args, f"after {outcome.trials} of {study.total_trials} trials"), file=sys.stderr)
         return EXIT_INTERRUPTED
+    if outcome.nothing_ran:
+        print(
+            f"sharpscale: no trial ran a single epoch ({outcome.trials} started): the study has no result and its "
+            f"MLflow run is marked FAILED. Fix: a longer budget.time_limit_s (or none), then `sharpscale run "
+            f"--new-launch {args.study}`.",
+            file=sys.stderr,
+        )
+        return EXIT_ERRORS
     if outcome.errored:
         print(
             f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "

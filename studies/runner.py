@@ -38,6 +38,7 @@ from trainables.naming import (
     NOTE_TAG,
     OPTUNA_STORAGE_TAG,
     PARENT_RUN_TAG,
+    REASON_TAG,
     SEARCH_STAGE,
     STAGE_TAG,
     STATUS_TAG,
@@ -124,7 +125,13 @@ class StudyOutcome:
     tracking_uri: str
     trials: int
     errored: int
-    interrupted: bool = False  # Ctrl-C (SIGINT) ended it early: incomplete, `resume` finishes it
+    interrupted: bool = False  # Ctrl-C (SIGINT) or SIGTERM ended it early: incomplete, `resume` finishes it
+    reported: int | None = None  # trials that reported at least one epoch (None: not counted)
+
+    @property
+    def nothing_ran(self) -> bool:
+        """No trial reported a single epoch (a time limit too short to start one): the study has no result."""
+        return self.reported == 0
 
 
 def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
@@ -297,7 +304,14 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
         else:
             status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
         _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
+        if status == "interrupted":
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
+
+
+INTERRUPTED_REASON = (
+    "the study was interrupted (Ctrl-C or SIGTERM) while this trial ran; `sharpscale resume` continues it"
+)
 
 
 def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
@@ -312,6 +326,8 @@ def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], sin
             ended is None or ended >= since_ms
         ):
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
+            # Its own reason named what stopped it as seen from the trial (Tune's stop): say why Tune stopped it.
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
 
@@ -604,7 +620,7 @@ def run_study(
         raise
     finally:
         if outcome is not None:
-            status = "KILLED" if outcome.interrupted else "FINISHED"
+            status = "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
         else:
             status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
         steps = []
@@ -887,23 +903,35 @@ def _tune(
         flush=True,
     )
     before = signal.getsignal(signal.SIGINT)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before_term = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if main_thread:
+        # SIGTERM (a scheduler's stop, `kill`) ends the study as Ctrl-C does: trials stopped and recorded as
+        # interrupted, resumable, instead of Ray's own abort that leaves runs and Optuna trials RUNNING.
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         results = tuner.fit()
+    except KeyboardInterrupt:
+        # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
+        if progress.interrupted_at is not None:
+            _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+        raise
     finally:
-        if threading.current_thread() is threading.main_thread():
+        if main_thread:
             signal.signal(signal.SIGINT, before)  # Tune leaves its handler (and ours) installed
+            signal.signal(signal.SIGTERM, before_term)
     interrupted = progress.interrupted_at is not None
     limit = spec.budget.time_limit_s
-    if interrupted or (limit is not None and time.perf_counter() - t0 >= limit):
-        # Tune stopped the trials still running (Ctrl-C, or the time limit); none of them will report again
-        # in this run. After Ctrl-C, `resume` continues them under new Optuna trials with the same values.
-        searcher.fail_unfinished(interrupted=interrupted)
     if interrupted:
-        _mark_interrupted(client, experiment_id, cell_runs, progress.interrupted_at)
+        _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+    elif limit is not None and time.perf_counter() - t0 >= limit:
+        # Tune stopped the trials still running at the time limit; none of them will report again.
+        searcher.fail_unfinished(interrupted=False)
     if resume:
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
     errored = sum(1 for r in results if r.error is not None)
+    reported = sum(1 for r in results if (r.metrics or {}).get("training_iteration"))
     if unconfirmed := searcher.unconfirmed():
         print(
             f"sharpscale: no confirm runs for {len(unconfirmed)} cell(s) whose every search trial failed: {unconfirmed}"
@@ -912,4 +940,18 @@ def _tune(
         f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
         + (", INTERRUPTED" if interrupted else "")
     )
-    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted)
+    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted, reported=reported)
+
+
+def _term_as_interrupt(signum, frame) -> None:
+    handler = signal.getsignal(signal.SIGINT)  # Tune's (behind the live view's), which stops the trials
+    if not callable(handler):
+        raise KeyboardInterrupt
+    handler(signal.SIGINT, frame)
+
+
+def _close_interrupted(searcher, client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
+    """After Ctrl-C (or SIGTERM): the Optuna trials cut short are failed and marked for `resume` to continue them
+    under new trials with the same values; their MLflow runs say `interrupted`."""
+    searcher.fail_unfinished(interrupted=True)
+    _mark_interrupted(client, experiment_id, cell_runs, since)
