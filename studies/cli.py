@@ -74,8 +74,23 @@ def _overrides(args) -> dict:
 
     out = parse_overrides(getattr(args, "set", None) or [], args.study)
     if getattr(args, "storage", None) is not None:
+        if "storage" in out and out["storage"] != args.storage:
+            raise UserError(
+                f"--storage {args.storage} and --set storage={out['storage']} name two places for one run's state. "
+                f"Fix: give one of them."
+            )
         out["storage"] = args.storage  # a path or URI as typed: YAML would turn some into other types
     return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of CPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (the local Ray cluster's CPUs), got {value}")
+    return value
 
 
 def _study_options() -> argparse.ArgumentParser:
@@ -120,7 +135,9 @@ def _cluster_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one"
     )
-    parent.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    parent.add_argument(
+        "--num-cpus", type=_positive_int, default=None, help="CPUs of the local Ray cluster (default: all)"
+    )
     return parent
 
 
