@@ -16,7 +16,7 @@ from typing import Any
 
 from studies import identity
 from studies.confirm import confirm_config
-from studies.preflight import check_data_on_nodes
+from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, stderr_to
 from studies.records import (
     cell_label,
@@ -520,6 +520,8 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
+    if trainable is None:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_model_kwargs(study)
     ray_mod = sys.modules.get("ray")
     if ray_mod is not None and ray_mod.is_initialized():
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use

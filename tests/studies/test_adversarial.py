@@ -193,6 +193,18 @@ REFUSED = [
     ("esc-byte", _edit(("description: AdamW", "description: \x1b[31mAdamW")), [], "control character U+001B"),
     ("name-250-chars", _edit(("name: quickstart", "name: " + "a" * 250)), [], "name: at most 100 characters"),
     ("set-empty-value", None, ["--set", "budget.trials_per_cell="], "the value is empty"),
+    (
+        "model-kwargs-typo",
+        _edit(("mlp_ratio: 2,", "mlp_ration: 2,")),
+        [],
+        "model.kwargs.mlp_ration: timm's vit_tiny_patch16_224 takes no argument 'mlp_ration'. Did you mean mlp_ratio?",
+    ),
+    (
+        "model-kwargs-checkpoint-path",
+        _edit(("mlp_ratio: 2,", "mlp_ratio: 2, checkpoint_path: /etc/passwd,")),
+        [],
+        "model.kwargs.checkpoint_path: models are built untrained",
+    ),
     ("storage-twice", None, ["--set", "storage=/tmp/a", "--storage", "/tmp/b"], "name two places"),
 ]
 
