@@ -304,3 +304,46 @@ def test_dashboard_refuses_foreign_hosts_and_writes(tmp_path, tracking_uri):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
+
+
+# --- 6. A store that cannot be used is named in one line, at once -------------------------------------------------
+
+
+def test_status_over_a_store_nothing_can_use(tmp_path, tracking_uri, monkeypatch, capsys):
+    from trainables import tracking
+
+    path = _study_file(tmp_path / "study")
+    db = Path(tracking_uri[len("sqlite:///") :])
+
+    # An http store where nothing listens: refused at once, not after minutes of silent retries.
+    from studies.server import free_port
+
+    assert main(["status", str(path), "--tracking-uri", f"http://127.0.0.1:{free_port()}"]) == EXIT_USAGE
+    assert "nothing answers at http://127.0.0.1:" in capsys.readouterr().err
+
+    # A store whose creation lock another process holds: a read-only command says so instead of hanging.
+    monkeypatch.setattr(tracking, "STORE_LOCK_WAIT_S", 1.0)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from filelock import FileLock; lock = FileLock({str(db) + '.lock'!r}); lock.acquire(); "
+            f"print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["status", str(path), "--tracking-uri", tracking_uri]) == EXIT_USAGE
+        assert f"the MLflow store {db} is locked" in capsys.readouterr().err
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+    # A truncated store: named, with the fix, no traceback.
+    db.write_bytes(db.read_bytes()[:8192])
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{db} is not a readable SQLite database" in err and "Traceback" not in err
