@@ -497,6 +497,24 @@ def _init_ray(address: str | None, num_cpus: int | None):
     return True
 
 
+def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) -> bool:
+    """_init_ray, with a failure to start or reach Ray said in one line instead of Ray's trace."""
+    try:
+        return _init_ray(address, num_cpus)
+    except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        where = f"reach the Ray cluster at {address}" if address else "start a local Ray cluster"
+        fix = (
+            "check the address (`ray status --address ...` on that cluster), or drop --address to run here"
+            if address
+            else "check free memory and /tmp space (`ray start --head` shows Ray's own error), or --num-cpus"
+        )
+        raise StudyError(
+            study.path,
+            [f"ray: could not {where}: {type(err).__name__}: {first}. Fix: {fix}."],
+        ) from None
+
+
 def run_study(
     path: str | Path,
     *,
@@ -567,7 +585,7 @@ def run_study(
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
         log = quiet.enter_context(quiet_libraries(log_path))
         with stderr_to(log):
-            started_ray = _init_ray(address, num_cpus)
+            started_ray = _start_ray(study, address, num_cpus)
         if address:
             check_cluster_resources(study)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
