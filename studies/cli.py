@@ -196,7 +196,16 @@ def _cmd_run(args) -> int:
         overrides=_overrides(args),
         new_launch=getattr(args, "new_launch", False),
     )
-    _print_summary(study, outcome.tracking_uri)
+    try:
+        _print_summary(study, outcome.tracking_uri)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the study's records are complete either way
+        what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"failed ({type(err).__name__}: {err})"
+        print(
+            f"\nsharpscale: the study's runs are recorded and closed ({outcome.trials} trials); printing its summary "
+            f"{what}. `{_prog()} status {args.study}` shows it.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else EXIT_ERRORS
     if outcome.interrupted:
         print(_incomplete(args, f"after {outcome.trials} of {study.total_trials} trials"), file=sys.stderr)
         return EXIT_INTERRUPTED

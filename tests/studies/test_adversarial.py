@@ -453,7 +453,8 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.timeout(900)
-def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_mlflow_store):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store):
     from trainables.metrics import EPOCH_METRICS
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
@@ -491,7 +492,7 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
             time.sleep(0.2)
         assert driver.poll() is None, "the study ended before it could be interrupted"
         listening = _listening(driver.pid)
-        os.kill(driver.pid, signal.SIGINT)  # to the driver only, as the issue's reproduction did
+        os.kill(driver.pid, stop)  # to the driver only, as the issue's reproduction did
         out, _ = driver.communicate(timeout=300)
     finally:
         if driver.poll() is None:
@@ -508,6 +509,13 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
     assert all(st != "RUNNING" for _, st, _ in runs), runs
     assert set(trial_status) <= {("FINISHED", "finished"), ("KILLED", "interrupted")}, trial_status
     assert ("KILLED", "interrupted") in trial_status
+    # The cut trial's reason says what cut it: the study has no scheduler (issue 24).
+    reasons = _sql(
+        db,
+        "select r.value from tags r join tags s on s.run_uuid = r.run_uuid and s.key = 'sharpscale.status' "
+        "and s.value = 'interrupted' where r.key = 'sharpscale.reason'",
+    )
+    assert reasons and all("interrupted" in r and "scheduler" not in r for (r,) in reasons), reasons
     optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     assert "RUNNING" not in states and "FAIL" in states, states

@@ -347,3 +347,22 @@ def test_status_over_a_store_nothing_can_use(tmp_path, tracking_uri, monkeypatch
     assert main(["status", str(path), "--tracking-uri", tracking_uri]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"{db} is not a readable SQLite database" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
+def test_a_failure_while_printing_the_summary_is_one_line_and_not_zero(failure, tmp_path, monkeypatch, capsys):
+    from studies import cli, runner
+    from studies.cli import EXIT_ERRORS, EXIT_INTERRUPTED
+
+    # The study itself ended and closed its runs (run_study returned); only the summary after it fails.
+    monkeypatch.setattr(runner, "run_study", lambda *a, **k: runner.StudyOutcome("1", "r", "sqlite:///x", 3, 0))
+
+    def summary(*args):
+        raise failure("boom")
+
+    monkeypatch.setattr(cli, "_print_summary", summary)
+    rc = main(["run", str(_study_file(tmp_path))])
+    assert rc == (EXIT_INTERRUPTED if failure is KeyboardInterrupt else EXIT_ERRORS)
+    err = capsys.readouterr().err
+    assert "runs are recorded and closed (3 trials); printing its summary" in err and "Traceback" not in err
+    assert "INCOMPLETE" not in err  # the study is complete: only its printout was cut
