@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import errno
 import hashlib
 import itertools
 import math
@@ -1137,10 +1138,33 @@ def load_study(
 
 def read_study_text(path: Path) -> str:
     """The study file's text: at most MAX_STUDY_FILE_BYTES of UTF-8; a StudyError says what else it is."""
+    try:
+        resolved = path.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 reports a symlink loop so
+        resolved = None
+    except OSError as err:
+        resolved = None if err.errno == errno.ELOOP else path.absolute()
+    if resolved is None:
+        raise StudyError(
+            path,
+            [f"study file: {path} is a symbolic link that leads back to itself (a loop). Fix: give the file itself."],
+        )
+    if resolved.parts[1:2] in (("proc",), ("sys",), ("dev",)):
+        raise StudyError(
+            path,
+            [
+                f"study file: {resolved} is a system file (under /{resolved.parts[1]}), not a study. Fix: check the path."
+            ],
+        )
     if not path.is_file():
         raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
-    with path.open("rb") as f:
-        data = f.read(MAX_STUDY_FILE_BYTES + 1)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_STUDY_FILE_BYTES + 1)
+    except OSError as err:
+        raise StudyError(
+            path, [f"study file: cannot be read ({err.strerror}). Fix: check the path and its permissions."]
+        )
     if len(data) > MAX_STUDY_FILE_BYTES:
         raise StudyError(
             path,

@@ -366,3 +366,12 @@ def test_a_failure_while_printing_the_summary_is_one_line_and_not_zero(failure, 
     err = capsys.readouterr().err
     assert "runs are recorded and closed (3 trials); printing its summary" in err and "Traceback" not in err
     assert "INCOMPLETE" not in err  # the study is complete: only its printout was cut
+
+
+def test_a_study_path_that_is_a_symlink_loop_or_a_proc_file(tmp_path, capsys):
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    assert main(["validate", str(tmp_path / "a.yaml")]) == EXIT_USAGE
+    assert "a symbolic link that leads back to itself" in capsys.readouterr().err
+    assert main(["validate", "/proc/self/status"]) == EXIT_USAGE
+    assert "is a system file (under /proc)" in capsys.readouterr().err
