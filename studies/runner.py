@@ -931,10 +931,12 @@ def _tune(
         signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         results = tuner.fit()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
         if progress.interrupted_at is not None:
-            _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+            _close_all(
+                [lambda: _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)], err
+            )
         raise
     finally:
         if main_thread:
