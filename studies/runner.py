@@ -127,6 +127,7 @@ class StudyOutcome:
     errored: int
     interrupted: bool = False  # Ctrl-C (SIGINT) or SIGTERM ended it early: incomplete, `resume` finishes it
     reported: int | None = None  # trials that reported at least one epoch (None: not counted)
+    interrupted_at: float | None = None  # when the interrupt reached the driver (time.time())
 
     @property
     def nothing_ran(self) -> bool:
@@ -644,8 +645,18 @@ def run_study(
         else:
             status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
         steps = []
+        if started_ray:
+            import ray
+
+            # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
+            # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
+            # steps below record is the last word.
+            steps.append(ray.shutdown)
         if opened:
             steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
+            if outcome is not None and outcome.interrupted_at is not None:
+                since = outcome.interrupted_at
+                steps.append(lambda: _mark_interrupted(client, experiment_id, cell_runs, since))
             # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
             steps.append(
                 lambda: rollup_callback(
@@ -659,10 +670,6 @@ def run_study(
                 ).update()
             )
             steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
-        if started_ray:
-            import ray
-
-            steps.append(ray.shutdown)
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
@@ -962,7 +969,16 @@ def _tune(
         f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
         + (", INTERRUPTED" if interrupted else "")
     )
-    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted, reported=reported)
+    return StudyOutcome(
+        experiment_id,
+        study_run_id,
+        uri,
+        trials,
+        errored,
+        interrupted=interrupted,
+        reported=reported,
+        interrupted_at=progress.interrupted_at,
+    )
 
 
 def _term_as_interrupt(signum, frame) -> None:
