@@ -74,8 +74,23 @@ def _overrides(args) -> dict:
 
     out = parse_overrides(getattr(args, "set", None) or [], args.study)
     if getattr(args, "storage", None) is not None:
+        if "storage" in out and out["storage"] != args.storage:
+            raise UserError(
+                f"--storage {args.storage} and --set storage={out['storage']} name two places for one run's state. "
+                f"Fix: give one of them."
+            )
         out["storage"] = args.storage  # a path or URI as typed: YAML would turn some into other types
     return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of CPUs, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (the local Ray cluster's CPUs), got {value}")
+    return value
 
 
 def _study_options() -> argparse.ArgumentParser:
@@ -120,7 +135,9 @@ def _cluster_options() -> argparse.ArgumentParser:
     parent.add_argument(
         "--address", default=None, help="existing Ray cluster ('auto' on a cluster node); default: start a local one"
     )
-    parent.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
+    parent.add_argument(
+        "--num-cpus", type=_positive_int, default=None, help="CPUs of the local Ray cluster (default: all)"
+    )
     return parent
 
 
@@ -179,10 +196,27 @@ def _cmd_run(args) -> int:
         overrides=_overrides(args),
         new_launch=getattr(args, "new_launch", False),
     )
-    _print_summary(study, outcome.tracking_uri)
+    try:
+        _print_summary(study, outcome.tracking_uri)
+    except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the study's records are complete either way
+        what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"failed ({type(err).__name__}: {err})"
+        print(
+            f"\nsharpscale: the study's runs are recorded and closed ({outcome.trials} trials); printing its summary "
+            f"{what}. `{_prog()} status {args.study}` shows it.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else EXIT_ERRORS
     if outcome.interrupted:
         print(_incomplete(args, f"after {outcome.trials} of {study.total_trials} trials"), file=sys.stderr)
         return EXIT_INTERRUPTED
+    if outcome.nothing_ran:
+        print(
+            f"sharpscale: no trial ran a single epoch ({outcome.trials} started): the study has no result and its "
+            f"MLflow run is marked FAILED. Fix: a longer budget.time_limit_s (or none), then `sharpscale run "
+            f"--new-launch {args.study}`.",
+            file=sys.stderr,
+        )
+        return EXIT_ERRORS
     if outcome.errored:
         print(
             f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
@@ -411,15 +445,32 @@ def _cmd_dashboard(args) -> int:
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
     storage = state_locations(study, name, run.data.tags).optuna_storage
+    hosts = server_cli.allowed_hosts(args.allowed_host)  # the checks `sharpscale server` makes, --allowed-host too
+    app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
     url = f"http://{args.host}:{args.port}"
+    if not server_cli.is_loopback(args.host):
+        print(
+            f"WARNING: optuna-dashboard listens on {args.host}:{args.port}, not on loopback, with no login: anyone "
+            f"who reaches it reads every trial{' and may change or delete them' if args.allow_writes else ''}. "
+            f"Prefer the default 127.0.0.1 and an SSH tunnel.",
+            file=sys.stderr,
+            flush=True,
+        )
     print(
         f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
-        f"its MLflow run id and name) ...",
+        f"its MLflow run id and name; {'writes allowed' if args.allow_writes else 'read-only'}) ...",
         flush=True,
     )
     _say_when_answering(url, f"optuna-dashboard: {url} (Ctrl-C stops it)", path="/")
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    class _Quiet(WSGIRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002 - wsgiref's signature
+            pass  # one line per request would bury the terminal
+
     try:
-        optuna_dashboard.run_server(open_optuna_storage(storage), host=args.host, port=args.port)
+        with make_server(args.host, args.port, app, handler_class=_Quiet) as httpd:
+            httpd.serve_forever()
     except KeyboardInterrupt:
         pass
     return 0
@@ -582,6 +633,20 @@ def build_parser() -> argparse.ArgumentParser:
     dash.add_argument("study", help="the study file that was run")
     dash.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     dash.add_argument("--port", type=int, default=8080)
+    dash.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host header to accept besides loopback, private addresses and this machine's names (repeatable); "
+        "others get 403",
+    )
+    dash.add_argument(
+        "--allow-writes",
+        action="store_true",
+        help="let the browser change the Optuna studies (notes, deleting a study); without it POST/PUT/DELETE get "
+        "405: the dashboard has no login",
+    )
     dash.set_defaults(func=_cmd_dashboard)
 
     ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")

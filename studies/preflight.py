@@ -1,4 +1,5 @@
-"""Before any trial: every node that can host one reads every data root of the study, or the study fails naming them."""
+"""Before any trial: every node that can host one reads every data root of the study, and timm takes every model's
+kwargs; or the study fails naming them."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
 
-__all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "data_roots"]
+__all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "check_model_kwargs", "data_roots"]
 
 NODE_CHECK_TIMEOUT_S = 120.0
 _GUIDE = "docs/cluster.md, 'Data on every node'"
@@ -165,3 +166,71 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
         node_word = "node" if len(where) == 1 else f"{len(where)} nodes"
         problems.append(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}.")
     raise StudyError(study.path, problems)
+
+
+def check_model_kwargs(study: LoadedStudy) -> None:
+    """Refuse, before Ray starts, a `model.kwargs` key that the model's timm class does not take (a typo would fail
+    every trial, each with Tune's retries). Each distinct model is built on the meta device: no memory, no weights.
+
+    Only unknown keywords are refused here; any other error of a model depends on the data it is built for, and
+    is left to the trial, which names it.
+    """
+    import json
+    import re
+
+    import torch
+
+    from trainables.config import TrialConfig
+    from trainables.models import create_model
+
+    seen: dict[str, list[str]] = {}
+    models = {}
+    for cell in study.cells:
+        cfg = TrialConfig.load(cell.config)
+        key = json.dumps(cfg.model.model_dump(), sort_keys=True, default=str)
+        seen.setdefault(key, []).append(cell.key or "all")
+        models[key] = cfg
+    problems = []
+    for key, cfg in models.items():
+        try:
+            with torch.device("meta"):
+                create_model(cfg.model, num_classes=10, in_chans=3, img_size=cfg.data.img_size or 32)
+        except TypeError as err:
+            bad = re.search(r"unexpected keyword argument '([^']+)'", str(err))
+            if bad is None:
+                continue
+            name = bad.group(1)
+            import difflib
+
+            close = difflib.get_close_matches(name, _kwargs_taken(cfg.model.name), n=1)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            cells = seen[key]
+            problems.append(
+                f"model.kwargs.{name}: timm's {cfg.model.name} takes no argument {name!r}.{hint} Fix: correct or "
+                f"remove it (cells: {'; '.join(cells[:3])}{f'; and {len(cells) - 3} more' if len(cells) > 3 else ''})."
+            )
+    if problems:
+        raise StudyError(study.path, problems)
+
+
+def _kwargs_taken(model_name: str) -> list[str]:
+    """The keyword names of the timm model class behind `model_name` (for did-you-mean hints)."""
+    import inspect
+
+    import timm
+
+    try:
+        module = inspect.getmodule(timm.models.model_entrypoint(model_name))
+        classes = [c for _, c in inspect.getmembers(module, inspect.isclass) if issubclass(c, _torch_module())]
+    except Exception:  # noqa: BLE001 - only a hint
+        return []
+    names: list[str] = []
+    for cls in classes:
+        names += [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "args", "kwargs")]
+    return sorted(set(names))
+
+
+def _torch_module():
+    import torch
+
+    return torch.nn.Module

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from studies import identity
 from studies.confirm import confirm_config
-from studies.preflight import check_data_on_nodes
+from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, stderr_to
 from studies.records import (
     cell_label,
@@ -37,6 +38,7 @@ from trainables.naming import (
     NOTE_TAG,
     OPTUNA_STORAGE_TAG,
     PARENT_RUN_TAG,
+    REASON_TAG,
     SEARCH_STAGE,
     STAGE_TAG,
     STATUS_TAG,
@@ -123,7 +125,14 @@ class StudyOutcome:
     tracking_uri: str
     trials: int
     errored: int
-    interrupted: bool = False  # Ctrl-C (SIGINT) ended it early: incomplete, `resume` finishes it
+    interrupted: bool = False  # Ctrl-C (SIGINT) or SIGTERM ended it early: incomplete, `resume` finishes it
+    reported: int | None = None  # trials that reported at least one epoch (None: not counted)
+    interrupted_at: float | None = None  # when the interrupt reached the driver (time.time())
+
+    @property
+    def nothing_ran(self) -> bool:
+        """No trial reported a single epoch (a time limit too short to start one): the study has no result."""
+        return self.reported == 0
 
 
 def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
@@ -168,12 +177,13 @@ def _launch_of(run) -> int:
 
 
 def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
-    """The launch a new run of the study starts: 1, or the next one when asked for; refused when that would mix runs."""
+    """The launch a new run of the study starts, claimed in the store (studies.identity.claim_launch): 1, or the next
+    one when asked for; refused when that would mix runs, or when a run started at the same moment claimed it."""
+    from studies.identity import LaunchTaken, claim_launch
+
     earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
-    if not earlier:
-        return 1
-    newest = max(_launch_of(r) for r in earlier)
-    if not new_launch:
+    newest = max((_launch_of(r) for r in earlier), default=0)
+    if earlier and not new_launch:
         trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
         raise StudyError(
             study.path,
@@ -185,7 +195,26 @@ def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str
                 f"tracking.experiment to a new name."
             ],
         )
-    return newest + 1
+    artifacts = None if uri.startswith(("http://", "https://")) else _artifact_uri(study)
+    for launch in range(newest + 1, newest + 1 + (100 if new_launch else 1)):
+        try:
+            claim_launch(client, exp_name, launch, artifacts)
+            return launch
+        except LaunchTaken:
+            continue
+    raise StudyError(
+        study.path,
+        [
+            f"run: launch {newest + 1} of MLflow experiment {exp_name!r} at {uri} was claimed by another `sharpscale "
+            f"run` of this study started at the same moment (or its runs were deleted since); two runs never share "
+            f"a launch. Fix: let that run go on (`sharpscale status {study.path}`; `sharpscale resume` if it was "
+            f"interrupted), or start one of your own with `sharpscale run --new-launch {study.path}`."
+        ],
+    )
+
+
+def _artifact_uri(study: LoadedStudy) -> str:
+    return Path(study.spec.tracking.artifact_location).resolve().as_uri()
 
 
 def find_study_run(client, experiment_id: str, study: LoadedStudy):
@@ -276,7 +305,14 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
         else:
             status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
         _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
+        if status == "interrupted":
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
+
+
+INTERRUPTED_REASON = (
+    "the study was interrupted (Ctrl-C or SIGTERM) while this trial ran; `sharpscale resume` continues it"
+)
 
 
 def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
@@ -291,6 +327,8 @@ def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], sin
             ended is None or ended >= since_ms
         ):
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
+            # Its own reason named what stopped it as seen from the trial (Tune's stop): say why Tune stopped it.
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
 
@@ -460,6 +498,24 @@ def _init_ray(address: str | None, num_cpus: int | None):
     return True
 
 
+def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) -> bool:
+    """_init_ray, with a failure to start or reach Ray said in one line instead of Ray's trace."""
+    try:
+        return _init_ray(address, num_cpus)
+    except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        where = f"reach the Ray cluster at {address}" if address else "start a local Ray cluster"
+        fix = (
+            "check the address (`ray status --address ...` on that cluster), or drop --address to run here"
+            if address
+            else "check free memory and /tmp space (`ray start --head` shows Ray's own error), or --num-cpus"
+        )
+        raise StudyError(
+            study.path,
+            [f"ray: could not {where}: {type(err).__name__}: {first}. Fix: {fix}."],
+        ) from None
+
+
 def run_study(
     path: str | Path,
     *,
@@ -483,6 +539,8 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
+    if trainable is None:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_model_kwargs(study)
     ray_mod = sys.modules.get("ray")
     if ray_mod is not None and ray_mod.is_initialized():
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use
@@ -490,16 +548,18 @@ def run_study(
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
-    client = tracking_client(uri)
     exp_name = study.experiment_name
     _warn_split_records(address, uri)
-    experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
-    describe_experiment(client, experiment_id, study)
-    previous = find_study_run(client, experiment_id, study) if resume else None
     if resume:
-        launch = _launch_of(previous) if previous is not None else 1
+        # Only the launch this file ran, in the store it ran into: never a new store, experiment or launch.
+        uri, client, experiment_id, previous = _resume_target(study, uri, explicit=tracking_uri is not None)
+        launch = _launch_of(previous)
     else:
+        client = tracking_client(uri)
+        experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
+        previous = None
         launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
+    describe_experiment(client, experiment_id, study)
     run_name = launch_name(exp_name, launch)
     locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
 
@@ -526,7 +586,7 @@ def run_study(
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
         log = quiet.enter_context(quiet_libraries(log_path))
         with stderr_to(log):
-            started_ray = _init_ray(address, num_cpus)
+            started_ray = _start_ray(study, address, num_cpus)
         if address:
             check_cluster_resources(study)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
@@ -537,6 +597,10 @@ def run_study(
         if resume:
             from ray import tune
 
+            identity.check_launch_record(
+                study, experiment_dir, identity.launch_record(study, uri, experiment_id, previous.info.run_id, launch)
+            )
+
             if not tune.Tuner.can_restore(experiment_dir):
                 raise StudyError(
                     study.path,
@@ -545,10 +609,16 @@ def run_study(
                         f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
                     ],
                 )
+        else:
+            identity.check_fresh_experiment_dir(study, experiment_dir, uri)
         commit = git_commit(study.path.parent)
         study_run_id = _parent_runs(
             client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs
         )
+        if not resume:
+            identity.write_launch_record(
+                experiment_dir, identity.launch_record(study, uri, experiment_id, study_run_id, launch)
+            )
         outcome = _tune(
             study,
             locations,
@@ -571,12 +641,22 @@ def run_study(
         raise
     finally:
         if outcome is not None:
-            status = "KILLED" if outcome.interrupted else "FINISHED"
+            status = "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
         else:
             status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
         steps = []
+        if started_ray:
+            import ray
+
+            # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
+            # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
+            # steps below record is the last word.
+            steps.append(ray.shutdown)
         if opened:
             steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
+            if outcome is not None and outcome.interrupted_at is not None:
+                since = outcome.interrupted_at
+                steps.append(lambda: _mark_interrupted(client, experiment_id, cell_runs, since))
             # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
             steps.append(
                 lambda: rollup_callback(
@@ -590,15 +670,61 @@ def run_study(
                 ).update()
             )
             steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
-        if started_ray:
-            import ray
-
-            steps.append(ray.shutdown)
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
             steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
         _close_all(steps, primary)
+
+
+def _resume_target(study: LoadedStudy, uri: str, *, explicit: bool):
+    """(uri, client, experiment id, study run) of the launch `resume` continues (studies.identity.resume_target).
+
+    A relative sqlite:/// tracking URI taken from the study file means a different store in each directory; when
+    the store here holds no launch of the study and the launch record in its Ray storage names an existing SQLite
+    store, that is the one the study ran into: resume uses it, and says so.
+    """
+    from trainables.tracking import sqlite_path
+
+    recorded = identity.find_recorded_store(study, study.storage)
+    other = recorded.get("tracking_uri") if recorded else None
+    if not explicit and other and other != uri and not _holds_study(uri, study):
+        db = sqlite_path(other)
+        if db is not None and db.is_file():
+            print(
+                f"sharpscale: resume: the study's tracking.uri {study.spec.tracking.uri} is relative to the directory "
+                f"a command runs in; launch {recorded.get('launch')} was recorded at {other}: resuming it there.",
+                flush=True,
+            )
+            uri = other
+    hint = (
+        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: `sharpscale resume {study.path} "
+        f"--tracking-uri {other}`, or run the command from the directory the study was started in."
+        if other and other != uri
+        else ""
+    )
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        identity.resume_target(None, None, study, uri, hint)  # refuses: nothing to resume in a store never made
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(study.experiment_name)
+    experiment_id = exp.experiment_id if exp is not None and exp.lifecycle_stage == "active" else None
+    previous = identity.resume_target(client, experiment_id, study, uri, hint)
+    return uri, client, experiment_id, previous
+
+
+def _holds_study(uri: str, study: LoadedStudy) -> bool:
+    """Whether the MLflow store at `uri` exists and holds a study run of the study's experiment."""
+    from trainables.tracking import sqlite_path
+
+    db = sqlite_path(uri)
+    if db is not None and not db.is_file():
+        return False
+    client = tracking_client(uri)
+    exp = client.get_experiment_by_name(study.experiment_name)
+    return exp is not None and bool(
+        client.search_runs([exp.experiment_id], filter_string=kind_filter("study"), max_results=1)
+    )
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
@@ -750,6 +876,7 @@ def _tune(
         study_name=run_name,
         payload=payload,
         confirm_seeds={c.key: spec.confirm.seed_list[: c.confirm] for c in study.cells} if spec.confirm else None,
+        owner=study_run_id,
     )
     progress = LiveView(study, title=f"{spec.name} ({exp_name})")
     rollup = rollup_callback(
@@ -803,23 +930,37 @@ def _tune(
         flush=True,
     )
     before = signal.getsignal(signal.SIGINT)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before_term = signal.getsignal(signal.SIGTERM) if main_thread else None
+    if main_thread:
+        # SIGTERM (a scheduler's stop, `kill`) ends the study as Ctrl-C does: trials stopped and recorded as
+        # interrupted, resumable, instead of Ray's own abort that leaves runs and Optuna trials RUNNING.
+        signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
         results = tuner.fit()
+    except KeyboardInterrupt as err:
+        # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
+        if progress.interrupted_at is not None:
+            _close_all(
+                [lambda: _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)], err
+            )
+        raise
     finally:
-        if threading.current_thread() is threading.main_thread():
+        if main_thread:
             signal.signal(signal.SIGINT, before)  # Tune leaves its handler (and ours) installed
+            signal.signal(signal.SIGTERM, before_term)
     interrupted = progress.interrupted_at is not None
     limit = spec.budget.time_limit_s
-    if interrupted or (limit is not None and time.perf_counter() - t0 >= limit):
-        # Tune stopped the trials still running (Ctrl-C, or the time limit); none of them will report again
-        # in this run. After Ctrl-C, `resume` continues them under new Optuna trials with the same values.
-        searcher.fail_unfinished(interrupted=interrupted)
     if interrupted:
-        _mark_interrupted(client, experiment_id, cell_runs, progress.interrupted_at)
+        _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+    elif limit is not None and time.perf_counter() - t0 >= limit:
+        # Tune stopped the trials still running at the time limit; none of them will report again.
+        searcher.fail_unfinished(interrupted=False)
     if resume:
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
     errored = sum(1 for r in results if r.error is not None)
+    reported = sum(1 for r in results if (r.metrics or {}).get("training_iteration"))
     if unconfirmed := searcher.unconfirmed():
         print(
             f"sharpscale: no confirm runs for {len(unconfirmed)} cell(s) whose every search trial failed: {unconfirmed}"
@@ -828,4 +969,27 @@ def _tune(
         f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
         + (", INTERRUPTED" if interrupted else "")
     )
-    return StudyOutcome(experiment_id, study_run_id, uri, trials, errored, interrupted=interrupted)
+    return StudyOutcome(
+        experiment_id,
+        study_run_id,
+        uri,
+        trials,
+        errored,
+        interrupted=interrupted,
+        reported=reported,
+        interrupted_at=progress.interrupted_at,
+    )
+
+
+def _term_as_interrupt(signum, frame) -> None:
+    handler = signal.getsignal(signal.SIGINT)  # Tune's (behind the live view's), which stops the trials
+    if not callable(handler):
+        raise KeyboardInterrupt
+    handler(signal.SIGINT, frame)
+
+
+def _close_interrupted(searcher, client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
+    """After Ctrl-C (or SIGTERM): the Optuna trials cut short are failed and marked for `resume` to continue them
+    under new trials with the same values; their MLflow runs say `interrupted`."""
+    searcher.fail_unfinished(interrupted=True)
+    _mark_interrupted(client, experiment_id, cell_runs, since)

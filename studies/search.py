@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
-import pickle
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -12,10 +12,11 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from studies.confirm import ConfirmState
+from studies.confirm import CellChoice, ConfirmState
 from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
 from trainables.errors import UserError
+from trainables.secrets import redact
 from trainables.tracking import RUN_ID_RESULT_KEY
 
 __all__ = [
@@ -36,6 +37,8 @@ RUN_NAME_ATTR = "mlflow_run_name"
 # the same values, which names the cut one in RESUMED_FROM_ATTR.
 INTERRUPTED_ATTR = "interrupted"
 RESUMED_FROM_ATTR = "resumed_from_trial"
+# A user attribute of each cell's Optuna study: the MLflow study run of the launch it belongs to.
+OWNER_ATTR = "sharpscale.study_run_id"
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -163,6 +166,7 @@ class CellSearcher(Searcher):
         study_name: str,
         payload: Callable[..., dict[str, Any]],
         confirm_seeds: dict[str, list[int]] | None = None,
+        owner: str | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
         self._cells = {c.key: c for c in cells}
@@ -172,6 +176,7 @@ class CellSearcher(Searcher):
         self._seed = seed
         self._storage_url = storage_url
         self._study_name = study_name
+        self._owner = owner
         self._issued = {c.key: 0 for c in cells}
         self._trial_cell: dict[str, str] = {}
         self._live: dict[str, int] = {}  # Tune trial id -> its Optuna trial's number, until told
@@ -198,7 +203,7 @@ class CellSearcher(Searcher):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_owner": None, **state})  # a searcher pickled before launches had owners
         self._open()
 
     def optuna_study_name(self, key: str) -> str:
@@ -216,6 +221,7 @@ class CellSearcher(Searcher):
         name = self.optuna_study_name(key)
         direction = "maximize" if self.mode == "max" else "minimize"
         created = optuna.create_study(storage=self._storage, study_name=name, direction=direction, load_if_exists=True)
+        self._check_owner(created)
         existing = len(created.get_trials(deepcopy=False))
         cell = self._cells[key]
         seed = _cell_seed(self._seed, self._order.index(key), existing)
@@ -227,6 +233,21 @@ class CellSearcher(Searcher):
         self._studies[key] = study
         self._study_ids[key] = self._storage.get_study_id_from_name(name)
         return study
+
+    def _check_owner(self, study) -> None:
+        """Each cell's Optuna study belongs to one launch (its MLflow study run): set on creation, checked after."""
+        if self._owner is None:
+            return
+        owner = study.user_attrs.get(OWNER_ATTR)
+        if owner is None:
+            study.set_user_attr(OWNER_ATTR, self._owner)
+        elif owner != self._owner:
+            raise UserError(
+                f"optuna_storage: the Optuna study {study.study_name!r} in {redact(self._storage_url)} belongs to "
+                f"another launch (MLflow study run {owner}), not to this one ({self._owner}); the two searches would "
+                f"mix. Fix: give this launch its own storage (--storage or --set optuna_storage=...), or resume that "
+                f"launch from the store it ran with (--tracking-uri)."
+            )
 
     def _update_trial(self, trial_id: str, write: Callable[[Any, int], None]) -> bool:
         """Write to the running Optuna trial of a Tune trial through the storage (the Optuna trial of a restored
@@ -362,27 +383,29 @@ class CellSearcher(Searcher):
                 failed += 1
         return failed
 
+    # Tune names the file searcher-state-*.pkl, but it holds JSON: the storage may be shared, and state read back
+    # from it is data, never code (a pickle would run whatever a writer to that folder planted).
     def save(self, checkpoint_path: str) -> None:
         state = {
+            "format": SEARCHER_STATE_FORMAT,
             "issued": self._issued,
             "trial_cell": self._trial_cell,
             "live": self._live,
-            "run_ids": self._run_ids,
-            "samples": self._samples,
-            "confirm": self._confirm,
+            "run_ids": sorted(self._run_ids),
+            "samples": {t: [sample, name] for t, (sample, name) in self._samples.items()},
+            "confirm": _confirm_to_json(self._confirm),
         }
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(state, f)
+        with open(checkpoint_path, "w", encoding="utf-8") as f:
+            json.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
         import optuna
 
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
+        state = read_searcher_state(checkpoint_path, set(self._order))
         self._issued, self._trial_cell = state["issued"], state["trial_cell"]
         self._live, self._run_ids = state["live"], set(state["run_ids"])
-        self._samples = state.get("samples", {})  # a snapshot from before the confirm stage existed has none
-        self._confirm = state.get("confirm", self._confirm)
+        self._samples = {t: (sample, name) for t, (sample, name) in state["samples"].items()}
+        self._confirm = _confirm_from_json(state["confirm"], self._confirm)
         tracked = {(self._trial_cell[t], number) for t, number in self._live.items()}
         for key in self._order:
             if not self._cells[key].space:
@@ -392,6 +415,89 @@ class CellSearcher(Searcher):
                 # Asked after the last snapshot, so no Tune trial will ever report it: fail it, or it stays RUNNING.
                 if (key, trial.number) not in tracked:
                     study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+
+
+SEARCHER_STATE_FORMAT = "sharpscale.searcher/1"
+
+
+def _confirm_to_json(state: ConfirmState) -> dict[str, Any]:
+    """What of the confirm stage's book changes as trials end (its settings come from the study), as JSON data."""
+    return {
+        "ended": {k: sorted(v) for k, v in state.ended.items()},
+        "results": {k: {t: list(r) for t, r in v.items()} for k, v in state.results.items()},
+        "chosen": {k: {"sample": c.sample, "run_name": c.run_name, "value": c.value} for k, c in state.chosen.items()},
+        "issued": dict(state.issued),
+        "confirm_trials": sorted(state.confirm_trials),
+    }
+
+
+def _confirm_from_json(data: dict[str, Any], current: ConfirmState) -> ConfirmState:
+    """`_confirm_to_json`'s data back on the study's own settings (`current`: the searcher's book as built)."""
+    return ConfirmState(
+        mode=current.mode,
+        seeds=current.seeds,
+        searched=current.searched,
+        ended={str(k): {str(t) for t in v} for k, v in data["ended"].items()},
+        results={
+            str(k): {str(t): (float(r[0]), dict(r[1]), str(r[2])) for t, r in v.items()}
+            for k, v in data["results"].items()
+        },
+        chosen={
+            str(k): CellChoice(
+                sample=None if c["sample"] is None else dict(c["sample"]),
+                run_name=None if c["run_name"] is None else str(c["run_name"]),
+                value=None if c["value"] is None else float(c["value"]),
+            )
+            for k, c in data["chosen"].items()
+        },
+        issued={str(k): int(v) for k, v in data["issued"].items()},
+        confirm_trials={str(t) for t in data["confirm_trials"]},
+    )
+
+
+def _confirm_readable(data: dict[str, Any]) -> bool:
+    try:
+        _confirm_from_json(data, ConfirmState(mode="max", seeds={}, searched={}))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+        return False
+    return True
+
+
+def read_searcher_state(path: str, cells: set[str]) -> dict[str, Any]:
+    """The searcher's saved state at `path`, checked to be the data `CellSearcher.save` writes, else a UserError."""
+
+    def refused(why: str) -> UserError:
+        return UserError(
+            f"resume: the searcher state {path} is {why}; it is read as JSON data only (never unpickled). Fix: "
+            f"restore the file this run wrote there, or start the study anew (`sharpscale run --new-launch`)."
+        )
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (UnicodeDecodeError, ValueError) as err:
+        raise refused(f"not sharpscale's JSON state ({type(err).__name__}; a pickle from an older version, or planted)")
+    ints = lambda d: isinstance(d, dict) and all(isinstance(k, str) and type(v) is int for k, v in d.items())  # noqa: E731
+    if not (
+        isinstance(state, dict)
+        and state.get("format") == SEARCHER_STATE_FORMAT
+        and ints(state.get("issued"))
+        and set(state["issued"]) == cells
+        and ints(state.get("live"))
+        and isinstance(state.get("trial_cell"), dict)
+        and all(isinstance(k, str) and v in cells for k, v in state["trial_cell"].items())
+        and isinstance(state.get("run_ids"), list)
+        and all(isinstance(r, str) for r in state["run_ids"])
+        and isinstance(state.get("samples"), dict)
+        and all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], dict) and isinstance(v[1], str)
+            for v in state["samples"].values()
+        )
+        and isinstance(state.get("confirm"), dict)
+        and _confirm_readable(state["confirm"])
+    ):
+        raise refused(f"not the state of this study's searcher (format {SEARCHER_STATE_FORMAT}, cells {sorted(cells)})")
+    return state
 
 
 def apply_sample(config: dict[str, Any], sample: dict[str, Any]) -> dict[str, Any]:

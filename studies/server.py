@@ -26,6 +26,7 @@ from typing import Iterator, Mapping, Sequence
 
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI
+from trainables.secrets import redact
 
 __all__ = [
     "DEFAULT_ADMIN_USERNAME",
@@ -39,12 +40,12 @@ __all__ = [
     "allowed_origins",
     "auth_database_uri",
     "free_port",
+    "guard_wsgi",
     "from_args",
     "group_alive",
     "is_loopback",
     "mlflow_server_command",
     "own_host_names",
-    "redact_uri",
     "run_in_process_group",
     "serve",
     "start_server",
@@ -125,9 +126,29 @@ def is_loopback(host: str) -> bool:
         return False  # a host name other than localhost may resolve to any interface
 
 
-def redact_uri(uri: str) -> str:
-    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db`: URIs get printed and logged."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/@]+):[^@/]*@", r"\1:***@", uri)
+# Requests that change what a server holds: refused by `guard_wsgi` unless writes are allowed.
+WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
+
+
+def guard_wsgi(app, hosts: Sequence[str], *, writes: bool):
+    """`app` (a WSGI application) answering only requests addressed to `hosts` (patterns as `allowed_hosts`
+    makes them: a page on another site that rebinds its name to this machine sends its own name, and gets 403),
+    and, unless `writes`, refusing every request that would change something (405): nothing authenticates them."""
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    allowed = list(hosts)
+
+    def guarded(environ, start_response):
+        host = environ.get("HTTP_HOST", "")
+        if not is_allowed_host_header(allowed, host):
+            start_response("403 Forbidden", [("Content-Type", "text/plain")])
+            return [f"Host {host!r} is not allowed (possible DNS rebinding); add it with --allowed-host.\n".encode()]
+        if not writes and environ.get("REQUEST_METHOD", "GET").upper() in WRITE_METHODS:
+            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+            return [b"Read-only: this server was started without --allow-writes.\n"]
+        return app(environ, start_response)
+
+    return guarded
 
 
 def own_host_names() -> list[str]:
@@ -491,8 +512,8 @@ def _describe(cmd: Sequence[str], env: Mapping[str, str], host: str, port: int, 
     backend, artifacts = cmd[cmd.index("--backend-store-uri") + 1], cmd[cmd.index("--artifacts-destination") + 1]
     names = ", ".join(dict.fromkeys([*own_host_names(), *(h.lower() for h in allowed_host)]))
     lines = [
-        f"MLflow tracking server on {_url(host, port)}: runs in {redact_uri(backend)}, artifacts in "
-        f"{redact_uri(artifacts)} (served over HTTP). Ctrl-C stops it.",
+        f"MLflow tracking server on {_url(host, port)}: runs in {redact(backend)}, artifacts in "
+        f"{redact(artifacts)} (served over HTTP). Ctrl-C stops it.",
         f"Accepts requests addressed to {names}, and to localhost and private addresses (any port); "
         "other Host headers get 403 (add names with --allowed-host).",
     ]
@@ -500,7 +521,7 @@ def _describe(cmd: Sequence[str], env: Mapping[str, str], host: str, port: int, 
         database = re.search(r"^database_uri = (.*)$", Path(env[_AUTH_CONFIG_ENV]).read_text(), re.M).group(1)
         user = env.get(_ADMIN_USERNAME_ENV) or DEFAULT_ADMIN_USERNAME
         lines.append(
-            f"Login required (MLflow basic auth): admin user {user!r}; users and permissions in {redact_uri(database)}."
+            f"Login required (MLflow basic auth): admin user {user!r}; users and permissions in {redact(database)}."
         )
     return "\n".join(lines)
 

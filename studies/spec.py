@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import errno
 import hashlib
 import itertools
 import math
@@ -20,6 +21,7 @@ from trainables.errors import UserError, shown
 from trainables.metrics import EPOCH_METRICS
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, experiment_name
 from trainables.ray_train import KEEP_CHECKPOINTS
+from trainables.secrets import password_problem
 from trainables.staging import is_uri
 from trainables.tracking import BEST_EPOCH_METRICS
 
@@ -198,9 +200,18 @@ class Resources(_Strict):
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
+# A name becomes a file name with a suffix (<name>-launch<N>.optuna.db): file systems allow 255 bytes.
+MAX_NAME_CHARS = 100
+
+
 def _name_problem(field: str, value: str) -> str | None:
     if re.fullmatch(NAME_PATTERN, value) and ".." not in value:
-        return None
+        if len(value) <= MAX_NAME_CHARS:
+            return None
+        return (
+            f"{field}: at most {MAX_NAME_CHARS} characters (it names files and directories under `storage`), got "
+            f"{len(value)}: {shown(value)}. Fix: a shorter name, e.g. {shown(value[:40])}."
+        )
     return (
         f"{field}: must be one file-name component (letters, digits, '_', '.', '-', starting with a letter or digit, "
         f"no '..'), because it names directories under `storage`; got {shown(value)}. Fix: e.g. "
@@ -354,6 +365,13 @@ class Study(_Strict):
     @model_validator(mode="after")
     def _ranges(self) -> "Study":
         problems = []
+        for field, uri in (
+            ("tracking.uri", self.tracking.uri),
+            ("storage", self.storage),
+            ("optuna_storage", self.optuna_storage),
+        ):
+            if uri is not None and (problem := password_problem(field, uri)):
+                problems.append(problem)
         for key, dom in self.search.items():
             if isinstance(dom, (LogUniform, Uniform, IntRange)) and not dom.low < dom.high:
                 problems.append(
@@ -400,8 +418,38 @@ def _repeated(values: list[Any]) -> Any:
 class _StudyLoader(yaml.SafeLoader):
     """YAML's safe loader that refuses a key given twice in one mapping (the last would win without a word)."""
 
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.surprises: list[str] = []  # YAML 1.1 readings the writer rarely means, reported together afterwards
+
+    def construct_yaml_bool(self, node):
+        value = super().construct_yaml_bool(node)
+        if node.style is None and node.value.lower() not in ("true", "false"):
+            self.surprises.append(
+                f"line {node.start_mark.line + 1}: {node.value} is read as the boolean {str(value).lower()} (YAML 1.1). "
+                f"Fix: write {str(value).lower()} for a boolean, or quote it ('{node.value}') for the text."
+            )
+        return value
+
+    def construct_yaml_str(self, node):
+        value = super().construct_yaml_str(node)
+        if node.style is None and isinstance(value, str) and _FLOAT_WITHOUT_DOT.fullmatch(value):
+            dotted = re.sub(r"^([-+]?[0-9_]+)", r"\1.0", value)
+            self.surprises.append(
+                f"line {node.start_mark.line + 1}: {value} is read as the text {value!r}: YAML 1.1 reads a number with "
+                f"an exponent as a float only with a dot in it. Fix: write {dotted} (or {float(value)!r}), or quote "
+                f"it if the text is meant."
+            )
+        return value
+
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
+            merges = [k for k, _ in node.value if k.tag == "tag:yaml.org,2002:merge"]
+            if len(merges) > 1:
+                self.surprises.append(
+                    f"line {merges[1].start_mark.line + 1}: {len(merges)} `<<:` merge keys in one mapping; only one is "
+                    f"applied and the others are silently dropped. Fix: one merge key with a list, `<<: [*a, *b]`."
+                )
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
@@ -420,6 +468,12 @@ class _StudyLoader(yaml.SafeLoader):
                 except TypeError:
                     pass  # an unhashable key: the base loader reports it
         return super().construct_mapping(node, deep=deep)
+
+
+_StudyLoader.add_constructor("tag:yaml.org,2002:bool", _StudyLoader.construct_yaml_bool)
+_StudyLoader.add_constructor("tag:yaml.org,2002:str", _StudyLoader.construct_yaml_str)
+# 1e-2, 5E+3: numbers to a reader, text to YAML 1.1 (which PyYAML follows).
+_FLOAT_WITHOUT_DOT = re.compile(r"[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+")
 
 
 def _expanded_nodes(node, limit: int) -> int:
@@ -445,10 +499,27 @@ def _expanded_nodes(node, limit: int) -> int:
     return size(node)
 
 
+def _reader_problem(where: str, text: str, err: Exception) -> str:
+    """A character YAML refuses (NUL, ESC and other control characters): where it is, and the fix."""
+    position = getattr(err, "position", None)
+    character = getattr(err, "character", None)
+    if position is None or character is None:
+        return f"{where}: not readable as YAML text ({str(err)[:300]}). Fix: save it as plain UTF-8 text."
+    line = text.count("\n", 0, position) + 1
+    code = character if isinstance(character, int) else ord(character)
+    return (
+        f"{where}: line {line} holds the control character U+{code:04X}, which YAML does not allow in a file. "
+        f"Fix: delete it (an editor's 'show invisibles' shows it)."
+    )
+
+
 def parse_yaml(text: str, where: str) -> Any:
     """Parse YAML safely: no tags beyond plain data, no key twice in a mapping, aliases expanding to at most
     MAX_YAML_NODES nodes. Raises ValueError with one line: `where`, the rule, the value, the fix."""
-    loader = _StudyLoader(text)
+    try:
+        loader = _StudyLoader(text)
+    except yaml.YAMLError as err:
+        raise ValueError(_reader_problem(where, text, err)) from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -458,12 +529,22 @@ def parse_yaml(text: str, where: str) -> Any:
                 f"{where}: YAML aliases may expand to at most {MAX_YAML_NODES} values, and these expand to more "
                 f"(an alias bomb, or a recursive alias). Fix: write the values out, or use fewer nested aliases."
             )
-        return loader.construct_document(node)
+        document = loader.construct_document(node)
+        if loader.surprises:
+            raise ValueError("\n".join(f"{where}: {s}" for s in loader.surprises))
+        return document
+    except yaml.reader.ReaderError as err:
+        raise ValueError(_reader_problem(where, text, err)) from None
     except yaml.YAMLError as err:
         text = str(err)
         if len(text) > 600:
             text = text[:600] + "..."
         raise ValueError(f"{where}: YAML syntax: {text}. Fix: correct the YAML.") from None
+    except RecursionError:
+        raise ValueError(
+            f"{where}: nested too deeply to read (brackets or indentation hundreds of levels deep). Fix: a study "
+            f"file nests a few levels; close the brackets, or flatten the structure."
+        ) from None
     finally:
         loader.dispose()
 
@@ -649,6 +730,60 @@ def _factor_problems(spec: Study) -> list[str]:
                     f"factors.{fname}.{level}: sets both {pair[0]} and {pair[1]}, one inside the other, so one would "
                     f"silently replace the other. Fix: set {pair[1]} alone, or write it inside {pair[0]}."
                 )
+    problems += _factors_sharing_paths(spec)
+    return problems
+
+
+def _factors_sharing_paths(spec: Study) -> list[str]:
+    """Two factors that set one path (or one inside the other): in every cell the later factor's value would
+    replace the earlier's, so the earlier factor's cells would run the same thing under different names."""
+    owners = _method_hparams()
+    paths: dict[str, set[str]] = {}
+    for fname, fspec in spec.factors.items():
+        for overrides in _levels(fname, fspec).values():
+            if isinstance(overrides, dict):
+                paths.setdefault(fname, set()).update(_resolve_search_key(str(p), owners) for p in overrides)
+    problems = []
+    names = list(paths)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            shared = sorted(
+                a if a == b or b.startswith(a + ".") else b
+                for a in paths[first]
+                for b in paths[second]
+                if a == b or _overlapping([a, b])
+            )
+            if shared:
+                problems.append(
+                    f"factors.{first} and factors.{second}: both set {', '.join(dict.fromkeys(shared))}; in each cell "
+                    f"{second}'s value would silently replace {first}'s, so {first}'s levels would run the same "
+                    f"configuration under different names. Fix: make them one factor (one level per combination), "
+                    f"or let each factor set its own paths."
+                )
+    return problems
+
+
+def _number_problems(tree: Any, prefix: str = "") -> list[str]:
+    """Non-finite floats and integers beyond 64 bits anywhere in the study (search domains check their own)."""
+    problems = []
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            if not prefix and key == "search":
+                continue
+            problems += _number_problems(value, f"{prefix}{key}.")
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            problems += _number_problems(value, f"{prefix}{i}.")
+    elif isinstance(tree, float) and not math.isfinite(tree):
+        problems.append(
+            f"{prefix[:-1]}: must be a finite number, got {tree}. Fix: write the finite value meant (YAML reads .inf "
+            f"and .nan as infinity and not-a-number)."
+        )
+    elif isinstance(tree, int) and not isinstance(tree, bool) and not -(2**63) <= tree < 2**63:
+        problems.append(
+            f"{prefix[:-1]}: at most 64-bit integers are stored and passed on (|value| < 2**63), got {shown(tree)}. "
+            f"Fix: a smaller number."
+        )
     return problems
 
 
@@ -951,7 +1086,7 @@ def load_study(
     try:
         raw = parse_yaml(text, "study file")
     except ValueError as err:
-        raise StudyError(path, [str(err)]) from None
+        raise StudyError(path, str(err).split("\n")) from None
     if not isinstance(raw, dict):
         raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
     bad = []
@@ -982,6 +1117,7 @@ def load_study(
                 set_path(base, key, value)
             except ValueError:
                 bad.append(f"--set {key}: the file sets a value above it in base, not a section. Fix: set that value.")
+    bad += _number_problems(raw)
     try:
         spec = Study.model_validate(raw)
     except ValidationError as err:
@@ -1002,10 +1138,33 @@ def load_study(
 
 def read_study_text(path: Path) -> str:
     """The study file's text: at most MAX_STUDY_FILE_BYTES of UTF-8; a StudyError says what else it is."""
+    try:
+        resolved = path.resolve(strict=True)
+    except RuntimeError:  # Python < 3.13 reports a symlink loop so
+        resolved = None
+    except OSError as err:
+        resolved = None if err.errno == errno.ELOOP else path.absolute()
+    if resolved is None:
+        raise StudyError(
+            path,
+            [f"study file: {path} is a symbolic link that leads back to itself (a loop). Fix: give the file itself."],
+        )
+    if resolved.parts[1:2] in (("proc",), ("sys",), ("dev",)):
+        raise StudyError(
+            path,
+            [
+                f"study file: {resolved} is a system file (under /{resolved.parts[1]}), not a study. Fix: check the path."
+            ],
+        )
     if not path.is_file():
         raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
-    with path.open("rb") as f:
-        data = f.read(MAX_STUDY_FILE_BYTES + 1)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_STUDY_FILE_BYTES + 1)
+    except OSError as err:
+        raise StudyError(
+            path, [f"study file: cannot be read ({err.strerror}). Fix: check the path and its permissions."]
+        )
     if len(data) > MAX_STUDY_FILE_BYTES:
         raise StudyError(
             path,
@@ -1057,6 +1216,12 @@ def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
             problems.append(
                 f"--set {shown(key)}: KEY must be a dotted path of names (data.root). Fix: check its spelling."
+            )
+            continue
+        if not value.strip():
+            problems.append(
+                f"--set {key}=: the value is empty, which would silently mean the default (or null). Fix: give a "
+                f"value (--set {key}=VALUE), or drop the --set to keep the file's."
             )
             continue
         try:

@@ -34,6 +34,7 @@ _LONG_FILES = (
     "tests/cluster/test_sim_scale.py",
     "tests/studies/test_failures.py",
     "tests/studies/test_adversarial.py",
+    "tests/studies/test_hardening.py",
     "tests/test_end_to_end.py",
     "tests/studies/test_confirm.py",
     "tests/studies/test_ui.py",

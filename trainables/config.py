@@ -29,6 +29,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
+# timm.create_model keywords that load weights (from a file or the hub) or a config naming one.
+FILE_LOADING_KWARGS = frozenset({"checkpoint_path", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay"})
+
+
 class ModelConfig(_Strict):
     """Which timm model, and how to size it for small images."""
 
@@ -49,6 +53,18 @@ class ModelConfig(_Strict):
 
         model_family(name)
         return name
+
+    @field_validator("kwargs")
+    @classmethod
+    def _no_weights_from_files(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        loaders = sorted(set(kwargs) & FILE_LOADING_KWARGS)
+        if loaders:
+            raise ValueError(
+                f"model.kwargs.{loaders[0]}: models are built untrained (pretrained=False), and no key of a study "
+                f"makes timm read a file or download weights (a path there would load whatever file a node holds), "
+                f"got {', '.join(loaders)}. Fix: remove {' and '.join(loaders)}."
+            )
+        return kwargs
 
 
 class DataConfig(_Strict):

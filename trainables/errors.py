@@ -17,8 +17,10 @@ class UserError(ValueError):
 
 def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     """`repr(value)` for an error message, cut to `limit` characters (the cut says how long the whole was)."""
+    from trainables.secrets import redact
+
     try:
-        text = repr(value)
+        text = redact(repr(value))  # a value echoed in a message never shows a URI's password
     except Exception:  # noqa: BLE001 - a value whose repr fails is still named
         text = f"<{type(value).__name__}>"
     if len(text) <= limit:

@@ -65,11 +65,12 @@ class RunLengthWarning(UserWarning):
 
 
 class TrialStopped(Exception):
-    """The trial's driver (Ray Tune's scheduler, e.g. ASHA) stopped it after taking this epoch's result."""
+    """The trial's driver stopped it after taking this epoch's result: Tune's scheduler (e.g. ASHA), the study's
+    time limit, or an interrupt of the study (which the study's driver then records as such)."""
 
     def __init__(self, epoch: int, final: bool):
         self.epoch, self.final = epoch, final
-        super().__init__(f"stopped by the scheduler after epoch {epoch}")
+        super().__init__(f"stopped by Ray Tune after epoch {epoch} (its scheduler or the study's time limit)")
 
 
 class Reporter(Protocol):

@@ -86,12 +86,15 @@ def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
 def check_tracking_uri(uri: str) -> str:
     """`uri` when MLflow can record to it (a scheme of TRACKING_SCHEMES), else a UserError naming the fix."""
     from trainables.errors import UserError, shown
+    from trainables.secrets import password_problem, redact
 
+    if problem := password_problem("tracking URI", uri):
+        raise UserError(problem)
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     if scheme not in TRACKING_SCHEMES:
         raise UserError(
             f"tracking URI: must be sqlite:///path/mlflow.db, http(s)://HOST:PORT of an MLflow server, or a database "
-            f"URL ({', '.join(s + '://' for s in TRACKING_SCHEMES)}), got {shown(uri)}. Fix: e.g. --tracking-uri "
+            f"URL ({', '.join(s + '://' for s in TRACKING_SCHEMES)}), got {shown(redact(uri))}. Fix: e.g. --tracking-uri "
             f"sqlite:///mlflow.db, or http://127.0.0.1:5000 for `sharpscale server`."
         )
     return uri
@@ -118,24 +121,70 @@ def tracking_client(tracking_uri: str, *, create: bool = True):
     create=False: a missing SQLite file is a UserError (a read-only command must not create one at a typo)."""
     from mlflow.tracking import MlflowClient
 
+    from trainables.errors import UserError
+
     check_tracking_uri(tracking_uri)
     db = sqlite_path(tracking_uri)
     if db is None:
+        if tracking_uri.startswith(("http://", "https://")):
+            _check_server_answers(tracking_uri)
         return MlflowClient(tracking_uri=tracking_uri)
     if not create and not db.is_file():
-        from trainables.errors import UserError
-
         raise UserError(
             f"tracking URI: no MLflow store at {db} (the file does not exist; nothing was created). Fix: give the "
             f"store the study ran with (--tracking-uri sqlite:///PATH/mlflow.db), or run the study first."
         )
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(db) + ".lock", timeout=300):
-        client = MlflowClient(tracking_uri=tracking_uri)
-        client.search_experiments(max_results=1)  # the store is open: its schema created and migrated if needed
+    lock = str(db) + ".lock"
+    # Held only while a store's tables are created: a command that creates nothing waits a little, then says so.
+    try:
+        with FileLock(lock, timeout=300 if create else STORE_LOCK_WAIT_S):
+            client = MlflowClient(tracking_uri=tracking_uri)
+            client.search_experiments(max_results=1)  # the store is open: its schema created and migrated if needed
+    except Timeout:
+        raise UserError(
+            f"tracking URI: the MLflow store {db} is locked ({lock} held for {STORE_LOCK_WAIT_S:g} s by another "
+            f"process, one creating the store). Fix: wait for that process (`fuser {lock}` names it), then retry."
+        ) from None
+    except Exception as err:
+        if "malformed" in str(err) or "not a database" in str(err) or "file is encrypted" in str(err):
+            raise UserError(
+                f"tracking URI: {db} is not a readable SQLite database (damaged or truncated: "
+                f"{str(err).splitlines()[0][:200]}). Fix: restore it from a backup (`sqlite3 {db} .recover` may save "
+                f"its runs), or record to another store (--tracking-uri)."
+            ) from None
+        raise
     return client
+
+
+# How long a command that only reads waits for a store's creation lock before it says who holds it.
+STORE_LOCK_WAIT_S = 10.0
+# How long the first request to an MLflow server may take to connect before the command says nothing answers.
+SERVER_CONNECT_TIMEOUT_S = 10.0
+
+
+def _check_server_answers(uri: str) -> None:
+    """A UserError at once when nothing answers at an http(s) tracking URI (MLflow's client would retry for
+    minutes, silently, then raise a chained traceback). Any HTTP answer, even 401/404, means a server is there."""
+    import urllib.error
+    import urllib.request
+
+    from trainables.errors import UserError
+    from trainables.secrets import redact
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=SERVER_CONNECT_TIMEOUT_S):
+            return
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise UserError(
+            f"tracking URI: nothing answers at {redact(uri)} ({reason}). Fix: start the MLflow server (`sharpscale "
+            f"server`, docs/cluster.md) or correct --tracking-uri; an SSH tunnel must be up before the command."
+        ) from None
 
 
 def _retry(fn, *args, attempts: int = 8, **kwargs):

@@ -26,9 +26,9 @@ from studies.server import (
     is_loopback,
     mlflow_server_command,
     own_host_names,
-    redact_uri,
     start_server,
 )
+from trainables.secrets import redact as redact_uri
 
 
 def _opt(cmd: list[str], name: str) -> str:

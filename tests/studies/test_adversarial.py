@@ -149,6 +149,63 @@ REFUSED = [
     ("huge-file", QUICKSTART + "#" + "x" * MAX_STUDY_FILE_BYTES + "\n", [], f"at most {MAX_STUDY_FILE_BYTES} bytes"),
     ("huge-name", _edit(("name: quickstart", "name: " + "x/" * 50_000)), [], "name: must be one file-name"),
     ("tracking-uri-unknown-scheme", None, ["--tracking-uri", "foo://bar"], "tracking URI: must be"),
+    # Issue 24: each of these was valid, then failed in every trial (with Tune's retries) or ran something else.
+    (
+        "two-factors-one-path",
+        _edit((METHOD_FACTOR, METHOD_FACTOR + "  variant:\n    gsam: {optimizer.method: gsam}\n")),
+        [],
+        "factors.method and factors.variant: both set optimizer.method",
+    ),
+    (
+        "betas-nan",
+        _edit(("lr: 0.004,", "lr: 0.004, betas: [.nan, 0.999],")),
+        [],
+        "base.optimizer.betas.0: must be a finite",
+    ),
+    (
+        "warmup-lr-inf",
+        _edit(("warmup_epochs: 1}", "warmup_epochs: 1, warmup_lr: .inf}")),
+        [],
+        "warmup_lr: must be a finite",
+    ),
+    (
+        "seed-2-to-70",
+        _edit(("seed: 0}\n\nfactors", f"seed: {2**70}}}\n\nfactors")),
+        [],
+        "base.train.seed: at most 64-bit",
+    ),
+    ("yaml-dotless-exponent", _edit(("lr: 0.004", "lr: 4e-3")), [], "Fix: write 4.0e-3 (or 0.004)"),
+    (
+        "yaml-no-is-false",
+        _edit(("description: AdamW", "description: no\nnote: AdamW")),
+        [],
+        "no is read as the boolean false",
+    ),
+    ("yaml-on-off", _edit((METHOD_FACTOR, METHOD_FACTOR + "  train.amp: [on, off]\n")), [], "quote it ('on')"),
+    (
+        "yaml-two-merge-keys",
+        "x: &a {metric: val_acc}\n" + _edit(("objective: {metric: val_acc,", "objective: {<<: *a, <<: *a,")),
+        [],
+        "2 `<<:` merge keys in one mapping",
+    ),
+    ("nested-brackets", "name: q\nbase: " + "[" * 1000 + "]" * 1000 + "\n", [], "nested too deeply to read"),
+    ("nul-byte", _edit(("description: AdamW", "description: A\x00damW")), [], "control character U+0000"),
+    ("esc-byte", _edit(("description: AdamW", "description: \x1b[31mAdamW")), [], "control character U+001B"),
+    ("name-250-chars", _edit(("name: quickstart", "name: " + "a" * 250)), [], "name: at most 100 characters"),
+    ("set-empty-value", None, ["--set", "budget.trials_per_cell="], "the value is empty"),
+    (
+        "model-kwargs-typo",
+        _edit(("mlp_ratio: 2,", "mlp_ration: 2,")),
+        [],
+        "model.kwargs.mlp_ration: timm's vit_tiny_patch16_224 takes no argument 'mlp_ration'. Did you mean mlp_ratio?",
+    ),
+    (
+        "model-kwargs-checkpoint-path",
+        _edit(("mlp_ratio: 2,", "mlp_ratio: 2, checkpoint_path: /etc/passwd,")),
+        [],
+        "model.kwargs.checkpoint_path: models are built untrained",
+    ),
+    ("storage-twice", None, ["--set", "storage=/tmp/a", "--storage", "/tmp/b"], "name two places"),
 ]
 
 
@@ -205,6 +262,13 @@ def test_read_only_commands_refuse_a_bad_store_and_create_nothing(
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert _left_behind(tmp_path) == set()
+
+
+def test_num_cpus_below_one_blames_the_flag(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "studies/quickstart.yaml", "--num-cpus", "-5"])
+    assert exit_.value.code == EXIT_USAGE
+    assert "argument --num-cpus: must be at least 1" in capsys.readouterr().err
 
 
 def test_messages_echo_values_cut():
@@ -389,7 +453,8 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.timeout(900)
-def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_mlflow_store):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store):
     from trainables.metrics import EPOCH_METRICS
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
@@ -427,7 +492,7 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
             time.sleep(0.2)
         assert driver.poll() is None, "the study ended before it could be interrupted"
         listening = _listening(driver.pid)
-        os.kill(driver.pid, signal.SIGINT)  # to the driver only, as the issue's reproduction did
+        os.kill(driver.pid, stop)  # to the driver only, as the issue's reproduction did
         out, _ = driver.communicate(timeout=300)
     finally:
         if driver.poll() is None:
@@ -444,6 +509,13 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(tmp_path, tiny_model, new_m
     assert all(st != "RUNNING" for _, st, _ in runs), runs
     assert set(trial_status) <= {("FINISHED", "finished"), ("KILLED", "interrupted")}, trial_status
     assert ("KILLED", "interrupted") in trial_status
+    # The cut trial's reason says what cut it: the study has no scheduler (issue 24).
+    reasons = _sql(
+        db,
+        "select r.value from tags r join tags s on s.run_uuid = r.run_uuid and s.key = 'sharpscale.status' "
+        "and s.value = 'interrupted' where r.key = 'sharpscale.reason'",
+    )
+    assert reasons and all("interrupted" in r and "scheduler" not in r for (r,) in reasons), reasons
     optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     assert "RUNNING" not in states and "FAIL" in states, states

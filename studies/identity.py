@@ -1,0 +1,221 @@
+"""One identity per launch of a study: the claim on its launch number, and what `resume` checks before continuing it.
+
+A launch is the study file (its hash, with the --set overrides) run into one MLflow store: its study run, its Tune
+experiment and its Optuna studies. `run` claims the launch number atomically (a name the store holds at most once),
+so two runs started together never share one; it writes the launch's identity into the Tune experiment folder; and
+`resume` continues only the launch whose file, store and Tune experiment all agree, or says which one differs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+from studies.spec import LoadedStudy, StudyError
+from trainables.naming import KIND_TAG, LAUNCH_TAG, STUDY_FILE_HASH_TAG, kind_filter, launch_name
+from trainables.secrets import redact
+
+__all__ = [
+    "IDENTITY_FILE",
+    "LaunchTaken",
+    "check_fresh_experiment_dir",
+    "check_launch_record",
+    "claim_launch",
+    "claim_name",
+    "find_recorded_store",
+    "launch_record",
+    "read_launch_record",
+    "resume_target",
+    "write_launch_record",
+]
+
+# The identity of the launch whose Tune experiment holds it: written by `run`, checked by `resume`.
+IDENTITY_FILE = "sharpscale-launch.json"
+
+
+class LaunchTaken(Exception):
+    """Another run of the study claimed this launch number first."""
+
+
+def claim_name(experiment: str, launch: int) -> str:
+    """The MLflow experiment whose creation claims `launch` of `experiment` (kept deleted: out of every list)."""
+    return f".sharpscale-claim/{experiment}/launch-{launch}"
+
+
+def claim_launch(client, experiment: str, launch: int, artifact_location: str | None = None) -> None:
+    """Claim `launch` of `experiment` in the store, or raise LaunchTaken when another run has claimed it.
+
+    The store refuses a second experiment of one name (a unique constraint in its database, on any backend: an
+    SQLite file, PostgreSQL, or a tracking server in front of either), so exactly one of two concurrent runs
+    creates the claim. It is deleted at once: a deleted experiment keeps its name taken but shows nowhere.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        exp_id = client.create_experiment(
+            claim_name(experiment, launch), artifact_location=artifact_location, tags={KIND_TAG: "launch_claim"}
+        )
+    except MlflowException as err:
+        if err.error_code == "RESOURCE_ALREADY_EXISTS" or "already exists" in str(err).lower():
+            raise LaunchTaken(launch) from err
+        raise
+    client.delete_experiment(exp_id)
+
+
+def _study_runs(client, experiment_id: str) -> list:
+    runs = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
+    return sorted(runs, key=lambda r: (int(r.data.tags.get(LAUNCH_TAG, "1")), r.info.start_time or 0))
+
+
+def _what_changed(client, run, study: LoadedStudy) -> str:
+    """The first lines that differ between the study file the launch recorded and this one, for the message."""
+    try:
+        local = client.download_artifacts(run.info.run_id, study.path.name, dst_path=None)
+        recorded = Path(local).read_text()
+    except Exception:  # noqa: BLE001 - the diff only helps; the refusal stands without it
+        return ""
+    if recorded == study.text:
+        return " The file is the same; its --set overrides differ."
+    lines = [
+        line
+        for line in difflib.unified_diff(recorded.splitlines(), study.text.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    shown = "; ".join(line.strip() for line in lines[:6]) + ("; ..." if len(lines) > 6 else "")
+    return f" Changed lines (- recorded, + now): {shown}." if shown else ""
+
+
+def resume_target(client, experiment_id: str | None, study: LoadedStudy, uri: str, hint: str = ""):
+    """The study run `resume` continues: the newest launch of this study in the store, when it ran this very file.
+
+    Refused (StudyError) when the store holds no launch of the study (`hint`: where one was recorded instead), or
+    when the newest launch ran another version of the file or other --set overrides: continuing it would run the
+    old configuration under the new file's name.
+    """
+    runs = _study_runs(client, experiment_id) if experiment_id is not None else []
+    if not runs:
+        raise StudyError(
+            study.path,
+            [
+                f"resume: MLflow store {redact(uri)} holds no launch of study {study.experiment_name!r} to resume."
+                + (
+                    hint
+                    or f" Fix: give the store it ran with (--tracking-uri; a relative sqlite:/// path is relative to "
+                    f"the directory `run` started in), or start it with `sharpscale run {study.path}`."
+                )
+            ],
+        )
+    newest = runs[-1]
+    launch = int(newest.data.tags.get(LAUNCH_TAG, "1"))
+    recorded = newest.data.tags.get(STUDY_FILE_HASH_TAG)
+    if recorded != study.file_hash:
+        raise StudyError(
+            study.path,
+            [
+                f"resume: the study file (with its --set overrides) is not the one launch {launch} ran: recorded "
+                f"hash {recorded}, now {study.file_hash}.{_what_changed(client, newest, study)} Resuming would "
+                f"continue the old configuration under the edited file. Fix: restore the file (and the same --set "
+                f"options) to resume launch {launch}, or run the edited study as launch {launch + 1}: "
+                f"`sharpscale run --new-launch {study.path}`."
+            ],
+        )
+    return newest
+
+
+def _fs(directory: str):
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(directory if "://" in directory else str(Path(directory).resolve()))
+
+
+def write_launch_record(experiment_dir: str, record: dict[str, str]) -> None:
+    """Write the launch's identity (study run, store, file hash, launch) into its Tune experiment folder."""
+    fs, path = _fs(experiment_dir)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{IDENTITY_FILE}") as out:
+        out.write(json.dumps(record, indent=1).encode())
+
+
+def read_launch_record(experiment_dir: str) -> dict[str, str] | None:
+    import pyarrow.fs
+
+    fs, path = _fs(experiment_dir)
+    target = f"{path}/{IDENTITY_FILE}"
+    if fs.get_file_info(target).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(target) as f:
+        try:
+            record = json.loads(f.read().decode())
+        except ValueError:
+            return {}
+    return record if isinstance(record, dict) else {}
+
+
+def launch_record(study: LoadedStudy, uri: str, experiment_id: str, study_run_id: str, launch: int) -> dict:
+    return {
+        "study_run_id": study_run_id,
+        "experiment_id": experiment_id,
+        "tracking_uri": redact(uri),
+        "study_file_hash": study.file_hash,
+        "launch": launch,
+    }
+
+
+def check_launch_record(study: LoadedStudy, experiment_dir: str, expected: dict) -> None:
+    """Refuse to resume the Tune experiment at `experiment_dir` unless it belongs to the launch being resumed.
+
+    A launch started before launches were recorded has no record: it is resumed as before.
+    """
+    record = read_launch_record(experiment_dir)
+    if record is None:
+        return
+    differs = [
+        f"{key} {record.get(key)!r} there, {value!r} here"
+        for key, value in expected.items()
+        if key != "tracking_uri" and str(record.get(key)) != str(value)
+    ]
+    if not differs:
+        return
+    raise StudyError(
+        study.path,
+        [
+            f"resume: the Tune experiment {experiment_dir} belongs to another launch than the one recorded at "
+            f"{expected['tracking_uri']} ({'; '.join(differs)}; its store: {record.get('tracking_uri')}). Fix: "
+            f"resume with the store it ran with (--tracking-uri {record.get('tracking_uri')}), or start anew with "
+            f"`sharpscale run --new-launch {study.path}`."
+        ],
+    )
+
+
+def check_fresh_experiment_dir(study: LoadedStudy, experiment_dir: str, uri: str) -> None:
+    """Refuse to start a launch in a Tune experiment folder that another launch (another store's) already holds."""
+    record = read_launch_record(experiment_dir)
+    if record is None:
+        return
+    raise StudyError(
+        study.path,
+        [
+            f"run: the Ray storage folder {experiment_dir} already holds launch {record.get('launch')} of this study, "
+            f"recorded in the MLflow store {record.get('tracking_uri')} (this run records at {redact(uri)}); two "
+            f"launches would share one Tune experiment and one Optuna search. Fix: use that store "
+            f"(--tracking-uri {record.get('tracking_uri')}), or give this run its own --storage."
+        ],
+    )
+
+
+def find_recorded_store(study: LoadedStudy, storage: str) -> dict | None:
+    """The newest launch record under the study's Ray storage (a local directory): where its launches went.
+
+    For `resume` in a store that holds none of them (run from another directory with a relative tracking URI)."""
+    if "://" in storage:
+        return None
+    best = None
+    names = {launch_name(study.experiment_name, n) for n in range(1, 1000)}
+    for launch_dir in Path(storage).glob(f"{study.experiment_name}*"):
+        if launch_dir.name not in names:
+            continue
+        record = read_launch_record(str(launch_dir))
+        if record and (best is None or int(record.get("launch", 0)) > int(best.get("launch", 0))):
+            best = record
+    return best

@@ -1,0 +1,413 @@
+"""Issue 24's hostile cases: a launch claimed once, `resume` of the one launch a file ran, no secret shown or stored,
+no code read back from storage, a dashboard that answers only this machine's names and changes nothing.
+
+Each runs on a real MLflow SQLite store and real Optuna storage; what `run` records before Ray starts is made by
+the runner's own functions, so these need no Ray cluster.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import multiprocessing
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from studies import identity
+from studies.cli import EXIT_USAGE, main
+from studies.runner import (
+    _choose_launch,
+    _experiment,
+    _parent_runs,
+    _resume_target,
+    run_study,
+    state_locations,
+)
+from studies.search import CellSearcher
+from studies.spec import StudyError, load_study
+from trainables.errors import UserError, shown
+from trainables.naming import OPTUNA_STORAGE_TAG, launch_name
+from trainables.secrets import redact
+from trainables.tracking import tracking_client
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = (REPO / "studies" / "quickstart.yaml").read_text()
+RHO = "rho: {type: loguniform, low: 0.005, high: 0.5}"
+SECRET = "hunter2"
+
+
+def _study_file(where: Path, text: str = QUICKSTART) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "study.yaml"
+    path.write_text(text)
+    return path
+
+
+def _record_launch(path: Path, uri: str, *, new_launch: bool = False) -> tuple[str, int]:
+    """What `sharpscale run` records before any trial: the claimed launch, the study and cell runs (left KILLED, as
+    after Ctrl-C), the launch record in its Tune experiment folder. Returns (study run id, launch)."""
+    study = load_study(path, require_data=False)
+    client = tracking_client(uri)
+    exp_id = _experiment(client, study.experiment_name, path.parent / "mlartifacts", uri)
+    launch = _choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch)
+    run_name = launch_name(study.experiment_name, launch)
+    locations = state_locations(study, run_name)
+    opened: list[str] = []
+    run_id = _parent_runs(client, study, exp_id, "abc", None, locations, launch, opened, {})
+    identity.write_launch_record(
+        f"{locations.storage}/{run_name}", identity.launch_record(study, uri, exp_id, run_id, launch)
+    )
+    for rid in opened:
+        client.set_terminated(rid, status="KILLED")
+    return run_id, launch
+
+
+# --- 1. Launches are claimed atomically -------------------------------------------------------------------------
+
+
+def _claim(path: str, uri: str, new_launch: bool, barrier, out) -> None:
+    study = load_study(path, require_data=False)
+    client = tracking_client(uri)
+    exp_id = _experiment(client, study.experiment_name, Path(path).parent / "mlartifacts", uri)
+    barrier.wait(timeout=120)  # both processes are imported and connected: now both choose at once
+    try:
+        out.put(_choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch))
+    except StudyError as err:
+        out.put(str(err))
+
+
+@pytest.mark.parametrize("new_launch", [False, True], ids=["run", "run-new-launch"])
+def test_two_runs_started_together_never_share_a_launch(new_launch, tmp_path, tracking_uri):
+    path = _study_file(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(str(path), tracking_uri, new_launch, barrier, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    if new_launch:
+        assert sorted(got) == [1, 2]
+    else:
+        assert 1 in got, got
+        (refusal,) = [g for g in got if g != 1]
+        assert "was claimed by another `sharpscale run`" in refusal and "--new-launch" in refusal
+
+
+# --- 2. `resume` continues only the launch this file ran, in the store it ran into -------------------------------
+
+
+def test_resume_refuses_an_edited_study_file_and_says_what_changed(tmp_path, tracking_uri):
+    path = _study_file(tmp_path / "study")
+    _record_launch(path, tracking_uri)
+    path.write_text(QUICKSTART.replace(RHO, "rho: {type: loguniform, low: 0.2, high: 0.5}"))
+    with pytest.raises(StudyError) as err:
+        run_study(path, tracking_uri=tracking_uri, resume=True)
+    text = str(err.value)
+    assert "not the one launch 1 ran" in text and "low: 0.005" in text and "low: 0.2" in text
+    assert "restore the file" in text and f"sharpscale run --new-launch {path}" in text
+    runs = tracking_client(tracking_uri).search_runs(
+        [tracking_client(tracking_uri).get_experiment_by_name("quickstart").experiment_id],
+        filter_string="tags.`sharpscale.kind` = 'study'",
+    )
+    assert len(runs) == 1  # no second "launch 1" study run holding the edited file
+
+
+def test_resume_from_another_directory_finds_the_recorded_store(tmp_path, new_mlflow_store, monkeypatch, capsys):
+    path = _study_file(tmp_path / "study")
+    started_in = tmp_path / "a"
+    uri = new_mlflow_store(started_in / "mlflow.db")  # the study file's relative sqlite:///mlflow.db, from a/
+    run_id, _ = _record_launch(path, uri)
+    elsewhere = tmp_path / "b"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    study = load_study(path, require_data=False)
+    found_uri, _, _, previous = _resume_target(study, f"sqlite:///{elsewhere / 'mlflow.db'}", explicit=False)
+    assert found_uri == uri and previous.info.run_id == run_id
+    assert "was recorded at" in capsys.readouterr().out
+    assert not (elsewhere / "mlflow.db").exists()  # no new, empty store
+
+    # Named explicitly, a store holding none of it is refused, pointing at the recorded one; nothing is created.
+    other = f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}"
+    with pytest.raises(StudyError, match=rf"holds no launch.*recorded at {uri}.*--tracking-uri {uri}"):
+        _resume_target(study, other, explicit=True)
+    assert not (tmp_path / "c").exists()
+
+
+def test_resume_refuses_a_tune_experiment_of_another_launch(tmp_path, new_mlflow_store):
+    path = _study_file(tmp_path / "study")
+    first = new_mlflow_store(tmp_path / "a" / "mlflow.db")
+    _record_launch(path, first)
+    # A second store, the same file and Ray storage: its launch 1 would share the first one's Tune experiment.
+    second = new_mlflow_store(tmp_path / "b" / "mlflow.db")
+    study = load_study(path, require_data=False)
+    with pytest.raises(
+        StudyError, match=rf"already holds launch 1 of this study, recorded in the MLflow store {first}"
+    ):
+        identity.check_fresh_experiment_dir(study, f"{study.storage}/quickstart", second)
+    record = identity.launch_record(study, second, "9", "another-run", 1)
+    with pytest.raises(StudyError, match=r"belongs to another launch.*study_run_id"):
+        identity.check_launch_record(study, f"{study.storage}/quickstart", record)
+
+
+def test_an_optuna_study_of_another_launch_is_not_searched_on(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'o.db'}"
+    study = load_study(_study_file(tmp_path), require_data=False)
+    kwargs = dict(metric="val_acc", mode="max", sampler="random", seed=0, storage_url=storage, study_name="s")
+    CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)
+    CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)  # its own launch: reopened
+    with pytest.raises(UserError, match="belongs to another launch"):
+        CellSearcher(list(study.cells), payload=_payload, owner="run-b", **kwargs)
+
+
+def _payload(cell, sample):
+    return {"cell": cell.key, **sample}
+
+
+# --- 3. Secrets are refused at the door and never echoed ---------------------------------------------------------
+
+SECRET_CASES = [
+    ("optuna-storage", ["--set", f"optuna_storage=postgresql://bob:{SECRET}@db:5432/optuna"], "PGPASSWORD"),
+    ("tracking-uri-flag", ["--tracking-uri", f"http://bob:{SECRET}@127.0.0.1:5000"], "MLFLOW_TRACKING_PASSWORD"),
+    ("tracking-uri-set", ["--set", f"tracking.uri=http://bob:{SECRET}@127.0.0.1:5000"], "MLFLOW_TRACKING_PASSWORD"),
+    ("storage", ["--storage", f"s3://key:{SECRET}@bucket/runs"], "credentials file"),
+]
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("extra, fix", [c[1:] for c in SECRET_CASES], ids=[c[0] for c in SECRET_CASES])
+def test_a_uri_with_a_password_is_refused_without_showing_it(command, extra, fix, tmp_path, monkeypatch, capsys):
+    if command == "validate" and extra[0] == "--tracking-uri":
+        pytest.skip("validate takes no --tracking-uri")
+    monkeypatch.chdir(tmp_path)
+    path = _study_file(tmp_path)
+    assert main([command, str(path), *extra]) == EXIT_USAGE
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+    assert "carries a password" in out.err and fix in out.err and "***" in out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing created, nothing recorded
+
+
+def test_one_redaction_hides_every_password_and_only_passwords():
+    text = f"postgresql://u:{SECRET}@db/x http://a:b@c@h:5000/p s3://bucket/k sqlite:////tmp/m.db http://h:5000"
+    assert (
+        redact(text) == "postgresql://u:***@db/x http://a:***@h:5000/p s3://bucket/k sqlite:////tmp/m.db http://h:5000"
+    )
+    assert SECRET not in shown({"optuna_storage": f"mysql://u:{SECRET}@h/db"})
+
+
+# --- 4. Nothing read back from storage runs code -----------------------------------------------------------------
+
+
+class _Planted:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['PLANTED_MARKER']}",))
+
+
+def test_a_planted_searcher_state_is_refused_not_unpickled(tmp_path, monkeypatch):
+    marker = tmp_path / "code-ran"
+    monkeypatch.setenv("PLANTED_MARKER", str(marker))
+    study = load_study(_study_file(tmp_path), require_data=False)
+    kwargs = dict(metric="val_acc", mode="max", sampler="random", seed=0, study_name="s", payload=_payload)
+    searcher = CellSearcher(list(study.cells), storage_url=f"sqlite:///{tmp_path / 'o.db'}", **kwargs)
+    for n in range(len(study.cells)):
+        searcher.suggest(f"t{n}")
+    saved = tmp_path / "searcher-state-2026.pkl"
+    searcher.save(str(saved))
+    state = json.loads(saved.read_text())  # data, readable by anyone
+    assert state["live"] == searcher._live != {} and sum(state["issued"].values()) == len(study.cells)
+    restored = pickle.loads(pickle.dumps(searcher))
+    restored.restore(str(saved))
+    assert (restored._live, restored._issued, restored._trial_cell) == (
+        searcher._live,
+        searcher._issued,
+        searcher._trial_cell,
+    )
+
+    saved.write_bytes(pickle.dumps({"issued": _Planted()}))
+    with pytest.raises(UserError, match="never unpickled"):
+        pickle.loads(pickle.dumps(searcher)).restore(str(saved))
+    assert not marker.exists()
+    saved.write_text(json.dumps({**state, "issued": {"no such cell": 1}}))
+    with pytest.raises(UserError, match="not the state of this study's searcher"):
+        pickle.loads(pickle.dumps(searcher)).restore(str(saved))
+
+
+# --- 5. The dashboard answers only this machine's names and changes nothing by default ---------------------------
+
+
+def _request(port: int, method: str, target: str, host: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, target, headers={"Host": host})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_refuses_foreign_hosts_and_writes(tmp_path, tracking_uri):
+    from studies.server import free_port
+
+    path = _study_file(tmp_path / "study")
+    _record_launch(path, tracking_uri)
+    client = tracking_client(tracking_uri)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("quickstart").experiment_id], "tags.`sharpscale.kind` = 'study'"
+    )
+    storage = run.data.tags[OPTUNA_STORAGE_TAG]
+    Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    optuna.create_study(storage=storage, study_name="quickstart:sam")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "studies.cli",
+            "dashboard",
+            str(path),
+            "--tracking-uri",
+            tracking_uri,
+            "--port",
+            str(port),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while True:  # until it answers: it imports optuna-dashboard first
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                status = _request(port, "GET", "/api/studies", f"127.0.0.1:{port}")
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert status == 200
+        assert _request(port, "GET", "/api/studies", "evil.example.com") == 403  # a DNS-rebinding page's request
+        assert _request(port, "DELETE", "/api/studies/1", f"localhost:{port}") == 405
+        assert optuna.get_all_study_names(storage) == ["quickstart:sam"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+
+
+# --- 6. A store that cannot be used is named in one line, at once -------------------------------------------------
+
+
+def test_status_over_a_store_nothing_can_use(tmp_path, tracking_uri, monkeypatch, capsys):
+    from trainables import tracking
+
+    path = _study_file(tmp_path / "study")
+    db = Path(tracking_uri[len("sqlite:///") :])
+
+    # An http store where nothing listens: refused at once, not after minutes of silent retries.
+    from studies.server import free_port
+
+    assert main(["status", str(path), "--tracking-uri", f"http://127.0.0.1:{free_port()}"]) == EXIT_USAGE
+    assert "nothing answers at http://127.0.0.1:" in capsys.readouterr().err
+
+    # A store whose creation lock another process holds: a read-only command says so instead of hanging.
+    monkeypatch.setattr(tracking, "STORE_LOCK_WAIT_S", 1.0)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; from filelock import FileLock; lock = FileLock({str(db) + '.lock'!r}); lock.acquire(); "
+            f"print('held', flush=True); sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["status", str(path), "--tracking-uri", tracking_uri]) == EXIT_USAGE
+        assert f"the MLflow store {db} is locked" in capsys.readouterr().err
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+    # A truncated store: named, with the fix, no traceback.
+    db.write_bytes(db.read_bytes()[:8192])
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"{db} is not a readable SQLite database" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
+def test_a_failure_while_printing_the_summary_is_one_line_and_not_zero(failure, tmp_path, monkeypatch, capsys):
+    from studies import cli, runner
+    from studies.cli import EXIT_ERRORS, EXIT_INTERRUPTED
+
+    # The study itself ended and closed its runs (run_study returned); only the summary after it fails.
+    monkeypatch.setattr(runner, "run_study", lambda *a, **k: runner.StudyOutcome("1", "r", "sqlite:///x", 3, 0))
+
+    def summary(*args):
+        raise failure("boom")
+
+    monkeypatch.setattr(cli, "_print_summary", summary)
+    rc = main(["run", str(_study_file(tmp_path))])
+    assert rc == (EXIT_INTERRUPTED if failure is KeyboardInterrupt else EXIT_ERRORS)
+    err = capsys.readouterr().err
+    assert "runs are recorded and closed (3 trials); printing its summary" in err and "Traceback" not in err
+    assert "INCOMPLETE" not in err  # the study is complete: only its printout was cut
+
+
+def test_a_study_path_that_is_a_symlink_loop_or_a_proc_file(tmp_path, capsys):
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    assert main(["validate", str(tmp_path / "a.yaml")]) == EXIT_USAGE
+    assert "a symbolic link that leads back to itself" in capsys.readouterr().err
+    assert main(["validate", "/proc/self/status"]) == EXIT_USAGE
+    assert "is a system file (under /proc)" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(600)
+def test_a_study_where_no_trial_ran_is_failed_not_finished(ray_cluster, tmp_path, tracking_uri, tiny_model):
+    import yaml
+
+    study = {
+        "name": "notime",
+        "base": {
+            "model": tiny_model("mixer"),
+            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+            "optimizer": {"method": "sam"},
+            "schedule": {"epochs": 2, "warmup_epochs": 0},
+            "train": {"device": "cpu", "threads": 1},
+        },
+        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+        "budget": {"trials_per_cell": 2, "sampler": "random", "seed": 0, "time_limit_s": 1e-9},
+        "resources": {"cpus_per_trial": 1},
+        "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
+        "storage": str(tmp_path / "runs"),
+    }
+    path = tmp_path / "notime.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    outcome = run_study(path, tracking_uri=tracking_uri)
+    assert outcome.nothing_ran
+    client = tracking_client(tracking_uri)
+    assert client.get_run(outcome.study_run_id).info.status == "FAILED"
+    exp = client.get_experiment_by_name("notime").experiment_id
+    assert not client.search_runs([exp], "attributes.status = 'RUNNING'")
+    states = [
+        t.state.name
+        for s in optuna.get_all_study_names(f"sqlite:///{tmp_path / 'runs' / 'notime.optuna.db'}")
+        for t in optuna.load_study(study_name=s, storage=f"sqlite:///{tmp_path / 'runs' / 'notime.optuna.db'}").trials
+    ]
+    assert "RUNNING" not in states, states
