@@ -168,6 +168,18 @@ def _print_cells(study) -> None:
     print(f"{len(study.cells)} cells, {study.total_trials} trials")
 
 
+def _print_estimate(study, args) -> None:
+    """The study's GPU-hours from measured figures, on the card of the cluster it would run on where known here."""
+    from studies.cost import estimate_study, local_gpus
+
+    if getattr(args, "address", None):
+        gpus, card = None, None  # a cluster elsewhere: its cards are not known without connecting
+    else:
+        gpus, card = local_gpus()
+    for line in estimate_study(study, gpus=gpus, cluster_card=card).lines():
+        print(line)
+
+
 def _cmd_run(args) -> int:
     from studies.spec import load_study
 
@@ -180,6 +192,7 @@ def _cmd_run(args) -> int:
         statement = study_detectable(study)
         if statement:
             print(f"Design: {statement}")
+        _print_estimate(study, args)
         return 0
     from studies.runner import run_study
     from trainables.tracking import check_tracking_uri
@@ -197,7 +210,7 @@ def _cmd_run(args) -> int:
         new_launch=getattr(args, "new_launch", False),
     )
     try:
-        _print_summary(study, outcome.tracking_uri)
+        _print_summary(study, outcome.tracking_uri, outcome)
     except (Exception, KeyboardInterrupt) as err:  # noqa: BLE001 - the study's records are complete either way
         what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"failed ({type(err).__name__}: {err})"
         print(
@@ -218,9 +231,14 @@ def _cmd_run(args) -> int:
         )
         return EXIT_ERRORS
     if outcome.errored:
+        refused = (
+            f" ({outcome.refused} refused by their settings inside the trial, failed once without retries)"
+            if outcome.refused
+            else ""
+        )
         print(
-            f"sharpscale: {outcome.errored} trial(s) errored after their retries; see `sharpscale status` and the "
-            f"runs' {REASON_TAG} tags",
+            f"sharpscale: {outcome.errored} trial(s) errored after their retries{refused}; see `sharpscale status` "
+            f"and the runs' {REASON_TAG} tags",
             file=sys.stderr,
         )
     return EXIT_ERRORS if outcome.trials == 0 or outcome.errored else 0
@@ -296,7 +314,26 @@ def _state_line(study, uri: str, name: str) -> str:
     return state
 
 
-def _print_summary(study, tracking_uri: str) -> None:
+def _print_cost(runs, outcome) -> None:
+    """Where the study's device time went: each trial's seconds outside training, the held time spent training."""
+    from trainables.metrics import FIXED_TIME
+
+    if FIXED_TIME in runs and runs[FIXED_TIME].notna().any():
+        fixed = runs[FIXED_TIME].dropna()
+        print(
+            f"\nOutside training ({FIXED_TIME}: start, data load, validation, geometry, checkpoints, records): median "
+            f"{fixed.median():.1f} s a trial (min {fixed.min():.1f}, max {fixed.max():.1f}; {len(fixed)} trials)."
+        )
+    if outcome is not None and outcome.training_share is not None:
+        name, value = outcome.training_share
+        device = "GPU" if "gpu" in name else "CPU"
+        print(
+            f"{name}: {value:.2f} (the trials' training {device}-seconds over the {device} time the study held: its "
+            f"wall time x the cluster's {device}s; not the {device}'s utilisation within a step)."
+        )
+
+
+def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     import pandas as pd
 
     from analysis import load_runs, summarize
@@ -324,6 +361,7 @@ def _print_summary(study, tracking_uri: str) -> None:
                 f"less than about two of them apart are not told apart by this run; the best of a searched cell "
                 f"is also the luckiest of its trials.)"
             )
+    _print_cost(runs, outcome)
     default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
     uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
     study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
@@ -515,6 +553,40 @@ def _cmd_report(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    from studies.calibrate import calibrate, probe_config
+    from studies.spec import load_study
+
+    study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
+    cells = [c for c in study.cells if not args.cell or c.key in args.cell]
+    if args.cell and len(cells) != len(set(args.cell)):
+        known = ", ".join(c.key for c in study.cells)
+        raise UserError(
+            f"calibrate --cell: {sorted(set(args.cell) - {c.key for c in cells})} not cells of the study "
+            f"(its cells: {known}). Fix: name cells as `sharpscale run --dry-run` lists them."
+        )
+    # One measurement per distinct probe: cells that differ only in seeds or searched knobs train alike.
+    probes: dict[str, str] = {}
+    for c in cells:
+        key = repr(sorted(probe_config(c.config, device=args.device, steps=args.steps).items()))
+        probes.setdefault(key, c.key)
+    results = []
+    for c in cells:
+        if c.key not in probes.values():
+            continue
+        result = calibrate(c.config, cell=c.key, max_shares=args.max_shares, steps=args.steps, device=args.device)
+        results.append(result)
+        for line in result.lines():
+            print(line, flush=True)
+    fewest = min(results, key=lambda r: r.shares)
+    if len(results) > 1:
+        print(
+            f"\nFor the study (every trial shares alike, so the cell that gains least from sharing decides): "
+            f"resources.gpus_per_trial: {fewest.gpus_per_trial:g} (cell {fewest.cell})."
+        )
+    return 0
+
+
 def _cmd_data_fetch(args) -> int:
     from trainables.fetch import fetch_dataset
 
@@ -568,7 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the cells and trial counts and what the design can detect (80%% power); run nothing",
+        help="print the cells and trial counts, what the design can detect (80%% power) and the estimated GPU-hours "
+        "(from measured figures, on this machine's card where it has one); run nothing",
     )
     run.add_argument(
         "--new-launch",
@@ -622,6 +695,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     server_cli.add_arguments(srv)
     srv.set_defaults(func=server_cli.from_args)
+
+    cal = sub.add_parser(
+        "calibrate",
+        parents=study_file,
+        help="measure how many trials of the study should share one GPU (resources.gpus_per_trial), on this machine's GPU",
+        description="Train 1, 2, ... copies of each distinct trial of the study at once on this machine's first GPU "
+        "(synthetic data on the device, the cell's model, method, batch and image size, two short epochs) and print "
+        "their aggregate images/s; recommends the largest count whose every added trial raised it by at least 10%, "
+        "as resources.gpus_per_trial = 1/count. Run it on a node with the card the study will run on.",
+    )
+    cal.add_argument("study")
+    cal.add_argument(
+        "--cell", action="append", default=[], help="only this cell (repeatable; default: every distinct one)"
+    )
+    cal.add_argument("--max-shares", type=int, default=4, help="most trials tried on one GPU (default 4)")
+    cal.add_argument("--steps", type=int, default=30, help="steps of each measured epoch (default 30)")
+    cal.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
+    cal.set_defaults(func=_cmd_calibrate)
 
     _add_data(sub)
 

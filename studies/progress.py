@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from studies.spec import LoadedStudy
+from trainables.tracking import REFUSED_RESULT_KEY
 
 __all__ = ["LiveView", "format_duration", "quiet_libraries", "stderr_to"]
 
@@ -183,8 +184,9 @@ class LiveView:
         )
         step = result.get("training_iteration")
         run.epoch = int(step) if isinstance(step, int) else run.epoch
-        value = result.get(self.column)
-        run.value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        if self.column in result:  # an epoch not evaluated (train.eval_every) keeps the last value shown
+            value = result[self.column]
+            run.value = float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
     def end(self, trial, *, ok: bool) -> str | None:
         """Record an ended trial; returns its one-line summary."""
@@ -203,7 +205,7 @@ class LiveView:
             outcome = f"{self.column}={value:.4f}"
         else:
             cell.failed += 1
-            outcome = "diverged" if diverged else "failed"
+            outcome = "diverged" if diverged else "refused" if result.get(REFUSED_RESULT_KEY) else "failed"
         best = f"{cell.best:.4f}" if cell.best is not None else "-"
         return f"{self._counts()} | {name}: {outcome} (cell best {best})"
 

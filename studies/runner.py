@@ -28,6 +28,7 @@ from studies.records import (
 from studies.search import CellSearcher, apply_sample
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import shown
+from trainables.metrics import EPOCH_TIME, EVERY_EPOCH_METRIC, VALIDATION_METRICS
 from trainables.naming import (
     CELL_TAG,
     CHOSEN_FROM_TAG,
@@ -53,7 +54,15 @@ from trainables.naming import (
     study_run_name,
 )
 from trainables.ray_train import DistributedPlan
-from trainables.tracking import TrackingTarget, _retry, filter_value, resolve_tracking_uri, tracking_client
+from trainables.tracking import (
+    BEST_EPOCH_METRICS,
+    REFUSED_RESULT_KEY,
+    TrackingTarget,
+    _retry,
+    filter_value,
+    resolve_tracking_uri,
+    tracking_client,
+)
 
 __all__ = [
     "StateLocations",
@@ -124,10 +133,13 @@ class StudyOutcome:
     study_run_id: str
     tracking_uri: str
     trials: int
-    errored: int
+    errored: int  # failed after Tune's retries, or refused (below)
     interrupted: bool = False  # Ctrl-C (SIGINT) or SIGTERM ended it early: incomplete, `resume` finishes it
     reported: int | None = None  # trials that reported at least one epoch (None: not counted)
     interrupted_at: float | None = None  # when the interrupt reached the driver (time.time())
+    refused: int = 0  # of `errored`: trials that refused their settings (trainables.errors.TrialRefused), not retried
+    # `training_share`'s (metric name, value): how much of the GPU (else CPU) time the study held its trials trained
+    training_share: tuple[str, float] | None = None
 
     @property
     def nothing_ran(self) -> bool:
@@ -299,7 +311,8 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
             continue
         # A trial whose actor Ray reclaimed right after its last epoch did finish: its record says so.
         epochs = int(run.data.params.get("schedule.epochs", 0))
-        logged = {m.step for m in client.get_metric_history(run.info.run_id, "val_loss")}
+        # Validation may skip epochs (train.eval_every): the metric of every epoch says which ran.
+        logged = {m.step for m in client.get_metric_history(run.info.run_id, EVERY_EPOCH_METRIC)}
         if epochs and logged >= set(range(epochs)):
             status, mlflow_status = "finished", "FINISHED"
         else:
@@ -386,6 +399,70 @@ def _max_concurrent_trials(limit: int | None, plan: DistributedPlan, total: dict
     per_trial = {"CPU": plan.cpus_per_worker, "GPU": plan.gpus_per_worker, **plan.custom}
     fits = [int(total.get(name, 0.0) // (amount * plan.workers)) for name, amount in per_trial.items() if amount > 0]
     return max(1, min(fits)) if fits else None
+
+
+# Ray Tune's documented switch for results that lack the objective (ray.tune.constants, "Environment variables").
+_STRICT_METRIC_ENV = "TUNE_DISABLE_STRICT_METRIC_CHECKING"
+
+
+def objective_has_gaps(study: LoadedStudy) -> bool:
+    """Whether some trial reports epochs without the objective: a validation metric under train.eval_every > 1."""
+    from trainables.config import TrialConfig
+
+    column = study.spec.objective.column
+    gapped = (*VALIDATION_METRICS, *BEST_EPOCH_METRICS.values())
+    return column in gapped and any(TrialConfig.load(c.config).train.eval_every > 1 for c in study.cells)
+
+
+@contextlib.contextmanager
+def _objective_gaps_allowed(study: LoadedStudy):
+    """Let Tune take results without the objective while the study runs, where eval_every leaves such epochs.
+
+    Tune refuses by default every result lacking its metric. An epoch not evaluated has none, by design: ASHA then
+    skips the result (a rung is decided at the trial's first evaluated epoch at or past it), the searcher takes the
+    last result, which the last epoch (always evaluated) gives, and the live view keeps the last value. The
+    objective's name is checked at load (studies.spec.Objective), so Tune's check adds nothing here.
+    """
+    if not objective_has_gaps(study) or os.environ.get(_STRICT_METRIC_ENV) is not None:
+        yield
+        return
+    os.environ[_STRICT_METRIC_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(_STRICT_METRIC_ENV, None)
+
+
+# What share of the device time a study held went into its trials' training passes, by the device its trials held.
+TRAINING_SHARE_METRICS = {"gpu": "training_share_of_held_gpu_time", "cpu": "training_share_of_held_cpu_time"}
+
+
+def training_share(
+    epoch_seconds: list[float], plan: DistributedPlan, wall_s: float, cluster: dict[str, float]
+) -> tuple[str, float] | None:
+    """(metric name, value): the trials' training device-seconds over the device-seconds the study held.
+
+    epoch_seconds: every trial's summed epoch_time_s; each trial held `plan.workers` x the GPUs (else the CPUs) of a
+    worker; the study held the cluster's GPUs (CPUs) for `wall_s`. 1.0 would mean every held device trained all the
+    time: what is missing went to trial start-up, data loads, validation, geometry, checkpoints, records, idle
+    devices, and trials too few to fill the cluster. A device's own utilisation while training (a launch-bound step
+    leaves the GPU partly idle) is not in it. None without a held device or time.
+    """
+    kind = "gpu" if plan.gpus_per_worker > 0 else "cpu"
+    per_trial = plan.workers * (plan.gpus_per_worker if kind == "gpu" else plan.cpus_per_worker)
+    held = float(cluster.get(kind.upper(), 0.0)) * wall_s
+    if held <= 0 or per_trial <= 0:
+        return None
+    return TRAINING_SHARE_METRICS[kind], sum(epoch_seconds) * per_trial / held
+
+
+def _epoch_seconds(result) -> float:
+    """A Tune trial's summed epoch_time_s, an epoch reported again after a restore counted once."""
+    frame = result.metrics_dataframe
+    if frame is None or EPOCH_TIME not in frame or "epoch" not in frame:
+        return 0.0
+    frame = frame.dropna(subset=[EPOCH_TIME, "epoch"])
+    return float(frame.drop_duplicates("epoch", keep="last")[EPOCH_TIME].sum())
 
 
 def _scheduler(study: LoadedStudy):
@@ -922,6 +999,7 @@ def _tune(
                 verbose=0,
             ),
         )
+    cluster = ray.cluster_resources()
     t0 = time.perf_counter()
     print(
         f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
@@ -937,7 +1015,8 @@ def _tune(
         # interrupted, resumable, instead of Ray's own abort that leaves runs and Optuna trials RUNNING.
         signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
-        results = tuner.fit()
+        with _objective_gaps_allowed(study):
+            results = tuner.fit()
     except KeyboardInterrupt as err:
         # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
         if progress.interrupted_at is not None:
@@ -959,15 +1038,23 @@ def _tune(
     if resume:
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
-    errored = sum(1 for r in results if r.error is not None)
+    wall = time.perf_counter() - t0
+    refused = sum(1 for r in results if r.error is None and (r.metrics or {}).get(REFUSED_RESULT_KEY))
+    errored = sum(1 for r in results if r.error is not None) + refused
     reported = sum(1 for r in results if (r.metrics or {}).get("training_iteration"))
     if unconfirmed := searcher.unconfirmed():
         print(
             f"sharpscale: no confirm runs for {len(unconfirmed)} cell(s) whose every search trial failed: {unconfirmed}"
         )
+    share = training_share([_epoch_seconds(r) for r in results], plan, wall, cluster)
+    if share is not None:
+        _retry(client.log_metric, study_run_id, share[0], share[1])
     print(
-        f"sharpscale: {trials} trials in {time.perf_counter() - t0:.0f} s ({errored} errored)"
+        f"sharpscale: {trials} trials in {wall:.0f} s ({errored} errored"
+        + (f", {refused} of them refused by their settings, not retried" if refused else "")
+        + ")"
         + (", INTERRUPTED" if interrupted else "")
+        + (f"; {share[0]} {share[1]:.2f}" if share is not None else "")
     )
     return StudyOutcome(
         experiment_id,
@@ -978,6 +1065,8 @@ def _tune(
         interrupted=interrupted,
         reported=reported,
         interrupted_at=progress.interrupted_at,
+        refused=refused,
+        training_share=share,
     )
 
 

@@ -293,6 +293,13 @@ class TrainConfig(_Strict):
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     threads: int | None = Field(None, ge=1, description="torch CPU threads per process; None leaves torch's choice.")
     checkpoint_every: int = Field(1, ge=1, description="Epochs between checkpoints (the last epoch always saves).")
+    eval_every: int = Field(
+        1,
+        ge=1,
+        description="Epochs between validation passes (the last epoch is always evaluated); an epoch not evaluated "
+        "logs no validation metrics (val_*, best_*). For long runs on small fractions, so that validation does not "
+        "outweigh training.",
+    )
     divergence_check_every: int = Field(
         20, ge=1, description="Steps between checks for a non-finite loss (each check syncs the device)."
     )
@@ -308,6 +315,10 @@ class TrainConfig(_Strict):
         "trials that name it; None: what the trial's driver sets (a study: <storage>/compile_cache), else torch's "
         "per-host default.",
     )
+
+    def evaluates(self, epoch: int, epochs: int) -> bool:
+        """Whether the validation split is evaluated after `epoch` (0-based) of a run of `epochs` epochs."""
+        return epoch == epochs - 1 or (epoch + 1) % self.eval_every == 0
 
 
 class GeometryConfig(_Strict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import numbers
@@ -253,6 +254,14 @@ class _TensorImages(_IndexedDataset):
         # The images are a shared cache: hand out a copy the caller may modify.
         return img.clone()
 
+    def unaugmented(self) -> "_TensorImages":
+        """The same samples without the random translation (a view: nothing is copied or read again)."""
+        plain = copy.copy(self)
+        if self._pad:
+            p = self._pad
+            plain._images, plain._pad = self._images[..., p:-p, p:-p], 0
+        return plain
+
 
 class _UInt8Images(_IndexedDataset):
     """uint8 HWC images in memory, out as CHW uint8: an optional random crop/flip by slicing, then a PIL transform.
@@ -275,11 +284,22 @@ class _UInt8Images(_IndexedDataset):
         *,
         pad: int = 0,
         flip: bool = False,
+        plain_transform: Callable | None = None,
     ) -> None:
         super().__init__(labels, indices)
         self._images = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else images
         self._pad, self._flip = pad, flip
         self.transform = transform
+        self._plain_transform = plain_transform  # what `unaugmented` applies instead (e.g. a resize alone)
+
+    def unaugmented(self) -> "_UInt8Images":
+        """The same samples without crop, flip or `transform` (but `plain_transform`), sharing the arrays."""
+        plain = copy.copy(self)
+        if self._pad:
+            p = self._pad
+            plain._images = self._images[:, p:-p, p:-p]
+        plain._pad, plain._flip, plain.transform = 0, False, self._plain_transform
+        return plain
 
     def _image(self, index: int) -> torch.Tensor:
         img = self._images[index]
@@ -302,9 +322,18 @@ class _FolderImages(_IndexedDataset):
 
     decodes_on_host = True
 
-    def __init__(self, folder, indices: np.ndarray) -> None:
+    def __init__(self, folder, indices: np.ndarray, plain_transform: Callable | None = None) -> None:
         super().__init__(np.asarray(folder.targets, dtype=np.int64), indices)
         self._folder = folder
+        self._plain_transform = plain_transform  # the evaluation transform, for `unaugmented`
+
+    def unaugmented(self) -> "_FolderImages":
+        """The same files under the evaluation transform (the folder is not scanned again)."""
+        folder = copy.copy(self._folder)
+        folder.transform = self._plain_transform
+        plain = copy.copy(self)
+        plain._folder = folder
+        return plain
 
     def _image(self, index: int) -> torch.Tensor:
         return self._folder[index][0]
@@ -347,6 +376,12 @@ class _ResidentImages(Dataset):
     def to_device(self, device: torch.device) -> None:
         """Move the split once; every later batch is a gather on the device."""
         self._images, self._labels = self._images.to(device), self._labels.to(device)
+
+    def unaugmented(self) -> "_ResidentImages":
+        """The same samples, wherever they are now, without crop or flip (no random draw at all)."""
+        plain = copy.copy(self)
+        plain._pad, plain._flip = 0, False
+        return plain
 
     def get_batch(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         index = self._index[torch.as_tensor(positions, dtype=torch.int64)]
@@ -409,6 +444,9 @@ class _SyntheticImages(Dataset):
     def to_device(self, device: torch.device) -> None:
         """Keep the pool where the model is: a benchmark then measures the loop, not a host-to-device copy."""
         self._pool, self._labels = self._pool.to(device), self._labels.to(device)
+
+    def unaugmented(self) -> "_SyntheticImages":
+        return self  # never augmented
 
     def get_batch(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         pos = torch.as_tensor(positions, dtype=torch.int64)
@@ -687,7 +725,7 @@ def _cifar_host_splits(cfg: "DataConfig", train: tuple, val: tuple, size: int, m
     if cfg.augment != "none":
         crop_flip = [T.RandomCrop(size, padding=_cifar_pad(size)), T.RandomHorizontalFlip()]
         train_tf = T.Compose([*resize, *crop_flip, *(rand_aug or [T.PILToTensor()])])
-    return _UInt8Images(*train, train_tf), _UInt8Images(*val, eval_tf)
+    return _UInt8Images(*train, train_tf, plain_transform=eval_tf), _UInt8Images(*val, eval_tf)
 
 
 def _rand_augment(config: str, size: int, mean: Sequence[float]):
@@ -813,7 +851,8 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
         )
         val_split: Dataset = FolderBytes(val.samples, val_indices, size, train=False)
     else:
-        train_split, val_split = _FolderImages(train, indices), _FolderImages(val, val_indices)
+        train_split = _FolderImages(train, indices, plain_transform=eval_tf)
+        val_split = _FolderImages(val, val_indices)
     return DataBundle(
         train=train_split,
         val=val_split,
@@ -886,26 +925,37 @@ def fixed_batches(
     seed: int = 0,
     data_root: str | None = None,
     device: torch.device | str | None = None,
+    bundle: DataBundle | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed batches of a trial's own training set (its dataset, fraction and fraction seed), unaugmented.
 
     `samples` examples (at most the subset's size) drawn once by `seed` from the training subset, in batches of
     `batch_size`, normalised as the model takes them, on `device`. The one definition of a geometry measurement
     set: the in-trial probe (trainables.loop) and the checkpoint measures (analysis.record) both draw theirs here.
-    data_root: where the dataset lives here, when not at `data.root`.
+    data_root: where the dataset lives here, when not at `data.root`. bundle: the trial's own loaded `data`
+    (augmented or not, on the host or the device): its training split's unaugmented view is taken instead of
+    loading the dataset again, with the same samples and values.
     """
     for name, value in (("samples", samples), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}. Fix: e.g. {name}=128.")
-    update: dict[str, Any] = {"augment": "none", "device_resident": False}
-    if data_root is not None:
-        update["root"] = data_root
-    bundle = load_dataset(data.model_copy(update=update))
-    order = torch.randperm(len(bundle.train), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
+    train = getattr(bundle.train, "unaugmented", lambda: None)() if bundle is not None else None
+    if train is None:
+        update: dict[str, Any] = {"augment": "none", "device_resident": False}
+        if data_root is not None:
+            update["root"] = data_root
+        bundle = load_dataset(data.model_copy(update=update))
+        train = bundle.train
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:samples].tolist()
     batches = []
     for start in range(0, len(order), batch_size):
-        items = [bundle.train[i] for i in order[start : start + batch_size]]
-        x = bundle.prepare(torch.stack([torch.as_tensor(item[0]) for item in items]))
-        y = torch.tensor([int(item[1]) for item in items])
+        positions = order[start : start + batch_size]
+        if hasattr(train, "get_batch"):  # a whole batch at once, where the split lives (the device, maybe)
+            x, y, _ = train.get_batch(positions)
+        else:
+            items = [train[i] for i in positions]
+            x = torch.stack([torch.as_tensor(item[0]) for item in items])
+            y = torch.tensor([int(item[1]) for item in items])
+        x = bundle.prepare(x)
         batches.append((x.to(device) if device is not None else x, y.to(device) if device is not None else y))
     return batches

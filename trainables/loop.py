@@ -24,6 +24,7 @@ import optim
 from trainables import compiled as compiled_step
 from trainables.config import TrialConfig
 from trainables.data import DataBundle, eval_positions, load_dataset
+from trainables.errors import TrialRefused
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
@@ -225,19 +226,19 @@ def _batch_loader(dataset, sampler) -> DataLoader:
 
 def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
     if cfg.data.batch_size % d.world:
-        raise ValueError(
+        raise TrialRefused(
             f"data.batch_size: must be divisible by the {d.world} data-parallel workers, got {cfg.data.batch_size}. "
             f"Fix: use a multiple of {d.world}."
         )
     n = len(bundle.train)
     if n < cfg.data.batch_size:
-        raise ValueError(
+        raise TrialRefused(
             f"data.batch_size: must not exceed the training-set size ({n} samples at data.fraction="
             f"{cfg.data.fraction}), got {cfg.data.batch_size}. Fix: lower the batch size or raise the fraction."
         )
     share = cfg.data.batch_size // d.world
     if share < cfg.data.accumulate:
-        raise ValueError(
+        raise TrialRefused(
             f"data.accumulate: each of the {d.world} workers gets {share} samples per batch, fewer than accumulate="
             f"{cfg.data.accumulate} micro-batches. Fix: lower data.accumulate to at most {share} or raise data.batch_size."
         )
@@ -489,7 +490,10 @@ def fit(
     bundle = load_dataset(cfg.data, device=device)
     # Identical initial weights on every rank come from the seed, not from a broadcast.
     torch.manual_seed(cfg.train.seed)
-    model = create_model(cfg.model, num_classes=bundle.num_classes, in_chans=bundle.in_chans, img_size=bundle.img_size)
+    with _refused_if_invalid("model"):
+        model = create_model(
+            cfg.model, num_classes=bundle.num_classes, in_chans=bundle.in_chans, img_size=bundle.img_size
+        )
     model.to(device)
     if _channels_last(cfg, device):
         model.to(memory_format=torch.channels_last)
@@ -505,9 +509,10 @@ def fit(
 
     train_loader, val_loader, sampler = _loaders(bundle, cfg, d, device)
     geometry_batches = _geometry_batches(bundle, cfg, d, device)
-    if geometry_batches is not None and callable(getattr(probe, "check", None)):
-        probe.check(model, geometry_batches)  # before any compute is spent on the trial
-    base = _base_optimizer(model, cfg, device)
+    if cfg.geometry.enabled:
+        _check_probe(probe, model, geometry_batches, d, device)  # before any compute is spent on the trial
+    with _refused_if_invalid("optimizer"):
+        base = _base_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
     # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr.
     method = optim.create(
@@ -601,8 +606,12 @@ def fit(
             train_metrics, num_updates = _train_epoch(
                 net, method, train_loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates
             )
-            val_metrics = evaluate(
-                compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare
+            # train.eval_every: an epoch not evaluated reports no validation metrics at all (never a stale copy).
+            evaluated = cfg.train.evaluates(epoch, cfg.schedule.epochs)
+            val_metrics = (
+                evaluate(compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare)
+                if evaluated
+                else {}
             )
             if compile_seconds is not None:
                 train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
@@ -615,10 +624,11 @@ def fit(
                 "lr": base.param_groups[0]["lr"],
                 "weight_norm": float(weight_norm(model)),
             }
-            best_key = BEST_EPOCH_METRICS["val_acc"]
-            if val_metrics["val_acc"] >= best.get(best_key, -1.0):
-                best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
-            metrics.update(best)
+            if evaluated:
+                best_key = BEST_EPOCH_METRICS["val_acc"]
+                if val_metrics["val_acc"] >= best.get(best_key, -1.0):
+                    best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
+                metrics.update(best)
             if geometry_batches is not None and cfg.geometry.due(epoch, cfg.schedule.epochs):
                 metrics.update(_measure_geometry(probe, model, geometry_batches, device))
 
@@ -665,15 +675,46 @@ def _geometry_batches(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: to
     samples = g.batches * g.batch_size
     n = len(bundle.train)
     if samples > n:  # checked on every rank, before any training
-        raise ValueError(
+        raise TrialRefused(
             f"geometry.batches x geometry.batch_size: must not exceed the training-set size ({n} samples at "
             f"data.fraction={cfg.data.fraction}), got {g.batches} x {g.batch_size} = {samples}. Fix: fewer or smaller "
             "measurement batches."
         )
     if d.rank != 0:
         return None
-    # Read once, unaugmented, from the trial's own training subset: every measurement sees the same samples.
-    return fixed_batches(cfg.data, samples=samples, batch_size=g.batch_size, seed=g.seed, device=device)
+    # Drawn once, unaugmented, from the trial's own training subset (the bundle it trains on, not a second load of
+    # the dataset): every measurement sees the same samples.
+    return fixed_batches(cfg.data, samples=samples, batch_size=g.batch_size, seed=g.seed, device=device, bundle=bundle)
+
+
+@contextlib.contextmanager
+def _refused_if_invalid(section: str):
+    """A ValueError or TypeError while the config's `section` is built (timm's model from model.kwargs, torch's
+    optimizer from its settings) comes from the config alone: the trial refuses it rather than fail at random."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        raise TrialRefused(
+            f"{section}: the trial cannot build it from its config: {type(err).__name__}: {err}"
+        ) from err
+
+
+def _check_probe(probe: Probe, model: nn.Module, batches, d: _Dist, device: torch.device) -> None:
+    """The probe's own check (rank 0 holds the batches), its refusal raised as TrialRefused on every rank at once: a
+    rank that went on alone would wait forever in its first all-reduce."""
+    problem = ""
+    if batches is not None and callable(getattr(probe, "check", None)):
+        try:
+            probe.check(model, batches)
+        except ValueError as err:
+            problem = str(err)
+    if d.world > 1:
+        flag = torch.tensor([float(bool(problem))], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not problem:
+            problem = "the geometry probe's check refused this trial on rank 0 (its record says why)"
+    if problem:
+        raise TrialRefused(problem)
 
 
 def _measure_geometry(probe: Probe, model: nn.Module, batches, device: torch.device) -> dict[str, float]:

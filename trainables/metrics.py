@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["EPOCH_METRICS", "EPOCH_TIME", "SAM_METRICS", "VALIDATION_METRICS", "VALIDATION_SAMPLES"]
+__all__ = [
+    "EPOCH_METRICS",
+    "EPOCH_TIME",
+    "EVERY_EPOCH_METRIC",
+    "FIXED_TIME",
+    "SAM_METRICS",
+    "TRIAL_TIME",
+    "VALIDATION_METRICS",
+    "VALIDATION_SAMPLES",
+]
 
-# `trainables.loop.evaluate`: on the validation split, every epoch.
+# `trainables.loop.evaluate`: on the validation split, after every epoch that train.eval_every names (and the last).
 VALIDATION_METRICS = ("val_loss", "val_acc", "val_top5")
 # How many validation samples those are: what an accuracy's sampling error follows (analysis.summarize).
 VALIDATION_SAMPLES = "val_samples"
@@ -12,7 +21,14 @@ VALIDATION_SAMPLES = "val_samples"
 SAM_METRICS = ("surrogate_gap", "sharpness_2h_rho2")
 # Seconds of one epoch's training pass (not its validation): what a trial's compute is counted from (analysis.compute).
 EPOCH_TIME = "epoch_time_s"
-# Everything one epoch's result holds (`trainables.loop.fit`); tests/studies/test_adversarial.py checks a real trial's.
+# Logged once, when a trial ends (trainables.ray_train): the seconds from the trial function's start to its end, and
+# the part of them outside its training passes (its start, data load, validation, geometry, checkpoints, records),
+# i.e. TRIAL_TIME less the sum of EPOCH_TIME. Of the trial's last attempt where it was retried or resumed.
+TRIAL_TIME = "trial_time_s"
+FIXED_TIME = "fixed_time_s"
+# Logged after every epoch whatever train.eval_every says: its steps are the epochs a trial's record holds.
+EVERY_EPOCH_METRIC = "train_loss"
+# Everything one (evaluated) epoch's result holds (`trainables.loop.fit`); tests/studies/test_adversarial.py checks a real trial's.
 EPOCH_METRICS = (
     "train_loss",
     "train_acc",

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import re
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
+from trainables.errors import TrialRefused
+from trainables.metrics import EPOCH_TIME, FIXED_TIME, TRIAL_TIME
 from trainables.naming import GPUS_PER_WORKER_PARAM, RAY_NODE_ID_TAG, TRIAL_ID_TAG, WORKERS_PARAM, tag
-from trainables.tracking import RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
+from trainables.tracking import REFUSED_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
 __all__ = [
     "KEEP_CHECKPOINTS",
@@ -137,13 +141,15 @@ def _execute(
     metric: str,
     report_resumed: bool = False,
     probe_from: dict[str, Any] | None = None,
+    started: float | None = None,
 ) -> None:
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
     checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
     the geometry probe's factory (`load_probe`) and the study's compile cache (key "compile_cache", used where the
-    trial's train.compile_cache is unset).
+    trial's train.compile_cache is unset); started: `time.perf_counter()` when the trial function began, from which
+    its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now).
     """
     from trainables.compiled import use_cache_dir
     from trainables.loop import TrialDiverged, TrialStopped, fit
@@ -153,10 +159,22 @@ def _execute(
         use_cache_dir(cache)
 
     run_id = recorder.run_id if recorder is not None else None
+    started = time.perf_counter() if started is None else started
+    trained: dict[int, float] = {}  # epoch -> its training seconds, as reported (a re-reported epoch counts once)
 
     def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        if EPOCH_TIME in metrics and "epoch" in metrics:
+            trained[int(metrics["epoch"])] = float(metrics[EPOCH_TIME])
         ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
         sink({"diverged": 0, **metrics, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
+
+    def finish(status: str, reason: str | None = None) -> None:
+        if recorder is None:
+            return
+        wall = time.perf_counter() - started
+        with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
+            recorder.log_summary({TRIAL_TIME: wall, FIXED_TIME: wall - sum(trained.values())})
+        recorder.finish(status, reason)
 
     try:
         check_device(cfg)
@@ -174,30 +192,34 @@ def _execute(
                     probe=probe,
                 )
     except TrialStopped as stop:
-        if recorder is not None:
-            if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
-                recorder.finish("finished")
-            else:
-                recorder.finish("early_stopped", str(stop))
+        if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
+            finish("finished")
+        else:
+            finish("early_stopped", str(stop))
         # Tune's function runner expects its stop to come back as SystemExit; a plain return breaks actor reuse.
         raise SystemExit(0) from None
     except TrialDiverged as err:
-        if recorder is not None:
-            recorder.finish("diverged", str(err))
+        finish("diverged", str(err))
         # A last result so the searcher learns of it: the objective is nan, never a number to optimise.
         report({metric: math.nan, "diverged": 1, "epoch": err.epoch}, None)
         return
+    except TrialRefused as err:
+        # Raised, it would be retried max_failures times, each attempt refused the same way. Tune has no public
+        # per-error retry switch, so the trial ends here, once, with a result that says why (runner and searcher
+        # count it as failed).
+        finish("failed", f"refused: {err}")
+        report({metric: math.nan, REFUSED_RESULT_KEY: 1}, None)
+        return
     except BaseException as err:
         # Ray retries the trial from its checkpoint; the retry reopens this same run.
-        if recorder is not None:
-            recorder.finish("failed", "".join(traceback.format_exception(err))[-4000:])
+        finish("failed", "".join(traceback.format_exception(err))[-4000:])
         raise
-    if recorder is not None:
-        recorder.finish("finished")
+    finish("finished")
 
 
 def train_worker_loop(payload: dict[str, Any]) -> None:
     """Ray Train's per-worker function: the same loop, one DDP rank; rank 0 records and checkpoints."""
+    started = time.perf_counter()
     import ray.train
 
     ctx = ray.train.get_context()
@@ -214,6 +236,7 @@ def train_worker_loop(payload: dict[str, Any]) -> None:
         recorder=recorder,
         metric=payload.get("objective", {}).get("metric", "val_acc"),
         probe_from=payload,
+        started=started,
     )
 
 
@@ -346,6 +369,7 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
     payload: {"trial": trial config dict, "tracking": TrackingTarget fields, "objective": {"metric", "mode"},
     "tags": extra run tags, "plan": DistributedPlan fields, "probe": the geometry probe factory's import path}.
     """
+    started = time.perf_counter()
     from ray import tune
 
     ctx = tune.get_context()
@@ -376,4 +400,5 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
         # Tune's record of a rebuilt trial stops before its checkpoint: give it that epoch's result first.
         report_resumed=rebuilt,
         probe_from=payload,
+        started=started,
     )

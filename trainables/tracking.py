@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainables.metrics import EVERY_EPOCH_METRIC
 from trainables.naming import KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
 
 __all__ = [
     "BEST_EPOCH_METRICS",
+    "REFUSED_RESULT_KEY",
     "TRACKING_SCHEMES",
     "TrackingTarget",
     "TrialRecorder",
@@ -31,11 +33,13 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "
 
 # The key under which a trial reports its MLflow run id with every result, so the searcher can label its trial.
 RUN_ID_RESULT_KEY = "mlflow_run_id"
+# 1 in the one result of a trial that refused its settings (trainables.errors.TrialRefused): failed, not retried.
+REFUSED_RESULT_KEY = "refused"
 # Metrics whose best epoch so far every trial reports beside them (trainables.loop), by the metric's name.
 BEST_EPOCH_METRICS = {"val_acc": "best_val_acc"}
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
-_EPOCH_KEY = "train_loss"  # logged every epoch: its steps say which epochs a run holds
+_EPOCH_KEY = EVERY_EPOCH_METRIC  # its steps say which epochs a run holds
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,14 @@ class TrialRecorder:
         _retry(self._client.log_batch, self.run_id, metrics=batch)
         if any(m.key == _EPOCH_KEY for m in batch):
             self._logged.add(epoch)
+
+    def log_summary(self, metrics: dict[str, float]) -> None:
+        """Metrics of the whole trial (not of an epoch), at step 0; a later attempt's values supersede them."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if math.isfinite(float(v))]
+        _retry(self._client.log_batch, self.run_id, metrics=batch)
 
     def log_dataset(self, data: Mapping[str, Any]) -> None:
         """The trial's training set as an MLflow dataset input (the UI's Dataset column); `data`: its data config."""

@@ -1,0 +1,245 @@
+"""What a study costs: the one table of measured training throughput by card and model, and the GPU-hours estimate
+`sharpscale run --dry-run` prints from it."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from studies.spec import Cell, LoadedStudy
+
+__all__ = [
+    "CARD_FIGURES",
+    "METHOD_STEP_COST",
+    "REFERENCE_CARD",
+    "SPLIT_SIZES",
+    "CardFigures",
+    "Estimate",
+    "estimate_study",
+    "local_gpus",
+]
+
+
+@dataclass(frozen=True)
+class CardFigures:
+    """Measured figures of one model (at one image size and batch) on one card, in images per second.
+
+    train_none / train_sam: `images_per_sec` of a training epoch with the fused base step / SAM; val: images per
+    second of the validation pass (eval_batch_size 512), None where not measured; fixed_s: a trial's seconds for
+    its data load, model build and loaders, checkpoint_s: one checkpoint's (Ray's and MLflow's share in neither),
+    None where not measured.
+    """
+
+    card: str  # the name torch.cuda.get_device_name gives
+    model: str  # "<timm name>/p<patch>" or the timm name
+    img_size: int
+    batch_size: int
+    train_none: float
+    train_sam: float
+    val: float | None
+    source: str  # the docs/benchmarks.md section the row comes from
+    fixed_s: float | None = None
+    checkpoint_s: float | None = None
+
+
+# Every figure an estimate reads. The first rows: the shipped path through the CLI (studies/rho_sensitivity.yaml's
+# models and batch, fake CIFAR-10 on 2 x H100, `python benchmarks/bench_ray_gpu.py study`, docs/benchmarks.md "The
+# shipped path on real GPUs through Ray"); train_sam is the mean of that run's two SAM trials of each model. Validation
+# was not timed there (val None): the rows' `val` and the cost outside training come from bench_trial_cost.py's run
+# where docs/benchmarks.md has one ("Where a trial's time goes").
+CARD_FIGURES: tuple[CardFigures, ...] = (
+    CardFigures("NVIDIA H100 80GB HBM3", "resnet18", 32, 256, 24_367, (13_558 + 10_268) / 2, None, "bench_ray_gpu study"),
+    CardFigures(
+        "NVIDIA H100 80GB HBM3", "vit_small_patch16_224/p4", 32, 256, 12_364, (5_860 + 5_098) / 2, None,
+        "bench_ray_gpu study",
+    ),
+    CardFigures(
+        "NVIDIA H100 80GB HBM3", "mixer_s16_224/p4", 32, 256, 15_104, (7_375 + 7_165) / 2, None, "bench_ray_gpu study"
+    ),
+    # `python benchmarks/bench_trial_cost.py` on one NVIDIA H200 (Ray-free trainables.fit, fake CIFAR-10 of 25,600 +
+    # 10,000 images, device-resident, basic augmentation; docs/benchmarks.md "Where a trial's time goes"): each
+    # method's last-epoch images/s; val, fixed_s and checkpoint_s from the SAM trial, the process's second trial of
+    # that model (the first trial of a process also pays CUDA's and cuDNN's warm-up).
+    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 1.37, 0.165),
+    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 1.51, 0.325),
+    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 1.90, 0.29),
+)  # fmt: skip
+# The card an estimate assumes where the cluster's card has no row (or is not known here).
+REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
+
+# Each method's training throughput as a share of the base step's (`none`), measured by benchmarks/bench_optim.py on
+# an NVIDIA H100 80GB HBM3, ViT-S/4 @32, batch 512 (docs/benchmarks.md, "optim: cost of each method per step" and
+# "ESAM, F-SAM and MSAM"); SAM itself is read from CARD_FIGURES' own SAM column.
+METHOD_STEP_COST = {
+    "none": 1.0,
+    "asam": 0.497,
+    "gsam": 0.496,
+    "looksam": 0.826,
+    "saf": 0.998,
+    "mesa": 0.995,
+    "esam": 0.575,
+    "fsam": 0.496,
+    "msam": 0.986,
+}
+# Share of a clean epoch's throughput under strong augmentation (RandAugment in host workers, mixup): the host-worker
+# path measured 0.891-0.926 of synthetic for `none` on the H100 (docs/benchmarks.md, "does the data path feed the GPU?").
+STRONG_AUGMENT_SHARE = 0.9
+
+# (training images, validation images) of each dataset's full splits; a dataset missing here has sizes known only once
+# it is read (an image folder), and gets no estimate.
+SPLIT_SIZES = {"cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000), "digits": (1_438, 359)}
+
+
+@dataclass(frozen=True)
+class CellCost:
+    cell: str
+    trials: int
+    gpu_hours: float  # of all its trials, training (+ validation where measured) x the GPUs each holds
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """GPU-hours of a study on one card, from CARD_FIGURES; `problems` says what could not be estimated, and why."""
+
+    card: str  # whose figures were used
+    cluster_card: str | None  # the card the cluster has, when known here
+    gpus: int | None  # GPUs the cluster has, when known here
+    cells: tuple[CellCost, ...]
+    problems: tuple[str, ...]
+    validation_counted: bool
+
+    @property
+    def gpu_hours(self) -> float:
+        return sum(c.gpu_hours for c in self.cells)
+
+    def lines(self) -> list[str]:
+        """What the dry run prints."""
+        out = []
+        if self.cells:
+            counted = (
+                "training epochs, validation passes, each trial's data load, model build and checkpoints"
+                if self.validation_counted
+                else "training epochs only"
+            )
+            out.append(
+                f"Estimated cost: {self.gpu_hours:.1f} GPU-hours on {self.card} ({counted}; each trial at its full "
+                f"epochs, so an upper bound where ASHA stops trials early; figures: studies/cost.py CARD_FIGURES)."
+            )
+            if not self.validation_counted:
+                out.append(
+                    "  Validation passes, trial start-up, checkpoints and records are not in it: no measured figure "
+                    "of them on this card in CARD_FIGURES (the NVIDIA H200 rows have them)."
+                )
+            if self.cluster_card is not None and self.cluster_card != self.card:
+                out.append(
+                    f"  This cluster's card, {self.cluster_card}, has no measured row: the estimate assumes the "
+                    f"{self.card}'s speed."
+                )
+            if self.gpus:
+                out.append(
+                    f"  On this cluster's {self.gpus} GPU(s): at least {self.gpu_hours / self.gpus:.1f} hours of wall "
+                    f"time, if trials keep every GPU busy."
+                )
+            elif self.gpus == 0:
+                out.append("  This machine has no GPU: run it on a GPU cluster (--address; docs/cluster.md).")
+        out.extend(f"  No estimate for {p}" for p in self.problems)
+        return out
+
+
+def _model_key(config: dict) -> str:
+    model = config.get("model", {})
+    patch = (model.get("kwargs") or {}).get("patch_size")
+    return f"{model.get('name')}/p{patch}" if patch is not None else str(model.get("name"))
+
+
+def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
+    for row in CARD_FIGURES:
+        if (row.card, row.model, row.img_size, row.batch_size) == (card, key, img_size, batch):
+            return row
+    return None
+
+
+def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
+    from trainables.config import TrialConfig
+
+    cfg = TrialConfig.load(cell.config)
+    data, method = cfg.data, cfg.optimizer.method
+    label = cell.key or "the study"
+    if data.name not in SPLIT_SIZES:
+        return (
+            None,
+            f"cell {label}: dataset {data.name!r} has no known split sizes (studies/cost.py SPLIT_SIZES).",
+            False,
+        )
+    n_train, n_val = SPLIT_SIZES[data.name]
+    img_size = data.img_size or 32
+    key = _model_key(cell.config)
+    row = _row(card, key, img_size, data.batch_size)
+    if row is None:
+        return (
+            None,
+            f"cell {label}: no measured figure of {key} at {img_size} px, batch {data.batch_size} on {card} "
+            "(studies/cost.py CARD_FIGURES).",
+            False,
+        )
+    speed = row.train_sam if method == "sam" else row.train_none * METHOD_STEP_COST.get(method, math.nan)
+    if not math.isfinite(speed):
+        return (
+            None,
+            f"cell {label}: method {method!r} has no measured step cost (studies/cost.py METHOD_STEP_COST).",
+            False,
+        )
+    if data.augment == "strong":
+        speed *= STRONG_AUGMENT_SHARE
+    epochs = cfg.schedule.epochs
+    seen = (round(n_train * data.fraction) // data.batch_size) * data.batch_size  # the loop drops the last batch
+    seconds = epochs * seen / speed
+    if row.val:
+        seconds += sum(cfg.train.evaluates(e, epochs) for e in range(epochs)) * n_val / row.val
+    if row.fixed_s:
+        seconds += row.fixed_s
+    if row.checkpoint_s:
+        every = cfg.train.checkpoint_every
+        seconds += sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs)) * row.checkpoint_s
+    # Every trial the cell runs: its search and its confirm stage (Cell.planned), all alike in cost.
+    return CellCost(label, cell.planned, cell.planned * seconds * workers_gpus / 3600), None, bool(row.val)
+
+
+def local_gpus() -> tuple[int, str | None]:
+    """(count, name) of this machine's GPUs as nvidia-smi lists them, without importing torch; (0, None) without."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return 0, None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return 0, None
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    return len(names), (names[0] if names else None)
+
+
+def estimate_study(study: LoadedStudy, *, gpus: int | None = None, cluster_card: str | None = None) -> Estimate:
+    """The study's GPU-hours on `cluster_card` (its CARD_FIGURES rows; the reference card's where it has none).
+
+    gpus/cluster_card: the cluster's, where known (the dry run passes this machine's for a local run). A study whose
+    trials hold no GPU gets no estimate in GPU-hours (one problem line says so)."""
+    res = study.resources
+    if res.gpus_per_trial <= 0:
+        return Estimate(
+            REFERENCE_CARD, cluster_card, gpus, (), ("this study: its trials hold no GPU (a CPU study).",), False
+        )
+    known = {row.card for row in CARD_FIGURES}
+    card = cluster_card if cluster_card in known else REFERENCE_CARD
+    cells, problems, validation = [], [], True
+    for cell in study.cells:
+        cost, problem, counted = _cell_cost(cell, card, res.gpus_per_trial * res.workers_per_trial)
+        if cost is not None:
+            cells.append(cost)
+            validation = validation and counted
+        if problem is not None:
+            problems.append(problem)
+    return Estimate(card, cluster_card, gpus, tuple(cells), tuple(problems), validation and bool(cells))

@@ -1,0 +1,248 @@
+"""On real Ray, Optuna and SQLite MLflow: a trial that refuses its settings fails once (no Tune retry), and a study
+whose trials validate every other epoch runs through Tune, ASHA and the searcher."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from analysis import load_runs
+from studies.runner import run_study
+from trainables.ray_train import run_tune_trial
+
+
+def _counting_trainable(folder: str):
+    """The real trial, leaving one file per attempt in `folder`: how often Tune started it."""
+
+    def trial(payload):
+        with open(os.path.join(folder, f"{payload['cell']}.{uuid.uuid4().hex}"), "w"):
+            pass
+        run_tune_trial(payload)
+
+    return trial
+
+
+@pytest.mark.timeout(900)
+def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
+    ray_cluster, tmp_path, tracking_uri, tiny_model
+):
+    resnet = tiny_model("resnet", dotted=True)
+    study = {
+        "name": "refusals",
+        "base": {
+            "data": {"name": "digits", "img_size": 16, "batch_size": 32},
+            "optimizer": {"method": "sam", "lr": 0.003},
+            "schedule": {"epochs": 3, "warmup_epochs": 0},
+            "train": {"device": "cpu", "threads": 1, "eval_every": 2},
+            "geometry": {"measures": ["lambda_max"], "batches": 1, "batch_size": 32, "max_iter": 3},
+        },
+        "factors": {
+            "case": {
+                # epoch 0 is not evaluated: Tune, ASHA and the searcher take a result without the objective
+                "ok": {**tiny_model("mixer", dotted=True)},
+                # finite differences on ReLUs: refused by the probe's check, which needs the built model
+                "kinked": {**resnet, "geometry.hvp_mode": "finite_difference"},
+                # 2 x 64 measurement samples from a subset of about 72
+                "oversized": {
+                    **tiny_model("mixer", dotted=True),
+                    "data.fraction": 0.05,
+                    "geometry.batches": 2,
+                    "geometry.batch_size": 64,
+                },
+            }
+        },
+        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+        "budget": {"trials_per_cell": 1, "seed": 0, "asha": {"grace_period": 1}},
+        "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2, "max_failures": 2},
+        "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
+        "storage": str(tmp_path / "runs"),
+    }
+    path = tmp_path / "refusals.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+
+    outcome = run_study(path, tracking_uri=tracking_uri, trainable=_counting_trainable(str(attempts)))
+
+    started = sorted(p.name.split(".")[0].removeprefix("case=") for p in attempts.iterdir())
+    assert started == ["kinked", "ok", "oversized"]  # one attempt each: max_failures (2) never retried a refusal
+    assert (outcome.trials, outcome.errored, outcome.refused) == (3, 2, 2)
+    runs = load_runs("refusals", tracking_uri=tracking_uri).set_index("factor.case")
+    assert runs.loc["ok", "status"] == "finished"
+    client = MlflowClient(tracking_uri)
+    for case, words in (("kinked", "relu"), ("oversized", "geometry.batches x geometry.batch_size")):
+        assert (runs.loc[case, "status"], runs.loc[case, "mlflow_status"]) == ("failed", "FAILED")
+        reason = client.get_run(runs.loc[case, "run_id"]).data.tags["sharpscale.reason"]
+        assert reason.startswith("refused: ") and words in reason, reason
+    # The ok trial validated after epochs 1 and 2 only, and its train_loss every epoch.
+    ok = runs.loc["ok", "run_id"]
+    assert [m.step for m in client.get_metric_history(ok, "val_acc")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(ok, "train_loss")] == [0, 1, 2]
+
+    storage = f"sqlite:///{tmp_path / 'runs' / 'refusals.optuna.db'}"
+    states = {
+        s.study_name.split("case=")[1]: [
+            t.state.name for t in optuna.load_study(study_name=s.study_name, storage=storage).trials
+        ]
+        for s in optuna.get_all_study_summaries(storage)
+    }
+    assert states == {"ok": ["COMPLETE"], "kinked": ["FAIL"], "oversized": ["FAIL"]}
+
+
+# --------------------------------------------------------------------------- cost told from measured figures
+
+
+def _gpu_study(tmp_path, cells: dict, epochs=10, gpus=1.0, trials=2) -> str:
+    study = {
+        "name": "costed",
+        "base": {
+            "data": {"name": "cifar10", "root": str(tmp_path), "batch_size": 256},
+            "schedule": {"epochs": epochs, "warmup_epochs": 1},
+        },
+        "factors": {"arch": cells},
+        "budget": {"repeats_without_search": trials},
+        "resources": {"cpus_per_trial": 1, "gpus_per_trial": gpus},
+    }
+    path = tmp_path / "costed.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return str(path)
+
+
+def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_path, capsys):
+    from studies.cli import main
+    from studies.cost import CARD_FIGURES, REFERENCE_CARD
+
+    resnet = {"model.name": "resnet18", "model.cifar_stem": True}
+    path = _gpu_study(
+        tmp_path,
+        {
+            "plain": {**resnet, "optimizer.method": "none"},
+            "sam": {**resnet, "optimizer.method": "sam"},
+            "unmeasured": {"model.name": "resnet50", "optimizer.method": "none"},
+        },
+        gpus=0.5,
+    )
+    assert main(["run", "--dry-run", "--address", "auto", path]) == 0
+    out = capsys.readouterr().out
+    row = next(r for r in CARD_FIGURES if r.card == REFERENCE_CARD and r.model == "resnet18" and r.batch_size == 256)
+    seen = (50_000 // 256) * 256
+    hours = 2 * 10 * seen * (1 / row.train_none + 1 / row.train_sam) * 0.5 / 3600  # 2 trials a cell, half a GPU each
+    assert f"Estimated cost: {hours:.1f} GPU-hours on {REFERENCE_CARD}" in out
+    assert "No estimate for cell arch=unmeasured: no measured figure of resnet50" in out
+
+
+def test_a_cpu_study_gets_no_gpu_hours(tmp_path, capsys):
+    from studies.cli import main
+
+    assert main(["run", "--dry-run", str(Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml")]) == 0
+    assert "its trials hold no GPU" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("aggregate", "shares"),
+    [({1: 100.0}, 1), ({1: 100.0, 2: 109.0}, 1), ({1: 100.0, 2: 152.0, 3: 160.0}, 2), ({1: 10.0, 2: 21, 3: 31}, 3)],
+)
+def test_the_recommended_count_is_the_largest_whose_every_added_trial_pays(aggregate, shares):
+    from studies.calibrate import recommend
+
+    assert recommend(aggregate) == shares
+
+
+def test_the_training_share_is_training_device_seconds_over_held_device_seconds():
+    from studies.runner import TRAINING_SHARE_METRICS, training_share
+    from trainables.ray_train import DistributedPlan
+
+    plan = DistributedPlan(workers=1, cpus_per_worker=4, gpus_per_worker=0.5)
+    # 3 trials trained 60 s each on half a GPU, on a 2-GPU cluster, for 100 s: 90 of 200 GPU-seconds.
+    assert training_share([60.0, 60.0, 60.0], plan, 100.0, {"GPU": 2.0, "CPU": 32.0}) == (
+        TRAINING_SHARE_METRICS["gpu"],
+        pytest.approx(0.45),
+    )
+    cpu = DistributedPlan(workers=2, cpus_per_worker=1, gpus_per_worker=0.0)
+    assert training_share([10.0], cpu, 10.0, {"CPU": 4.0}) == (TRAINING_SHARE_METRICS["cpu"], pytest.approx(0.5))
+    assert training_share([10.0], plan, 10.0, {"CPU": 4.0}) is None  # no GPU held: no share of it
+
+
+@pytest.mark.timeout(600)
+def test_calibrate_measures_copies_of_a_trial_side_by_side_and_recommends(tmp_path, capsys, tiny_model):
+    from studies.cli import main
+
+    study = {
+        "name": "shares",
+        "base": {
+            "model": tiny_model("mixer"),
+            "data": {"name": "digits", "img_size": 16, "batch_size": 32},
+            "train": {"device": "cpu", "threads": 1},
+            "schedule": {"epochs": 2, "warmup_epochs": 0},
+        },
+    }
+    path = tmp_path / "shares.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    assert main(["calibrate", str(path), "--device", "cpu", "--max-shares", "2", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Calibration of cell all on cpu" in out and "Recommended: resources.gpus_per_trial:" in out
+    lines = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert [row[0] for row in lines][:1] == ["1"] and float(lines[0][1].replace(",", "")) > 0
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_each_shipped_cost_comment_is_the_dry_runs_estimate(path):
+    import re
+
+    from studies.cost import estimate_study
+    from studies.spec import load_study
+
+    header = " ".join(line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#"))
+    estimate = estimate_study(load_study(path, require_data=False))
+    if not estimate.cells:
+        assert "no GPU needed" in header  # a CPU study says so instead
+        return
+    found = re.search(
+        r"about ([\d.]+) GPU-hours of training epochs on an? (NVIDIA [A-Z0-9]+ [0-9]+GB [A-Z0-9]+)", header
+    )
+    assert found, f"{path.name}: no 'about X GPU-hours of training epochs on <card>' in its Cost comment"
+    decimals = len(found.group(1).partition(".")[2])  # as precise as the comment writes it
+    assert (found.group(1), found.group(2)) == (f"{estimate.gpu_hours:.{decimals}f}", estimate.card)
+
+
+def test_a_trial_that_validated_every_other_epoch_and_ran_to_its_end_is_closed_as_finished(tracking_uri):
+    from mlflow.entities import Metric, Param
+
+    from studies.runner import _close_dangling
+    from trainables.naming import PARENT_RUN_TAG, STATUS_TAG
+
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("gaps")
+    cell = client.create_run(exp).info.run_id
+    trial = client.create_run(exp, tags={PARENT_RUN_TAG: cell}).info.run_id
+    # Three epochs, eval_every 2: train_loss after every epoch, val_loss after epochs 1 and 2 only; Ray reclaimed
+    # the actor before the trial's own finish ran, so the run is still RUNNING.
+    metrics = [Metric("train_loss", 1.0, 0, e) for e in range(3)] + [Metric("val_loss", 1.0, 0, e) for e in (1, 2)]
+    client.log_batch(trial, metrics=metrics, params=[Param("schedule.epochs", "3")])
+    _close_dangling(client, exp, {"cell": cell}, interrupted=False)
+    run = client.get_run(trial)
+    assert (run.data.tags[STATUS_TAG], run.info.status) == ("finished", "FINISHED")
+
+
+def test_a_card_with_measured_validation_and_fixed_seconds_counts_them(tmp_path):
+    from studies.cost import CARD_FIGURES, estimate_study
+    from studies.spec import load_study
+
+    row = next(r for r in CARD_FIGURES if r.val and r.fixed_s and r.checkpoint_s and r.model == "resnet18")
+    resnet = {"model.name": "resnet18", "model.cifar_stem": True, "optimizer.method": "none"}
+    path = _gpu_study(tmp_path, {"r": {**resnet, "train.eval_every": 3, "train.checkpoint_every": 2}}, trials=1)
+    estimate = estimate_study(load_study(path, require_data=False), cluster_card=row.card, gpus=4)
+    seen = (50_000 // 256) * 256
+    # 10 epochs: validated after epochs 2, 5, 8 and 9; checkpointed after 1, 3, 5, 7 and 9.
+    seconds = 10 * seen / row.train_none + 4 * 10_000 / row.val + row.fixed_s + 5 * row.checkpoint_s
+    assert estimate.card == row.card and estimate.gpu_hours == pytest.approx(seconds / 3600)
+    assert "validation passes" in estimate.lines()[0] and "On this cluster's 4 GPU(s)" in estimate.lines()[1]
