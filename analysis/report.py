@@ -22,6 +22,7 @@ from analysis.plots import (
 )
 from analysis.runs import (
     _open_experiment,
+    best_trials,
     confirm_summary,
     load_curves,
     load_runs,
@@ -401,12 +402,7 @@ def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str
 
 
 def _best_run_ids(runs: pd.DataFrame, metric: str, mode: str) -> list[str]:
-    ok = runs[(runs["status"] == "finished") & pd.to_numeric(runs[metric], errors="coerce").notna()]
-    if ok.empty:
-        return []
-    values = pd.to_numeric(ok[metric], errors="coerce")
-    idx = values.groupby(ok["cell"]).idxmax() if mode == "max" else values.groupby(ok["cell"]).idxmin()
-    return ok.loc[idx.values, "run_id"].tolist()
+    return best_trials(runs, metric=metric, mode=mode, by=["cell"])["run_id"].tolist()
 
 
 def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:

@@ -26,9 +26,13 @@ from trainables.naming import (
 )
 
 __all__ = [
+    "BEST_RULE",
     "SE_COLUMN",
     "STAGE_COLUMN",
     "StudyNotFound",
+    "accuracy_se",
+    "best_key",
+    "best_trials",
     "confirm_summary",
     "load_curves",
     "load_runs",
@@ -47,6 +51,49 @@ _TRIAL_FILTER = kind_filter("trial")
 STAGE_COLUMN = "stage"
 # The trial config's evaluation split (trainables.config.DataConfig.eval_split), a param column of load_runs.
 _EVAL_SPLIT = "data.eval_split"
+
+# The one definition of a group's best trial, which the summary, `summarize`, `status`, the report's tables and
+# plots, the live view and the MLflow roll-ups all use (through `best_key`): without a stated tie-break each took
+# another trial of a tie (the first started, the smallest rho, the last returned by a search).
+BEST_RULE = (
+    "the finished trial with the best value of the objective; among equal values, the one that started first "
+    "(then the smaller run id)"
+)
+
+
+def best_key(value: float, started, run_id: str, mode: Literal["max", "min"]) -> tuple:
+    """The sort key of BEST_RULE: of a group's finished trials, the one with the smallest key is its best.
+
+    started: the trial's start (any orderable value, e.g. MLflow's start_time in ms, or a pandas Timestamp).
+    """
+    return (-value if mode == "max" else value, started, run_id)
+
+
+def best_trials(
+    runs: pd.DataFrame, *, metric: str, mode: Literal["max", "min"] = "max", by: Sequence[str] = ("cell",)
+) -> pd.DataFrame:
+    """The best trial of each group of `by` by BEST_RULE: rows of `runs` (finished, with a finite `metric`), one a
+    group, in the order of their groups. Empty when no trial qualifies."""
+    by = list(by)
+    if runs.empty or metric not in runs.columns:
+        return runs.iloc[0:0]
+    values = pd.to_numeric(runs[metric], errors="coerce").astype("float64")
+    finished = runs["status"] == "finished" if "status" in runs.columns else True
+    ok = runs[finished & values.map(math.isfinite)]
+    if ok.empty:
+        return ok
+    started = ok["start_time"] if "start_time" in ok.columns else pd.Series(0, index=ok.index)
+    ids = ok["run_id"].astype(str) if "run_id" in ok.columns else pd.Series("", index=ok.index)
+    keys = [best_key(v, s, r, mode) for v, s, r in zip(values[ok.index], started, ids)]
+    order = sorted(range(len(ok)), key=keys.__getitem__)
+    ranked = ok.iloc[order]
+    return ranked.groupby(by, sort=True, dropna=True).head(1).sort_values(by, kind="stable")
+
+
+def accuracy_se(p, n):
+    """The binomial standard error of an accuracy `p` measured on `n` samples, sqrt(p (1 - p) / n): how far apart
+    two cells' values must be before a run tells them apart."""
+    return (p * (1 - p) / n) ** 0.5
 
 
 def _experiment_name(study: str | Path, *, smoke: bool = False) -> str:
@@ -277,7 +324,7 @@ def summarize(
     show: tuple[str, ...] = ("optimizer.hparams.rho",),
     label: str | None = None,
 ) -> pd.DataFrame:
-    """Best trial per cell: the factors as the index, the best metric, the value of each `show` column there.
+    """Best trial per cell (BEST_RULE): the factors as the index, the best metric, the value of each `show` column.
 
     label: the statistic `metric` holds, in words, for the column's header 'best <label>' (e.g. 'val_acc (final
     epoch)'); default: the metric's name.
@@ -290,17 +337,16 @@ def summarize(
     if runs.empty or metric not in runs.columns:
         return pd.DataFrame()
     factors = [c for c in runs.columns if c.startswith(FACTOR_PREFIX)] or ["cell"]
-    ok = runs[(runs["status"] == "finished") & runs[metric].map(lambda v: isinstance(v, float) and math.isfinite(v))]
-    if ok.empty:
+    chosen = best_trials(runs, metric=metric, mode=mode, by=factors)
+    if chosen.empty:
         return pd.DataFrame()
-    idx = ok.groupby(factors)[metric].idxmax() if mode == "max" else ok.groupby(factors)[metric].idxmin()
-    best = ok.loc[idx.values, factors + [metric] + [c for c in show if c in ok.columns]]
-    if metric in ACCURACY_METRICS and VALIDATION_SAMPLES in ok.columns:
+    best = chosen[factors + [metric] + [c for c in show if c in chosen.columns]]
+    if metric in ACCURACY_METRICS and VALIDATION_SAMPLES in chosen.columns:
         # The sampling error of an accuracy measured on n samples, binomial: how far apart two cells' values
         # must be before this run tells them apart (a small validation set makes it points wide).
-        n = ok.loc[idx.values, VALIDATION_SAMPLES].to_numpy(dtype=float)
+        n = chosen[VALIDATION_SAMPLES].to_numpy(dtype=float)
         p = best[metric].to_numpy(dtype=float)
-        best = best.assign(**{SE_COLUMN: (p * (1 - p) / n) ** 0.5, "val n": n.astype("int64")})
+        best = best.assign(**{SE_COLUMN: accuracy_se(p, n), "val n": n.astype("int64")})
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]

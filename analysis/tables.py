@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.geometry.names import METRIC_PREFIX
+from analysis.runs import best_key, best_trials
 
 __all__ = [
     "FewSamplesWarning",
@@ -132,7 +133,8 @@ def best_of_search(
     metric: str = "val_acc",
     mode: Mode = "max",
 ) -> pd.DataFrame:
-    """The best finished trial of each group of `keys` (one row per group): keys, run_id, metric, trials.
+    """The best finished trial of each group of `keys` by `analysis.runs.BEST_RULE` (one row per group): keys,
+    run_id, metric, trials.
 
     `trials` counts every trial of the group, finished or not. A group whose trials come from more than one
     cell would compare trials of different settings (another factor the keys leave out): that is an error
@@ -162,9 +164,7 @@ def best_of_search(
         out = counts.reset_index()
         out["run_id"], out[metric] = None, np.nan
         return out[keys + ["run_id", metric, "trials"]]
-    pick = ok.groupby(keys, dropna=True)[metric]
-    idx = pick.idxmax() if mode == "max" else pick.idxmin()
-    best = ok.loc[idx.values, keys + ["run_id", metric]].set_index(keys)
+    best = best_trials(ok, metric=metric, mode=mode, by=keys)[keys + ["run_id", metric]].set_index(keys)
     return best.join(counts, how="outer").reset_index()
 
 
@@ -525,7 +525,7 @@ class RhoSensitivity:
     """Accuracy against rho per group (arch, plus `by`), the best rho of each group and its bootstrap interval.
 
     levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
-    this level was the best). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
+    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
     and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
     draws: per group (the tuple of its index values in `best`), the best rho of each bootstrap resample (NaN
     where the group's levels hold single trials): rho_transfer's slope interval pairs them across fractions.
@@ -543,7 +543,7 @@ class RhoSensitivity:
         lv = self.levels.copy()
         lv["rho"] = lv["rho"].map(lambda v: f"{v:.4g}")
         lv["value"] = [format_cell(m, s, int(n), digits=digits) for m, s, n in zip(lv["mean"], lv["sd"], lv["n"])]
-        lv["p_best"] = lv["p_best"].map(lambda v: f"{v:.2f}")
+        lv["p_best"] = lv["p_best"].map(lambda v: f"{v:.2f}" if math.isfinite(v) else "–")
         groups = [c for c in self.best.index.names]
         a = _markdown(lv.set_index(groups + ["rho"])[["value", "p_best"]])
         best = self.best.copy()
@@ -558,7 +558,9 @@ class RhoSensitivity:
         pct = int(round(self.confidence * 100))
         return (
             f"{self.metric} against {self.param}: mean ± sd (n = trials) per level, sd '–' where n = 1; p_best = "
-            f"share of bootstrap resamples (of the group's trials) in which the level is best.\n\n{a}\nBest "
+            f"share of bootstrap resamples (of the group's trials) in which the level is best, '–' where no level of "
+            f"the group was repeated. Best level: the best mean; a tie goes to the level of the trial that started "
+            f"first.\n\n{a}\nBest "
             f"{self.param} per group, with the {pct}% bootstrap interval of the best level ('–' where no level was "
             f"repeated: single trials give no interval; see note).\n\n{b}"
         )
@@ -596,7 +598,8 @@ def rho_sensitivity(
     (e.g. 'data.fraction'); every other column is pooled. Levels: bins=None keeps each distinct rho
     value as its own level (a grid search, or one level per trial of a continuous search); bins=k puts
     the group's trials into k equal-width bins of log(rho), each level placed at the geometric mean of
-    its trials' rho. Best rho: the level with the best mean metric. Its interval: resample the group's
+    its trials' rho. Best rho: the level with the best mean metric; among equal means, the level holding the
+    trial that `analysis.runs.BEST_RULE` ranks first (one trial a level: the best trial's level). Its interval: resample the group's
     trials with replacement `n_boot` times (seeded), recompute the level means (levels not drawn drop
     out) and take the best level of each resample; rho_low / rho_high are the lower and upper
     `confidence` percentiles of those best levels (always levels that exist), p_best each level's share.
@@ -651,6 +654,18 @@ def rho_sensitivity(
         means = sums / counts
         sds = np.array([values[codes == i].std(ddof=1) if counts[i] > 1 else math.nan for i in range(k)])
         best = int(np.nanargmax(means) if mode == "max" else np.nanargmin(means))
+        tied = np.flatnonzero(means == means[best])
+        if len(tied) > 1:
+            # BEST_RULE's tie-break, for levels: the level of the first-ranked trial among the tied levels' trials
+            # (one trial a level: the level of the best trial, as every other table and the roll-ups name it).
+            started = part["start_time"] if "start_time" in part.columns else pd.Series(0, index=part.index)
+            ids = part["run_id"].astype(str) if "run_id" in part.columns else pd.Series("", index=part.index)
+            ranked = min(
+                (best_key(float(values[i]), started.iloc[i], ids.iloc[i], mode), i)
+                for i in range(len(values))
+                if codes[i] in tied
+            )
+            best = int(codes[ranked[1]])
         # Bootstrap over trials: the level means of each resample come from bincounts of the drawn trials.
         draws = rng.integers(0, len(values), size=(n_boot, len(values)))
         drawn_codes = codes[draws]
@@ -668,9 +683,11 @@ def rho_sensitivity(
         rho_high = float(np.quantile(best_rhos, 1.0 - tail, method="higher"))
         repeated = int(counts.max())
         if repeated < 2:
-            # One trial per level: resampling trials only drops levels, it measures no noise; no interval.
+            # One trial per level: resampling trials only drops levels, it measures no noise; no interval, and no
+            # p_best (it would be the levels' rank, the same for four equal values as for four distinct ones).
             rho_low = rho_high = math.nan
             best_rhos = np.full(n_boot, math.nan)
+            p_best = np.full(k, math.nan)
             note = "1 trial per rho level: no interval"
         elif repeated < FEW_SAMPLES:
             note = f"at most {repeated} trials per rho level: interval unreliable"

@@ -408,11 +408,46 @@ def _prog() -> str:
         return str(exe)
 
 
+def _ui_page(uri: str, study: str | None, smoke: bool) -> str:
+    """The address (after the server's root) that `sharpscale ui` opens: the runs page of `study` (a file or a
+    name), else of the study that ran last in the store, on its opening view; the experiments list without one."""
+    from analysis.runs import _open_experiment
+    from studies.records import VIEW_KEY, runs_page_path
+    from trainables.naming import kind_filter
+    from trainables.tracking import tracking_client
+
+    if study is not None:
+        _, exp, _ = _open_experiment(study, uri, smoke=smoke)
+    else:
+        client = tracking_client(uri, create=False)
+        ids = [e.experiment_id for e in client.search_experiments()]
+        newest = (
+            client.search_runs(ids, kind_filter("study"), order_by=["attributes.start_time DESC"], max_results=1)
+            if ids
+            else []
+        )
+        if not newest:
+            return "/#/experiments?workflowType=machine_learning"
+        exp = client.get_experiment(newest[0].info.experiment_id)
+    return runs_page_path(exp.experiment_id, view=f"mlflow.sharedViewState.{VIEW_KEY}" in exp.tags)
+
+
+def ui_log_path(uri: str) -> Path:
+    """Where `sharpscale ui` sends the MLflow server's output: sharpscale.log beside an SQLite store, else here."""
+    base = Path(uri[len("sqlite:///") :]).parent if uri.startswith("sqlite:///") else Path.cwd()
+    return base / "sharpscale.log"
+
+
 def _cmd_ui(args) -> int:
     from trainables.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
     server_cli.check_port_and_workers(args.port, args.workers)
+    log_path = ui_log_path(uri)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # MLflow's and SQLAlchemy's deprecations: for the log, not the user
+        page = _ui_page(uri, args.study, args.smoke)  # a missing store or study is said before any server starts
     cmd = [
         sys.executable,
         "-m",
@@ -426,12 +461,26 @@ def _cmd_ui(args) -> int:
         str(args.port),
         "--workers",
         str(args.workers),
+        # One line per request (hundreds a page view) is not the user's business, in the terminal or the log.
+        "--uvicorn-opts",
+        "--no-access-log",
     ]
     url = f"http://{args.host}:{args.port}"
-    print(f"Starting the MLflow UI over {uri} ...", flush=True)
-    # MLflow 3.17 opens on its GenAI side bar until the browser has chosen "Model training" once; this link does.
-    _say_when_answering(url, f"MLflow UI: {url}/#/experiments?workflowType=machine_learning (Ctrl-C stops it)")
-    return server_cli.run_in_process_group(cmd)
+    with open(log_path, "ab") as log:
+        for w in caught:
+            log.write(f"{w.filename}:{w.lineno}: {w.category.__name__}: {w.message}\n".encode())
+        log.flush()
+        # The server's banners, warnings and request lines go to the log; the terminal gets the address only.
+        _say_when_answering(url, f"MLflow UI: {url}{page}  (Ctrl-C stops it)")
+        status = server_cli.run_in_process_group(cmd, log=log)
+    if status != 0:
+        lines = log_path.read_text(errors="replace").splitlines()[-20:]
+        print(
+            f"sharpscale: error: the MLflow UI exited with status {status}; the end of {log_path}:\n"
+            + "\n".join(f"  {line}" for line in lines),
+            file=sys.stderr,
+        )
+    return status
 
 
 def _say_when_answering(url: str, message: str, *, path: str = "/health", timeout_s: float = 600.0) -> None:
@@ -740,7 +789,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dash.set_defaults(func=_cmd_dashboard)
 
-    ui = sub.add_parser("ui", help="start the MLflow UI over the tracking store (Ctrl-C stops it)")
+    ui = sub.add_parser(
+        "ui",
+        help="start the MLflow UI over the tracking store and print the address of the study's runs page (Ctrl-C "
+        "stops it)",
+        description="Start the MLflow UI over the tracking store and print one address: the runs page of STUDY (or "
+        "of the study that ran last in the store), whose description holds the answer table and whose table lists "
+        "every trial, best first. The server's own output goes to sharpscale.log beside the store.",
+    )
+    ui.add_argument(
+        "study",
+        nargs="?",
+        default=None,
+        help="the study file or name whose page to open (default: the study that ran last in the store)",
+    )
+    ui.add_argument("--smoke", action="store_true", help="open the study's --smoke runs")
     ui.add_argument(
         "--tracking-uri",
         default=DEFAULT_TRACKING_URI,

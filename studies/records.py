@@ -1,5 +1,6 @@
-"""How a study reads in the MLflow UI: the experiment's kind and note, trial names, source tags, and the roll-up of
-each cell's best trial onto its cell run and of the study's best onto the study run."""
+"""How a study reads in the MLflow UI: the experiment's kind, note and opening view, trial names, source tags, and
+the roll-up of each cell's best trial onto its cell run, of the study's best onto the study run, and of the answer
+table into the experiment's and the study run's descriptions."""
 
 from __future__ import annotations
 
@@ -7,20 +8,36 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.runs import ACCURACY_METRICS, BEST_RULE, accuracy_se, best_key
 from studies.spec import Cell, LoadedStudy
-from trainables.naming import BEST_CELL_TAG, BEST_RUN_ID_TAG, BEST_RUN_TAG, CONFIRM_STAGE, STAGE_TAG, STATUS_TAG
+from trainables.metrics import VALIDATION_SAMPLES
+from trainables.naming import (
+    BEST_CELL_TAG,
+    BEST_RUN_ID_TAG,
+    BEST_RUN_TAG,
+    CELL_TAG,
+    CONFIRM_STAGE,
+    STAGE_TAG,
+    STATUS_TAG,
+    kind_filter,
+)
 from trainables.tracking import _retry
 
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
+    "RESULTS_MARKER",
+    "VIEW_KEY",
     "CellBest",
     "cell_params",
     "describe_experiment",
+    "results_table",
     "roll_up",
     "rollup_callback",
+    "runs_page_path",
     "source_tags",
     "trial_run_name",
+    "view_state",
 ]
 
 # MLflow 3's UI opens an experiment on the page its kind names; without the tag it guesses, and guesses GenAI
@@ -28,6 +45,17 @@ __all__ = [
 # against the installed UI bundle.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+# The experiment's description is the study's note, this marker, then the answer table that every roll-up rewrites:
+# the runs page renders it (markdown) above the runs, so the answer shows on the first screen without a click.
+RESULTS_MARKER = "<!-- sharpscale: results -->"
+# The runs page opens on a view saved as an experiment tag (MLflow's own "share view": the tag
+# `mlflow.sharedViewState.<key>`, opened by `?viewStateShareKey=<key>`), the UI's names pinned by tests/studies/
+# test_records.py against the installed bundle: every trial in one flat list, best first, with the objective and
+# the knobs as columns.
+VIEW_KEY = "sharpscale"
+_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+# MLflow 3's UI opens on its GenAI side until a browser has chosen model training once, whatever the kind tag says.
+_WORKFLOW = "workflowType=machine_learning"
 # The roll-up's keys on cell and study runs: metrics (numbers) and tags (names).
 BEST_PREFIX = "best."
 _FAILED = ("failed", "diverged")
@@ -37,7 +65,10 @@ COUNTED = ("finished", "failed", "early_stopped", "killed", "running")
 
 
 def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
-    """The experiment's kind (so the UI opens on its runs), its note (what the study asks), its primary metric."""
+    """The experiment's kind (so the UI opens on its runs), its description (a place for the answer, above what the
+    study asks), its primary metric, and the runs page's opening view (`view_state`)."""
+    import json
+
     from mlflow.utils.mlflow_tags import (
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME,
@@ -45,14 +76,54 @@ def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
     )
 
     objective = study.spec.objective
+    note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
+    # A resumed (or relaunched) study keeps the answer it has until its roll-up writes the new one.
+    previous = note.split(RESULTS_MARKER, 1)[0].strip() if RESULTS_MARKER in note else _NOT_YET
     tags = {
         EXPERIMENT_KIND_TAG: EXPERIMENT_KIND,
-        MLFLOW_RUN_NOTE: experiment_note(study),
+        MLFLOW_RUN_NOTE: _with_results(experiment_note(study), previous),
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME: objective.column,
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER: str(objective.mode == "max").lower(),
+        f"{_VIEW_TAG_PREFIX}{VIEW_KEY}": json.dumps(view_state(study)),
     }
     for key, value in tags.items():
         _retry(client.set_experiment_tag, experiment_id, key, value)
+
+
+def _column(kind: str, key: str) -> str:
+    # How the runs table names a column: "metrics.`val_acc`" (the UI's makeCanonicalSortKey).
+    return f"{kind}.`{key}`"
+
+
+def view_state(study: LoadedStudy) -> dict[str, Any]:
+    """The runs page's opening view: only the trials (no collapsed parents to click open), all of them, best first
+    by the objective, the objective, the searched knobs and the cell as columns."""
+    objective = study.spec.objective
+    knobs = list(dict.fromkeys(p for c in study.cells for p in c.space))
+    return {
+        # search facets
+        "searchFilter": kind_filter("trial"),
+        "orderByKey": _column("metrics", objective.column),
+        "orderByAsc": objective.mode == "min",
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        # what the table shows
+        "selectedColumns": [
+            _column("metrics", objective.column),
+            *(_column("params", k) for k in knobs),
+            _column("tags", CELL_TAG),
+            _column("attributes", "Dataset"),
+        ],
+        "runsHiddenMode": "SHOW_ALL",
+        "columnWidths": {_column("tags", "mlflow.runName"): 320},
+    }
+
+
+def runs_page_path(experiment_id: str, *, view: bool = True) -> str:
+    """The address (after the server's root) of an experiment's runs page on the model-training side, opening on
+    `view_state` when the experiment has it."""
+    shared = f"&viewStateShareKey={VIEW_KEY}" if view else ""
+    return f"/#/experiments/{experiment_id}/runs?{_WORKFLOW}{shared}"
 
 
 def experiment_note(study: LoadedStudy) -> str:
@@ -126,10 +197,8 @@ class CellBest:
     run_name: str | None = None
     knobs: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-
-
-def _better(value: float, than: float | None, mode: str) -> bool:
-    return than is None or (value > than if mode == "max" else value < than)
+    samples: float | None = None  # the best trial's validation samples (the SE of an accuracy needs them)
+    key: tuple | None = None  # its rank by BEST_RULE (analysis.runs.best_key)
 
 
 def _number(text: Any) -> float | None:
@@ -157,11 +226,15 @@ def _cell_best(client, experiment_id: str, cell_run_id: str, cell: Cell, column:
         value = run.data.metrics.get(column)
         if run.data.tags.get(STAGE_TAG) == CONFIRM_STAGE:
             continue  # scored on the held-out half: the cell's best is its search's (studies.confirm)
-        if status != "finished" or value is None or not math.isfinite(value) or not _better(value, best.value, mode):
+        if status != "finished" or value is None or not math.isfinite(value):
             continue
-        best.value, best.run_id = value, run.info.run_id
+        key = best_key(value, run.info.start_time, run.info.run_id, mode)
+        if best.key is not None and key >= best.key:
+            continue
+        best.value, best.run_id, best.key = value, run.info.run_id, key
         best.run_name = run.data.tags.get(MLFLOW_RUN_NAME, run.info.run_name)
         best.knobs = {path.rsplit(".", 1)[-1]: run.data.params.get(path) for path in cell.space}
+        best.samples = run.data.metrics.get(VALIDATION_SAMPLES)
     return best
 
 
@@ -222,7 +295,7 @@ def roll_up(
 
     top_key, top = None, None
     for key, best in bests.items():
-        if best.value is not None and (top is None or _better(best.value, top.value, mode)):
+        if best.key is not None and (top is None or best.key < top.key):
             top_key, top = key, best
     totals: dict[str, int] = {}
     for best in bests.values():
@@ -241,7 +314,102 @@ def roll_up(
             BEST_RUN_ID_TAG: top.run_id or "",
         }
     _log(client, study_run_id, metrics, tags, step=sum(totals.values()))
+    _describe_results(client, experiment_id, study_run_id, cells, bests, column=column, mode=mode, top=top_key)
     return bests
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4f}" if abs(value) < 1000 else f"{value:.4g}"
+
+
+def _knobs_text(best: CellBest) -> str:
+    return ", ".join(f"{k}={_value_text(_number(v) if _number(v) is not None else v)}" for k, v in best.knobs.items())
+
+
+def _se_text(best: CellBest, column: str) -> str:
+    if column in ACCURACY_METRICS and best.samples and best.value is not None and 0 <= best.value <= 1:
+        return f"{accuracy_se(best.value, best.samples):.3f}"
+    return "–"
+
+
+def _link(experiment_id: str, best: CellBest) -> str:
+    name = (best.run_name or best.run_id or "").replace("|", "/").replace("[", "(").replace("]", ")")
+    return f"[{name}](#/experiments/{experiment_id}/runs/{best.run_id})"
+
+
+def results_table(
+    experiment_id: str, cells: dict[str, Cell], bests: dict[str, CellBest], *, column: str, mode: str, top: str | None
+) -> str:
+    """The answer as markdown. First a one-line headline (the UI shows a description's first line without a click):
+    the study's best cell, value ± SE, knob and trial. Then per cell its best value (± its SE for an accuracy), its
+    knob(s), its trials and a link to its best trial's run; the study's best cell in bold; cells in study order."""
+    import datetime as dt
+
+    ended = sum(n for b in bests.values() for status, n in b.counts.items() if status != "running")
+    planned = sum(c.trials for c in cells.values())
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    has_se = column in ACCURACY_METRICS
+    if top is None:
+        headline = f"**No trial has finished with a {column} yet** ({ended} of {planned} trials ended)."
+    else:
+        best = bests[top]
+        se = _se_text(best, column)
+        knobs = _knobs_text(best)
+        headline = (
+            f"**Best {column}: {_fmt(best.value)}{f' ± {se}' if se != '–' else ''}, {cell_label(cells[top])}"
+            f"{f' {knobs}' if knobs else ''}** (trial {_link(experiment_id, best)}); {ended} of {planned} trials "
+            f"ended. Every cell: expand this description."
+        )
+    head = ["cell", f"best {column}"] + (["± SE"] if has_se else []) + ["knob", "trials", "best trial"]
+    lines = [
+        headline,
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["--:"] * (1 + has_se) + ["---", "--:", "---"]) + "|",
+    ]
+    for key, cell in cells.items():
+        best = bests.get(key) or CellBest()
+        label = cell_label(cell)
+        label = f"**{label}**" if key == top else label
+        finished, failed = best.counts.get("finished", 0), best.counts.get("failed", 0)
+        trials = f"{finished}/{cell.trials}" + (f" ({failed} failed)" if failed > 0 else "")
+        if best.value is None:
+            row = [label, "–"] + (["–"] if has_se else []) + ["–", trials, "–"]
+        else:
+            value = f"**{_fmt(best.value)}**" if key == top else _fmt(best.value)
+            se = [_se_text(best, column)] if has_se else []
+            row = [label, value, *se, _knobs_text(best) or "–", trials, _link(experiment_id, best)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += [
+        "",
+        f"As of {when}, {mode}imising {column}. Best: {BEST_RULE}."
+        + (
+            " ± SE: the binomial sampling error of the value on its validation samples; cells less than about two "
+            "apart are not told apart by this run, and the best of a searched cell is also the luckiest of its trials."
+            if has_se
+            else ""
+        ),
+    ]
+    return "\n".join(lines)
+
+
+_NOT_YET = "_No trial has ended yet: the answer appears here as trials end._"
+
+
+def _with_results(note: str, results: str) -> str:
+    """An experiment description with `results` above the marker and the study's own note (kept) below it."""
+    study_note = note.split(RESULTS_MARKER, 1)[1] if RESULTS_MARKER in note else note
+    return f"{results}\n\n{RESULTS_MARKER}\n\n{study_note.strip()}"
+
+
+def _describe_results(client, experiment_id, study_run_id, cells, bests, *, column, mode, top) -> None:
+    """The answer table into the experiment's description (above the study's note) and the study run's."""
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
+    table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top)
+    note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
+    _retry(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
+    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, table)
 
 
 def rollup_callback(

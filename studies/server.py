@@ -456,15 +456,22 @@ def _stop_signals_ignored() -> Iterator[None]:
 
 
 def run_in_process_group(
-    cmd: Sequence[str], *, env: dict[str, str] | None = None, stop_timeout_s: float = STOP_TIMEOUT_S
+    cmd: Sequence[str], *, env: dict[str, str] | None = None, stop_timeout_s: float = STOP_TIMEOUT_S, log=None
 ) -> int:
     """Run `cmd` in the foreground in its own process group until it exits, Ctrl-C or SIGTERM/SIGHUP.
 
     Returns the command's exit status, or 0 when the user stopped it. Either way the whole group (a server and
-    every worker it forked) is gone on return. Used by `sharpscale server` and `sharpscale ui`.
+    every worker it forked) is gone on return. log: an open file that takes the command's output (stdout and
+    stderr); None: the terminal. Used by `sharpscale server` and `sharpscale ui`.
     """
     # Its own session: Ctrl-C reaches only this launcher, which then stops the group in order (TERM, then KILL).
-    proc = subprocess.Popen(list(cmd), start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        list(cmd),
+        start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=None if log is None else subprocess.STDOUT,
+    )
     try:
         with _stop_signals_raise():
             return proc.wait()

@@ -1,0 +1,203 @@
+"""The study page: the answer table in the experiment's description, read back through a real MLflow UI's REST API
+(and, where Chromium is installed, on the first screen of a real headless browser), and `sharpscale ui` printing
+that page's address and nothing else."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from studies.records import RESULTS_MARKER, VIEW_KEY, describe_experiment, roll_up, source_tags
+from studies.server import free_port, group_alive
+from studies.spec import load_study
+from trainables.naming import KIND_TAG
+from trainables.tracking import TrackingTarget, TrialRecorder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _trial(exp, parent, key, value, rho, *, uri, samples=360):
+    recorder = TrialRecorder(
+        TrackingTarget(uri, exp, parent), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
+    )
+    recorder.log_epoch({"val_acc": value, "val_samples": samples}, 0)
+    recorder.finish("finished")
+    return recorder.run_id
+
+
+def _recorded_study(uri: str):
+    """A quickstart-shaped record: the vit cells, three SAM trials (two tied at the best value), one AdamW."""
+    from mlflow.tracking import MlflowClient
+
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    client = MlflowClient(uri)
+    exp = client.create_experiment(study.experiment_name)
+    describe_experiment(client, exp, study)
+    study_run = client.create_run(exp, tags={KIND_TAG: "study", **source_tags(study, "abc")}).info.run_id
+    cells = {c.key: c for c in study.cells if c.levels["arch"] == "vit"}
+    cell_runs = {
+        k: client.create_run(exp, tags={KIND_TAG: "cell", "mlflow.parentRunId": study_run}).info.run_id for k in cells
+    }
+    sam = next(k for k in cells if "sam" in k)
+    adamw = next(k for k in cells if "adamw" in k)
+    first = _trial(exp, cell_runs[sam], "sam-first", 0.9, 0.05, uri=uri)
+    _trial(exp, cell_runs[sam], "sam-tied-later", 0.9, 0.4, uri=uri)
+    _trial(exp, cell_runs[sam], "sam-worse", 0.8, 0.01, uri=uri)
+    _trial(exp, cell_runs[adamw], "adamw", 0.85, None, uri=uri)
+    roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests={})
+    return study, exp, study_run, first
+
+
+def test_the_answer_table_is_the_experiments_description_and_ties_go_to_the_first_trial(tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    study, exp, study_run, first = _recorded_study(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    note = client.get_experiment(exp).tags["mlflow.note.content"]
+    table, intro = note.split(RESULTS_MARKER)
+    assert "Question:" in intro  # the study's own note stays, below the answer
+    # The first line (all the UI shows of a description before a click) is the answer.
+    assert table.startswith(
+        f"**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05** (trial [sam-first](#/experiments/{exp}"
+    )
+    assert "4 of 5 trials ended" in table  # the vit cells: 4 SAM trials, 1 AdamW
+    sam_row = next(line for line in table.splitlines() if line.startswith("| **vit/sam**"))
+    # 0.9 on 360 samples: SE sqrt(0.9 * 0.1 / 360) = 0.0158; the tie at 0.9 goes to the trial that started first.
+    assert "| **0.9000** | 0.016 | rho=0.05 | 3/4 |" in sam_row
+    assert f"[sam-first](#/experiments/{exp}/runs/{first})" in sam_row
+    assert "| vit/adamw | 0.8500 | 0.019 | – | 1/1 |" in table
+    assert client.get_run(study_run).data.tags["mlflow.note.content"] == table.strip()
+    assert client.get_run(study_run).data.metrics["best.rho"] == 0.05  # the roll-up names the same trial
+    view = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    assert view["orderByKey"] == "metrics.`val_acc`" and "params.`optimizer.hparams.rho`" in view["selectedColumns"]
+
+
+def test_view_state_names_are_the_installed_uis():
+    # The opening view is read by the UI bundle: pin the names it uses (an MLflow upgrade that renames them fails
+    # here instead of the page silently opening on its default view).
+    import mlflow
+
+    js = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
+    text = "".join(p.read_text(errors="ignore") for p in js.glob("*.js"))
+    assert 'U="viewStateShareKey",$="mlflow.sharedViewState."' in text
+    assert '["searchFilter","orderByKey","orderByAsc","startTime","lifecycleFilter","modelVersionFilter"' in text
+    for key in ('"selectedColumns"', '"runsHiddenMode"', '"columnWidths"', 'SHOWALL="SHOW_ALL"', 'DATASET:"Dataset"'):
+        assert key in text
+    assert 'I=(e,t)=>e+".`"+t+"`"' in text  # the column key: metrics.`val_acc`
+
+
+def _kill_group_below(proc) -> None:
+    for child in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split():
+        try:
+            os.killpg(os.getpgid(int(child)), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _screenshots_module():
+    spec = importlib.util.spec_from_file_location("sharpscale_screenshots", REPO / "docs" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Whether an element whose text starts with %s is seen: inside the window and inside every clipping box around it.
+_SEEN = """
+(() => {
+  const seen = e => { const r = e.getBoundingClientRect();
+    if (!(r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight)) return false;
+    for (let p = e.parentElement; p; p = p.parentElement) {
+      if (getComputedStyle(p).overflow === 'visible') continue;
+      const c = p.getBoundingClientRect();
+      if (r.top < c.top || r.top + 12 > c.bottom) return false;  // its first line shows
+    }
+    return true; };
+  return [...document.querySelectorAll('p, td')].filter(e => e.innerText.trim().startsWith(%s)).some(seen);
+})()
+"""
+_EXPAND = """[...document.querySelectorAll('button')].filter(b =>
+  b.dataset.componentId === 'mlflow.experiment.metadata_editor.expand_button').forEach(b => b.click()); true"""
+
+
+def _shows(chrome, text: str, timeout_s: float = 120.0) -> bool:
+    """Whether the page's text comes to contain `text` within `timeout_s` (the UI loads its data in steps)."""
+    deadline = time.monotonic() + timeout_s
+    while not chrome.evaluate(f"document.body.innerText.includes({json.dumps(text)})"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+@pytest.mark.timeout(600)
+def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_path, tracking_uri):
+    study, exp, _, _ = _recorded_study(tracking_uri)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", tracking_uri, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONWARNINGS": "default"},  # a warning would show, were it not routed to the log
+    )
+    try:
+        line = proc.stdout.readline().strip()  # printed once the UI answers
+        base = f"http://127.0.0.1:{port}"
+        page = f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+        assert line == f"MLflow UI: {page}  (Ctrl-C stops it)"
+        url = f"{base}/api/2.0/mlflow/experiments/get?experiment_id={exp}"
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
+        assert re.search(
+            r"\| \*\*vit/sam\*\* \| \*\*0\.9000\*\* \| 0\.016 \| rho=0\.05 \|", tags["mlflow.note.content"]
+        )
+        assert tags["mlflow.note.content"].startswith("**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05**")
+        for _ in range(5):  # page views: their request lines must not reach the terminal
+            urllib.request.urlopen(f"{base}/", timeout=30).read()
+
+        if shutil.which("chromium") or shutil.which("chromium-browser"):
+            chrome = _screenshots_module().Browser()
+            try:
+                chrome.open(page, shows="Best val_acc: 0.9000", timeout_s=300)
+                chrome.shoot(tmp_path / "first_open.png")
+                headline = json.dumps("Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05")
+                assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
+                # Every cell's row: one click on the description's expander.
+                chrome.evaluate(_EXPAND)
+                assert _shows(chrome, "vit/adamw")
+                assert chrome.evaluate(_SEEN % json.dumps("0.8500")), "the table is not shown expanded"
+                # Every trial, as rows of the table, without a click (the rows come after the description).
+                shown = _shows(chrome, "sam-tied-later")
+                chrome.shoot(tmp_path / "expanded.png")
+                assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
+                assert "workflowType=genai" not in chrome.evaluate("location.href")
+            finally:
+                chrome.close()
+
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        group = os.getpgid(int(children[0]))
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        assert out.strip() == "" and err.strip() == "", (out, err)  # nothing but the address
+        deadline = time.monotonic() + 20
+        while group_alive(group) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not group_alive(group)
+        assert (tmp_path / "sharpscale.log").stat().st_size > 0  # where the server's output went
+        assert "GET /" not in (tmp_path / "sharpscale.log").read_text()  # no access lines there either
+    finally:
+        if proc.poll() is None:
+            _kill_group_below(proc)
