@@ -262,6 +262,7 @@ def _cmd_status(args) -> int:
     import pandas as pd
 
     from analysis import load_runs
+    from analysis.runs import best_trials
     from studies.spec import load_study
 
     # Reads the file and MLflow only: the data need not be on this machine.
@@ -275,16 +276,19 @@ def _cmd_status(args) -> int:
         counts = pd.DataFrame(index=planned.index)
     else:
         counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
+        # The best trial of each cell and its knobs, as the summary, the report and the MLflow roll-ups name it.
         column = spec.objective.column
-        if column in runs:
-            finished = runs[runs["status"] == "finished"]
-            best = (
-                finished.groupby("cell")[column].max()
-                if spec.objective.mode == "max"
-                else finished.groupby("cell")[column].min()
-            )
-            counts[f"best {spec.objective.label}"] = best
-    table = counts.join(planned, how="right").fillna(0)
+        chosen = best_trials(runs, metric=column, mode=spec.objective.mode, by=["cell"]).set_index("cell")
+        if not chosen.empty:
+            counts[f"best {spec.objective.label}"] = chosen[column]
+            for knob in dict.fromkeys(p for c in study.cells for p in c.space):
+                if knob in chosen.columns:
+                    counts[f"best {knob.rsplit('.', 1)[-1]}"] = chosen[knob]
+    table = counts.join(planned, how="right")
+    table[[c for c in table.columns if not str(c).startswith("best ")]] = table[
+        [c for c in table.columns if not str(c).startswith("best ")]
+    ].fillna(0)
+    table = table.fillna("-")
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
     print(_state_line(study, uri, name))
@@ -303,6 +307,17 @@ def _state_line(study, uri: str, name: str) -> str:
     run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
     where = state_locations(study, name, run.data.tags if run is not None else None)
     origin = "recorded by its study run" if run is not None else "from the study file; no study run recorded yet"
+    if run is None and exp is not None:
+        from trainables.naming import kind_filter
+
+        # Runs of the study with other --set overrides are its runs too: say where the newest one keeps its state.
+        other = client.search_runs(
+            [exp.experiment_id], kind_filter("study"), order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if other:
+            run = other[0]
+            where = state_locations(study, name, run.data.tags)
+            origin = "recorded by its newest study run, which ran with other --set overrides than these"
     state = f"State ({origin}): Ray storage {where.storage}, Optuna {where.optuna_storage}"
     if run is not None and run.info.status != "FINISHED":
         word = {

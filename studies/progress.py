@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analysis.runs import best_key
 from studies.spec import LoadedStudy
 from trainables.tracking import REFUSED_RESULT_KEY
 
@@ -126,6 +127,8 @@ class _Running:
     name: str
     epoch: int = 0
     value: float | None = None
+    order: int = 0  # when it started, in the order trials started (BEST_RULE's tie-break)
+    started: float = 0.0  # time.monotonic() at its start
 
 
 @dataclass
@@ -137,6 +140,7 @@ class _CellState:
     failed: int = 0
     best: float | None = None
     best_name: str = ""
+    best_key: tuple | None = None
     running: dict[str, _Running] = field(default_factory=dict)
 
 
@@ -161,6 +165,9 @@ class LiveView:
         self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
         self._last_draw = 0.0
         self._drawn_lines = 0
+        self._started = 0  # trials started so far
+        self._durations: list[tuple[float, int]] = []  # (seconds, epochs) of each trial that ran to its end here
+        self._parallel = 1  # the most trials seen running at once
         self.callback = self._make_callback()
 
     # ------------------------------------------------------------------ state
@@ -171,9 +178,14 @@ class LiveView:
     def start(self, trial) -> None:
         cell = self._state(trial)
         if cell is not None:
+            self._started += 1
             cell.running[trial.trial_id] = _Running(
-                trial.config.get("cell", ""), trial.config.get("run_name") or trial.trial_id
+                trial.config.get("cell", ""),
+                trial.config.get("run_name") or trial.trial_id,
+                order=self._started,
+                started=time.monotonic(),
             )
+            self._parallel = max(self._parallel, sum(len(c.running) for c in self.cells.values()))
 
     def result(self, trial, result: dict) -> None:
         cell = self._state(trial)
@@ -198,10 +210,14 @@ class LiveView:
         result = trial.last_result or {}
         value = result.get(self.column)
         diverged = bool(result.get("diverged"))
+        if run is not None and run.started and ok:
+            self._durations.append((time.monotonic() - run.started, cell.epochs))
         if ok and not diverged and isinstance(value, (int, float)) and math.isfinite(value):
             cell.done += 1
-            if cell.best is None or (value > cell.best if self.mode == "max" else value < cell.best):
-                cell.best, cell.best_name = float(value), name
+            # BEST_RULE: the value, then the trial that started first (as the summary and the roll-ups rank them).
+            key = best_key(float(value), run.order if run is not None else math.inf, name, self.mode)
+            if cell.best_key is None or key < cell.best_key:
+                cell.best, cell.best_name, cell.best_key = float(value), name, key
             outcome = f"{self.column}={value:.4f}"
         else:
             cell.failed += 1
@@ -222,14 +238,21 @@ class LiveView:
         return f"[{done + failed}/{planned}] done {done}, running {running}, failed {failed}"
 
     def eta_s(self) -> float | None:
-        """Seconds left, from the epochs run so far (an ended trial counts its whole schedule: it needs no more)."""
+        """Seconds left: the epochs still to run, at the seconds per epoch measured on the trials that ended here,
+        spread over as many trials as were seen running at once. Before any trial ends: from the epochs run so far
+        since the first trial started (Ray's start and the first imports are not a trial's cost)."""
         total = sum(c.planned * c.epochs for c in self.cells.values())
         run = sum(
             (c.done + c.failed) * c.epochs + sum(r.epoch for r in c.running.values()) for c in self.cells.values()
         )
-        if run <= 0:
+        left = max(0, total - run)
+        if self._durations:
+            per_epoch = sum(d for d, _ in self._durations) / max(1, sum(e for _, e in self._durations))
+            return left * per_epoch / self._parallel
+        first = min((r.started for c in self.cells.values() for r in c.running.values() if r.started), default=None)
+        if run <= 0 or first is None:
             return None
-        return (time.monotonic() - self.t0) * max(0, total - run) / run
+        return (time.monotonic() - first) * left / run
 
     def _clock(self) -> str:
         eta = self.eta_s()

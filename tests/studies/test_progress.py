@@ -67,6 +67,34 @@ def test_eta_from_epochs_run(view, monkeypatch):
     assert "ETA 4m50s" in live.plain_status() and "running: x: epoch 5/10" in live.plain_status()
 
 
+def test_a_tie_goes_to_the_trial_that_started_first_whichever_ends_first(view):
+    # BEST_RULE, as the summary and the roll-ups apply it (the old view kept whichever tied trial ended first).
+    live, study = view
+    sam = next(i for i, c in enumerate(study.cells) if c.space)
+    first, second = _trial(study, sam, "a", "started first"), _trial(study, sam, "b", "started second")
+    live.start(first)
+    live.start(second)
+    for t in (second, first):  # the later one ends first
+        t.last_result = {"val_acc": 0.9, "diverged": 0}
+        live.end(t, ok=True)
+    assert live.cells[study.cells[sam].key].best_name == "started first"
+
+
+def test_eta_from_measured_trial_times_once_trials_end(view, monkeypatch):
+    live, study = view
+    now = [0.0]
+    monkeypatch.setattr("studies.progress.time.monotonic", lambda: now[0])
+    now[0] = 500.0  # Ray's start and the imports took long: not a trial's cost
+    a, b = _trial(study, 0, "a", "a"), _trial(study, 1, "b", "b")
+    live.start(a)
+    live.start(b)  # two at once
+    now[0] = 530.0
+    a.last_result = {"val_acc": 0.5, "diverged": 0}
+    live.end(a, ok=True)  # 10 epochs in 30 s: 3 s an epoch
+    # 150 planned epochs, 10 ended, b at epoch 0: 140 left at 3 s each, two at a time.
+    assert live.eta_s() == pytest.approx(140 * 3.0 / 2)
+
+
 def test_render_fits_a_small_terminal(view):
     live, study = view
     for i in range(len(study.cells)):
