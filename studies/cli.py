@@ -651,6 +651,17 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from studies.export import export_store
+
+    done = export_store(args.tracking_uri, args.dest)
+    print(
+        f"Exported {done.experiments} experiment(s), {done.runs} run(s) and {done.folders} artifact folder(s) to "
+        f"{args.dest}. Use it from anywhere with --tracking-uri {done.tracking_uri}"
+    )
+    return 0
+
+
 def _cmd_data_fetch(args) -> int:
     from trainables.fetch import fetch_dataset
 
@@ -779,6 +790,22 @@ def build_parser() -> argparse.ArgumentParser:
     cal.set_defaults(func=_cmd_calibrate)
 
     _add_data(sub)
+
+    exp = sub.add_parser(
+        "export",
+        help="copy a local MLflow store and its artifacts into one folder that travels (report, ui, notebooks work "
+        "on the copy after the original is gone)",
+        description="Copy the SQLite store and every local artifact of its runs into DEST (new or empty): "
+        "DEST/mlflow.db and DEST/mlartifacts/, the copy's artifact locations rewritten to point there. A plain copy "
+        "of mlflow.db keeps pointing at the original's artifact folders (MLflow records absolute paths).",
+    )
+    exp.add_argument("dest", metavar="DEST", help="the folder to write (new or empty)")
+    exp.add_argument(
+        "--tracking-uri",
+        default=DEFAULT_TRACKING_URI,
+        help=f"the store to copy: an sqlite:/// file or a path (default: {DEFAULT_TRACKING_URI})",
+    )
+    exp.set_defaults(func=_cmd_export)
 
     dash = sub.add_parser(
         "dashboard",

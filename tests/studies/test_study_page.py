@@ -1,6 +1,6 @@
 """The study page: the answer table in the experiment's description, read back through a real MLflow UI's REST API
-(and, where Chromium is installed, on the first screen of a real headless browser), and `sharpscale ui` printing
-that page's address and nothing else."""
+(and, where Chromium is installed, on the first screen of a real headless browser), `sharpscale ui` printing that
+page's address and nothing else; and a store that travels (`sharpscale export`)."""
 
 import importlib.util
 import json
@@ -19,28 +19,29 @@ import pytest
 from studies.records import RESULTS_MARKER, VIEW_KEY, describe_experiment, roll_up, source_tags
 from studies.server import free_port, group_alive
 from studies.spec import load_study
-from trainables.naming import KIND_TAG
+from trainables.naming import CELL_TAG, KIND_TAG, factor_tag
 from trainables.tracking import TrackingTarget, TrialRecorder
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _trial(exp, parent, key, value, rho, *, uri, samples=360):
+def _trial(exp, parent, key, value, rho, *, uri, cell, samples=360):
+    tags = {CELL_TAG: cell.key, **{factor_tag(k): v for k, v in cell.levels.items()}}
     recorder = TrialRecorder(
-        TrackingTarget(uri, exp, parent), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
+        TrackingTarget(uri, exp, parent, tags=tags), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
     )
     recorder.log_epoch({"val_acc": value, "val_samples": samples}, 0)
     recorder.finish("finished")
     return recorder.run_id
 
 
-def _recorded_study(uri: str):
+def _recorded_study(uri: str, artifacts: Path | None = None):
     """A quickstart-shaped record: the vit cells, three SAM trials (two tied at the best value), one AdamW."""
     from mlflow.tracking import MlflowClient
 
     study = load_study(REPO / "studies" / "quickstart.yaml")
     client = MlflowClient(uri)
-    exp = client.create_experiment(study.experiment_name)
+    exp = client.create_experiment(study.experiment_name, artifact_location=artifacts.as_uri() if artifacts else None)
     describe_experiment(client, exp, study)
     study_run = client.create_run(exp, tags={KIND_TAG: "study", **source_tags(study, "abc")}).info.run_id
     cells = {c.key: c for c in study.cells if c.levels["arch"] == "vit"}
@@ -49,10 +50,10 @@ def _recorded_study(uri: str):
     }
     sam = next(k for k in cells if "sam" in k)
     adamw = next(k for k in cells if "adamw" in k)
-    first = _trial(exp, cell_runs[sam], "sam-first", 0.9, 0.05, uri=uri)
-    _trial(exp, cell_runs[sam], "sam-tied-later", 0.9, 0.4, uri=uri)
-    _trial(exp, cell_runs[sam], "sam-worse", 0.8, 0.01, uri=uri)
-    _trial(exp, cell_runs[adamw], "adamw", 0.85, None, uri=uri)
+    first = _trial(exp, cell_runs[sam], "sam-first", 0.9, 0.05, uri=uri, cell=cells[sam])
+    _trial(exp, cell_runs[sam], "sam-tied-later", 0.9, 0.4, uri=uri, cell=cells[sam])
+    _trial(exp, cell_runs[sam], "sam-worse", 0.8, 0.01, uri=uri, cell=cells[sam])
+    _trial(exp, cell_runs[adamw], "adamw", 0.85, None, uri=uri, cell=cells[adamw])
     roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests={})
     return study, exp, study_run, first
 
@@ -198,6 +199,52 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
         assert not group_alive(group)
         assert (tmp_path / "sharpscale.log").stat().st_size > 0  # where the server's output went
         assert "GET /" not in (tmp_path / "sharpscale.log").read_text()  # no access lines there either
+    finally:
+        if proc.poll() is None:
+            _kill_group_below(proc)
+
+
+@pytest.mark.timeout(600)
+def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path, new_mlflow_store):
+    from mlflow.tracking import MlflowClient
+
+    from studies.cli import main
+
+    original = tmp_path / "original"
+    uri = new_mlflow_store(original / "mlflow.db")
+    study, exp, study_run, first = _recorded_study(uri, artifacts=original / "mlartifacts")
+    MlflowClient(uri).log_text(first, "kept with the trial", "note.txt")
+    assert MlflowClient(uri).get_experiment(exp).artifact_location.startswith(original.as_uri())
+
+    copy = tmp_path / "elsewhere" / "store"
+    assert main(["export", str(copy), "--tracking-uri", uri]) == 0
+    shutil.rmtree(original)  # the copy must need nothing of it
+    copied = f"sqlite:///{copy / 'mlflow.db'}"
+    client = MlflowClient(copied)
+    assert client.get_experiment(exp).artifact_location.startswith(copy.as_uri())
+    assert Path(client.download_artifacts(first, "note.txt", str(tmp_path))).read_text() == "kept with the trial"
+
+    out = tmp_path / "report"
+    assert main(["report", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", copied, "--out", str(out)]) == 0
+    assert (out / "summary.md").is_file()
+    logged = [a.path for a in client.list_artifacts(study_run, "report")]
+    assert "report/summary.md" in logged and (copy / "mlartifacts").is_dir()
+    assert not original.exists()  # the report wrote into the copy, not back into the original's folders
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", copied, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert f"/#/experiments/{exp}/runs?" in line, line
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{base}/get-artifact?path=note.txt&run_uuid={first}", timeout=60) as resp:
+            assert resp.read().decode() == "kept with the trial"  # what the UI's artifact view fetches
     finally:
         if proc.poll() is None:
             _kill_group_below(proc)
