@@ -1,7 +1,8 @@
 """Screenshots of the MLflow UI (and optuna-dashboard) over a finished study, taken by a real headless Chromium.
 
-What a user sees after `sharpscale run`, saved to docs/img/ and shown in docs/ui.md: the experiment's runs page
-(study > cells > trials, each cell's best value and knob on its row), a cell's run, a trial's run, the chart view,
+What a user sees after `sharpscale run`, saved to docs/img/ and shown in docs/ui.md: the page `sharpscale ui` opens
+(the answer, every trial), its description expanded, MLflow's nested runs table (study > cells > trials, each
+cell's best value and knob on its row), a cell's run, a trial's run, the chart view,
 and optuna-dashboard's page of one cell. Needs `chromium` on PATH (Debian: `apt-get install chromium`).
 
     python docs/screenshots.py --tracking-uri sqlite:///mlflow.db --study quickstart [--out docs/img]
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlflow.tracking import MlflowClient
 
-from studies.records import BEST_RUN_ID_TAG
+from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
 from studies.server import free_port, start_server
 from trainables.naming import KIND_TAG
 from trainables.tracking import resolve_tracking_uri
@@ -38,9 +39,9 @@ EXPAND_ROWS = """
   (b.getAttribute('aria-label') || '') + ' ' + (b.getAttribute('title') || '') + ' ' + (b.dataset.testid || '')
 )).forEach(b => b.click()); true
 """
-CHOOSE_TRAINING = """
-[...document.querySelectorAll('[role=button]')].filter(b => b.innerText.trim() === 'Model training')
-  .forEach(b => b.click()); true
+EXPAND_DESCRIPTION = """
+[...document.querySelectorAll('button')].filter(b =>
+  b.dataset.componentId === 'mlflow.experiment.metadata_editor.expand_button').forEach(b => b.click()); true
 """
 CLOSE_ASSISTANT = """
 [...document.querySelectorAll('button')].filter(b => /close/i.test(b.getAttribute('aria-label') || ''))
@@ -194,11 +195,19 @@ def main() -> None:
             # The runs table: the study run first; its rows expanded show the cells, each with its best.
             # MLflow 3.17's side bar switches between GenAI and model training, per browser (GenAI by default,
             # whatever the experiment's kind): choose model training once, as a user would.
-            chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Model training")
-            chrome.evaluate(CHOOSE_TRAINING)
-            chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Run Name")
+            # The first open: the page `sharpscale ui` prints (the answer's line, every trial best first), as a new
+            # browser shows it; then its description expanded (every cell's row).
+            first = f"{base}{runs_page_path(eid, view=f'mlflow.sharedViewState.{VIEW_KEY}' in exp.tags)}"
+            chrome.open(first, shows="Run Name")
             time.sleep(4 * SETTLE_S)  # the table's rows come after its header
+            chrome.shoot(out / "mlflow_first_open.png")
             chrome.evaluate(CLOSE_ASSISTANT)
+            chrome.evaluate(EXPAND_DESCRIPTION)
+            time.sleep(SETTLE_S)
+            chrome.shoot(out / "mlflow_answer.png")
+            # MLflow's own nested table (study > cells > trials), rows expanded.
+            chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Run Name")
+            time.sleep(4 * SETTLE_S)
             chrome.evaluate(EXPAND_ROWS)
             time.sleep(SETTLE_S)
             chrome.evaluate(EXPAND_ROWS)  # the cells' own expanders appear once the study's row is open
