@@ -24,6 +24,7 @@ from trainables.naming import (
     experiment_name,
     kind_filter,
 )
+from trainables.tracking import config_from_tags
 
 __all__ = [
     "BEST_RULE",
@@ -226,6 +227,8 @@ def load_runs(
                 "start_time": pd.Timestamp(run.info.start_time, unit="ms"),
             }
         )
+        # The whole resolved config (kept in tags: the params hold only what the study varies), then the params.
+        row.update(config_from_tags(run.data.tags))
         row.update(run.data.params)
         row.update(run.data.metrics)
         rows.append(row)

@@ -36,6 +36,7 @@ __all__ = [
     "rollup_callback",
     "runs_page_path",
     "source_tags",
+    "trial_params",
     "trial_run_name",
     "view_state",
 ]
@@ -177,6 +178,23 @@ def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
     """A trial's run name: its cell, its sampled knobs and its number in the cell, e.g. 'vit/sam rho=0.034 #2'."""
     knobs = " ".join(f"{path.rsplit('.', 1)[-1]}={_value_text(v)}" for path, v in sample.items())
     return " ".join(p for p in (cell_label(cell), knobs, f"#{number}") if p)
+
+
+# Config paths that name a trial whatever the study varies (a trial's row in MLflow reads as what it ran).
+IDENTIFYING_PARAMS = ("model.name", "data.name", "data.fraction", "optimizer.method", "schedule.epochs", "train.seed")
+
+
+def trial_params(study: LoadedStudy) -> list[str]:
+    """The config paths a trial logs as MLflow params: those whose value differs between the study's cells, the
+    searched knobs, and IDENTIFYING_PARAMS. Everything else is constant across the study: the whole config is in
+    the trial run's tags and artifact (trainables.tracking.config_tags), and `load_runs` returns it."""
+    from trainables.config import TrialConfig
+
+    flats = [TrialConfig.load(c.config).flat() for c in study.cells]
+    keys = dict.fromkeys(k for f in flats for k in f)
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    searched = [p for c in study.cells for p in c.space]
+    return list(dict.fromkeys([*IDENTIFYING_PARAMS, *varying, *searched]))
 
 
 def cell_params(cell: Cell) -> dict[str, str]:

@@ -24,6 +24,7 @@ from studies.records import (
     describe_experiment,
     rollup_callback,
     source_tags,
+    trial_params,
 )
 from studies.search import CellSearcher, apply_sample
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
@@ -38,6 +39,7 @@ from trainables.naming import (
     LAUNCH_TAG,
     NOTE_TAG,
     OPTUNA_STORAGE_TAG,
+    PARAMS_KEY,
     PARENT_RUN_TAG,
     REASON_TAG,
     SEARCH_STAGE,
@@ -907,6 +909,8 @@ def _tune(
     spec = study.spec
     from analysis.geometry.names import PROBE_FACTORY
 
+    logged_params = trial_params(study)
+
     def payload(cell: Cell, sample: dict[str, Any], confirm: tuple[int, str | None] | None = None) -> dict[str, Any]:
         # confirm: (seed, chosen run name) of a confirm trial (studies.confirm), None for a search trial.
         stage = {STAGE_TAG: SEARCH_STAGE}
@@ -923,6 +927,7 @@ def _tune(
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0]),
             "sample": sample,
+            PARAMS_KEY: logged_params,
             "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},
             "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
             "tags": {

@@ -16,7 +16,10 @@ __all__ = [
     "CELL_TAG",
     "CHECKPOINT_ARTIFACT",
     "CHOSEN_FROM_TAG",
+    "CONFIG_ARTIFACT",
+    "CONFIG_TAG",
     "CONFIRM_STAGE",
+    "PARAMS_KEY",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
     "FACTOR_PREFIX",
@@ -104,6 +107,12 @@ OPTUNA_STORAGE_TAG = tag("optuna_storage")
 BEST_RUN_TAG = tag("best_run")
 BEST_RUN_ID_TAG = tag("best_run_id")
 BEST_CELL_TAG = tag("best_cell")
+# A trial's full resolved config (dotted paths to values as MLflow writes params): an artifact of its run, and the
+# same JSON in tags (`CONFIG_TAG`, then `CONFIG_TAG.2`, ... past MLflow's tag length) that `load_runs` reads back,
+# while its params hold only what the study varies and a few identifying paths (the payload's PARAMS_KEY).
+CONFIG_ARTIFACT = "config.json"
+CONFIG_TAG = tag("config")
+PARAMS_KEY = "params"
 # The artifact folder of a trial's run holding its final checkpoint (`tracking.log_checkpoint: true`); the file in
 # it is trainables.loop.CHECKPOINT_FILE. analysis.record finds a study's checkpointed trials by it.
 CHECKPOINT_ARTIFACT = "checkpoint"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -16,8 +17,16 @@ from typing import Any, Callable
 from trainables.config import TrialConfig
 from trainables.errors import TrialRefused
 from trainables.metrics import EPOCH_TIME, FIXED_TIME, TRIAL_TIME
-from trainables.naming import GPUS_PER_WORKER_PARAM, RAY_NODE_ID_TAG, TRIAL_ID_TAG, WORKERS_PARAM, tag
-from trainables.tracking import REFUSED_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
+from trainables.naming import (
+    CONFIG_ARTIFACT,
+    GPUS_PER_WORKER_PARAM,
+    PARAMS_KEY,
+    RAY_NODE_ID_TAG,
+    TRIAL_ID_TAG,
+    WORKERS_PARAM,
+    tag,
+)
+from trainables.tracking import REFUSED_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder, config_tags
 
 __all__ = [
     "KEEP_CHECKPOINTS",
@@ -70,14 +79,22 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
         return None
     plan = DistributedPlan(**payload.get("plan", {}))
     resources = {WORKERS_PARAM: plan.workers, GPUS_PER_WORKER_PARAM: plan.gpus_per_worker}
+    flat = cfg.flat()
+    # Params: what the study varies and what names the trial (the payload's list), so that MLflow's params table
+    # and compare page show the knobs, not 60 constants; the whole config goes to tags and an artifact.
+    wanted = payload.get(PARAMS_KEY)
+    params = flat if wanted is None else {k: v for k, v in flat.items() if k in set(wanted)}
     recorder = TrialRecorder(
         TrackingTarget(**payload["tracking"]),
         trial_key=trial_id,
         run_name=run_name,
-        params={**cfg.flat(), **resources},
+        params={**params, **resources},
         wants_checkpoint=bool(payload.get("log_checkpoint")),
     )
-    recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))
+    config = config_tags(flat) if wanted is not None else {}
+    recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {}), **config}))
+    if wanted is not None:
+        recorder.log_text(json.dumps(flat, indent=1, default=str), CONFIG_ARTIFACT)
     recorder.log_dataset(cfg.data.model_dump(mode="json"))  # MLflow keeps one record of a dataset logged again
     return recorder
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trainables.metrics import EVERY_EPOCH_METRIC
-from trainables.naming import KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
+from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
 
 __all__ = [
     "BEST_EPOCH_METRICS",
@@ -21,6 +21,8 @@ __all__ = [
     "TrackingTarget",
     "TrialRecorder",
     "check_tracking_uri",
+    "config_from_tags",
+    "config_tags",
     "dataset_input",
     "filter_value",
     "resolve_tracking_uri",
@@ -204,6 +206,28 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
             delay = min(delay * 2, 5.0)
 
 
+# MLflow's longest tag value (mlflow.utils.validation.MAX_TAG_VAL_LENGTH in 3.17), less room for safety.
+_TAG_CHUNK = 7000
+
+
+def config_tags(flat: dict[str, Any]) -> dict[str, str]:
+    """A flat config as the JSON of its values as MLflow writes params (str(value)), over CONFIG_TAG, CONFIG_TAG.2,
+    ... (each at most one tag's length); `config_from_tags` reads it back."""
+    text = json.dumps({k: str(v) for k, v in flat.items()}, separators=(",", ":"))
+    parts = [text[i : i + _TAG_CHUNK] for i in range(0, len(text), _TAG_CHUNK)] or [""]
+    return {CONFIG_TAG if i == 0 else f"{CONFIG_TAG}.{i + 1}": part for i, part in enumerate(parts)}
+
+
+def config_from_tags(tags: dict[str, str]) -> dict[str, str]:
+    """The flat config `config_tags` wrote into a run's tags ({} when it has none)."""
+    if CONFIG_TAG not in tags:
+        return {}
+    text, i = tags[CONFIG_TAG], 2
+    while f"{CONFIG_TAG}.{i}" in tags:
+        text, i = text + tags[f"{CONFIG_TAG}.{i}"], i + 1
+    return json.loads(text)
+
+
 class TrialRecorder:
     """Owns one trial's MLflow run: get-or-create by trial key, log params once, metrics per epoch, close it."""
 
@@ -285,6 +309,9 @@ class TrialRecorder:
         dataset = Dataset(name=name, digest=digest, source_type=source_type, source=source, profile=profile)
         inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train")])]
         _retry(self._client.log_inputs, self.run_id, datasets=inputs)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        _retry(self._client.log_text, self.run_id, text, artifact_file)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)

@@ -129,3 +129,46 @@ def test_roll_up_of_a_cell_without_a_finished_trial_only_counts(tracking_uri, st
     data = client.get_run(cell_run).data
     assert "best.val_acc" not in data.metrics and data.metrics[f"trials.{status}"] == 1
     assert STATUS_TAG not in data.tags
+
+
+def test_trial_params_are_what_the_study_varies_and_load_runs_still_has_the_whole_config(tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    from analysis import load_runs
+    from studies.records import IDENTIFYING_PARAMS, trial_params
+    from trainables.config import TrialConfig
+    from trainables.naming import CELL_TAG, CONFIG_TAG
+    from trainables.tracking import config_from_tags, config_tags
+
+    study = load_study(REPO / "studies" / "quickstart.yaml")
+    wanted = trial_params(study)
+    assert "optimizer.hparams.rho" in wanted and set(IDENTIFYING_PARAMS) <= set(wanted)
+    assert "model.kwargs.depth" in wanted  # differs between the ViT, Mixer and ResNet cells
+    assert "geometry.tol" not in wanted and "data.num_workers" not in wanted  # constant over the study
+    cell = next(c for c in study.cells if c.space)
+    flat = TrialConfig.load(cell.config).flat()
+    assert len(wanted) < len(flat) / 2
+
+    # A config longer than one tag goes over several and comes back whole.
+    long = {**flat, "model.kwargs.note": "x" * 9000}
+    tags = config_tags(long)
+    assert len(tags) == 2 and all(len(v) <= 8000 for v in tags.values())
+    assert config_from_tags(tags) == {k: str(v) for k, v in long.items()}
+
+    client = MlflowClient(tracking_uri)
+    client.create_experiment("quickstart")
+    exp = client.get_experiment_by_name("quickstart").experiment_id
+    recorder = TrialRecorder(
+        TrackingTarget(tracking_uri, exp, None, tags={CELL_TAG: cell.key}),
+        trial_key="t",
+        run_name="t",
+        params={k: v for k, v in flat.items() if k in wanted},
+    )
+    recorder.set_tags(config_tags(flat))
+    recorder.log_epoch({"val_acc": 0.5}, 0)
+    recorder.finish("finished")
+    run = client.get_run(recorder.run_id)
+    assert set(run.data.params) <= set(wanted) and CONFIG_TAG in run.data.tags
+    row = load_runs("quickstart", tracking_uri=tracking_uri).iloc[0]
+    assert row["geometry.tol"] == flat["geometry.tol"] and row["model.name"] == flat["model.name"]
+    assert row["data.batch_size"] == flat["data.batch_size"] and str(row["data.batch_size"].dtype) == "int64"
