@@ -33,6 +33,7 @@ __all__ = [
     "StudyNotFound",
     "accuracy_se",
     "best_key",
+    "find_store",
     "best_trials",
     "confirm_summary",
     "load_curves",
@@ -132,6 +133,21 @@ def _typed(series: pd.Series) -> pd.Series:
 
 class StudyNotFound(UserError, LookupError):
     """The tracking store holds no record of the study (no such store, or no experiment of its name)."""
+
+
+def find_store(start: str | Path | None = None, *, variable: str = "TRACKING_URI") -> str:
+    """The tracking URI of the nearest `mlflow.db` in `start` (default: the working directory) or a folder above it:
+    a notebook opened from analysis/notebooks (Jupyter's default working directory) finds the repository's store.
+    variable: the name the caller's user sets instead, for the error's fix."""
+    here = Path(start or Path.cwd()).resolve()
+    file = Path(DEFAULT_TRACKING_URI.removeprefix("sqlite:///"))
+    for folder in (here, *here.parents):
+        if (folder / file).is_file():
+            return f"sqlite:///{folder / file}"
+    raise StudyNotFound(
+        f"no MLflow store ({file}) in {here} or any folder above it. Fix: set {variable} = "
+        f"'sqlite:////path/to/mlflow.db' (the store the study ran with), or run the study first (make demo)."
+    )
 
 
 def _open_experiment(study: str | Path, tracking_uri: str | None, *, smoke: bool = False):
