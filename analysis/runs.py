@@ -10,7 +10,7 @@ from typing import Literal, Sequence, Union
 import pandas as pd
 
 from trainables.errors import UserError
-from trainables.metrics import VALIDATION_SAMPLES
+from trainables.metrics import COUNT_METRICS, VALIDATION_SAMPLES
 from trainables.naming import (
     CELL_TAG,
     CONFIRM_STAGE,
@@ -223,7 +223,8 @@ def _identity(run) -> dict:
 def load_runs(
     study: str | Path, *, tracking_uri: str | None = None, launch: Launch = "latest", smoke: bool = False
 ) -> pd.DataFrame:
-    """The study's trials, one row each: run ids, launch, status, factors, params (dotted config paths), final metrics.
+    """The study's trials, one row each: run id and name, launch, status, factors, the resolved config (dotted paths),
+    final metrics (counts such as val_samples and best_epoch as integers).
 
     study: the study's name or its YAML file (then its `tracking.experiment`, else its name, is the experiment).
     smoke: the study's --smoke runs (they live in the experiment `<experiment>-smoke`).
@@ -237,6 +238,7 @@ def load_runs(
         row = _identity(run)
         row.update(
             {
+                "run_name": run.info.run_name,
                 "status": run.data.tags.get(STATUS_TAG, "unknown"),
                 STAGE_COLUMN: run.data.tags.get(STAGE_TAG, SEARCH_STAGE),
                 "mlflow_status": run.info.status,
@@ -251,7 +253,7 @@ def load_runs(
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    first = ["run_id", "trial_id", "cell", "launch", "status", STAGE_COLUMN, "mlflow_status", "start_time"]
+    first = ["run_id", "run_name", "trial_id", "cell", "launch", "status", STAGE_COLUMN, "mlflow_status", "start_time"]
     text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
     empty = [
@@ -262,6 +264,12 @@ def load_runs(
     for col in df.columns:
         if col not in text and (df[col].dtype == object or pd.api.types.is_string_dtype(df[col])):
             df[col] = _typed(df[col])
+    for col in COUNT_METRICS:
+        if col in df.columns:
+            values = pd.to_numeric(df[col], errors="coerce")
+            whole = values.dropna().eq(values.dropna().round()).all()
+            if whole:
+                df[col] = values.astype("Int64" if values.isna().any() else "int64")
     return df.sort_values("start_time").reset_index(drop=True)
 
 
@@ -363,7 +371,7 @@ def summarize(
     if metric in ACCURACY_METRICS and VALIDATION_SAMPLES in chosen.columns:
         # The sampling error of an accuracy measured on n samples, binomial: how far apart two cells' values
         # must be before this run tells them apart (a small validation set makes it points wide).
-        n = chosen[VALIDATION_SAMPLES].to_numpy(dtype=float)
+        n = chosen[VALIDATION_SAMPLES].astype("float64").to_numpy()
         p = best[metric].to_numpy(dtype=float)
         best = best.assign(**{SE_COLUMN: accuracy_se(p, n), "val n": n.astype("int64")})
     counts = runs.groupby(factors).size().rename("trials")

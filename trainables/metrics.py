@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "COUNT_METRICS",
     "EPOCH_METRICS",
     "EPOCH_TIME",
     "EVERY_EPOCH_METRIC",
@@ -28,6 +29,9 @@ TRIAL_TIME = "trial_time_s"
 FIXED_TIME = "fixed_time_s"
 # Logged after every epoch whatever train.eval_every says: its steps are the epochs a trial's record holds.
 EVERY_EPOCH_METRIC = "train_loss"
+# Metrics that count (samples, an epoch number): MLflow stores every metric as a float; `load_runs` gives these back
+# as integers.
+COUNT_METRICS = (VALIDATION_SAMPLES, "best_epoch")
 # Everything one (evaluated) epoch's result holds (`trainables.loop.fit`); tests/studies/test_adversarial.py checks a real trial's.
 EPOCH_METRICS = (
     "train_loss",

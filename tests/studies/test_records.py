@@ -165,10 +165,14 @@ def test_trial_params_are_what_the_study_varies_and_load_runs_still_has_the_whol
         params={k: v for k, v in flat.items() if k in wanted},
     )
     recorder.set_tags(config_tags(flat))
-    recorder.log_epoch({"val_acc": 0.5}, 0)
+    recorder.log_epoch({"val_acc": 0.5, "val_samples": 360, "best_epoch": 0}, 0)
     recorder.finish("finished")
     run = client.get_run(recorder.run_id)
     assert set(run.data.params) <= set(wanted) and CONFIG_TAG in run.data.tags
     row = load_runs("quickstart", tracking_uri=tracking_uri).iloc[0]
     assert row["geometry.tol"] == flat["geometry.tol"] and row["model.name"] == flat["model.name"]
+    assert (
+        row["run_name"] == "t"
+        and str(load_runs("quickstart", tracking_uri=tracking_uri)["val_samples"].dtype) == "int64"
+    )
     assert row["data.batch_size"] == flat["data.batch_size"] and str(row["data.batch_size"].dtype) == "int64"
