@@ -76,11 +76,11 @@ class _Style:
         return handles
 
 
-def _panels(keys: list, width: float = 4.2, height: float = 3.8) -> tuple[Figure, dict]:
-    """One axes per distinct first key (the architecture), side by side, sharing the y axis."""
+def _panels(keys: list, width: float = 4.2, height: float = 3.8, *, sharey: bool = True) -> tuple[Figure, dict]:
+    """One axes per distinct first key (the architecture), side by side, sharing the y axis unless told not to."""
     firsts = list(dict.fromkeys(k[0] for k in keys))
     fig = _figure(max(width * len(firsts), 5.0), height)
-    axes = fig.subplots(1, max(len(firsts), 1), squeeze=False, sharey=True)[0]
+    axes = fig.subplots(1, max(len(firsts), 1), squeeze=False, sharey=sharey)[0]
     return fig, dict(zip(firsts, axes))
 
 
@@ -227,7 +227,8 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
     only where one exists; the baseline (rho = 0) dashed and named in the legend."""
     groups = list(result.best.index.names)
     keys = [k if isinstance(k, tuple) else (k,) for k in result.best.index]
-    fig, panels = _panels([tuple(map(str, k)) for k in keys])
+    # Each architecture on its own y axis: one arch's range (an outlier at a large rho) would flatten the others.
+    fig, panels = _panels([tuple(map(str, k)) for k in keys], sharey=False)
     style = _Style([k[0] for k in keys], [" / ".join(map(str, k[1:])) or str(k[0]) for k in keys])
     baselines_drawn: set = set()
     for key, part in result.levels.groupby(groups, sort=True):
@@ -265,20 +266,22 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
             and (key[0], best["baseline"]) not in baselines_drawn
         ):
             baselines_drawn.add((key[0], best["baseline"]))
+            # Black and drawn over the curves: where SAM's mean equals the baseline it would hide under them.
             ax.axhline(
                 best["baseline"],
-                color=color,
+                color="black",
                 linestyle=(0, (2, 2)),
                 linewidth=0.9,
+                zorder=5,
                 label=f"baseline (rho = 0): {best['baseline']:.3g}",
             )
+    name = result.param.rsplit(".", 1)[-1]
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
         ax.set_title(f"arch: {arch}")
-        ax.set_xlabel(result.param)
+        ax.set_xlabel(f"{name} (log scale)")
+        ax.set_ylabel(result.metric)
         ax.legend(fontsize=6)
-    next(iter(panels.values())).set_ylabel(result.metric)
-    name = result.param.rsplit(".", 1)[-1]
     fig.suptitle(
         title
         or f"{result.metric} vs {name}: best level starred, its {result.confidence:.0%} interval shaded "

@@ -495,6 +495,11 @@ def test_plots_label_every_axis_show_n_and_draw_no_interval_the_data_cannot_give
     rho = rho_sensitivity(one_seed, by=("data.fraction",), baseline="none", n_boot=200)
     rfig = plot_rho_sensitivity(rho)
     assert all(a.get_xlabel() for a in rfig.axes) and rfig.axes[0].get_ylabel()
+    # Each panel its own y axis and label (one arch's range must not flatten another's), the knob's own name on x.
+    panels = [a for a in rfig.axes if a.get_title().startswith("arch:")]
+    assert len(panels) >= 2 and all(a.get_ylabel() for a in panels)
+    assert not panels[0].get_shared_y_axes().joined(panels[0], panels[1])
+    assert panels[0].get_xlabel() == "rho (log scale)"
     assert not any(p.__class__.__name__ == "Rectangle" and p.get_alpha() == 0.12 for a in rfig.axes for p in a.patches)
     assert any(t.get_text().startswith("baseline (rho = 0)") for t in rfig.axes[0].get_legend().get_texts())
     ticks = [t for t in rfig.axes[0].get_xticks() if rfig.axes[0].get_xlim()[0] <= t <= rfig.axes[0].get_xlim()[1]]
