@@ -67,11 +67,13 @@ class _Style:
         i = self.methods.index(str(method)) if str(method) in self.methods else 0
         return _LINESTYLES[i % len(_LINESTYLES)], _MARKERS[i % len(_MARKERS)]
 
-    def legend_handles(self) -> list:
-        """Proxy entries that explain the two encodings once: a colour per arch, a line style per method."""
+    def legend_handles(self, *, markers: bool = True) -> list:
+        """Proxy entries that explain the two encodings once: a colour per arch, a line style per method (with its
+        marker where the plot draws markers: a legend shows only what the lines show)."""
         handles = [Line2D([], [], color=self.color(a), linewidth=3, label=f"arch: {a}") for a in self.archs]
         for m in self.methods:
             ls, marker = self.line(m)
+            marker = marker if markers else None
             handles.append(Line2D([], [], color="black", linestyle=ls, marker=marker, label=f"method: {m}"))
         return handles
 
@@ -297,11 +299,12 @@ def plot_curves(
     metrics: tuple[str, ...] | None = None,
     hue: str = "cell",
     path: str | Path | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Figure:
     """Per-epoch curves from load_curves: one panel per metric (its name on the y axis), one line per run.
 
     Colour = factor.arch and line style = factor.method when the frame has them (one legend explains both);
-    otherwise colour by `hue`.
+    otherwise colour by `hue`. labels: run_id -> text written at the end of that run's curves (e.g. its rho).
     """
     for col in ("run_id", "metric", "step", "value", hue):
         if col not in curves.columns:
@@ -323,15 +326,37 @@ def plot_curves(
             first = part.iloc[0]
             ls, _ = style.line(first["factor.method"]) if grammar else ("-", None)
             part = part.sort_values("step")
-            ax.plot(part["step"], part["value"], color=style.color(first[arch_col]), linestyle=ls, alpha=0.8)
+            color = style.color(first[arch_col])
+            ax.plot(part["step"], part["value"], color=color, linestyle=ls, alpha=0.8)
+            if labels and labels.get(run_id):
+                last = part.iloc[-1]
+                ax.annotate(
+                    labels[run_id],
+                    (last["step"], last["value"]),
+                    textcoords="offset points",
+                    xytext=(3, 0),
+                    fontsize=6,
+                    color=color,
+                    va="center",
+                )
         ax.set_ylabel(metric)
         ax.set_xlabel("epoch")
     runs = curves["run_id"].nunique()
     handles = (
-        style.legend_handles() if grammar else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
+        style.legend_handles(markers=False)
+        if grammar
+        else [Line2D([], [], color=style.color(h), label=str(h)) for h in style.archs]
     )
     if len(handles) <= 16:
-        fig.legend(handles=handles, loc="outside right upper", fontsize=7, title=f"{runs} runs", title_fontsize=7)
+        # A long swatch: a dashed or dotted style needs room to show its pattern.
+        fig.legend(
+            handles=handles,
+            loc="outside right upper",
+            fontsize=7,
+            title=f"{runs} runs",
+            title_fontsize=7,
+            handlelength=4,
+        )
     return _finish(fig, path)
 
 

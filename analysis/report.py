@@ -264,8 +264,12 @@ def write_report(
                 run_ids=best_ids,
             )
             if not curves.empty:
-                w.figure("curves.png", plot_curves(curves))
-                w.section("Learning curves", "Per-epoch curves of each cell's best trial.", "curves.png")
+                w.figure("curves.png", plot_curves(curves, labels=_knob_labels(runs, best_ids)))
+                w.section(
+                    "Learning curves",
+                    "Per-epoch curves of each cell's best trial, its searched knob at the end of each curve.",
+                    "curves.png",
+                )
 
         fractions = _distinct(compared, _FRACTION)
         if len(fractions) >= 2:
@@ -399,6 +403,16 @@ def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str
         "which is not measured here; sharpness-aware methods also move the edge (their step is not plain SGD's).",
         "sharpness.png",
     )
+
+
+def _knob_labels(runs: pd.DataFrame, run_ids: list[str]) -> dict[str, str]:
+    """run_id -> 'rho=0.0196' for the trials with a (positive) rho: what tells SAM's curves apart."""
+    if _RHO not in runs.columns:
+        return {}
+    rows = runs[runs["run_id"].isin(run_ids)]
+    values = pd.to_numeric(rows[_RHO], errors="coerce")
+    name = _RHO.rsplit(".", 1)[-1]
+    return {r: f"{name}={v:.3g}" for r, v in zip(rows["run_id"], values) if np.isfinite(v) and v > 0}
 
 
 def _best_run_ids(runs: pd.DataFrame, metric: str, mode: str) -> list[str]:

@@ -585,3 +585,21 @@ def test_analysis_imports_neither_ray_nor_optuna():
         "bad = [m for m in ('ray', 'optuna') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_curves_legend_shows_what_the_lines_show_and_sam_curves_carry_their_rho():
+    from analysis import plot_curves
+
+    rows = []
+    for run, arch, method in (("a", "vit", "adamw"), ("b", "vit", "sam")):
+        for step in range(3):
+            rows.append(
+                {"run_id": run, "cell": f"{arch}/{method}", "factor.arch": arch, "factor.method": method,
+                 "metric": "val_acc", "step": step, "value": 0.5 + 0.1 * step}
+            )  # fmt: skip
+    fig = plot_curves(pd.DataFrame(rows), labels={"b": "rho=0.05"})
+    legend = fig.legends[0]
+    # The curves carry no markers, so neither do the legend's method entries; the dash patterns get a long swatch.
+    assert all(h.get_marker() in (None, "None", "") for h in legend.legend_handles)
+    assert legend.handlelength >= 3
+    assert [t.get_text() for t in fig.axes[0].texts] == ["rho=0.05"]
