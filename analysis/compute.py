@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from analysis.runs import best_trials
 from analysis.tables import _require_columns, holm, sample_note
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
@@ -68,13 +69,15 @@ def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tu
     cost = trial_compute(runs, epoch_times)
     others = sorted(c for c in runs.columns if c.startswith(FACTOR_PREFIX) and c not in (arch, method, seed))
     keys = [arch, method, *others]
-    frame = runs[[*keys, "cell", "status", metric, *([epochs] if epochs in runs.columns else [])]].copy()
+    ident = [c for c in ("run_id", "start_time") if c in runs.columns]  # BEST_RULE's tie-break
+    frame = runs[[*keys, "cell", "status", metric, *ident, *([epochs] if epochs in runs.columns else [])]].copy()
     frame["cost_s"], frame["unit"] = cost["cost_s"], cost["unit"]
     frame[metric] = pd.to_numeric(frame[metric], errors="coerce").astype("float64")
     rows = []
     for cell, part in frame.groupby("cell", sort=False):
-        good = part[(part["status"] == "finished") & np.isfinite(part[metric])]
-        best = (good[metric].max() if mode == "max" else good[metric].min()) if len(good) else math.nan
+        chosen = best_trials(part, metric=metric, mode=mode, by=["cell"])
+        best = float(chosen[metric].iloc[0]) if len(chosen) else math.nan
+        run_cost = float(chosen["cost_s"].iloc[0]) if len(chosen) else math.nan
         first = part.iloc[0]
         rows.append(
             {
@@ -84,6 +87,7 @@ def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tu
                 "epochs": first[epochs] if epochs in part.columns else math.nan,
                 # A trial without a timed epoch leaves its cell's cost unknown, not smaller.
                 "cost_s": part["cost_s"].sum(min_count=len(part)),
+                "run_cost_s": run_cost,
                 "unit": first["unit"],
                 "value": best,
             }
@@ -104,8 +108,9 @@ def compute_matched(
 ) -> pd.DataFrame:
     """Each (arch, method, other factors) group's answer against its compute: the frontier's points.
 
-    A cell (one combination of factor levels, one seed) delivers its best finished trial by `metric` and costs
-    the compute of all its trials (a search's trials are the price of its answer; `trial_compute`). Cells that
+    A cell (one combination of factor levels, one seed) delivers its best finished trial by `metric`
+    (`analysis.runs.BEST_RULE`) and costs the compute of all its trials (cost: a search's trials are the price of its
+    answer; `trial_compute`); run_cost is that best trial's own compute (what one run of the method costs). Cells that
     differ only in `seed` are replicates: per group, mean and standard error (sd / sqrt(n), none where n = 1) of
     the cost and of the metric, n the number of cells with a result, and a small-sample note. Groups: `arch`,
     `method` and every other factor.* column but `seed`; `epochs` (the configured schedule.epochs, so the 2x
@@ -123,7 +128,7 @@ def compute_matched(
             {int(e) for e in done["epochs"] if isinstance(e, (int, float, np.number)) and math.isfinite(e)}
         )
         row["epochs"] = epoch_values[0] if len(epoch_values) == 1 else (", ".join(map(str, epoch_values)) or math.nan)
-        for name, col in (("cost", "cost_s"), ("metric", "value")):
+        for name, col in (("cost", "cost_s"), ("run_cost", "run_cost_s"), ("metric", "value")):
             vals = done[col].astype("float64").dropna()
             row[f"{name}_mean"] = float(vals.mean()) if len(vals) else math.nan
             row[f"{name}_se"] = float(vals.std(ddof=1) / math.sqrt(len(vals))) if len(vals) > 1 else math.nan
@@ -142,6 +147,8 @@ def compute_matched(
         "cost_mean",
         "cost_se",
         "cost_n",
+        "run_cost_mean",
+        "run_cost_se",
         "metric_mean",
         "metric_se",
         "n",

@@ -363,9 +363,10 @@ def plot_curves(
 def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None, title: str | None = None) -> Figure:
     """The metric against training compute, from analysis.compute.compute_matched: colour = arch, marker = method.
 
-    One point per group (mean over seeds), n beside it; ± SE bars on both axes only where n > 1; per arch, a thin
-    line joins the points no cheaper point beats (its compute frontier). The x axis is logarithmic when the costs
-    span more than a decade.
+    One point per group (mean over seeds), n beside it; x: the compute of one run of the method (the group's best
+    trial, `run_cost`; the whole search's, `cost`, stays in the table); ± SE bars on both axes only where n > 1; per
+    arch, a thin line joins the points no cheaper point beats (its compute frontier). The x axis is logarithmic when
+    the costs span more than a decade.
     """
     missing = [c for c in ("cost_mean", "cost_se", "metric_mean", "metric_se", "n") if c not in table.columns]
     if missing or table.index.nlevels < 2:
@@ -378,11 +379,15 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
     fig = _figure(6.5, 4.5)
     ax = fig.add_subplot()
     maximise = table.attrs.get("mode", "max") == "max"
+    # What one run of each method costs (its answer's own trial), not its search: a search's size is the study's
+    # choice, and charging it would make a searched method look several times dearer than a run of it is.
+    cost = "run_cost" if "run_cost_mean" in table.columns else "cost"
+    replicated = bool((table["n"] > 1).any())
     for arch in style.archs:
         part = table[[k[0] == arch for k in keys]]
-        x, y = part["cost_mean"].to_numpy(dtype="float64"), part["metric_mean"].to_numpy(dtype="float64")
+        x, y = part[f"{cost}_mean"].to_numpy(dtype="float64"), part["metric_mean"].to_numpy(dtype="float64")
         n = part["n"].to_numpy()
-        xse = np.where(n > 1, part["cost_se"].to_numpy(dtype="float64"), np.nan)
+        xse = np.where(n > 1, part[f"{cost}_se"].to_numpy(dtype="float64"), np.nan)
         yse = np.where(n > 1, part["metric_se"].to_numpy(dtype="float64"), np.nan)
         color = style.color(arch)
         for i, key in enumerate(part.index):
@@ -419,20 +424,24 @@ def plot_compute_frontier(table: pd.DataFrame, *, path: str | Path | None = None
                 best = score
         if len(front) > 1:
             ax.plot(x[front], y[front], color=color, linewidth=0.9, alpha=0.7)
-    xs = table["cost_mean"].to_numpy(dtype="float64")
+    xs = table[f"{cost}_mean"].to_numpy(dtype="float64")
     xs = xs[np.isfinite(xs) & (xs > 0)]
     if len(xs) and xs.max() / xs.min() > 10:
         _log_axis(ax.xaxis, ax.set_xscale)
     unit = table.attrs.get("unit", "seconds")
-    ax.set_xlabel(f"training compute per cell ({unit}, mean over seeds)")
-    ax.set_ylabel(f"{table.attrs.get('metric', 'metric')} (mean over seeds)")
+    over = ", mean over seeds" if replicated else ", one seed"
+    what = "training compute of one run (the best trial)" if cost == "run_cost" else "training compute per cell"
+    ax.set_xlabel(f"{what} ({unit}{over})")
+    ax.set_ylabel(f"{table.attrs.get('metric', 'metric')}" + (" (mean over seeds)" if replicated else ""))
     handles = [Line2D([], [], color=style.color(a), linewidth=3, label=f"arch: {a}") for a in style.archs]
     handles += [
         Line2D([], [], color="black", linestyle="none", marker=style.line(m)[1], label=f"method: {m}")
         for m in style.methods
     ]
     handles.append(Line2D([], [], color="grey", linewidth=0.9, label="frontier (no cheaper point is better)"))
-    ax.legend(handles=handles, fontsize=7, title="± SE over seeds (no bar where n = 1)", title_fontsize=7)
+    ax.legend(
+        handles=handles, fontsize=7, title="± SE over seeds" if replicated else "one seed: no bars", title_fontsize=7
+    )
     fig.suptitle(title or "Accuracy against compute: each method at its epochs", fontsize=10)
     return _finish(fig, path)
 

@@ -700,6 +700,9 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
                 "n": part["n"].to_numpy(),
                 "trials": part["trials"].to_numpy(),
                 "note": part["note"].to_numpy(),
+                f"{cost_unit} of one run": [
+                    pm(m, e, 1.0, 1) for m, e in zip(part["run_cost_mean"], part["run_cost_se"])
+                ],
             },
             index=part.index.droplevel(0),
         )
@@ -708,8 +711,9 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
         blocks.append(f"### arch: {a}\n\n" + _markdown(shown))
     md = (
         f"Each cell's answer (its best finished trial by {statistic_label(metric)}) against the training compute of "
-        f"all its trials ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; "
-        "validation and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
+        f"its whole search, every trial of the cell, and (last column, what the plot shows) of one run, that "
+        f"trial's own ({cost_unit}: the logged per-epoch epoch_time_s summed, x workers x GPUs per worker; validation "
+        "and checkpoints not counted); mean ± SE over seeds, n = cells with a result, '–' where n = 1. "
         "A method beats more epochs of vanilla only if it is better at equal or lower compute. Numbers from: "
         f"{source}.\n\n" + "\n".join(blocks)
     )

@@ -103,6 +103,7 @@ def test_compute_matched_pays_a_search_and_averages_seeds(frames):
         np.std([0.86, 0.88], ddof=1) / math.sqrt(2)
     )
     assert sam["cost_mean"] == pytest.approx(80.0) and sam["cost_se"] == pytest.approx(0.0)
+    assert sam["run_cost_mean"] == pytest.approx(40.0)  # one run of SAM: its answer's own trial, not the search
     assert (sam["n"], sam["trials"], sam["epochs"], sam["note"]) == (2, 4, 2, "2 seeds: interval unreliable")
     assert sam["cost_n"] == 2  # every cell with a result has its cost
     twice = table.loc[("resnet", "vanilla_2x")]
@@ -144,6 +145,9 @@ def test_frontier_plot_shows_n_draws_no_interval_for_one_seed_and_joins_the_fron
     assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ax = fig.axes[0]
     assert "GPU-s" in ax.get_xlabel() and ax.get_ylabel().startswith("val_acc")
+    assert "one run" in ax.get_xlabel() and "mean over seeds" in ax.get_xlabel()
+    sam_x = [line.get_xdata()[0] for line in ax.get_lines() if line.get_marker() not in ("None", None, "")]
+    assert max(sam_x) == pytest.approx(40.0)  # per-run costs: no point is charged its whole search (80)
     assert {t.get_text() for t in ax.texts} >= {"n=2"}
     assert any(c.get_segments() for c in ax.collections)  # n = 2: bars
     # The frontier of resnet: vanilla (40 GPU-s, 0.81) -> vanilla_2x (40, 0.845)... sorted by cost, only improvements.
@@ -153,6 +157,7 @@ def test_frontier_plot_shows_n_draws_no_interval_for_one_seed_and_joins_the_fron
     assert {"arch: resnet", "method: sam", "method: vanilla_2x"} <= set(labels)
     one = plot_compute_frontier(compute_matched(runs[runs["factor.train.seed"] == "0"], times))
     assert not any(c.get_segments() for c in one.axes[0].collections)  # n = 1: no bars at all
+    assert "one seed" in one.axes[0].get_xlabel() and "mean over seeds" not in one.axes[0].get_xlabel()
     with pytest.raises(ValueError, match="compute_matched"):
         plot_compute_frontier(pd.DataFrame({"x": [1]}))
 
