@@ -130,6 +130,7 @@ def plot_error_vs_n(
     title: str | None = None,
 ) -> Figure:
     """Error against training-set size on log-log axes: colour = arch, style = method; mean over seeds, ± sd where n > 1.
+    A table of one training-set size is drawn on plain axes, its title saying so.
 
     as_error: plot 1 - metric (None: when the table maximised its metric, i.e. an accuracy). fits: from
     fit_scaling_table, drawn thin over the measured range. A mean error of 0 is marked on the bottom edge.
@@ -167,15 +168,28 @@ def plot_error_vs_n(
             grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
             ax.plot(grid, fit.predict(grid), color=color, linestyle=ls, linewidth=0.8, alpha=0.6)
     frac = (table.columns.get("fraction") or "n").removeprefix("factor.")
-    _log_axis(ax.xaxis, ax.set_xscale)
-    _log_axis(ax.yaxis, ax.set_yscale)
-    if xs:  # the measured range, not matplotlib's padding to the next decade
-        ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)
+    single = len(set(xs)) < 2
+    if single:
+        # One training-set size has no scaling to show: plain axes around it, not a log-log plot of one x.
+        if xs:
+            ax.set_xlim(xs[0] * 0.8, xs[0] * 1.2)
+            ax.set_xticks([xs[0]])
+    else:
+        _log_axis(ax.xaxis, ax.set_xscale)
+        _log_axis(ax.yaxis, ax.set_yscale)
+        ax.set_xlim(min(xs) / 1.25, max(xs) * 1.25)  # the measured range, not matplotlib's padding to the next decade
     ax.set_xlabel(f"training-set size ({frac})")
     ax.set_ylabel(f"1 - {table.metric} (error)" if as_error else table.metric)
     extra = "; thin lines: power-law fits" if fits else ""
     ax.legend(fontsize=7, title=f"mean ± sd over seeds (no bar where n = 1){extra}", title_fontsize=7)
-    fig.suptitle(title or f"Data scaling: best-of-search {table.metric}")
+    fig.suptitle(
+        title
+        or (
+            f"One training-set size ({frac} = {xs[0]:g}): no scaling to show; best-of-search {table.metric}"
+            if single and xs
+            else f"Data scaling: best-of-search {table.metric}"
+        )
+    )
     return _finish(fig, path)
 
 

@@ -603,3 +603,12 @@ def test_curves_legend_shows_what_the_lines_show_and_sam_curves_carry_their_rho(
     assert all(h.get_marker() in (None, "None", "") for h in legend.legend_handles)
     assert legend.handlelength >= 3
     assert [t.get_text() for t in fig.axes[0].texts] == ["rho=0.05"]
+
+
+def test_one_training_set_size_is_no_log_log_plot(runs):
+    one = runs[runs["data.fraction"] == runs["data.fraction"].min()]
+    fig = plot_error_vs_n(scaling_table(one))
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_yscale() == "linear"
+    assert "no scaling to show" in fig._suptitle.get_text()
+    assert plot_error_vs_n(scaling_table(runs)).axes[0].get_xscale() == "log"  # several sizes: log-log as before
