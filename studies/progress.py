@@ -42,6 +42,40 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+# The routing quiet_libraries set up, innermost last: `reroute_libraries` applies it again.
+_ACTIVE: list = []
+
+
+def _route(handler: logging.Handler, saved: list) -> None:
+    """Point every noisy library logger at `handler` (no propagation), remembering what each had into `saved`
+    (a logger already saved keeps its first state, the one to restore)."""
+    known = {id(entry[0]) for entry in saved}
+    names = [
+        name
+        for name in logging.root.manager.loggerDict
+        if any(name == n or name.startswith(n + ".") for n in NOISY_LOGGERS)
+        and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
+        and (name in NOISY_LOGGERS or logging.getLogger(name).handlers)
+    ]
+    for name in dict.fromkeys([*NOISY_LOGGERS, *names]):
+        logger = logging.getLogger(name)
+        if id(logger) not in known:
+            saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
+        logger.handlers = [handler]
+        logger.propagate = False
+        if logger.level in (logging.NOTSET,) or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+
+
+def reroute_libraries() -> None:
+    """Apply quiet_libraries' routing again. `ray.init` replaces the handlers of Ray's loggers even with
+    configure_logging=False: without this, Tune's warnings during the run (its "Experiment state snapshotting"
+    notice, dozens a study) reach the terminal through logging's last resort, over the live view."""
+    if _ACTIVE:
+        handler, saved = _ACTIVE[-1]
+        _route(handler, saved)
+
+
 @contextlib.contextmanager
 def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
     """Route Ray's, Tune's, Optuna's and MLflow's log records and Python warnings to `log_file` (None: drop the
@@ -58,21 +92,9 @@ def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         except OSError:
             log_file = None  # storage not writable here: the runner's own checks say so, with the fix
-    saved = []
-    names = [
-        name
-        for name in logging.root.manager.loggerDict
-        if any(name == n or name.startswith(n + ".") for n in NOISY_LOGGERS)
-        and isinstance(logging.root.manager.loggerDict[name], logging.Logger)
-        and (name in NOISY_LOGGERS or logging.getLogger(name).handlers)
-    ]
-    for name in dict.fromkeys([*NOISY_LOGGERS, *names]):
-        logger = logging.getLogger(name)
-        saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
-        logger.handlers = [handler]
-        logger.propagate = False
-        if logger.level in (logging.NOTSET,) or logger.level > logging.INFO:
-            logger.setLevel(logging.INFO)
+    saved: list = []
+    _route(handler, saved)
+    _ACTIVE.append((handler, saved))
     optuna_default = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.INFO)  # into the file: which study was created or loaded
     optuna.logging.disable_default_handler()
@@ -90,6 +112,7 @@ def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
             os.environ.pop(AIR_OUTPUT_ENV, None)
         else:
             os.environ[AIR_OUTPUT_ENV] = air_output
+        _ACTIVE.pop()
         logging.captureWarnings(False)
         optuna.logging.enable_default_handler()
         optuna.logging.set_verbosity(optuna_default)

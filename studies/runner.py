@@ -17,7 +17,7 @@ from typing import Any
 from studies import identity
 from studies.confirm import confirm_config
 from studies.preflight import check_data_on_nodes, check_model_kwargs
-from studies.progress import LiveView, quiet_libraries, stderr_to
+from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import (
     cell_label,
     cell_params,
@@ -666,6 +666,7 @@ def run_study(
         log = quiet.enter_context(quiet_libraries(log_path))
         with stderr_to(log):
             started_ray = _start_ray(study, address, num_cpus)
+        reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
         if address:
             check_cluster_resources(study)
         # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.

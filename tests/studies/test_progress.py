@@ -136,3 +136,27 @@ def test_processes_started_meanwhile_write_their_stderr_to_the_log(tmp_path, cap
     subprocess.run(["sh", "-c", "echo after >&2"], check=True)
     assert "child-notice" in log.read_text() and "after" not in log.read_text()
     assert "child-notice" not in capfd.readouterr().err
+
+
+def test_library_logs_stay_in_the_log_after_ray_init_drops_their_handlers(tmp_path, capfd):
+    # ray.init (even with configure_logging=False) leaves Ray's logger without the handler quiet_libraries gave
+    # it; Tune's warnings then went to the terminal through logging's last resort. The runner reroutes after it.
+    from studies.progress import reroute_libraries
+
+    log = tmp_path / "sharpscale.log"
+    snapshot = logging.getLogger("ray.tune.execution.experiment_state")
+    with quiet_libraries(log):
+        logging.getLogger("ray").handlers = []  # what ray.init leaves
+        reroute_libraries()
+        snapshot.warning("Experiment state snapshotting has been triggered multiple times")
+    assert "snapshotting" in log.read_text()
+    assert "snapshotting" not in capfd.readouterr().err
+
+
+def test_the_runner_reroutes_the_library_logs_after_starting_ray():
+    import inspect
+
+    from studies import runner
+
+    source = inspect.getsource(runner.run_study)
+    assert source.index("reroute_libraries()") > source.index("_init_ray(address, num_cpus)")
