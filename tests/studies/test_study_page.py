@@ -251,3 +251,16 @@ def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path
     finally:
         if proc.poll() is None:
             _kill_group_below(proc)
+
+
+def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_uri, capsys):
+    from studies.cli import main
+
+    _recorded_study(tracking_uri)
+    capsys.readouterr()
+    assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "best rho" in line)
+    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
+    # The tie at 0.9 goes to the trial that started first (rho 0.05), as on the study page and in the roll-up.
+    assert header.index("best rho") > header.index("best val_acc") and sam.split()[-2:] == ["0.05", "4"]
