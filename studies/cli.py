@@ -381,7 +381,7 @@ def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
     study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
     print(f"\nRecorded in MLflow at {tracking_uri}, experiment {name!r}. Next:")
-    print(f"  {_prog()} ui{uri_opt}            browse every trial (the cell runs carry each cell's best)")
+    print(f"  {_prog()} ui{uri_opt}            the study's page: its answer, then every trial best first")
     print(f"  {_prog()} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
     print(f"  {_prog()} status {study_arg}{uri_opt}   trials per cell and status")
 
