@@ -262,7 +262,7 @@ def _cmd_status(args) -> int:
     import pandas as pd
 
     from analysis import load_runs
-    from analysis.runs import best_trials
+    from analysis.runs import best_trials, split_stages
     from studies.spec import load_study
 
     # Reads the file and MLflow only: the data need not be on this machine.
@@ -278,7 +278,8 @@ def _cmd_status(args) -> int:
         counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
         # The best trial of each cell and its knobs, as the summary, the report and the MLflow roll-ups name it.
         column = spec.objective.column
-        chosen = best_trials(runs, metric=column, mode=spec.objective.mode, by=["cell"]).set_index("cell")
+        search, _ = split_stages(runs)  # a cell's best is its search's (confirm trials are scored held-out)
+        chosen = best_trials(search, metric=column, mode=spec.objective.mode, by=["cell"]).set_index("cell")
         if not chosen.empty:
             counts[f"best {spec.objective.label}"] = chosen[column]
             for knob in dict.fromkeys(p for c in study.cells for p in c.space):

@@ -364,7 +364,7 @@ def results_table(
     import datetime as dt
 
     ended = sum(n for b in bests.values() for status, n in b.counts.items() if status != "running")
-    planned = sum(c.trials for c in cells.values())
+    planned = sum(c.planned for c in cells.values())
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     has_se = column in ACCURACY_METRICS
     if top is None:
@@ -390,7 +390,7 @@ def results_table(
         label = cell_label(cell)
         label = f"**{label}**" if key == top else label
         finished, failed = best.counts.get("finished", 0), best.counts.get("failed", 0)
-        trials = f"{finished}/{cell.trials}" + (f" ({failed} failed)" if failed > 0 else "")
+        trials = f"{finished}/{cell.planned}" + (f" ({failed} failed)" if failed > 0 else "")
         if best.value is None:
             row = [label, "–"] + (["–"] if has_se else []) + ["–", trials, "–"]
         else:
