@@ -159,4 +159,4 @@ def test_the_runner_reroutes_the_library_logs_after_starting_ray():
     from studies import runner
 
     source = inspect.getsource(runner.run_study)
-    assert source.index("reroute_libraries()") > source.index("_init_ray(address, num_cpus)")
+    assert source.index("reroute_libraries()") > source.index("_start_ray(study, address, num_cpus)")
