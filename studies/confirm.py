@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.runs import best_key
 from studies.spec import Cell, set_path
 
 __all__ = ["CellChoice", "ConfirmState", "confirm_config"]
@@ -49,7 +50,9 @@ class ConfirmState:
     seeds: dict[str, list[int]]  # cell key -> its confirm seeds (none: the cell has no confirm stage)
     searched: dict[str, int]  # cell key -> its planned search trials
     ended: dict[str, set[str]] = field(default_factory=dict)  # cell key -> Tune ids of its ended search trials
-    results: dict[str, dict[str, tuple[float, dict[str, Any], str]]] = field(default_factory=dict)
+    # cell key -> Tune id -> (value, sample, run name, start order: the Optuna trial number, which the searcher
+    # hands out in the order the cell's trials start)
+    results: dict[str, dict[str, tuple[float, dict[str, Any], str, int]]] = field(default_factory=dict)
     chosen: dict[str, CellChoice] = field(default_factory=dict)
     issued: dict[str, int] = field(default_factory=dict)  # cell key -> confirm trials handed out
     confirm_trials: set[str] = field(default_factory=set)  # Tune ids of confirm trials
@@ -64,14 +67,15 @@ class ConfirmState:
         return any(self.seeds.values())
 
     def search_ended(
-        self, key: str, trial_id: str, value: Any, failed: bool, sample: dict[str, Any], run_name: str
+        self, key: str, trial_id: str, value: Any, failed: bool, sample: dict[str, Any], run_name: str, started: int
     ) -> None:
-        """A search trial of cell `key` ended; the cell chooses once all its planned search trials have."""
+        """A search trial of cell `key` ended (`started`: its place in the cell's start order); the cell chooses once
+        all its planned search trials have."""
         if not self.seeds.get(key) or key in self.chosen:
             return
         self.ended.setdefault(key, set()).add(trial_id)
         if not failed and isinstance(value, (int, float)) and math.isfinite(value):
-            self.results.setdefault(key, {})[trial_id] = (float(value), dict(sample), run_name)
+            self.results.setdefault(key, {})[trial_id] = (float(value), dict(sample), run_name, int(started))
         if len(self.ended[key]) >= self.searched[key]:
             self.chosen[key] = self._choose(key)
 
@@ -79,8 +83,9 @@ class ConfirmState:
         results = list(self.results.get(key, {}).values())
         if not results:
             return CellChoice(sample=None)
-        sign = 1.0 if self.mode == "max" else -1.0
-        value, sample, name = max(results, key=lambda r: sign * r[0])  # ties: the earliest ended
+        # The one "best" of the report, the roll-ups and status (analysis.runs.BEST_RULE): a tie goes to the trial
+        # that started first, never to the one that happened to end first.
+        value, sample, name, _ = min(results, key=lambda r: best_key(r[0], r[3], r[2], self.mode))
         return CellChoice(sample=sample, run_name=name, value=value)
 
     def next_confirm(self, order: list[str]) -> tuple[str, int, CellChoice] | None:

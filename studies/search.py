@@ -328,7 +328,8 @@ class CellSearcher(Searcher):
         failed = error or result.get("diverged") or not isinstance(value, (int, float)) or not math.isfinite(value)
         if trial_id in self._samples:
             sample, name = self._samples[trial_id]
-            self._confirm.search_ended(self._trial_cell[trial_id], trial_id, value, bool(failed), sample, name)
+            started = self._live.get(trial_id, 0)  # the Optuna trial number: the cell's start order
+            self._confirm.search_ended(self._trial_cell[trial_id], trial_id, value, bool(failed), sample, name, started)
         if trial_id not in self._live:
             return  # a cell with nothing to search
         import optuna
@@ -439,7 +440,7 @@ def _confirm_from_json(data: dict[str, Any], current: ConfirmState) -> ConfirmSt
         searched=current.searched,
         ended={str(k): {str(t) for t in v} for k, v in data["ended"].items()},
         results={
-            str(k): {str(t): (float(r[0]), dict(r[1]), str(r[2])) for t, r in v.items()}
+            str(k): {str(t): (float(r[0]), dict(r[1]), str(r[2]), int(r[3])) for t, r in v.items()}
             for k, v in data["results"].items()
         },
         chosen={

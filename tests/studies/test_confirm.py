@@ -146,6 +146,19 @@ def test_confirm_trials_repeat_the_best_search_trial_with_fresh_seeds(tmp_path):
     assert searcher.suggest("done") is Searcher.FINISHED
 
 
+def test_a_tie_confirms_the_trial_that_started_first_as_the_report_calls_best(tmp_path):
+    # analysis.runs.BEST_RULE breaks a tie by start order; the confirm stage must repeat that same trial, not the
+    # one that happened to end first (the report would name one rho and confirm another).
+    searcher = _searcher(tmp_path, seeds=(1000,))
+    search = [searcher.suggest(f"s{i}") for i in range(3)]
+    searcher.suggest("v")  # the vanilla confirm trial
+    searcher.on_trial_complete("s2", {"val_acc": 0.9})  # started last, ends first
+    searcher.on_trial_complete("s1", {"val_acc": 0.9})
+    searcher.on_trial_complete("s0", {"val_acc": 0.5})
+    (confirm,) = [searcher.suggest("c0")]
+    assert confirm["sample"] == search[1]["sample"] and confirm["confirm"][1] == search[1]["run_name"]
+
+
 def test_a_cell_whose_every_search_trial_failed_has_no_confirm_trials(tmp_path):
     searcher = _searcher(tmp_path, seeds=(1000,))
     for i in range(3):
