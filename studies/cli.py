@@ -455,9 +455,9 @@ def ui_log_path(uri: str) -> Path:
 
 
 def _cmd_ui(args) -> int:
-    from trainables.tracking import resolve_tracking_uri
+    from trainables.tracking import check_tracking_uri, resolve_tracking_uri
 
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = check_tracking_uri(resolve_tracking_uri(args.tracking_uri))
     server_cli.check_port_and_workers(args.port, args.workers)
     log_path = ui_log_path(uri)
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -526,7 +526,7 @@ def _cmd_dashboard(args) -> int:
     from studies.runner import find_study_run, state_locations
     from studies.search import open_optuna_storage
     from studies.spec import load_study
-    from trainables.tracking import resolve_tracking_uri, tracking_client
+    from trainables.tracking import tracking_client
 
     try:
         import optuna_dashboard
@@ -537,7 +537,7 @@ def _cmd_dashboard(args) -> int:
         return 2
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
-    uri = resolve_tracking_uri(args.tracking_uri or spec.tracking.uri)
+    uri = _read_uri(args, spec)
     name = study.experiment_name
     client = tracking_client(uri)
     exp = client.get_experiment_by_name(name)

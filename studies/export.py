@@ -43,9 +43,9 @@ def export_store(tracking_uri: str, dest: str | Path) -> Exported:
     """Copy the SQLite store `tracking_uri` and every local artifact its runs have into the folder `dest` (new or
     empty): `dest/mlflow.db` and `dest/mlartifacts/<experiment id>/<run id>/...`, the copy's artifact locations
     pointing there. Artifacts kept elsewhere (s3://, a server's mlflow-artifacts:/) keep their locations."""
-    from trainables.tracking import resolve_tracking_uri
+    from trainables.tracking import check_tracking_uri, resolve_tracking_uri
 
-    uri = resolve_tracking_uri(tracking_uri)
+    uri = check_tracking_uri(resolve_tracking_uri(tracking_uri))  # a URI with a password is refused, unshown
     if not uri.startswith("sqlite:///"):
         raise UserError(
             f"tracking URI: export copies a local SQLite store, got {uri}. Fix: a server's store travels with its "

@@ -303,10 +303,11 @@ def _log_params(client, run_id: str, params: dict[str, str]) -> None:
     _retry(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items()])
 
 
-def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: bool) -> None:
+def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: str | None) -> None:
     """No trial run may stay RUNNING: one Ray stopped (ASHA) or killed never reached its own `finish`.
 
-    After a normal end such a trial was stopped early on purpose; after an interruption `resume` reopens it.
+    After a normal end (`interrupted` None) such a trial was stopped early on purpose; otherwise `interrupted` is
+    the reason the study stopped (`interruption_reason`), and `resume` reopens the trial.
     """
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
         if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
@@ -321,13 +322,31 @@ def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, in
             status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
         _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
         if status == "interrupted":
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, interrupted)
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
 
 
 INTERRUPTED_REASON = (
     "the study was interrupted (Ctrl-C or SIGTERM) while this trial ran; `sharpscale resume` continues it"
 )
+
+
+def interruption_reason(outcome: StudyOutcome | None, primary: BaseException | None) -> str | None:
+    """Why a study stopped with trials still open, in the words their runs' reason tag carries (None: it ended
+    normally). Only a Ctrl-C or SIGTERM is called an interruption; an error or a time limit says what it was."""
+    if (outcome is not None and outcome.interrupted) or isinstance(primary, KeyboardInterrupt):
+        return INTERRUPTED_REASON
+    if outcome is not None and outcome.nothing_ran:
+        return (
+            "the study ended before any trial reported an epoch (budget.time_limit_s too short?); "
+            "`sharpscale resume` continues it"
+        )
+    if primary is not None:
+        return (
+            f"the study stopped on an error ({type(primary).__name__}: {primary}) while this trial ran; "
+            "`sharpscale resume` continues it once the cause is fixed"
+        )
+    return None
 
 
 def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
@@ -733,7 +752,8 @@ def run_study(
             # steps below record is the last word.
             steps.append(ray.shutdown)
         if opened:
-            steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=status != "FINISHED"))
+            reason = interruption_reason(outcome, primary)
+            steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=reason))
             if outcome is not None and outcome.interrupted_at is not None:
                 since = outcome.interrupted_at
                 steps.append(lambda: _mark_interrupted(client, experiment_id, cell_runs, since))

@@ -24,6 +24,7 @@ import pytest
 from studies import identity
 from studies.cli import EXIT_USAGE, main
 from studies.runner import (
+    INTERRUPTED_REASON,
     _choose_launch,
     _experiment,
     _parent_runs,
@@ -34,7 +35,7 @@ from studies.runner import (
 from studies.search import CellSearcher
 from studies.spec import StudyError, load_study
 from trainables.errors import UserError, shown
-from trainables.naming import OPTUNA_STORAGE_TAG, launch_name
+from trainables.naming import OPTUNA_STORAGE_TAG, REASON_TAG, launch_name
 from trainables.secrets import redact
 from trainables.tracking import tracking_client
 
@@ -196,6 +197,26 @@ def test_a_uri_with_a_password_is_refused_without_showing_it(command, extra, fix
     assert SECRET not in out.out + out.err
     assert "carries a password" in out.err and fix in out.err and "***" in out.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing created, nothing recorded
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["export", "--tracking-uri", f"http://bob:{SECRET}@127.0.0.1:5000", "DEST"],
+        ["ui", "--tracking-uri", f"http://bob:{SECRET}@127.0.0.1:5000"],
+        ["dashboard", "STUDY", "--tracking-uri", f"http://bob:{SECRET}@127.0.0.1:5000"],
+    ],
+    ids=["export", "ui", "dashboard"],
+)
+def test_the_store_commands_refuse_a_password_uri_without_showing_it(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = _study_file(tmp_path)
+    argv = [str(tmp_path / "copy") if a == "DEST" else str(path) if a == "STUDY" else a for a in argv]
+    assert main(argv) == EXIT_USAGE
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+    assert "carries a password" in out.err and "MLFLOW_TRACKING_PASSWORD" in out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
 
 
 def test_one_redaction_hides_every_password_and_only_passwords():
@@ -405,6 +426,9 @@ def test_a_study_where_no_trial_ran_is_failed_not_finished(ray_cluster, tmp_path
     assert client.get_run(outcome.study_run_id).info.status == "FAILED"
     exp = client.get_experiment_by_name("notime").experiment_id
     assert not client.search_runs([exp], "attributes.status = 'RUNNING'")
+    # No trial cut here was interrupted by Ctrl-C: none may carry that reason (it would send the user to look for
+    # a signal that never came).
+    assert all(r.data.tags.get(REASON_TAG) != INTERRUPTED_REASON for r in client.search_runs([exp], max_results=1000))
     states = [
         t.state.name
         for s in optuna.get_all_study_names(f"sqlite:///{tmp_path / 'runs' / 'notime.optuna.db'}")
