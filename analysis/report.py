@@ -21,6 +21,7 @@ from analysis.plots import (
     plot_sharpness,
 )
 from analysis.runs import (
+    RHO,
     _open_experiment,
     best_trials,
     confirm_summary,
@@ -55,7 +56,6 @@ from trainables.naming import KIND_TAG, kind_filter
 __all__ = ["ARTIFACT_DIR", "write_report"]
 
 ARTIFACT_DIR = "report"
-_RHO = "optimizer.hparams.rho"
 _FRACTION = "data.fraction"
 _SEED = "train.seed"
 
@@ -227,7 +227,7 @@ def write_report(
             summary_runs,
             metric=metric,
             mode=mode,
-            show=tuple(c for c in (_RHO,) if c in runs.columns),
+            show=tuple(c for c in (RHO,) if c in runs.columns),
             label=statistic_label(metric),
         )
         summary_md = (
@@ -245,7 +245,7 @@ def write_report(
                     f"the time limit (`sharpscale resume` finishes it), or every search trial failed.",
                     stacklevel=2,
                 )
-            chosen = confirm_summary(confirm, metric=metric, show=tuple(c for c in (_RHO,) if c in runs.columns))
+            chosen = confirm_summary(confirm, metric=metric, show=tuple(c for c in (RHO,) if c in runs.columns))
             confirm_md = (
                 f"Each cell's confirm runs: {statistic_label(metric)} mean, sd and standard error over its fresh "
                 f"seeds at the knobs its search chose. Numbers from: {source}.\n\n" + _markdown(_fmt(chosen))
@@ -318,7 +318,7 @@ def write_report(
             w.section("Geometry against the generalisation gap", tau_md)
         _sharpness_section(w, study, runs, best_ids, tracking_uri=tracking_uri, smoke=smoke)
 
-        if len(_distinct(search, _RHO, positive=True)) >= 2:
+        if len(_distinct(search, RHO, positive=True)) >= 2:
             _rho_section(
                 w,
                 search,
@@ -407,11 +407,11 @@ def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str
 
 def _knob_labels(runs: pd.DataFrame, run_ids: list[str]) -> dict[str, str]:
     """run_id -> 'rho=0.0196' for the trials with a (positive) rho: what tells SAM's curves apart."""
-    if _RHO not in runs.columns:
+    if RHO not in runs.columns:
         return {}
     rows = runs[runs["run_id"].isin(run_ids)]
-    values = pd.to_numeric(rows[_RHO], errors="coerce")
-    name = _RHO.rsplit(".", 1)[-1]
+    values = pd.to_numeric(rows[RHO], errors="coerce")
+    name = RHO.rsplit(".", 1)[-1]
     return {r: f"{name}={v:.3g}" for r, v in zip(rows["run_id"], values) if np.isfinite(v) and v > 0}
 
 
@@ -538,7 +538,7 @@ def _rho_section(w: _Writer, runs, *, source, arch, method, metric, mode, by, n_
     base = bases.pop() if len(bases) == 1 else None
     result = rho_sensitivity(
         runs,
-        param=_RHO,
+        param=RHO,
         arch=arch,
         method=method,
         by=by,

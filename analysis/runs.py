@@ -49,6 +49,8 @@ ACCURACY_METRICS = ("val_acc", "best_val_acc", "val_top5")
 SE_COLUMN = "± SE"
 
 _TRIAL_FILTER = kind_filter("trial")
+# SAM's rho as a load_runs column (the trial config's path): the knob the tables and plots show by default.
+RHO = "optimizer.hparams.rho"
 # load_runs' column naming each trial's stage: 'search' or 'confirm' (trainables.naming.STAGE_TAG, studies.confirm).
 STAGE_COLUMN = "stage"
 # The trial config's evaluation split (trainables.config.DataConfig.eval_split), a param column of load_runs.
@@ -348,7 +350,7 @@ def summarize(
     *,
     metric: str = "val_acc",
     mode: Literal["max", "min"] = "max",
-    show: tuple[str, ...] = ("optimizer.hparams.rho",),
+    show: tuple[str, ...] = (RHO,),
     label: str | None = None,
 ) -> pd.DataFrame:
     """Best trial per cell (BEST_RULE): the factors as the index, the best metric, the value of each `show` column.
@@ -423,9 +425,7 @@ def measured_on(runs: pd.DataFrame) -> str:
     )
 
 
-def confirm_summary(
-    confirm: pd.DataFrame, *, metric: str = "val_acc", show: tuple[str, ...] = ("optimizer.hparams.rho",)
-) -> pd.DataFrame:
+def confirm_summary(confirm: pd.DataFrame, *, metric: str = "val_acc", show: tuple[str, ...] = (RHO,)) -> pd.DataFrame:
     """Per cell, its confirm runs (split_stages' second frame): mean, sd and standard error of `metric` over the
     finished ones, their number, the seeds, and the chosen value of each `show` column (one per cell)."""
     if confirm.empty or metric not in confirm.columns:

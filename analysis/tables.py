@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.geometry.names import METRIC_PREFIX
-from analysis.runs import best_key, best_trials
+from analysis.runs import RHO, best_key, best_trials
 
 __all__ = [
     "FewSamplesWarning",
@@ -578,7 +578,7 @@ def _log_bins(values: np.ndarray, bins: int) -> np.ndarray:
 def rho_sensitivity(
     runs: pd.DataFrame,
     *,
-    param: str = "optimizer.hparams.rho",
+    param: str = RHO,
     arch: str = "factor.arch",
     method: str | None = "factor.method",
     by: Sequence[str] = (),

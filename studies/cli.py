@@ -11,7 +11,7 @@ from pathlib import Path
 
 from studies import server as server_cli
 from trainables.errors import UserError
-from trainables.naming import DEFAULT_TRACKING_URI, REASON_TAG
+from trainables.naming import DEFAULT_TRACKING_URI, LOG_FILE, REASON_TAG
 
 __all__ = ["EXIT_ERRORS", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
 
@@ -451,7 +451,7 @@ def _ui_page(uri: str, study: str | None, smoke: bool) -> str:
 def ui_log_path(uri: str) -> Path:
     """Where `sharpscale ui` sends the MLflow server's output: sharpscale.log beside an SQLite store, else here."""
     base = Path(uri[len("sqlite:///") :]).parent if uri.startswith("sqlite:///") else Path.cwd()
-    return base / "sharpscale.log"
+    return base / LOG_FILE
 
 
 def _cmd_ui(args) -> int:

@@ -11,11 +11,12 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from trainables.errors import UserError
+from trainables.naming import DEFAULT_ARTIFACT_ROOT, STORE_FILE
 
 __all__ = ["ARTIFACTS_DIR", "STORE_FILE", "Exported", "export_store"]
 
-STORE_FILE = "mlflow.db"
-ARTIFACTS_DIR = "mlartifacts"  # the copy's artifact root: one folder per experiment id below it
+# The copy's artifact root (one folder per experiment id below it) and store file: the defaults a study writes.
+ARTIFACTS_DIR = DEFAULT_ARTIFACT_ROOT
 
 
 @dataclass(frozen=True)

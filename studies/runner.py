@@ -37,6 +37,7 @@ from trainables.naming import (
     GIT_COMMIT_TAG,
     KIND_TAG,
     LAUNCH_TAG,
+    LOG_FILE,
     NOTE_TAG,
     OPTUNA_STORAGE_TAG,
     PARAMS_KEY,
@@ -830,7 +831,7 @@ def _holds_study(uri: str, study: LoadedStudy) -> bool:
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
     """Where a run's library log goes: beside its Ray results, or beside the study file when those are remote."""
     base = Path(locations.storage) if "://" not in locations.storage else study.path.parent / DEFAULT_STORAGE
-    return base / run_name / "sharpscale.log"
+    return base / run_name / LOG_FILE
 
 
 def _node_problem(request: dict[str, float], offers: list[tuple[str, dict[str, float]]], where: str) -> str | None:

@@ -16,6 +16,7 @@ from studies.confirm import CellChoice, ConfirmState
 from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
 from trainables.errors import UserError
+from trainables.naming import tag
 from trainables.secrets import redact
 from trainables.tracking import RUN_ID_RESULT_KEY
 
@@ -38,7 +39,7 @@ RUN_NAME_ATTR = "mlflow_run_name"
 INTERRUPTED_ATTR = "interrupted"
 RESUMED_FROM_ATTR = "resumed_from_trial"
 # A user attribute of each cell's Optuna study: the MLflow study run of the launch it belongs to.
-OWNER_ATTR = "sharpscale.study_run_id"
+OWNER_ATTR = tag("study_run_id")
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30

@@ -22,6 +22,7 @@ __all__ = [
     "PARAMS_KEY",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
+    "LOG_FILE",
     "FACTOR_PREFIX",
     "GIT_COMMIT_TAG",
     "GPUS_PER_WORKER_PARAM",
@@ -35,6 +36,7 @@ __all__ = [
     "STAGE_TAG",
     "REASON_TAG",
     "STATUS_TAG",
+    "STORE_FILE",
     "STORAGE_TAG",
     "STUDY_FILE_HASH_TAG",
     "STUDY_FILE_TAG",
@@ -53,8 +55,12 @@ __all__ = [
     "tag",
 ]
 
-# Relative sqlite paths are made absolute against the working directory (trainables.tracking.resolve_tracking_uri).
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# The default store's file name, and its URI: relative sqlite paths are made absolute against the working directory
+# (trainables.tracking.resolve_tracking_uri).
+STORE_FILE = "mlflow.db"
+DEFAULT_TRACKING_URI = f"sqlite:///{STORE_FILE}"
+# The file third-party libraries' messages go to (a study's beside its Ray results, `sharpscale ui`'s beside its store).
+LOG_FILE = "sharpscale.log"
 # Where a new experiment keeps its artifacts when the study does not say (relative: to the working directory).
 DEFAULT_ARTIFACT_ROOT = "mlartifacts"
 _SMOKE_SUFFIX = "-smoke"
