@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,7 +90,26 @@ def _without_graphs(cfg, world: int) -> list[str]:
         )
     if world > 1:
         out.append(f"{world} data-parallel workers: CUDA graphs under DDP are not verified on a GPU here")
+    if torch_version() < _GRAPHS_ON_ANY_THREAD and threading.current_thread() is not threading.main_thread():
+        # Seen on an H200 with torch 2.11 (docs/benchmarks.md, the CLI run of rho_sensitivity): Ray Tune runs each
+        # trial of a reused actor on a new thread, and that torch's CUDA graph trees assert on a thread other than
+        # the one that first imported them (their per-thread state); 2.14 sets that state up on any thread.
+        out.append(
+            f"torch {torch.__version__} on a thread other than the main one (a trial of a reused Ray actor): its CUDA "
+            f"graph trees fail there; torch >= {'.'.join(map(str, _GRAPHS_ON_ANY_THREAD))} runs them"
+        )
     return out
+
+
+# The first torch whose CUDA graph trees set up their per-thread state on any thread (torch 2.14.1 is pinned in
+# constraints.txt; 2.11 asserted on the GPU).
+_GRAPHS_ON_ANY_THREAD = (2, 14)
+
+
+def torch_version() -> tuple[int, int]:
+    """torch's (major, minor)."""
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def resolve_compile(cfg, device: torch.device, world: int = 1) -> CompilePlan:

@@ -217,6 +217,21 @@ def test_resolve_compile(sections, device, world, mode, warns):
     assert (plan.mode, plan.warn) == (mode, warns), plan.reason
 
 
+@pytest.mark.parametrize(("version", "mode"), [((2, 11), "default"), ((2, 14), "reduce-overhead")])
+def test_cuda_graphs_stay_off_a_reused_actors_thread_where_torch_cannot_run_them_there(monkeypatch, version, mode):
+    # Ray Tune runs each trial of a reused actor on a new thread; torch 2.11's CUDA graph trees asserted there (an
+    # H200 run through the CLI). On the main thread, and on torch 2.14 on any thread, auto keeps the graphs.
+    import threading
+
+    monkeypatch.setattr(compiled, "torch_version", lambda: version)
+    plans = []
+    worker = threading.Thread(target=lambda: plans.append(compiled.resolve_compile(_cfg(), CUDA, 1)))
+    worker.start()
+    worker.join()
+    assert plans[0].mode == mode and plans[0].warn == (mode == "default"), plans[0].reason
+    assert compiled.resolve_compile(_cfg(), CUDA, 1).mode == "reduce-overhead"  # the main thread
+
+
 def test_a_fallback_is_said_in_the_trials_log(tiny_model):
     cfg = _trial(tiny_model, "auto")
     cfg["schedule"]["epochs"] = 1
