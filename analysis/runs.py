@@ -73,6 +73,14 @@ def best_key(value: float, started, run_id: str, mode: Literal["max", "min"]) ->
     return (-value if mode == "max" else value, started, run_id)
 
 
+def _start_order(started) -> float:
+    """A start time as a number that orders (a run with none sorts last: NaT compares false with everything, which
+    would leave a tie's winner to the frame's row order)."""
+    if started is None or pd.isna(started):
+        return math.inf
+    return float(started) if isinstance(started, (int, float)) else float(pd.Timestamp(started).value)
+
+
 def best_trials(
     runs: pd.DataFrame, *, metric: str, mode: Literal["max", "min"] = "max", by: Sequence[str] = ("cell",)
 ) -> pd.DataFrame:
@@ -86,7 +94,7 @@ def best_trials(
     ok = runs[finished & values.map(math.isfinite)]
     if ok.empty:
         return ok
-    started = ok["start_time"] if "start_time" in ok.columns else pd.Series(0, index=ok.index)
+    started = ok["start_time"].map(_start_order) if "start_time" in ok.columns else pd.Series(0, index=ok.index)
     ids = ok["run_id"].astype(str) if "run_id" in ok.columns else pd.Series("", index=ok.index)
     keys = [best_key(v, s, r, mode) for v, s, r in zip(values[ok.index], started, ids)]
     order = sorted(range(len(ok)), key=keys.__getitem__)

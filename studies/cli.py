@@ -15,7 +15,8 @@ from trainables.naming import DEFAULT_TRACKING_URI, LOG_FILE, REASON_TAG
 
 __all__ = ["EXIT_ERRORS", "EXIT_INTERRUPTED", "EXIT_USAGE", "main"]
 
-# The exit statuses every command keeps: 0 done, EXIT_ERRORS when trials errored or a command failed,
+# The exit statuses every command keeps: 0 done, EXIT_ERRORS when trials errored, no trial ran an epoch (the study
+# is FAILED) or a command failed,
 # EXIT_USAGE for a user mistake (listed, no traceback), EXIT_INTERRUPTED after Ctrl-C (128 + SIGINT, as shells do).
 EXIT_ERRORS = 1
 EXIT_USAGE = 2
@@ -701,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     study_file, tracking, cluster = [_study_options()], [_tracking_option()], [_cluster_options()]
     exits = (
-        f"Exit status: 0 done; {EXIT_ERRORS} when trials errored; {EXIT_USAGE} for a mistake in the study or the "
+        f"Exit status: 0 done; {EXIT_ERRORS} when trials errored or no trial ran an epoch (the study is FAILED); {EXIT_USAGE} for a mistake in the study or the "
         f"options (every problem listed, nothing started); {EXIT_INTERRUPTED} when interrupted (Ctrl-C): the "
         f"study is incomplete and `resume` finishes it."
     )

@@ -2,6 +2,7 @@
 
 import math
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -189,3 +190,19 @@ def test_summary_states_each_accuracy_s_sampling_error_on_its_validation_set():
     # Not an accuracy, or no count logged (older records): no error column is invented.
     assert SE_COLUMN not in summarize(runs, metric="val_loss", mode="min", show=()).columns
     assert SE_COLUMN not in summarize(runs.drop(columns=["val_samples"]), metric="val_acc", show=()).columns
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [2, 1, 0], [1, 2, 0]])
+def test_a_tie_goes_to_the_first_started_whatever_the_row_order_and_a_missing_start_sorts_last(rows):
+    from analysis.runs import best_trials
+
+    frame = pd.DataFrame(
+        {
+            "cell": ["c"] * 3,
+            "status": ["finished"] * 3,
+            "val_acc": [0.9, 0.9, 0.9],
+            "start_time": [pd.NaT, pd.Timestamp("2026-01-02"), pd.Timestamp("2026-01-01")],
+            "run_id": ["a", "b", "c"],
+        }
+    ).iloc[rows]
+    assert best_trials(frame, metric="val_acc")["run_id"].tolist() == ["c"]
