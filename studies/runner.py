@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -615,6 +616,28 @@ def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) ->
         ) from None
 
 
+def _sigterm_interrupts(run):
+    """`run` with SIGTERM raised as KeyboardInterrupt from its first line to its last (on the main thread), so a
+    `kill` during set-up or the closing roll-ups closes what is open as Ctrl-C would, never leaving runs RUNNING;
+    while Tune runs, `_tune` hands SIGTERM to Tune's own stop instead (`_term_as_interrupt`)."""
+
+    def _raise(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    @functools.wraps(run)
+    def wrapper(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():
+            return run(*args, **kwargs)
+        before = signal.signal(signal.SIGTERM, _raise)
+        try:
+            return run(*args, **kwargs)
+        finally:
+            signal.signal(signal.SIGTERM, before)
+
+    return wrapper
+
+
+@_sigterm_interrupts
 def run_study(
     path: str | Path,
     *,

@@ -435,3 +435,19 @@ def test_a_study_where_no_trial_ran_is_failed_not_finished(ray_cluster, tmp_path
         for t in optuna.load_study(study_name=s, storage=f"sqlite:///{tmp_path / 'runs' / 'notime.optuna.db'}").trials
     ]
     assert "RUNNING" not in states, states
+
+
+def test_sigterm_anywhere_in_a_study_is_an_interrupt_and_the_handler_is_put_back():
+    # Outside Tune's fit (set-up, the closing roll-ups) a SIGTERM used to kill the process with runs open.
+    from studies.runner import _sigterm_interrupts
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    @_sigterm_interrupts
+    def study():
+        signal.raise_signal(signal.SIGTERM)
+        return "finished"
+
+    with pytest.raises(KeyboardInterrupt):
+        study()
+    assert signal.getsignal(signal.SIGTERM) is before
