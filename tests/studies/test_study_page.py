@@ -196,7 +196,7 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0
         assert out.strip() == "" and err.strip() == "", (out, err)  # nothing but the address
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # MLflow's workers can take a while to go on 2 busy cores
         while group_alive(group) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert not group_alive(group)
