@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import best_trials
-from analysis.tables import _require_columns, holm, sample_note
+from analysis.tables import _require_columns, holm_across, sample_note
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
 
@@ -240,20 +240,7 @@ def compute_matched_gains(
     out = pd.DataFrame(rows)
     if out.empty:
         return out
-    out["p_holm"] = np.nan
-    for _, idx in out.groupby(groups, dropna=False).groups.items():
-        out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
-    out["significant"] = out["p_holm"] < alpha
-    quiet = (~out["significant"]) & out["detectable"].notna()
-    out.loc[quiet, "note"] = [
-        "; ".join(
-            filter(
-                None,
-                [n, f"no difference detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"],
-            )
-        )
-        for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
-    ]
+    holm_across(out, groups, alpha=alpha, power=power, what="difference")
     names = [g.removeprefix(FACTOR_PREFIX) for g in groups]
     out = out.rename(columns=dict(zip(groups, names))).set_index([*names, "method"])
     out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline)

@@ -384,6 +384,24 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
     return out
 
 
+def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: str) -> None:
+    """Add `p_holm` (Holm within each family of `groups`) and `significant` to a table of gains with `p_value`,
+    `detectable` and `note` columns, and say on every null row the effect the design could have detected."""
+    out["p_holm"] = np.nan
+    for _, idx in out.groupby(groups, dropna=False).groups.items():
+        out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
+    out["significant"] = out["p_holm"] < alpha
+    quiet = (~out["significant"]) & out["detectable"].notna()
+    out.loc[quiet, "note"] = [
+        "; ".join(
+            filter(
+                None, [n, f"no {what} detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"]
+            )
+        )
+        for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
+    ]
+
+
 def sam_gain(
     runs: pd.DataFrame,
     *,
@@ -489,19 +507,7 @@ def sam_gain(
     ]
     out = pd.DataFrame(rows)
     if len(out):
-        out["p_holm"] = np.nan
-        for a, idx in out.groupby("arch").groups.items():
-            out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
-        out["significant"] = out["p_holm"] < alpha
-        quiet = (~out["significant"]) & out["detectable"].notna()
-        out.loc[quiet, "note"] = [
-            "; ".join(
-                filter(
-                    None, [n, f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"]
-                )
-            )
-            for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
-        ]
+        holm_across(out, "arch", alpha=alpha, power=power, what="gain")
     out = out.reindex(columns=columns).set_index(["arch", "fraction"])
     out.attrs.update(
         baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, power=power, chosen_on=metric
