@@ -184,7 +184,8 @@ def compute_matched_gains(
     differences of the cells' answers (method - baseline; positive: the method scored higher), its Student-t
     interval (ci_low, ci_high) and p-value on the pairs, p_holm Holm-adjusted across the methods of an arch,
     `significant` p_holm < 1 - confidence; detectable: the gain the pairs find with `power` (from their sd);
-    cost_ratio: the method's mean cost over the baseline's on the same seeds (1 = compute-matched). One row per
+    cost_ratio: the mean compute of one run of the method over one run of the baseline on the same seeds
+    (1 = compute-matched; a search's other trials are not counted). One row per
     (arch, other factors, method); n_pairs and a small-sample note.
     """
     from scipy.stats import t as student
@@ -205,7 +206,9 @@ def compute_matched_gains(
     for key, part in cells.groupby(groups, sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         wide = part.pivot_table(index=seed, columns=method, values="value", aggfunc="first")
-        cost = part.pivot_table(index=seed, columns=method, values="cost_s", aggfunc="first")
+        # One run's compute (the chosen trial's own), as the frontier plot draws it: a searched cell's whole search
+        # would make SAM look 4-8x as dear as a baseline that ran once.
+        cost = part.pivot_table(index=seed, columns=method, values="run_cost_s", aggfunc="first")
         if baseline not in wide.columns:
             continue
         for level in [c for c in wide.columns if c != baseline]:

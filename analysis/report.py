@@ -733,7 +733,7 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
                 f"\n### Paired by seed\n\nEach method against each plain level of the same arch, paired by seed: "
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
                 "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
-                "with 80% power, cost_ratio the method's compute over the baseline's on those seeds (1: matched). "
+                "with 80% power, cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)

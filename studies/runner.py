@@ -1104,7 +1104,6 @@ def _tune(
         + (f", {refused} of them refused by their settings, not retried" if refused else "")
         + ")"
         + (", INTERRUPTED" if interrupted else "")
-        + (f"; {share[0]} {share[1]:.2f}" if share is not None else "")
     )
     return StudyOutcome(
         experiment_id,
