@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.runs import ACCURACY_METRICS, BEST_RULE, accuracy_se, best_key
+from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, accuracy_se, best_key
 from studies.spec import Cell, LoadedStudy
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
@@ -427,7 +427,10 @@ def _describe_results(client, experiment_id, study_run_id, cells, bests, *, colu
     table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top)
     note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
     _retry(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
-    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, table)
+    # The study run's description keeps its link to the HTML report (analysis.report), below the table.
+    run_note = _retry(client.get_run, study_run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
+    report = run_note[run_note.index(REPORT_MARKER) :] if REPORT_MARKER in run_note else ""
+    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, f"{table}\n\n{report}".rstrip())
 
 
 def rollup_callback(
