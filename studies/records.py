@@ -26,6 +26,7 @@ from trainables.tracking import _retry
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
+    "NUMBERING",
     "RESULTS_MARKER",
     "VIEW_KEY",
     "CellBest",
@@ -174,8 +175,16 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
+# Every number that names a trial or an epoch is zero-based, as the tools it is read beside number them: MLflow logs
+# epoch k at step k (its charts' x axis, `best_epoch`), and optuna-dashboard shows a cell's searched trial as
+# "Trial k", k its Optuna number, which a trial run's name carries as "#k". Counts stay counts ("3/10 epochs",
+# "1/4 trials"). docs/ui.md states the rule.
+NUMBERING = "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k"
+
+
 def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
-    """A trial's run name: its cell, its sampled knobs and its number in the cell, e.g. 'vit/sam rho=0.034 #2'."""
+    """A trial's run name: its cell, its sampled knobs and its zero-based number in the cell (NUMBERING), e.g.
+    'vit/sam rho=0.034 #2' (Optuna's Trial 2 of the cell vit/sam)."""
     knobs = " ".join(f"{path.rsplit('.', 1)[-1]}={_value_text(v)}" for path, v in sample.items())
     return " ".join(p for p in (cell_label(cell), knobs, f"#{number}") if p)
 
