@@ -17,6 +17,7 @@ from trainables.naming import (
     BEST_RUN_TAG,
     CELL_TAG,
     CONFIRM_STAGE,
+    PARENT_RUN_TAG,
     STAGE_TAG,
     STATUS_TAG,
     kind_filter,
@@ -30,6 +31,7 @@ __all__ = [
     "RESULTS_MARKER",
     "VIEW_KEY",
     "CellBest",
+    "cell_end_time",
     "cell_params",
     "describe_experiment",
     "results_table",
@@ -343,6 +345,19 @@ def roll_up(
     _log(client, study_run_id, metrics, tags, step=sum(totals.values()))
     _describe_results(client, experiment_id, study_run_id, cells, bests, column=column, mode=mode, top=top_key)
     return bests
+
+
+def cell_end_time(client, experiment_id: str, cell_run_id: str) -> int | None:
+    """When a cell run ends: when its last trial run ended (ms since the epoch), so the UI's duration of a cell is
+    its own, not the study's; None (end now) while it has no trial or one is still open."""
+    trials = _retry(
+        client.search_runs,
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_RUN_TAG}` = '{cell_run_id}'",
+        max_results=10_000,
+    )
+    ends = [t.info.end_time for t in trials]
+    return max(ends) if ends and None not in ends else None
 
 
 def _fmt(value: float) -> str:
