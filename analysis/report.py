@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import html
 import math
+import re
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -21,6 +24,7 @@ from analysis.plots import (
     plot_sharpness,
 )
 from analysis.runs import (
+    REPORT_MARKER,
     RHO,
     _open_experiment,
     best_trials,
@@ -53,9 +57,11 @@ from analysis.tables import (
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import KIND_TAG, kind_filter
 
-__all__ = ["ARTIFACT_DIR", "write_report"]
+__all__ = ["ARTIFACT_DIR", "HTML_REPORT", "report_html", "write_report"]
 
 ARTIFACT_DIR = "report"
+# The one self-contained page of the report (tables as HTML, plots embedded): MLflow's artifact view renders it.
+HTML_REPORT = "report.html"
 _FRACTION = "data.fraction"
 _SEED = "train.seed"
 
@@ -148,6 +154,75 @@ def _fmt(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     return out
 
 
+def _inline(text: str) -> str:
+    """One line of the report's markdown as HTML: escaped, then **bold**, `code` and [text](url) links."""
+    out = html.escape(text, quote=False)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{html.escape(m[2])}">{m[1]}</a>', out)
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def report_html(markdown: str, images: Path) -> str:
+    """The report's markdown (headings, paragraphs, lists, pipe tables, images) as one self-contained HTML page:
+    each `![title](file.png)` embedded from `images` as a base64 data URI, so the file opens anywhere, alone.
+    Only the markdown this module writes is understood; anything else is kept as an escaped paragraph."""
+    body: list[str] = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif m := re.fullmatch(r"(#{1,6}) (.*)", line):
+            level = len(m[1])
+            body.append(f"<h{level}>{_inline(m[2])}</h{level}>")
+            i += 1
+        elif m := re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip()):
+            path = images / m[2]
+            if path.is_file():
+                data = base64.b64encode(path.read_bytes()).decode("ascii")
+                body.append(f'<img alt="{html.escape(m[1])}" src="data:image/png;base64,{data}">')
+            else:
+                body.append(f"<p>{_inline(line)} (image not written)</p>")
+            i += 1
+        elif line.lstrip().startswith("|") and i + 1 < len(lines) and re.fullmatch(r"\|?[\s:|-]+\|?", lines[i + 1]):
+            head = "".join(f"<th>{_inline(c)}</th>" for c in _cells(line))
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                rows.append("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in _cells(lines[i])) + "</tr>")
+                i += 1
+            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            body.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"#|!\[|\||- ", lines[i].lstrip()):
+                para.append(_inline(lines[i]))
+                i += 1
+            if not para:  # a line no rule above took (a lone table row): kept as text
+                para, i = [_inline(line)], i + 1
+            body.append("<p>" + " ".join(para) + "</p>")
+    title = next((re.sub(r"^# ", "", ln) for ln in lines if ln.startswith("# ")), "Report")
+    style = (
+        "body{font-family:system-ui,sans-serif;max-width:1100px;margin:1em auto;padding:0 1em;line-height:1.4}"
+        "table{border-collapse:collapse;margin:.5em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:2px 6px;"
+        "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
+
+
 def write_report(
     study: str | Path,
     *,
@@ -165,7 +240,8 @@ def write_report(
     study: its name (MLflow experiment) or YAML file, as for load_runs; smoke: its --smoke runs, likewise. metric / mode: default to the study
     file's objective, else val_acc / max. What is written, decided from the columns present:
       - always: summary.md/.csv (best search trial per cell, `summarize`), curves.png (per-epoch curves of each
-        cell's best trial) when histories exist, and report.md, an index of everything with the notes;
+        cell's best trial) when histories exist, report.md, an index of everything with the notes, and report.html,
+        the same as one self-contained page (tables as HTML, plots embedded: `report_html`);
       - confirm runs: confirm.md/.csv (per cell, mean ± SE over its confirm seeds and the chosen knob,
         `confirm_summary`); with one fraction, gain_<level>.md/.csv per sharpness-aware level, paired by seed;
       - more than one data.fraction: scaling.md/.csv (Table 5 shape), scaling.png (log-log error vs
@@ -185,7 +261,9 @@ def write_report(
     there is, and the tables say that they were chosen and scored on the same data.
     Warnings raised on the way (too few seeds, unidentified floors) are written into report.md's notes
     and re-issued. Returns the written paths. With log_to_mlflow, the files go to the latest run tagged
-    sharpscale.kind=study in the study's experiment, under report/ (LookupError when there is none).
+    sharpscale.kind=study in the study's experiment, under report/ (LookupError when there is none), and its
+    description gets a link to report/report.html; a store that refuses the files (read-only) leaves them local,
+    with a warning.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -367,15 +445,40 @@ def write_report(
     )
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
-    w.text("report.md", head + "\n".join(w.sections))
+    markdown = head + "\n".join(w.sections)
+    w.text("report.md", markdown)
+    w.text(HTML_REPORT, report_html(markdown, out))
     for c in caught:
         if not issubclass(c.category, (DeprecationWarning, FutureWarning)):
             warnings.warn(c.message, c.category, stacklevel=2)
 
     if study_run is not None:
-        for path in w.paths:
-            client.log_artifact(study_run, str(path), ARTIFACT_DIR)
+        try:
+            for path in w.paths:
+                client.log_artifact(study_run, str(path), ARTIFACT_DIR)
+        except OSError as e:  # a read-only store (a copy opened from a CD, a shared folder): the files stay local
+            warnings.warn(
+                f"the report was written to {out} but not logged to the study run: its artifact store refused it "
+                f"({e}). Fix: run `sharpscale report` on a writable copy of the store, or pass --no-mlflow.",
+                stacklevel=2,
+            )
+        else:
+            _link_report(client, experiment.experiment_id, study_run)
     return w.paths
+
+
+def _link_report(client, experiment_id: str, run_id: str) -> None:
+    """A line under the study run's description linking to report.html in MLflow's artifact view (the roll-up,
+    which rewrites the description's table, keeps what follows REPORT_MARKER)."""
+    import datetime as dt
+
+    from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
+
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    link = f"#/experiments/{experiment_id}/runs/{run_id}/artifactPath/{ARTIFACT_DIR}/{HTML_REPORT}"
+    line = f"**Full report** (every table and plot, one page): [{ARTIFACT_DIR}/{HTML_REPORT}]({link}), written {when}."
+    note = client.get_run(run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
+    client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{note.split(REPORT_MARKER, 1)[0].rstrip()}\n\n{REPORT_MARKER}\n\n{line}")
 
 
 _SHARPNESS = METRIC_PREFIX + "lambda_max"

@@ -28,6 +28,7 @@ from trainables.tracking import config_from_tags
 
 __all__ = [
     "BEST_RULE",
+    "REPORT_MARKER",
     "SE_COLUMN",
     "STAGE_COLUMN",
     "StudyNotFound",
@@ -59,6 +60,9 @@ _EVAL_SPLIT = "data.eval_split"
 # The one definition of a group's best trial, which the summary, `summarize`, `status`, the report's tables and
 # plots, the live view and the MLflow roll-ups all use (through `best_key`): without a stated tie-break each took
 # another trial of a tie (the first started, the smallest rho, the last returned by a search).
+# A study run's description: the answer table (rewritten by every roll-up, studies.records), then this marker, then
+# the link to its HTML report (written by analysis.report): each writer keeps the other's part.
+REPORT_MARKER = "<!-- sharpscale: report -->"
 BEST_RULE = (
     "the finished trial with the best value of the objective; among equal values, the one that started first "
     "(then the smaller run id)"

@@ -758,7 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser(
         "report",
         parents=study_file + tracking,
-        help="write the study's tables (Markdown, CSV) and plots (PNG); log them to MLflow",
+        help="write the study's tables (Markdown, CSV), plots (PNG) and report.html (all of it on one self-contained "
+        "page); log them to the study's MLflow run, whose description links to report.html",
     )
     rep.add_argument("study", help="the study file")
     rep.add_argument("--out", default=None, help="output directory (default: reports/<study>)")

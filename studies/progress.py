@@ -168,7 +168,7 @@ class _CellState:
 
 
 class LiveView:
-    """Trials done, running and failed per cell, each running trial's epoch k/N and current metric, the best so far
+    """Trials done, running and failed per cell, each running trial's epochs run k/N and current metric, the best so far
     per cell, elapsed time and ETA: redrawn in place on a terminal, printed as plain lines otherwise.
 
     `callback` is the Tune callback that feeds it (Tune's public Callback API).
@@ -283,7 +283,7 @@ class LiveView:
 
     def _running_text(self, run: _Running, epochs: int) -> str:
         value = f" {self.column}={run.value:.4f}" if run.value is not None else ""
-        return f"{run.name}: epoch {run.epoch}/{epochs}{value}"
+        return f"{run.name}: {run.epoch}/{epochs} epochs{value}"  # a count (NUMBERING: epoch k is the (k+1)-th)
 
     def render(self, max_lines: int | None = None) -> list[str]:
         """The view as lines: a header, a row per cell (active cells first when they do not all fit)."""

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.runs import ACCURACY_METRICS, BEST_RULE, accuracy_se, best_key
+from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, accuracy_se, best_key
 from studies.spec import Cell, LoadedStudy
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
@@ -17,6 +17,7 @@ from trainables.naming import (
     BEST_RUN_TAG,
     CELL_TAG,
     CONFIRM_STAGE,
+    PARENT_RUN_TAG,
     STAGE_TAG,
     STATUS_TAG,
     kind_filter,
@@ -26,9 +27,11 @@ from trainables.tracking import _retry
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
+    "NUMBERING",
     "RESULTS_MARKER",
     "VIEW_KEY",
     "CellBest",
+    "cell_end_time",
     "cell_params",
     "describe_experiment",
     "results_table",
@@ -174,8 +177,16 @@ def _value_text(value: Any) -> str:
     return str(value)
 
 
+# Every number that names a trial or an epoch is zero-based, as the tools it is read beside number them: MLflow logs
+# epoch k at step k (its charts' x axis, `best_epoch`), and optuna-dashboard shows a cell's searched trial as
+# "Trial k", k its Optuna number, which a trial run's name carries as "#k". Counts stay counts ("3/10 epochs",
+# "1/4 trials"). docs/ui.md states the rule.
+NUMBERING = "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k"
+
+
 def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
-    """A trial's run name: its cell, its sampled knobs and its number in the cell, e.g. 'vit/sam rho=0.034 #2'."""
+    """A trial's run name: its cell, its sampled knobs and its zero-based number in the cell (NUMBERING), e.g.
+    'vit/sam rho=0.034 #2' (Optuna's Trial 2 of the cell vit/sam)."""
     knobs = " ".join(f"{path.rsplit('.', 1)[-1]}={_value_text(v)}" for path, v in sample.items())
     return " ".join(p for p in (cell_label(cell), knobs, f"#{number}") if p)
 
@@ -336,6 +347,19 @@ def roll_up(
     return bests
 
 
+def cell_end_time(client, experiment_id: str, cell_run_id: str) -> int | None:
+    """When a cell run ends: when its last trial run ended (ms since the epoch), so the UI's duration of a cell is
+    its own, not the study's; None (end now) while it has no trial or one is still open."""
+    trials = _retry(
+        client.search_runs,
+        [experiment_id],
+        filter_string=f"tags.`{PARENT_RUN_TAG}` = '{cell_run_id}'",
+        max_results=10_000,
+    )
+    ends = [t.info.end_time for t in trials]
+    return max(ends) if ends and None not in ends else None
+
+
 def _fmt(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 1000 else f"{value:.4g}"
 
@@ -427,7 +451,10 @@ def _describe_results(client, experiment_id, study_run_id, cells, bests, *, colu
     table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top)
     note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
     _retry(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
-    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, table)
+    # The study run's description keeps its link to the HTML report (analysis.report), below the table.
+    run_note = _retry(client.get_run, study_run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
+    report = run_note[run_note.index(REPORT_MARKER) :] if REPORT_MARKER in run_note else ""
+    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, f"{table}\n\n{report}".rstrip())
 
 
 def rollup_callback(

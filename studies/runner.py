@@ -20,6 +20,7 @@ from studies.confirm import confirm_config
 from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import (
+    cell_end_time,
     cell_label,
     cell_params,
     describe_experiment,
@@ -793,7 +794,17 @@ def run_study(
                     mode=spec.objective.mode,
                 ).update()
             )
-            steps += [lambda rid=rid: _retry(client.set_terminated, rid, status=status) for rid in opened]
+            # A cell run ends when its last trial did (its duration its own); the study run ends now.
+            cell_ids = set(cell_runs.values())
+            steps += [
+                lambda rid=rid: _retry(
+                    client.set_terminated,
+                    rid,
+                    status=status,
+                    end_time=cell_end_time(client, experiment_id, rid) if rid in cell_ids else None,
+                )
+                for rid in opened
+            ]
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).

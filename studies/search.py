@@ -281,9 +281,12 @@ class CellSearcher(Searcher):
             trial.set_user_attr(CELL_ATTR, key)
             sample = {path: trial.params[path] for path in cell.space}
             self._live[trial_id] = trial.number
+        # NUMBERING (studies.records): zero-based, a searched trial's number is its Optuna trial number (the
+        # dashboard's "Trial N"), a plain cell's the trials issued before it.
+        number = trial.number if cell.space else self._issued[key]
         self._issued[key] += 1
         self._trial_cell[trial_id] = key
-        name = trial_run_name(cell, sample, self._issued[key])
+        name = trial_run_name(cell, sample, number)
         if cell.space:
             trial.set_user_attr(RUN_NAME_ATTR, name)
         self._samples[trial_id] = (sample, name)
@@ -298,7 +301,8 @@ class CellSearcher(Searcher):
         cell = self._cells[key]
         self._trial_cell[trial_id] = key
         self._confirm.confirm_trials.add(trial_id)
-        name = f"{trial_run_name(cell, choice.sample, self._confirm.issued[key])} confirm seed={seed}"
+        # next_confirm counted this one already: its zero-based number (NUMBERING) is one less.
+        name = f"{trial_run_name(cell, choice.sample, self._confirm.issued[key] - 1)} confirm seed={seed}"
         return {**self._payload(cell, choice.sample, confirm=(seed, choice.run_name)), "run_name": name}
 
     def unconfirmed(self) -> list[str]:

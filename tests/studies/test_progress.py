@@ -42,7 +42,8 @@ def test_counts_running_epochs_and_best_per_cell(view):
     live.result(a, {"training_iteration": 3, "val_acc": 0.5})
     text = "\n".join(live.render())
     assert "0/15 trials ended" in text and "2 running" in text
-    assert "vit/sam rho=0.1 #1: epoch 3/10 val_acc=0.5000" in text and "rho=0.3 #2: epoch 0/10" in text
+    # Epochs run are a count (NUMBERING keeps numbers zero-based; "epoch 3/10" would read as MLflow's step 3).
+    assert "vit/sam rho=0.1 #1: 3/10 epochs val_acc=0.5000" in text and "rho=0.3 #2: 0/10 epochs" in text
     a.last_result = {"val_acc": 0.7, "diverged": 0}
     line = live.end(a, ok=True)
     assert line.startswith("[1/15] done 1, running 1, failed 0") and "val_acc=0.7000" in line
@@ -64,7 +65,7 @@ def test_eta_from_epochs_run(view, monkeypatch):
     live.result(t, {"training_iteration": 5, "val_acc": 0.1})
     now[0] = 110.0  # 5 of 150 planned epochs in 10 s
     assert live.eta_s() == pytest.approx(10.0 * 145 / 5)
-    assert "ETA 4m50s" in live.plain_status() and "running: x: epoch 5/10" in live.plain_status()
+    assert "ETA 4m50s" in live.plain_status() and "running: x: 5/10 epochs" in live.plain_status()
 
 
 def test_a_tie_goes_to_the_trial_that_started_first_whichever_ends_first(view):

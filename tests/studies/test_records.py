@@ -18,7 +18,7 @@ from studies.records import (
     trial_run_name,
 )
 from studies.spec import load_study
-from trainables.naming import KIND_TAG, STATUS_TAG
+from trainables.naming import KIND_TAG, PARENT_RUN_TAG, STATUS_TAG
 from trainables.tracking import TrackingTarget, TrialRecorder, dataset_input
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +105,18 @@ def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_
     assert top.metrics["trials.finished"] == 3
     # Updated as trials end: a better trial in the other cell moves the study's best there.
     _trial(client, exp, cell_runs[adamw], "e", "finished", 0.95, None, uri=tracking_uri)
+    # A report written in between (analysis.report links its HTML page below REPORT_MARKER): the roll-up rewrites
+    # the table and keeps the link.
+    from analysis.runs import REPORT_MARKER
+
+    note = client.get_run(study_run).data.tags["mlflow.note.content"]
+    client.set_tag(study_run, "mlflow.note.content", f"{note}\n\n{REPORT_MARKER}\n\n**Full report**: [report.html](x)")
     roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests=bests, only=[adamw])
+    note = client.get_run(study_run).data.tags["mlflow.note.content"]
+    assert note.startswith("**Best val_acc: 0.9500") and note.endswith(
+        f"{REPORT_MARKER}\n\n**Full report**: [report.html](x)"
+    )
+    assert note.count(REPORT_MARKER) == 1
     top = client.get_run(study_run).data
     assert top.metrics["best.val_acc"] == 0.95 and top.tags[BEST_CELL_TAG] == "vit/adamw"
     history = client.get_metric_history(study_run, "best.val_acc")
@@ -176,3 +187,25 @@ def test_trial_params_are_what_the_study_varies_and_load_runs_still_has_the_whol
         and str(load_runs("quickstart", tracking_uri=tracking_uri)["val_samples"].dtype) == "int64"
     )
     assert row["data.batch_size"] == flat["data.batch_size"] and str(row["data.batch_size"].dtype) == "int64"
+
+
+def test_a_cell_run_ends_when_its_last_trial_ended_not_when_the_study_did(tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    from studies.records import cell_end_time
+
+    client = MlflowClient(tracking_uri)
+    exp = client.create_experiment("ends")
+    study_run = client.create_run(exp).info.run_id
+    cell_run = client.create_run(exp, tags={PARENT_RUN_TAG: study_run}).info.run_id
+    empty = client.create_run(exp, tags={PARENT_RUN_TAG: study_run}).info.run_id
+    ends = []
+    for key in ("a", "b"):
+        trial = _trial(client, exp, cell_run, key, "finished", 0.5, 0.1, uri=tracking_uri)
+        ends.append(client.get_run(trial).info.end_time)
+    assert cell_end_time(client, exp, cell_run) == max(ends)
+    assert cell_end_time(client, exp, empty) is None  # no trial: it ends when it is closed
+    open_trial = client.create_run(exp, tags={PARENT_RUN_TAG: cell_run}).info.run_id
+    assert cell_end_time(client, exp, cell_run) is None  # a trial still open: not before it
+    client.set_terminated(open_trial)
+    assert cell_end_time(client, exp, cell_run) == client.get_run(open_trial).info.end_time

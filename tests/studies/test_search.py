@@ -178,9 +178,12 @@ def test_records_link_each_optuna_trial_to_its_tune_trial_cell_and_mlflow_run(tm
     assert study.metric_names == ["val_acc"]
     assert optuna.get_all_study_names(storage) == ["s:method=sam"]  # a cell with nothing to search has no study
     first, diverged, errored = study.trials
-    # Its MLflow run by id and by name: the run name the trial's payload carries, e.g. 'sam rho=0.125 #1'.
+    # Its MLflow run by id and by name: the run name the trial's payload carries, e.g. 'sam rho=0.125 #0', numbered
+    # as optuna-dashboard shows it (Trial 0: NUMBERING, zero-based), as is every later trial of the cell.
     name = issued[int(sam[0][1:])]["run_name"]
-    assert name.startswith("sam rho=") and name.endswith(" #1")
+    assert name.startswith("sam rho=") and name.endswith(" #0") and first.number == 0
+    assert [issued[int(t[1:])]["run_name"].rsplit("#", 1)[1] for t in sam] == ["0", "1", "2"]
+    assert issued[[p["cell"] for p in issued].index("method=none")]["run_name"].endswith("#0")
     assert first.user_attrs == {
         TUNE_TRIAL_ATTR: sam[0],
         CELL_ATTR: "method=sam",

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
+from trainables.naming import PARENT_RUN_TAG, kind_filter
 from trainables.ray_train import run_tune_trial
 
 
@@ -84,6 +85,16 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     ok = runs.loc["ok", "run_id"]
     assert [m.step for m in client.get_metric_history(ok, "val_acc")] == [1, 2]
     assert [m.step for m in client.get_metric_history(ok, "train_loss")] == [0, 1, 2]
+    # Zero-based (studies.records.NUMBERING): the cell's first trial is #0, Optuna's Trial 0 of its study.
+    assert client.get_run(ok).info.run_name.endswith(" #0")
+    # Each cell run ends when its last trial ended (its duration its own), not when the study closed.
+    exp = client.get_run(ok).info.experiment_id
+    study_end = client.search_runs([exp], filter_string=kind_filter("study"))[0].info.end_time
+    cells = client.search_runs([exp], filter_string=kind_filter("cell"))
+    assert len(cells) == 3
+    for cell in cells:
+        trials = client.search_runs([exp], filter_string=f"tags.`{PARENT_RUN_TAG}` = '{cell.info.run_id}'")
+        assert trials and cell.info.end_time == max(t.info.end_time for t in trials) < study_end
 
     storage = f"sqlite:///{tmp_path / 'runs' / 'refusals.optuna.db'}"
     states = {
