@@ -460,6 +460,8 @@ def _cmd_ui(args) -> int:
 
     uri = check_tracking_uri(resolve_tracking_uri(args.tracking_uri))
     server_cli.check_port_and_workers(args.port, args.workers)
+    # `mlflow ui` has no login and takes writes (rename, tag, delete runs) from whoever reaches it.
+    server_cli.warn_if_exposed("the MLflow UI", args.host, args.port, "every run and artifact", writes=True)
     log_path = ui_log_path(uri)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -552,14 +554,7 @@ def _cmd_dashboard(args) -> int:
     hosts = server_cli.allowed_hosts(args.allowed_host)  # the checks `sharpscale server` makes, --allowed-host too
     app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
     url = f"http://{args.host}:{args.port}"
-    if not server_cli.is_loopback(args.host):
-        print(
-            f"WARNING: optuna-dashboard listens on {args.host}:{args.port}, not on loopback, with no login: anyone "
-            f"who reaches it reads every trial{' and may change or delete them' if args.allow_writes else ''}. "
-            f"Prefer the default 127.0.0.1 and an SSH tunnel.",
-            file=sys.stderr,
-            flush=True,
-        )
+    server_cli.warn_if_exposed("optuna-dashboard", args.host, args.port, "every trial", writes=args.allow_writes)
     print(
         f"Starting optuna-dashboard over {storage} (one Optuna study per cell; each trial's user attributes hold "
         f"its MLflow run id and name; {'writes allowed' if args.allow_writes else 'read-only'}) ...",

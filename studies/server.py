@@ -44,6 +44,7 @@ __all__ = [
     "from_args",
     "group_alive",
     "is_loopback",
+    "warn_if_exposed",
     "mlflow_server_command",
     "own_host_names",
     "run_in_process_group",
@@ -124,6 +125,19 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name other than localhost may resolve to any interface
+
+
+def warn_if_exposed(what: str, host: str, port: int, holds: str, *, writes: bool) -> None:
+    """One line on stderr when a login-free server (`ui`, `dashboard`) binds `host`, not loopback: the network reads
+    everything it `holds` (and changes it, where it takes `writes`)."""
+    if is_loopback(host):
+        return
+    print(
+        f"WARNING: {what} listens on {host}:{port}, not on loopback, with no login: anyone who reaches it reads "
+        f"{holds}{' and may change or delete them' if writes else ''}. Prefer the default 127.0.0.1 and an SSH tunnel.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 # Requests that change what a server holds: refused by `guard_wsgi` unless writes are allowed.

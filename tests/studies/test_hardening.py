@@ -451,3 +451,21 @@ def test_sigterm_anywhere_in_a_study_is_an_interrupt_and_the_handler_is_put_back
     with pytest.raises(KeyboardInterrupt):
         study()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("host, warned", [("0.0.0.0", True), ("192.168.1.7", True), ("127.0.0.1", False)])
+def test_ui_off_loopback_warns_that_the_network_reaches_it_without_a_login(host, warned, tmp_path, capsys):
+    """`ui --host 0.0.0.0` said nothing (issue 24): one line now, as `dashboard` says; said before the store is read,
+    so a store that is missing still shows it (and no server starts)."""
+    from studies.server import free_port
+
+    missing = f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}"
+    code = main(["ui", "--host", host, "--port", str(free_port()), "--tracking-uri", missing])
+    assert code != 0  # the missing store, after the warning
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("WARNING")]
+    if warned:
+        assert len(lines) == 1, err
+        assert f"listens on {host}:" in lines[0] and "no login" in lines[0] and "127.0.0.1" in lines[0]
+    else:
+        assert not lines, err
