@@ -176,9 +176,44 @@ class DataConfig(_Strict):
             problems.append(
                 f"data.device_resident: true is impossible here: {problem}. Fix: leave it unset (auto) or false."
             )
+        problems += self._subset_problems(spec)
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    def _subset_problems(self, spec) -> list[str]:
+        # Where the registry knows the class sizes, the subset that `fraction` keeps is known before any data is
+        # loaded: a share under one sample, or fewer samples than one batch, would only fail inside the trial.
+        kept = spec.subset_size(self.fraction)
+        if kept is None:
+            return []
+        total = sum(spec.train_class_sizes)
+        if self.fraction * total < 1:
+            return [
+                f"data.fraction: must keep at least one of the {total:,} training samples of {self.name} "
+                f"(fraction x {total:,} >= 1), got {self.fraction!r} ({self.fraction * total:.3g} samples; each class "
+                f"would still keep one, so the run would not train on that share). Fix: use at least "
+                f"{1 / total:.2g}, e.g. 0.1."
+            ]
+        if kept < self.batch_size:
+            # Worded as the trial's own check (trainables.loop._loaders), which stays for datasets sized at load.
+            return [
+                f"data.batch_size: must not exceed the training-set size ({kept} of the {total:,} training samples "
+                f"of {self.name} at data.fraction={self.fraction!r}), got {self.batch_size}. Fix: lower the batch "
+                f"size to at most {kept} or raise data.fraction to at least {_least_fraction(spec, self.batch_size)}."
+            ]
+        return []
+
+
+def _least_fraction(spec, samples: int) -> float:
+    """The smallest two-digit fraction whose subset of `spec` holds `samples` (1.0 when none below does)."""
+    fraction = samples / sum(spec.train_class_sizes)
+    while fraction < 1.0:
+        shown_fraction = float(f"{fraction:.2g}")
+        if spec.subset_size(shown_fraction) >= samples:
+            return shown_fraction
+        fraction *= 1.01
+    return 1.0
 
 
 class OptimizerConfig(_Strict):

@@ -26,6 +26,7 @@ from trainables.datasets import (
     DATASETS,
     DatasetSpec,
     device_rand_augment_problem,
+    fraction_keep,
     package_file,
     rand_augment_hparams,
     resident_problem,
@@ -184,7 +185,7 @@ def _stratified_prefix(labels: np.ndarray, fraction: float, seed: int) -> np.nda
     for cls in np.unique(labels):
         members = np.flatnonzero(labels == cls)
         order = rng.permutation(members)
-        keep = max(1, int(math.floor(fraction * len(members) + 0.5)))
+        keep = fraction_keep(fraction, len(members))
         chosen.append(order[:keep])
     out = np.sort(np.concatenate(chosen)).astype(np.int64)
     out.setflags(write=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ __all__ = [
     "DEVICE_RAND_OPS",
     "DatasetSpec",
     "device_rand_augment_problem",
+    "fraction_keep",
     "package_file",
     "rand_augment_hparams",
     "rand_augment_problem",
@@ -48,6 +50,15 @@ class DatasetSpec:
     # Classes of a fixed dataset (None where the data or the config decide): analysis.chance_error reads it for the
     # error of a model that learned nothing (1 - 1/classes), M4's eps0.
     num_classes: int | None = None
+    # Samples of each class in the training split, in class order (None where the data or the config decide): the
+    # config rules read it to size a `data.fraction` subset before any data is loaded.
+    train_class_sizes: tuple[int, ...] | None = None
+
+    def subset_size(self, fraction: float) -> int | None:
+        """Samples in this dataset's class-stratified `fraction` subset (None where the class sizes are unknown)."""
+        if self.train_class_sizes is None:
+            return None
+        return sum(fraction_keep(fraction, n) for n in self.train_class_sizes)
 
     @property
     def load(self) -> Loader:
@@ -64,6 +75,8 @@ DATASETS: dict[str, DatasetSpec] = {
             needs_root=False,
             device_resident=True,
             num_classes=10,
+            # 1,438 train images (trainables.data's fixed split); pinned against the loaded split by a test.
+            train_class_sizes=(142, 146, 142, 146, 145, 146, 145, 143, 139, 144),
         ),
         DatasetSpec(
             "cifar10",
@@ -73,6 +86,7 @@ DATASETS: dict[str, DatasetSpec] = {
             device_resident=True,
             native_size=32,
             num_classes=10,
+            train_class_sizes=(5000,) * 10,
         ),
         DatasetSpec(
             "cifar100",
@@ -82,6 +96,7 @@ DATASETS: dict[str, DatasetSpec] = {
             device_resident=True,
             native_size=32,
             num_classes=100,
+            train_class_sizes=(500,) * 100,
         ),
         DatasetSpec(
             "imagefolder",
@@ -98,6 +113,11 @@ DATASETS: dict[str, DatasetSpec] = {
         ),
     )
 }
+
+
+def fraction_keep(fraction: float, n: int) -> int:
+    """How many of a class's `n` training samples a `fraction` subset keeps: round(fraction * n), at least one."""
+    return max(1, int(math.floor(fraction * n + 0.5)))
 
 
 def resident_problem(spec: DatasetSpec, augment: str, img_size: int | None) -> str | None:

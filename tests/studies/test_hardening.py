@@ -469,3 +469,26 @@ def test_ui_off_loopback_warns_that_the_network_reaches_it_without_a_login(host,
         assert f"listens on {host}:" in lines[0] and "no login" in lines[0] and "127.0.0.1" in lines[0]
     else:
         assert not lines, err
+
+
+@pytest.mark.parametrize(
+    "edit, where",
+    [
+        (
+            ("  method:\n", "  frac:\n    tiny: {data.fraction: 1.0e-9}\n    half: {data.fraction: 0.5}\n  method:\n"),
+            "frac=tiny",
+        ),
+        (
+            ("search:\n", "search:\n  data.fraction: {type: loguniform, low: 1.0e-9, high: 0.5}\n"),
+            "search.data.fraction",
+        ),
+    ],
+)
+def test_a_fraction_under_one_sample_in_a_factor_or_a_search_range_is_refused_at_load(edit, where, tmp_path):
+    """`fraction: 1e-9` validated, then failed in every trial with Tune's 3 retries (issue 24)."""
+    assert edit[0] in QUICKSTART
+    path = _study_file(tmp_path, QUICKSTART.replace(edit[0], edit[1], 1))
+    with pytest.raises(StudyError) as err:
+        load_study(path, require_data=False)
+    text = str(err.value)
+    assert where in text and "data.fraction: must keep at least one" in text and "Fix:" in text, text

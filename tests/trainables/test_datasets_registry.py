@@ -80,3 +80,46 @@ def test_the_lone_parser_judges_as_timm_does(config):
 
     assert verdict(alone.rand_augment_transform) == verdict(rand_augment_transform)
     assert (rand_augment_problem(config) is None) == (verdict(rand_augment_transform) is None)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.1, 0.045, 0.01])
+def test_registered_class_sizes_give_the_loaded_subset_size(fraction):
+    # The config rules size a fraction's subset from the registry, before any data is loaded: the registry's digits
+    # class sizes must be those of the split trainables.data loads, and subset_size what fraction_indices keeps.
+    from trainables.data import load_dataset
+
+    bundle = load_dataset("digits", fraction=fraction, batch_size=1)
+    assert len(bundle.train) == DATASETS["digits"].subset_size(fraction)
+
+
+@pytest.mark.parametrize("name", [n for n, spec in DATASETS.items() if spec.train_class_sizes is not None])
+@pytest.mark.parametrize("batch_size", [1, 64])
+def test_a_fraction_under_one_sample_is_refused_at_load(name, batch_size):
+    """`data.fraction: 1e-9` validated and then failed in every trial, 3 retries each (issue 24)."""
+    from trainables.config import ConfigError, TrialConfig
+
+    data = {"name": name, "fraction": 1e-9, "batch_size": batch_size}
+    if DATASETS[name].needs_root:
+        data["root"] = "/data"
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.load({"data": data})
+    text = str(err.value)
+    assert "data.fraction: must keep at least one" in text and "got 1e-09" in text and "Fix: use at least" in text, text
+
+
+@pytest.mark.parametrize("name", [n for n, spec in DATASETS.items() if spec.train_class_sizes is not None])
+def test_a_fraction_smaller_than_one_batch_is_refused_at_load_with_the_least_fraction(name):
+    from trainables.config import ConfigError, TrialConfig
+
+    spec = DATASETS[name]
+    total = sum(spec.train_class_sizes)
+    batch = 3 * len(spec.train_class_sizes)  # each class keeps at least one: a smaller batch always fits
+    fraction = batch / total / 3
+    data = {"name": name, "fraction": fraction, "batch_size": batch, "root": "/data" if spec.needs_root else None}
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.load({"data": data})
+    text = str(err.value)
+    assert "data.batch_size: must not exceed the training-set size" in text and f"got {batch}" in text, text
+    least = float(text.split("raise data.fraction to at least ")[1].split()[0].rstrip("."))
+    assert spec.subset_size(least) >= batch
+    TrialConfig.load({"data": {**data, "fraction": least}})  # the fix it names passes
