@@ -705,6 +705,18 @@ def _levels(name: str, spec: dict[str, dict[str, Any]] | list[Any]) -> dict[str,
     return spec
 
 
+def _unsafe_name_problem(field: str, what: str, name: str) -> str | None:
+    # Factor and level names go into MLflow tags, params, filters and run names, Optuna study names and the
+    # terminal: an emoji or other non-ASCII name left a cell run RUNNING forever (issue 24), so only printable ASCII.
+    if name.isascii() and name.isprintable():
+        return None
+    ascii_name = re.sub(r"[^ -~]+", "_", name).strip("_") or what
+    return (
+        f"{field}: a {what} name must be printable ASCII (it is written into MLflow filters, tags and run names, "
+        f"Optuna study names and the terminal), got {shown(name)}. Fix: rename it, e.g. {shown(ascii_name)}."
+    )
+
+
 def _factor_problems(spec: Study) -> list[str]:
     """Factors that would silently run fewer cells than written, or set one path twice."""
     problems = []
@@ -719,7 +731,11 @@ def _factor_problems(spec: Study) -> list[str]:
                 f"factors.{fname}: levels must be distinct (one cell each), got {shown(dup)} more than once in "
                 f"{shown(fspec)}. Fix: list each level once."
             )
+        if problem := _unsafe_name_problem(f"factors.{shown(fname)}", "factor", fname):
+            problems.append(problem)
         for level, overrides in _levels(fname, fspec).items():
+            if problem := _unsafe_name_problem(f"factors.{fname}.{shown(level)}", "level", level):
+                problems.append(problem)
             if "'" in fname + level and '"' in fname + level:
                 problems.append(
                     f"factors.{fname}.{shown(level)}: a factor or level name may hold ' or \" but not both (it is "

@@ -492,3 +492,32 @@ def test_a_fraction_under_one_sample_in_a_factor_or_a_search_range_is_refused_at
         load_study(path, require_data=False)
     text = str(err.value)
     assert where in text and "data.fraction: must keep at least one" in text and "Fix:" in text, text
+
+
+@pytest.mark.parametrize(
+    "old, new, field, name",
+    [
+        ("  method:\n", "  méthode🔥:\n", "factors.'méthode🔥'", "méthode🔥"),
+        (
+            "    sam:   {optimizer.method: sam}",
+            '    "sam🚀": {optimizer.method: sam}',
+            "factors.method.'sam🚀'",
+            "sam🚀",
+        ),
+        ("    vit:    {", "    vït:    {", "factors.arch.'vït'", "vït"),
+    ],
+    ids=["emoji-factor", "emoji-level", "accented-level"],
+)
+def test_a_non_ascii_factor_or_level_name_is_refused_at_load(old, new, field, name, tmp_path):
+    """An emoji factor name validated, then left a cell run RUNNING forever (issue 24)."""
+    assert old in QUICKSTART
+    path = _study_file(tmp_path, QUICKSTART.replace(old, new, 1))
+    with pytest.raises(StudyError) as err:
+        load_study(path, require_data=False)
+    text = str(err.value)
+    assert f"{field}: a " in text and "must be printable ASCII" in text and shown(name) in text, text
+    assert "Fix: rename it, e.g. '" in text
+    fixed = text.split("Fix: rename it, e.g. ")[1].split("'")[1]
+    load_study(
+        _study_file(tmp_path / "fixed", QUICKSTART.replace(old, new.replace(name, fixed), 1)), require_data=False
+    )
