@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +75,32 @@ def open_optuna_storage(spec: str):
         {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}} if base == "sqlite" else {"pool_pre_ping": True}
     )
     try:
-        return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
+        with refuse_locked(spec):
+            return optuna.storages.RDBStorage(spec, engine_kwargs=engine_kwargs)
     except ImportError as err:
         raise UserError(
             f"Optuna storage {spec!r}: its database driver is not installed ({err}). "
             f"Fix: install it (e.g. psycopg2-binary for postgresql, PyMySQL with mysql+pymysql://)."
         ) from err
+
+
+@contextlib.contextmanager
+def refuse_locked(spec: str) -> Iterator[None]:
+    """Turns SQLite's "database is locked" (another process held the Optuna database past SQLITE_BUSY_TIMEOUT_S)
+    into one line that says who may hold it and what to do, instead of SQLAlchemy's traceback."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        yield
+    except OperationalError as err:
+        if "database is locked" not in str(err.orig):
+            raise
+        raise UserError(
+            f"Optuna storage {redact(spec)}: the database is locked by another process (waited "
+            f"{SQLITE_BUSY_TIMEOUT_S} s): another `sharpscale run` or `resume` of this study, an optuna-dashboard, or "
+            f"a script holding it open. Fix: wait for that process to end or stop it, then run again; or give this run "
+            f"its own state with --storage DIR."
+        ) from None
 
 
 def optuna_distribution(dom: Domain):
@@ -221,18 +242,21 @@ class CellSearcher(Searcher):
             self._storage = open_optuna_storage(self._storage_url)
         name = self.optuna_study_name(key)
         direction = "maximize" if self.mode == "max" else "minimize"
-        created = optuna.create_study(storage=self._storage, study_name=name, direction=direction, load_if_exists=True)
-        self._check_owner(created)
-        existing = len(created.get_trials(deepcopy=False))
-        cell = self._cells[key]
-        seed = _cell_seed(self._seed, self._order.index(key), existing)
-        sampler = make_sampler(self._sampler_kind, seed, cell.space, cell.trials)
-        study = optuna.load_study(study_name=name, storage=self._storage, sampler=sampler)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.set_metric_names([self.metric])  # optuna-dashboard then names the objective, e.g. "val_acc"
-        self._studies[key] = study
-        self._study_ids[key] = self._storage.get_study_id_from_name(name)
+        with refuse_locked(self._storage_url):  # a cell's first use writes: another process may hold the db
+            created = optuna.create_study(
+                storage=self._storage, study_name=name, direction=direction, load_if_exists=True
+            )
+            self._check_owner(created)
+            existing = len(created.get_trials(deepcopy=False))
+            cell = self._cells[key]
+            seed = _cell_seed(self._seed, self._order.index(key), existing)
+            sampler = make_sampler(self._sampler_kind, seed, cell.space, cell.trials)
+            study = optuna.load_study(study_name=name, storage=self._storage, sampler=sampler)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([self.metric])  # optuna-dashboard then names the objective, e.g. "val_acc"
+            self._studies[key] = study
+            self._study_ids[key] = self._storage.get_study_id_from_name(name)
         return study
 
     def _check_owner(self, study) -> None:

@@ -521,3 +521,31 @@ def test_a_non_ascii_factor_or_level_name_is_refused_at_load(old, new, field, na
     load_study(
         _study_file(tmp_path / "fixed", QUICKSTART.replace(old, new.replace(name, fixed), 1)), require_data=False
     )
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["new-db", "db-with-studies"])
+def test_a_locked_optuna_database_is_one_line_with_the_fix(fresh, tmp_path, monkeypatch):
+    """Another process holding the Optuna SQLite database gave SQLAlchemy's traceback (issue 24)."""
+    import sqlite3
+
+    from studies import search
+
+    db = tmp_path / "o.db"
+    storage = f"sqlite:///{db}"
+    study = load_study(_study_file(tmp_path), require_data=False)
+    kwargs = dict(metric="val_acc", mode="max", sampler="random", seed=0, storage_url=storage, study_name="s")
+    if not fresh:
+        CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)
+    holder = sqlite3.connect(db, isolation_level=None)  # what another process's open write transaction does
+    holder.execute("BEGIN EXCLUSIVE")
+    monkeypatch.setattr(search, "SQLITE_BUSY_TIMEOUT_S", 0.2)  # the wait before SQLite gives up, not a race
+    try:
+        with pytest.raises(UserError) as err:
+            CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)
+        text = str(err.value)
+        assert text.startswith(f"Optuna storage {storage}: the database is locked by another process"), text
+        assert "Fix: wait for that process to end" in text and "--storage" in text and "\n" not in text
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)  # free again: it opens
