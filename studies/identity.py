@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import uuid
 from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
@@ -23,6 +24,7 @@ __all__ = [
     "check_launch_record",
     "claim_launch",
     "claim_name",
+    "release_launch",
     "find_recorded_store",
     "launch_record",
     "read_launch_record",
@@ -61,6 +63,20 @@ def claim_launch(client, experiment: str, launch: int, artifact_location: str | 
             raise LaunchTaken(launch) from err
         raise
     client.delete_experiment(exp_id)
+
+
+def release_launch(client, experiment: str, launch: int) -> None:
+    """Give back a claim of `launch` that no run used (Ray failed to start, say), so the next `run` can take it.
+
+    The claim is a deleted experiment whose name holds the launch: renamed out of the way (the store renames only
+    active experiments) and deleted again, under a name no claim uses.
+    """
+    claim = client.get_experiment_by_name(claim_name(experiment, launch))
+    if claim is None:
+        return
+    client.restore_experiment(claim.experiment_id)
+    client.rename_experiment(claim.experiment_id, f"{claim.name}-released-{uuid.uuid4().hex[:12]}")
+    client.delete_experiment(claim.experiment_id)
 
 
 def _study_runs(client, experiment_id: str) -> list:

@@ -677,8 +677,11 @@ def run_study(
         # Only the launch this file ran, in the store it ran into: never a new store, experiment or launch.
         uri, client, experiment_id, previous = _resume_target(study, uri, explicit=tracking_uri is not None)
         launch = _launch_of(previous)
+        new_experiment = False
     else:
         client = tracking_client(uri)
+        before = client.get_experiment_by_name(exp_name)
+        new_experiment = before is None or before.lifecycle_stage != "active"
         experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
         previous = None
         launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
@@ -805,11 +808,27 @@ def run_study(
                 )
                 for rid in opened
             ]
+        if primary is not None and not opened and not resume:
+            # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
+            # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
+            steps.append(lambda: _release(client, experiment_id, exp_name, launch, new_experiment))
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
             steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
         _close_all(steps, primary)
+
+
+def _release(client, experiment_id: str, exp_name: str, launch: int, new_experiment: bool) -> None:
+    """Undo what `run` recorded before its first run: its launch claim, and the experiment when this call made it
+    and nothing else came to use it (no run, no later launch claimed by a run started beside it)."""
+    identity.release_launch(client, exp_name, launch)
+    if (
+        new_experiment
+        and not client.search_runs([experiment_id], max_results=1)
+        and client.get_experiment_by_name(identity.claim_name(exp_name, launch + 1)) is None
+    ):
+        client.delete_experiment(experiment_id)
 
 
 def _resume_target(study: LoadedStudy, uri: str, *, explicit: bool):

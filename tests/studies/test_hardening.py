@@ -549,3 +549,21 @@ def test_a_locked_optuna_database_is_one_line_with_the_fix(fresh, tmp_path, monk
         holder.execute("ROLLBACK")
         holder.close()
     CellSearcher(list(study.cells), payload=_payload, owner="run-a", **kwargs)  # free again: it opens
+
+
+@pytest.mark.timeout(300)
+def test_ray_failing_to_start_leaves_no_experiment_and_no_claimed_launch(tmp_path, tracking_uri, monkeypatch):
+    """Ray unable to start left an empty experiment and launch 1 claimed, so the next `run` was refused as a
+    concurrent one (issue 24). A real Ray failure: an address whose port Ray cannot parse (fails at once)."""
+    path = _study_file(tmp_path / "study")
+    monkeypatch.chdir(path.parent)  # the study's relative artifact_location
+    client = tracking_client(tracking_uri)
+    with pytest.raises(StudyError) as err:
+        run_study(path, address="127.0.0.1:notaport", tracking_uri=tracking_uri)
+    assert "ray: could not reach the Ray cluster at 127.0.0.1:notaport" in str(err.value)
+    exp = client.get_experiment_by_name("quickstart")
+    assert exp is None or exp.lifecycle_stage == "deleted"
+    assert [e.name for e in client.search_experiments()] == ["Default"]  # active ones: no claim, no quickstart
+    _, launch = _record_launch(path, tracking_uri)  # the next run takes launch 1, as if nothing had happened
+    assert launch == 1
+    assert client.get_experiment_by_name("quickstart").lifecycle_stage == "active"
