@@ -558,9 +558,17 @@ def test_ray_failing_to_start_leaves_no_experiment_and_no_claimed_launch(tmp_pat
     path = _study_file(tmp_path / "study")
     monkeypatch.chdir(path.parent)  # the study's relative artifact_location
     client = tracking_client(tracking_uri)
-    with pytest.raises(StudyError) as err:
-        run_study(path, address="127.0.0.1:notaport", tracking_uri=tracking_uri)
-    assert "ray: could not reach the Ray cluster at 127.0.0.1:notaport" in str(err.value)
+    # In a process of its own: this one may hold the session's Ray connection, which a study would use instead.
+    failed = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(path), "--address", "127.0.0.1:notaport"]
+        + ["--tracking-uri", tracking_uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=path.parent,
+    )
+    assert failed.returncode == EXIT_USAGE, failed.stderr[-2000:]
+    assert "ray: could not reach the Ray cluster at 127.0.0.1:notaport" in failed.stderr, failed.stderr[-2000:]
     exp = client.get_experiment_by_name("quickstart")
     assert exp is None or exp.lifecycle_stage == "deleted"
     assert [e.name for e in client.search_experiments()] == ["Default"]  # active ones: no claim, no quickstart
