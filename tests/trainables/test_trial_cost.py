@@ -133,10 +133,18 @@ REFUSALS = {
         {"data": {"fraction": 0.05, "batch_size": 16}, "geometry": {"measures": ["m"], "batches": 2, "batch_size": 64}},
         r"geometry\.batches x geometry\.batch_size",
     ),
-    "batch larger than the subset": ({"data": {"fraction": 0.02, "batch_size": 128}}, r"data\.batch_size"),
     "model kwargs timm does not take": ({"model": {"kwargs": {"no_such_knob": 3}}}, r"model: .*no_such_knob"),
     "probe check": ({"geometry": {"measures": ["m"], "batches": 1, "batch_size": 8}}, "kinked model"),
 }
+
+
+def test_a_batch_larger_than_a_known_subset_is_refused_at_load_not_in_the_trial(tiny_model):
+    # The registry knows digits' training-set size, so the config refuses it before any trial starts; the loop's
+    # own check (TrialRefused) stays for datasets whose size is known only once loaded (an image folder).
+    cfg = _config(tiny_model, epochs=1)
+    cfg["data"] = {**cfg.get("data", {}), "fraction": 0.02, "batch_size": 128}
+    with pytest.raises(ConfigError, match=r"data\.batch_size: must not exceed the training-set size"):
+        fit(cfg, reporter=lambda m, _: pytest.fail("trained"))
 
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
