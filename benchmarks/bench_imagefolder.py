@@ -32,13 +32,30 @@ import torch  # noqa: E402
 from trainables import fit  # noqa: E402
 
 # (label, data overrides, {method: target ratio to synthetic with the same method}); issue 21's targets
+TARGETS_BASIC, TARGETS_STRONG = {"none": 0.90, "sam": 0.95}, {"none": 0.80}
 PATHS = [
     ("synthetic, on the GPU", {"name": "synthetic"}, None),
     ("imagefolder basic, decode cpu", {"augment": "basic", "decode": "cpu"}, None),
-    ("imagefolder basic, decode device", {"augment": "basic", "decode": "device"}, {"none": 0.90, "sam": 0.95}),
+    ("imagefolder basic, decode device", {"augment": "basic", "decode": "device"}, TARGETS_BASIC),
     ("imagefolder strong, decode cpu", {"augment": "strong", "decode": "cpu"}, None),
-    ("imagefolder strong, decode device", {"augment": "strong", "decode": "device"}, {"none": 0.80}),
+    ("imagefolder strong, decode device", {"augment": "strong", "decode": "device"}, TARGETS_STRONG),
 ]
+
+
+def prepared_paths(short_sides: list[int]) -> list[tuple[str, dict, dict | None]]:
+    """The data paths on the folder prepared at each short side (`sharpscale data prepare`)."""
+    out = []
+    for side in short_sides:
+        out += [
+            (f"prepared {side} basic, decode cpu", {"augment": "basic", "decode": "cpu", "prepared": side}, None),
+            (f"prepared {side} basic, decode device", {"augment": "basic", "decode": "device", "prepared": side},
+             TARGETS_BASIC),
+            (f"prepared {side} strong, decode device", {"augment": "strong", "decode": "device", "prepared": side},
+             TARGETS_STRONG),
+        ]  # fmt: skip
+    return out
+
+
 MODELS = {
     "ViT-S/16": {"name": "vit_small_patch16_224"},
     "ResNet-50": {"name": "resnet50"},
@@ -97,7 +114,7 @@ def config(root: Path, data: dict, method: str, *, model: dict, batch: int, step
         }
     return {
         "model": model,
-        "data": {**base, **{k: v for k, v in data.items() if k != "name"}},
+        "data": {**base, **{k: v for k, v in data.items() if k not in ("name", "prepared")}},
         "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
         "schedule": {"epochs": epochs, "sched": "cosine"},
         "train": {"device": device, "checkpoint_every": 1000},
@@ -128,6 +145,32 @@ def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str,
     return rate(lambda: decode_batch(datas, dev)), rate(lambda: train.transform(datas, dev, g))
 
 
+def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> tuple[float, float]:
+    """GPU kernel time (ms of the SMs' work, torch.profiler) of one batch's decode and of its whole transform: what
+    competes with the training step for the GPU (nvjpeg's hardware decoder engine is not an SM and shows no kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainables.data import load_dataset
+    from trainables.jpeg import decode_batch
+
+    train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
+    datas = [train.read(i)[0] for i in range(min(batch, len(train)))]
+    g, dev = torch.Generator().manual_seed(0), torch.device(device)
+    out = []
+    for work in (lambda: decode_batch(datas, dev), lambda: train.transform(datas, dev, g)):
+        work()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                work()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        out.append(sum(e.self_device_time_total for e in kernels) / 4 / 1e3)
+        top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:4]
+        print("    heaviest: " + "; ".join(f"{e.key[:60]} {e.self_device_time_total / 4e3:.2f} ms" for e in top))
+    return out[0], out[1]
+
+
 def images_per_sec(cfg: dict) -> float:
     seen: list[float] = []
     fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
@@ -144,7 +187,17 @@ def main() -> None:
     p.add_argument("--n-train", type=int, default=12_800)
     p.add_argument("--n-val", type=int, default=512)
     p.add_argument("--skip", nargs="*", default=[], help="leave out the data paths whose label contains any of these")
+    p.add_argument("--skip-sam", nargs="*", default=[], help="as --skip, for SAM only (its runs cost twice)")
+    p.add_argument("--no-pipeline", action="store_true", help="leave out the device path's timing without a model")
     p.add_argument("--root", type=Path, default=None, help="write (or reuse) the folder here; default a temp dir")
+    p.add_argument(
+        "--prepared",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="SHORT_SIDE",
+        help="also time the folder prepared by `sharpscale data prepare --short-side SHORT_SIDE` (made here, timed)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
 
@@ -158,7 +211,7 @@ def main() -> None:
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.root or Path(tmp)
+        root = args.root or Path(tmp) / "folder"
         t0 = time.perf_counter()
         if not (root / "train").is_dir():
             mean_bytes = write_jpeg_folder(root, args.n_train, args.n_val)
@@ -171,17 +224,42 @@ def main() -> None:
             f"{torch.get_num_threads()} torch threads",
             flush=True,
         )
-        for augment in ("basic", "strong"):
-            decode, whole = pipeline_rates(root, augment, size, batch, device)
-            print(f"  device path alone, {augment}: decode {decode:,.0f} img/s, whole transform {whole:,.0f} img/s")
+        roots = {None: root}
+        for side in args.prepared:
+            from trainables.prepare import prepare_folder
+
+            roots[side] = root.parent / f"{root.name}-prepared-{side}"
+            if not (roots[side] / "train").is_dir():
+                done = prepare_folder(root, roots[side], short_side=side)
+                print(
+                    f"  prepared at short side {side}: {done.seconds:.1f} s on {os.cpu_count()} CPUs, pixels "
+                    f"{done.pixels_after / done.pixels_before:.3f} and bytes {done.bytes_after / done.bytes_before:.3f} "
+                    f"of the original's",
+                    flush=True,
+                )
+        for side, where in roots.items() if not args.no_pipeline else ():
+            for augment in ("basic", "strong"):
+                decode, whole = pipeline_rates(where, augment, size, batch, device)
+                kernels = ""
+                if device == "cuda":
+                    k_decode, k_whole = kernel_ms(where, augment, size, batch, device)
+                    kernels = f"; GPU kernels a batch: decode {k_decode:.2f} ms, whole {k_whole:.2f} ms"
+                print(
+                    f"  device path alone, {'original' if side is None else f'prepared {side}'} {augment}: decode "
+                    f"{decode:,.0f} img/s, whole transform {whole:,.0f} img/s ({batch / decode * 1e3:.1f} / "
+                    f"{batch / whole * 1e3:.1f} ms a batch){kernels}",
+                    flush=True,
+                )
+        paths = PATHS + prepared_paths(args.prepared)
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
             for model_label, model in models.items():
                 for method in args.methods:
-                    for label, data, _ in PATHS:
-                        if any(word in label for word in args.skip):
+                    for label, data, _ in paths:
+                        skip = args.skip + (args.skip_sam if method == "sam" else [])
+                        if any(word in label for word in skip):
                             continue
-                        cfg = config(root, data, method, model=model, batch=batch, steps=args.steps,
+                        cfg = config(roots[data.get("prepared")], data, method, model=model, batch=batch, steps=args.steps,
                                      n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
                         t = time.perf_counter()
                         try:
@@ -202,7 +280,7 @@ def main() -> None:
     for model_label in models:
         for method in args.methods:
             base_runs = results.get((model_label, PATHS[0][0], method))
-            for label, _, targets in PATHS:
+            for label, _, targets in paths:
                 runs = results.get((model_label, label, method))
                 if not runs or not base_runs:
                     continue

@@ -17,6 +17,8 @@ extra no-grad eval-mode forward of a model copy.
 ``--compile`` adds, for every method, the same step with the model run through ``trainables.compiled``'s
 ``CompiledModule`` (``torch.compile(mode="reduce-overhead")``: CUDA graphs), shown as ``<method>@compiled`` with
 its ratio to the eager step of the same method (issue 21's target: >= 2.5x at CIFAR sizes, batch 256).
+``--compile-modes reduce-overhead,max-autotune`` times each listed mode side by side (``<method>@max-autotune``:
+Inductor's autotuned GEMM templates, their fused epilogues, and CUDA graphs); each mode's compile seconds are printed.
 
 ``--profile`` adds, after the timed rounds, where each variant's step time goes (one block of steps each): the wall
 time per step, the host's time to issue a step (the loop without waiting for the GPU), the GPU's kernel time per
@@ -146,9 +148,14 @@ def _fused_adamw(params, device):
     return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.05, fused=True)
 
 
-def build_variants(spec, model, device, methods, autocast, compiled=False, probes=None):
-    """The timed variants of one model; with ``probes`` (a dict) and ``compiled``, also fills it with the compiled
-    step's parts, untimed, for --profile: the compiled forward+backward alone, and it plus a bare fused-AdamW step
+def _suffix(mode):
+    # reduce-overhead keeps the name earlier tables used.
+    return "@compiled" if mode == "reduce-overhead" else f"@{mode}"
+
+
+def build_variants(spec, model, device, methods, autocast, compiled=(), probes=None):
+    """The timed variants of one model, plus each method compiled in each torch.compile mode of ``compiled``; with
+    ``probes`` (a dict) and ``compiled``, also fills it with the first mode's compiled step's parts, untimed, for --profile: the compiled forward+backward alone, and it plus a bare fused-AdamW step
     (what optim's ``none`` adds beyond that is the method's own host work)."""
     x = torch.randn(spec.batch, 3, spec.img, spec.img, device=device)
     if spec.channels_last:
@@ -174,13 +181,16 @@ def build_variants(spec, model, device, methods, autocast, compiled=False, probe
         model.zero_grad(set_to_none=True)
     variants = {}
     runs = [(name, model, forward, name) for name in methods]
-    if compiled:
+    plans = {}
+    for mode in compiled or ():
         from trainables.compiled import CompilePlan, compile_module
 
-        plan = CompilePlan("reduce-overhead", "bench_optim --compile")
+        plan = CompilePlan(mode, f"bench_optim --compile-modes {mode}")
         net = compile_module(model, plan)
-        runs += [(name, net, forward_of(net), f"{name}@compiled") for name in methods]
-        if probes is not None:
+        suffix = _suffix(mode)
+        plans[suffix] = plan
+        runs += [(name, net, forward_of(net), f"{name}{suffix}") for name in methods]
+        if probes is not None and mode == compiled[0]:
             fwd_c, bare = forward_of(net), _fused_adamw(model.parameters(), device)
 
             def fwd_bwd():
@@ -203,7 +213,7 @@ def build_variants(spec, model, device, methods, autocast, compiled=False, probe
             name, base, model=net, num_samples=SAF_SAMPLES, num_classes=spec.num_classes, **METHOD_HPARAMS[name]
         )
         if key != name:
-            method.compile_modules(lambda module: compile_module(module, plan))
+            method.compile_modules(lambda module, p=plans[key[len(name) :]]: compile_module(module, p))
         epoch = ACTIVE_EPOCH if name in ("saf", "mesa") else 0
         if name == "saf":
             # The active step reads the logits of epoch ACTIVE_EPOCH - e_tilde, which must have been recorded
@@ -216,7 +226,11 @@ def build_variants(spec, model, device, methods, autocast, compiled=False, probe
             lambda m=method, e=epoch, f=forward: m.train_step(f, inputs=x, indices=idx, epoch=e),
             base_ratio_to=name if key != name else "mesa_floor" if name == "mesa" else "none",
         )
-        v.step()  # allocate optimizer state, saved w, buffers
+        t0 = time.perf_counter()
+        v.step()  # allocate optimizer state, saved w, buffers; a compiled variant's first step compiles
+        if key != name:
+            _sync(device)
+            print(f"# {spec.name}/{key}: first step (compiling) {time.perf_counter() - t0:.1f} s", flush=True)
         after = _allocated(device)
         v.extra_bytes = method.extra_state_bytes()
         v.measured_bytes = (
@@ -303,14 +317,14 @@ def probe(key, v, device, steps, top=6):
         + (f" at {', '.join(sorted(set(syncs)))}" if syncs else ""),
         flush=True,
     )
-    if key.endswith("@compiled"):
+    if "@" in key:
         for a in sorted(avgs, key=lambda a: -a.self_device_time_total)[:top]:
             print(
                 f"#   {a.self_device_time_total / n / 1e3:7.3f} ms/step  x{a.count // n:<4d} {a.key[:110]}", flush=True
             )
 
 
-def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compiled=False, profiled=False):
+def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compiled=(), profiled=False):
     torch.manual_seed(0)
     if spec.timm_name == "MlpMixer":
         model = timm.models.MlpMixer(num_classes=spec.num_classes, **spec.kwargs).to(device)
@@ -387,7 +401,7 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
         measured = None
         if v.measured_bytes is not None and none_bytes is not None and k in methods:
             measured = (v.measured_bytes - none_bytes) / numel
-        target = COMPILED_TARGET if k.endswith("@compiled") else TARGETS.get(k)
+        target = COMPILED_TARGET if "@" in k else TARGETS.get(k)
         ratio = statistics.median(ratios[k])
         rows.append(
             {
@@ -486,6 +500,12 @@ def main(argv=None):
         help="also time each method with the model compiled (CUDA graphs on CUDA): <method>@compiled, ratio to eager",
     )
     ap.add_argument(
+        "--compile-modes",
+        default="reduce-overhead",
+        help="with --compile, comma list of torch.compile modes timed side by side (reduce-overhead is "
+        "<method>@compiled, another mode <method>@<mode>), e.g. reduce-overhead,max-autotune",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="also print where each variant's step time goes (wall, host issue and GPU kernel ms per step, host syncs, "
@@ -510,6 +530,11 @@ def main(argv=None):
         ap.error(f"unknown method(s) {bad}; choose from {list(optim.METHODS)}")
     if "none" not in methods:
         methods = ["none"] + methods  # the reference
+    from trainables.compiled import COMPILE_MODES
+
+    modes = args.compile_modes.split(",") if args.compile else []
+    if any(m not in COMPILE_MODES for m in modes):
+        ap.error(f"unknown --compile-modes {[m for m in modes if m not in COMPILE_MODES]}; choose from {COMPILE_MODES}")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -530,9 +555,7 @@ def main(argv=None):
     rows, numels = [], {}
     for name in names:
         t0 = time.perf_counter()
-        r, numel = bench_model(
-            specs[name], device, methods, steps, repeats, warmup, autocast, args.compile, args.profile
-        )
+        r, numel = bench_model(specs[name], device, methods, steps, repeats, warmup, autocast, modes, args.profile)
         rows += r
         numels[name] = numel
         print(f"# {name}: {time.perf_counter() - t0:.1f}s", flush=True)

@@ -153,18 +153,20 @@ def cmd_compile(args) -> None:
     from trainables import fit
 
     device = "cpu" if args.quick else "cuda"
-    mode = "default" if args.quick else "reduce-overhead"
+    modes = ["default"] if args.quick else args.modes
+    mode = modes[0]
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     models = {k: (*v, False) for k, v in QUICK.items()} if args.quick else {k: CIFAR[k] for k in args.models}
     print(
-        f"# trainables.fit, train.compile off vs {mode}, {card}, bf16, synthetic data on the device, img/s of epoch 2"
+        f"# trainables.fit, train.compile off vs {', '.join(modes)}, {card}, bf16, synthetic data on the device, img/s "
+        "of epoch 2"
     )
-    print("| model | batch | method | eager img/s | compiled img/s | compiled / eager | compile s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | batch | method | mode | eager img/s | compiled img/s | compiled / eager | compile s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for key, (name, kwargs, img, batch, stem) in models.items():
         for method, hp in (("none", {}), ("sam", {"rho": 0.05})):
-            rates = {"off": [], mode: []}
-            compile_s = []
+            rates = {"off": [], **{m: [] for m in modes}}
+            compile_s = {m: [] for m in modes}
             for _ in range(args.repeats):
                 for m in rates:
                     seen = []
@@ -174,11 +176,14 @@ def cmd_compile(args) -> None:
                     fit(cfg, reporter=lambda r, c, seen=seen: seen.append(r))
                     rates[m].append(seen[-1]["images_per_sec"])
                     if m != "off":
-                        compile_s.append(seen[0]["compile_time_s"])
-            e, c = statistics.median(rates["off"]), statistics.median(rates[mode])
-            print(
-                f"| {key} | {batch} | {method} | {e:.0f} | {c:.0f} | {c / e:.2f}x | {max(compile_s):.1f} |", flush=True
-            )
+                        compile_s[m].append(seen[0]["compile_time_s"])
+            e = statistics.median(rates["off"])
+            for m in modes:
+                c = statistics.median(rates[m])
+                print(
+                    f"| {key} | {batch} | {method} | {m} | {e:.0f} | {c:.0f} | {c / e:.2f}x | {max(compile_s[m]):.1f} |",
+                    flush=True,
+                )
     if args.cache_model and not args.quick:
         name, kwargs, img, batch, stem = CIFAR[args.cache_model]
         cache = Path(tempfile.mkdtemp(prefix="sharpscale-compile-cache-"))
@@ -316,6 +321,13 @@ def main() -> None:
     c.add_argument("--steps", type=int, default=40, help="steps per epoch")
     c.add_argument("--repeats", type=int, default=1)
     c.add_argument("--cache-model", default="resnet18_cifar", help="model of the cache measurement ('' skips it)")
+    c.add_argument(
+        "--modes",
+        nargs="+",
+        default=["reduce-overhead"],
+        choices=["default", "reduce-overhead"],
+        help="train.compile modes timed against off, side by side (the first one also for the cache measurement)",
+    )
     c.add_argument("--quick", action="store_true", help="tiny run on CPU: checks the script, measures nothing")
     c.set_defaults(func=cmd_compile)
     g = sub.add_parser("geometry")

@@ -667,7 +667,31 @@ def _cmd_data_fetch(args) -> int:
     return 0
 
 
+def _cmd_data_prepare(args) -> int:
+    from trainables.prepare import MANIFEST, default_short_side, prepare_folder
+
+    short_side = args.short_side if args.short_side is not None else default_short_side(args.img_size)
+    done = prepare_folder(
+        args.source,
+        args.to,
+        short_side=short_side,
+        quality=args.quality,
+        workers=args.workers,
+        log=lambda msg: print(msg, flush=True),
+    )
+    print(
+        f"Prepared {sum(done.files.values())} images ({done.resized} resized, {done.copied} copied as they were) in "
+        f"{done.seconds:.1f} s: {done.pixels_after / max(done.pixels_before, 1):.2f} of the pixels and "
+        f"{done.bytes_after / max(done.bytes_before, 1):.2f} of the bytes. Manifest: {Path(args.to) / MANIFEST}"
+    )
+    print(f"Use it with: --set data.root={Path(args.to).expanduser().resolve()}   (an image folder like the original)")
+    return 0
+
+
 def _add_data(sub) -> None:
+    from trainables.prepare import DEFAULT_QUALITY
+    from trainables.prepare import MANIFEST as MANIFEST_NAME
+
     data = sub.add_parser("data", help="put datasets where every node of a cluster reads them")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     fetch = data_sub.add_parser(
@@ -685,6 +709,36 @@ def _add_data(sub) -> None:
     fetch.add_argument("--url", default=None, help="the archive's URL on a mirror (default: the official one)")
     fetch.add_argument("--md5", default=None, help="the md5 of the archive at --url (default: the official archive's)")
     fetch.set_defaults(func=_cmd_data_fetch)
+    prep = data_sub.add_parser(
+        "prepare",
+        help="resize an image folder once so its shorter sides are near the crop's scale (fewer pixels to decode)",
+        description="Write the prepared form of the image folder SOURCE (train/ and val/, one sub-folder per class) "
+        "to --to: every image resized so its shorter side is --short-side (aspect kept, never upscaled; PIL's "
+        "antialiased bicubic), saved as an RGB baseline JPEG at --quality, in the same layout; JPEGs already small "
+        "enough are copied as they are. A manifest (" + MANIFEST_NAME + ") records the source, the settings and "
+        "the counts. Point data.root at --to: it is an ordinary image folder. The default short side is what "
+        "timm's eval transform resizes to before its central crop (256 for --img-size 224), so validation images "
+        "match the original's up to the JPEG re-encoding; training crops of the prepared images have fewer source pixels "
+        "(a crop under img_size on a side is upsampled), so use a larger --short-side to keep more detail. Measured "
+        "gains are in docs/benchmarks.md.",
+    )
+    prep.add_argument("source", metavar="SOURCE", help="the image folder to prepare (holding train/ and val/)")
+    prep.add_argument("--to", required=True, metavar="DIR", help="a new (or empty) directory for the prepared form")
+    prep.add_argument(
+        "--short-side",
+        type=int,
+        default=None,
+        help="the shorter side in pixels after resizing (default: what timm's eval transform resizes to for "
+        "--img-size, 256 for 224)",
+    )
+    prep.add_argument(
+        "--img-size", type=_positive_int, default=224, help="the crop size the data will be trained at (default 224)"
+    )
+    prep.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality, 1-95 (default %(default)s)")
+    prep.add_argument(
+        "--workers", type=_positive_int, default=None, help="processes resizing in parallel (default: every CPU core)"
+    )
+    prep.set_defaults(func=_cmd_data_prepare)
 
 
 def build_parser() -> argparse.ArgumentParser:

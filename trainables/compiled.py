@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "COMPILE_MODES",
     "COMPILED_METRIC",
     "COMPILE_TIME_METRIC",
     "CompilePlan",
@@ -28,6 +29,14 @@ __all__ = [
     "use_cache_dir",
     "warm_up",
 ]
+
+#: The torch.compile modes a CompiledModule runs, each with CUDA graphs or not (`_WITHOUT_GRAPHS`: the form a trial
+#: falls back to where graphs cannot run). `train.compile` offers default and reduce-overhead; the max-autotune
+#: modes (Inductor's GEMM templates autotuned against cuBLAS at compile time, their epilogues fused) are timed by
+#: `benchmarks/bench_optim.py --compile-modes` only: on Mixer-S/4 their compile ran past 100 s and no gain has been
+#: measured yet (docs/benchmarks.md).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_WITHOUT_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 # Seconds the compile's warm-up took (logged with the first epoch a process trains); never part of epoch_time_s or
 # images_per_sec.
@@ -44,7 +53,7 @@ class CompileFallbackWarning(UserWarning):
 class CompilePlan:
     """What a trial's `train.compile` resolved to: the torch.compile mode (or "off") and why."""
 
-    mode: str  # "off", "default" or "reduce-overhead"
+    mode: str  # "off" or one of COMPILE_MODES
     reason: str
     #: Said in the trial's log as a CompileFallbackWarning: a setting kept auto from compiling, or an explicit mode
     #: compiles what differs from eager.
@@ -126,9 +135,10 @@ def resolve_compile(cfg, device: torch.device, world: int = 1) -> CompilePlan:
             "off", "train.compile: auto runs eager on CPU (compiling pays where kernel launches dominate)"
         )
     problems = _eager_only(cfg)
-    no_graphs = _without_graphs(cfg, world) if want in ("auto", "reduce-overhead") and device.type == "cuda" else []
+    graphs = want == "auto" or want in _WITHOUT_GRAPHS
+    no_graphs = _without_graphs(cfg, world) if graphs and device.type == "cuda" else []
     if no_graphs:
-        mode = "default"
+        mode = _WITHOUT_GRAPHS.get(want, "default")
         note = f"train.compile: {want} compiles without CUDA graphs: " + "; ".join(no_graphs)
         if problems and want == "auto":
             return CompilePlan("off", "train.compile: auto runs this trial eager: " + "; ".join(problems), warn=True)
@@ -158,7 +168,7 @@ def use_cache_dir(path: str | os.PathLike | None) -> Path | None:
 class CompiledModule(nn.Module):
     """`torch.compile(module)` whose outputs are copied out of the CUDA graphs' memory.
 
-    Under CUDA graphs (mode reduce-overhead) an output lives in memory that the next replay overwrites, and a
+    Under CUDA graphs (modes reduce-overhead and max-autotune) an output lives in memory that the next replay overwrites, and a
     two-pass method runs the model again before the step returns pass 1's logits; the copy (one small tensor a
     call) keeps them. The eager module stays registered as `_orig_mod`, as torch.compile's own wrapper has it, so
     `optim`'s unwrap, BatchNorm guard and ESAM find the module, its parameters and that it is compiled.
@@ -171,7 +181,7 @@ class CompiledModule(nn.Module):
         # Shapes stay static: a trial sees a handful (the batch, micro-batches, ESAM's selection), each its own graph.
         compiled = torch.compile(module, backend=backend, dynamic=False, **options)
         object.__setattr__(self, "_compiled", compiled)  # not a submodule: its parameters are _orig_mod's
-        self._copy_out = mode == "reduce-overhead"  # without CUDA graphs an output is the caller's already
+        self._copy_out = mode in _WITHOUT_GRAPHS  # without CUDA graphs an output is the caller's already
 
     def forward(self, *args, **kwargs):
         out = self._compiled(*args, **kwargs)

@@ -6,6 +6,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,3 +33,18 @@ def test_profile_prints_each_variant_and_the_compiled_parts(capsys, monkeypatch)
         wall = float(ln.split("wall ")[1].split(" ms/step")[0])
         host = float(ln.split("host issue ")[1].split(" ms/step")[0])
         assert 0 < host <= wall  # the host has issued every step before the last one ends
+
+
+def test_compile_modes_are_timed_side_by_side(capsys, monkeypatch):
+    bench = _load()
+    import trainables.compiled as compiled
+
+    monkeypatch.setattr(compiled, "BACKEND", "aot_eager")
+    argv = ["--quick", "--models", "resnet_tiny", "--methods", "none", "--compile", "--compile-modes"]
+    assert bench.main([*argv, "reduce-overhead,default", "--steps", "1", "--repeats", "1", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    for key in ("none@compiled", "none@default"):
+        assert f"resnet_tiny/{key}: first step (compiling)" in out
+        assert any(ln.startswith("|") and key in ln for ln in out.splitlines())  # a row of the table
+    with pytest.raises(SystemExit):
+        bench.main([*argv, "reduce-overhead,fastest"])

@@ -313,3 +313,20 @@ def test_ddp_compiled_equals_ddp_eager(tmp_path):
         for k, v in state.items():
             if "running" not in k and "num_batches" not in k:  # BatchNorm statistics are per replica
                 assert torch.equal(v, ranks[1][key][k]), (key, k)
+
+
+def test_train_compile_offers_only_modes_the_compiled_module_runs():
+    from typing import get_args
+
+    offered = set(get_args(TrialConfig.model_fields["train"].annotation.model_fields["compile"].annotation))
+    assert offered - {"auto", "off"} <= set(compiled.COMPILE_MODES)
+
+
+@pytest.mark.parametrize(
+    "mode, copies",
+    [("default", False), ("reduce-overhead", True), ("max-autotune", True), ("max-autotune-no-cudagraphs", False)],
+)
+def test_outputs_are_copied_out_of_cuda_graphs_in_every_mode_that_records_them(mode, copies):
+    # A two-pass method runs the model again before it reads pass 1's logits: under CUDA graphs those live in memory
+    # the next replay overwrites.
+    assert compiled.CompiledModule(nn.Linear(2, 2), mode, backend="aot_eager")._copy_out is copies

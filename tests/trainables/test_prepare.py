@@ -1,0 +1,177 @@
+"""The prepared form of an image folder (trainables.prepare, `sharpscale data prepare`) on tiny folders the tests
+write: its sizes follow torchvision's Resize, its eval crops match the original's, it loads as an image folder, and
+every refusal comes before anything is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.stats import ks_2samp
+
+from trainables.data import load_dataset
+from trainables.jpeg import random_resized_crop_boxes
+from trainables.prepare import (
+    MANIFEST,
+    PrepareError,
+    default_short_side,
+    prepare_folder,
+    read_manifest,
+    resized_size,
+)
+
+
+def _textured(h: int, w: int, seed: int, cell: int = 8) -> np.ndarray:
+    # As a photo: detail in brightness (blobs of `cell` pixels plus grain), colour that varies slowly (a JPEG's
+    # 4:2:0 chroma keeps it).
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 200, (h // cell + 2, w // cell + 2), dtype=np.uint8)
+    luma = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC), dtype=np.float64)
+    tint = rng.uniform(0, 55, 3) * np.linspace(0, 1, w)[None, :, None]
+    return np.clip(luma[..., None] + tint + rng.normal(0, 3, (h, w, 1)), 0, 255).astype(np.uint8)
+
+
+def _folder(root: Path, sizes=((75, 100), (120, 90), (30, 40)), per_class: int = 3, cell: int = 8) -> Path:
+    for split in ("train", "val"):
+        for k, c in enumerate(("cat", "dog")):
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                h, w = sizes[i % len(sizes)]
+                img = _textured(h, w, seed=100 * k + i, cell=cell)
+                Image.fromarray(img).save(root / split / c / f"{i}.jpg", quality=95)
+    return root
+
+
+def test_sizes_follow_torchvision_resize():
+    from torchvision.transforms import Resize
+
+    for h, w in [(375, 500), (500, 375), (333, 500), (256, 341), (257, 1000), (100, 80), (64, 64)]:
+        img = Image.new("RGB", (w, h))
+        want_w, want_h = Resize(64)(img).size if min(h, w) > 64 else (w, h)  # prepare never upscales
+        assert resized_size(h, w, 64) == (want_h, want_w), (h, w)
+    assert default_short_side(224) == 256
+
+
+def test_prepare_writes_the_layout_sizes_and_manifest(tmp_path):
+    src = _folder(tmp_path / "src")
+    Image.fromarray(_textured(80, 60, 7)).save(src / "train" / "dog" / "extra.png")  # a PNG becomes a JPEG
+    done = prepare_folder(src, tmp_path / "out", short_side=48, quality=95, workers=1)
+    out = tmp_path / "out"
+    assert done.files == {"train": 7, "val": 6}
+    assert (done.resized, done.copied) == (9, 4)  # the 30x40 JPEGs are copied, the PNG is re-encoded
+    assert read_manifest(out) == done
+    assert json.loads((out / MANIFEST).read_text())["short_side"] == 48
+    assert not list(tmp_path.glob(".out.preparing-*"))  # the staging folder was renamed, nothing left over
+    for path in src.rglob("*.*"):
+        rel = path.relative_to(src).with_suffix(".jpg")
+        with Image.open(path) as a, Image.open(out / rel) as b:
+            w, h = a.size
+            assert b.size[::-1] == resized_size(h, w, 48)
+            assert b.format == "JPEG" and b.mode == "RGB"
+            assert not b.info.get("progressive")  # baseline: nvjpeg's hardware path decodes it
+        if min(h, w) <= 48 and path.suffix == ".jpg":
+            assert (out / rel).read_bytes() == path.read_bytes()
+    assert done.pixels_after < done.pixels_before
+    # An ordinary image folder: both decode paths load it, with the same classes.
+    for decode in ("cpu", "device"):
+        bundle = load_dataset("imagefolder", root=out, img_size=32, augment="basic", decode=decode, device="cpu")
+        assert bundle.classes == ("cat", "dog") and len(bundle.train) == 7
+        x, _, _ = bundle.val[0]
+        assert tuple(x.shape) == (3, 32, 32)
+
+
+def test_prepared_eval_crops_match_the_originals(tmp_path):
+    """At the default short side the eval transform (resize the shorter side to img_size / 0.875, central crop) of a
+    prepared image is that of its original, up to the JPEG re-encoding."""
+    src = _folder(tmp_path / "src", sizes=((150, 200), (210, 160)), per_class=2, cell=20)
+    size = 32
+    prepare_folder(src, tmp_path / "out", short_side=default_short_side(size), quality=95, workers=1)
+    a = load_dataset("imagefolder", root=src, img_size=size, augment="none", decode="cpu").val
+    b = load_dataset("imagefolder", root=tmp_path / "out", img_size=size, augment="none", decode="cpu").val
+    diffs, shifted = [], []
+    for i in range(len(a)):
+        xa, xb = a[i][0], b[i][0]
+        diffs.append((xa - xb).abs().mean().item())
+        shifted.append((xa[..., 1:] - xb[..., :-1]).abs().mean().item())  # what a one-pixel offset would give
+    # Normalised units (one grey level is about 0.017): the re-encoding stays far below a one-pixel shift.
+    assert max(diffs) < 0.05, diffs
+    assert min(shifted) > 4 * max(diffs), (diffs, shifted)
+
+
+def test_crop_boxes_keep_their_relative_distribution_on_prepared_sizes():
+    """Random-resized crops are drawn relative to the image: on the prepared size (256 x 341 for 375 x 500) the
+    boxes' area and aspect fractions have the distribution they have on the original (integer rounding aside)."""
+    n = 20_000
+    orig = random_resized_crop_boxes(torch.tensor([[375, 500]] * n), torch.Generator().manual_seed(0)).double()
+    prep = random_resized_crop_boxes(torch.tensor([[256, 341]] * n), torch.Generator().manual_seed(1)).double()
+    for col, (h, w) in ((2, (375, 256)), (3, (500, 341))):
+        assert ks_2samp((orig[:, col] / h).numpy(), (prep[:, col] / w).numpy()).pvalue > 1e-3
+    assert (
+        ks_2samp(
+            (orig[:, 2] * orig[:, 3] / (375 * 500)).numpy(), (prep[:, 2] * prep[:, 3] / (256 * 341)).numpy()
+        ).pvalue
+        > 1e-3
+    )
+    # The test can fail: another scale range on the prepared images is caught at this n.
+    other = random_resized_crop_boxes(
+        torch.tensor([[256, 341]] * n), torch.Generator().manual_seed(1), scale=(0.12, 1.0)
+    ).double()
+    area = (other[:, 2] * other[:, 3] / (256 * 341)).numpy()
+    assert ks_2samp((orig[:, 2] * orig[:, 3] / (375 * 500)).numpy(), area).pvalue < 1e-6
+
+
+def test_every_problem_is_refused_at_once_before_writing(tmp_path):
+    with pytest.raises(PrepareError) as err:
+        prepare_folder(tmp_path / "missing", tmp_path / "out", short_side=8, quality=100, workers=0)
+    text = str(err.value)
+    for part in ("SOURCE", "is not a directory", "--short-side must be in [16, 8192]", "got 8", "--quality", "got 100",
+                 "--workers must be at least 1"):  # fmt: skip
+        assert part in text, part
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("dest_not_empty", "exists and is not an empty directory"),
+        ("dest_inside", "lies inside SOURCE"),
+        ("prepared_source", "is itself a prepared folder"),
+        ("no_val", "has no 'val' folder"),
+        ("collision", "would both be written as"),
+    ],
+)
+def test_refusals(tmp_path, case, expected):
+    src = _folder(tmp_path / "src", per_class=1)
+    dest = tmp_path / "out"
+    if case == "dest_not_empty":
+        dest.mkdir()
+        (dest / "keep.txt").write_text("mine")
+    elif case == "dest_inside":
+        dest = src / "prepared"
+    elif case == "prepared_source":
+        (src / MANIFEST).write_text("{}")
+    elif case == "no_val":
+        import shutil
+
+        shutil.rmtree(src / "val")
+    elif case == "collision":
+        Image.fromarray(_textured(20, 20, 1)).save(src / "train" / "cat" / "0.png")
+    with pytest.raises(PrepareError, match=expected):
+        prepare_folder(src, dest, short_side=16, workers=1)
+    if case == "dest_not_empty":
+        assert [p.name for p in dest.iterdir()] == ["keep.txt"]
+    elif case != "dest_inside":
+        assert not dest.exists()
+
+
+def test_a_failed_run_leaves_no_half_prepared_folder(tmp_path):
+    src = _folder(tmp_path / "src", per_class=2)
+    (src / "train" / "dog" / "9.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    with pytest.raises(Exception):  # noqa: B017 - PIL's own error for the broken file
+        prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".out.preparing-*"))
