@@ -6,9 +6,13 @@ parallel), then times `trainables.fit` on ViT-S/16 and ResNet-50 at 224, batch 2
 synthetic data, `data.decode: cpu` (PIL in DataLoader workers, timm's transforms) and `data.decode: device`
 (workers read bytes; nvjpeg, crops, flips and RandAugment batched on the GPU), `basic` and `strong`
 augmentation, with the default worker count. Paths and methods are interleaved round by round; each figure is
-the median over rounds of the median epoch after the first. Needs only torch, torchvision, timm and pydantic.
+the median over rounds of the median epoch after the first. Before the fits it times the device path alone (no
+model) and its GPU kernel time a batch (torch.profiler: the SM work that competes with the step). `--prepared S`
+adds the same paths on the folder prepared at short side S (`trainables.prepare`, timed as it is written). Needs
+only torch, torchvision, timm and pydantic.
 
   python benchmarks/bench_imagefolder.py                 # the issue's table on one GPU
+  python benchmarks/bench_imagefolder.py --prepared 256  # also the folder after `sharpscale data prepare`
   python benchmarks/bench_imagefolder.py --quick         # tiny CPU smoke of the script itself, measures nothing
 """
 
