@@ -33,6 +33,8 @@ _VERSION = 1
 _SPLITS = ("train", "val")
 #: The JPEG quality of re-encoded images (PIL's scale).
 DEFAULT_QUALITY = 90
+#: Chroma subsampling of re-encoded images.
+SUBSAMPLING = "4:2:0"
 # PIL writes quality above 95 with little gain and much larger files (its own documentation says to avoid them).
 QUALITY_RANGE = (1, 95)
 SHORT_SIDE_RANGE = (16, 8192)
@@ -59,6 +61,7 @@ class Prepared:
     source: str
     short_side: int
     quality: int
+    subsampling: str
     resample: str
     files: dict[str, int]
     resized: int
@@ -145,7 +148,10 @@ def _prepare_one(job: tuple[str, str, int, int]) -> tuple[int, int, int, int, bo
         if resize:
             # PIL's antialiased bicubic, the filter timm's eval Resize applies to PIL images.
             rgb = rgb.resize((new_w, new_h), Image.Resampling.BICUBIC)
-        rgb.save(dst, "JPEG", quality=quality)  # baseline (not progressive): nvjpeg decodes it on its hardware path
+        # Baseline (not progressive): nvjpeg decodes it on its hardware path. 4:2:0 chroma, as most cameras' and
+        # ImageNet's JPEGs (and what was measured). EXIF is dropped, but no orientation is lost: neither decode path
+        # applies it (torchvision's ImageFolder loader and decode_jpeg leave the pixels as stored).
+        rgb.save(dst, "JPEG", quality=quality, subsampling=SUBSAMPLING)
     return data_before, os.path.getsize(dst), h * w, new_h * new_w, resize
 
 
@@ -214,6 +220,7 @@ def prepare_folder(
             source=str(source.resolve()),
             short_side=short_side,
             quality=quality,
+            subsampling=SUBSAMPLING,
             resample="PIL bicubic (antialiased)",
             files=counts,
             resized=sum(d[4] for d in done),

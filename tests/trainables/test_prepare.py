@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, JpegImagePlugin
 from scipy.stats import ks_2samp
 
 from trainables.data import load_dataset
@@ -64,7 +64,8 @@ def test_prepare_writes_the_layout_sizes_and_manifest(tmp_path):
     assert done.files == {"train": 7, "val": 6}
     assert (done.resized, done.copied) == (9, 4)  # the 30x40 JPEGs are copied, the PNG is re-encoded
     assert read_manifest(out) == done
-    assert json.loads((out / MANIFEST).read_text())["short_side"] == 48
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert (manifest["short_side"], manifest["quality"], manifest["subsampling"]) == (48, 95, "4:2:0")
     assert not list(tmp_path.glob(".out.preparing-*"))  # the staging folder was renamed, nothing left over
     for path in src.rglob("*.*"):
         rel = path.relative_to(src).with_suffix(".jpg")
@@ -73,6 +74,8 @@ def test_prepare_writes_the_layout_sizes_and_manifest(tmp_path):
             assert b.size[::-1] == resized_size(h, w, 48)
             assert b.format == "JPEG" and b.mode == "RGB"
             assert not b.info.get("progressive")  # baseline: nvjpeg's hardware path decodes it
+            if min(h, w) > 48 or path.suffix != ".jpg":
+                assert JpegImagePlugin.get_sampling(b) == 2  # 4:2:0, as the manifest says
         if min(h, w) <= 48 and path.suffix == ".jpg":
             assert (out / rel).read_bytes() == path.read_bytes()
     assert done.pixels_after < done.pixels_before
