@@ -209,6 +209,7 @@ def _cmd_run(args) -> int:
         resume=args.command == "resume",
         overrides=_overrides(args),
         new_launch=getattr(args, "new_launch", False),
+        trust_storage=getattr(args, "trust_storage", False),
     )
     try:
         _print_summary(study, outcome.tracking_uri, outcome)
@@ -785,6 +786,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the interrupted run recorded it",
     )
     res.add_argument("study", help="the study file that was run")
+    res.add_argument(
+        "--trust-storage",
+        action="store_true",
+        help="restore Tune's state files (which Tune unpickles) even where they are not the ones this launch recorded "
+        "leaving (its driver was killed hard, or its node lost): only where no one else can write to the storage",
+    )
     res.set_defaults(func=_cmd_run, dry_run=False)
 
     st = sub.add_parser(

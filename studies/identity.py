@@ -9,12 +9,14 @@ so two runs started together never share one; it writes the launch's identity in
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import hashlib
 import json
 import uuid
 from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
-from trainables.naming import KIND_TAG, LAUNCH_TAG, STUDY_FILE_HASH_TAG, kind_filter, launch_name
+from trainables.naming import KIND_TAG, LAUNCH_TAG, STUDY_FILE_HASH_TAG, TUNE_STATE_TAG, kind_filter, launch_name
 from trainables.secrets import redact
 
 __all__ = [
@@ -22,13 +24,16 @@ __all__ = [
     "LaunchTaken",
     "check_fresh_experiment_dir",
     "check_launch_record",
+    "check_tune_state",
     "claim_launch",
     "claim_name",
     "release_launch",
     "find_recorded_store",
     "launch_record",
     "read_launch_record",
+    "record_tune_state",
     "resume_target",
+    "tune_state_digest",
     "write_launch_record",
 ]
 
@@ -235,3 +240,86 @@ def find_recorded_store(study: LoadedStudy, storage: str) -> dict | None:
         if record and (best is None or int(record.get("launch", 0)) > int(best.get("launch", 0))):
             best = record
     return best
+
+
+# Tune's own files at the top of a launch's experiment folder, which `Tuner.restore` unpickles: tuner.pkl (the run's
+# settings) and the cloudpickled trials and searcher inside experiment_state-*.json / search_gen_state-*.json. The
+# storage may be shared (docs/cluster.md); `resume` reads them only when they are the bytes this launch left there, as
+# the digests recorded on its MLflow study run (the store, not the storage) say.
+TUNE_STATE_FILES = ("tuner.pkl", "experiment_state-*.json", "search_gen_state-*.json")
+NEWEST_STATE = "experiment_state-*.json"  # Tune restores from the newest of these by name (a timestamp)
+
+
+def tune_state_digest(experiment_dir: str) -> dict[str, str] | None:
+    """File name -> sha256 of Tune's state files in a local experiment folder; None for a URI storage (not read)."""
+    if "://" in experiment_dir:
+        return None
+    folder = Path(experiment_dir)
+    if not folder.is_dir():
+        return {}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and any(fnmatch.fnmatch(p.name, g) for g in TUNE_STATE_FILES)
+    }
+
+
+def record_tune_state(client, study_run_id: str, experiment_dir: str) -> None:
+    """Record on the study run the digests of Tune's state as this launch leaves it (after each `fit`)."""
+    digest = tune_state_digest(experiment_dir)
+    if digest:
+        client.set_tag(study_run_id, TUNE_STATE_TAG, json.dumps(digest, sort_keys=True))
+
+
+def check_tune_state(study: LoadedStudy, experiment_dir: str, recorded: str | None) -> str | None:
+    """Refuse to resume from Tune state that this launch did not leave: a file changed or planted since its last
+    record, or an experiment state cut short (written while its disk was full). Returns a warning line when there is
+    no record to check against (a launch recorded before records were kept, or a URI storage), else None."""
+    current = tune_state_digest(experiment_dir)
+    if current is None:
+        return (
+            f"resume: Tune's state under {experiment_dir} (a URI storage) is not checked against this launch's "
+            f"record before Tune unpickles it: the storage must be writable only by the study's users"
+        )
+    if recorded is None:
+        return (
+            f"resume: this launch has no record of Tune's state files (it ran before records were kept): "
+            f"{experiment_dir} is restored unchecked"
+        )
+    try:
+        expected = json.loads(recorded)
+    except ValueError:
+        expected = {}
+    newest = max(fnmatch.filter(current, NEWEST_STATE), default=None)
+    changed = [
+        name
+        for name, digest in current.items()
+        if (name in expected and expected[name] != digest) or (name not in expected and name in ("tuner.pkl", newest))
+    ]
+    fix = (
+        f"Fix: if this launch's driver was killed hard (its last state was never recorded) and no one else can write "
+        f"there, `sharpscale resume --trust-storage {study.path}`; otherwise start anew with `sharpscale run "
+        f"--new-launch {study.path}`"
+    )
+    if changed:
+        raise StudyError(
+            study.path,
+            [
+                f"resume: Tune's state {', '.join(changed)} under {experiment_dir} is not what this launch left "
+                f"there (sha256 recorded on its MLflow study run, tag {TUNE_STATE_TAG}); Tune would unpickle it, "
+                f"running whatever it holds. {fix}."
+            ],
+        )
+    if newest is not None:
+        try:
+            json.loads((Path(experiment_dir) / newest).read_text(encoding="utf-8"))  # plain JSON: nothing unpickled
+        except (UnicodeDecodeError, ValueError):
+            raise StudyError(
+                study.path,
+                [
+                    f"resume: Tune's state {Path(experiment_dir) / newest} is cut short (written while its disk was "
+                    f"full?): Tune would start this launch's trials over and lose the ones it ran. Fix: start anew "
+                    f"with `sharpscale run --new-launch {study.path}`."
+                ],
+            ) from None
+    return None

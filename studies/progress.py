@@ -76,6 +76,14 @@ def reroute_libraries() -> None:
         _route(handler, saved)
 
 
+class _LogFile(logging.FileHandler):
+    """The study's log file, whose failed writes (a full disk) are dropped: logging's default prints each failed
+    record's trace to stderr, hundreds of lines over the live view, while the study itself says what is full."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
     """Route Ray's, Tune's, Optuna's and MLflow's log records and Python warnings to `log_file` (None: drop the
@@ -88,7 +96,7 @@ def quiet_libraries(log_file: Path | None) -> Iterator[Path | None]:
     if log_file is not None:
         try:
             log_file.parent.mkdir(parents=True, exist_ok=True)
-            handler = logging.FileHandler(log_file, encoding="utf-8")
+            handler = _LogFile(log_file, encoding="utf-8")
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         except OSError:
             log_file = None  # storage not writable here: the runner's own checks say so, with the fix

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ray.tune.stopper import Stopper
+
 from studies import identity
 from studies.confirm import confirm_config
 from studies.preflight import check_data_on_nodes, check_model_kwargs
@@ -28,9 +30,9 @@ from studies.records import (
     source_tags,
     trial_params,
 )
-from studies.search import CellSearcher, apply_sample
+from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
-from trainables.errors import shown
+from trainables.errors import NoSpaceLeft, free_bytes, no_space, shown
 from trainables.metrics import EPOCH_TIME, EVERY_EPOCH_METRIC, VALIDATION_METRICS
 from trainables.naming import (
     CELL_TAG,
@@ -53,6 +55,7 @@ from trainables.naming import (
     STUDY_FILE_TAG,
     STUDY_TAG,
     TRIAL_ID_TAG,
+    TUNE_STATE_TAG,
     factor_tag,
     kind_filter,
     launch_name,
@@ -61,6 +64,7 @@ from trainables.naming import (
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     BEST_EPOCH_METRICS,
+    NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     TrackingTarget,
     _retry,
@@ -352,7 +356,9 @@ def interruption_reason(outcome: StudyOutcome | None, primary: BaseException | N
     return None
 
 
-def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
+def _mark_interrupted(
+    client, experiment_id: str, cell_runs: dict[str, str], since: float, reason: str = INTERRUPTED_REASON
+) -> None:
     """Trials that Tune stopped because of the interrupt end as `early_stopped` or `failed` in their own record:
     say `interrupted` instead, so that nothing cut short by Ctrl-C looks stopped on purpose."""
     since_ms = int(since * 1000)
@@ -365,9 +371,79 @@ def _mark_interrupted(client, experiment_id: str, cell_runs: dict[str, str], sin
         ):
             _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
             # Its own reason named what stopped it as seen from the trial (Tune's stop): say why Tune stopped it.
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, INTERRUPTED_REASON)
+            _retry(client.set_tag, run.info.run_id, REASON_TAG, reason)
             if run.info.status == "RUNNING":
                 _retry(client.set_terminated, run.info.run_id, status="KILLED")
+
+
+class NoSpaceStopper(Stopper):
+    """Tune's stopper of a study that met a full disk: a trial's result saying so (NO_SPACE_RESULT_KEY) or the
+    searcher's refused write (studies.search.NO_SPACE) ends the study as Ctrl-C does (Tune's own interrupt), since
+    no later trial could record its end either: the trials still running stay resumable, where Tune's stop-all would
+    end them for good. A module-level class: Tune pickles it with the run's settings."""
+
+    def __init__(self, run_name: str):
+        self.run_name = run_name
+        self._interrupted = False
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        full = result.get(NO_SPACE_RESULT_KEY)
+        if full:
+            note_no_space(self.run_name, f"trial {trial_id} could not write its checkpoint or record ({full})")
+        self.stop_all()
+        return False  # that trial has ended itself
+
+    def stop_all(self) -> bool:
+        if self.run_name not in NO_SPACE:
+            return False
+        if not self._interrupted:
+            self._interrupted = True
+            handler = signal.getsignal(signal.SIGINT)  # Tune's, behind the live view's (as for SIGTERM)
+            if not callable(handler):
+                return True  # off the main thread Tune has no interrupt: stop every trial instead
+            handler(signal.SIGINT, None)
+        return False
+
+
+def _device_of(path: str):
+    """The file system holding `path` (its nearest existing folder)."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return where.stat().st_dev
+    except OSError:
+        return path
+
+
+def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, what: list[str]) -> NoSpaceLeft:
+    """The one line for a study a full disk stopped: of the places it writes to, the one with the least room,
+    what lives there, what could not be written, and the fix."""
+    places = []
+    if "://" not in locations.storage:
+        places.append((locations.storage, "the study's storage (Tune's checkpoints and state)"))
+    if locations.optuna_storage.startswith(("sqlite:///", "journal:///")):
+        places.append((locations.optuna_storage.partition(":///")[2], "the Optuna database"))
+    if uri.startswith("sqlite:///"):
+        places.append((uri[len("sqlite:///") :], "the MLflow store"))
+    artifacts = study.spec.tracking.artifact_location
+    if artifacts and "://" not in str(artifacts):
+        places.append((str(Path(artifacts).resolve()), "the MLflow artifacts"))
+    disks: dict[Any, tuple[int, str, list[str]]] = {}  # one entry per file system, in the order above
+    for path, label in places:
+        room = free_bytes(path)
+        if room is not None:
+            disks.setdefault(_device_of(path), (room, path, []))[2].append(label)
+    if disks:
+        room, path, labels = min(disks.values(), key=lambda d: d[0])  # the first of the fullest
+        where = f"{path} ({', '.join(labels)}; {room} bytes free)"
+    else:
+        where = "a disk the study writes to"
+    return NoSpaceLeft(
+        f"no space left on {where}: {'; '.join(what)}. The study stopped; its runs and trials are closed as interrupted where "
+        f"their store could still record it. Fix: free space on that disk, then `sharpscale resume {study.path}` "
+        f"continues the study."
+    )
 
 
 def _close_all(steps: list, primary: BaseException | None) -> None:
@@ -599,6 +675,36 @@ def _init_ray(address: str | None, num_cpus: int | None):
     return True
 
 
+# How long `run --address` waits for the cluster's port to accept a connection before saying nothing listens there:
+# Ray itself retries a dead address for minutes, silently.
+ADDRESS_PROBE_S = 5.0
+
+
+def check_address(study: LoadedStudy, address: str) -> None:
+    """Refuse at once an --address HOST:PORT (or ray://HOST:PORT) where nothing accepts a connection, before any
+    record is made; 'auto' and other forms are left to Ray."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in target:
+        return
+    host = host.strip("[]")  # [::1]:6379
+    try:
+        with socket.create_connection((host, int(port)), timeout=ADDRESS_PROBE_S):
+            return
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
+    raise StudyError(
+        study.path,
+        [
+            f"--address {address}: nothing answers at {host}:{port} ({why} within {ADDRESS_PROBE_S:g} s). Fix: start "
+            f"the cluster (`ray start --head` on {host}) or give its head's address (`ray status` there prints it), "
+            f"or drop --address to run on this machine."
+        ],
+    )
+
+
 def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) -> bool:
     """_init_ray, with a failure to start or reach Ray said in one line instead of Ray's trace."""
     try:
@@ -650,6 +756,7 @@ def run_study(
     overrides: dict[str, Any] | None = None,
     new_launch: bool = False,
     trainable: Any = None,
+    trust_storage: bool = False,
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
@@ -658,6 +765,8 @@ def run_study(
     overrides: dotted trial-config paths and study settings (`storage`, ...) set for this run (the CLI's --set).
     new_launch: the experiment already holds runs of the study and this starts another launch, with its own Tune
     experiment and Optuna studies, kept apart by analysis; without it such a run is refused (never mixed in).
+    trust_storage: resume from Tune's state files even where they differ from what this launch recorded leaving
+    (identity.check_tune_state): its driver was killed hard. Tune unpickles them.
     trainable: the Tune trainable each trial runs, given the payload dict built below; None: the real one
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
@@ -669,6 +778,8 @@ def run_study(
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use
     elif not address:
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+    else:
+        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
     spec = study.spec
     uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
     exp_name = study.experiment_name
@@ -736,6 +847,14 @@ def run_study(
                         f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
                     ],
                 )
+            # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
+            recorded = previous.data.tags.get(TUNE_STATE_TAG)
+            if trust_storage:
+                print(
+                    f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked"
+                )
+            elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
+                print(f"sharpscale: warning: {unchecked}", flush=True)
         else:
             identity.check_fresh_experiment_dir(study, experiment_dir, uri)
         commit = git_commit(study.path.parent)
@@ -764,6 +883,12 @@ def run_study(
         )
         return outcome
     except BaseException as err:
+        full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space(err)
+        if full is not None:
+            # A full disk met outside the trials (a record of the runner's, the store itself): the one line that
+            # names it, not the trace of whichever library met it first.
+            primary = _no_space_error(study, locations, uri, [f"the study could not write ({full})"])
+            raise primary from None
         primary = err
         raise
     finally:
@@ -1075,10 +1200,14 @@ def _tune(
                 # Tune snapshots its state (blocking on the upload) after any trial writes `keep` checkpoints,
                 # and otherwise on its own adaptive period: `keep` and train.checkpoint_every set the rate.
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=spec.checkpoints.keep),
+                stop=NoSpaceStopper(run_name),
                 callbacks=[progress.callback, rollup],
                 verbose=0,
             ),
         )
+    # tuner.pkl is written now: recorded at once, so that only a launch killed hard between here and the end of
+    # `fit` leaves Tune state that `resume` will not read (identity.check_tune_state).
+    identity.record_tune_state(client, study_run_id, experiment_dir)
     cluster = ray.cluster_resources()
     t0 = time.perf_counter()
     print(
@@ -1087,6 +1216,7 @@ def _tune(
         f"Ray's, Tune's and Optuna's logs in {log_file(study, locations, run_name)}",
         flush=True,
     )
+    NO_SPACE.pop(run_name, None)  # a full disk met by an earlier run of this name in this process
     before = signal.getsignal(signal.SIGINT)
     main_thread = threading.current_thread() is threading.main_thread()
     before_term = signal.getsignal(signal.SIGTERM) if main_thread else None
@@ -1108,12 +1238,34 @@ def _tune(
         if main_thread:
             signal.signal(signal.SIGINT, before)  # Tune leaves its handler (and ours) installed
             signal.signal(signal.SIGTERM, before_term)
+        # Tune's state as fit left it (its last snapshot is taken before fit returns): what `resume` may read back.
+        with contextlib.suppress(Exception):  # a store that cannot record it (a full disk): resume then refuses
+            identity.record_tune_state(client, study_run_id, experiment_dir)
+    if run_name in NO_SPACE:
+        # The stopper stopped every trial: each is resumable, as after Ctrl-C, and its run says what stopped it.
+        since = NO_SPACE[run_name][0]
+        reason = (
+            "the study stopped on a full disk while this trial ran; `sharpscale resume` continues it once there is "
+            "space again"
+        )
+        closing = RuntimeError("closing after a full disk")  # holds the notes of closing steps that failed
+        _close_all(
+            [
+                lambda: searcher.fail_unfinished(interrupted=True),  # notes in NO_SPACE what it could not record
+                lambda: _mark_interrupted(client, experiment_id, cell_runs, since, reason),
+            ],
+            closing,
+        )
+        err = _no_space_error(study, locations, uri, NO_SPACE.pop(run_name)[1])
+        for note in getattr(closing, "__notes__", []):
+            err.add_note(note)
+        raise err
     interrupted = progress.interrupted_at is not None
-    limit = spec.budget.time_limit_s
     if interrupted:
         _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
-    elif limit is not None and time.perf_counter() - t0 >= limit:
-        # Tune stopped the trials still running at the time limit; none of them will report again.
+    else:
+        # Every trial has ended: an Optuna trial still RUNNING will never be told (Tune stopped it at the time
+        # limit, or, resumed, its Tune trial had ended before a full disk let its end be recorded).
         searcher.fail_unfinished(interrupted=False)
     if resume:
         _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)

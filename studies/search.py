@@ -16,15 +16,17 @@ from ray.tune.search import Searcher
 from studies.confirm import CellChoice, ConfirmState
 from studies.records import trial_run_name
 from studies.spec import Cell, Choice, Domain, IntRange, LogUniform, Uniform, set_path
-from trainables.errors import UserError
+from trainables.errors import UserError, no_space
 from trainables.naming import tag
 from trainables.secrets import redact
 from trainables.tracking import RUN_ID_RESULT_KEY
 
 __all__ = [
+    "NO_SPACE",
     "CellSearcher",
     "apply_sample",
     "make_sampler",
+    "note_no_space",
     "open_optuna_storage",
     "optuna_distribution",
     "startup_trials",
@@ -41,6 +43,21 @@ INTERRUPTED_ATTR = "interrupted"
 RESUMED_FROM_ATTR = "resumed_from_trial"
 # A user attribute of each cell's Optuna study: the MLflow study run of the launch it belongs to.
 OWNER_ATTR = tag("study_run_id")
+
+# Run name -> (time.time() of the first, [what could not be written]) once a full disk kept this process from
+# recording a study's trials (the Optuna storage here, a trial's own result in studies.runner): the runner's stopper
+# then stops every trial of that study, whose ends could not be recorded either, and names the disk.
+NO_SPACE: dict[str, tuple[float, list[str]]] = {}
+
+
+def note_no_space(run_name: str, what: str) -> None:
+    """Record a full disk met by the study `run_name` (see NO_SPACE)."""
+    import time
+
+    notes = NO_SPACE.setdefault(run_name, (time.time(), []))[1]
+    if what not in notes:
+        notes.append(what)
+
 
 # Many trials finish at once on a large cluster; SQLite then serialises their writes, and a writer waits this long.
 SQLITE_BUSY_TIMEOUT_S = 30
@@ -288,10 +305,31 @@ class CellSearcher(Searcher):
             return False  # told after the last snapshot, reported again on resume: it keeps what it has
         return True
 
+    @contextlib.contextmanager
+    def _recording(self, what: str) -> Iterator[None]:
+        """A write to the Optuna storage that a full disk refuses: noted for the runner (which stops the study and
+        says so) instead of raised into Tune, whose trace of it ends the study with hundreds of lines."""
+        try:
+            yield
+        except Exception as err:
+            full = no_space(err)
+            if full is None:
+                raise
+            note_no_space(
+                self._study_name, f"the Optuna storage {redact(self._storage_url)} could not record {what} ({full})"
+            )
+
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True  # fixed at construction; Tune's own metric/mode must agree (the runner sets both)
 
     def suggest(self, trial_id: str):
+        if self._study_name in NO_SPACE:
+            return Searcher.FINISHED  # a full disk stopped the study: nothing new is started
+        with self._recording("a new trial"):
+            return self._suggest(trial_id)
+        return Searcher.FINISHED
+
+    def _suggest(self, trial_id: str):
         pending = [k for k in self._order if self._issued[k] < self._cells[k].trials]
         if not pending:
             return self._suggest_confirm(trial_id)
@@ -341,6 +379,10 @@ class CellSearcher(Searcher):
             self._run_ids.add(trial_id)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        with self._recording(f"a result of trial {trial_id}"):
+            self._on_trial_result(trial_id, result)
+
+    def _on_trial_result(self, trial_id: str, result: dict) -> None:
         if trial_id not in self._live:
             return  # a cell with nothing to search
         self._note_run_id(trial_id, result)
@@ -350,6 +392,10 @@ class CellSearcher(Searcher):
             self._update_trial(trial_id, lambda storage, t: storage.set_trial_intermediate_value(t, step, float(value)))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        with self._recording(f"the end of trial {trial_id} (its Optuna trial stays RUNNING until `resume`)"):
+            self._on_trial_complete(trial_id, result, error)
+
+    def _on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         if trial_id in self._confirm.confirm_trials:
             return  # measures a choice, chooses nothing
         result = result or {}
@@ -396,6 +442,12 @@ class CellSearcher(Searcher):
         `on_trial_complete`, and its Optuna trial would stay RUNNING forever. interrupted: Ctrl-C stopped them,
         and `resume` may continue them; each is marked INTERRUPTED_ATTR so that its result is then recorded.
         """
+        failed = 0
+        with self._recording("the end of the trials Tune stopped (their Optuna trials stay RUNNING until `resume`)"):
+            failed = self._fail_unfinished(interrupted)
+        return failed
+
+    def _fail_unfinished(self, interrupted: bool) -> int:
         import optuna
 
         failed = 0

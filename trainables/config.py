@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import types
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,6 +21,7 @@ __all__ = [
     "ScheduleConfig",
     "TrainConfig",
     "TrialConfig",
+    "checkpoint_problem",
     "format_validation_error",
 ]
 
@@ -29,8 +31,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-# timm.create_model keywords that load weights (from a file or the hub) or a config naming one.
-FILE_LOADING_KWARGS = frozenset({"checkpoint_path", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay"})
+# timm.create_model keywords that load weights from the hub or a config naming some: refused outright.
+FILE_LOADING_KWARGS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay"})
+# The one that reads a file: accepted only inside model.checkpoint_roots (checkpoint_problem), read as weights only.
+CHECKPOINT_KWARG = "checkpoint_path"
+
+
+def checkpoint_problem(value: Any, roots: tuple[str, ...]) -> str | None:
+    """Why `model.kwargs.checkpoint_path` = `value` may not be read under `roots` (None: it may). Symbolic links are
+    resolved first, on the machine that asks: validation on the driver, and again where the trial loads it."""
+    field = f"model.kwargs.{CHECKPOINT_KWARG}"
+    if not roots:
+        return (
+            f"{field}: models are built untrained unless model.checkpoint_roots names the folders a weights file may "
+            f"be read from (empty, the default: none), got {shown(value)}. Fix: add the folder holding it to "
+            f"model.checkpoint_roots, or remove {CHECKPOINT_KWARG}."
+        )
+    if not isinstance(value, str) or not value.startswith("/"):
+        return f"{field}: must be an absolute file path, got {shown(value)}. Fix: write the file's absolute path."
+    resolved = Path(value).resolve()
+    if any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
+        return None
+    return (
+        f"{field}: {shown(value)} resolves to {shown(str(resolved))} (symbolic links followed), outside every folder "
+        f"of model.checkpoint_roots {shown(list(roots))}. Fix: put the weights file under one of them, or add its "
+        f"folder to model.checkpoint_roots."
+    )
 
 
 class ModelConfig(_Strict):
@@ -40,6 +66,12 @@ class ModelConfig(_Strict):
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides passed to timm (patch_size, embed_dim, depth, num_heads, num_blocks, ...).",
+    )
+    checkpoint_roots: tuple[str, ...] = Field(
+        (),
+        description="Absolute folders a kwargs.checkpoint_path may name a weights file in (symbolic links resolved "
+        "before the check, at load and again on the node that reads it, which reads tensors only: torch.load "
+        "weights_only=True). Empty (the default): no checkpoint_path is read; models are built untrained.",
     )
     drop_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout before the classifier.")
     drop_path_rate: float = Field(0.0, ge=0.0, lt=1.0, description="Stochastic depth rate.")
@@ -61,10 +93,30 @@ class ModelConfig(_Strict):
         if loaders:
             raise ValueError(
                 f"model.kwargs.{loaders[0]}: models are built untrained (pretrained=False), and no key of a study "
-                f"makes timm read a file or download weights (a path there would load whatever file a node holds), "
-                f"got {', '.join(loaders)}. Fix: remove {' and '.join(loaders)}."
+                f"makes timm download weights or read a file it names, got {', '.join(loaders)}. Fix: remove "
+                f"{' and '.join(loaders)} (a weights file of your own goes in {CHECKPOINT_KWARG}, inside "
+                f"model.checkpoint_roots)."
             )
         return kwargs
+
+    @field_validator("checkpoint_roots")
+    @classmethod
+    def _absolute_roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        relative = [r for r in roots if not r.startswith("/")]
+        if relative:
+            raise ValueError(
+                f"model.checkpoint_roots: each folder must be an absolute path, got {shown(relative[0])}. Fix: write "
+                f"its absolute path."
+            )
+        return roots
+
+    @model_validator(mode="after")
+    def _checkpoint_inside_roots(self) -> ModelConfig:
+        if CHECKPOINT_KWARG in self.kwargs:
+            problem = checkpoint_problem(self.kwargs[CHECKPOINT_KWARG], self.checkpoint_roots)
+            if problem:
+                raise ValueError(problem)
+        return self
 
 
 class DataConfig(_Strict):

@@ -1,10 +1,14 @@
-"""User errors: the one base class for a mistake the user fixes (the CLI catches it once), and how values are echoed."""
+"""User errors: the one base class for a mistake the user fixes (the CLI catches it once), how values are echoed,
+and what a full disk looks like from wherever it is met."""
 
 from __future__ import annotations
 
+import errno
+import shutil
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MAX_SHOWN_CHARS", "TrialRefused", "UserError", "shown"]
+__all__ = ["MAX_SHOWN_CHARS", "NoSpaceLeft", "TrialRefused", "UserError", "free_bytes", "no_space", "shown"]
 
 # An error message quotes the value it refuses; a pasted file or an expanded YAML alias must not become megabytes of it.
 MAX_SHOWN_CHARS = 120
@@ -33,3 +37,46 @@ def shown(value: Any, limit: int = MAX_SHOWN_CHARS) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} chars)"
+
+
+# What a full disk (or quota) says, in the errors that reach sharpscale: Python's and pyarrow's OSError, SQLite's own
+# message (through SQLAlchemy, MLflow, Optuna), and those texts carried over from another process (Ray's task
+# errors, Tune's TuneError, which keep only the formatted trace).
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_TEXTS = ("No space left on device", "database or disk is full", "Disk quota exceeded")
+
+
+def no_space(err: BaseException | None) -> str | None:
+    """The line that says `err`, or an error it was raised from, is a full disk; None when it is not one."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            return (str(err).strip().splitlines() or [errno.errorcode.get(err.errno, "ENOSPC")])[0][:300]
+        for line in str(err).splitlines():
+            if any(text in line for text in NO_SPACE_TEXTS):
+                return line.strip()[:300]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes free to this user on the file system that holds `path` (its nearest existing folder); None if unknown."""
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        return shutil.disk_usage(where).free
+    except OSError:
+        return None
+
+
+class NoSpaceLeft(OSError):
+    """A full disk stopped a study: its message names where, what the study could not record there, and the fix.
+    An OSError (ENOSPC): the machine refused, not the user's input; the CLI prints it in one line and exits 1."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror

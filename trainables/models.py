@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from trainables.config import ModelConfig
+from trainables.config import CHECKPOINT_KWARG, ModelConfig, checkpoint_problem
 
 if TYPE_CHECKING:
     import torch
@@ -61,6 +62,7 @@ def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size:
     if family in ("vit", "mixer"):
         kwargs["img_size"] = img_size
     kwargs.update(cfg.kwargs)
+    checkpoint = kwargs.pop(CHECKPOINT_KWARG, None)  # read here, as weights only: timm's own load would unpickle
 
     import timm  # here, not at the top: validating a study reads model_family and must not pay for timm
 
@@ -78,7 +80,53 @@ def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size:
     if family == "resnet" and cfg.cifar_stem:
         _cifar_stem(model)
     set_fused_attention(model, cfg.fused_attn)
+    if checkpoint is not None and not any(p.is_meta for p in model.parameters()):  # meta: built to check kwargs
+        load_weights(model, checkpoint, cfg.checkpoint_roots)
     return model
+
+
+def load_weights(model: nn.Module, path: str, roots: tuple[str, ...]) -> None:
+    """Load `model.kwargs.checkpoint_path` into `model`: only a file inside `roots` as this node resolves it, and
+    only tensors (torch.load weights_only=True: a pickle holding code is refused, never run). Each refusal is a
+    TrialRefused (the same file fails every attempt: failed once, not retried)."""
+    import torch
+
+    from trainables.errors import TrialRefused
+
+    field = f"model.kwargs.{CHECKPOINT_KWARG}"
+    problem = checkpoint_problem(path, roots)  # again here: a link may have changed since the study was validated
+    if problem:
+        raise TrialRefused(problem)
+    try:
+        state = torch.load(Path(path).resolve(), map_location="cpu", weights_only=True)
+    except OSError as err:
+        raise TrialRefused(
+            f"{field}: cannot read {path!r} on this node ({err.strerror}). Fix: give a file every node reads."
+        ) from None
+    except Exception as err:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError, ... for what it refuses
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise TrialRefused(
+            f"{field}: {path!r} is not a plain weights file (torch.load weights_only=True refused it: {first}). Fix: "
+            f"save the model's state_dict alone (torch.save(model.state_dict(), path))."
+        ) from None
+    if isinstance(state, dict):
+        for key in ("state_dict", "model", "state_dict_ema"):  # timm's and common training scripts' wrappers
+            if isinstance(state.get(key), dict):
+                state = state[key]
+                break
+    if not isinstance(state, dict):
+        raise TrialRefused(
+            f"{field}: {path!r} holds a {type(state).__name__}, not a state_dict. Fix: save model.state_dict()."
+        )
+    state = {k.removeprefix("module."): v for k, v in state.items()}  # saved from a DDP-wrapped model
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        first = (str(err).strip().splitlines() or ["mismatch"])[0][:300]
+        raise TrialRefused(
+            f"{field}: {path!r} does not fit {type(model).__name__} as configured ({first}). Fix: give the weights of "
+            f"this architecture (model.name and model.kwargs as when they were saved)."
+        ) from None
 
 
 def set_fused_attention(model: nn.Module, enabled: bool) -> None:

@@ -109,6 +109,8 @@ GIT_COMMIT_TAG = tag("git_commit")
 # Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
 STORAGE_TAG = tag("storage")
 OPTUNA_STORAGE_TAG = tag("optuna_storage")
+# On the study run: the sha256 of each of Tune's state files of the launch as it last left them (studies.identity).
+TUNE_STATE_TAG = tag("tune_state_sha256")
 # The roll-up on cell and study runs (studies.records): the best trial's run name and id, the study's best cell.
 BEST_RUN_TAG = tag("best_run")
 BEST_RUN_ID_TAG = tag("best_run_id")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import TrialConfig
-from trainables.errors import TrialRefused
+from trainables.errors import TrialRefused, no_space
 from trainables.metrics import EPOCH_TIME, FIXED_TIME, TRIAL_TIME
 from trainables.naming import (
     CONFIG_ARTIFACT,
@@ -26,7 +26,14 @@ from trainables.naming import (
     WORKERS_PARAM,
     tag,
 )
-from trainables.tracking import REFUSED_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder, config_tags
+from trainables.tracking import (
+    NO_SPACE_RESULT_KEY,
+    REFUSED_RESULT_KEY,
+    RUN_ID_RESULT_KEY,
+    TrackingTarget,
+    TrialRecorder,
+    config_tags,
+)
 
 __all__ = [
     "KEEP_CHECKPOINTS",
@@ -228,6 +235,13 @@ def _execute(
         report({metric: math.nan, REFUSED_RESULT_KEY: 1}, None)
         return
     except BaseException as err:
+        if (full := no_space(err)) is not None:
+            # A full disk (its checkpoint, its record): each of Tune's retries would meet the same disk, and print
+            # the same trace. The trial ends here, once; the runner stops the study on this result.
+            with contextlib.suppress(Exception):  # the full disk may be the store's: the runner says so
+                finish("failed", f"no space left on a disk the trial writes to ({full})")
+            report({metric: math.nan, NO_SPACE_RESULT_KEY: full}, None)
+            return
         # Ray retries the trial from its checkpoint; the retry reopens this same run.
         finish("failed", "".join(traceback.format_exception(err))[-4000:])
         raise

@@ -16,6 +16,7 @@ from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, 
 
 __all__ = [
     "BEST_EPOCH_METRICS",
+    "NO_SPACE_RESULT_KEY",
     "REFUSED_RESULT_KEY",
     "TRACKING_SCHEMES",
     "TrackingTarget",
@@ -37,6 +38,9 @@ TRACKING_SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "
 RUN_ID_RESULT_KEY = "mlflow_run_id"
 # 1 in the one result of a trial that refused its settings (trainables.errors.TrialRefused): failed, not retried.
 REFUSED_RESULT_KEY = "refused"
+# The one result of a trial that met a full disk (trainables.errors.no_space): the line saying so. Failed, not
+# retried (each retry would meet the same disk), and the runner stops the study on it.
+NO_SPACE_RESULT_KEY = "no_space"
 # Metrics whose best epoch so far every trial reports beside them (trainables.loop), by the metric's name.
 BEST_EPOCH_METRICS = {"val_acc": "best_val_acc"}
 

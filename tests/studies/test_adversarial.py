@@ -4,6 +4,8 @@ Most cases are refused before Ray starts and run in-process through the CLI's `m
 (Ctrl-C, concurrent first use of a store); they hold on observable states, never on a sleep.
 """
 
+import contextlib
+import errno
 import ipaddress
 import multiprocessing
 import os
@@ -633,3 +635,135 @@ def test_a_trial_no_node_of_a_cluster_can_host(node_types, outcome, ray_cluster,
     check_cluster_resources(study, autoscaler_config=config)
     warned = "warning: resources.cpus_per_trial" in capsys.readouterr().out
     assert warned == (outcome == "warned")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A file system of its own (a 64 MiB tmpfs) that the test fills for real: a full disk, without touching /tmp."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("a real full disk needs a file system of the test's own: mounting a tmpfs needs root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write one file until the disk refuses (ENOSPC), down to its last page."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for chunk in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * chunk)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as full:
+        (disk / "probe").write_bytes(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("optuna_on_disk", [False, True], ids=["tune-storage-full", "tune-and-optuna-storage-full"])
+def test_a_full_disk_stops_the_study_in_one_line_with_every_status_true(
+    optuna_on_disk, small_disk, tmp_path, tiny_model, new_mlflow_store
+):
+    """A full disk gave 579 lines of tracebacks, Tune's retries of a trial that could not succeed, and an Optuna
+    trial RUNNING (issue 24). Now: the trial that met it fails once, the study stops, every run and (where its store
+    can still write) every Optuna trial says so, one line names the disk and the fix, exit 1; freed, `resume` ends
+    the study."""
+    study = _ctrl_c_study(tiny_model)
+    study["name"] = "fulldisk"
+    study["storage"] = str(small_disk / "runs")
+    optuna_db = small_disk / "runs" / "fulldisk.optuna.db"
+    if not optuna_on_disk:
+        optuna_db = tmp_path / "optuna.db"
+        study["optuna_storage"] = f"sqlite:///{optuna_db}"
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    db = tmp_path / "mlflow.db"
+    new_mlflow_store(db)
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    cmd = [sys.executable, "-m", "studies.cli"]
+    driver = subprocess.Popen(
+        [*cmd, "run", "study.yaml", "--num-cpus", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:  # mid-training: a trial has recorded an epoch
+            running = _sql(
+                db,
+                "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
+                "m.key = 'train_loss' where r.status = 'RUNNING'",
+            )
+            if running and running[0][0]:
+                break
+            time.sleep(0.2)
+        assert driver.poll() is None, "the study ended before the disk filled"
+        filler = _fill(small_disk)
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert driver.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and "Logging error" not in out, out[-3000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("sharpscale: error:")]
+    assert f"no space left on {small_disk / 'runs'} (the study's storage" in line, line
+    assert "Fix: free space on that disk, then `sharpscale resume" in line, line
+    assert len(out.splitlines()) <= 6, out  # the header, the live view's lines, the error
+    runs = _runs(db)
+    assert runs and all(st != "RUNNING" for _, st, _ in runs), runs
+    assert ("study", "FAILED", None) in runs, runs
+    trials = {(st, tag) for kind, st, tag in runs if kind == "trial"}
+    assert trials <= {("FINISHED", "finished"), ("FAILED", "failed"), ("KILLED", "interrupted")}, trials
+    reasons = _sql(db, "select value from tags where key = 'sharpscale.reason'")
+    assert any("no space left" in r or "full disk" in r for (r,) in reasons), reasons
+    assert not any("Traceback" in r for (r,) in reasons), reasons  # failed once, on the disk: not a retried crash
+    states = [s for (s,) in _sql(optuna_db, "select state from trials")]
+    if optuna_on_disk:
+        # The Optuna database is on the full disk: it cannot record the trial's end, and the line says so.
+        assert f"the Optuna storage sqlite:///{optuna_db} could not record" in line, line
+    else:
+        assert states and "RUNNING" not in states and "FAIL" in states, states
+        return
+
+    os.remove(filler)  # space again: resume continues the study to its end, or says why it cannot
+    resumed = subprocess.run(
+        [*cmd, "resume", "study.yaml", "--num-cpus", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        start_new_session=True,
+    )
+    states = [s for (s,) in _sql(optuna_db, "select state from trials")]
+    if resumed.returncode == EXIT_USAGE:
+        # Tune's own state was written while the disk was full: resuming it would start the trials over.
+        assert "is cut short (written while its disk was full?)" in resumed.stderr, resumed.stderr[-3000:]
+        assert "sharpscale run --new-launch" in resumed.stderr
+    else:
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert "RUNNING" not in states and states.count("COMPLETE") >= 2, states
+        trials = [st for kind, st, _ in _runs(db) if kind == "trial"]
+        assert len(trials) == 3, trials  # each of the study's trials recorded once
+    assert all(st != "RUNNING" for _, st, _ in _runs(db))

@@ -575,3 +575,162 @@ def test_ray_failing_to_start_leaves_no_experiment_and_no_claimed_launch(tmp_pat
     _, launch = _record_launch(path, tracking_uri)  # the next run takes launch 1, as if nothing had happened
     assert launch == 1
     assert client.get_experiment_by_name("quickstart").lifecycle_stage == "active"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("form", ["{}", "ray://{}"], ids=["gcs", "ray-client"])
+def test_a_dead_address_is_refused_at_once_and_leaves_nothing(form, tmp_path, tracking_uri):
+    """`run --address` where nothing listens waited minutes on Ray's own retries (issue 24): one line now, before
+    any experiment, launch claim or storage folder is made."""
+    from studies.server import free_port
+
+    path = _study_file(tmp_path / "study")
+    address = form.format(f"127.0.0.1:{free_port()}")
+    failed = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(path), "--address", address, "--tracking-uri", tracking_uri],
+        capture_output=True,
+        text=True,
+        timeout=120,  # Ray's own retries take longer: the old code fails here
+        cwd=path.parent,
+    )
+    assert failed.returncode == EXIT_USAGE, failed.stderr[-2000:]
+    (line,) = [line for line in failed.stderr.splitlines() if "--address" in line]
+    assert f"--address {address}: nothing answers at 127.0.0.1:" in line and "Fix: start the cluster" in line, line
+    assert "Traceback" not in failed.stderr
+    assert [e.name for e in tracking_client(tracking_uri).search_experiments()] == ["Default"]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["study.yaml"]
+
+
+# --- model.kwargs.checkpoint_path: only inside model.checkpoint_roots, read as weights only -----------------------
+
+
+def _model(tiny_model, **extra) -> dict:
+    model = tiny_model("mixer")
+    kwargs = {**model["kwargs"], **extra.pop("kwargs", {})}
+    return {**model, "kwargs": kwargs, **extra}
+
+
+def _build(model: dict):
+    from trainables.config import TrialConfig
+    from trainables.models import create_model
+
+    cfg = TrialConfig.load({"model": model})
+    return create_model(cfg.model, num_classes=10, in_chans=3, img_size=16)
+
+
+def test_a_checkpoint_inside_the_allowed_roots_loads_as_weights(tmp_path, tiny_model):
+    import torch
+
+    roots = tmp_path / "weights"
+    roots.mkdir()
+    source = _build(_model(tiny_model))
+    torch.save({"state_dict": source.state_dict()}, roots / "w.pt")
+    (roots / "link.pt").symlink_to(roots / "w.pt")  # a link that stays inside is followed
+    for name in ("w.pt", "link.pt"):
+        loaded = _build(
+            _model(tiny_model, kwargs={"checkpoint_path": str(roots / name)}, checkpoint_roots=[str(roots)])
+        )
+        assert all(torch.equal(a, b) for a, b in zip(source.state_dict().values(), loaded.state_dict().values()))
+
+
+@pytest.mark.parametrize("case", ["no-roots", "outside", "link-out", "dotdot", "relative", "relative-root"])
+def test_a_checkpoint_outside_the_allowed_roots_is_refused_at_load(case, tmp_path, tiny_model):
+    from trainables.config import ConfigError
+
+    roots = tmp_path / "weights"
+    roots.mkdir()
+    outside = tmp_path / "secret.pt"
+    outside.write_bytes(b"x")
+    (roots / "link.pt").symlink_to(outside)
+    path, allowed = {
+        "no-roots": (str(roots / "link.pt"), []),
+        "outside": (str(outside), [str(roots)]),
+        "link-out": (str(roots / "link.pt"), [str(roots)]),
+        "dotdot": (f"{roots}/../secret.pt", [str(roots)]),
+        "relative": ("weights/link.pt", [str(roots)]),
+        "relative-root": (str(roots / "link.pt"), ["weights"]),
+    }[case]
+    with pytest.raises(ConfigError) as err:
+        _build(_model(tiny_model, kwargs={"checkpoint_path": path}, checkpoint_roots=allowed))
+    text = str(err.value)
+    field = "model.checkpoint_roots" if case == "relative-root" else "model.kwargs.checkpoint_path"
+    assert f"{field}: " in text and "Fix: " in text, text
+    if case in ("outside", "link-out", "dotdot"):
+        assert f"resolves to {str(outside)!r} (symbolic links followed), outside every folder" in text, text
+
+
+def test_a_checkpoint_is_checked_again_where_it_loads_and_never_unpickles_code(tmp_path, tiny_model, monkeypatch):
+    """A link changed after validation, or a pickle holding code inside the roots: each refused where the trial
+    loads it (TrialRefused: failed once), and the planted code never runs."""
+    import torch
+
+    from trainables.config import TrialConfig
+    from trainables.errors import TrialRefused
+    from trainables.models import create_model
+
+    roots = tmp_path / "weights"
+    roots.mkdir()
+    good = roots / "w.pt"
+    torch.save(_build(_model(tiny_model)).state_dict(), good)
+    link = roots / "link.pt"
+    link.symlink_to(good)
+    cfg = TrialConfig.load(
+        {"model": _model(tiny_model, kwargs={"checkpoint_path": str(link)}, checkpoint_roots=[str(roots)])}
+    )
+
+    outside = tmp_path / "elsewhere.pt"
+    torch.save(_build(_model(tiny_model)).state_dict(), outside)
+    link.unlink()
+    link.symlink_to(outside)  # swapped after the study validated
+    with pytest.raises(TrialRefused, match="outside every folder of model.checkpoint_roots"):
+        create_model(cfg.model, num_classes=10, in_chans=3, img_size=16)
+
+    marker = tmp_path / "code-ran"
+    monkeypatch.setenv("PLANTED_MARKER", str(marker))
+    link.unlink()
+    link.write_bytes(pickle.dumps(_Planted()))
+    with pytest.raises(TrialRefused, match=r"not a plain weights file \(torch.load weights_only=True refused it"):
+        create_model(cfg.model, num_classes=10, in_chans=3, img_size=16)
+    assert not marker.exists()
+
+
+# --- Tune's own state: resume reads back only what this launch recorded leaving -------------------------------
+
+
+def test_resume_reads_back_only_the_tune_state_this_launch_recorded(tmp_path, tracking_uri):
+    path = _study_file(tmp_path / "study")
+    study = load_study(path, require_data=False)
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    (folder / "tuner.pkl").write_bytes(b"settings")
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trials": []}')
+    (folder / "searcher-state-x.pkl").write_text("{}")  # the searcher's JSON: checked by the searcher itself
+    client = tracking_client(tracking_uri)
+    exp = client.create_experiment("s")
+    run_id = client.create_run(exp).info.run_id
+    identity.record_tune_state(client, run_id, str(folder))
+    recorded = client.get_run(run_id).data.tags[identity.TUNE_STATE_TAG]
+    assert set(json.loads(recorded)) == {"tuner.pkl", "experiment_state-2026-01-01_00-00-00.json"}
+    assert identity.check_tune_state(study, str(folder), recorded) is None  # as left: resumed
+
+    (folder / "tuner.pkl").write_bytes(b"settings, then code")  # a writer to the storage replaced it
+    with pytest.raises(StudyError, match=r"Tune's state tuner.pkl under .* is not what this launch left") as err:
+        identity.check_tune_state(study, str(folder), recorded)
+    assert "--trust-storage" in str(err.value) and "--new-launch" in str(err.value)
+    (folder / "tuner.pkl").write_bytes(b"settings")
+
+    newer = folder / "experiment_state-2026-01-02_00-00-00.json"  # the newest, which Tune would restore
+    newer.write_text('{"trials": []}')
+    with pytest.raises(StudyError, match="experiment_state-2026-01-02_00-00-00.json under"):
+        identity.check_tune_state(study, str(folder), recorded)
+    newer.unlink()
+
+    cut = folder / "experiment_state-2026-01-01_00-00-00.json"
+    cut.write_text('{"trials": [')  # written while the disk was full, and recorded so
+    identity.record_tune_state(client, run_id, str(folder))
+    recorded = client.get_run(run_id).data.tags[identity.TUNE_STATE_TAG]
+    with pytest.raises(StudyError, match=r"is cut short \(written while its disk was full\?\)"):
+        identity.check_tune_state(study, str(folder), recorded)
+
+    assert "restored unchecked" in identity.check_tune_state(study, str(folder), None)  # a launch from before
+    assert "not checked" in identity.check_tune_state(study, "s3://bucket/exp", recorded)
