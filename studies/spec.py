@@ -930,6 +930,14 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
     for levels, tree in merged:
         if smoke:
+            # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
+            # run that passed an invalid section would leave the real run to fail on it).
+            try:
+                TrialConfig.load(tree)
+            except ConfigError as err:
+                key = ",".join(f"{f}={lv}" for f, lv in levels.items())
+                problems.extend(f"{f'cell {key}' if key else 'the study'}: {p}" for p in err.problems)
+                continue
             tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
         elif require_data and (problem := _missing_root(tree)):
             missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")

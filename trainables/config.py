@@ -516,9 +516,12 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]:
     """One line per pydantic error: `path: rule, got value.` (custom validators already carry their fix)."""
-    lines = []
+    lines: list[str] = []
+    unions: dict[tuple[str, str], list[str]] = {}  # (path, value shown) -> each union member's rule, in order
     for e in err.errors():
-        path = prefix + ".".join(str(p) for p in e["loc"])
+        # A union's members name themselves in the location (factors.x.list[any]): the field is the path without them.
+        loc = [str(p) for p in e["loc"] if not _union_member(p)]
+        path = prefix + ".".join(loc)
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             lines.append(f"{path}: unknown key. Fix: remove it or check its spelling.")
@@ -526,6 +529,21 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
             # Our own validators name their field themselves, one problem a line.
             for line in msg.split("\n"):
                 lines.append(line if ":" in line.split(" ")[0] else f"{path}: {line}")
+        elif len(loc) < len(e["loc"]):
+            key = (path, shown(e.get("input")))
+            if key not in unions:
+                unions[key] = []
+                lines.append(key)  # placeholder: one line for all of the union's members, where the first came
+            unions[key].append(msg.removeprefix("Input should be "))
         else:
             lines.append(f"{path}: {msg}, got {shown(e.get('input'))}.")
-    return lines
+    return [
+        f"{line[0]}: Input should be {' or '.join(unions[line])}, got {line[1]}." if isinstance(line, tuple) else line
+        for line in lines
+    ]
+
+
+def _union_member(part: Any) -> bool:
+    """Whether a pydantic error location part names a member of a union (a generic type: 'list[any]',
+    'dict[str,any]', 'function-after[...]') rather than a field, a key or an index."""
+    return isinstance(part, str) and "[" in part and part.endswith("]")

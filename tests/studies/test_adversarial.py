@@ -208,6 +208,20 @@ REFUSED = [
         "model.kwargs.checkpoint_path: models are built untrained",
     ),
     ("storage-twice", None, ["--set", "storage=/tmp/a", "--storage", "/tmp/b"], "name two places"),
+    # Session 7's re-check of issue 24: --smoke replaced an invalid data section and passed; a union's members
+    # named themselves in the field (factors.x.list[any]), two lines for one mistake.
+    (
+        "smoke-invalid-data",
+        _edit(("data: {name: digits,", "data: {name: digitz,")),
+        ["--smoke"],
+        "cell arch=vit,method=adamw: data.name: must be one of",
+    ),
+    (
+        "factor-scalar",
+        _edit((METHOD_FACTOR, METHOD_FACTOR + "  x: 3\n")),
+        [],
+        "factors.x: Input should be a valid dictionary or a valid list, got 3.",
+    ),
 ]
 
 
