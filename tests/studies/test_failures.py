@@ -15,6 +15,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
+from studies.cli import EXIT_USAGE
 from studies.runner import run_study
 from studies.server import pids_in_groups
 
@@ -143,10 +144,23 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         assert survivors, (
             "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
         )
+        # Killed hard, the driver never recorded the digests of Tune's last state (studies.identity): a plain
+        # resume refuses to unpickle it and names the choice; nothing is started or recorded.
+        refused = subprocess.run(
+            [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            start_new_session=True,
+        )
+        assert refused.returncode == EXIT_USAGE, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert "is not what this launch left there" in refused.stderr and "--trust-storage" in refused.stderr
         # Its own process group, like the driver's: on a timeout the whole resumed study is taken down, not only
         # its driver (subprocess.run's timeout would kill the driver alone and leave its Ray running).
         resume = subprocess.Popen(
-            [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
+            [*cmd, "resume", str(path), "--trust-storage", "--tracking-uri", tracking_uri, "--num-cpus", "2"],
             cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,
