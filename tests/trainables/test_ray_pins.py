@@ -29,3 +29,23 @@ def test_tune_restores_a_trial_from_a_training_result_with_checkpoint_and_metric
     assert "_TrainingResult" in str(inspect.signature(Trainable.restore).parameters["checkpoint_path"].annotation)
     result = _TrainingResult(checkpoint=None, metrics={"training_iteration": 3})
     assert result.checkpoint is None and result.metrics == {"training_iteration": 3}
+
+
+def test_the_tune_state_files_resume_checks_are_the_ones_tune_restores_from():
+    # studies.identity.TUNE_STATE_FILES names the files Tuner.restore unpickles, by Tune's private names; resume
+    # checks their sha256 before Tune reads them. Tune restores the newest experiment state by its name's timestamp.
+    import fnmatch
+
+    from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
+    from ray.tune.execution.tune_controller import TuneController
+    from ray.tune.impl.tuner_internal import _TUNER_PKL, TunerInternal
+    from ray.tune.search.search_generator import SearchGenerator
+
+    from studies.identity import NEWEST_STATE, TUNE_STATE_FILES
+
+    assert _TUNER_PKL in TUNE_STATE_FILES
+    assert TuneController.CKPT_FILE_TMPL.format("*") == NEWEST_STATE in TUNE_STATE_FILES
+    assert SearchGenerator.CKPT_FILE_TMPL.format("*") in TUNE_STATE_FILES
+    assert "max(matching)" in inspect.getsource(_find_newest_experiment_checkpoint)
+    assert fnmatch.fnmatch(TuneController.CKPT_FILE_TMPL.format("2026-01-01_00-00-00"), NEWEST_STATE)
+    assert "pickle.loads" in inspect.getsource(TunerInternal._restore_from_path_or_uri)
