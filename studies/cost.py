@@ -202,7 +202,13 @@ def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | N
         seconds += row.fixed_s
     if row.checkpoint_s:
         every = cfg.train.checkpoint_every
-        seconds += sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs)) * row.checkpoint_s
+        if every == "auto":  # the first and the last epoch, and one each CHECKPOINT_AUTO_RATIO checkpoints' time
+            from trainables.config import CHECKPOINT_AUTO_RATIO
+
+            count = min(epochs, 2 + math.floor(seconds / (CHECKPOINT_AUTO_RATIO * row.checkpoint_s)))
+        else:
+            count = sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs))
+        seconds += count * row.checkpoint_s
     # Every trial the cell runs: its search and its confirm stage (Cell.planned), all alike in cost.
     return CellCost(label, cell.planned, cell.planned * seconds * workers_gpus / 3600), None, bool(row.val)
 

@@ -257,3 +257,46 @@ def test_a_card_with_measured_validation_and_fixed_seconds_counts_them(tmp_path)
     seconds = 10 * seen / row.train_none + 4 * 10_000 / row.val + row.fixed_s + 5 * row.checkpoint_s
     assert estimate.card == row.card and estimate.gpu_hours == pytest.approx(seconds / 3600)
     assert "validation passes" in estimate.lines()[0] and "On this cluster's 4 GPU(s)" in estimate.lines()[1]
+
+
+# --------------------------------------------------------------------------- the GPU's busy fraction
+
+
+def test_the_busy_fraction_is_the_mean_utilisation_the_sampler_read(tmp_path):
+    import sys
+
+    from studies.busy import GpuBusySampler
+
+    # A stand-in for nvidia-smi: two GPUs' lines per sample, and a line that is not a number (skipped, counted).
+    script = tmp_path / "smi.py"
+    script.write_text("for line in ['100', '0', '[N/A]', '50', '50', '80', '40']:\n    print(line, flush=True)\n")
+    sampler = GpuBusySampler([sys.executable, str(script)])
+    assert sampler.start()
+    sampler.wait(timeout=120)
+    assert sampler.stop() == pytest.approx((100 + 0 + 50 + 50 + 80 + 40) / 600)
+    assert (len(sampler.samples), sampler.skipped) == (6, 1)
+    # Nothing read (no GPU line at all): no fraction, never a 0 that looks measured.
+    silent = GpuBusySampler([sys.executable, "-c", "pass"])
+    assert silent.start()
+    silent.wait(timeout=120)
+    assert silent.stop() is None
+
+
+def test_the_sampler_reads_the_gpus_this_node_gives_its_trials_and_only_where_it_sees_them_all(monkeypatch):
+    import studies.busy
+    import studies.runner
+    from studies.busy import nvidia_smi_command
+    from trainables.ray_train import DistributedPlan
+
+    monkeypatch.setattr(studies.busy.shutil, "which", lambda name: None)
+    assert nvidia_smi_command({}) is None
+    assert studies.runner._busy_sampler(DistributedPlan(gpus_per_worker=1), {"GPU": 1}) is None  # no nvidia-smi
+    monkeypatch.setattr(studies.busy.shutil, "which", lambda name: f"/usr/bin/{name}")
+    command = nvidia_smi_command({"CUDA_VISIBLE_DEVICES": "2,3"}, interval_ms=250)
+    assert command[:2] == ["/usr/bin/nvidia-smi", "--id=2,3"] and "-lms=250" in command
+    assert "--id" not in " ".join(nvidia_smi_command({}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    gpu = DistributedPlan(gpus_per_worker=0.5)
+    assert studies.runner._busy_sampler(DistributedPlan(), {"CPU": 8}) is None  # trials on CPUs: nothing to sample
+    assert studies.runner._busy_sampler(gpu, {"GPU": 2}).command == nvidia_smi_command()
+    assert studies.runner._busy_sampler(gpu, {"GPU": 4}) is None  # two GPUs elsewhere would go unsampled
