@@ -300,3 +300,23 @@ def test_the_sampler_reads_the_gpus_this_node_gives_its_trials_and_only_where_it
     assert studies.runner._busy_sampler(DistributedPlan(), {"CPU": 8}) is None  # trials on CPUs: nothing to sample
     assert studies.runner._busy_sampler(gpu, {"GPU": 2}).command == nvidia_smi_command()
     assert studies.runner._busy_sampler(gpu, {"GPU": 4}) is None  # two GPUs elsewhere would go unsampled
+
+
+def test_an_auto_checkpoint_cadence_is_costed_as_the_first_the_last_and_one_each_ratio_of_its_cost(tmp_path):
+    from studies.cost import CARD_FIGURES, estimate_study
+    from studies.spec import load_study
+    from trainables.config import CHECKPOINT_AUTO_RATIO
+
+    row = next(r for r in CARD_FIGURES if r.val and r.fixed_s and r.checkpoint_s and r.model == "resnet18")
+    resnet = {"model.name": "resnet18", "model.cifar_stem": True, "optimizer.method": "none"}
+    costs = {}
+    for epochs in (2, 30):
+        path = _gpu_study(tmp_path, {"r": {**resnet, "train.checkpoint_every": "auto"}}, epochs=epochs, trials=1)
+        costs[epochs] = estimate_study(load_study(path, require_data=False), cluster_card=row.card).gpu_hours * 3600
+    seen = (50_000 // 256) * 256
+    two = 2 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    assert costs[2] == pytest.approx(two + 2 * row.checkpoint_s)  # the first epoch and the last, nothing more
+    rest = 30 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    every = CHECKPOINT_AUTO_RATIO * row.checkpoint_s
+    assert rest > every  # long enough that 'auto' adds checkpoints between the first and the last
+    assert costs[30] == pytest.approx(rest + (2 + int(rest // every)) * row.checkpoint_s)
