@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
+from trainables.metrics import FIXED_PHASES, FIXED_TIME, fixed_phase_metric
 from trainables.naming import PARENT_RUN_TAG, kind_filter
 from trainables.ray_train import run_tune_trial
 
@@ -85,6 +86,10 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     ok = runs.loc["ok", "run_id"]
     assert [m.step for m in client.get_metric_history(ok, "val_acc")] == [1, 2]
     assert [m.step for m in client.get_metric_history(ok, "train_loss")] == [0, 1, 2]
+    # Its time outside training, and what that was made of: the parts add up to it.
+    recorded = client.get_run(ok).data.metrics
+    parts = [recorded[fixed_phase_metric(p)] for p in FIXED_PHASES]
+    assert sum(parts) == pytest.approx(recorded[FIXED_TIME]) and recorded[fixed_phase_metric("geometry")] > 0
     # Zero-based (studies.records.NUMBERING): the cell's first trial is #0, Optuna's Trial 0 of its study.
     assert client.get_run(ok).info.run_name.endswith(" #0")
     # Each cell run ends when its last trial ended (its duration its own), not when the study closed.
