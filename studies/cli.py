@@ -334,7 +334,8 @@ def _state_line(study, uri: str, name: str) -> str:
 
 def _print_cost(runs, outcome) -> None:
     """Where the study's device time went: each trial's seconds outside training, the held time spent training."""
-    from trainables.metrics import FIXED_TIME
+    from studies.busy import BUSY_METRIC, SAMPLE_MS
+    from trainables.metrics import FIXED_PHASES, FIXED_TIME, fixed_phase_metric
 
     if FIXED_TIME in runs and runs[FIXED_TIME].notna().any():
         fixed = runs[FIXED_TIME].dropna()
@@ -342,12 +343,26 @@ def _print_cost(runs, outcome) -> None:
             f"\nOutside training ({FIXED_TIME}: start, data load, validation, geometry, checkpoints, records): median "
             f"{fixed.median():.1f} s a trial (min {fixed.min():.1f}, max {fixed.max():.1f}; {len(fixed)} trials)."
         )
+        parts = {
+            p: runs[fixed_phase_metric(p)].median()
+            for p in FIXED_PHASES
+            if fixed_phase_metric(p) in runs and runs[fixed_phase_metric(p)].notna().any()
+        }
+        if parts:
+            largest = sorted(parts.items(), key=lambda kv: -kv[1])
+            print("  Its parts' medians (fixed_<part>_s): " + ", ".join(f"{p} {v:.1f} s" for p, v in largest) + ".")
     if outcome is not None and outcome.training_share is not None:
         name, value = outcome.training_share
         device = "GPU" if "gpu" in name else "CPU"
         print(
             f"{name}: {value:.2f} (the trials' training {device}-seconds over the {device} time the study held: its "
             f"wall time x the cluster's {device}s; not the {device}'s utilisation within a step)."
+        )
+    if outcome is not None and outcome.gpu_busy is not None:
+        print(
+            f"{BUSY_METRIC}: {outcome.gpu_busy:.2f} (the share of the study's wall time in which its GPUs ran a kernel, "
+            f"NVML's utilisation sampled every {SAMPLE_MS} ms by nvidia-smi on this node; not how much of the GPU each "
+            "kernel used)."
         )
 
 

@@ -60,11 +60,13 @@ CARD_FIGURES: tuple[CardFigures, ...] = (
     ),
     # `python benchmarks/bench_trial_cost.py` on one NVIDIA H200 (Ray-free trainables.fit, fake CIFAR-10 of 25,600 +
     # 10,000 images, device-resident, basic augmentation; docs/benchmarks.md "Where a trial's time goes"): each
-    # method's last-epoch images/s; val, fixed_s and checkpoint_s from the SAM trial, the process's second trial of
-    # that model (the first trial of a process also pays CUDA's and cuDNN's warm-up).
-    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 1.37, 0.165),
-    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 1.51, 0.325),
-    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 1.90, 0.29),
+    # method's last-epoch images/s; val and checkpoint_s from the SAM trial, the process's second trial of that model
+    # (the first trial of a process also pays CUDA's and cuDNN's warm-up). fixed_s: a SAM trial's fixed_data_load_s +
+    # fixed_model_build_s on a reused Tune actor (the dataset read once per process), rho_sensitivity through the CLI
+    # on one NVIDIA H200, 3 trials sharing it, eager (docs/benchmarks.md, issue 21 part 2, session 7).
+    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 0.83, 0.165),
+    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 0.66, 0.325),
+    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 0.84, 0.29),
 )  # fmt: skip
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
@@ -202,7 +204,13 @@ def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | N
         seconds += row.fixed_s
     if row.checkpoint_s:
         every = cfg.train.checkpoint_every
-        seconds += sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs)) * row.checkpoint_s
+        if every == "auto":  # the first and the last epoch, and one each CHECKPOINT_AUTO_RATIO checkpoints' time
+            from trainables.config import CHECKPOINT_AUTO_RATIO
+
+            count = min(epochs, 2 + math.floor(seconds / (CHECKPOINT_AUTO_RATIO * row.checkpoint_s)))
+        else:
+            count = sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs))
+        seconds += count * row.checkpoint_s
     # Every trial the cell runs: its search and its confirm stage (Cell.planned), all alike in cost.
     return CellCost(label, cell.planned, cell.planned * seconds * workers_gpus / 3600), None, bool(row.val)
 

@@ -18,7 +18,9 @@ from typing import Any
 from ray.tune.stopper import Stopper
 
 from studies import identity
+from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
+from studies.cost import local_gpus
 from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import (
@@ -149,6 +151,8 @@ class StudyOutcome:
     refused: int = 0  # of `errored`: trials that refused their settings (trainables.errors.TrialRefused), not retried
     # `training_share`'s (metric name, value): how much of the GPU (else CPU) time the study held its trials trained
     training_share: tuple[str, float] | None = None
+    # studies.busy.BUSY_METRIC: the share of the study's wall time its GPUs ran kernels (None: not sampled)
+    gpu_busy: float | None = None
 
     @property
     def nothing_ran(self) -> bool:
@@ -1209,6 +1213,7 @@ def _tune(
     # `fit` leaves Tune state that `resume` will not read (identity.check_tune_state).
     identity.record_tune_state(client, study_run_id, experiment_dir)
     cluster = ray.cluster_resources()
+    busy = _busy_sampler(plan, cluster)
     t0 = time.perf_counter()
     print(
         f"sharpscale: study {spec.name!r}: {len(study.cells)} cells, {study.total_trials} trials, "
@@ -1225,6 +1230,8 @@ def _tune(
         # interrupted, resumable, instead of Ray's own abort that leaves runs and Optuna trials RUNNING.
         signal.signal(signal.SIGTERM, _term_as_interrupt)
     try:
+        if busy is not None:
+            busy.start()
         with _objective_gaps_allowed(study):
             results = tuner.fit()
     except KeyboardInterrupt as err:
@@ -1235,6 +1242,7 @@ def _tune(
             )
         raise
     finally:
+        gpu_busy = busy.stop() if busy is not None else None
         if main_thread:
             signal.signal(signal.SIGINT, before)  # Tune leaves its handler (and ours) installed
             signal.signal(signal.SIGTERM, before_term)
@@ -1281,6 +1289,8 @@ def _tune(
     share = training_share([_epoch_seconds(r) for r in results], plan, wall, cluster)
     if share is not None:
         _retry(client.log_metric, study_run_id, share[0], share[1])
+    if gpu_busy is not None:
+        _retry(client.log_metric, study_run_id, BUSY_METRIC, gpu_busy)
     print(
         f"sharpscale: {trials} trials in {wall:.0f} s ({errored} errored"
         + (f", {refused} of them refused by their settings, not retried" if refused else "")
@@ -1298,7 +1308,27 @@ def _tune(
         interrupted_at=progress.interrupted_at,
         refused=refused,
         training_share=share,
+        gpu_busy=gpu_busy,
     )
+
+
+def _busy_sampler(plan: DistributedPlan, cluster: dict[str, float]) -> GpuBusySampler | None:
+    """A sampler of this node's GPUs where the study's trials hold GPUs and every GPU of the cluster is on this node
+    (the driver samples its own node only: a cluster's other nodes would go uncounted); else None."""
+    if plan.gpus_per_worker <= 0:
+        return None
+    sampler = GpuBusySampler()
+    if sampler.command is None:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    here = len(visible.split(",")) if visible else local_gpus()[0]
+    if float(cluster.get("GPU", 0.0)) > here:
+        print(
+            f"sharpscale: {BUSY_METRIC} is not measured: the cluster has {cluster.get('GPU', 0):g} GPUs and this node "
+            f"{here}, and only this node's are sampled."
+        )
+        return None
+    return sampler
 
 
 def _term_as_interrupt(signum, frame) -> None:

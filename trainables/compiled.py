@@ -102,12 +102,42 @@ def _without_graphs(cfg, world: int) -> list[str]:
     if torch_version() < _GRAPHS_ON_ANY_THREAD and threading.current_thread() is not threading.main_thread():
         # Seen on an H200 with torch 2.11 (docs/benchmarks.md, the CLI run of rho_sensitivity): Ray Tune runs each
         # trial of a reused actor on a new thread, and that torch's CUDA graph trees assert on a thread other than
-        # the one that first imported them (their per-thread state); 2.14 sets that state up on any thread.
-        out.append(
-            f"torch {torch.__version__} on a thread other than the main one (a trial of a reused Ray actor): its CUDA "
-            f"graph trees fail there; torch >= {'.'.join(map(str, _GRAPHS_ON_ANY_THREAD))} runs them"
-        )
+        # the one that first imported them (their per-thread state); 2.14 sets that state up on any thread, and
+        # _graph_trees_here does what 2.14 does for an older torch.
+        problem = _graph_trees_here()
+        if problem is not None:
+            out.append(
+                f"torch {torch.__version__} on a thread other than the main one (a trial of a reused Ray actor): its "
+                f"CUDA graph trees fail there ({problem}); torch >= {'.'.join(map(str, _GRAPHS_ON_ANY_THREAD))} runs "
+                "them"
+            )
     return out
+
+
+def _graph_trees_here() -> str | None:
+    """Sets up torch's CUDA graph trees' per-thread state on this thread where it is missing, as torch >= 2.14 does
+    itself on any thread (its cudagraph_trees._initialize_tls); None once their `get_obj` finds it here, else why not.
+
+    Privates, since no public call does this: torch._inductor.cudagraph_trees' `local` and `get_obj`, and
+    torch._C._is_key_in_tls / _stash_obj_in_tls (the copy autograd's threads inherit);
+    tests/trainables/test_compiled.py pins them.
+    """
+    try:
+        from collections import defaultdict
+
+        from torch._inductor import cudagraph_trees as trees
+
+        names = ("tree_manager_containers", "tree_manager_locks")
+        if not hasattr(trees.local, names[0]) and not torch._C._is_key_in_tls(names[0]):
+            trees.local.tree_manager_containers = {}
+            trees.local.tree_manager_locks = defaultdict(threading.Lock)
+            for name in names:
+                torch._C._stash_obj_in_tls(name, getattr(trees.local, name))
+        for name in names:
+            trees.get_obj(trees.local, name)
+    except Exception as err:  # noqa: BLE001 - whatever fails, the trial compiles without CUDA graphs instead
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 # The first torch whose CUDA graph trees set up their per-thread state on any thread (torch 2.14.1 is pinned in

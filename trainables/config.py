@@ -6,13 +6,14 @@ import difflib
 import functools
 import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainables.errors import UserError, shown
 
 __all__ = [
+    "CHECKPOINT_AUTO_RATIO",
     "ConfigError",
     "DataConfig",
     "GeometryConfig",
@@ -30,6 +31,9 @@ class _Strict(BaseModel):
     # A mistyped key must fail loudly, not silently fall back to a default.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
+
+# train.checkpoint_every: 'auto' checkpoints once a trial has run this many times as long as its last checkpoint cost.
+CHECKPOINT_AUTO_RATIO = 100
 
 # timm.create_model keywords that load weights from the hub or a config naming some: refused outright.
 FILE_LOADING_KWARGS = frozenset({"pretrained", "pretrained_cfg", "pretrained_cfg_overlay"})
@@ -379,7 +383,13 @@ class TrainConfig(_Strict):
     channels_last: bool | None = Field(None, description="None: on for CUDA, off for CPU.")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     threads: int | None = Field(None, ge=1, description="torch CPU threads per process; None leaves torch's choice.")
-    checkpoint_every: int = Field(1, ge=1, description="Epochs between checkpoints (the last epoch always saves).")
+    checkpoint_every: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="Epochs between checkpoints (the last epoch always saves). 'auto': after the first epoch, then "
+        f"once the trial has run {CHECKPOINT_AUTO_RATIO} times as long as its last checkpoint took to write and hand "
+        f"over (so checkpoints cost about 1/{CHECKPOINT_AUTO_RATIO} of its time); an interrupted trial resumes from "
+        "its last checkpoint, losing at most that long a stretch.",
+    )
     eval_every: int = Field(
         1,
         ge=1,

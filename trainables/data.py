@@ -735,6 +735,35 @@ def _rand_augment(config: str, size: int, mean: Sequence[float]):
     return rand_augment_transform(config, rand_augment_hparams(size, mean))
 
 
+# (name, folder, files' stamp) -> the arrays _cifar_arrays read; a Tune actor runs trial after trial in one process,
+# and reading and checking the pickles took 1.2-1.6 s a trial on an H200 host (docs/benchmarks.md, issue 21).
+_CIFAR_CACHE: dict[tuple, tuple] = {}
+_CIFAR_CACHE_SIZE = 2  # CIFAR-10 and CIFAR-100 side by side; ~180 MB each
+
+
+def _cifar_arrays(name: str, base: str, stamp: tuple) -> tuple:
+    """(classes, train images, train labels, val images, val labels) of the CIFAR folder `base`, read once per
+    process for the files' `stamp`. Shared by every bundle: read-only so that no caller can alter later trials' data."""
+    key = (name, base, stamp)
+    if key in _CIFAR_CACHE:
+        _CIFAR_CACHE[key] = _CIFAR_CACHE.pop(key)  # the most recently used last
+        return _CIFAR_CACHE[key]
+    num_classes = DATASETS[name].num_classes
+    folder = Path(base)
+    _, train_files, test_files, meta_file = _cifar_files(name)
+    classes = _read_cifar_classes(name, folder / meta_file, num_classes)
+    arrays = []
+    for files in (train_files, test_files):
+        parts = [_read_cifar_batch(name, folder / f, num_classes) for f in files]
+        arrays += [np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])]
+    for a in arrays:
+        a.setflags(write=False)
+    while len(_CIFAR_CACHE) >= _CIFAR_CACHE_SIZE:
+        _CIFAR_CACHE.pop(next(iter(_CIFAR_CACHE)))
+    _CIFAR_CACHE[key] = (classes, *arrays)
+    return _CIFAR_CACHE[key]
+
+
 def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
     name = cfg.name
     num_classes = DATASETS[name].num_classes
@@ -744,13 +773,11 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
     absent = [f for f in (*train_files, *test_files, meta_file) if not (base / f).is_file()]
     if absent:
         raise _cifar_error(name, base, f"{_describe(base)}; missing: {', '.join(absent)}")
-    classes = _read_cifar_classes(name, base / meta_file, num_classes)
-    parts = [_read_cifar_batch(name, base / f, num_classes) for f in train_files]
-    train_x = np.concatenate([p[0] for p in parts])
-    train_y = np.concatenate([p[1] for p in parts])
-    val_parts = [_read_cifar_batch(name, base / f, num_classes) for f in test_files]
-    val_x = np.concatenate([p[0] for p in val_parts])
-    val_y = np.concatenate([p[1] for p in val_parts])
+    # The files as they are now: a file rewritten since the last read is read again.
+    stamp = tuple(
+        (f, (st := (base / f).stat()).st_mtime_ns, st.st_size) for f in (*train_files, *test_files, meta_file)
+    )
+    classes, train_x, train_y, val_x, val_y = _cifar_arrays(name, str(base.resolve()), stamp)
 
     size = 32 if cfg.img_size is None else cfg.img_size
     mean, std = _CIFAR_STATS[name]
@@ -759,7 +786,8 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
     if resident:
 
         def chw(images: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+            # One copy, writable (the cached arrays are read-only): the device copy is made from it.
+            return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
 
         pad = 0 if cfg.augment == "none" else _cifar_pad(size)
         train: Dataset = _ResidentImages(chw(train_x), train_y, indices, pad=pad, flip=pad > 0)

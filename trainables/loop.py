@@ -22,10 +22,10 @@ from torch.utils.data import DataLoader, Sampler
 
 import optim
 from trainables import compiled as compiled_step
-from trainables.config import TrialConfig
+from trainables.config import CHECKPOINT_AUTO_RATIO, TrialConfig
 from trainables.data import DataBundle, eval_positions, load_dataset
 from trainables.errors import TrialRefused
-from trainables.metrics import VALIDATION_SAMPLES
+from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
 from trainables.tracking import BEST_EPOCH_METRICS
@@ -148,6 +148,41 @@ class _Batched(torch.utils.data.Dataset):
 
     def __getitem__(self, items: list[int]):
         return self.dataset.get_batch(items)
+
+
+class _CheckpointCadence:
+    """Which epochs are checkpointed (the last always): every `train.checkpoint_every`-th, or under 'auto' the first
+    (which measures what a checkpoint costs) and then each epoch that ends CHECKPOINT_AUTO_RATIO times that cost
+    after the last checkpoint was handed over, by the wall clock."""
+
+    def __init__(self, every: int | str):
+        self.every = every
+        self.cost: float | None = None  # seconds the last checkpoint took to write and hand over
+        self.since = time.perf_counter()  # when it was handed over
+
+    def due(self, epoch: int) -> bool:
+        if self.every != "auto":
+            return (epoch + 1) % self.every == 0
+        return self.cost is None or time.perf_counter() - self.since >= CHECKPOINT_AUTO_RATIO * self.cost
+
+    def took(self, seconds: float) -> None:
+        self.cost, self.since = seconds, time.perf_counter()
+
+
+def _spent(timings: dict[str, float] | None, phase: str, since: float) -> None:
+    """Adds the seconds since `since` (a perf_counter) to `timings[phase]`, where the caller keeps timings."""
+    assert phase in FIXED_PHASES, phase
+    if timings is not None:
+        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - since
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float] | None, phase: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _spent(timings, phase, t0)
 
 
 def _resolve_device(cfg: TrialConfig) -> torch.device:
@@ -461,6 +496,7 @@ def fit(
     recorder: Recorder | None = None,
     report_resumed: bool = False,
     probe: Probe | None = None,
+    timings: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
 
@@ -473,6 +509,8 @@ def fit(
     probe: takes the measures of `config.geometry` (`analysis.geometry.probes.make_probe(config)`); required when
     it names any. Rank 0 alone measures, after the epochs `geometry.due` names, on fixed unaugmented training
     samples; the results join that epoch's metrics, with the time taken as `geometry_time_s`.
+    timings: a dict to which fit adds the seconds of its parts outside the training passes, by their names in
+    `trainables.metrics.FIXED_PHASES` (data_load, model_build, compile, validation, geometry, checkpoint).
     """
     cfg = TrialConfig.load(config)
     if cfg.geometry.enabled and probe is None:
@@ -487,7 +525,9 @@ def fit(
     precision = _precision(cfg, device)
     autocast = _autocast(device, precision)
 
-    bundle = load_dataset(cfg.data, device=device)
+    with _timed(timings, "data_load"):
+        bundle = load_dataset(cfg.data, device=device)
+    t_build = time.perf_counter()  # model_build: from the model to a resumed trial's restored state
     # Identical initial weights on every rank come from the seed, not from a broadcast.
     torch.manual_seed(cfg.train.seed)
     with _refused_if_invalid("model"):
@@ -548,6 +588,7 @@ def fit(
         start_epoch, num_updates, best = resumed["epoch"] + 1, resumed["num_updates"], dict(resumed["best"])
     if scheduler is not None:
         scheduler.step_update(num_updates=num_updates)
+    _spent(timings, "model_build", t_build)
 
     def deliver(metrics: dict[str, float], epoch: int, saved: Path | None, logged_at: int) -> None:
         # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
@@ -592,14 +633,16 @@ def fit(
         # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
         x, y, _ = next(iter(train_loader))
         x, _, target = _batch(bundle, x, y, device, _channels_last(cfg, device))
-        compile_seconds = compiled_step.warm_up(
-            net,
-            _forward(net, x, target, autocast, cfg.train.label_smoothing),
-            rows=x.shape[0],
-            accumulate=cfg.data.accumulate,
-            device=device,
-            buffers_of=model,
-        )
+        with _timed(timings, "compile"):
+            compile_seconds = compiled_step.warm_up(
+                net,
+                _forward(net, x, target, autocast, cfg.train.label_smoothing),
+                rows=x.shape[0],
+                accumulate=cfg.data.accumulate,
+                device=device,
+                buffers_of=model,
+            )
+    cadence = _CheckpointCadence(cfg.train.checkpoint_every)
     try:
         for epoch in range(start_epoch, cfg.schedule.epochs):
             _seed_epoch(cfg.train.seed, epoch, d.rank)
@@ -608,11 +651,12 @@ def fit(
             )
             # train.eval_every: an epoch not evaluated reports no validation metrics at all (never a stale copy).
             evaluated = cfg.train.evaluates(epoch, cfg.schedule.epochs)
-            val_metrics = (
-                evaluate(compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare)
-                if evaluated
-                else {}
-            )
+            val_metrics = {}
+            if evaluated:
+                with _timed(timings, "validation"):
+                    val_metrics = evaluate(
+                        compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare
+                    )
             if compile_seconds is not None:
                 train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
                 compile_seconds = None
@@ -630,13 +674,15 @@ def fit(
                     best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
                 metrics.update(best)
             if geometry_batches is not None and cfg.geometry.due(epoch, cfg.schedule.epochs):
-                metrics.update(_measure_geometry(probe, model, geometry_batches, device))
+                with _timed(timings, "geometry"):
+                    metrics.update(_measure_geometry(probe, model, geometry_batches, device))
 
             logged_at = int(time.time() * 1000)
             last = epoch == cfg.schedule.epochs - 1
             saved: Path | None = None
-            if last or (epoch + 1) % cfg.train.checkpoint_every == 0:
+            if last or cadence.due(epoch):
                 if d.rank == 0:
+                    t_saved = time.perf_counter()
                     _save(
                         ckpt_root / CHECKPOINT_FILE,
                         model=net,
@@ -656,7 +702,10 @@ def fit(
                         },
                     )
                     saved = ckpt_root
+                    _spent(timings, "checkpoint", t_saved)
             deliver(metrics, epoch, saved, logged_at)
+            if saved is not None:  # its cost: written, handed to the reporter (Tune copies it to storage), recorded
+                cadence.took(time.perf_counter() - t_saved)
             if last:
                 keep_final(ckpt_root / CHECKPOINT_FILE)
     finally:

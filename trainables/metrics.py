@@ -7,11 +7,13 @@ __all__ = [
     "EPOCH_METRICS",
     "EPOCH_TIME",
     "EVERY_EPOCH_METRIC",
+    "FIXED_PHASES",
     "FIXED_TIME",
     "SAM_METRICS",
     "TRIAL_TIME",
     "VALIDATION_METRICS",
     "VALIDATION_SAMPLES",
+    "fixed_phase_metric",
 ]
 
 # `trainables.loop.evaluate`: on the validation split, after every epoch that train.eval_every names (and the last).
@@ -27,6 +29,34 @@ EPOCH_TIME = "epoch_time_s"
 # i.e. TRIAL_TIME less the sum of EPOCH_TIME. Of the trial's last attempt where it was retried or resumed.
 TRIAL_TIME = "trial_time_s"
 FIXED_TIME = "fixed_time_s"
+# What FIXED_TIME is made of, each logged beside it as `fixed_<phase>_s` (fixed_phase_metric): the trial function's
+# start to its record's opening (Ray's and the process's imports on an actor's first trial), opening the MLflow run
+# and logging its params and tags, importing the loop (torch, timm) and the geometry probe, the dataset's load, the
+# model, loaders, measurement set, optimizer and a resumed trial's restored state, the compile (compile_time_s),
+# validation passes, geometry measurements, writing checkpoints, handing each epoch's result and checkpoint to Ray
+# (Tune copies the checkpoint to storage), each epoch's MLflow record, and what is left (`other`: the metrics' own
+# arithmetic, the trial's end and its final record).
+FIXED_PHASES = (
+    "start",
+    "record_open",
+    "imports",
+    "data_load",
+    "model_build",
+    "compile",
+    "validation",
+    "geometry",
+    "checkpoint",
+    "report",
+    "record",
+    "other",
+)
+
+
+def fixed_phase_metric(phase: str) -> str:
+    """The metric name of one of FIXED_PHASES."""
+    return f"fixed_{phase}_s"
+
+
 # Logged after every epoch whatever train.eval_every says: its steps are the epochs a trial's record holds.
 EVERY_EPOCH_METRIC = "train_loss"
 # Metrics that count (samples, an epoch number): MLflow stores every metric as a float; `load_runs` gives these back

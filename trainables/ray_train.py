@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from trainables.config import TrialConfig
 from trainables.errors import TrialRefused, no_space
-from trainables.metrics import EPOCH_TIME, FIXED_TIME, TRIAL_TIME
+from trainables.metrics import EPOCH_TIME, FIXED_PHASES, FIXED_TIME, TRIAL_TIME, fixed_phase_metric
 from trainables.naming import (
     CONFIG_ARTIFACT,
     GPUS_PER_WORKER_PARAM,
@@ -106,6 +106,38 @@ def _recorder(payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialC
     return recorder
 
 
+class _TimedRecorder:
+    """The trial's recorder as fit sees it, its calls' seconds added to the trial's `record` phase."""
+
+    def __init__(self, recorder: TrialRecorder, timings: dict[str, float]):
+        self._recorder, self._timings = recorder, timings
+        self.wants_checkpoint = recorder.wants_checkpoint
+
+    def _timed(self, call, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            self._timings["record"] = self._timings.get("record", 0.0) + time.perf_counter() - t0
+
+    def log_epoch(self, *args, **kwargs) -> None:
+        self._timed(self._recorder.log_epoch, *args, **kwargs)
+
+    def log_artifact(self, *args, **kwargs) -> None:
+        self._timed(self._recorder.log_artifact, *args, **kwargs)
+
+
+def _opened_recorder(
+    payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialConfig, started: float, timings: dict[str, float]
+) -> TrialRecorder | None:
+    """`_recorder`, with the trial's `start` (its function's start to here) and `record_open` phases timed."""
+    t0 = time.perf_counter()
+    timings["start"] = t0 - started
+    recorder = _recorder(payload, trial_id, run_name, cfg)
+    timings["record_open"] = time.perf_counter() - t0
+    return recorder
+
+
 def check_device(cfg: TrialConfig) -> None:
     """Refuse `train.device: auto` falling back to CPU when Ray gave this trial GPUs that torch cannot see.
 
@@ -166,6 +198,7 @@ def _execute(
     report_resumed: bool = False,
     probe_from: dict[str, Any] | None = None,
     started: float | None = None,
+    timings: dict[str, float] | None = None,
 ) -> None:
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
@@ -173,10 +206,15 @@ def _execute(
     checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
     the geometry probe's factory (`load_probe`) and the study's compile cache (key "compile_cache", used where the
     trial's train.compile_cache is unset); started: `time.perf_counter()` when the trial function began, from which
-    its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now).
+    its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now), FIXED_TIME's parts beside it
+    (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start, record_open).
     """
+    timings = {} if timings is None else timings
+    t_imports = time.perf_counter()
     from trainables.compiled import use_cache_dir
     from trainables.loop import TrialDiverged, TrialStopped, fit
+
+    timings["imports"] = timings.get("imports", 0.0) + time.perf_counter() - t_imports
 
     cache = (probe_from or {}).get("compile_cache")
     if cache and cfg.train.compile_cache is None:
@@ -190,30 +228,43 @@ def _execute(
         if EPOCH_TIME in metrics and "epoch" in metrics:
             trained[int(metrics["epoch"])] = float(metrics[EPOCH_TIME])
         ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        sink({"diverged": 0, **metrics, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
+        t0 = time.perf_counter()
+        try:  # Tune copies the checkpoint to the study's storage inside this call
+            sink({"diverged": 0, **metrics, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
+        finally:
+            timings["report"] = timings.get("report", 0.0) + time.perf_counter() - t0
 
     def finish(status: str, reason: str | None = None) -> None:
         if recorder is None:
             return
         wall = time.perf_counter() - started
+        fixed = wall - sum(trained.values())
+        parts = {p: timings.get(p, 0.0) for p in FIXED_PHASES if p != "other"}
+        parts["other"] = fixed - sum(parts.values())
         with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
-            recorder.log_summary({TRIAL_TIME: wall, FIXED_TIME: wall - sum(trained.values())})
+            recorder.log_summary(
+                {TRIAL_TIME: wall, FIXED_TIME: fixed, **{fixed_phase_metric(p): v for p, v in parts.items()}}
+            )
         recorder.finish(status, reason)
 
+    timed = _TimedRecorder(recorder, timings) if recorder is not None else None
     try:
         check_device(cfg)
-        probe = load_probe(probe_from or {}, cfg)
+        t_probe = time.perf_counter()
+        probe = load_probe(probe_from or {}, cfg)  # imports analysis' geometry, where the trial measures any
+        timings["imports"] += time.perf_counter() - t_probe
         if checkpoint is None:
-            fit(cfg, reporter=report, recorder=recorder, probe=probe)
+            fit(cfg, reporter=report, recorder=timed, probe=probe, timings=timings)
         else:
             with checkpoint.as_directory() as ckpt_dir:
                 fit(
                     cfg,
                     resume_from=ckpt_dir,
                     reporter=report,
-                    recorder=recorder,
+                    recorder=timed,
                     report_resumed=report_resumed,
                     probe=probe,
+                    timings=timings,
                 )
     except TrialStopped as stop:
         if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
@@ -256,8 +307,11 @@ def train_worker_loop(payload: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     cfg = TrialConfig.load(payload["trial"])
     trial_id = payload.get("trial_id") or ctx.get_experiment_name()
+    timings: dict[str, float] = {}
     recorder = (
-        _recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg) if ctx.get_world_rank() == 0 else None
+        _opened_recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg, started, timings)
+        if ctx.get_world_rank() == 0
+        else None
     )
     _execute(
         cfg,
@@ -268,6 +322,7 @@ def train_worker_loop(payload: dict[str, Any]) -> None:
         metric=payload.get("objective", {}).get("metric", "val_acc"),
         probe_from=payload,
         started=started,
+        timings=timings,
     )
 
 
@@ -421,15 +476,17 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
     rebuilt = checkpoint is not None and checkpoint.path in _REBUILT
     if rebuilt:
         _REBUILT.discard(checkpoint.path)
+    timings: dict[str, float] = {}
     _execute(
         cfg,
         checkpoint=checkpoint,
         sink=tune.report,
         checkpoint_cls=tune.Checkpoint,
-        recorder=_recorder(payload, trial_id, payload["run_name"], cfg),
+        recorder=_opened_recorder(payload, trial_id, payload["run_name"], cfg, started, timings),
         metric=payload.get("objective", {}).get("metric", "val_acc"),
         # Tune's record of a rebuilt trial stops before its checkpoint: give it that epoch's result first.
         report_resumed=rebuilt,
         probe_from=payload,
         started=started,
+        timings=timings,
     )

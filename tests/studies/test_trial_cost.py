@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
 from studies.runner import run_study
+from trainables.metrics import FIXED_PHASES, FIXED_TIME, fixed_phase_metric
 from trainables.naming import PARENT_RUN_TAG, kind_filter
 from trainables.ray_train import run_tune_trial
 
@@ -85,6 +86,10 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     ok = runs.loc["ok", "run_id"]
     assert [m.step for m in client.get_metric_history(ok, "val_acc")] == [1, 2]
     assert [m.step for m in client.get_metric_history(ok, "train_loss")] == [0, 1, 2]
+    # Its time outside training, and what that was made of: the parts add up to it.
+    recorded = client.get_run(ok).data.metrics
+    parts = [recorded[fixed_phase_metric(p)] for p in FIXED_PHASES]
+    assert sum(parts) == pytest.approx(recorded[FIXED_TIME]) and recorded[fixed_phase_metric("geometry")] > 0
     # Zero-based (studies.records.NUMBERING): the cell's first trial is #0, Optuna's Trial 0 of its study.
     assert client.get_run(ok).info.run_name.endswith(" #0")
     # Each cell run ends when its last trial ended (its duration its own), not when the study closed.
@@ -257,3 +262,66 @@ def test_a_card_with_measured_validation_and_fixed_seconds_counts_them(tmp_path)
     seconds = 10 * seen / row.train_none + 4 * 10_000 / row.val + row.fixed_s + 5 * row.checkpoint_s
     assert estimate.card == row.card and estimate.gpu_hours == pytest.approx(seconds / 3600)
     assert "validation passes" in estimate.lines()[0] and "On this cluster's 4 GPU(s)" in estimate.lines()[1]
+
+
+# --------------------------------------------------------------------------- the GPU's busy fraction
+
+
+def test_the_busy_fraction_is_the_mean_utilisation_the_sampler_read(tmp_path):
+    import sys
+
+    from studies.busy import GpuBusySampler
+
+    # A stand-in for nvidia-smi: two GPUs' lines per sample, and a line that is not a number (skipped, counted).
+    script = tmp_path / "smi.py"
+    script.write_text("for line in ['100', '0', '[N/A]', '50', '50', '80', '40']:\n    print(line, flush=True)\n")
+    sampler = GpuBusySampler([sys.executable, str(script)])
+    assert sampler.start()
+    sampler.wait(timeout=120)
+    assert sampler.stop() == pytest.approx((100 + 0 + 50 + 50 + 80 + 40) / 600)
+    assert (len(sampler.samples), sampler.skipped) == (6, 1)
+    # Nothing read (no GPU line at all): no fraction, never a 0 that looks measured.
+    silent = GpuBusySampler([sys.executable, "-c", "pass"])
+    assert silent.start()
+    silent.wait(timeout=120)
+    assert silent.stop() is None
+
+
+def test_the_sampler_reads_the_gpus_this_node_gives_its_trials_and_only_where_it_sees_them_all(monkeypatch):
+    import studies.busy
+    import studies.runner
+    from studies.busy import nvidia_smi_command
+    from trainables.ray_train import DistributedPlan
+
+    monkeypatch.setattr(studies.busy.shutil, "which", lambda name: None)
+    assert nvidia_smi_command({}) is None
+    assert studies.runner._busy_sampler(DistributedPlan(gpus_per_worker=1), {"GPU": 1}) is None  # no nvidia-smi
+    monkeypatch.setattr(studies.busy.shutil, "which", lambda name: f"/usr/bin/{name}")
+    command = nvidia_smi_command({"CUDA_VISIBLE_DEVICES": "2,3"}, interval_ms=250)
+    assert command[:2] == ["/usr/bin/nvidia-smi", "--id=2,3"] and "-lms=250" in command
+    assert "--id" not in " ".join(nvidia_smi_command({}))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    gpu = DistributedPlan(gpus_per_worker=0.5)
+    assert studies.runner._busy_sampler(DistributedPlan(), {"CPU": 8}) is None  # trials on CPUs: nothing to sample
+    assert studies.runner._busy_sampler(gpu, {"GPU": 2}).command == nvidia_smi_command()
+    assert studies.runner._busy_sampler(gpu, {"GPU": 4}) is None  # two GPUs elsewhere would go unsampled
+
+
+def test_an_auto_checkpoint_cadence_is_costed_as_the_first_the_last_and_one_each_ratio_of_its_cost(tmp_path):
+    from studies.cost import CARD_FIGURES, estimate_study
+    from studies.spec import load_study
+    from trainables.config import CHECKPOINT_AUTO_RATIO
+
+    row = next(r for r in CARD_FIGURES if r.val and r.fixed_s and r.checkpoint_s and r.model == "resnet18")
+    resnet = {"model.name": "resnet18", "model.cifar_stem": True, "optimizer.method": "none"}
+    costs = {}
+    for epochs in (2, 30):
+        path = _gpu_study(tmp_path, {"r": {**resnet, "train.checkpoint_every": "auto"}}, epochs=epochs, trials=1)
+        costs[epochs] = estimate_study(load_study(path, require_data=False), cluster_card=row.card).gpu_hours * 3600
+    seen = (50_000 // 256) * 256
+    two = 2 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    assert costs[2] == pytest.approx(two + 2 * row.checkpoint_s)  # the first epoch and the last, nothing more
+    rest = 30 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    every = CHECKPOINT_AUTO_RATIO * row.checkpoint_s
+    assert rest > every  # long enough that 'auto' adds checkpoints between the first and the last
+    assert costs[30] == pytest.approx(rest + (2 + int(rest // every)) * row.checkpoint_s)

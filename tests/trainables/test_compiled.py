@@ -217,19 +217,51 @@ def test_resolve_compile(sections, device, world, mode, warns):
     assert (plan.mode, plan.warn) == (mode, warns), plan.reason
 
 
-@pytest.mark.parametrize(("version", "mode"), [((2, 11), "default"), ((2, 14), "reduce-overhead")])
-def test_cuda_graphs_stay_off_a_reused_actors_thread_where_torch_cannot_run_them_there(monkeypatch, version, mode):
+@pytest.mark.parametrize(
+    ("version", "trees_here", "mode"),
+    [((2, 11), False, "default"), ((2, 11), True, "reduce-overhead"), ((2, 14), False, "reduce-overhead")],
+)
+def test_cuda_graphs_stay_off_a_reused_actors_thread_where_torch_cannot_run_them_there(
+    monkeypatch, version, trees_here, mode
+):
     # Ray Tune runs each trial of a reused actor on a new thread; torch 2.11's CUDA graph trees asserted there (an
-    # H200 run through the CLI). On the main thread, and on torch 2.14 on any thread, auto keeps the graphs.
+    # H200 run through the CLI). On the main thread, on torch 2.14 on any thread, and on an older torch where the
+    # graph trees' per-thread state could be set up on the trial's thread, auto keeps the graphs.
     import threading
 
     monkeypatch.setattr(compiled, "torch_version", lambda: version)
+    monkeypatch.setattr(compiled, "_graph_trees_here", lambda: None if trees_here else "AssertionError: get_obj")
     plans = []
     worker = threading.Thread(target=lambda: plans.append(compiled.resolve_compile(_cfg(), CUDA, 1)))
     worker.start()
     worker.join()
     assert plans[0].mode == mode and plans[0].warn == (mode == "default"), plans[0].reason
     assert compiled.resolve_compile(_cfg(), CUDA, 1).mode == "reduce-overhead"  # the main thread
+
+
+def test_the_graph_trees_per_thread_state_is_set_up_on_a_new_thread():
+    # Pins the privates _graph_trees_here uses: on a fresh thread, torch's CUDA graph trees find their per-thread
+    # containers (the state whose absence made torch 2.11's get_obj assert), in the thread-local store autograd's
+    # threads copy, and what was set up there is that thread's own.
+    import threading
+
+    from torch._inductor import cudagraph_trees as trees
+
+    seen = []
+
+    def trial():
+        seen.append(compiled._graph_trees_here())
+        containers = trees.get_obj(trees.local, "tree_manager_containers")
+        seen.append((isinstance(containers, dict), torch._C._is_key_in_tls("tree_manager_containers")))
+        seen.append(trees.get_obj(trees.local, "tree_manager_locks")[0])
+
+    worker = threading.Thread(target=trial)
+    worker.start()
+    worker.join()
+    assert seen[:2] == [None, (True, True)], seen
+    assert isinstance(seen[2], type(threading.Lock()))
+    main_locks = trees.get_obj(trees.local, "tree_manager_locks")
+    assert main_locks[0] is not seen[2]  # each thread its own, as torch keeps them
 
 
 def test_a_fallback_is_said_in_the_trials_log(tiny_model):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import pickle
+import time
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -159,3 +162,124 @@ def test_settings_only_the_built_trial_can_check_are_refused_before_training(cas
     with pytest.raises(TrialRefused, match=message):
         fit(cfg, probe=_RefusingProbe(), reporter=lambda m, _: reported.append(m))
     assert reported == []  # nothing trained
+
+
+# --------------------------------------------------------------------------- the dataset read once per process
+
+
+def test_a_process_reads_the_cifar_files_once_and_again_when_they_change(fake_cifar10, tmp_path, monkeypatch):
+    # Tune runs trial after trial in one actor process: the pickles are read once, while they stay the same files.
+    reads = []
+    real = trainables.data._read_cifar_batch
+    monkeypatch.setattr(trainables.data, "_CIFAR_CACHE", {})
+    monkeypatch.setattr(trainables.data, "_read_cifar_batch", lambda *a: reads.append(a[1].name) or real(*a))
+    first = load_dataset("cifar10", root=tmp_path, augment="basic", device_resident=True)
+    assert sorted(reads) == ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"] + [
+        "test_batch"
+    ]
+    reads.clear()
+    again = load_dataset("cifar10", root=tmp_path, augment="none", fraction=0.5)  # another form, the same files
+    assert reads == []
+    assert torch.equal(again.val[3][0], first.val[3][0]) and again.val[3][1] == first.val[3][1]
+    # Shared by every bundle, so read-only: no trial can alter a later one's data.
+    _, train_x, train_y, *_ = next(iter(trainables.data._CIFAR_CACHE.values()))
+    assert not train_x.flags.writeable and not train_y.flags.writeable
+    # A file written again (another size here) is read again, with its new contents.
+    batch = fake_cifar10["folder"] / "test_batch"
+    relabelled = trainables.data._read_pickle("cifar10", batch)
+    relabelled = {k.encode(): v for k, v in relabelled.items()}
+    relabelled[b"labels"] = [(int(v) + 1) % 10 for v in relabelled[b"labels"]] + [0]
+    relabelled[b"data"] = np.concatenate([relabelled[b"data"], relabelled[b"data"][:1]])
+    batch.write_bytes(pickle.dumps(relabelled, protocol=2))
+    changed = load_dataset("cifar10", root=tmp_path, augment="none")
+    assert reads and len(changed.val) == len(first.val) + 1
+    assert changed.val[3][1] == (first.val[3][1] + 1) % 10
+
+
+# --------------------------------------------------------------------------- checkpoint cadence, fixed cost's parts
+
+
+@pytest.mark.parametrize(("every", "ratio", "saved"), [(1, None, [0, 1, 2, 3]), (3, None, [2, 3]),
+                                                       ("auto", 1e9, [0, 3]), ("auto", 0, [0, 1, 2, 3])])  # fmt: skip
+def test_checkpoints_follow_checkpoint_every_and_auto_their_own_cost(tiny_model, monkeypatch, every, ratio, saved):
+    # 'auto': the first epoch (which measures a checkpoint's cost) and the last always; in between, an epoch ending
+    # CHECKPOINT_AUTO_RATIO x that cost after the last one: never at a huge ratio, every epoch at 0.
+    if ratio is not None:
+        monkeypatch.setattr(trainables.loop, "CHECKPOINT_AUTO_RATIO", ratio)
+    seen = []
+    fit(_config(tiny_model, epochs=4, checkpoint_every=every), reporter=lambda m, c: seen.append((m["epoch"], c)))
+    assert [e for e, c in seen if c is not None] == saved
+
+
+def test_an_auto_checkpointed_trial_resumes_from_its_last_checkpoint_as_if_uninterrupted(
+    tiny_model, monkeypatch, tmp_path
+):
+    # Fewer checkpoints lose more work to an interruption, never correctness: resumed from the first epoch's
+    # checkpoint (the only one before the last), the trial ends where the uninterrupted one did.
+    monkeypatch.setattr(trainables.loop, "CHECKPOINT_AUTO_RATIO", 1e9)
+    cfg = _config(tiny_model, epochs=3, checkpoint_every="auto")
+    whole = fit(cfg)
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(metrics, checkpoint):
+        if metrics["epoch"] == 1:
+            raise Interrupted
+
+    with pytest.raises(Interrupted):
+        fit(cfg, checkpoint_dir=tmp_path, reporter=interrupt)
+    assert trainables.loop.load_checkpoint(tmp_path)["epoch"] == 0  # epoch 1 was not checkpointed
+    resumed = fit(cfg, resume_from=tmp_path)
+    assert resumed["train_loss"] == whole["train_loss"] and resumed["val_acc"] == whole["val_acc"]
+    assert resumed["weight_norm"] == whole["weight_norm"]
+
+
+def test_checkpoint_every_takes_a_positive_integer_or_auto():
+    assert TrialConfig.load({"train": {"checkpoint_every": "auto"}}).train.checkpoint_every == "auto"
+    for bad in (0, "sometimes", 1.5):
+        with pytest.raises(ConfigError, match=r"train\.checkpoint_every"):
+            TrialConfig.load({"train": {"checkpoint_every": bad}})
+    assert TrialConfig().train.checkpoint_every == 1  # the library's default: every epoch, as before
+
+
+def test_a_trials_fixed_time_is_logged_with_its_parts_which_add_up_to_it(tiny_model, tmp_path):
+    # The trial function outside Ray: a real SQLite MLflow record, Tune's report replaced by a list.
+    from mlflow.tracking import MlflowClient
+
+    from trainables.metrics import EPOCH_TIME, FIXED_PHASES, FIXED_TIME, TRIAL_TIME, fixed_phase_metric
+    from trainables.ray_train import _execute, _opened_recorder
+    from trainables.tracking import TrackingTarget, tracking_client
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    experiment = tracking_client(uri).create_experiment("cost")
+    payload = {"tracking": TrackingTarget(uri, experiment).__dict__, "probe": "no.such:probe"}
+    cfg = TrialConfig.load(_config(tiny_model, epochs=2))
+    started = time.perf_counter()
+    timings = {}
+    recorder = _opened_recorder(payload, "t1", "t1", cfg, started, timings)
+    reported = []
+
+    class Checkpoint:
+        from_directory = staticmethod(lambda path: path)
+
+    _execute(
+        cfg,
+        checkpoint=None,
+        sink=lambda metrics, checkpoint: reported.append((metrics, checkpoint)),
+        checkpoint_cls=Checkpoint,
+        recorder=recorder,
+        metric="val_acc",
+        probe_from=payload,
+        started=started,
+        timings=timings,
+    )
+    metrics = MlflowClient(uri).get_run(recorder.run_id).data.metrics
+    parts = {p: metrics[fixed_phase_metric(p)] for p in FIXED_PHASES}
+    trained = sum(m[EPOCH_TIME] for m, _ in reported)
+    assert metrics[FIXED_TIME] == pytest.approx(metrics[TRIAL_TIME] - trained)
+    assert sum(parts.values()) == pytest.approx(metrics[FIXED_TIME])
+    measured = ("record_open", "data_load", "model_build", "validation", "checkpoint", "report", "record")
+    assert all(parts[p] > 0 for p in measured), parts
+    assert parts["compile"] == parts["geometry"] == 0.0  # eager on CPU, no geometry asked for
+    assert parts["other"] >= -1e-6
