@@ -53,7 +53,7 @@ def sim_trial(payload: dict) -> None:
     from ray import tune
 
     from trainables.naming import RAY_NODE_ID_TAG, TRIAL_ID_TAG
-    from trainables.tracking import TrackingTarget, TrialRecorder
+    from trainables.tracking import LAST_EPOCH_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget, TrialRecorder
 
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
@@ -99,7 +99,12 @@ def sim_trial(payload: dict) -> None:
                 (Path(where) / "weights.bin").write_bytes(os.urandom(ckpt_bytes))
                 try:
                     tune.report(
-                        {"diverged": 0, **metrics, "mlflow_run_id": recorder.run_id},
+                        {
+                            "diverged": 0,
+                            **metrics,
+                            LAST_EPOCH_RESULT_KEY: float(epoch == epochs - 1),
+                            RUN_ID_RESULT_KEY: recorder.run_id,
+                        },
                         checkpoint=tune.Checkpoint.from_directory(where),
                     )
                 except SystemExit:  # Tune stopped the trial once it held this result (as in trainables.fit)

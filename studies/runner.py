@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.stopper import Stopper
 
 from studies import identity
@@ -66,6 +67,7 @@ from trainables.naming import (
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     BEST_EPOCH_METRICS,
+    LAST_EPOCH_RESULT_KEY,
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     TrackingTarget,
@@ -569,17 +571,34 @@ def _epoch_seconds(result) -> float:
     return float(frame.drop_duplicates("epoch", keep="last")[EPOCH_TIME].sum())
 
 
+class FinishingASHA(ASHAScheduler):
+    """ASHA that never stops a trial at its last epoch: there it has nothing left to stop, and everything to lose.
+
+    A trial records each epoch after reporting it (trainables.loop: checkpoint, then report, then record, which
+    keeps resume from logging an epoch twice), and at its last epoch it then keeps its final checkpoint and ends its
+    run. Tune stops a trial by ending its actor without waiting for that, so ASHA's STOP there (at max_t, which is
+    the last epoch, or at a rung that falls on it) lost the last epoch's record (its geometry too) and left the run
+    for `_close_dangling`, which, missing that epoch, called a finished trial early_stopped. Such a result, marked by
+    the trial (LAST_EPOCH_RESULT_KEY), continues instead: the trial writes what it owes and ends by itself. Its
+    rungs and cutoffs are ASHA's, untouched.
+    """
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        action = super().on_trial_result(tune_controller, trial, result)
+        if action == TrialScheduler.STOP and result.get(LAST_EPOCH_RESULT_KEY):
+            return TrialScheduler.CONTINUE
+        return action
+
+
 def _scheduler(study: LoadedStudy):
     asha = study.spec.budget.asha
     if asha is None:
         return None
-    from ray.tune.schedulers import ASHAScheduler
-
     from trainables.config import TrialConfig
 
     # One result per epoch, so ASHA's rungs are epochs.
     epochs = max(TrialConfig.load(c.config).schedule.epochs for c in study.cells)
-    return ASHAScheduler(
+    return FinishingASHA(
         time_attr="training_iteration",
         grace_period=min(asha.grace_period, epochs),
         reduction_factor=asha.reduction_factor,

@@ -27,6 +27,7 @@ from trainables.naming import (
     tag,
 )
 from trainables.tracking import (
+    LAST_EPOCH_RESULT_KEY,
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     RUN_ID_RESULT_KEY,
@@ -229,8 +230,11 @@ def _execute(
             trained[int(metrics["epoch"])] = float(metrics[EPOCH_TIME])
         ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
         t0 = time.perf_counter()
+        # fit records an epoch after reporting it (trainables.loop, "Checkpoint, then report, then record"), and
+        # Tune gives a trial it stops no time to finish that: the last epoch says so, and is never stopped.
+        last = float("epoch" in metrics and int(metrics["epoch"]) == cfg.schedule.epochs - 1)
         try:  # Tune copies the checkpoint to the study's storage inside this call
-            sink({"diverged": 0, **metrics, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
+            sink({"diverged": 0, **metrics, LAST_EPOCH_RESULT_KEY: last, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
         finally:
             timings["report"] = timings.get("report", 0.0) + time.perf_counter() - t0
 
@@ -267,7 +271,7 @@ def _execute(
                     timings=timings,
                 )
     except TrialStopped as stop:
-        if stop.final:  # ASHA's max_t is the last epoch: the trial ran to its end
+        if stop.final:  # stopped after its last epoch (an interrupt, the time limit): it ran to its end
             finish("finished")
         else:
             finish("early_stopped", str(stop))

@@ -17,6 +17,7 @@ from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, 
 __all__ = [
     "BEST_EPOCH_METRICS",
     "NO_SPACE_RESULT_KEY",
+    "LAST_EPOCH_RESULT_KEY",
     "REFUSED_RESULT_KEY",
     "TRACKING_SCHEMES",
     "TrackingTarget",
@@ -41,6 +42,10 @@ REFUSED_RESULT_KEY = "refused"
 # The one result of a trial that met a full disk (trainables.errors.no_space): the line saying so. Failed, not
 # retried (each retry would meet the same disk), and the runner stops the study on it.
 NO_SPACE_RESULT_KEY = "no_space"
+# 1 in the result of a trial's last epoch (0 in the others): the trial still owes that epoch's record, its final
+# checkpoint and its run's end, which it writes after the report, so no scheduler may stop it there
+# (studies.runner's scheduler lets such a result continue; the trial then ends on its own).
+LAST_EPOCH_RESULT_KEY = "last_epoch"
 # Metrics whose best epoch so far every trial reports beside them (trainables.loop), by the metric's name.
 BEST_EPOCH_METRICS = {"val_acc": "best_val_acc"}
 

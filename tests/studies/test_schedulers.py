@@ -17,12 +17,13 @@ def write(tmp_path, tiny_model):
             "optimizer": {"method": "sam"},
             "train": {"device": "cpu", "threads": 1},
             "schedule": fields.pop("schedule"),
+            **fields.pop("base", {}),
         }
         study = {
             "name": name,
             "base": base,
             **fields,
-            "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
+            "tracking": {"artifact_location": str(tmp_path / "mlartifacts"), **fields.pop("tracking", {})},
             "storage": str(tmp_path / "runs"),
         }
         path = tmp_path / f"{name}.yaml"
@@ -68,3 +69,90 @@ def test_asha_stops_poor_trials_and_leaves_nothing_running(ray_cluster, tmp_path
         assert len(client.get_metric_history(run_id, "val_acc")) < epochs
     for run_id in runs.loc[runs["status"] == "finished", "run_id"]:
         assert len(client.get_metric_history(run_id, "val_acc")) == epochs
+
+
+def test_asha_never_stops_a_result_the_trial_marks_as_its_last_epoch():
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+    from studies.runner import FinishingASHA
+    from trainables.tracking import LAST_EPOCH_RESULT_KEY
+
+    def decisions(scheduler_cls, epochs: int, marked: bool = True) -> list[str]:
+        # max_t 4 (the study's longest cell), rungs at 1, 2 and 4; a poorer second trial of `epochs` epochs
+        scheduler = scheduler_cls(
+            time_attr="training_iteration", metric="val_acc", mode="max", grace_period=1, reduction_factor=2, max_t=4
+        )
+        good, poor = SimpleNamespace(trial_id="good"), SimpleNamespace(trial_id="poor")
+        scheduler.on_trial_add(None, good)
+        scheduler.on_trial_add(None, poor)
+        out = []
+        for t in range(1, epochs + 1):
+            scheduler.on_trial_result(None, good, {"training_iteration": t, "val_acc": 0.9})
+            last = {LAST_EPOCH_RESULT_KEY: float(t == epochs)} if marked else {}
+            out.append(scheduler.on_trial_result(None, poor, {"training_iteration": t, "val_acc": 0.1, **last}))
+        return out
+
+    stop, go = TrialScheduler.STOP, TrialScheduler.CONTINUE
+    # Ray's ASHA stops a last epoch at max_t, and at a rung that falls on a shorter cell's last epoch
+    assert decisions(ASHAScheduler, epochs=4) == [stop, stop, go, stop]
+    assert decisions(ASHAScheduler, epochs=2) == [stop, stop]
+    # this one lets only the last epoch through; its rungs are ASHA's
+    assert decisions(FinishingASHA, epochs=4) == [stop, stop, go, go]
+    assert decisions(FinishingASHA, epochs=2) == [stop, go]
+    assert decisions(FinishingASHA, epochs=4, marked=False) == [stop, stop, go, stop]
+
+
+def _record_the_last_epoch_slowly(seconds: float):
+    """The real trial, its last epoch's MLflow record (written after that epoch's report) taking `seconds` longer:
+    what a busy tracking server or a large checkpoint upload does. A trial Tune stops at that report loses it."""
+    from trainables.ray_train import run_tune_trial
+
+    def trial(payload):
+        import time
+
+        from trainables.tracking import TrialRecorder
+
+        last = payload["trial"]["schedule"]["epochs"] - 1
+        log_epoch = TrialRecorder.log_epoch
+
+        def slow(self, metrics, epoch, *args, **kwargs):
+            if epoch == last:
+                time.sleep(seconds)
+            return log_epoch(self, metrics, epoch, *args, **kwargs)
+
+        TrialRecorder.log_epoch = slow  # in this trial's actor process only
+        try:
+            run_tune_trial(payload)
+        finally:
+            TrialRecorder.log_epoch = log_epoch
+
+    return trial
+
+
+@pytest.mark.timeout(600)
+def test_a_trial_asha_reaches_at_its_last_epoch_writes_everything_it_owes(ray_cluster, tmp_path, tracking_uri, write):
+    """ASHA's max_t is the last epoch: Ray's ASHA stopped the trial at that report, and the record, geometry, final
+    checkpoint and FINISHED it writes after the report were cut (issue: an `ok` trial closed as early_stopped)."""
+    from analysis.geometry.names import METRIC_PREFIX
+    from trainables.metrics import TRIAL_TIME
+    from trainables.naming import CHECKPOINT_ARTIFACT, STATUS_TAG
+
+    path = write(
+        "last",
+        schedule={"epochs": 2, "warmup_epochs": 0},
+        base={"geometry": {"measures": ["lambda_max"], "batches": 1, "batch_size": 32, "max_iter": 3}},
+        budget={"trials_per_cell": 1, "seed": 0, "asha": {"grace_period": 1}},
+        tracking={"log_checkpoint": True},
+    )
+    outcome = run_study(path, tracking_uri=tracking_uri, trainable=_record_the_last_epoch_slowly(5.0))
+    assert (outcome.trials, outcome.errored) == (1, 0)
+    run = load_runs("last", tracking_uri=tracking_uri).iloc[0]
+    client = MlflowClient(tracking_uri)
+    record = client.get_run(run["run_id"])
+    assert (record.data.tags[STATUS_TAG], record.info.status) == ("finished", "FINISHED")
+    assert [m.step for m in client.get_metric_history(run["run_id"], "train_loss")] == [0, 1]
+    assert [m.step for m in client.get_metric_history(run["run_id"], f"{METRIC_PREFIX}lambda_max")] == [1]
+    assert TRIAL_TIME in record.data.metrics  # written by the trial's own end, not by the driver's clean-up
+    assert [a.path for a in client.list_artifacts(run["run_id"])].count(CHECKPOINT_ARTIFACT) == 1
