@@ -1,7 +1,8 @@
 """Regenerates the README's generated blocks, so the tables there are never retyped.
 
-  python docs/update_readme.py            # both blocks; runs studies/quickstart.yaml (about 2 minutes on 2 cores)
-  python docs/update_readme.py --methods  # only the methods table, from optim.METHODS (seconds)
+  python docs/update_readme.py               # both blocks; runs studies/quickstart.yaml (about 2 minutes on 2 cores)
+  python docs/update_readme.py --methods     # only the methods table, from optim.METHODS (seconds)
+  python docs/update_readme.py --quickstart  # only the quickstart block
 
 The block between the `<!-- quickstart-output -->` markers in README.md is replaced by what `sharpscale run` printed,
 from its summary line on (Ray's and Optuna's start-up lines are left out), with the temporary paths shown as the
@@ -11,6 +12,7 @@ defaults a user gets. The block between the `<!-- methods-table -->` markers is 
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -70,10 +72,17 @@ def _replace(text: str, begin: str, end: str, body: str) -> str:
     return re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: f"{begin}\n{body}\n{end}", text, flags=re.DOTALL)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--methods", action="store_true", help="only the methods table (seconds; no study runs)")
+    only.add_argument("--quickstart", action="store_true", help="only the quickstart block (runs the quickstart)")
+    args = p.parse_args(argv)
     readme = REPO / "README.md"
-    text = _replace(readme.read_text(), METHODS_BEGIN, METHODS_END, methods_table())
-    if "--methods" not in sys.argv[1:]:
+    text = readme.read_text()
+    if not args.quickstart:
+        text = _replace(text, METHODS_BEGIN, METHODS_END, methods_table())
+    if not args.methods:
         text = _replace(text, BEGIN, END, f"```\n{quickstart_output()}\n```")
     readme.write_text(text)
 
