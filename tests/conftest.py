@@ -85,6 +85,43 @@ def tiny_model():
     return _tiny_model
 
 
+def _tiny_study(where: Path, name: str, *, base: dict | None = None, **sections) -> Path:
+    """Write `where/<name>.yaml`: the smallest real study, one cell of a tiny Mixer on digits trained by SAM for 2
+    epochs on one CPU thread, rho searched, 2 trials of 1 CPU; its artifacts and Ray storage under `where`.
+
+    base: keys replacing those of the study's base section; sections: top-level sections replacing the defaults
+    (budget, resources, search, ...). Returns the file's path.
+    """
+    import yaml
+
+    study = {
+        "name": name,
+        "base": {
+            "model": _tiny_model("mixer"),
+            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+            "optimizer": {"method": "sam"},
+            "schedule": {"epochs": 2, "warmup_epochs": 0},
+            "train": {"device": "cpu", "threads": 1},
+            **(base or {}),
+        },
+        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+        "budget": {"trials_per_cell": 2},
+        "resources": {"cpus_per_trial": 1},
+        "tracking": {"artifact_location": str(where / "mlartifacts")},
+        "storage": str(where / "runs"),
+        **sections,
+    }
+    path = where / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_study():
+    """`_tiny_study`, as a fixture (see `tiny_model`)."""
+    return _tiny_study
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real local Ray cluster (with its dashboard, which Train-inside-Tune needs), shut down at session end."""

@@ -400,26 +400,10 @@ def test_a_study_path_that_is_a_symlink_loop_or_a_proc_file(tmp_path, capsys):
 
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_a_study_where_no_trial_ran_is_failed_not_finished(ray_cluster, tmp_path, tracking_uri, tiny_model):
-    import yaml
-
-    study = {
-        "name": "notime",
-        "base": {
-            "model": tiny_model("mixer"),
-            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
-            "optimizer": {"method": "sam"},
-            "schedule": {"epochs": 2, "warmup_epochs": 0},
-            "train": {"device": "cpu", "threads": 1},
-        },
-        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
-        "budget": {"trials_per_cell": 2, "sampler": "random", "seed": 0, "time_limit_s": 1e-9},
-        "resources": {"cpus_per_trial": 1},
-        "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
-        "storage": str(tmp_path / "runs"),
-    }
-    path = tmp_path / "notime.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
+def test_a_study_where_no_trial_ran_is_failed_not_finished(ray_cluster, tmp_path, tracking_uri, tiny_study):
+    path = tiny_study(
+        tmp_path, "notime", budget={"trials_per_cell": 2, "sampler": "random", "seed": 0, "time_limit_s": 1e-9}
+    )
     outcome = run_study(path, tracking_uri=tracking_uri)
     assert outcome.nothing_ran
     client = tracking_client(tracking_uri)
