@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -48,6 +49,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Trial threads of this process inside a report, and, once Tune's stop woke one there (SystemExit), until the trial
+# has written what it owes: that epoch's record, its run's end. SharpscaleTrial.cleanup waits for them.
+_REPORTING: set[threading.Thread] = set()
+# The longest a stop waits for such a thread (seconds): a record, a checkpoint upload, a run's end. Tune's own limit
+# applies on top: at the end of a study it kills an actor whose stop took over 10 s.
+OWED_RECORD_WAIT_S = 120.0
 
 # Checkpoints kept per trial. Two: Tune's snapshot of its own state may lag one checkpoint behind (it is forced
 # only every `num_to_keep` checkpoints), and the one it names must still exist when a killed driver resumes.
@@ -233,23 +241,29 @@ def _execute(
         # fit records an epoch after reporting it (trainables.loop, "Checkpoint, then report, then record"), and
         # Tune gives a trial it stops no time to finish that: the last epoch says so, and is never stopped.
         last = float("epoch" in metrics and int(metrics["epoch"]) == cfg.schedule.epochs - 1)
+        _REPORTING.add(threading.current_thread())
+        # Left registered when Tune stops the trial here (SystemExit): it still records this epoch and ends its run.
         try:  # Tune copies the checkpoint to the study's storage inside this call
             sink({"diverged": 0, **metrics, LAST_EPOCH_RESULT_KEY: last, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
         finally:
             timings["report"] = timings.get("report", 0.0) + time.perf_counter() - t0
+        _REPORTING.discard(threading.current_thread())
 
     def finish(status: str, reason: str | None = None) -> None:
-        if recorder is None:
-            return
-        wall = time.perf_counter() - started
-        fixed = wall - sum(trained.values())
-        parts = {p: timings.get(p, 0.0) for p in FIXED_PHASES if p != "other"}
-        parts["other"] = fixed - sum(parts.values())
-        with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
-            recorder.log_summary(
-                {TRIAL_TIME: wall, FIXED_TIME: fixed, **{fixed_phase_metric(p): v for p, v in parts.items()}}
-            )
-        recorder.finish(status, reason)
+        try:
+            if recorder is None:
+                return
+            wall = time.perf_counter() - started
+            fixed = wall - sum(trained.values())
+            parts = {p: timings.get(p, 0.0) for p in FIXED_PHASES if p != "other"}
+            parts["other"] = fixed - sum(parts.values())
+            with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
+                recorder.log_summary(
+                    {TRIAL_TIME: wall, FIXED_TIME: fixed, **{fixed_phase_metric(p): v for p, v in parts.items()}}
+                )
+            recorder.finish(status, reason)
+        finally:
+            _REPORTING.discard(threading.current_thread())  # its run has ended: it owes nothing more
 
     timed = _TimedRecorder(recorder, timings) if recorder is not None else None
     try:
@@ -436,13 +450,43 @@ def _restore_point(result):
     return type(result)(checkpoint=checkpoint, metrics={**result.metrics, "training_iteration": epoch})
 
 
-def tune_trainable():
-    """`run_tune_trial` as a Tune trainable class whose resume survives a checkpoint Tune's snapshot outlived."""
+# Module functions, not the class's own code: Ray ships the class by value, with copies of the globals it names.
+def _owing() -> list[threading.Thread]:
+    """The trial threads of this process that a stop now would wake inside their report."""
+    return list(_REPORTING)
+
+
+def _await(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(timeout=OWED_RECORD_WAIT_S)
+
+
+def tune_trainable(function: Callable[[dict[str, Any]], None] | None = None):
+    """`run_tune_trial` (or `function`, which calls it) as a Tune trainable class whose resume survives a checkpoint
+    Tune's snapshot outlived, and whose stop waits for what a trial stopped at its report still owes."""
     # Ray's DeveloperAPI wrap_function, and the private _TrainingResult Tune passes to restore: no public hook runs
     # before a function trainable restores. tests/trainables/test_ray_pins.py fails on a Ray that changed either.
     from ray.tune.trainable import wrap_function
 
-    class SharpscaleTrial(wrap_function(run_tune_trial)):
+    class SharpscaleTrial(wrap_function(function or run_tune_trial)):
+        def cleanup(self):
+            # Tune stops a trial by waking it inside its report (SystemExit there) and then ends this actor, without
+            # waiting for the trial to record that epoch and end its run, which it does next (trainables.loop:
+            # report, then record). A trial stopped there (ASHA) is given the time to write what it owes; one
+            # stopped mid-epoch (Ctrl-C) is not waited for.
+            owing = _owing()
+            super().cleanup()
+            _await(owing)
+
+        def reset_config(self, new_config):
+            # Reusing this actor for the next trial wakes the stopped one as above, then gives it 2 s
+            # (TUNE_FUNCTION_THREAD_TIMEOUT_S) to end, or fails the next trial. Wait for what it owes, then reset.
+            owing = _owing()
+            if super().reset_config(new_config):
+                return True
+            _await(owing)
+            return super().reset_config(new_config)  # the session's reset starts it afresh
+
         def restore(self, checkpoint_path):
             if hasattr(checkpoint_path, "checkpoint"):
                 checkpoint_path = _restore_point(checkpoint_path)

@@ -104,21 +104,23 @@ def test_asha_never_stops_a_result_the_trial_marks_as_its_last_epoch():
     assert decisions(FinishingASHA, epochs=4, marked=False) == [stop, stop, go, stop]
 
 
-def _record_the_last_epoch_slowly(seconds: float):
-    """The real trial, its last epoch's MLflow record (written after that epoch's report) taking `seconds` longer:
-    what a busy tracking server or a large checkpoint upload does. A trial Tune stops at that report loses it."""
-    from trainables.ray_train import run_tune_trial
+def _record_slowly(seconds: float, epochs: dict[str, int]):
+    """The real trial, the MLflow record of epoch `epochs[cell]` (written after that epoch's report) taking `seconds`
+    longer: what a busy tracking server or a large checkpoint upload does. A trial Tune stops at that report lost
+    it, and the end of its run, to Tune ending its actor."""
+    from trainables.ray_train import tune_trainable
 
     def trial(payload):
         import time
 
+        from trainables.ray_train import run_tune_trial
         from trainables.tracking import TrialRecorder
 
-        last = payload["trial"]["schedule"]["epochs"] - 1
+        slow_epoch = epochs[payload["cell"]]
         log_epoch = TrialRecorder.log_epoch
 
         def slow(self, metrics, epoch, *args, **kwargs):
-            if epoch == last:
+            if epoch == slow_epoch:
                 time.sleep(seconds)
             return log_epoch(self, metrics, epoch, *args, **kwargs)
 
@@ -128,31 +130,47 @@ def _record_the_last_epoch_slowly(seconds: float):
         finally:
             TrialRecorder.log_epoch = log_epoch
 
-    return trial
+    return tune_trainable(trial)  # the real trainable class (its stop and reuse) around the function above
 
 
 @pytest.mark.timeout(600)
-def test_a_trial_asha_reaches_at_its_last_epoch_writes_everything_it_owes(ray_cluster, tmp_path, tracking_uri, write):
-    """ASHA's max_t is the last epoch: Ray's ASHA stopped the trial at that report, and the record, geometry, final
-    checkpoint and FINISHED it writes after the report were cut (issue: an `ok` trial closed as early_stopped)."""
+def test_a_trial_asha_stops_writes_everything_it_owes_first(ray_cluster, tmp_path, tracking_uri, write):
+    """Tune stops a trial by ending its actor right after the report it stops it at, while the trial still writes
+    that epoch's record (its geometry too), its final checkpoint and its run's end. Ray's ASHA stopped every trial
+    at its last epoch (max_t) and a finished trial was closed as early_stopped; one stopped mid-run lost the epoch
+    it was stopped at, and its reason."""
     from analysis.geometry.names import METRIC_PREFIX
     from trainables.metrics import TRIAL_TIME
-    from trainables.naming import CHECKPOINT_ARTIFACT, STATUS_TAG
+    from trainables.naming import CHECKPOINT_ARTIFACT, REASON_TAG, STATUS_TAG
 
     path = write(
-        "last",
-        schedule={"epochs": 2, "warmup_epochs": 0},
-        base={"geometry": {"measures": ["lambda_max"], "batches": 1, "batch_size": 32, "max_iter": 3}},
-        budget={"trials_per_cell": 1, "seed": 0, "asha": {"grace_period": 1}},
+        "owed",
+        schedule={"epochs": 3, "warmup_epochs": 0},
+        base={
+            "data": {"name": "digits", "img_size": 16, "batch_size": 32},
+            "geometry": {"measures": ["lambda_max"], "batches": 1, "batch_size": 32, "max_iter": 3},
+        },
+        # One at a time, good first: at the rung after epoch 0 the untrained one falls below it and is stopped.
+        factors={"lr": {"good": {"optimizer.lr": 0.01}, "untrained": {"optimizer.lr": 1e-12}}},
+        budget={"trials_per_cell": 1, "seed": 0, "asha": {"grace_period": 1, "reduction_factor": 2}},
+        resources={"max_concurrent_trials": 1},
         tracking={"log_checkpoint": True},
     )
-    outcome = run_study(path, tracking_uri=tracking_uri, trainable=_record_the_last_epoch_slowly(5.0))
-    assert (outcome.trials, outcome.errored) == (1, 0)
-    run = load_runs("last", tracking_uri=tracking_uri).iloc[0]
+    trainable = _record_slowly(5.0, {"lr=good": 2, "lr=untrained": 0})
+    outcome = run_study(path, tracking_uri=tracking_uri, trainable=trainable)
+    assert (outcome.trials, outcome.errored) == (2, 0)
+    runs = load_runs("owed", tracking_uri=tracking_uri).set_index("factor.lr")
     client = MlflowClient(tracking_uri)
-    record = client.get_run(run["run_id"])
-    assert (record.data.tags[STATUS_TAG], record.info.status) == ("finished", "FINISHED")
-    assert [m.step for m in client.get_metric_history(run["run_id"], "train_loss")] == [0, 1]
-    assert [m.step for m in client.get_metric_history(run["run_id"], f"{METRIC_PREFIX}lambda_max")] == [1]
-    assert TRIAL_TIME in record.data.metrics  # written by the trial's own end, not by the driver's clean-up
-    assert [a.path for a in client.list_artifacts(run["run_id"])].count(CHECKPOINT_ARTIFACT) == 1
+
+    good = client.get_run(runs.loc["good", "run_id"])
+    assert (good.data.tags[STATUS_TAG], good.info.status) == ("finished", "FINISHED")
+    assert [m.step for m in client.get_metric_history(good.info.run_id, "train_loss")] == [0, 1, 2]
+    assert [m.step for m in client.get_metric_history(good.info.run_id, f"{METRIC_PREFIX}lambda_max")] == [2]
+    assert TRIAL_TIME in good.data.metrics  # written by the trial's own end, not by the driver's clean-up
+    assert [a.path for a in client.list_artifacts(good.info.run_id)].count(CHECKPOINT_ARTIFACT) == 1
+
+    stopped = client.get_run(runs.loc["untrained", "run_id"])
+    assert (stopped.data.tags[STATUS_TAG], stopped.info.status) == ("early_stopped", "KILLED")
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "train_loss")] == [0]
+    assert stopped.data.tags[REASON_TAG].startswith("stopped by Ray Tune after epoch 0")
+    assert TRIAL_TIME in stopped.data.metrics

@@ -49,3 +49,21 @@ def test_the_tune_state_files_resume_checks_are_the_ones_tune_restores_from():
     assert "max(matching)" in inspect.getsource(_find_newest_experiment_checkpoint)
     assert fnmatch.fnmatch(TuneController.CKPT_FILE_TMPL.format("2026-01-01_00-00-00"), NEWEST_STATE)
     assert "pickle.loads" in inspect.getsource(TunerInternal._restore_from_path_or_uri)
+
+
+def test_tune_stops_a_function_trial_in_its_report_without_waiting_for_what_follows():
+    # SharpscaleTrial.cleanup and reset_config wait for a trial Tune stopped inside its report, because Tune does
+    # not: cleanup wakes it without waiting, reset_config waits TUNE_FUNCTION_THREAD_TIMEOUT_S, and a second
+    # reset_config starts a fresh session. A Ray that changes any of these fails here.
+    from ray.train._internal.session import _TrainSession
+    from ray.tune.trainable import FunctionTrainable
+
+    from trainables.ray_train import tune_trainable
+
+    assert "session.finish(timeout=0)" in inspect.getsource(FunctionTrainable.cleanup)
+    reset = inspect.getsource(FunctionTrainable.reset_config)
+    assert "TUNE_FUNCTION_THREAD_TIMEOUT_S" in reset and "return False" in reset and "session.reset(" in reset
+    assert "sys.exit(0)" in inspect.getsource(_TrainSession._report_training_result)
+    fresh = inspect.getsource(_TrainSession.reset)
+    assert "self.stop_event = threading.Event()" in fresh and "self.training_thread = RunnerThread(" in fresh
+    assert {"cleanup", "reset_config"} <= set(vars(tune_trainable()))
