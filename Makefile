@@ -7,6 +7,9 @@ STAMP  := $(VENV)/.sharpscale-installed
 # pytest-xdist workers for `make test`. Two on a 2-core machine: much of a Ray test is waiting on processes
 # starting, which the other worker's unit tests fill. Each worker starts its own session Ray cluster; loadfile
 # keeps a file's tests on one worker, so a costly fixture shared within a file (a server, a cluster) starts once.
+# --no-loadscope-reorder hands out the files in collection order, where tests/conftest.py puts the minutes-long ones
+# first: by default xdist orders files by their number of tests, which sent the one-test files that take minutes
+# (the two-node cluster, the scale simulation) last, each leaving a worker alone at the end.
 TEST_WORKERS ?= 2
 
 # Offline and quiet: nothing is downloaded at run time, no usage reports leave the machine.
@@ -37,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: lint
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ui: $(STAMP)
 	$(BIN)/sharpscale ui
