@@ -151,13 +151,6 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="session")
-def ray_preload_env() -> dict[str, str]:
-    """The same preloading, for a test's own Ray cluster (a `sharpscale run` subprocess, `ray start` nodes): add these
-    to its environment (Ray reads its system settings from RAY_<name> variables)."""
-    return {"RAY_preload_python_modules": ",".join(PRELOADED)}
-
-
-@pytest.fixture(scope="session")
 def _empty_mlflow_db(tmp_path_factory) -> Path:
     """An empty MLflow SQLite store, its schema created and migrated once per pytest worker.
 

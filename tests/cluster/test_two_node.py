@@ -165,9 +165,8 @@ def _cmdline(pid: int) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path, ray_preload_env):
+def cluster(tmp_path):
     c = TwoNodeCluster(tmp_path)
-    c.env.update(ray_preload_env)  # each node's workers import torch, timm and MLflow before they take a trial
     try:
         yield c
     finally:

@@ -470,7 +470,7 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store, ray_preload_env):
+def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store):
     from trainables.metrics import EPOCH_METRICS
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
@@ -482,7 +482,6 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model,
         "MLFLOW_DISABLE_TELEMETRY": "true",
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": str(REPO),
-        **ray_preload_env,
     }
     cmd = [sys.executable, "-m", "studies.cli"]
     driver = subprocess.Popen(

@@ -103,7 +103,7 @@ def _finished_and_running(tracking_uri, *, finished):
 
 
 @pytest.mark.timeout(1200)
-def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model, ray_preload_env):
+def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
     path = _study(
         tmp_path,
         "killme",
@@ -115,7 +115,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model, 
         epochs=4,
         trials=3,
     )
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", **ray_preload_env}
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
     cmd = [sys.executable, "-m", "studies.cli"]
     driver = subprocess.Popen(
         [*cmd, "run", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
