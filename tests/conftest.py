@@ -23,8 +23,6 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
-# What a trial imports that costs seconds, imported by the session cluster's workers before they take work.
-PRELOADED = ("torch", "timm", "mlflow")
 
 
 # The files that take minutes (Ray clusters, servers, whole studies), longest first, as the last full run measured
@@ -137,12 +135,6 @@ def ray_cluster():
         log_to_driver=False,
         configure_logging=False,
         object_store_memory=OBJECT_STORE_BYTES,
-        # Every study of a test starts fresh trial actors, and each imported torch, timm and MLflow when its trial
-        # began (seconds each on this machine). Ray's workers import these before taking work instead, while the
-        # pool's idle workers wait (a quarter less wall time for a tiny 2-trial study, measured side by side).
-        # Ray's system setting (RAY_preload_python_modules; Ray does not start with a key it does not know); this
-        # cluster only: benchmarks/sim_scale.py's many trial processes are kept free of torch on purpose.
-        _system_config={"preload_python_modules": list(PRELOADED)},
     )
     try:
         yield ray
