@@ -16,8 +16,8 @@ from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, 
 
 __all__ = [
     "BEST_EPOCH_METRICS",
-    "NO_SPACE_RESULT_KEY",
     "LAST_EPOCH_RESULT_KEY",
+    "NO_SPACE_RESULT_KEY",
     "REFUSED_RESULT_KEY",
     "TRACKING_SCHEMES",
     "TrackingTarget",
