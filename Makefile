@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.sharpscale-installed
 # starting, which the other worker's unit tests fill. Each worker starts its own session Ray cluster; loadfile
 # keeps a file's tests on one worker, so a costly fixture shared within a file (a server, a cluster) starts once.
 # --no-loadscope-reorder hands out the files in collection order, where tests/conftest.py puts the minutes-long ones
-# first: by default xdist orders files by their number of tests, which sent the one-test files that take minutes
-# (the two-node cluster, the scale simulation) last, each leaving a worker alone at the end.
+# first: by default xdist orders files by their number of tests, which ignored that order and ran the one-test files
+# that take minutes (the two-node cluster, the scale simulation) among the last.
 TEST_WORKERS ?= 2
 
 # Offline and quiet: nothing is downloaded at run time, no usage reports leave the machine.
