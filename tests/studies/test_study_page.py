@@ -264,3 +264,21 @@ def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_u
     sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
     # The tie at 0.9 goes to the trial that started first (rho 0.05), as on the study page and in the roll-up.
     assert header.index("best rho") > header.index("best val_acc") and sam.split()[-2:] == ["0.05", "4"]
+
+
+def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_uri, capsys):
+    from studies.cli import main
+
+    _recorded_study(tracking_uri)
+    capsys.readouterr()
+    assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "best val_acc" in line)
+    # Right after the value, as the summary and the study page state it: 0.9 on 360 samples, sqrt(.9 .1 / 360).
+    assert header.index("± SE") > header.index("best val_acc") and header.index("± SE") < header.index("best rho")
+    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
+    adamw = next(line for line in out.splitlines() if line.startswith("arch=vit,method=adamw"))
+    assert "0.9 0.01581 0.05" in " ".join(sam.split()) and "0.85 0.01882" in " ".join(adamw.split())
+    # A cell with no finished trial has no value and no SE: '-', not a count of 0.
+    mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
+    assert mixer.split()[-4:-1] == ["-", "-", "-"]
