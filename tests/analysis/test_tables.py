@@ -541,6 +541,12 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
         "rho_transfer.md",
         "rho_transfer.csv",
         "report.html",
+        "parallel_coordinates.png",  # the whole study at once (analysis.sweep; tests/analysis/test_sweep.py)
+        "parallel_coordinates.svg",
+        "knob_importance.md",
+        "knob_importance.csv",
+        "trials.md",
+        "trials.csv",
     }
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
@@ -562,7 +568,7 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     row = next(ln for ln in summary.splitlines() if ln.startswith("| resnet"))
     assert "<td>" + "</td><td>".join(c.strip() for c in row.strip("| ").split("|")) + "</td>" in page
     assert "<h2>Data scaling (%)</h2>" in page and "| ---" not in page
-    pngs = sorted(n for n in expected if n.endswith(".png"))
+    pngs = sorted(n for n in expected if n.endswith(".png") and n[:-4] + ".svg" not in expected)  # SVG: inline
     assert page.count('src="data:image/png;base64,') == len(pngs) and ".png)" not in page
     import base64
 
