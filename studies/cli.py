@@ -296,6 +296,9 @@ def _cmd_status(args) -> int:
     table = counts.join(planned, how="right")
     counted = [c for c in table.columns if not str(c).startswith("best ") and c != SE_COLUMN]
     table[counted] = table[counted].fillna(0)
+    for col in table.columns:  # numbers as the summary prints them, '-' where a cell has none yet
+        if pd.api.types.is_float_dtype(table[col]):
+            table[col] = table[col].map(lambda v: "-" if pd.isna(v) else f"{v:.4g}")
     table = table.fillna("-")
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")

@@ -267,11 +267,17 @@ def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_u
 
 
 def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_uri, capsys):
+    import warnings
+
+    import pandas as pd
+
     from studies.cli import main
 
     _recorded_study(tracking_uri)
     capsys.readouterr()
-    assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
+    with warnings.catch_warnings():  # the table of text and numbers, built without pandas' dtype warnings
+        warnings.simplefilter("error", pd.errors.PandasChangeWarning)
+        assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if "best val_acc" in line)
     # Right after the value, as the summary and the study page state it: 0.9 on 360 samples, sqrt(.9 .1 / 360).
