@@ -266,7 +266,16 @@ def plot_parallel_coordinates(
         columns[col] = pos
         ax.axvline(j, color="0.35", linewidth=1.0, zorder=1)
         for p, label in ticks:
-            ax.text(j - 0.03, p, label, ha="right", va="center", fontsize=7, zorder=6)
+            ax.text(
+                j - 0.03,
+                p,
+                label,
+                ha="right",
+                va="center",
+                fontsize=7,
+                zorder=6,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5},
+            )
             ax.plot([j - 0.02, j], [p, p], color="0.35", linewidth=1.0, zorder=1)
         name = col.removeprefix(FACTOR_PREFIX).rsplit(".", 1)[-1] if col != metric else f"{metric} ({mode})"
         ax.text(j, 1.06, name + (" (log)" if log else ""), ha="center", va="bottom", fontsize=9, weight="bold")
@@ -294,7 +303,17 @@ def plot_parallel_coordinates(
     ax.set_ylim(-0.25, 1.15)
     ax.set_axis_off()
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric, shrink=0.8)
-    handles = [Line2D([], [], color="red", linewidth=3.0, label="best trial")]
+    best_style = (0, (4, 2)) if baseline[best] else "-"
+    handles = [
+        Line2D(
+            [],
+            [],
+            color="red",
+            linewidth=3.0,
+            linestyle=best_style,
+            label="best trial" + (" (a baseline)" if baseline[best] else ""),
+        )
+    ]
     if baseline.any():
         handles.append(Line2D([], [], color="black", linestyle=(0, (4, 2)), label="baseline (optimizer alone)"))
     ax.legend(handles=handles, loc="lower right", fontsize=7, bbox_to_anchor=(1.0, -0.02))
