@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlflow.tracking import MlflowClient
 
 from analysis.report import HTML_REPORT
-from analysis.runs import BEST_RULE
 from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
 from studies.server import free_port, start_server
 from trainables.naming import KIND_TAG
@@ -57,6 +56,8 @@ CLOSE_ASSISTANT = """
   .forEach(b => b.click()); true
 """
 ML = "workflowType=machine_learning"
+# The chart view draws each chart (plotly) after its data arrive: the first three drawn.
+CHARTS_DRAWN = "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3"
 # Scrolls the heading whose text is %s to the top of the window.
 SCROLL_TO = """[...document.querySelectorAll('h2')].filter(h => h.innerText.trim() === %s)
   .forEach(h => h.scrollIntoView({block: 'start'})); true"""
@@ -146,6 +147,17 @@ class Browser:
             time.sleep(1.0)
         time.sleep(SETTLE_S)
 
+    def wait_for(self, script: str, timeout_s: float = RENDER_S) -> bool:
+        """Wait until `script` evaluates true in the page (False, with a warning, after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.evaluate(script):
+            if time.monotonic() > deadline:
+                print(f"warning: {script.strip()[:60]!r} not true within {timeout_s:.0f} s; shooting it as it is")
+                return False
+            time.sleep(1.0)
+        time.sleep(SETTLE_S)
+        return True
+
     def shoot(self, out: Path) -> Path:
         import base64
 
@@ -220,12 +232,11 @@ def main() -> None:
             chrome.evaluate(EXPAND_DESCRIPTION)
             time.sleep(SETTLE_S)
             chrome.shoot(out / "mlflow_answer.png")
+            chrome.evaluate(EXPAND_DESCRIPTION)  # closed again: the browser keeps it as it was left, on every page
+            time.sleep(SETTLE_S)
             # MLflow's own nested table (study > cells > trials), rows expanded.
             chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Run Name")
             time.sleep(4 * SETTLE_S)
-            chrome.evaluate(CLOSE_ASSISTANT)
-            if chrome.evaluate(f"document.body.innerText.includes({json.dumps(BEST_RULE[:60])})"):
-                chrome.evaluate(EXPAND_DESCRIPTION)  # the browser kept it open: close it, the table is this shot's
             expanded = 0
             for _ in range(4):  # the study's row, then its cells' rows, as each level appears
                 clicked = chrome.evaluate(EXPAND_ROWS) or 0
@@ -236,6 +247,7 @@ def main() -> None:
             print(f"runs table: {expanded} rows expanded")
             chrome.shoot(out / "mlflow_runs.png")
             chrome.open(f"{base}/#/experiments/{eid}/runs?compareRunsMode=CHART&{ML}", shows="val_acc")
+            chrome.wait_for(CHARTS_DRAWN)
             chrome.shoot(out / "mlflow_charts.png")
             if best_cell is not None:
                 chrome.open(f"{base}/#/experiments/{eid}/runs/{best_cell.info.run_id}?{ML}", shows="best.val_acc")
