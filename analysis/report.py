@@ -27,6 +27,7 @@ from analysis.plots import (
 from analysis.runs import (
     REPORT_MARKER,
     RHO,
+    UI_WORKFLOW,
     _open_experiment,
     best_key,
     best_trials,
@@ -497,7 +498,7 @@ def write_report(
 
 def run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
     """The address of a trial's run in the MLflow UI at `ui_url`."""
-    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{UI_WORKFLOW}"
 
 
 def _study_section(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mode, ui_url, seed) -> None:
@@ -590,7 +591,7 @@ def _link_report(client, experiment_id: str, run_id: str) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    link = f"#/experiments/{experiment_id}/runs/{run_id}/artifactPath/{ARTIFACT_DIR}/{HTML_REPORT}"
+    link = f"#/experiments/{experiment_id}/runs/{run_id}/artifactPath/{ARTIFACT_DIR}/{HTML_REPORT}?{UI_WORKFLOW}"
     line = f"**Full report** (every table and plot, one page): [{ARTIFACT_DIR}/{HTML_REPORT}]({link}), written {when}."
     note = client.get_run(run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
     client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{note.split(REPORT_MARKER, 1)[0].rstrip()}\n\n{REPORT_MARKER}\n\n{line}")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlflow.tracking import MlflowClient
 
 from analysis.report import HTML_REPORT
+from analysis.runs import UI_WORKFLOW
 from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
 from studies.server import free_port, start_server
 from trainables.naming import KIND_TAG
@@ -55,7 +56,7 @@ CLOSE_ASSISTANT = """
 [...document.querySelectorAll('button')].filter(b => /close/i.test(b.getAttribute('aria-label') || ''))
   .forEach(b => b.click()); true
 """
-ML = "workflowType=machine_learning"
+ML = UI_WORKFLOW  # MLflow 3.17's model-training side (analysis.runs)
 # The chart view draws each chart (plotly) after its data arrive: the first three drawn.
 CHARTS_DRAWN = "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3"
 # Scrolls the heading whose text is %s to the top of the window.
@@ -259,7 +260,7 @@ def main() -> None:
             if f"report/{HTML_REPORT}" in report:
                 # `sharpscale report`'s page as MLflow's artifact view shows it (a sandboxed frame of the UI's own
                 # origin), then the same file alone, at its whole-study view (parallel coordinates, importance).
-                where = f"#/experiments/{eid}/runs/{study_run.info.run_id}/artifactPath/report/{HTML_REPORT}"
+                where = f"#/experiments/{eid}/runs/{study_run.info.run_id}/artifactPath/report/{HTML_REPORT}?{ML}"
                 chrome.open(f"{base}/{where}", shows=HTML_REPORT)
                 time.sleep(4 * SETTLE_S)  # the frame loads after the artifact list
                 chrome.shoot(out / "mlflow_report.png")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis import write_report
-from analysis.report import LOCAL_UI, report_html
+from analysis.report import LOCAL_UI, report_html, run_link
 from analysis.sweep import knob_importance, plot_parallel_coordinates, study_knobs
 from trainables.tracking import TrialRecorder
 
@@ -85,7 +85,7 @@ def test_few_trials_get_the_caveat_printed():
 def test_parallel_coordinates_draw_every_trial_linking_to_its_run(tmp_path):
     runs = _study(0.05, 0.02, trials=4)
     runs.loc[3, "status"] = "failed"
-    links = {r: f"{LOCAL_UI}/#/experiments/1/runs/{r}" for r in runs["run_id"]}
+    links = {r: run_link(LOCAL_UI, "1", r) for r in runs["run_id"]}
     path = tmp_path / "parallel.svg"
     fig = plot_parallel_coordinates(runs, metric="val_acc", links=links, path=path)
     svg = path.read_text()
@@ -134,7 +134,7 @@ def test_the_report_shows_the_whole_study_each_trial_linking_to_its_mlflow_run(s
     # The plot inline (its lines are links), every trial's row linking to its run, best first.
     svg = page[page.index("<svg") : page.index("</svg>")]
     for name, rid in ids.items():
-        link = f"{LOCAL_UI}/#/experiments/{eid}/runs/{rid}"
+        link = f"{LOCAL_UI}/#/experiments/{eid}/runs/{rid}?workflowType=machine_learning"  # the model-training side
         assert f'href="{link}"' in svg, name
         assert f'<a href="{link}">{name}</a>' in page, name
     trials = (tmp_path / "report" / "trials.md").read_text()
