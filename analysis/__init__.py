@@ -53,6 +53,8 @@ _HOMES = {
     "rho_sensitivity": "tables",
     "sam_gain": "tables",
     "scaling_table": "tables",
+    "knob_importance": "sweep",
+    "plot_parallel_coordinates": "sweep",
 }
 _SUBMODULES = ("geometry",)  # public as modules: `from analysis import geometry`
 
@@ -98,6 +100,8 @@ __all__ = [
     "rho_sensitivity",
     "sam_gain",
     "scaling_table",
+    "knob_importance",
+    "plot_parallel_coordinates",
     "split_stages",
     "summarize",
     "trial_compute",
@@ -140,6 +144,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
         law_extrapolation,
         paired_law_difference,
     )
+    from analysis.sweep import knob_importance, plot_parallel_coordinates
     from analysis.tables import (
         FewSamplesWarning,
         RhoSensitivity,

@@ -292,6 +292,7 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
                 label=f"baseline (rho = 0): {best['baseline']:.3g}",
             )
     name = result.param.rsplit(".", 1)[-1]
+    _floor_spans(list(panels.values()), ceiling=1.0 if "acc" in result.metric else None)
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
         ax.set_title(f"arch: {arch}")
@@ -543,6 +544,26 @@ def plot_sharpness(
     )
     fig.suptitle(title or f"{measure} during training, and the edge of stability{note}", fontsize=9)
     return _finish(fig, path)
+
+
+# A panel's own y range is at least this share of the widest panel's: per-panel axes keep one arch's outlier from
+# flattening the others, but a panel whose levels differ by one validation image must not be stretched to fill it.
+MIN_SPAN_SHARE = 0.1
+
+
+def _floor_spans(axes: list, *, ceiling: float | None = None) -> None:
+    """Widen each panel's y range to at least MIN_SPAN_SHARE of the widest one's, about its middle (kept at or below
+    `ceiling` plus a margin where the values cannot exceed it, an accuracy's 1)."""
+    spans = [ax.get_ylim() for ax in axes]
+    widest = max((hi - lo for lo, hi in spans), default=0.0)
+    for ax, (lo, hi) in zip(axes, spans):
+        if widest <= 0 or hi - lo >= MIN_SPAN_SHARE * widest:
+            continue
+        half = MIN_SPAN_SHARE * widest / 2
+        mid = (lo + hi) / 2
+        if ceiling is not None and hi <= ceiling + 0.05 * (hi - lo) + 1e-12:
+            mid = min(mid, ceiling + 0.1 * half - half)
+        ax.set_ylim(mid - half, mid + half)
 
 
 def _log_axis(axis, set_scale) -> None:

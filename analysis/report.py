@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import re
 import warnings
@@ -26,7 +27,9 @@ from analysis.plots import (
 from analysis.runs import (
     REPORT_MARKER,
     RHO,
+    UI_WORKFLOW,
     _open_experiment,
+    best_key,
     best_trials,
     confirm_summary,
     load_curves,
@@ -45,6 +48,7 @@ from analysis.scaling import (
     paired_law_difference,
     table_points,
 )
+from analysis.sweep import PLAIN_METHOD, knob_importance, plot_parallel_coordinates, study_knobs
 from analysis.tables import (
     _markdown,
     geometry_correlation,
@@ -64,6 +68,19 @@ ARTIFACT_DIR = "report"
 HTML_REPORT = "report.html"
 _FRACTION = "data.fraction"
 _SEED = "train.seed"
+# Where `sharpscale ui` serves a local store by default (studies.server.DEFAULT_PORT): the report's links to each
+# trial's MLflow run start here unless the store is a tracking server. Shown by MLflow's own artifact view, the
+# page rewrites them to the address it is served from (_LINK_SCRIPT).
+LOCAL_UI = "http://127.0.0.1:5000"
+# MLflow's artifact view shows an HTML artifact in a sandboxed iframe from a blob: URL of the UI's own origin; links
+# written for LOCAL_UI are pointed at that origin, so a click opens the trial's run whatever the UI's address.
+_LINK_SCRIPT = """<script>(() => {
+  const m = location.href.match(/^blob:(https?:\\/\\/[^/]+)/); if (!m) return;
+  for (const a of document.querySelectorAll('a')) for (const k of ['href', 'xlink:href']) {
+    const v = a.getAttribute(k);
+    if (v && v.startsWith(BASE + '/#/')) a.setAttribute(k, m[1] + v.slice(BASE.length));
+  }
+})();</script>"""
 
 
 def _objective(study: str | Path) -> tuple[str, str] | None:
@@ -138,7 +155,7 @@ class _Writer:
 
     def figure(self, name: str, fig) -> Path:
         path = self.out_dir / name
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120)  # the format from the name's suffix (.png, .svg)
         self.paths.append(path)
         return path
 
@@ -166,10 +183,13 @@ def _cells(row: str) -> list[str]:
     return [c.strip() for c in row.strip().strip("|").split("|")]
 
 
-def report_html(markdown: str, images: Path) -> str:
+def report_html(markdown: str, images: Path, *, ui_url: str = LOCAL_UI) -> str:
     """The report's markdown (headings, paragraphs, lists, pipe tables, images) as one self-contained HTML page:
-    each `![title](file.png)` embedded from `images` as a base64 data URI, so the file opens anywhere, alone.
-    Only the markdown this module writes is understood; anything else is kept as an escaped paragraph."""
+    each `![title](file.png)` embedded from `images` as a base64 data URI (its .svg twin inline where one was
+    written, so the links drawn in it work), so the
+    file opens anywhere, alone. Only the markdown this module writes is understood; anything else is kept as an
+    escaped paragraph. ui_url: the MLflow UI its run links start with, pointed at the UI's own address when that UI
+    shows the page (_LINK_SCRIPT)."""
     body: list[str] = []
     lines = markdown.splitlines()
     i = 0
@@ -183,7 +203,10 @@ def report_html(markdown: str, images: Path) -> str:
             i += 1
         elif m := re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip()):
             path = images / m[2]
-            if path.is_file():
+            if path.with_suffix(".svg").is_file():  # its SVG twin inline, so the links drawn in it (runs) work
+                svg = path.with_suffix(".svg").read_text()
+                body.append(f'<div class="svg" title="{html.escape(m[1])}">{svg[svg.index("<svg") :]}</div>')
+            elif path.is_file():
                 data = base64.b64encode(path.read_bytes()).decode("ascii")
                 body.append(f'<img alt="{html.escape(m[1])}" src="data:image/png;base64,{data}">')
             else:
@@ -216,10 +239,12 @@ def report_html(markdown: str, images: Path) -> str:
         "body{font-family:system-ui,sans-serif;max-width:1100px;margin:1em auto;padding:0 1em;line-height:1.4}"
         "table{border-collapse:collapse;margin:.5em 0;font-size:.9em}th,td{border:1px solid #ccc;padding:2px 6px;"
         "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+        ".svg svg{max-width:100%;height:auto}"
     )
+    script = _LINK_SCRIPT.replace("BASE", json.dumps(ui_url.rstrip("/")))
     return (
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        f"<style>{style}</style></head><body>\n" + "\n".join(body) + f"\n{script}\n</body></html>\n"
     )
 
 
@@ -315,6 +340,10 @@ def write_report(
         w.text("summary.md", summary_md)
         w.csv("summary.csv", summary)
         w.section("Per-cell summary of the search", summary_md)
+        ui_url = tracking_uri if str(tracking_uri or "").startswith(("http://", "https://")) else LOCAL_UI
+        _study_section(
+            w, search, experiment_id=experiment.experiment_id, metric=metric, mode=mode, ui_url=str(ui_url), seed=seed
+        )
         if not confirm.empty:
             if missing := unconfirmed_cells(search, confirm):
                 warnings.warn(
@@ -447,7 +476,7 @@ def write_report(
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
     markdown = head + "\n".join(w.sections)
     w.text("report.md", markdown)
-    w.text(HTML_REPORT, report_html(markdown, out))
+    w.text(HTML_REPORT, report_html(markdown, out, ui_url=str(ui_url)))
     for c in caught:
         if not issubclass(c.category, (DeprecationWarning, FutureWarning)):
             warnings.warn(c.message, c.category, stacklevel=2)
@@ -467,6 +496,93 @@ def write_report(
     return w.paths
 
 
+def run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
+    """The address of a trial's run in the MLflow UI at `ui_url`."""
+    return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{UI_WORKFLOW}"
+
+
+def _study_section(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mode, ui_url, seed) -> None:
+    """The whole study at once (analysis.sweep): every trial on one parallel-coordinates plot, each knob's share of
+    the objective's variance over all trials, and every trial ranked, each linking to its MLflow run."""
+    ok = search[search["status"] == "finished"] if "status" in search.columns else search
+    if len(ok) < 2 or metric not in ok.columns:
+        return
+    factors, knobs = study_knobs(ok)
+    links = {r: run_link(ui_url, experiment_id, r) for r in search["run_id"].astype(str)}
+    fig = plot_parallel_coordinates(search, metric=metric, mode=mode, factors=factors, knobs=knobs, links=links)
+    w.figure("parallel_coordinates.png", fig)
+    w.figure("parallel_coordinates.svg", fig)
+    source = measured_on(search)
+    w.section(
+        "The whole study: every trial",
+        "Each finished search trial is one line across the study's factors and searched knobs to the objective, "
+        f"coloured by {metric} (brighter is better); baseline trials (optimizer.method '{PLAIN_METHOD}') are dashed "
+        "black, the best trial red; a knob a cell does not search sits at 'not searched'. In report.html each line "
+        f"links to its trial's MLflow run. Numbers from: {source}.",
+        "parallel_coordinates.png",
+    )
+    importance = knob_importance(search, metric=metric, factors=factors, knobs=knobs, seed=seed)
+    if not importance.empty:
+        shown = importance.assign(above_chance=importance["above_chance"].map({True: "yes", False: "no"}))
+        md = (
+            f"Each knob's share of the variance of {metric} over the study's {int(len(ok))} finished search trials "
+            "(`analysis.sweep.knob_importance`): a factor's, the variance between its levels' means (every trial); a "
+            "searched knob's, what its quantile bins explain within the cells that search it (their cell means "
+            "removed; `within_share`: of the within-cell variance alone). Shares are each knob alone and need not add "
+            "to 1. `chance`: the 95th percentile of the share when the objective is permuted (a knob with no effect "
+            "in this design reaches it 1 time in 20), `p` the permutation p-value. Numbers from: "
+            f"{source}.\n\n" + _markdown(_fmt(shown, 3))
+        )
+        if caveat := importance.attrs.get("caveat"):
+            md += f"\n**Caveat.** {caveat}\n"
+        w.text("knob_importance.md", md)
+        w.csv("knob_importance.csv", importance)
+        w.section("Which knobs matter, over the whole study", md)
+    _trials_table(w, search, experiment_id=experiment_id, metric=metric, mode=mode, ui_url=ui_url, knobs=knobs)
+
+
+def _trials_table(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mode, ui_url, knobs) -> None:
+    """Every search trial, best first by BEST_RULE across the whole study, its name linking to its MLflow run."""
+    values = pd.to_numeric(search[metric], errors="coerce").astype("float64")
+    finished = search["status"] == "finished" if "status" in search.columns else pd.Series(True, index=search.index)
+    started = search["start_time"] if "start_time" in search.columns else pd.Series(0, index=search.index)
+    ranked = sorted(
+        search.index,
+        key=lambda i: (
+            not (finished[i] and math.isfinite(values[i])),
+            best_key(values[i] if math.isfinite(values[i]) else 0.0, started[i], str(search.at[i, "run_id"]), mode),
+        ),
+    )
+    baseline = (
+        search["optimizer.method"].astype(str) == PLAIN_METHOD
+        if "optimizer.method" in search.columns
+        else pd.Series(False, index=search.index)
+    )
+    rows = []
+    for rank, i in enumerate(ranked):
+        name = str(search.at[i, "run_name"]) if "run_name" in search.columns else str(search.at[i, "run_id"])
+        row = {
+            "rank": rank if finished[i] and math.isfinite(values[i]) else "–",
+            "trial": f"[{name}]({run_link(ui_url, experiment_id, str(search.at[i, 'run_id']))})",
+            "cell": str(search.at[i, "cell"]) + (" (baseline)" if baseline[i] else ""),
+            metric: f"{values[i]:.4f}" if math.isfinite(values[i]) else "–",
+            "status": str(search.at[i, "status"]) if "status" in search.columns else "",
+        }
+        for k in knobs:
+            v = pd.to_numeric(pd.Series([search.at[i, k]]), errors="coerce").iloc[0]
+            row[k.rsplit(".", 1)[-1]] = f"{v:.4g}" if pd.notna(v) else "–"
+        row["run id"] = str(search.at[i, "run_id"])
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("rank")
+    md = (
+        f"Every search trial, best first by {metric} ({mode}) across the whole study (among equal values the one "
+        "that started first), each linking to its MLflow run.\n\n" + _markdown(table)
+    )
+    w.text("trials.md", md)
+    w.csv("trials.csv", table.assign(trial=[str(search.at[i, "run_name"]) for i in ranked]))
+    w.section("Every trial, best first", md)
+
+
 def _link_report(client, experiment_id: str, run_id: str) -> None:
     """A line under the study run's description linking to report.html in MLflow's artifact view (the roll-up,
     which rewrites the description's table, keeps what follows REPORT_MARKER)."""
@@ -475,7 +591,7 @@ def _link_report(client, experiment_id: str, run_id: str) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    link = f"#/experiments/{experiment_id}/runs/{run_id}/artifactPath/{ARTIFACT_DIR}/{HTML_REPORT}"
+    link = f"#/experiments/{experiment_id}/runs/{run_id}/artifactPath/{ARTIFACT_DIR}/{HTML_REPORT}?{UI_WORKFLOW}"
     line = f"**Full report** (every table and plot, one page): [{ARTIFACT_DIR}/{HTML_REPORT}]({link}), written {when}."
     note = client.get_run(run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
     client.set_tag(run_id, MLFLOW_RUN_NOTE, f"{note.split(REPORT_MARKER, 1)[0].rstrip()}\n\n{REPORT_MARKER}\n\n{line}")

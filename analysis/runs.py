@@ -63,6 +63,9 @@ _EVAL_SPLIT = "data.eval_split"
 # A study run's description: the answer table (rewritten by every roll-up, studies.records), then this marker, then
 # the link to its HTML report (written by analysis.report): each writer keeps the other's part.
 REPORT_MARKER = "<!-- sharpscale: report -->"
+# The query that opens MLflow 3's UI on its model-training side: without it a page loaded afresh (a link followed,
+# a bookmark) opens on the GenAI side, whatever the experiment's kind. Every address of the UI we write carries it.
+UI_WORKFLOW = "workflowType=machine_learning"
 BEST_RULE = (
     "the finished trial with the best value of the objective; among equal values, the one that started first "
     "(then the smaller run id)"

@@ -1,9 +1,10 @@
 """Screenshots of the MLflow UI (and optuna-dashboard) over a finished study, taken by a real headless Chromium.
 
 What a user sees after `sharpscale run`, saved to docs/img/ and shown in docs/ui.md: the page `sharpscale ui` opens
-(the answer, every trial), its description expanded, MLflow's nested runs table (study > cells > trials, each
-cell's best value and knob on its row), a cell's run, a trial's run, the chart view,
-and optuna-dashboard's page of one cell. Needs `chromium` on PATH (Debian: `apt-get install chromium`).
+(the answer, every trial), its description expanded, MLflow's nested runs table (study > cells > trials, every row
+expanded), the chart view, a cell's run, a trial's run, `sharpscale report`'s page in MLflow's artifact view and
+its whole-study view (when the report has run), and optuna-dashboard's page of one cell. Needs `chromium` on PATH
+(Debian: `apt-get install chromium`).
 
     python docs/screenshots.py --tracking-uri sqlite:///mlflow.db --study quickstart [--out docs/img]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlflow.tracking import MlflowClient
 
+from analysis.report import HTML_REPORT
+from analysis.runs import UI_WORKFLOW
 from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
 from studies.server import free_port, start_server
 from trainables.naming import KIND_TAG
@@ -33,11 +37,16 @@ from trainables.tracking import resolve_tracking_uri
 
 WINDOW = "1600,1000"
 RENDER_S = 180.0  # the UI's bundle is large: on a busy 2-core machine its first render takes a minute
-# Clicks every row expander of MLflow's runs table (buttons labelled Expand/Show child runs), so nested runs show.
-EXPAND_ROWS = """
-[...document.querySelectorAll('button')].filter(b => /expand|show child|collapsed/i.test(
-  (b.getAttribute('aria-label') || '') + ' ' + (b.getAttribute('title') || '') + ' ' + (b.dataset.testid || '')
-)).forEach(b => b.click()); true
+# MLflow 3.17's row expander in the runs table: the run name cell's icon button, a plus while the row is collapsed
+# (a minus once open). Clicks every collapsed one and returns how many, so the caller repeats it as nested rows
+# (the cells under the study, the trials under each cell) appear. Pinned in tests/studies/test_study_page.py.
+ROW_EXPANDER = "runnamecellrenderer.tsx_46"
+PLUS_ICON = "M7.25 7.25V4.5h1.5v2.75h2.75v1.5H8.75v2.75h-1.5V8.75H4.5v-1.5z"
+EXPAND_ROWS = f"""
+(() => {{ const plus = [...document.querySelectorAll('button')].filter(b =>
+  (b.dataset.componentId || '').endsWith('{ROW_EXPANDER}') &&
+  [...b.querySelectorAll('path')].some(p => p.getAttribute('d') === '{PLUS_ICON}'));
+  plus.forEach(b => b.click()); return plus.length; }})()
 """
 EXPAND_DESCRIPTION = """
 [...document.querySelectorAll('button')].filter(b =>
@@ -47,7 +56,12 @@ CLOSE_ASSISTANT = """
 [...document.querySelectorAll('button')].filter(b => /close/i.test(b.getAttribute('aria-label') || ''))
   .forEach(b => b.click()); true
 """
-ML = "workflowType=machine_learning"
+ML = UI_WORKFLOW  # MLflow 3.17's model-training side (analysis.runs)
+# The chart view draws each chart (plotly) after its data arrive: the first three drawn.
+CHARTS_DRAWN = "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3"
+# Scrolls the heading whose text is %s to the top of the window.
+SCROLL_TO = """[...document.querySelectorAll('h2')].filter(h => h.innerText.trim() === %s)
+  .forEach(h => h.scrollIntoView({block: 'start'})); true"""
 SETTLE_S = 3.0  # after the awaited text shows, for the rest of the page (charts) to draw
 
 
@@ -122,6 +136,9 @@ class Browser:
 
     def open(self, url: str, *, shows: str, timeout_s: float = RENDER_S) -> None:
         """Navigate to `url` and wait until the page's text contains `shows` (the UI loads its data after)."""
+        # A fresh document each time: MLflow's page, moved by a change of its hash alone (the runs page with and
+        # without the shared view), stayed on its loading skeleton for minutes.
+        self.call("Page.navigate", url="about:blank")
         self.call("Page.navigate", url=url)
         deadline = time.monotonic() + timeout_s
         while not self.evaluate(f"document.body && document.body.innerText.includes({shows!r})"):
@@ -130,6 +147,17 @@ class Browser:
                 break
             time.sleep(1.0)
         time.sleep(SETTLE_S)
+
+    def wait_for(self, script: str, timeout_s: float = RENDER_S) -> bool:
+        """Wait until `script` evaluates true in the page (False, with a warning, after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.evaluate(script):
+            if time.monotonic() > deadline:
+                print(f"warning: {script.strip()[:60]!r} not true within {timeout_s:.0f} s; shooting it as it is")
+                return False
+            time.sleep(1.0)
+        time.sleep(SETTLE_S)
+        return True
 
     def shoot(self, out: Path) -> Path:
         import base64
@@ -205,15 +233,22 @@ def main() -> None:
             chrome.evaluate(EXPAND_DESCRIPTION)
             time.sleep(SETTLE_S)
             chrome.shoot(out / "mlflow_answer.png")
+            chrome.evaluate(EXPAND_DESCRIPTION)  # closed again: the browser keeps it as it was left, on every page
+            time.sleep(SETTLE_S)
             # MLflow's own nested table (study > cells > trials), rows expanded.
             chrome.open(f"{base}/#/experiments/{eid}/runs?{ML}", shows="Run Name")
             time.sleep(4 * SETTLE_S)
-            chrome.evaluate(EXPAND_ROWS)
-            time.sleep(SETTLE_S)
-            chrome.evaluate(EXPAND_ROWS)  # the cells' own expanders appear once the study's row is open
-            time.sleep(SETTLE_S)
+            expanded = 0
+            for _ in range(4):  # the study's row, then its cells' rows, as each level appears
+                clicked = chrome.evaluate(EXPAND_ROWS) or 0
+                expanded += clicked
+                time.sleep(SETTLE_S)
+                if not clicked:
+                    break
+            print(f"runs table: {expanded} rows expanded")
             chrome.shoot(out / "mlflow_runs.png")
             chrome.open(f"{base}/#/experiments/{eid}/runs?compareRunsMode=CHART&{ML}", shows="val_acc")
+            chrome.wait_for(CHARTS_DRAWN)
             chrome.shoot(out / "mlflow_charts.png")
             if best_cell is not None:
                 chrome.open(f"{base}/#/experiments/{eid}/runs/{best_cell.info.run_id}?{ML}", shows="best.val_acc")
@@ -221,6 +256,19 @@ def main() -> None:
             if best_trial:
                 chrome.open(f"{base}/#/experiments/{eid}/runs/{best_trial}/model-metrics?{ML}", shows="val_acc")
                 chrome.shoot(out / "mlflow_trial_run.png")
+            report = [a.path for a in client.list_artifacts(study_run.info.run_id, "report")]
+            if f"report/{HTML_REPORT}" in report:
+                # `sharpscale report`'s page as MLflow's artifact view shows it (a sandboxed frame of the UI's own
+                # origin), then the same file alone, at its whole-study view (parallel coordinates, importance).
+                where = f"#/experiments/{eid}/runs/{study_run.info.run_id}/artifactPath/report/{HTML_REPORT}?{ML}"
+                chrome.open(f"{base}/{where}", shows=HTML_REPORT)
+                time.sleep(4 * SETTLE_S)  # the frame loads after the artifact list
+                chrome.shoot(out / "mlflow_report.png")
+                page = client.download_artifacts(study_run.info.run_id, f"report/{HTML_REPORT}", tmp)
+                chrome.open(Path(page).resolve().as_uri(), shows="The whole study")
+                chrome.evaluate(SCROLL_TO % json.dumps("The whole study: every trial"))
+                time.sleep(SETTLE_S)
+                chrome.shoot(out / "report_whole_study.png")
 
         if args.optuna_storage:
             import threading

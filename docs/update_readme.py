@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- quickstart-output -->", "<!-- /quickstart-output -->"
 METHODS_BEGIN, METHODS_END = "<!-- methods-table -->", "<!-- /methods-table -->"
+# The command `make demo` runs (the Makefile's $(BIN)/sharpscale): the next commands it prints start with it.
+DEMO_PROG = ".venv/bin/sharpscale"
 
 
 def methods_table() -> str:
@@ -62,8 +64,10 @@ def quickstart_output() -> str:
         text = out[
             out.index("sharpscale: 15 trials") if "sharpscale: 15 trials" in out else out.rindex("sharpscale: ") :
         ]
-        # As `make demo` shows it, run from the repository's root: paths relative to it.
-        return text.replace(tmp + "/", "").replace(tmp, ".").replace(str(REPO) + "/", "").rstrip()
+        # As `make demo` shows it, run from the repository's root: paths relative to it, and the next commands
+        # as it prints them (it runs .venv/bin/sharpscale; this script ran `python -m studies.cli`).
+        text = text.replace(tmp + "/", "").replace(tmp, ".").replace(str(REPO) + "/", "").rstrip()
+        return re.sub(r"^  sharpscale ", f"  {DEMO_PROG} ", text, flags=re.MULTILINE)
 
 
 def _replace(text: str, begin: str, end: str, body: str) -> str:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, accuracy_se, best_key
+from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, UI_WORKFLOW, accuracy_se, best_key
 from studies.spec import Cell, LoadedStudy
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
@@ -58,8 +58,7 @@ RESULTS_MARKER = "<!-- sharpscale: results -->"
 # the knobs as columns.
 VIEW_KEY = "sharpscale"
 _VIEW_TAG_PREFIX = "mlflow.sharedViewState."
-# MLflow 3's UI opens on its GenAI side until a browser has chosen model training once, whatever the kind tag says.
-_WORKFLOW = "workflowType=machine_learning"
+_WORKFLOW = UI_WORKFLOW  # MLflow 3's UI on its model-training side (analysis.runs)
 # The roll-up's keys on cell and study runs: metrics (numbers) and tags (names).
 BEST_PREFIX = "best."
 _FAILED = ("failed", "diverged")

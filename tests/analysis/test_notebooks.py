@@ -171,6 +171,7 @@ def test_geometry_notebook_measures_a_studys_checkpoints(checkpointed, tmp_path,
     uri, ids = checkpointed[0], checkpointed[1]["geo_nb"]
     monkeypatch.setenv("SHARPSCALE_TRACKING_URI", uri)
     monkeypatch.setenv("SHARPSCALE_STUDY", "geo_nb")
+    monkeypatch.setenv("SHARPSCALE_GEOMETRY_BEST", "0")  # every checkpointed trial (the default: each cell's best)
     monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "32")
     monkeypatch.setenv("SHARPSCALE_THREADS", "1")
     _run("geometry", tmp_path)
@@ -179,3 +180,38 @@ def test_geometry_notebook_measures_a_studys_checkpoints(checkpointed, tmp_path,
         assert math.isfinite(logged[ids[key]]["geometry/lambda_max"]), key
         assert math.isfinite(logged[ids[key]]["geometry/hessian_trace"]), key
     assert not logged[ids["s1"]] and not logged[ids["f0"]]
+
+
+def test_geometry_notebook_opened_as_is_measures_the_quickstarts_own_checkpoints(
+    study_store, checkpoint, tmp_path, monkeypatch
+):
+    # No variable set, opened from a folder below the store (as Jupyter opens analysis/notebooks): the notebook
+    # finds the store, takes the quickstart study and measures the final weights its trials kept, not a model of its
+    # own (the quickstart keeps them: studies/quickstart.yaml, tracking.log_checkpoint).
+    import yaml
+
+    quickstart = yaml.safe_load((NOTEBOOKS.parents[1] / "studies" / "quickstart.yaml").read_text())
+    assert quickstart["tracking"]["log_checkpoint"] is True
+    uri, target, _ = study_store(tmp_path, "quickstart")
+    ids = {}
+    for key, val_acc in (("best", 0.9), ("worse", 0.8)):
+        rec = TrialRecorder(target, trial_key=key, run_name=key, params={}, wants_checkpoint=True)
+        rec.set_tags({"sharpscale.cell": "arch=vit"})
+        rec.log_epoch({"train_loss": 1.0, "train_acc": 1.0, "val_acc": val_acc}, 0)
+        rec.log_artifact(checkpoint, CHECKPOINT_ARTIFACT)
+        rec.finish("finished")
+        ids[key] = rec.run_id
+    for name in ("SHARPSCALE_TRACKING_URI", "SHARPSCALE_STUDY", "SHARPSCALE_CHECKPOINT", "SHARPSCALE_GEOMETRY_BEST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "32")
+    monkeypatch.setenv("SHARPSCALE_THREADS", "1")
+    folder = tmp_path / "analysis" / "notebooks"
+    folder.mkdir(parents=True)
+    nb = nbformat.read(NOTEBOOKS / "geometry.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    # By default the best trial of each cell (here one cell): measured, logged back, looked at closer.
+    assert "1 checkpointed trial(s) of 'quickstart' measured" in text
+    assert f"closer look below: run {ids['best']}" in text
+    logged = _geometry(uri, "quickstart")
+    assert math.isfinite(logged[ids["best"]]["geometry/lambda_max"]) and not logged[ids["worse"]]

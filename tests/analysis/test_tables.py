@@ -541,6 +541,12 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
         "rho_transfer.md",
         "rho_transfer.csv",
         "report.html",
+        "parallel_coordinates.png",  # the whole study at once (analysis.sweep; tests/analysis/test_sweep.py)
+        "parallel_coordinates.svg",
+        "knob_importance.md",
+        "knob_importance.csv",
+        "trials.md",
+        "trials.csv",
     }
     assert names == expected
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
@@ -562,18 +568,21 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     row = next(ln for ln in summary.splitlines() if ln.startswith("| resnet"))
     assert "<td>" + "</td><td>".join(c.strip() for c in row.strip("| ").split("|")) + "</td>" in page
     assert "<h2>Data scaling (%)</h2>" in page and "| ---" not in page
-    pngs = sorted(n for n in expected if n.endswith(".png"))
+    pngs = sorted(n for n in expected if n.endswith(".png") and n[:-4] + ".svg" not in expected)  # SVG: inline
     assert page.count('src="data:image/png;base64,') == len(pngs) and ".png)" not in page
     import base64
 
     assert base64.b64encode((tmp_path / "report" / "curves.png").read_bytes()).decode() in page
     note = MlflowClient(uri).get_run(study_run).data.tags["mlflow.note.content"]
     experiment_id = MlflowClient(uri).get_run(study_run).info.experiment_id
-    assert f"(#/experiments/{experiment_id}/runs/{study_run}/artifactPath/report/report.html)" in note
+    link = (
+        f"#/experiments/{experiment_id}/runs/{study_run}/artifactPath/report/report.html?workflowType=machine_learning"
+    )
+    assert f"({link})" in note  # on MLflow's model-training side, as every address the study writes
     with warnings.catch_warnings():  # written again: one link, not two
         warnings.simplefilter("ignore")
         write_report("scaling", tracking_uri=uri, out_dir=tmp_path / "report2", n_boot=50)
-    assert MlflowClient(uri).get_run(study_run).data.tags["mlflow.note.content"].count("report.html)") == 1
+    assert MlflowClient(uri).get_run(study_run).data.tags["mlflow.note.content"].count("report.html?") == 1
 
 
 def test_write_report_without_a_study_run_says_how_to_proceed(store, tmp_path):

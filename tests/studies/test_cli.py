@@ -146,3 +146,30 @@ def test_every_command_the_readme_shows_parses():
     parser = build_parser()
     for args in commands:
         parser.parse_args(args)  # argparse exits 2 on an option or command the CLI no longer has
+
+
+def test_the_readmes_next_commands_are_what_make_demo_prints(monkeypatch):
+    # `make demo` runs $(BIN)/sharpscale, so the commands it prints to go on with start with that path (`_prog`);
+    # the README's quickstart block (docs/update_readme.py) shows them so, as its other commands do ($S).
+    import importlib.util
+    import re
+
+    from studies import cli
+
+    make = (REPO / "Makefile").read_text()
+    venv_bin = re.search(r"^BIN\s*:=\s*\$\(VENV\)/bin", make, re.MULTILINE) and re.search(
+        r"^VENV\s*:=\s*(\S+)", make, re.MULTILINE
+    )
+    assert venv_bin and re.search(r"^demo:.*\n\t\$\(BIN\)/sharpscale run ", make, re.MULTILINE)
+    prog = f"{venv_bin[1]}/bin/sharpscale"
+    spec = importlib.util.spec_from_file_location("update_readme", REPO / "docs" / "update_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.DEMO_PROG == prog
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(module.BEGIN, 1)[1].split(module.END, 1)[0]
+    nexts = block.split("Next:", 1)[1].split("```", 1)[0].strip("\n").splitlines()
+    assert len(nexts) == 3 and all(line.startswith(f"  {prog} ") for line in nexts), nexts
+    assert f"{prog} ui" in readme.split(module.END, 1)[1]  # the prose after the block says the same
+    monkeypatch.setattr(cli.sys, "argv", [str(Path.cwd() / prog)])
+    assert cli._prog() == prog

@@ -94,6 +94,9 @@ def test_view_state_names_are_the_installed_uis():
     for key in ('"selectedColumns"', '"runsHiddenMode"', '"columnWidths"', 'SHOWALL="SHOW_ALL"', 'DATASET:"Dataset"'):
         assert key in text
     assert 'I=(e,t)=>e+".`"+t+"`"' in text  # the column key: metrics.`val_acc`
+    # docs/screenshots.py expands the runs table's rows by this button and its plus icon.
+    shots = _screenshots_module()
+    assert shots.ROW_EXPANDER in text and shots.PLUS_ICON in text
 
 
 def _kill_group_below(proc) -> None:
@@ -187,6 +190,29 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
                 chrome.shoot(tmp_path / "expanded.png")
                 assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
                 assert "workflowType=genai" not in chrome.evaluate("location.href")
+                # MLflow's own nested table (study > cells > trials): docs/screenshots.py opens every row, as its
+                # shot of that table shows them (the trials hide under collapsed rows until then).
+                shots = _screenshots_module()
+                chrome.open(f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning", shows="Run Name")
+                opened = 0
+                for _ in range(4):
+                    clicked = chrome.evaluate(shots.EXPAND_ROWS) or 0
+                    opened += clicked
+                    if not clicked and _shows(chrome, "sam-tied-later", timeout_s=5):
+                        break
+                    time.sleep(shots.SETTLE_S)
+                assert opened >= 3 and _shows(chrome, "sam-tied-later"), f"{opened} rows expanded"
+                # The report's links, shown from a blob: address of the UI's origin (as MLflow's artifact view shows
+                # report.html), point at that origin, whatever address the report was written for.
+                from analysis.report import report_html, run_link
+
+                link = run_link("http://127.0.0.1:5000", exp, "abc")
+                page_html = report_html(f"# R\n\n[open-this-trial]({link})\n", tmp_path)
+                chrome.evaluate(
+                    f"location.href = URL.createObjectURL(new Blob([{json.dumps(page_html)}], {{type: 'text/html'}}))"
+                )
+                assert _shows(chrome, "open-this-trial")
+                assert chrome.evaluate("document.querySelector('a').href") == run_link(base, exp, "abc")
             finally:
                 chrome.close()
 
@@ -264,3 +290,27 @@ def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_u
     sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
     # The tie at 0.9 goes to the trial that started first (rho 0.05), as on the study page and in the roll-up.
     assert header.index("best rho") > header.index("best val_acc") and sam.split()[-2:] == ["0.05", "4"]
+
+
+def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_uri, capsys):
+    import warnings
+
+    import pandas as pd
+
+    from studies.cli import main
+
+    _recorded_study(tracking_uri)
+    capsys.readouterr()
+    with warnings.catch_warnings():  # the table of text and numbers, built without pandas' dtype warnings
+        warnings.simplefilter("error", pd.errors.PandasChangeWarning)
+        assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "best val_acc" in line)
+    # Right after the value, as the summary and the study page state it: 0.9 on 360 samples, sqrt(.9 .1 / 360).
+    assert header.index("± SE") > header.index("best val_acc") and header.index("± SE") < header.index("best rho")
+    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
+    adamw = next(line for line in out.splitlines() if line.startswith("arch=vit,method=adamw"))
+    assert "0.9 0.01581 0.05" in " ".join(sam.split()) and "0.85 0.01882" in " ".join(adamw.split())
+    # A cell with no finished trial has no value and no SE: '-', not a count of 0.
+    mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
+    assert mixer.split()[-4:-1] == ["-", "-", "-"]

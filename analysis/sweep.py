@@ -1,0 +1,337 @@
+"""The whole study at once: every trial's factors, searched knobs and objective on one parallel-coordinates plot, and
+each knob's share of the objective's variance over all trials (the cross-cell view of W&B sweeps and HParams)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from analysis.runs import best_key
+from trainables.config import TrialConfig
+from trainables.naming import FACTOR_PREFIX
+
+__all__ = ["PLAIN_METHOD", "knob_importance", "plot_parallel_coordinates", "study_knobs"]
+
+# optimizer.method of a plain trial (the base optimizer alone, rho = 0): the study's baseline cells.
+PLAIN_METHOD = "none"
+_METHOD = "optimizer.method"
+# Trial-config paths a search can vary (the config's sections); their seeds vary by repeat, not by search.
+_CONFIG_SECTIONS = tuple(f"{section}." for section in TrialConfig.model_fields)
+# Fewer trials than this in a group (a factor's level, a knob's bin in a cell): the shares are mostly noise.
+FEW_PER_GROUP = 3
+
+
+def _finished(runs: pd.DataFrame, metric: str) -> pd.DataFrame:
+    if runs.empty or metric not in runs.columns:
+        return runs.iloc[0:0]
+    values = pd.to_numeric(runs[metric], errors="coerce").astype("float64")
+    ok = pd.Series(np.isfinite(values.to_numpy()), index=runs.index)
+    if "status" in runs.columns:
+        ok &= runs["status"] == "finished"
+    return runs[ok].assign(**{metric: values[ok]})
+
+
+def study_knobs(runs: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(factors, searched knobs) of a load_runs frame: the `factor.*` columns with two or more levels, and the
+    numeric trial-config paths that vary within some cell (what a search sampled; seeds aside)."""
+    factors = [c for c in runs.columns if c.startswith(FACTOR_PREFIX) and runs[c].dropna().nunique() >= 2]
+    searched = []
+    for c in runs.columns:
+        if not c.startswith(_CONFIG_SECTIONS) or c.endswith("seed") or c in factors:
+            continue
+        values = pd.to_numeric(runs[c], errors="coerce")
+        if values.notna().sum() < 2 or runs[c].dtype == bool:
+            continue
+        varies = values.groupby(runs["cell"]).nunique() if "cell" in runs.columns else pd.Series([values.nunique()])
+        if (varies >= 2).any():
+            searched.append(c)
+    return factors, searched
+
+
+def _is_baseline(runs: pd.DataFrame) -> pd.Series:
+    if _METHOD not in runs.columns:
+        return pd.Series(False, index=runs.index)
+    return runs[_METHOD].astype(str) == PLAIN_METHOD
+
+
+def _bins(values: np.ndarray) -> np.ndarray:
+    """Quantile bins of one cell's knob values: 2 bins below 6 trials, else up to 4 of at least 3 trials each."""
+    m = len(values)
+    b = 2 if m < 6 else min(4, m // FEW_PER_GROUP)
+    ranks = pd.Series(values).rank(method="average").to_numpy() - 1
+    return np.minimum((ranks * b / m).astype(int), b - 1)
+
+
+def _permuted(rng: np.random.Generator, y: np.ndarray, strata: np.ndarray) -> np.ndarray:
+    """y shuffled within each stratum."""
+    out = y.copy()
+    for s in np.unique(strata):
+        i = np.flatnonzero(strata == s)
+        out[i] = rng.permutation(y[i])
+    return out
+
+
+def _between(y: np.ndarray, groups: np.ndarray) -> float:
+    """The sum of squares between the groups' means (each group's size times its squared offset)."""
+    out = 0.0
+    for g in np.unique(groups):
+        part = y[groups == g]
+        out += len(part) * (part.mean() - y.mean()) ** 2
+    return out
+
+
+def knob_importance(
+    runs: pd.DataFrame,
+    *,
+    metric: str,
+    factors: Sequence[str] | None = None,
+    knobs: Sequence[str] | None = None,
+    n_perm: int = 999,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Each factor's and searched knob's share of the variance of `metric` over the study's finished trials.
+
+    A factor's share: the variance between its levels' means over all the variance (eta squared, one-way, over
+    every trial). A searched knob's share: what its quantile bins explain of the variance within the cells that
+    search it (pooled over those cells: the cell means removed, so the factors do not count for it), over all the
+    variance; `within_share` is the same over the within-cell variance alone. Shares are marginal (each knob
+    alone): they need not add to 1 (interactions, unbalanced cells).
+
+    Small groups make any share large: `chance` is the 95th percentile of the share over `n_perm` permutations
+    of the objective (over all trials for a factor, within cells for a knob), what a knob without any effect
+    shows in this design (permuted within each combination of the other factors' levels for a factor, within
+    cells for a knob); `p` the permutation p-value; `above_chance` share > chance. Columns: kind, groups (levels
+    or bins), min_group (trials in the smallest), n, share, within_share, chance, p, above_chance; `attrs['caveat']`
+    says when groups hold fewer than FEW_PER_GROUP trials. Empty when fewer than 3 trials finished.
+    """
+    ok = _finished(runs, metric)
+    if factors is None or knobs is None:
+        found = study_knobs(ok)
+        factors = found[0] if factors is None else factors
+        knobs = found[1] if knobs is None else knobs
+    out = pd.DataFrame(
+        columns=["kind", "groups", "min_group", "n", "share", "within_share", "chance", "p", "above_chance"]
+    )
+    out.index.name = "knob"
+    if len(ok) < 3:
+        out.attrs["caveat"] = f"{len(ok)} finished trial(s): too few for any share."
+        return out
+    rng = np.random.default_rng(seed)
+    y = ok[metric].to_numpy(dtype="float64")
+    total = float(((y - y.mean()) ** 2).sum())
+    rows = {}
+    for f in factors:
+        if f not in ok.columns:
+            continue
+        groups = ok[f].astype(str).to_numpy()
+        sizes = pd.Series(groups).value_counts()
+        if len(sizes) < 2 or total == 0:
+            continue
+        share = _between(y, groups) / total
+        # The null keeps the other factors' effects: y is permuted within each combination of their levels (a
+        # permutation over all trials would mix them into this factor's groups, and never call it above chance).
+        others = [o for o in factors if o != f and o in ok.columns]
+        strata = ok[others].astype(str).agg("|".join, axis=1).to_numpy() if others else np.zeros(len(y), dtype=str)
+        null = np.array([_between(_permuted(rng, y, strata), groups) / total for _ in range(n_perm)])
+        rows[f] = {
+            "kind": "factor",
+            "groups": len(sizes),
+            "min_group": int(sizes.min()),
+            "n": len(y),
+            "share": share,
+            "within_share": math.nan,
+            "chance": float(np.quantile(null, 0.95)),
+            "p": (1 + int((null >= share - 1e-12).sum())) / (1 + n_perm),
+        }
+    cells = ok["cell"].astype(str).to_numpy() if "cell" in ok.columns else np.zeros(len(ok), dtype=str)
+    for k in knobs:
+        if k not in ok.columns:
+            continue
+        values = pd.to_numeric(ok[k], errors="coerce").to_numpy(dtype="float64")
+        parts = []  # (indices of a cell's trials with the knob, their bins)
+        for cell in np.unique(cells):
+            idx = np.flatnonzero((cells == cell) & np.isfinite(values))
+            if len(idx) >= 2 and len(np.unique(values[idx])) >= 2:
+                parts.append((idx, _bins(values[idx])))
+        if not parts or total == 0:
+            continue
+        within = sum(float(((y[i] - y[i].mean()) ** 2).sum()) for i, _ in parts)
+
+        def explained(yy: np.ndarray) -> float:
+            return sum(_between(yy[i], b) for i, b in parts)
+
+        base = explained(y)
+        null = np.array([explained(_permuted(rng, y, cells)) / total for _ in range(n_perm)])
+        sizes = [int(np.bincount(b).min()) for _, b in parts]
+        rows[k] = {
+            "kind": "searched",
+            "groups": sum(len(np.unique(b)) for _, b in parts),
+            "min_group": min(sizes),
+            "n": sum(len(i) for i, _ in parts),
+            "share": base / total,
+            "within_share": base / within if within > 0 else math.nan,
+            "chance": float(np.quantile(null, 0.95)),
+            "p": (1 + int((null >= base / total - 1e-12).sum())) / (1 + n_perm),
+        }
+    if rows:
+        out = pd.DataFrame.from_dict(rows, orient="index")[out.columns[:-1]]
+        out["above_chance"] = out["share"] > out["chance"]
+        out.index.name = "knob"
+        out = out.sort_values("share", ascending=False)
+    few = out[out["min_group"] < FEW_PER_GROUP] if not out.empty else out
+    if len(ok) < 20 or not few.empty:
+        out.attrs["caveat"] = (
+            f"Few trials ({len(ok)} finished"
+            + (f"; {', '.join(few.index)} with groups of {int(few['min_group'].min())}" if not few.empty else "")
+            + "): a share this design gives a knob with no effect at all is up to its `chance` column; read a share "
+            "only against it, and a share below it as no evidence either way."
+        )
+    return out
+
+
+def _axis_values(part: pd.Series, *, categorical: bool):
+    """Positions in [0, 1] of one axis' values, with the ticks (position, label) to draw; a missing numeric value
+    (a cell that does not search the knob) goes to a slot below the axis."""
+    if categorical:
+        levels = sorted(part.dropna().astype(str).unique())
+        where = {lv: (i + 0.5) / len(levels) for i, lv in enumerate(levels)}
+        return part.astype(str).map(where).to_numpy(dtype="float64"), [(where[lv], lv) for lv in levels], False
+    values = pd.to_numeric(part, errors="coerce").to_numpy(dtype="float64")
+    known = values[np.isfinite(values)]
+    lo, hi = float(known.min()), float(known.max())
+    log = lo > 0 and hi / lo >= 10
+    f = np.log10 if log else (lambda v: v)
+    span = (f(hi) - f(lo)) or 1.0
+    pos = (f(np.where(np.isfinite(values), values, lo)) - f(lo)) / span
+    ticks = [(0.0, f"{lo:.3g}"), (1.0, f"{hi:.3g}")]
+    if log:
+        for d in range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1):
+            p = (d - f(lo)) / span
+            if 0.08 < p < 0.92:
+                ticks.append((p, f"{10.0**d:g}"))
+    missing = not np.isfinite(values).all()
+    pos = np.where(np.isfinite(values), pos, -0.15)
+    if missing:
+        ticks.append((-0.15, "not searched"))
+    return pos, ticks, log
+
+
+def plot_parallel_coordinates(
+    runs: pd.DataFrame,
+    *,
+    metric: str,
+    mode: Literal["max", "min"] = "max",
+    factors: Sequence[str] | None = None,
+    knobs: Sequence[str] | None = None,
+    links: Mapping[str, str] | None = None,
+    path: str | Path | None = None,
+    title: str | None = None,
+) -> Figure:
+    """Every finished trial of the study as one line across its factors, searched knobs and `metric` (the last
+    axis), coloured by `metric` (brighter is better); baseline trials (optimizer.method 'none') dashed black, the
+    best trial (BEST_RULE) thick red. A knob a cell does not search sits at 'not searched' below its axis.
+
+    links: run id -> URL; each trial's line links there in the SVG (`fig.savefig(..., format='svg')`), e.g. to its
+    MLflow run. path: a .png or .svg file to write."""
+    ok = _finished(runs, metric)
+    if factors is None or knobs is None:
+        found = study_knobs(ok)
+        factors = found[0] if factors is None else factors
+        knobs = found[1] if knobs is None else knobs
+    axes = [c for c in (*factors, *knobs) if c in ok.columns]
+    if "cell" in ok.columns and not factors:
+        axes.insert(0, "cell")
+    axes.append(metric)
+    fig = Figure(figsize=(max(6.0, 1.9 * len(axes)), 4.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    if ok.empty:
+        ax.text(0.5, 0.5, f"no finished trial with {metric}", ha="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return _write(fig, path)
+    columns = {}
+    for j, col in enumerate(axes):
+        categorical = col == "cell" or col.startswith(FACTOR_PREFIX)
+        pos, ticks, log = _axis_values(ok[col], categorical=categorical)
+        columns[col] = pos
+        ax.axvline(j, color="0.35", linewidth=1.0, zorder=1)
+        for p, label in ticks:
+            ax.text(
+                j - 0.03,
+                p,
+                label,
+                ha="right",
+                va="center",
+                fontsize=7,
+                zorder=6,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5},
+            )
+            ax.plot([j - 0.02, j], [p, p], color="0.35", linewidth=1.0, zorder=1)
+        name = col.removeprefix(FACTOR_PREFIX).rsplit(".", 1)[-1] if col != metric else f"{metric} ({mode})"
+        ax.text(j, 1.06, name + (" (log)" if log else ""), ha="center", va="bottom", fontsize=9, weight="bold")
+    y = ok[metric].to_numpy(dtype="float64")
+    norm = Normalize(vmin=float(y.min()), vmax=float(y.max()) if y.max() > y.min() else float(y.min()) + 1e-9)
+    cmap = colormaps["viridis" if mode == "max" else "viridis_r"]
+    baseline = _is_baseline(ok).to_numpy()
+    started = ok["start_time"] if "start_time" in ok.columns else pd.Series(0, index=ok.index)
+    ids = ok["run_id"].astype(str).to_numpy() if "run_id" in ok.columns else np.array([""] * len(ok))
+    best = min(range(len(ok)), key=lambda i: best_key(y[i], started.iloc[i], ids[i], mode))
+    xs = np.arange(len(axes))
+    order = np.argsort(y if mode == "max" else -y)  # the better trials drawn last, over the others
+    for i in order:
+        ys = [columns[c][i] for c in axes]
+        style = dict(color=cmap(norm(y[i])), linewidth=1.3, alpha=0.85, zorder=3)
+        if baseline[i]:
+            style.update(color="black", linestyle=(0, (4, 2)), linewidth=1.4, alpha=0.9, zorder=4)
+        if i == best:
+            style.update(color="red", linewidth=3.0, alpha=1.0, zorder=5)
+        (line,) = ax.plot(xs, ys, **style)
+        if links and ids[i] in links:
+            line.set_url(links[ids[i]])
+            line.set_gid(f"trial-{ids[i]}")
+    ax.set_xlim(-0.6, len(axes) - 0.6)
+    ax.set_ylim(-0.25, 1.15)
+    ax.set_axis_off()
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric, shrink=0.8)
+    best_style = (0, (4, 2)) if baseline[best] else "-"
+    handles = [
+        Line2D(
+            [],
+            [],
+            color="red",
+            linewidth=3.0,
+            linestyle=best_style,
+            label="best trial" + (" (a baseline)" if baseline[best] else ""),
+        )
+    ]
+    if baseline.any():
+        handles.append(Line2D([], [], color="black", linestyle=(0, (4, 2)), label="baseline (optimizer alone)"))
+    ax.legend(handles=handles, loc="lower right", fontsize=7, bbox_to_anchor=(1.0, -0.02))
+    failed = len(runs) - len(ok)
+    fig.suptitle(
+        title
+        or f"Every trial of the study ({len(ok)} finished{f', {failed} without {metric} left out' if failed else ''}):"
+        " one line each, across the factors and searched knobs to the objective",
+        fontsize=9,
+    )
+    return _write(fig, path)
+
+
+def _write(fig: Figure, path: str | Path | None) -> Figure:
+    if path is not None:
+        path = Path(path)
+        if path.suffix.lower() not in (".png", ".svg"):
+            raise ValueError(f"path must end in .png or .svg, got {str(path)!r}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
