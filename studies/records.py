@@ -334,6 +334,11 @@ def roll_up(
     if top is not None:
         metrics[f"{BEST_PREFIX}{column}"] = top.value
         knob_metrics, knob_tags = _knob_records(top.knobs)
+        # A metric cannot be deleted: a knob the best cell does not search (rho where AdamW leads) is logged NaN,
+        # or the study run would keep the knob of a cell that led before.
+        for best in bests.values():
+            for name in _knob_records(best.knobs)[0]:
+                knob_metrics.setdefault(name, float("nan"))
         metrics.update(knob_metrics)
         tags = {
             **knob_tags,

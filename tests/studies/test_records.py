@@ -1,6 +1,7 @@
 """How a study reads in the MLflow UI: experiment kind, trial names, datasets, and the roll-up onto cell and study runs."""
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,8 @@ def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_
     assert note.count(REPORT_MARKER) == 1
     top = client.get_run(study_run).data
     assert top.metrics["best.val_acc"] == 0.95 and top.tags[BEST_CELL_TAG] == "vit/adamw"
+    # AdamW searches no rho: the study run's best.rho no longer shows the SAM cell's 0.05 (NaN: not applicable).
+    assert math.isnan(top.metrics["best.rho"])
     history = client.get_metric_history(study_run, "best.val_acc")
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == [0.90, 0.95]
     inputs = client.get_run(best).inputs.dataset_inputs
