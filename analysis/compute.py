@@ -183,7 +183,7 @@ def compute_matched_gains(
     A pair: the two cells of one arch and seed (and the same other factors). gain: mean of the paired
     differences of the cells' answers (method - baseline; positive: the method scored higher), its Student-t
     interval (ci_low, ci_high) and p-value on the pairs, p_holm Holm-adjusted across the methods of an arch,
-    `significant` p_holm < 1 - confidence; detectable: the gain the pairs find with `power` (from their sd);
+    `significant` p_holm < 1 - confidence (NA where no test can be run); detectable: the gain the pairs find with `power` (from their sd);
     cost_ratio: the mean compute of one run of the method over one run of the baseline on the same seeds
     (1 = compute-matched; a search's other trials are not counted). One row per
     (arch, other factors, method); n_pairs and a small-sample note.

@@ -85,7 +85,7 @@ def detectable_effects(
     difference having sd sqrt(2) noise (the methods' seed noise independent); the power from the noncentral t
     on seeds - 1 df, exact for normal noise. beta_diff: the same on the standard error of beta from the law's
     log-space fit over every fraction (the delta method: each run's log error has sd noise / err(n)), times
-    sqrt(2) for the difference, on seeds - 1 df (the report's jackknife over seeds). The simulation
+    sqrt(2) for the difference, on seeds - 1 df (the report's seed-level intervals). The simulation
     harness (benchmarks/sim_coverage.py) measures the power these give; docs/science.md has its table.
     """
     if not (isinstance(seeds, (int, np.integer)) and seeds >= 2):

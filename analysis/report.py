@@ -168,6 +168,8 @@ def _fmt(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     for col in out.columns:
         if pd.api.types.is_float_dtype(out[col]):
             out[col] = out[col].map(lambda v: "–" if math.isnan(v) else f"{v:.{digits}g}")  # inf prints as inf
+        elif out[col].hasnans:  # e.g. `significant` where no test could be run: blank, not False or <NA>
+            out[col] = out[col].astype(object).where(out[col].notna(), "–")
     return out
 
 
@@ -829,6 +831,8 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0
             "prediction_high",
             "check",
             "check_se",
+            "pi_low",
+            "pi_high",
             "consistent",
             "check_detectable",
             "supported",
@@ -842,9 +846,11 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0
         "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
         f"best-of-search trial at the fractions below {heldout:g}, which is held out and predicted. "
         f"Numbers from: {source}. Every number of a row comes from that one held-in fit: E, beta and the "
-        "prediction with 95% intervals (delete-one-seed jackknife, Student t on seeds - 1 df); `check` = "
-        "prediction - observed mean at the held-out fraction, `check_se` its standard error (the prediction's "
-        "error and the observed mean's), `consistent` whether |check| is within its interval, `check_detectable` "
+        "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
+        "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
+        "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
+        "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
+        "mean over its seeds, `consistent` whether the observed mean is inside it, `check_detectable` "
         "the misprediction these seeds find with 80% power (what a consistent check rules out). A form is named "
         "better only where its held-out error is smaller by more than that difference's own noise.\n\n"
         + _markdown(_fmt(laws[show]))
@@ -873,8 +879,9 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0
             slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
             md = (
                 f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
-                f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (delete-one-seed "
-                "jackknife of the difference, both laws refitted without the same seed; Student t on seeds - 1 df); "
+                f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
+                "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
+                "influence; each side at least Student t on seeds - 1 df); "
                 "detectable: the |diff| this design finds with 80% power (what a null result rules out).\n\n"
                 + _markdown(_fmt(frame))
             )

@@ -386,12 +386,18 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: str) -> None:
     """Add `p_holm` (Holm within each family of `groups`) and `significant` to a table of gains with `p_value`,
-    `detectable` and `note` columns, and say on every null row the effect the design could have detected."""
+    `detectable` and `note` columns, and say on every null row the effect the design could have detected.
+
+    `significant` is a nullable boolean: NA where the row has no p-value (fewer than 2 pairs: no test)."""
     out["p_holm"] = np.nan
     for _, idx in out.groupby(groups, dropna=False).groups.items():
         out.loc[idx, "p_holm"] = holm(out.loc[idx, "p_value"].to_numpy())
-    out["significant"] = out["p_holm"] < alpha
-    quiet = (~out["significant"]) & out["detectable"].notna()
+    # NA (not False) where no test could be run (one pair, no spread): "not significant" is a verdict the data
+    # cannot give there.
+    out["significant"] = pd.array(
+        [pd.NA if math.isnan(p) else bool(p < alpha) for p in out["p_holm"].astype("float64")], dtype="boolean"
+    )
+    quiet = (~out["significant"]).fillna(False).astype(bool) & out["detectable"].notna()
     out.loc[quiet, "note"] = [
         "; ".join(
             filter(
@@ -424,7 +430,8 @@ def sam_gain(
     the paired differences (treatment - baseline, whatever `mode`: positive means the treatment scored
     higher). Its interval is Student's t on the pairs (exact for normal seed noise, where a bootstrap over 3-5
     pairs is too narrow): ci_low / ci_high per fraction, p_value the paired t test's. The fractions of an arch
-    are one family: p_holm is Holm-adjusted across them and `significant` is p_holm < 1 - confidence;
+    are one family: p_holm is Holm-adjusted across them and `significant` is p_holm < 1 - confidence (NA, not
+    False, where no test can be run: one pair);
     band_low / band_high a simultaneous band (Bonferroni) that holds for all fractions at once. detectable:
     the gain this fraction's pairs find with `power` at the family's strictest level (from the observed sd):
     what a gain that is not significant rules out. With 1 pair there is no interval (NaN); rows with fewer than

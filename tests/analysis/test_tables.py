@@ -266,6 +266,19 @@ def test_sam_gain_pairs_by_seed_with_a_t_interval_around_the_true_gain(runs):
     assert set(one["note"]) == {"1 of seed pairs: no interval"} and not one["significant"].any()
 
 
+def test_significant_is_blank_where_no_test_can_be_run(runs):
+    # One seed pair per fraction: no p-value, so "not significant" is no verdict: NA in the table, "–" in the
+    # report (issue 23: it printed False).
+    from analysis.report import _fmt
+
+    one = sam_gain(runs[runs["train.seed"].astype(int) == 0])
+    assert one["significant"].isna().all() and one["p_holm"].isna().all()
+    assert set(_fmt(one)["significant"]) == {"–"}
+    every = sam_gain(runs)
+    assert every["significant"].notna().all()
+    assert set(_fmt(every)["significant"]) <= {True, False}
+
+
 def test_holm_adjusts_step_down():
     from analysis.tables import holm
 
