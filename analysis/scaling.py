@@ -1238,7 +1238,7 @@ def law_extrapolation(
                     row["check_se"] = se
                     row["consistent"] = bool(abs(row["check"]) <= q * se) if math.isfinite(se) else math.nan
                     checks[form] = jack[:, -1]
-            if jack:
+            if len(jack):
                 if form == "saturating":
                     # The saturating law's intervals and check: the seed-level bootstrap-t of the same held-in fit
                     # (the jackknife above stays only to compare forms, in _law_verdict).
