@@ -75,12 +75,18 @@ def test_extrapolation_check_holds_out_the_largest_n_and_resamples_seeds():
         held_in.predict(1.0)
     )
     assert bool(row["consistent"]) and row["check_detectable"] > 2 * row["check_se"]
+    # `consistent` is the observed mean inside the prediction interval of the held-out mean; the draws are seeded.
+    assert row["pi_low"] <= row["observed"] <= row["pi_high"]
+    again = law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"]
+    assert again["pi_low"] == row["pi_low"] and again["E_high"] == row["E_high"]
     # The check's noise holds the prediction's own error, not only the observed mean's standard error: with
     # independent noise per run it is larger (with a seed effect shared across fractions it may be smaller).
     rng = np.random.default_rng(4)
     iid = 0.05 + 0.02 * n**-0.7 + 0.003 * rng.standard_normal(len(n))
     check = law_extrapolation(n, iid, seeds, forms=("saturating",)).loc["saturating"]
     assert check["check_se"] > iid[n == 1.0].std(ddof=1) / np.sqrt(6)
+    # ... and so the prediction interval of the held-out mean is wider than the prediction's own interval.
+    assert check["pi_low"] < check["prediction_low"] and check["pi_high"] > check["prediction_high"]
     # Five held-in fractions: saturating and M4 (given eps0) are fitted, the broken law (5 parameters) too.
     every = law_extrapolation(n, err, seeds, eps0=0.9)
     assert list(every.index) == ["saturating", "broken", "m4"] and every["prediction"].notna().all()
