@@ -1,5 +1,5 @@
 """Data-scaling laws: err(n) = a n^-b + c with bootstrap intervals, laws checked by extrapolation (Huber fits in log space,
-seed-jackknife t intervals, held-out largest n, three forms, paired differences), and the data multiplier between methods."""
+seed-level bootstrap-t / jackknife-t intervals, held-out largest n, three forms, paired differences), the data multiplier."""
 
 from __future__ import annotations
 
@@ -784,10 +784,11 @@ def _check_seeded(n, err, seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # ---------------------------------------------------------------------------------- intervals over seeds
 #
 # The seed is the independent unit (its curve shares nested fractions), and a study has 3-5 of them: a bootstrap
-# over 3 seeds has 10 distinct resamples and its percentile interval is too narrow by design. Every interval of
-# this module's laws is a delete-one-seed jackknife (exact: every leave-one-out refit, no draws) standard error
+# over 3 seeds has 10 distinct resamples and its percentile interval is too narrow by design. The broken and M4 forms'
+# intervals are a delete-one-seed jackknife (exact: every leave-one-out refit, no draws) standard error
 # with Student's t on S - 1 degrees of freedom, on the log scale for quantities that are positive (E, B, a
-# prediction). benchmarks/sim_coverage.py measures the coverage; docs/science.md has its table.
+# prediction); the saturating form's are the bootstrap-t below. benchmarks/sim_coverage.py measures the coverage;
+# docs/science.md has its table.
 
 _LOG_SCALE = frozenset({"B", "n_break"})
 
