@@ -243,25 +243,34 @@ def find_recorded_store(study: LoadedStudy, storage: str) -> dict | None:
 
 
 # Tune's own files at the top of a launch's experiment folder, which `Tuner.restore` unpickles: tuner.pkl (the run's
-# settings) and the cloudpickled trials and searcher inside experiment_state-*.json / search_gen_state-*.json. The
-# storage may be shared (docs/cluster.md); `resume` reads them only when they are the bytes this launch left there, as
-# the digests recorded on its MLflow study run (the store, not the storage) say.
-TUNE_STATE_FILES = ("tuner.pkl", "experiment_state-*.json", "search_gen_state-*.json")
-NEWEST_STATE = "experiment_state-*.json"  # Tune restores from the newest of these by name (a timestamp)
+# settings), and for each of these name patterns the newest file by name (a timestamp; Tune's `max(glob)` in
+# `_load_newest_checkpoint` and `_find_newest_experiment_checkpoint`): the cloudpickled trials, searcher wrappers,
+# callbacks' state and (for a basic-variant search) the generator. The searcher's own searcher-state-*.pkl holds
+# JSON that CellSearcher reads as data, so it is not among them. The storage may be shared (docs/cluster.md);
+# `resume` reads them only when they are the bytes this launch left there, as the digests recorded on its MLflow
+# study run (the store, not the storage) say. Only the newest of each is recorded, so the tag stays a few hundred
+# characters however many times a launch is resumed (MLflow caps a tag at 8,000).
+TUNER_STATE = "tuner.pkl"
+NEWEST_STATES = (
+    "experiment_state-*.json",
+    "search_gen_state-*.json",
+    "callback-states-*.pkl",
+    "basic-variant-state-*.json",
+)
 
 
 def tune_state_digest(experiment_dir: str) -> dict[str, str] | None:
-    """File name -> sha256 of Tune's state files in a local experiment folder; None for a URI storage (not read)."""
+    """File name -> sha256 of the Tune state files that `Tuner.restore` would read in a local experiment folder
+    (tuner.pkl and the newest by name of each of NEWEST_STATES); None for a URI storage (not read)."""
     if "://" in experiment_dir:
         return None
     folder = Path(experiment_dir)
     if not folder.is_dir():
         return {}
-    return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.iterdir())
-        if p.is_file() and any(fnmatch.fnmatch(p.name, g) for g in TUNE_STATE_FILES)
-    }
+    names = {p.name for p in folder.iterdir() if p.is_file()}
+    read = [TUNER_STATE] if TUNER_STATE in names else []
+    read += [newest for pattern in NEWEST_STATES if (newest := max(fnmatch.filter(names, pattern), default=None))]
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest() for name in sorted(read)}
 
 
 def record_tune_state(client, study_run_id: str, experiment_dir: str) -> None:
@@ -290,12 +299,10 @@ def check_tune_state(study: LoadedStudy, experiment_dir: str, recorded: str | No
         expected = json.loads(recorded)
     except ValueError:
         expected = {}
-    newest = max(fnmatch.filter(current, NEWEST_STATE), default=None)
-    changed = [
-        name
-        for name, digest in current.items()
-        if (name in expected and expected[name] != digest) or (name not in expected and name in ("tuner.pkl", newest))
-    ]
+    # Every file Tune would read must be one this launch recorded, unchanged: a newer one planted beside them, or a
+    # recorded one removed so that an older one becomes the newest, is refused.
+    changed = [name for name, digest in current.items() if expected.get(name) != digest]
+    newest = max(fnmatch.filter(current, NEWEST_STATES[0]), default=None)
     fix = (
         f"Fix: if this launch's driver was killed hard (its last state was never recorded) and no one else can write "
         f"there, `sharpscale resume --trust-storage {study.path}`; otherwise start anew with `sharpscale run "

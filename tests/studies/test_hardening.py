@@ -709,7 +709,34 @@ def test_resume_reads_back_only_the_tune_state_this_launch_recorded(tmp_path, tr
         identity.check_tune_state(study, str(folder), recorded)
     newer.unlink()
 
-    cut = folder / "experiment_state-2026-01-01_00-00-00.json"
+    # Tune also unpickles the newest search_gen_state-* and callback-states-*.pkl by name: a newer one planted beside
+    # the recorded ones is refused, and only the newest of each pattern is recorded (the tag does not grow).
+    (folder / "search_gen_state-2026-01-01_00-00-00.json").write_bytes(b"searcher wrappers")
+    (folder / "callback-states-2026-01-01_00-00-00.pkl").write_bytes(b"callbacks")
+    identity.record_tune_state(client, run_id, str(folder))
+    (folder / "experiment_state-2026-01-02_00-00-00.json").write_text('{"trials": []}')  # a later session's
+    (folder / "search_gen_state-2026-01-02_00-00-00.json").write_bytes(b"searcher wrappers, later")
+    identity.record_tune_state(client, run_id, str(folder))
+    recorded = client.get_run(run_id).data.tags[identity.TUNE_STATE_TAG]
+    assert set(json.loads(recorded)) == {
+        "tuner.pkl",
+        "experiment_state-2026-01-02_00-00-00.json",
+        "search_gen_state-2026-01-02_00-00-00.json",
+        "callback-states-2026-01-01_00-00-00.pkl",
+    }
+    assert identity.check_tune_state(study, str(folder), recorded) is None
+    for planted in ("search_gen_state-2099-01-01_00-00-00.json", "callback-states-2099-01-01_00-00-00.pkl"):
+        (folder / planted).write_bytes(b"code")
+        with pytest.raises(StudyError, match=f"Tune's state {planted} under"):
+            identity.check_tune_state(study, str(folder), recorded)
+        (folder / planted).unlink()
+    later = folder / "experiment_state-2026-01-02_00-00-00.json"
+    later.unlink()  # the recorded newest removed: Tune would read the older one, which is no longer recorded
+    with pytest.raises(StudyError, match="experiment_state-2026-01-01_00-00-00.json under"):
+        identity.check_tune_state(study, str(folder), recorded)
+    later.write_text('{"trials": []}')
+
+    cut = later
     cut.write_text('{"trials": [')  # written while the disk was full, and recorded so
     identity.record_tune_state(client, run_id, str(folder))
     recorded = client.get_run(run_id).data.tags[identity.TUNE_STATE_TAG]

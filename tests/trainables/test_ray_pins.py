@@ -32,22 +32,33 @@ def test_tune_restores_a_trial_from_a_training_result_with_checkpoint_and_metric
 
 
 def test_the_tune_state_files_resume_checks_are_the_ones_tune_restores_from():
-    # studies.identity.TUNE_STATE_FILES names the files Tuner.restore unpickles, by Tune's private names; resume
-    # checks their sha256 before Tune reads them. Tune restores the newest experiment state by its name's timestamp.
+    # studies.identity names the files Tuner.restore unpickles, by Tune's private names; resume checks their sha256
+    # before Tune reads them. Tune reads the newest of each pattern by name (max of the glob), so identity records
+    # and checks exactly that one.
     import fnmatch
 
+    from ray.tune.callback import CallbackList
     from ray.tune.execution.experiment_state import _find_newest_experiment_checkpoint
     from ray.tune.execution.tune_controller import TuneController
     from ray.tune.impl.tuner_internal import _TUNER_PKL, TunerInternal
+    from ray.tune.search.basic_variant import BasicVariantGenerator
     from ray.tune.search.search_generator import SearchGenerator
+    from ray.tune.utils.util import _load_newest_checkpoint
 
-    from studies.identity import NEWEST_STATE, TUNE_STATE_FILES
+    from studies.identity import NEWEST_STATES, TUNER_STATE
 
-    assert _TUNER_PKL in TUNE_STATE_FILES
-    assert TuneController.CKPT_FILE_TMPL.format("*") == NEWEST_STATE in TUNE_STATE_FILES
-    assert SearchGenerator.CKPT_FILE_TMPL.format("*") in TUNE_STATE_FILES
+    assert _TUNER_PKL == TUNER_STATE
+    tune_patterns = [
+        cls.CKPT_FILE_TMPL.format("*") for cls in (TuneController, SearchGenerator, CallbackList, BasicVariantGenerator)
+    ]
+    assert tune_patterns == list(NEWEST_STATES)
     assert "max(matching)" in inspect.getsource(_find_newest_experiment_checkpoint)
-    assert fnmatch.fnmatch(TuneController.CKPT_FILE_TMPL.format("2026-01-01_00-00-00"), NEWEST_STATE)
+    assert "max(full_paths)" in inspect.getsource(_load_newest_checkpoint)
+    for cls in (SearchGenerator, CallbackList, BasicVariantGenerator):
+        assert "_load_newest_checkpoint" in inspect.getsource(cls.restore_from_dir)
+    restore = inspect.getsource(TuneController.resume)
+    assert "_search_alg.restore_from_dir" in restore and "_callbacks.restore_from_dir" in restore
+    assert fnmatch.fnmatch(TuneController.CKPT_FILE_TMPL.format("2026-01-01_00-00-00"), NEWEST_STATES[0])
     assert "pickle.loads" in inspect.getsource(TunerInternal._restore_from_path_or_uri)
 
 
