@@ -323,11 +323,13 @@ class CellSearcher(Searcher):
         return True  # fixed at construction; Tune's own metric/mode must agree (the runner sets both)
 
     def suggest(self, trial_id: str):
+        # A full disk stopped the study (the runner's stopper ends it): nothing new is started, but not FINISHED,
+        # which Tune's SearchGenerator saves in its state, so that a resumed launch would start no new trial.
         if self._study_name in NO_SPACE:
-            return Searcher.FINISHED  # a full disk stopped the study: nothing new is started
+            return None
         with self._recording("a new trial"):
             return self._suggest(trial_id)
-        return Searcher.FINISHED
+        return None
 
     def _suggest(self, trial_id: str):
         pending = [k for k in self._order if self._issued[k] < self._cells[k].trials]

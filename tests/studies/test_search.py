@@ -226,6 +226,20 @@ def test_save_restore_fails_the_trial_asked_after_the_snapshot(tmp_path):
     assert trials[3].params[RHO] != trials[0].params[RHO]
 
 
+def test_a_full_disk_asks_later_and_leaves_the_search_unfinished_for_resume(tmp_path, monkeypatch):
+    # Tune's SearchGenerator saves `finished` in its state: had the searcher said FINISHED on a full disk, a
+    # resumed launch would start no new trial. No Ray cluster: the generator only asks the searcher.
+    from ray.tune.search.search_generator import SearchGenerator
+
+    from studies import search
+
+    generator = SearchGenerator(_searcher(f"sqlite:///{tmp_path / 'o.db'}", 4))
+    monkeypatch.setitem(search.NO_SPACE, "s", (0.0, ["the Optuna storage could not record a new trial"]))
+    assert generator.searcher.suggest("t0") is None  # ask again later; the runner's stopper ends the run
+    assert generator.create_trial_if_possible({}) is None
+    assert generator.get_state()["finished"] is False  # what a resumed launch restores
+
+
 def test_journal_storage(tmp_path):
     spec = f"journal://{tmp_path / 'nfs' / 'optuna.log'}"  # journal:///abs/path
     searcher = _searcher(spec, 2)
