@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from trainables.config import TrialConfig
+from trainables.config import ConfigError, TrialConfig
 from trainables.errors import TrialRefused, no_space
 from trainables.metrics import EPOCH_TIME, FIXED_PHASES, FIXED_TIME, TRIAL_TIME, fixed_phase_metric
 from trainables.naming import (
@@ -317,19 +317,45 @@ def _execute(
     finish("finished")
 
 
+def node_config(
+    payload: dict[str, Any], trial_id: str, run_name: str, sink: Callable, *, record: bool = True
+) -> TrialConfig | None:
+    """The trial's config, loaded again on the node that runs it; None when the node refuses it (a file it names,
+    e.g. model.kwargs.checkpoint_path, changed after the study validated it). A refused config is a TrialRefused:
+    raised, Tune would retry it max_failures times with no record, so the trial is recorded failed here, once
+    (a bare MLflow run: there is no config to log), and ends with a refused result that runner and searcher count.
+    record: whether this process keeps the record (rank 0 of a distributed trial)."""
+    try:
+        return TrialConfig.load(payload["trial"])
+    except ConfigError as err:
+        refused = TrialRefused(f"the trial's config was refused on the node that runs it:\n{err}")
+    run_id = None
+    if record and payload.get("tracking"):
+        recorder = TrialRecorder(
+            TrackingTarget(**payload["tracking"]), trial_key=trial_id, run_name=run_name, params={}
+        )
+        recorder.set_tags(_tags({TRIAL_ID_TAG: trial_id, **payload.get("tags", {})}))
+        recorder.finish("failed", f"refused: {refused}")
+        run_id = recorder.run_id
+    metric = payload.get("objective", {}).get("metric", "val_acc")
+    sink({"diverged": 0, metric: math.nan, REFUSED_RESULT_KEY: 1, RUN_ID_RESULT_KEY: run_id}, checkpoint=None)
+    return None
+
+
 def train_worker_loop(payload: dict[str, Any]) -> None:
     """Ray Train's per-worker function: the same loop, one DDP rank; rank 0 records and checkpoints."""
     started = time.perf_counter()
     import ray.train
 
     ctx = ray.train.get_context()
-    cfg = TrialConfig.load(payload["trial"])
     trial_id = payload.get("trial_id") or ctx.get_experiment_name()
+    run_name = payload.get("run_name") or trial_id
+    cfg = node_config(payload, trial_id, run_name, ray.train.report, record=ctx.get_world_rank() == 0)
+    if cfg is None:
+        return
     timings: dict[str, float] = {}
     recorder = (
-        _opened_recorder(payload, trial_id, payload.get("run_name") or trial_id, cfg, started, timings)
-        if ctx.get_world_rank() == 0
-        else None
+        _opened_recorder(payload, trial_id, run_name, cfg, started, timings) if ctx.get_world_rank() == 0 else None
     )
     _execute(
         cfg,
@@ -519,7 +545,9 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
         ).fit()
         return
 
-    cfg = TrialConfig.load(payload["trial"])
+    cfg = node_config(payload, trial_id, payload["run_name"], tune.report)
+    if cfg is None:
+        return
     checkpoint = tune.get_checkpoint()
     rebuilt = checkpoint is not None and checkpoint.path in _REBUILT
     if rebuilt:

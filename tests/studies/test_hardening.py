@@ -678,6 +678,34 @@ def test_a_checkpoint_is_checked_again_where_it_loads_and_never_unpickles_code(t
     assert not marker.exists()
 
 
+def test_a_config_refused_on_the_node_fails_the_trial_once_with_a_record(tmp_path, tiny_model, tracking_uri):
+    """The checkpoint link swapped between the study's validation and the node's load of the trial's config: the
+    trial function records it failed (refused) and reports a refused result, never raising into Tune's retries."""
+    from trainables.ray_train import node_config
+    from trainables.tracking import REFUSED_RESULT_KEY, RUN_ID_RESULT_KEY, TrackingTarget
+
+    roots = tmp_path / "weights"
+    roots.mkdir()
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(b"x")
+    link = roots / "link.pt"
+    link.symlink_to(outside)  # swapped after the study validated
+    client = tracking_client(tracking_uri)
+    payload = {
+        "trial": {"model": _model(tiny_model, kwargs={"checkpoint_path": str(link)}, checkpoint_roots=[str(roots)])},
+        "tracking": TrackingTarget(tracking_uri, client.create_experiment("node")).__dict__,
+        "objective": {"metric": "val_acc"},
+    }
+    reported = []
+    sink = lambda metrics, checkpoint: reported.append(metrics)  # noqa: E731 - Tune's report, outside Ray
+    assert node_config(payload, "t1", "trial-1", sink) is None
+    [result] = reported
+    assert result[REFUSED_RESULT_KEY] == 1 and result["val_acc"] != result["val_acc"]  # nan: never optimised
+    run = client.get_run(result[RUN_ID_RESULT_KEY])
+    assert run.info.status == "FAILED" and run.info.run_name == "trial-1"
+    assert "refused on the node" in run.data.tags[REASON_TAG] and "outside every folder" in run.data.tags[REASON_TAG]
+
+
 # --- Tune's own state: resume reads back only what this launch recorded leaving -------------------------------
 
 
