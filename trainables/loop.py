@@ -482,7 +482,7 @@ def load_model(path: str | os.PathLike) -> tuple[nn.Module, TrialConfig]:
     """The trained model of a checkpoint (file or directory), on the CPU in eval mode, and its trial config."""
     state = load_checkpoint(path)
     cfg = TrialConfig.load(state["config"])
-    model = create_model(cfg.model, **state["model_meta"])
+    model = create_model(cfg.model, **state["model_meta"], load_init=False)  # the trained weights replace them
     model.load_state_dict(state["model"])
     return model.eval(), cfg
 
@@ -532,7 +532,11 @@ def fit(
     torch.manual_seed(cfg.train.seed)
     with _refused_if_invalid("model"):
         model = create_model(
-            cfg.model, num_classes=bundle.num_classes, in_chans=bundle.in_chans, img_size=bundle.img_size
+            cfg.model,
+            num_classes=bundle.num_classes,
+            in_chans=bundle.in_chans,
+            img_size=bundle.img_size,
+            load_init=resume_from is None,  # a resumed trial's checkpoint holds its trained weights
         )
     model.to(device)
     if _channels_last(cfg, device):

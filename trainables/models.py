@@ -53,8 +53,12 @@ def _cifar_stem(model: nn.Module) -> None:
     model.maxpool = nn.Identity()
 
 
-def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size: int) -> nn.Module:
-    """Build the configured model, untrained, for `num_classes` classes on `in_chans` x `img_size`^2 inputs."""
+def create_model(
+    cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size: int, load_init: bool = True
+) -> nn.Module:
+    """Build the configured model for `num_classes` classes on `in_chans` x `img_size`^2 inputs: untrained, or with
+    its starting weights `model.kwargs.checkpoint_path` read in when load_init (False where a trained checkpoint's
+    weights replace them anyway: a trained model loaded back, a trial resumed; the file may be gone by then)."""
     family = model_family(cfg.name)
     kwargs: dict[str, Any] = dict(num_classes=num_classes, in_chans=in_chans, drop_rate=cfg.drop_rate)
     if cfg.drop_path_rate:
@@ -80,7 +84,9 @@ def create_model(cfg: ModelConfig, *, num_classes: int, in_chans: int, img_size:
     if family == "resnet" and cfg.cifar_stem:
         _cifar_stem(model)
     set_fused_attention(model, cfg.fused_attn)
-    if checkpoint is not None and not any(p.is_meta for p in model.parameters()):  # meta: built to check kwargs
+    if (
+        load_init and checkpoint is not None and not any(p.is_meta for p in model.parameters())
+    ):  # meta: built to check kwargs
         load_weights(model, checkpoint, cfg.checkpoint_roots)
     return model
 

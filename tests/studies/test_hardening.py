@@ -678,6 +678,41 @@ def test_a_checkpoint_is_checked_again_where_it_loads_and_never_unpickles_code(t
     assert not marker.exists()
 
 
+def test_a_trained_checkpoint_loads_without_rereading_its_starting_weights(tmp_path, tiny_model):
+    """load_model and a resumed trial take their weights from the trained checkpoint: the starting weights file
+    (model.kwargs.checkpoint_path) is not read again, so a file overwritten since does not refuse them."""
+    import torch
+
+    from trainables.config import TrialConfig
+    from trainables.errors import TrialRefused
+    from trainables.loop import fit, load_checkpoint, load_model
+    from trainables.models import create_model
+
+    roots = tmp_path / "weights"
+    roots.mkdir()
+    start = roots / "start.pt"
+    model = _model(tiny_model, checkpoint_roots=[str(roots)])
+    built = create_model(TrialConfig.load({"model": model}).model, num_classes=10, in_chans=1, img_size=16)
+    torch.save(built.state_dict(), start)
+    link = roots / "link.pt"
+    link.symlink_to(start)
+    trial = {
+        "model": {**model, "kwargs": {**model["kwargs"], "checkpoint_path": str(link)}},
+        "data": {"name": "digits", "img_size": 16, "batch_size": 128},
+        "optimizer": {"method": "none", "lr": 0.01},
+        "schedule": {"epochs": 1, "warmup_epochs": 0},
+        "train": {"device": "cpu", "seed": 0},
+    }
+    fit(trial, checkpoint_dir=tmp_path / "ckpt")
+    start.write_bytes(b"overwritten since")  # inside the roots still (the config validates), but no weights now
+    cfg = TrialConfig.load({"model": trial["model"]})
+    with pytest.raises(TrialRefused, match="not a plain weights file"):
+        create_model(cfg.model, num_classes=10, in_chans=1, img_size=16)  # a new trial still checks it
+    trained, _ = load_model(tmp_path / "ckpt")  # old code: refused, reading the starting weights it then replaced
+    saved = load_checkpoint(tmp_path / "ckpt")["model"]
+    assert all(torch.equal(value, saved[name]) for name, value in trained.state_dict().items())
+
+
 def test_a_config_refused_on_the_node_fails_the_trial_once_with_a_record(tmp_path, tiny_model, tracking_uri):
     """The checkpoint link swapped between the study's validation and the node's load of the trial's config: the
     trial function records it failed (refused) and reports a refused result, never raising into Tune's retries."""
