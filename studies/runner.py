@@ -35,7 +35,7 @@ from studies.records import (
 )
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
-from trainables.errors import NoSpaceLeft, free_bytes, no_space, shown
+from trainables.errors import NoSpaceLeft, free_bytes, nearest_existing, no_space_at, shown
 from trainables.metrics import EPOCH_TIME, EVERY_EPOCH_METRIC, VALIDATION_METRICS
 from trainables.naming import (
     CELL_TAG,
@@ -49,6 +49,7 @@ from trainables.naming import (
     OPTUNA_STORAGE_TAG,
     PARAMS_KEY,
     PARENT_RUN_TAG,
+    PLACES_KEY,
     REASON_TAG,
     SEARCH_STAGE,
     STAGE_TAG,
@@ -413,18 +414,14 @@ class NoSpaceStopper(Stopper):
 
 def _device_of(path: str):
     """The file system holding `path` (its nearest existing folder)."""
-    where = Path(path)
-    while not where.exists() and where != where.parent:
-        where = where.parent
     try:
-        return where.stat().st_dev
+        return nearest_existing(path).stat().st_dev
     except OSError:
         return path
 
 
-def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, what: list[str]) -> NoSpaceLeft:
-    """The one line for a study a full disk stopped: of the places it writes to, the one with the least room,
-    what lives there, what could not be written, and the fix."""
+def _study_places(study: LoadedStudy, locations: StateLocations, uri: str) -> list[tuple[str, str]]:
+    """The local places a study writes to, each with what lives there: where a full disk is the study's."""
     places = []
     if "://" not in locations.storage:
         places.append((locations.storage, "the study's storage (Tune's checkpoints and state)"))
@@ -435,6 +432,13 @@ def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, wha
     artifacts = study.spec.tracking.artifact_location
     if artifacts and "://" not in str(artifacts):
         places.append((str(Path(artifacts).resolve()), "the MLflow artifacts"))
+    return places
+
+
+def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, what: list[str]) -> NoSpaceLeft:
+    """The one line for a study a full disk stopped: of the places it writes to, the one with the least room,
+    what lives there, what could not be written, and the fix."""
+    places = _study_places(study, locations, uri)
     disks: dict[Any, tuple[int, str, list[str]]] = {}  # one entry per file system, in the order above
     for path, label in places:
         room = free_bytes(path)
@@ -906,7 +910,8 @@ def run_study(
         )
         return outcome
     except BaseException as err:
-        full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space(err)
+        places = [path for path, _ in _study_places(study, locations, uri)]
+        full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space_at(err, places)
         if full is not None:
             # A full disk met outside the trials (a record of the runner's, the store itself): the one line that
             # names it, not the trace of whichever library met it first.
@@ -1153,6 +1158,8 @@ def _tune(
             PARAMS_KEY: logged_params,
             "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},
             "tracking": TrackingTarget(uri, experiment_id, cell_runs[cell.key]).__dict__,
+            # Where a full disk is the study's (trainables.errors.no_space_at): it stops the study, not just the trial.
+            PLACES_KEY: [path for path, _ in _study_places(study, locations, uri)],
             "tags": {
                 CELL_TAG: cell.key,
                 STUDY_FILE_HASH_TAG: study.file_hash,

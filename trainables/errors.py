@@ -4,11 +4,23 @@ and what a full disk looks like from wherever it is met."""
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["MAX_SHOWN_CHARS", "NoSpaceLeft", "TrialRefused", "UserError", "free_bytes", "no_space", "shown"]
+__all__ = [
+    "FULL_BELOW",
+    "MAX_SHOWN_CHARS",
+    "NoSpaceLeft",
+    "TrialRefused",
+    "UserError",
+    "free_bytes",
+    "nearest_existing",
+    "no_space",
+    "no_space_at",
+    "shown",
+]
 
 # An error message quotes the value it refuses; a pasted file or an expanded YAML alias must not become megabytes of it.
 MAX_SHOWN_CHARS = 120
@@ -60,15 +72,65 @@ def no_space(err: BaseException | None) -> str | None:
     return None
 
 
-def free_bytes(path: str | Path) -> int | None:
-    """Bytes free to this user on the file system that holds `path` (its nearest existing folder); None if unknown."""
+def nearest_existing(path: str | Path) -> Path:
+    """`path`, or its nearest existing parent folder: where to ask about the file system that will hold it."""
     where = Path(path)
     while not where.exists() and where != where.parent:
         where = where.parent
+    return where
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes free to this user on the file system that holds `path` (its nearest existing folder); None if unknown."""
     try:
-        return shutil.disk_usage(where).free
+        return shutil.disk_usage(nearest_existing(path)).free
     except OSError:
         return None
+
+
+# A place with less free than this is full: the write that failed there was larger than what is left. Bytes.
+FULL_BELOW = 64 * 2**20
+
+
+def _failing_paths(err: BaseException | None) -> list[str]:
+    paths, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError):
+            paths += [str(f) for f in (err.filename, err.filename2) if isinstance(f, (str, Path))]
+        err = err.__cause__ or err.__context__
+    return paths
+
+
+def _under(path: str, place: str) -> bool:
+    try:
+        return Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(place)))
+    except (OSError, ValueError):
+        return False
+
+
+def no_space_at(err: BaseException | None, places: Iterable[str | Path]) -> str | None:
+    """`no_space(err)` only when the full disk is one of `places` (the study's): the path that failed lies under one
+    of them, or, where the error names no path, one of them has less than FULL_BELOW bytes free. None for a full
+    disk elsewhere (a DataLoader's /dev/shm, another temp folder): an error like any other, failed as found, with a
+    note naming /dev/shm where that is the place."""
+    full = no_space(err)
+    if full is None:
+        return None
+    places = [str(p) for p in places]
+    paths = _failing_paths(err)
+    if paths:
+        confirmed = any(_under(path, place) for path in paths for place in places)
+    else:
+        confirmed = any((room := free_bytes(place)) is not None and room < FULL_BELOW for place in places)
+    if confirmed:
+        return full
+    if err is not None and (any(_under(p, "/dev/shm") for p in paths) or "/dev/shm" in full or "/torch_" in full):
+        err.add_note(
+            "(/dev/shm, the shared memory DataLoader workers pass batches through, is full: not the study's disk. "
+            "Fix: give the container more shared memory (docker --shm-size) or use fewer data loader workers.)"
+        )
+    return None
 
 
 class NoSpaceLeft(OSError):

@@ -20,6 +20,7 @@ __all__ = [
     "CONFIG_TAG",
     "CONFIRM_STAGE",
     "PARAMS_KEY",
+    "PLACES_KEY",
     "DEFAULT_ARTIFACT_ROOT",
     "DEFAULT_TRACKING_URI",
     "LOG_FILE",
@@ -121,6 +122,9 @@ BEST_CELL_TAG = tag("best_cell")
 CONFIG_ARTIFACT = "config.json"
 CONFIG_TAG = tag("config")
 PARAMS_KEY = "params"
+# The payload's list of local places the study writes to (its storage, Optuna and MLflow files): a full disk there
+# stops the study; one elsewhere (a DataLoader's /dev/shm) fails the trial as any error (trainables.errors.no_space_at).
+PLACES_KEY = "places"
 # The artifact folder of a trial's run holding its final checkpoint (`tracking.log_checkpoint: true`); the file in
 # it is trainables.loop.CHECKPOINT_FILE. analysis.record finds a study's checkpointed trials by it.
 CHECKPOINT_ARTIFACT = "checkpoint"

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import tempfile
 import threading
 import time
 import traceback
@@ -16,12 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainables.config import ConfigError, TrialConfig
-from trainables.errors import TrialRefused, no_space
+from trainables.errors import TrialRefused, no_space_at
 from trainables.metrics import EPOCH_TIME, FIXED_PHASES, FIXED_TIME, TRIAL_TIME, fixed_phase_metric
 from trainables.naming import (
     CONFIG_ARTIFACT,
     GPUS_PER_WORKER_PARAM,
     PARAMS_KEY,
+    PLACES_KEY,
     RAY_NODE_ID_TAG,
     TRIAL_ID_TAG,
     WORKERS_PARAM,
@@ -304,7 +306,10 @@ def _execute(
         report({metric: math.nan, REFUSED_RESULT_KEY: 1}, None)
         return
     except BaseException as err:
-        if (full := no_space(err)) is not None:
+        # The study's disks (the payload's places) and the temp folder where fit keeps its checkpoint before Tune
+        # copies it: full there, the study stops; full elsewhere (/dev/shm), the trial fails as any error.
+        places = [*(probe_from or {}).get(PLACES_KEY, []), tempfile.gettempdir()]
+        if (full := no_space_at(err, places)) is not None:
             # A full disk (its checkpoint, its record): each of Tune's retries would meet the same disk, and print
             # the same trace. The trial ends here, once; the runner stops the study on this result.
             with contextlib.suppress(Exception):  # the full disk may be the store's: the runner says so
