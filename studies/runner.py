@@ -69,6 +69,7 @@ from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     BEST_EPOCH_METRICS,
     LAST_EPOCH_RESULT_KEY,
+    NO_SPACE_REASON,
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     TrackingTarget,
@@ -373,6 +374,8 @@ def _mark_interrupted(
         if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
             continue
         ended = run.info.end_time
+        if run.data.tags.get(REASON_TAG, "").startswith(NO_SPACE_REASON):
+            continue  # it ended itself on the full disk: Tune holds it ended, and `resume` does not run it again
         if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (
             ended is None or ended >= since_ms
         ):
@@ -396,7 +399,11 @@ class NoSpaceStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         full = result.get(NO_SPACE_RESULT_KEY)
         if full:
-            note_no_space(self.run_name, f"trial {trial_id} could not write its checkpoint or record ({full})")
+            note_no_space(
+                self.run_name,
+                f"trial {trial_id} could not write its checkpoint or record ({full}); it stays failed (`resume` does "
+                f"not run it again)",
+            )
         self.stop_all()
         return False  # that trial has ended itself
 

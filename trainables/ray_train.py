@@ -31,6 +31,7 @@ from trainables.naming import (
 )
 from trainables.tracking import (
     LAST_EPOCH_RESULT_KEY,
+    NO_SPACE_REASON,
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     RUN_ID_RESULT_KEY,
@@ -313,7 +314,7 @@ def _execute(
             # A full disk (its checkpoint, its record): each of Tune's retries would meet the same disk, and print
             # the same trace. The trial ends here, once; the runner stops the study on this result.
             with contextlib.suppress(Exception):  # the full disk may be the store's: the runner says so
-                finish("failed", f"no space left on a disk the trial writes to ({full})")
+                finish("failed", f"{NO_SPACE_REASON} ({full})")
             report({metric: math.nan, NO_SPACE_RESULT_KEY: full}, None)
             return
         # Ray retries the trial from its checkpoint; the retry reopens this same run.

@@ -17,6 +17,7 @@ from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, 
 __all__ = [
     "BEST_EPOCH_METRICS",
     "LAST_EPOCH_RESULT_KEY",
+    "NO_SPACE_REASON",
     "NO_SPACE_RESULT_KEY",
     "REFUSED_RESULT_KEY",
     "TRACKING_SCHEMES",
@@ -46,6 +47,9 @@ NO_SPACE_RESULT_KEY = "no_space"
 # checkpoint and its run's end, which it writes after the report, so no scheduler may stop it there
 # (studies.runner's scheduler lets such a result continue; the trial then ends on its own).
 LAST_EPOCH_RESULT_KEY = "last_epoch"
+# The start of the reason of the trial that met the study's full disk: it ended itself (Tune marks it TERMINATED,
+# which `resume` does not run again), so it stays failed where the trials the stop cut short become `interrupted`.
+NO_SPACE_REASON = "no space left on a disk the trial writes to"
 # Metrics whose best epoch so far every trial reports beside them (trainables.loop), by the metric's name.
 BEST_EPOCH_METRICS = {"val_acc": "best_val_acc"}
 

@@ -741,6 +741,31 @@ def test_a_config_refused_on_the_node_fails_the_trial_once_with_a_record(tmp_pat
     assert "refused on the node" in run.data.tags[REASON_TAG] and "outside every folder" in run.data.tags[REASON_TAG]
 
 
+def test_the_trial_that_met_the_full_disk_stays_failed_and_the_ones_the_stop_cut_become_interrupted(tracking_uri):
+    """The trial that met the full disk ended itself (Tune: TERMINATED, never run again by `resume`): its record
+    stays failed. The trials the study's stop cut short are resumed, so theirs say interrupted."""
+    from studies.runner import _mark_interrupted
+    from trainables.naming import KIND_TAG, PARENT_RUN_TAG, STATUS_TAG
+    from trainables.tracking import NO_SPACE_REASON
+
+    client = tracking_client(tracking_uri)
+    exp = client.create_experiment("disk")
+    cell = client.create_run(exp).info.run_id
+    runs = {}
+    for name, status, reason in (
+        ("met-it", "failed", f"{NO_SPACE_REASON} ([Errno 28] No space left on device)"),
+        ("cut", "early_stopped", "stopped by Tune"),
+    ):
+        run = client.create_run(exp, tags={KIND_TAG: "trial", PARENT_RUN_TAG: cell, STATUS_TAG: status}).info
+        client.set_tag(run.run_id, REASON_TAG, reason)
+        client.set_terminated(run.run_id, "FAILED" if status == "failed" else "KILLED")
+        runs[name] = run.run_id
+    _mark_interrupted(client, exp, {"c": cell}, 0.0, "the study stopped on a full disk; resume continues it")
+    met, cut = (client.get_run(runs[n]).data.tags for n in ("met-it", "cut"))
+    assert met[STATUS_TAG] == "failed" and met[REASON_TAG].startswith(NO_SPACE_REASON)
+    assert cut[STATUS_TAG] == "interrupted" and "resume continues it" in cut[REASON_TAG]
+
+
 # --- Tune's own state: resume reads back only what this launch recorded leaving -------------------------------
 
 
