@@ -9,12 +9,10 @@ import math
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainables.errors import UserError
-from trainables.fetch import expected_layout
 
 __all__ = [
     "MANIFEST",
@@ -87,6 +85,8 @@ def _images(split_dir: Path) -> list[tuple[Path, Path]]:
 def prepare_problems(source: Path, dest: Path, *, short_side: int, quality: int, workers: int) -> list[str]:
     """Every reason `prepare_folder(source, dest, ...)` cannot run, each naming the value, the rule and the fix."""
     problems = []
+    from trainables.fetch import expected_layout  # here: the CLI builds its help from this module's constants
+
     layout = expected_layout("imagefolder")
     if not source.is_dir():
         problems.append(f"SOURCE '{source}' is not a directory. Fix: name a folder laid out as {layout}.")
@@ -172,6 +172,8 @@ def prepare_folder(
     `<stem>.jpg`; JPEGs already small enough are copied as they are. Everything is written to a sibling folder first
     and renamed to `dest` at the end, so an interrupted run leaves no half-prepared `dest`.
     """
+    from trainables import fetch  # here, not at the top: see prepare_problems
+
     source, dest = Path(source).expanduser(), Path(dest).expanduser()
     workers = (os.cpu_count() or 1) if workers is None else workers
     problems = prepare_problems(source, dest, short_side=short_side, quality=quality, workers=workers)
@@ -193,7 +195,7 @@ def prepare_folder(
                 jobs.append((str(path), str(staging / split / out), short_side, quality))
         if not counts.get("train"):
             problems.append(f"SOURCE '{source}/train' holds no images. Fix: name a folder laid out as "
-                            f"{expected_layout('imagefolder')}.")  # fmt: skip
+                            f"{fetch.expected_layout('imagefolder')}.")  # fmt: skip
     if problems:
         raise PrepareError("cannot prepare the image folder:\n  - " + "\n  - ".join(problems))
 
@@ -210,6 +212,8 @@ def prepare_folder(
         if workers == 1:
             done = [_prepare_one(j) for j in jobs]
         else:
+            from concurrent.futures import ProcessPoolExecutor
+
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 done = list(pool.map(_prepare_one, jobs, chunksize=max(1, min(64, len(jobs) // (4 * workers)))))
         from PIL import __version__ as pillow

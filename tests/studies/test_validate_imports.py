@@ -36,3 +36,25 @@ def test_validating_every_shipped_study_imports_no_torch(tmp_path):
         },
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_building_the_clis_parser_imports_no_archive_or_network_code():
+    # Every command builds the whole parser: `data prepare`'s help reads trainables.prepare's constants, which must
+    # not bring tarfile or multiprocessing (trainables.fetch, the worker pool) into each command's start.
+    code = (
+        "import sys\n"
+        "from studies.cli import build_parser\n"
+        "build_parser()\n"
+        "heavy = sorted(m for m in ('tarfile', 'multiprocessing', 'trainables.fetch') "
+        "if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
