@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 import types
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -553,7 +554,17 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> list[str]
     ]
 
 
+# The tags pydantic-core gives a union's members in an error's location (their schema types: 'list[any]',
+# 'dict[str,any]', 'function-after[check(), ...]', 'literal['a','b']'): never a user's key such as a factor 'x[1]'.
+_UNION_MEMBER = re.compile(
+    r"(list|dict|set|frozenset|tuple|literal|nullable|union|tagged-union|chain|lax-or-strict|json-or-python|"
+    r"is-instance|is-subclass|model|dataclass|typed-dict|definition-ref|default|constrained|"
+    r"function-(after|before|wrap|plain))\[.*\]",
+    re.DOTALL,
+)
+
+
 def _union_member(part: Any) -> bool:
-    """Whether a pydantic error location part names a member of a union (a generic type: 'list[any]',
-    'dict[str,any]', 'function-after[...]') rather than a field, a key or an index."""
-    return isinstance(part, str) and "[" in part and part.endswith("]")
+    """Whether a pydantic error location part names a member of a union (one of pydantic-core's schema tags, see
+    _UNION_MEMBER) rather than a field, a key or an index."""
+    return isinstance(part, str) and _UNION_MEMBER.fullmatch(part) is not None

@@ -222,6 +222,12 @@ REFUSED = [
         [],
         "factors.x: Input should be a valid dictionary or a valid list, got 3.",
     ),
+    (  # a user's key with brackets is a key, not one of pydantic's union member tags: its name stays
+        "factor-bracket-name",
+        _edit((METHOD_FACTOR, METHOD_FACTOR + '  "x[1]": 3\n')),
+        [],
+        "factors.x[1]: Input should be a valid dictionary or a valid list, got 3.",
+    ),
 ]
 
 
