@@ -3,6 +3,7 @@ near the crop's scale, re-encoded as a baseline JPEG, in the same train/val/clas
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -12,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainables.errors import UserError
+from trainables.errors import UserError, shown
 
 __all__ = [
     "MANIFEST",
@@ -27,7 +28,7 @@ __all__ = [
 #: The manifest's file name in a prepared folder; written last, so a folder holding it is complete.
 MANIFEST = "sharpscale-prepared.json"
 _FORMAT = "sharpscale-prepared-imagefolder"
-_VERSION = 1
+_VERSION = 2  # 2: `subsampling` recorded (1 left it to PIL's default)
 _SPLITS = ("train", "val")
 #: The JPEG quality of re-encoded images (PIL's scale).
 DEFAULT_QUALITY = 90
@@ -131,19 +132,31 @@ def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
     return (short_side, other) if height <= width else (other, short_side)
 
 
-def _prepare_one(job: tuple[str, str, int, int]) -> tuple[int, int, int, int, bool]:
-    """One image: (bytes before, bytes after, pixels before, pixels after, resized)."""
+def _prepare_one(job: tuple[str, str, int, int]) -> tuple[int, int, int, int, bool, bool] | str:
+    """One image: (bytes before, bytes after, pixels before, pixels after, resized, copied as it was), or why it could not be read
+    (every unreadable image is listed at the end, not the first one alone)."""
     from PIL import Image
 
-    src, dst, short_side, quality = job
+    try:
+        return _prepare_image(*job)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:  # PIL's errors for a bad file
+        with contextlib.suppress(OSError):
+            os.remove(job[1])
+        return f"{type(err).__name__}: {err}"
+
+
+def _prepare_image(src: str, dst: str, short_side: int, quality: int) -> tuple[int, int, int, int, bool, bool]:
+    from PIL import Image
+
     data_before = os.path.getsize(src)
     with Image.open(src) as img:
         w, h = img.size
         new_h, new_w = resized_size(h, w, short_side)
         resize = (new_h, new_w) != (h, w)
-        if not resize and img.format == "JPEG" and img.mode == "RGB":
+        # A progressive JPEG is re-encoded even when small enough: the prepared form is baseline throughout.
+        if not resize and img.format == "JPEG" and img.mode == "RGB" and not img.info.get("progressive"):
             shutil.copyfile(src, dst)  # already small: the original bytes, no second compression
-            return data_before, data_before, h * w, h * w, False
+            return data_before, data_before, h * w, h * w, False, True
         rgb = img.convert("RGB")  # what both decode paths read (ImageReadMode.RGB; PIL's convert("RGB"))
         if resize:
             # PIL's antialiased bicubic, the filter timm's eval Resize applies to PIL images.
@@ -152,7 +165,7 @@ def _prepare_one(job: tuple[str, str, int, int]) -> tuple[int, int, int, int, bo
         # ImageNet's JPEGs (and what was measured). EXIF is dropped, but no orientation is lost: neither decode path
         # applies it (torchvision's ImageFolder loader and decode_jpeg leave the pixels as stored).
         rgb.save(dst, "JPEG", quality=quality, subsampling=SUBSAMPLING)
-    return data_before, os.path.getsize(dst), h * w, new_h * new_w, resize
+    return data_before, os.path.getsize(dst), h * w, new_h * new_w, resize, False
 
 
 def prepare_folder(
@@ -169,8 +182,10 @@ def prepare_folder(
 
     Each image of train/ and val/ is resized so its shorter side is `short_side` (aspect kept, never upscaled) with
     PIL's bicubic filter and saved as an RGB baseline JPEG at `quality` under the same class folder, named
-    `<stem>.jpg`; JPEGs already small enough are copied as they are. Everything is written to a sibling folder first
-    and renamed to `dest` at the end, so an interrupted run leaves no half-prepared `dest`.
+    `<stem>.jpg`; baseline JPEGs already small enough are copied as they are (a progressive one is re-encoded).
+    Everything is written to a sibling folder first and renamed to `dest` at the end, so an interrupted run leaves
+    no half-prepared `dest`; an image that cannot be read refuses the whole run after every image was tried, listing
+    each unreadable one (the prepared form holds every image of the original or none).
     """
     from trainables import fetch  # here, not at the top: see prepare_problems
 
@@ -216,6 +231,14 @@ def prepare_folder(
 
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 done = list(pool.map(_prepare_one, jobs, chunksize=max(1, min(64, len(jobs) // (4 * workers)))))
+        unreadable = [(job[0], why) for job, why in zip(jobs, done) if isinstance(why, str)]
+        if unreadable:
+            raise PrepareError(
+                f"cannot prepare the image folder: {len(unreadable)} image(s) in SOURCE could not be read, and the "
+                f"prepared form must hold every image of the original (nothing was written):\n  - "
+                + "\n  - ".join(f"'{path}': {why}" for path, why in unreadable)
+                + "\nFix: replace or remove each of them in SOURCE, then run `sharpscale data prepare` again."
+            )
         from PIL import __version__ as pillow
 
         prepared = Prepared(
@@ -228,7 +251,7 @@ def prepare_folder(
             resample="PIL bicubic (antialiased)",
             files=counts,
             resized=sum(d[4] for d in done),
-            copied=sum(not d[4] for d in done),
+            copied=sum(d[5] for d in done),
             bytes_before=sum(d[0] for d in done),
             bytes_after=sum(d[1] for d in done),
             pixels_before=sum(d[2] for d in done),
@@ -248,11 +271,19 @@ def prepare_folder(
 
 
 def read_manifest(root: str | os.PathLike) -> Prepared | None:
-    """The manifest of a prepared folder at `root`, or None when `root` is not one."""
+    """The manifest of a prepared folder at `root`, or None when `root` is not one; a PrepareError for a manifest of
+    another version (a field added since: prepare it again)."""
     path = Path(root).expanduser() / MANIFEST
     if not path.is_file():
         return None
     raw = json.loads(path.read_text())
     if raw.get("format") != _FORMAT:
         return None
+    missing = [k for k in Prepared.__dataclass_fields__ if k not in raw]
+    if raw.get("version") != _VERSION or missing:
+        raise PrepareError(
+            f"{path}: a prepared folder's manifest of version {shown(raw.get('version'))}, but this sharpscale reads "
+            f"version {_VERSION}" + (f" (it lacks {', '.join(missing)})" if missing else "") + ". Fix: prepare the "
+            "source again with this version's `sharpscale data prepare`."
+        )
     return Prepared(**{k: raw[k] for k in Prepared.__dataclass_fields__})

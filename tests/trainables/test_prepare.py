@@ -171,10 +171,35 @@ def test_refusals(tmp_path, case, expected):
         assert not dest.exists()
 
 
-def test_a_failed_run_leaves_no_half_prepared_folder(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_run_leaves_no_half_prepared_folder_and_names_every_unreadable_image(tmp_path, workers):
     src = _folder(tmp_path / "src", per_class=2)
     (src / "train" / "dog" / "9.jpg").write_bytes(b"\xff\xd8 not a jpeg")
-    with pytest.raises(Exception):  # noqa: B017 - PIL's own error for the broken file
-        prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    (src / "val" / "cat" / "8.png").write_bytes(b"\x89PNG truncated")
+    with pytest.raises(PrepareError, match=r"2 image\(s\) in SOURCE could not be read") as err:
+        prepare_folder(src, tmp_path / "out", short_side=16, workers=workers)
+    text = str(err.value)
+    assert f"'{src / 'train' / 'dog' / '9.jpg'}': " in text and f"'{src / 'val' / 'cat' / '8.png'}': " in text
+    assert "Fix: replace or remove each of them in SOURCE" in text
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.preparing-*"))
+
+
+def test_a_small_progressive_jpeg_is_re_encoded_as_baseline(tmp_path):
+    src = _folder(tmp_path / "src", sizes=((30, 40),), per_class=1)
+    Image.fromarray(_textured(30, 40, 5)).save(src / "train" / "cat" / "p.jpg", quality=95, progressive=True)
+    done = prepare_folder(src, tmp_path / "out", short_side=48, workers=1)
+    assert (done.resized, done.copied, sum(done.files.values())) == (0, 4, 5)  # the progressive one: re-encoded
+    with Image.open(tmp_path / "out" / "train" / "cat" / "p.jpg") as img:
+        assert not img.info.get("progressive") and JpegImagePlugin.get_sampling(img) == 2
+
+
+def test_a_manifest_of_another_version_is_refused_with_the_fix(tmp_path):
+    src = _folder(tmp_path / "src", per_class=1)
+    prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    del manifest["subsampling"]  # as version 1 wrote it
+    manifest["version"] = 1
+    (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(PrepareError, match=r"version 1, but this sharpscale reads version 2 \(it lacks subsampling\)"):
+        read_manifest(tmp_path / "out")
