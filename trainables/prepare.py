@@ -133,8 +133,8 @@ def resized_size(height: int, width: int, short_side: int) -> tuple[int, int]:
 
 
 def _prepare_one(job: tuple[str, str, int, int]) -> tuple[int, int, int, int, bool, bool] | str:
-    """One image: (bytes before, bytes after, pixels before, pixels after, resized, copied as it was), or why it could not be read
-    (every unreadable image is listed at the end, not the first one alone)."""
+    """One image: (bytes before, bytes after, pixels before, pixels after, resized, copied as it was), or why it
+    could not be read (every unreadable image is listed at the end, not the first one alone)."""
     from PIL import Image
 
     try:
