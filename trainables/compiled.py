@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainables.config import COMPILE_MODES
+
 __all__ = [
     "COMPILE_MODES",
     "COMPILED_METRIC",
@@ -30,12 +32,7 @@ __all__ = [
     "warm_up",
 ]
 
-#: The torch.compile modes a CompiledModule runs, each with CUDA graphs or not (`_WITHOUT_GRAPHS`: the form a trial
-#: falls back to where graphs cannot run). `train.compile` offers default and reduce-overhead; the max-autotune
-#: modes (Inductor's GEMM templates autotuned against cuBLAS at compile time, their epilogues fused) are timed by
-#: `benchmarks/bench_optim.py --compile-modes` only: on Mixer-S/4 their compile ran past 100 s and no gain has been
-#: measured yet (docs/benchmarks.md).
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# COMPILE_MODES: trainables.config, its one home (validating a config imports no torch).
 _WITHOUT_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 # Seconds the compile's warm-up took (logged with the first epoch a process trains); never part of epoch_time_s or

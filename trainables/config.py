@@ -13,6 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainables.errors import UserError, shown
 
+#: The torch.compile modes a CompiledModule runs (trainables.compiled), each with CUDA graphs or not
+#: (compiled._WITHOUT_GRAPHS: the form a trial falls back to where graphs cannot run). Here, not in compiled, so
+#: that validating a config imports no torch. `train.compile` offers the first two (TRAIN_COMPILE_MODES); the
+#: max-autotune ones (Inductor's GEMM templates autotuned at compile time) compiled past 100 s on Mixer-S/4 with no
+#: gain measured yet (docs/benchmarks.md), so only the benchmarks time them.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+TRAIN_COMPILE_MODES = COMPILE_MODES[:2]
+
 __all__ = [
     "CHECKPOINT_AUTO_RATIO",
     "ConfigError",
@@ -401,7 +409,7 @@ class TrainConfig(_Strict):
     divergence_check_every: int = Field(
         20, ge=1, description="Steps between checks for a non-finite loss (each check syncs the device)."
     )
-    compile: Literal["auto", "off", "default", "reduce-overhead"] = Field(
+    compile: Literal[("auto", "off", *TRAIN_COMPILE_MODES)] = Field(  # type: ignore[valid-type]
         "auto",
         description="torch.compile of the training step's model (every method's passes, MESA's teacher): "
         "'reduce-overhead' adds CUDA graphs, 'default' compiles without them, 'off' runs eager. auto: "

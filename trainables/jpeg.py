@@ -85,11 +85,17 @@ def random_resized_crop_boxes(
     return boxes.to(torch.int64)
 
 
+def eval_resize_size(size: int, crop_pct: float = EVAL_CROP_PCT) -> int:
+    """The shorter side timm's eval transform resizes to before its central `size` crop: floor(size / crop_pct)
+    (256 for 224). The one home of that rule: center_crop_boxes and `data prepare`'s default short side use it."""
+    return math.floor(size / crop_pct)
+
+
 def center_crop_boxes(sizes: torch.Tensor, size: int, crop_pct: float = EVAL_CROP_PCT) -> torch.Tensor:
     """Boxes (N, 4) = (top, left, height, width), in original pixels, of timm's eval transform: the shorter side resized
     to floor(size / crop_pct), then the central `size` x `size` crop (torchvision's Resize + CenterCrop arithmetic)."""
     h_img, w_img = sizes[:, 0].double(), sizes[:, 1].double()
-    scale_size = math.floor(size / crop_pct)
+    scale_size = eval_resize_size(size, crop_pct)
     # Resize: the shorter side becomes scale_size, the longer int(scale_size * long / short).
     hr = torch.where(h_img <= w_img, torch.full_like(h_img, scale_size), torch.floor(scale_size * h_img / w_img))
     wr = torch.where(w_img <= h_img, torch.full_like(w_img, scale_size), torch.floor(scale_size * w_img / h_img))

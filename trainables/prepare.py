@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import math
 import os
 import shutil
 import time
@@ -46,9 +45,9 @@ class PrepareError(UserError):
 def default_short_side(img_size: int) -> int:
     """The shorter side timm's eval transform resizes to before its central crop (floor(img_size / crop_pct): 256 for
     224): at this size the prepared eval images are what the eval transform makes of the originals, resized once."""
-    from trainables.jpeg import EVAL_CROP_PCT  # torch's import only when asked: the CLI builds its help without it
+    from trainables.jpeg import eval_resize_size  # torch's import only when asked: the CLI builds its help without it
 
-    return math.floor(img_size / EVAL_CROP_PCT)
+    return eval_resize_size(img_size)
 
 
 @dataclass(frozen=True)

@@ -362,3 +362,25 @@ def test_outputs_are_copied_out_of_cuda_graphs_in_every_mode_that_records_them(m
     # A two-pass method runs the model again before it reads pass 1's logits: under CUDA graphs those live in memory
     # the next replay overwrites.
     assert compiled.CompiledModule(nn.Linear(2, 2), mode, backend="aot_eager")._copy_out is copies
+
+
+def test_the_compile_modes_have_one_list_and_the_benchmark_accepts_each():
+    # trainables.config.COMPILE_MODES is the one list: train.compile offers its first two, bench_trainables'
+    # --modes every one (the documented `compile --modes reduce-overhead max-autotune` was refused by argparse).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from trainables.config import COMPILE_MODES, TRAIN_COMPILE_MODES
+
+    assert compiled.COMPILE_MODES is COMPILE_MODES and set(TRAIN_COMPILE_MODES) < set(COMPILE_MODES)
+    for mode in ("auto", "off", *TRAIN_COMPILE_MODES):
+        assert TrialConfig.load({"train": {"compile": mode}}).train.compile == mode
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "bench_trainables.py"), "compile", "--modes", *COMPILE_MODES, "-h"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
