@@ -18,6 +18,7 @@ from pathlib import Path
 
 from analysis.runs import best_key
 from studies.spec import LoadedStudy
+from trainables.errors import NO_SPACE_ERRNOS
 from trainables.tracking import REFUSED_RESULT_KEY
 
 __all__ = ["LiveView", "format_duration", "quiet_libraries", "stderr_to"]
@@ -77,11 +78,15 @@ def reroute_libraries() -> None:
 
 
 class _LogFile(logging.FileHandler):
-    """The study's log file, whose failed writes (a full disk) are dropped: logging's default prints each failed
-    record's trace to stderr, hundreds of lines over the live view, while the study itself says what is full."""
+    """The study's log file, whose writes a full disk (or quota) refuses are dropped: logging's default prints each
+    failed record's trace to stderr, hundreds of lines over the live view, while the study itself says what is full.
+    Any other failure (a record that cannot be formatted, a closed file) is logging's to report, as usual."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        pass
+        err = sys.exc_info()[1]
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            return
+        super().handleError(record)
 
 
 @contextlib.contextmanager

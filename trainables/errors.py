@@ -12,6 +12,7 @@ from typing import Any, Iterable
 __all__ = [
     "FULL_BELOW",
     "MAX_SHOWN_CHARS",
+    "NO_SPACE_ERRNOS",
     "NoSpaceLeft",
     "TrialRefused",
     "UserError",

@@ -161,3 +161,30 @@ def test_the_runner_reroutes_the_library_logs_after_starting_ray():
 
     source = inspect.getsource(runner.run_study)
     assert source.index("reroute_libraries()") > source.index("_start_ray(study, address, num_cpus)")
+
+
+def test_the_log_file_drops_only_a_full_disks_errors(tmp_path, capsys):
+    import errno
+    import logging
+
+    from studies.progress import _LogFile
+
+    handler = _LogFile(tmp_path / "study.log")
+    try:
+        record = logging.LogRecord("ray.tune", logging.WARNING, __file__, 1, "%d trials", ("x",), None)
+        handler.emit(record)  # a record that cannot be formatted: logging's own report, as for any handler
+        assert "--- Logging error ---" in capsys.readouterr().err
+
+        class FullDisk:
+            def write(self, text):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            def flush(self):
+                pass
+
+        handler.stream = FullDisk()
+        handler.emit(logging.LogRecord("ray.tune", logging.WARNING, __file__, 1, "fine", (), None))
+        assert capsys.readouterr().err == ""  # the study says what is full, once
+    finally:
+        handler.stream = None
+        handler.close()
