@@ -13,6 +13,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import copy
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -123,22 +124,40 @@ def tiny_study():
     return _tiny_study
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """A real local Ray cluster (with its dashboard, which Train-inside-Tune needs), shut down at session end."""
+@pytest.fixture
+def ray_cluster(_ray_down_at_end):
+    """A real local Ray cluster (with its dashboard, which Train-inside-Tune needs), started by the first test of this
+    worker that asks for it and kept for the next ones (a `no_ray` test stops it; the next asker starts it again)."""
     import ray
 
-    # Each pytest-xdist worker starts its own cluster: a small object store each, not Ray's default 30% of RAM.
-    ray.init(
-        num_cpus=2,
-        include_dashboard=True,
-        log_to_driver=False,
-        configure_logging=False,
-        object_store_memory=OBJECT_STORE_BYTES,
-    )
-    try:
-        yield ray
-    finally:
+    if not ray.is_initialized():
+        # Each pytest-xdist worker starts its own cluster: a small object store each, not Ray's default 30% of RAM.
+        ray.init(
+            num_cpus=2,
+            include_dashboard=True,
+            log_to_driver=False,
+            configure_logging=False,
+            object_store_memory=OBJECT_STORE_BYTES,
+        )
+    return ray
+
+
+@pytest.fixture
+def no_ray():
+    """This process without a Ray connection, for a test of what happens before Ray starts: with the worker's cluster
+    up (`ray_cluster`, from a test that ran before in this worker), `sharpscale run` would use it instead of refusing
+    at load what this machine cannot host, and would wait on it. The cluster is stopped; the next asker restarts it."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def _ray_down_at_end():
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 

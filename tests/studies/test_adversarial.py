@@ -246,7 +246,7 @@ def _left_behind(tmp_path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("content, extra, expected", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
-def test_refused_before_anything_runs(content, extra, expected, tmp_path, monkeypatch, capsys):
+def test_refused_before_anything_runs(content, extra, expected, tmp_path, monkeypatch, capsys, no_ray):
     import ray
 
     monkeypatch.chdir(tmp_path)
