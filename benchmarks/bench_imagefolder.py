@@ -8,11 +8,12 @@ synthetic data, `data.decode: cpu` (PIL in DataLoader workers, timm's transforms
 augmentation, with the default worker count. Paths and methods are interleaved round by round; each figure is
 the median over rounds of the median epoch after the first. Before the fits it times the device path alone (no
 model) and its GPU kernel time a batch (torch.profiler: the SM work that competes with the step). `--prepared S`
-adds the same paths on the folder prepared at short side S (`trainables.prepare`, timed as it is written). Needs
-only torch, torchvision, timm and pydantic.
+adds the same paths on the folder prepared at short side S (`trainables.prepare`, timed as it is written),
+`--pixels S` on its pixel form (nothing left to decode). Needs only torch, torchvision, timm and pydantic.
 
   python benchmarks/bench_imagefolder.py                 # the issue's table on one GPU
   python benchmarks/bench_imagefolder.py --prepared 256  # also the folder after `sharpscale data prepare`
+  python benchmarks/bench_imagefolder.py --pixels 256    # also its pixel form (`data prepare --form pixels`)
   python benchmarks/bench_imagefolder.py --quick         # tiny CPU smoke of the script itself, measures nothing
 """
 
@@ -46,15 +47,16 @@ PATHS = [
 ]
 
 
-def prepared_paths(short_sides: list[int]) -> list[tuple[str, dict, dict | None]]:
-    """The data paths on the folder prepared at each short side (`sharpscale data prepare`)."""
+def prepared_paths(short_sides: list[int], form: str = "jpeg") -> list[tuple[str, dict, dict | None]]:
+    """The data paths on the folder prepared at each short side in `form` (`sharpscale data prepare --form`)."""
     out = []
     for side in short_sides:
+        key, name = f"{form}{side}", ("prepared" if form == "jpeg" else "pixels") + f" {side}"
         out += [
-            (f"prepared {side} basic, decode cpu", {"augment": "basic", "decode": "cpu", "prepared": side}, None),
-            (f"prepared {side} basic, decode device", {"augment": "basic", "decode": "device", "prepared": side},
+            (f"{name} basic, decode cpu", {"augment": "basic", "decode": "cpu", "prepared": key}, None),
+            (f"{name} basic, decode device", {"augment": "basic", "decode": "device", "prepared": key},
              TARGETS_BASIC),
-            (f"prepared {side} strong, decode device", {"augment": "strong", "decode": "device", "prepared": side},
+            (f"{name} strong, decode device", {"augment": "strong", "decode": "device", "prepared": key},
              TARGETS_STRONG),
         ]  # fmt: skip
     return out
@@ -129,10 +131,9 @@ def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str,
     """Images a second of the device path alone, no model: decoding one batch of bytes, and the whole transform
     (decode, crop, flip, RandAugment)."""
     from trainables.data import load_dataset
-    from trainables.jpeg import decode_batch
 
     train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
-    datas = [train.read(i)[0] for i in range(min(batch, len(train)))]
+    flat, lengths, indices, n = _one_batch(train, batch)
     g, dev = torch.Generator().manual_seed(0), torch.device(device)
 
     def rate(work) -> float:
@@ -144,9 +145,18 @@ def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str,
             work()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return reps * len(datas) / (time.perf_counter() - t)
+        return reps * n / (time.perf_counter() - t)
 
-    return rate(lambda: decode_batch(datas, dev)), rate(lambda: train.transform(datas, dev, g))
+    decode = lambda: train.images(flat, lengths, indices, dev)  # noqa: E731
+    return rate(decode), rate(lambda: train.transform(decode(), dev, g))
+
+
+def _one_batch(train, batch: int):
+    """The first `batch` items of a device-path split as its loader hands them over: (flat, lengths, indices, n)."""
+    flat, lengths, _, indices = train.collate([train.read(i) for i in range(min(batch, len(train)))])
+    if train.copies_to_device and torch.cuda.is_available():
+        flat = flat.pin_memory()  # as the loader pins it
+    return flat, lengths, indices, len(indices)
 
 
 def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> tuple[float, float]:
@@ -155,13 +165,13 @@ def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> t
     from torch.profiler import ProfilerActivity, profile
 
     from trainables.data import load_dataset
-    from trainables.jpeg import decode_batch
 
     train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
-    datas = [train.read(i)[0] for i in range(min(batch, len(train)))]
+    flat, lengths, indices, _ = _one_batch(train, batch)
     g, dev = torch.Generator().manual_seed(0), torch.device(device)
     out = []
-    for work in (lambda: decode_batch(datas, dev), lambda: train.transform(datas, dev, g)):
+    decode = lambda: train.images(flat, lengths, indices, dev)  # noqa: E731
+    for work in (decode, lambda: train.transform(decode(), dev, g)):
         work()
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -202,6 +212,14 @@ def main() -> None:
         metavar="SHORT_SIDE",
         help="also time the folder prepared by `sharpscale data prepare --short-side SHORT_SIDE` (made here, timed)",
     )
+    p.add_argument(
+        "--pixels",
+        nargs="*",
+        type=int,
+        default=[],
+        metavar="SHORT_SIDE",
+        help="also time the pixel form, `sharpscale data prepare --form pixels --short-side SHORT_SIDE` (made here)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
 
@@ -228,19 +246,20 @@ def main() -> None:
             f"{torch.get_num_threads()} torch threads",
             flush=True,
         )
-        roots = {None: root}
-        for side in args.prepared:
-            from trainables.prepare import prepare_folder
+        roots: dict[str | None, Path] = {None: root}
+        for form, sides in (("jpeg", args.prepared), ("pixels", args.pixels)):
+            for side in sides:
+                from trainables.prepare import prepare_folder
 
-            roots[side] = root.parent / f"{root.name}-prepared-{side}"
-            if not (roots[side] / "train").is_dir():
-                done = prepare_folder(root, roots[side], short_side=side)
-                print(
-                    f"  prepared at short side {side}: {done.seconds:.1f} s on {os.cpu_count()} CPUs, pixels "
-                    f"{done.pixels_after / done.pixels_before:.3f} and bytes {done.bytes_after / done.bytes_before:.3f} "
-                    f"of the original's",
-                    flush=True,
-                )
+                where = roots[f"{form}{side}"] = root.parent / f"{root.name}-{form}-{side}"
+                if not (where / "train").is_dir():
+                    done = prepare_folder(root, where, short_side=side, form=form)
+                    print(
+                        f"  prepared as {form} at short side {side}: {done.seconds:.1f} s on {os.cpu_count()} CPUs, "
+                        f"pixels {done.pixels_after / done.pixels_before:.3f} and bytes "
+                        f"{done.bytes_after / done.bytes_before:.3f} of the original's",
+                        flush=True,
+                    )
         for side, where in roots.items() if not args.no_pipeline else ():
             for augment in ("basic", "strong"):
                 decode, whole = pipeline_rates(where, augment, size, batch, device)
@@ -249,12 +268,12 @@ def main() -> None:
                     k_decode, k_whole = kernel_ms(where, augment, size, batch, device)
                     kernels = f"; GPU kernels a batch: decode {k_decode:.2f} ms, whole {k_whole:.2f} ms"
                 print(
-                    f"  device path alone, {'original' if side is None else f'prepared {side}'} {augment}: decode "
+                    f"  device path alone, {'original' if side is None else side} {augment}: decode "
                     f"{decode:,.0f} img/s, whole transform {whole:,.0f} img/s ({batch / decode * 1e3:.1f} / "
                     f"{batch / whole * 1e3:.1f} ms a batch){kernels}",
                     flush=True,
                 )
-        paths = PATHS + prepared_paths(args.prepared)
+        paths = PATHS + prepared_paths(args.prepared) + prepared_paths(args.pixels, "pixels")
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
             for model_label, model in models.items():

@@ -701,19 +701,22 @@ def _cmd_data_prepare(args) -> int:
         short_side=short_side,
         quality=args.quality,
         workers=args.workers,
+        form=args.form,
         log=lambda msg: print(msg, flush=True),
     )
+    copied = f", {done.copied} copied as they were" if done.form == "jpeg" else ""
     print(
-        f"Prepared {sum(done.files.values())} images ({done.resized} resized, {done.copied} copied as they were) in "
+        f"Prepared {sum(done.files.values())} images as {done.form} ({done.resized} resized{copied}) in "
         f"{done.seconds:.1f} s: {done.pixels_after / max(done.pixels_before, 1):.2f} of the pixels and "
         f"{done.bytes_after / max(done.bytes_before, 1):.2f} of the bytes. Manifest: {Path(args.to) / MANIFEST}"
     )
-    print(f"Use it with: --set data.root={Path(args.to).expanduser().resolve()}   (an image folder like the original)")
+    kind = "an image folder like the original" if done.form == "jpeg" else "read as the image folder it came from"
+    print(f"Use it with: --set data.root={Path(args.to).expanduser().resolve()}   ({kind})")
     return 0
 
 
 def _add_data(sub) -> None:
-    from trainables.prepare import DEFAULT_QUALITY
+    from trainables.prepare import DEFAULT_QUALITY, FORMS
     from trainables.prepare import MANIFEST as MANIFEST_NAME
 
     data = sub.add_parser("data", help="put datasets where every node of a cluster reads them")
@@ -743,7 +746,9 @@ def _add_data(sub) -> None:
         "it: every unreadable image is listed with the fix and nothing is written. A manifest ("
         + MANIFEST_NAME
         + ") records the source, the settings and "
-        "the counts. Point data.root at --to: it is an ordinary image folder. The default short side is what "
+        "the counts. Point data.root at --to: the jpeg form is an ordinary image folder; the pixels form (--form pixels) "
+        "holds each split's decoded pixels in one file, which data.root reads as the folder it came from (same "
+        "classes, order and transforms), with nothing to decode while training. The default short side is what "
         "timm's eval transform resizes to before its central crop (256 for --img-size 224), so validation images "
         "match the original's up to the JPEG re-encoding; training crops of the prepared images have fewer source pixels "
         "(a crop under img_size on a side is upsampled), so use a larger --short-side to keep more detail. Measured "
@@ -764,6 +769,13 @@ def _add_data(sub) -> None:
     prep.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality, 1-95 (default %(default)s)")
     prep.add_argument(
         "--workers", type=_positive_int, default=None, help="processes resizing in parallel (default: every CPU core)"
+    )
+    prep.add_argument(
+        "--form",
+        choices=FORMS,
+        default="jpeg",
+        help="jpeg: baseline JPEGs in the original's layout (default); pixels: each split's decoded pixels in one file "
+        "(about 10x the bytes, nothing to decode while training: the fastest device path)",
     )
     prep.set_defaults(func=_cmd_data_prepare)
 

@@ -842,6 +842,9 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
     if not root.is_dir():
         raise _imagefolder_error(root, _describe(root))
     size = 224 if cfg.img_size is None else cfg.img_size
+    from trainables.prepare import read_manifest
+
+    prepared = read_manifest(root)
     # Bicubic as in the ViT/DeiT recipes; colour jitter off so that `basic` is crop + flip only.
     common = dict(interpolation="bicubic", mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
     eval_tf = create_transform(size, is_training=False, **common)
@@ -855,6 +858,8 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
             auto_augment=cfg.randaugment if augment == "strong" else None,
             **common,
         )
+    if prepared is not None and prepared.form == "pixels":
+        return _load_pixels(cfg, root, prepared.classes, size, train_tf, eval_tf, train_indices_for)
     train = _open_folder(root / "train", train_tf)
     val = _open_folder(root / "val", eval_tf)
     if train.classes != val.classes:
@@ -869,14 +874,10 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
     num_classes = len(train.classes)
     val_indices = np.arange(len(val.targets))
     if cfg.decode == "device":
-        from timm.data.auto_augment import RandAugment
-
         from trainables.jpeg import FolderBytes
 
-        # The host transform's own RandAugment (its ops, magnitudes, fill and interpolation), applied on the device.
-        rand_augment = next((t for t in getattr(train_tf, "transforms", ()) if isinstance(t, RandAugment)), None)
         train_split: Dataset = FolderBytes(
-            train.samples, indices, size, train=augment != "none", rand_augment=rand_augment
+            train.samples, indices, size, train=augment != "none", rand_augment=_rand_augment_of(train_tf)
         )
         val_split: Dataset = FolderBytes(val.samples, val_indices, size, train=False)
     else:
@@ -895,6 +896,73 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
         std=_IMAGENET_STD,
         name="imagefolder",
         classes=tuple(train.classes),
+    )
+
+
+def _rand_augment_of(transform) -> Any:
+    """The host transform's own RandAugment (its ops, magnitudes, fill and interpolation), for the device to apply."""
+    from timm.data.auto_augment import RandAugment
+
+    return next((t for t in getattr(transform, "transforms", ()) if isinstance(t, RandAugment)), None)
+
+
+class _PixelImages(_IndexedDataset):
+    """A pixel-form split (trainables.prepare.PixelSplit) under a PIL transform, for the host decode path."""
+
+    decodes_on_host = True
+
+    def __init__(self, split, indices: np.ndarray, transform: Callable, plain_transform: Callable | None = None):
+        super().__init__(np.asarray(split.labels, dtype=np.int64), indices)
+        self._split, self.transform = split, transform
+        self._plain_transform = plain_transform  # the evaluation transform, for `unaugmented`
+
+    def unaugmented(self) -> "_PixelImages":
+        """The same samples under the evaluation transform."""
+        plain = copy.copy(self)
+        plain.transform = self._plain_transform
+        return plain
+
+    def _image(self, index: int) -> torch.Tensor:
+        from PIL import Image
+
+        return self.transform(Image.fromarray(np.ascontiguousarray(self._split.pixels(index))))
+
+
+def _load_pixels(cfg: "DataConfig", root: Path, classes, size: int, train_tf, eval_tf, train_indices_for) -> DataBundle:
+    """An image folder prepared in the pixel form: the same splits, classes and transforms as the folder it came
+    from, read from its pixel files (trainables.prepare) instead of decoded from files."""
+    from trainables.prepare import PixelSplit
+
+    try:
+        train, val = PixelSplit(root / "train"), PixelSplit(root / "val")
+    except (OSError, ValueError) as exc:
+        raise _imagefolder_error(root, f"a prepared pixel folder whose index cannot be read ({exc})") from exc
+    indices = train_indices_for(np.asarray(train.labels, dtype=np.int64))
+    val_indices = np.arange(len(val))
+    if cfg.decode == "device":
+        from trainables.jpeg import FolderPixels
+
+        augmented = cfg.augment != "none"
+        train_split: Dataset = FolderPixels(
+            train, indices, size, train=augmented, rand_augment=_rand_augment_of(train_tf)
+        )
+        val_split: Dataset = FolderPixels(val, val_indices, size, train=False)
+    else:
+        train_split = _PixelImages(train, indices, train_tf, plain_transform=eval_tf)
+        val_split = _PixelImages(val, val_indices, eval_tf)
+    return DataBundle(
+        train=train_split,
+        val=val_split,
+        num_classes=len(classes),
+        in_chans=3,
+        img_size=size,
+        num_train_full=len(train),
+        train_indices=indices,
+        mixup=_make_mixup(cfg, len(classes)),
+        mean=_IMAGENET_MEAN,
+        std=_IMAGENET_STD,
+        name="imagefolder",
+        classes=tuple(classes),
     )
 
 

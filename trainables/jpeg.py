@@ -21,6 +21,8 @@ __all__ = [
     "DeviceRandAugment",
     "apply_op",
     "FolderBytes",
+    "FolderPixels",
+    "Images",
     "center_crop_boxes",
     "crop_resize",
     "decode_batch",
@@ -136,32 +138,61 @@ def decode_batch(datas: Sequence[torch.Tensor], device: torch.device) -> list[to
     return out  # type: ignore[return-value]
 
 
-def crop_resize(images: Sequence[torch.Tensor], boxes: torch.Tensor, size: int) -> torch.Tensor:
-    """The `boxes` (N, 4) = (top, left, height, width) of `images` (CHW uint8, any sizes, one device) resized to
-    `size` x `size`, as float (N, C, size, size) in 0..255.
+@dataclass(frozen=True)
+class Images:
+    """A batch of images (uint8, one device) as groups of equal size: each group's positions in the batch (`rows`,
+    int64 on the host) and its (n, C, H, W) tensor, which may be a view (a pixel batch's groups are views of one
+    copy). `n` images in all."""
+
+    groups: list[tuple[torch.Tensor, torch.Tensor]]
+    n: int
+
+    @classmethod
+    def of(cls, images: Sequence[torch.Tensor]) -> "Images":
+        """CHW images of any sizes, grouped by size (each group stacked once)."""
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, img in enumerate(images):
+            by_shape.setdefault(tuple(img.shape), []).append(i)
+        groups = [
+            (torch.tensor(members), torch.stack([images[i] for i in members]) if len(members) > 1 else images[members[0]][None])
+            for members in by_shape.values()
+        ]  # fmt: skip
+        return cls(groups, len(images))
+
+    def sizes(self) -> torch.Tensor:
+        """(n, 2) int64 on the host: each image's (height, width)."""
+        sizes = torch.empty(self.n, 2, dtype=torch.int64)
+        for rows, group in self.groups:
+            sizes[rows] = torch.tensor(group.shape[2:], dtype=torch.int64)
+        return sizes
+
+    def repeated(self, times: int) -> "Images":
+        """The batch `times` over, in order (the same tensors: for tests and timing)."""
+        return Images([(rows + k * self.n, g) for k in range(times) for rows, g in self.groups], self.n * times)
+
+
+def crop_resize(images: Images, boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """The `boxes` (N, 4) = (top, left, height, width) of `images` resized to `size` x `size`, as float
+    (N, C, size, size) in 0..255 on their device.
 
     One roi_align per group of equally sized images: bilinear samples averaged over each output pixel's footprint
     (ceil(box / size) samples a side), so a downscaled crop is low-pass filtered as PIL's resize filters it.
     """
     from torchvision.ops import roi_align
 
-    device = images[0].device
-    n = len(images)
-    out = torch.empty(n, images[0].shape[0], size, size, device=device)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, img in enumerate(images):
-        groups.setdefault(tuple(img.shape), []).append(i)
+    first = images.groups[0][1]
+    device, n = first.device, images.n
+    out = torch.empty(n, first.shape[1], size, size, device=device)
     # (x1, y1, x2, y2) in continuous pixel coordinates (pixel i spans [i, i + 1): aligned=True).
     xyxy = torch.stack([boxes[:, 1], boxes[:, 0], boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]], 1).float()
-    for members in groups.values():
-        stacked = torch.stack([images[i] for i in members]) if len(members) > 1 else images[members[0]][None]
+    for members, group in images.groups:
         rows = torch.cat([torch.arange(len(members), dtype=torch.float32)[:, None], xyxy[members]], 1)
-        resized = roi_align(
-            stacked.float(), _to(rows, device), (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True
-        )
-        if len(members) == n:
+        # One pass to contiguous float: roi_align reads NCHW, and a pixel batch's groups are channels-last views.
+        planes = group.to(torch.float32, memory_format=torch.contiguous_format)
+        resized = roi_align(planes, _to(rows, device), (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+        if len(members) == n and bool((members == torch.arange(n)).all()):
             return resized
-        out[torch.as_tensor(members, device=device)] = resized
+        out[_to(members, device)] = resized
     return out
 
 
@@ -471,13 +502,6 @@ class DeviceRandAugment:
 # --------------------------------------------------------------------------- the dataset and its loader
 
 
-def _collate_bytes(items: list[tuple[torch.Tensor, int, int]]):
-    # One flat tensor and its lengths: a worker hands over one shared-memory block per batch, not one per image.
-    datas, labels, indices = zip(*items)
-    lengths = torch.tensor([d.numel() for d in datas], dtype=torch.int64)
-    return torch.cat(datas), lengths, torch.tensor(labels, dtype=torch.int64), torch.tensor(indices, dtype=torch.int64)
-
-
 class FolderBytes(Dataset):
     """The files of an image folder, read as bytes by DataLoader workers; batches are decoded and augmented on the
     training device by `device_loader`.
@@ -490,6 +514,7 @@ class FolderBytes(Dataset):
     """
 
     decodes_on_host = True  # workers only read files here, but reading overlaps the device's work: worth them
+    copies_to_device = False  # what workers read is decoded from host memory, not copied to the device
 
     def __init__(
         self,
@@ -516,20 +541,33 @@ class FolderBytes(Dataset):
         return data, int(self._labels[index]), index
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
-        data, label, index = self.read(i)
-        x = self.transform([data], torch.device("cpu"), torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
-        return x[0], label, index
+        flat, lengths, _, indices = self.collate([self.read(i)])
+        cpu = torch.device("cpu")
+        images = self.images(flat, lengths, indices, cpu)
+        x = self.transform(images, cpu, torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
+        return x[0], int(self._labels[int(indices[0])]), int(indices[0])
 
-    def transform(
-        self, datas: Sequence[torch.Tensor], device: torch.device, generator: torch.Generator
-    ) -> torch.Tensor:
-        """Encoded images to a uint8 (N, 3, size, size) batch on `device`, augmented by draws from `generator`."""
-        images = decode_batch(datas, device)
-        sizes = torch.tensor([tuple(img.shape[1:]) for img in images], dtype=torch.int64)
+    @staticmethod
+    def collate(items: list[tuple[torch.Tensor, int, int]]):
+        """Items as `read` returns them, as one batch: (the bytes back to back, their lengths, labels, indices). One
+        flat tensor: a worker hands over one shared-memory block per batch, not one per image."""
+        datas, labels, indices = zip(*items)
+        lengths = torch.tensor([d.numel() for d in datas], dtype=torch.int64)
+        flat = torch.cat([d.reshape(-1) for d in datas])
+        return flat, lengths, torch.tensor(labels, dtype=torch.int64), torch.tensor(indices, dtype=torch.int64)
+
+    def images(self, flat: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor, device: torch.device) -> Images:
+        """A batch as `collate` made it, as RGB uint8 images on `device`: here each file decoded (nvjpeg on CUDA)."""
+        return Images.of(decode_batch(list(torch.split(flat, lengths.tolist())), device))
+
+    def transform(self, images: Images, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+        """Images (`images`' output) to a uint8 (N, 3, size, size) batch on `device`, augmented by draws from
+        `generator`."""
+        sizes = images.sizes()
         if not self.train:
             return crop_resize(images, center_crop_boxes(sizes, self.size), self.size).round_().clamp_(0, 255).byte()
         boxes = random_resized_crop_boxes(sizes, generator)
-        flips = torch.rand(len(images), generator=generator) < 0.5
+        flips = torch.rand(images.n, generator=generator) < 0.5
         x = crop_resize(images, boxes, self.size)
         if flips.any():
             rows = _to(torch.nonzero(flips).flatten(), device)
@@ -547,12 +585,56 @@ class FolderBytes(Dataset):
         loader = DataLoader(
             _Reader(self),
             batch_sampler=batch_sampler,
-            collate_fn=_collate_bytes,
+            collate_fn=self.collate,
             num_workers=num_workers,
-            pin_memory=False,  # the bytes go to the decoder, which reads host memory
+            # Encoded bytes go to the decoder, which reads host memory; pixels are copied to the device as they are.
+            pin_memory=pin_memory and self.copies_to_device,
             persistent_workers=persistent_workers,
         )
         return _DeviceBatches(self, loader, device)
+
+
+class FolderPixels(FolderBytes):
+    """A folder prepared in the pixel form (`sharpscale data prepare --form pixels`): workers copy each image's
+    stored pixels (page cache or disk) into a pinned batch, which goes to the device in one copy and is cropped,
+    flipped and RandAugmented there as FolderBytes' decoded images are. Nothing is decoded while training.
+
+    `split` is the split's `trainables.prepare.PixelSplit`; the rest as FolderBytes.
+    """
+
+    copies_to_device = True
+
+    def __init__(self, split, indices: np.ndarray, size: int, *, train: bool, rand_augment: Any = None) -> None:
+        self._split = split
+        self._labels = np.asarray(split.labels, dtype=np.int64)
+        self.indices = np.asarray(indices, dtype=np.int64)
+        self.targets = self._labels[self.indices]
+        self.size, self.train = size, train
+        self.rand_augment = None if rand_augment is None else DeviceRandAugment(rand_augment)
+
+    def read(self, i: int) -> tuple[torch.Tensor, int, int]:
+        index = int(self.indices[i])
+        return torch.from_numpy(np.array(self._split.pixels(index))), int(self._labels[index]), index
+
+    @staticmethod
+    def collate(items: list[tuple[torch.Tensor, int, int]]):
+        """As FolderBytes.collate, the items ordered by image size first (a stable sort; labels and indices follow):
+        each size is then one run of the flat batch, which the device views as one tensor."""
+        return FolderBytes.collate(sorted(items, key=lambda item: tuple(item[0].shape)))
+
+    def images(self, flat: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor, device: torch.device) -> Images:
+        """The batch's pixels on `device` in one copy, each run of equal sizes viewed as one NCHW tensor (no copy per
+        image or group)."""
+        on_device = _to(flat, device)
+        shapes = self._split.shapes[indices.numpy()]
+        starts = np.concatenate([[0], np.cumsum(lengths.numpy())])
+        cuts = [0, *(np.flatnonzero((shapes[1:] != shapes[:-1]).any(1)) + 1).tolist(), len(shapes)]
+        groups = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            h, w = (int(v) for v in shapes[a])
+            run = on_device[int(starts[a]) : int(starts[b])].view(b - a, h, w, 3).permute(0, 3, 1, 2)
+            groups.append((torch.arange(a, b), run))
+        return Images(groups, len(shapes))
 
 
 class _Reader(Dataset):
@@ -626,11 +708,12 @@ class _DeviceBatches:
             thread.join()
 
     def _launch(self, flat, lengths, labels, indices, generator, stream):
-        datas = list(torch.split(flat, lengths.tolist()))
         if stream is None:
-            return self.folder.transform(datas, self.device, generator), labels, indices, None
+            images = self.folder.images(flat, lengths, indices, self.device)
+            return self.folder.transform(images, self.device, generator), labels, indices, None
         with torch.cuda.stream(stream):
-            x = self.folder.transform(datas, self.device, generator)
+            images = self.folder.images(flat, lengths, indices, self.device)
+            x = self.folder.transform(images, self.device, generator)
             y = _to(labels, self.device)
             event = torch.cuda.Event()
             event.record(stream)

@@ -1,5 +1,6 @@
-"""The prepared form of an image folder (`sharpscale data prepare`): every image resized once so its shorter side is
-near the crop's scale, re-encoded as a baseline JPEG, in the same train/val/class layout, with a manifest of how."""
+"""The prepared forms of an image folder (`sharpscale data prepare`): every image resized once so its shorter side is
+near the crop's scale, kept as baseline JPEGs in the same layout or as decoded pixels in one file a split, with a
+manifest of how; and the reader of the pixel form."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 from trainables.errors import UserError, shown
 
 __all__ = [
+    "FORMS",
     "MANIFEST",
+    "PixelSplit",
     "PrepareError",
     "Prepared",
     "default_short_side",
@@ -27,8 +30,15 @@ __all__ = [
 #: The manifest's file name in a prepared folder; written last, so a folder holding it is complete.
 MANIFEST = "sharpscale-prepared.json"
 _FORMAT = "sharpscale-prepared-imagefolder"
-_VERSION = 2  # 2: `subsampling` recorded (1 left it to PIL's default)
+_VERSION = 3  # 3: `form` and `classes` (2 was the JPEG form alone); 2: `subsampling` (1 left it to PIL's default)
 _SPLITS = ("train", "val")
+#: The prepared forms: baseline JPEGs in the original's layout (an ordinary image folder), or the decoded pixels of
+#: each split in one file (no decode at all when training: the bytes are the image).
+FORMS = ("jpeg", "pixels")
+# The pixel form, per split: every image's uint8 RGB rows (height x width x 3) back to back, and an int64 index of
+# (offset, height, width, label) per image, in torchvision ImageFolder's order.
+PIXELS_FILE = "pixels.u8"
+INDEX_FILE = "index.npy"
 #: The JPEG quality of re-encoded images (PIL's scale).
 DEFAULT_QUALITY = 90
 #: Chroma subsampling of re-encoded images.
@@ -56,10 +66,11 @@ class Prepared:
 
     format: str
     version: int
+    form: str
     source: str
     short_side: int
-    quality: int
-    subsampling: str
+    quality: int | None  # the JPEG form's; None for pixels
+    subsampling: str | None
     resample: str
     files: dict[str, int]
     resized: int
@@ -71,20 +82,29 @@ class Prepared:
     seconds: float
     created: str
     pillow: str
+    classes: list[str]  # the class names, label order (the pixel form has no class folders to list them)
 
 
-def _images(split_dir: Path) -> list[tuple[Path, Path]]:
-    """(source file, path relative to the split) of every image torchvision's ImageFolder would list."""
+def _images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[str], list[tuple[Path, Path, int]]]:
+    """The class names and (source file, path relative to the split, label) of every image torchvision's ImageFolder
+    would list, in its order; `classes` (the train split's) numbers the labels of another split."""
     from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-    classes, class_to_idx = find_classes(str(split_dir))
+    found, class_to_idx = find_classes(str(split_dir))
+    if classes is not None:
+        class_to_idx = {c: i for i, c in enumerate(classes)}
+        found = [c for c in found if c in class_to_idx]
     samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-    return [(Path(p), Path(p).relative_to(split_dir)) for p, _ in samples]
+    return found, [(Path(p), Path(p).relative_to(split_dir), t) for p, t in samples]
 
 
-def prepare_problems(source: Path, dest: Path, *, short_side: int, quality: int, workers: int) -> list[str]:
+def prepare_problems(
+    source: Path, dest: Path, *, short_side: int, quality: int, workers: int, form: str = "jpeg"
+) -> list[str]:
     """Every reason `prepare_folder(source, dest, ...)` cannot run, each naming the value, the rule and the fix."""
     problems = []
+    if form not in FORMS:
+        problems.append(f"--form must be one of {list(FORMS)}, got {shown(form)}. Fix: e.g. --form pixels.")
     from trainables.fetch import expected_layout  # here: the CLI builds its help from this module's constants
 
     layout = expected_layout("imagefolder")
@@ -167,6 +187,105 @@ def _prepare_image(src: str, dst: str, short_side: int, quality: int) -> tuple[i
     return data_before, os.path.getsize(dst), h * w, new_h * new_w, resize, False
 
 
+def _pixel_header(src: str) -> tuple[int, int] | str:
+    """(height, width) of an image as stored (its header alone), or why it cannot be read."""
+    from PIL import Image
+
+    try:
+        with Image.open(src) as img:
+            return img.size[1], img.size[0]
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+def _pixels_one(job: tuple[str, str, int, int, int]) -> tuple[int, int, int, int, bool, bool] | str:
+    """One image decoded, resized and written at its offset in the split's pixel file: the statistics
+    `_prepare_one` returns, or why it could not be read."""
+    from PIL import Image
+
+    src, dst, offset, short_side, _ = job
+    try:
+        data_before = os.path.getsize(src)
+        with Image.open(src) as img:
+            w, h = img.size
+            new_h, new_w = resized_size(h, w, short_side)
+            rgb = img.convert("RGB")
+            if (new_h, new_w) != (h, w):
+                rgb = rgb.resize((new_w, new_h), Image.Resampling.BICUBIC)  # as the JPEG form resizes
+            data = rgb.tobytes()  # RGB rows, height x width x 3: the layout the reader views
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        return f"{type(err).__name__}: {err}"
+    if len(data) != job[4]:  # the header's size promised another: never write over a neighbour
+        return f"decoded to {len(data)} bytes where its header promised {job[4]}"
+    fd = os.open(dst, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, offset)
+    finally:
+        os.close(fd)
+    return data_before, len(data), h * w, new_h * new_w, (new_h, new_w) != (h, w), False
+
+
+def _run_jobs(fn, jobs: list, workers: int) -> list:
+    if workers == 1 or len(jobs) < 2:
+        return [fn(j) for j in jobs]
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(fn, jobs, chunksize=max(1, min(64, len(jobs) // (4 * workers)))))
+
+
+def _unreadable_error(unreadable: list[tuple[str, str]]) -> PrepareError:
+    return PrepareError(
+        f"cannot prepare the image folder: {len(unreadable)} image(s) in SOURCE could not be read, and the "
+        f"prepared form must hold every image of the original (nothing was written):\n  - "
+        + "\n  - ".join(f"'{path}': {why}" for path, why in unreadable)
+        + "\nFix: replace or remove each of them in SOURCE, then run `sharpscale data prepare` again."
+    )
+
+
+def _write_jpegs(listing: dict, staging: Path, short_side: int, quality: int, workers: int) -> list:
+    jobs = [(str(path), str(staging / split / rel.with_suffix(".jpg")), short_side, quality)
+            for split, items in listing.items() for path, rel, _ in items]  # fmt: skip
+    for d in {Path(j[1]).parent for j in jobs}:
+        d.mkdir(parents=True, exist_ok=True)
+    done = _run_jobs(_prepare_one, jobs, workers)
+    unreadable = [(job[0], why) for job, why in zip(jobs, done) if isinstance(why, str)]
+    if unreadable:
+        raise _unreadable_error(unreadable)
+    return done
+
+
+def _write_pixels(listing: dict, staging: Path, short_side: int, workers: int) -> list:
+    """Each split's pixel file and index. Two passes: the headers give every image's resized size, hence its offset;
+    then each worker decodes, resizes and writes its images in place (no pixels cross a pipe)."""
+    import numpy as np
+
+    items = [(split, path, label) for split, its in listing.items() for path, _, label in its]
+    headers = _run_jobs(_pixel_header, [str(path) for _, path, _ in items], workers)
+    why_not = {str(path): why for (_, path, _), why in zip(items, headers) if isinstance(why, str)}
+    jobs, offsets = [], dict.fromkeys(listing, 0)
+    rows: dict[str, list[tuple[int, int, int, int]]] = {split: [] for split in listing}
+    for (split, path, label), header in zip(items, headers):
+        if isinstance(header, str):
+            continue  # still decode every other image: the refusal lists each unreadable one, not the first pass's
+        h, w = header
+        new_h, new_w = resized_size(h, w, short_side)
+        size = new_h * new_w * 3
+        rows[split].append((offsets[split], new_h, new_w, label))
+        jobs.append((str(path), str(staging / split / PIXELS_FILE), offsets[split], short_side, size))
+        offsets[split] += size
+    for split, total in offsets.items():
+        with open(staging / split / PIXELS_FILE, "wb") as f:
+            f.truncate(total)  # sparse until written: the workers fill it in place
+    done = _run_jobs(_pixels_one, jobs, workers)
+    why_not.update((job[0], why) for job, why in zip(jobs, done) if isinstance(why, str))
+    if why_not:
+        raise _unreadable_error([(str(path), why_not[str(path)]) for _, path, _ in items if str(path) in why_not])
+    for split, split_rows in rows.items():
+        np.save(staging / split / INDEX_FILE, np.asarray(split_rows, dtype=np.int64).reshape(-1, 4))
+    return done
+
+
 def prepare_folder(
     source: str | os.PathLike,
     dest: str | os.PathLike,
@@ -174,81 +293,57 @@ def prepare_folder(
     short_side: int,
     quality: int = DEFAULT_QUALITY,
     workers: int | None = None,
+    form: str = "jpeg",
     log=None,
 ) -> Prepared:
     """Write the prepared form of image folder `source` to `dest` (which must not exist or be empty) and return what
     was done (also `dest/sharpscale-prepared.json`).
 
     Each image of train/ and val/ is resized so its shorter side is `short_side` (aspect kept, never upscaled) with
-    PIL's bicubic filter and saved as an RGB baseline JPEG at `quality` under the same class folder, named
-    `<stem>.jpg`; baseline JPEGs already small enough are copied as they are (a progressive one is re-encoded).
+    PIL's bicubic filter. `form` "jpeg": saved as an RGB baseline JPEG at `quality` under the same class folder,
+    named `<stem>.jpg`; baseline JPEGs already small enough are copied as they are (a progressive one is
+    re-encoded). `form` "pixels": the decoded RGB pixels of each split in one file (`PixelSplit` reads it), about 10x
+    the bytes of JPEGs at this size, and nothing left to decode when training.
     Everything is written to a sibling folder first and renamed to `dest` at the end, so an interrupted run leaves
     no half-prepared `dest`; an image that cannot be read refuses the whole run after every image was tried, listing
     each unreadable one (the prepared form holds every image of the original or none).
     """
-    from trainables import fetch  # here, not at the top: see prepare_problems
-
     source, dest = Path(source).expanduser(), Path(dest).expanduser()
     workers = (os.cpu_count() or 1) if workers is None else workers
-    problems = prepare_problems(source, dest, short_side=short_side, quality=quality, workers=workers)
-    jobs: list[tuple[str, str, int, int]] = []
-    counts: dict[str, int] = {}
-    staging = dest.parent / f".{dest.name}.preparing-{os.getpid()}"
+    problems = prepare_problems(source, dest, short_side=short_side, quality=quality, workers=workers, form=form)
+    listing: dict[str, list[tuple[Path, Path, int]]] = {}
+    classes: list[str] = []
     if not problems:
-        for split in _SPLITS:
-            images = _images(source / split)
-            counts[split] = len(images)
-            seen: dict[Path, Path] = {}
-            for path, rel in images:
-                out = rel.with_suffix(".jpg")
-                if out in seen:
-                    problems.append(
-                        f"'{path}' and '{seen[out]}' would both be written as {split}/{out}. Fix: rename one of them."
-                    )
-                seen[out] = path
-                jobs.append((str(path), str(staging / split / out), short_side, quality))
-        if not counts.get("train"):
-            problems.append(f"SOURCE '{source}/train' holds no images. Fix: name a folder laid out as "
-                            f"{fetch.expected_layout('imagefolder')}.")  # fmt: skip
+        classes, listing, found = _listing(source, form)
+        problems += found
     if problems:
         raise PrepareError("cannot prepare the image folder:\n  - " + "\n  - ".join(problems))
 
     t0 = time.perf_counter()
+    staging = dest.parent / f".{dest.name}.preparing-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
-        for d in {Path(j[1]).parent for j in jobs}:
-            d.mkdir(parents=True, exist_ok=True)
         for split in _SPLITS:
             (staging / split).mkdir(parents=True, exist_ok=True)
         if log:
-            log(f"Preparing {len(jobs)} images from {source} (short side {short_side}, quality {quality}, "
-                f"{workers} workers)")  # fmt: skip
-        if workers == 1:
-            done = [_prepare_one(j) for j in jobs]
+            log(f"Preparing {sum(map(len, listing.values()))} images from {source} as {form} (short side {short_side}"
+                + (f", quality {quality}" if form == "jpeg" else "") + f", {workers} workers)")  # fmt: skip
+        if form == "jpeg":
+            done = _write_jpegs(listing, staging, short_side, quality, workers)
         else:
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                done = list(pool.map(_prepare_one, jobs, chunksize=max(1, min(64, len(jobs) // (4 * workers)))))
-        unreadable = [(job[0], why) for job, why in zip(jobs, done) if isinstance(why, str)]
-        if unreadable:
-            raise PrepareError(
-                f"cannot prepare the image folder: {len(unreadable)} image(s) in SOURCE could not be read, and the "
-                f"prepared form must hold every image of the original (nothing was written):\n  - "
-                + "\n  - ".join(f"'{path}': {why}" for path, why in unreadable)
-                + "\nFix: replace or remove each of them in SOURCE, then run `sharpscale data prepare` again."
-            )
+            done = _write_pixels(listing, staging, short_side, workers)
         from PIL import __version__ as pillow
 
         prepared = Prepared(
             format=_FORMAT,
             version=_VERSION,
+            form=form,
             source=str(source.resolve()),
             short_side=short_side,
-            quality=quality,
-            subsampling=SUBSAMPLING,
+            quality=quality if form == "jpeg" else None,
+            subsampling=SUBSAMPLING if form == "jpeg" else None,
             resample="PIL bicubic (antialiased)",
-            files=counts,
+            files={split: len(items) for split, items in listing.items()},
             resized=sum(d[4] for d in done),
             copied=sum(d[5] for d in done),
             bytes_before=sum(d[0] for d in done),
@@ -258,6 +353,7 @@ def prepare_folder(
             seconds=round(time.perf_counter() - t0, 3),
             created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             pillow=pillow,
+            classes=classes,
         )
         (staging / MANIFEST).write_text(json.dumps(asdict(prepared), indent=2) + "\n")
         if dest.exists():
@@ -269,6 +365,66 @@ def prepare_folder(
     return prepared
 
 
+def _listing(source: Path, form: str) -> tuple[list[str], dict[str, list[tuple[Path, Path, int]]], list[str]]:
+    """The train split's classes, every split's images, and the problems of that listing for `form`."""
+    from trainables import fetch  # here, not at the top: see prepare_problems
+
+    problems: list[str] = []
+    classes, train = _images(source / "train")
+    val_classes, _ = _images(source / "val")
+    _, val = _images(source / "val", classes)
+    listing = {"train": train, "val": val}
+    if set(val_classes) - set(classes):
+        problems.append(
+            f"SOURCE '{source}/val' has class folders that train lacks: {sorted(set(val_classes) - set(classes))}. "
+            "Fix: give train/ and val/ the same class folders."
+        )
+    for split, items in listing.items() if form == "jpeg" else ():  # the pixel form writes no file an image
+        seen: dict[Path, Path] = {}
+        for path, rel, _ in items:
+            out = rel.with_suffix(".jpg")
+            if out in seen:
+                problems.append(
+                    f"'{path}' and '{seen[out]}' would both be written as {split}/{out}. Fix: rename one of them."
+                )
+            seen[out] = path
+    if not train:
+        problems.append(f"SOURCE '{source}/train' holds no images. Fix: name a folder laid out as "
+                        f"{fetch.expected_layout('imagefolder')}.")  # fmt: skip
+    return classes, listing, problems
+
+
+class PixelSplit:
+    """One split of a folder prepared in the pixel form: `len`, `labels`, `shapes` (height, width) and `pixels(i)`,
+    image i's uint8 (height, width, 3) array, a view of the memory-mapped file (nothing is read until it is used).
+
+    Pickles without its mapping (DataLoader workers map the file again): a pickled memmap would copy the split."""
+
+    def __init__(self, split_dir: str | os.PathLike) -> None:
+        import numpy as np
+
+        self.dir = Path(split_dir)
+        index = np.load(self.dir / INDEX_FILE)
+        self.offsets, self.labels = index[:, 0], index[:, 3]
+        self.shapes = index[:, 1:3]
+        self._map = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_map": None}
+
+    def pixels(self, i: int):
+        import numpy as np
+
+        if self._map is None:
+            self._map = np.memmap(self.dir / PIXELS_FILE, dtype=np.uint8, mode="r")
+        h, w = (int(v) for v in self.shapes[i])
+        offset = int(self.offsets[i])
+        return self._map[offset : offset + h * w * 3].reshape(h, w, 3)
+
+
 def read_manifest(root: str | os.PathLike) -> Prepared | None:
     """The manifest of a prepared folder at `root`, or None when `root` is not one; a PrepareError for a manifest of
     another version (a field added since: prepare it again)."""
@@ -278,6 +434,8 @@ def read_manifest(root: str | os.PathLike) -> Prepared | None:
     raw = json.loads(path.read_text())
     if raw.get("format") != _FORMAT:
         return None
+    if raw.get("version") == 2:  # the JPEG form, before the pixel form existed: an ordinary image folder
+        raw = {"form": "jpeg", "classes": [], **raw, "version": _VERSION}
     missing = [k for k in Prepared.__dataclass_fields__ if k not in raw]
     if raw.get("version") != _VERSION or missing:
         raise PrepareError(

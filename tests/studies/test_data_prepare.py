@@ -35,6 +35,11 @@ def test_the_cli_prepares_and_refuses(tmp_path, capsys):
     )
     assert read_manifest(tmp_path / "out2").short_side == default_short_side(14)
     capsys.readouterr()
+    # The pixel form: its manifest says so, and the line says how data.root reads it.
+    assert main(["data", "prepare", str(src), "--to", str(tmp_path / "px"), "--form", "pixels", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Prepared 4 images as pixels" in out and "read as the image folder it came from" in out
+    assert read_manifest(tmp_path / "px").form == "pixels"
     code = main(["data", "prepare", str(src), "--to", str(tmp_path / "out"), "--quality", "0"])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE

@@ -94,12 +94,13 @@ def test_device_flips_at_the_host_rate(tmp_path, augment):
     host = load_dataset("imagefolder", root=tmp_path, img_size=32, augment="basic", decode="cpu")
     position = list(host.train.indices).index(0)  # train/a/0.jpg
     data = dev.train.read(position)[0]
-    x = dev.train.transform([data] * n, CPU, torch.Generator().manual_seed(1))
+    images = dev.train.images(data, torch.tensor([data.numel()]), torch.tensor([0]), CPU).repeated(n)
+    x = dev.train.transform(images, CPU, torch.Generator().manual_seed(1))
     if augment == "basic":
         device_flips = int(_flipped(x).sum())
     else:  # RandAugment may rotate, solarize or invert a crop: count flips on the same draws without it
         ra, dev.train.rand_augment = dev.train.rand_augment, None
-        device_flips = int(_flipped(dev.train.transform([data] * n, CPU, torch.Generator().manual_seed(1))).sum())
+        device_flips = int(_flipped(dev.train.transform(images, CPU, torch.Generator().manual_seed(1))).sum())
         dev.train.rand_augment = ra
     torch.manual_seed(1)
     host_flips = int(sum(bool(_flipped(host.train[position][0][None])) for _ in range(n)))

@@ -4,7 +4,9 @@ every refusal comes before anything is written."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +15,23 @@ import torch
 from PIL import Image, JpegImagePlugin
 from scipy.stats import ks_2samp
 
+from trainables import fit
 from trainables.data import load_dataset
 from trainables.jpeg import random_resized_crop_boxes
+from trainables.metrics import VALIDATION_SAMPLES
 from trainables.prepare import (
+    INDEX_FILE,
     MANIFEST,
+    PIXELS_FILE,
+    PixelSplit,
     PrepareError,
     default_short_side,
     prepare_folder,
     read_manifest,
     resized_size,
 )
+
+CPU = torch.device("cpu")
 
 
 def _textured(h: int, w: int, seed: int, cell: int = 8) -> np.ndarray:
@@ -171,15 +180,20 @@ def test_refusals(tmp_path, case, expected):
         assert not dest.exists()
 
 
+@pytest.mark.parametrize("form", ["jpeg", "pixels"])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_a_failed_run_leaves_no_half_prepared_folder_and_names_every_unreadable_image(tmp_path, workers):
+def test_a_failed_run_leaves_no_half_prepared_folder_and_names_every_unreadable_image(tmp_path, workers, form):
     src = _folder(tmp_path / "src", per_class=2)
     (src / "train" / "dog" / "9.jpg").write_bytes(b"\xff\xd8 not a jpeg")
     (src / "val" / "cat" / "8.png").write_bytes(b"\x89PNG truncated")
-    with pytest.raises(PrepareError, match=r"2 image\(s\) in SOURCE could not be read") as err:
-        prepare_folder(src, tmp_path / "out", short_side=16, workers=workers)
+    # A header that reads, a body that does not (the pixel form's second pass meets it).
+    whole = (src / "val" / "dog" / "0.jpg").read_bytes()
+    (src / "val" / "dog" / "0.jpg").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(PrepareError, match=r"3 image\(s\) in SOURCE could not be read") as err:
+        prepare_folder(src, tmp_path / "out", short_side=16, workers=workers, form=form)
     text = str(err.value)
-    assert f"'{src / 'train' / 'dog' / '9.jpg'}': " in text and f"'{src / 'val' / 'cat' / '8.png'}': " in text
+    for bad in ("train/dog/9.jpg", "val/cat/8.png", "val/dog/0.jpg"):
+        assert f"'{src / bad}': " in text, bad
     assert "Fix: replace or remove each of them in SOURCE" in text
     assert not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.preparing-*"))
@@ -201,5 +215,116 @@ def test_a_manifest_of_another_version_is_refused_with_the_fix(tmp_path):
     del manifest["subsampling"]  # as version 1 wrote it
     manifest["version"] = 1
     (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
-    with pytest.raises(PrepareError, match=r"version 1, but this sharpscale reads version 2 \(it lacks subsampling\)"):
+    with pytest.raises(PrepareError, match=r"version 1, but this sharpscale reads version 3 \(it lacks subsampling\)"):
         read_manifest(tmp_path / "out")
+
+
+def test_a_version_2_manifest_reads_as_the_jpeg_form(tmp_path):
+    src = _folder(tmp_path / "src", per_class=1)
+    done = prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    del manifest["form"], manifest["classes"]  # as version 2 wrote it
+    manifest["version"] = 2
+    (tmp_path / "out" / MANIFEST).write_text(json.dumps(manifest))
+    assert read_manifest(tmp_path / "out") == dataclasses.replace(done, classes=[])
+
+
+# --------------------------------------------------------------------------- the pixel form
+
+
+def _resized(path: Path, short_side: int) -> np.ndarray:
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+        h, w = rgb.size[1], rgb.size[0]
+        new_h, new_w = resized_size(h, w, short_side)
+        if (new_h, new_w) != (h, w):
+            rgb = rgb.resize((new_w, new_h), Image.Resampling.BICUBIC)
+        return np.asarray(rgb)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_pixel_form_holds_every_image_resized_in_image_folder_order(tmp_path, workers):
+    from torchvision.datasets import ImageFolder
+
+    src = _folder(tmp_path / "src")
+    Image.fromarray(_textured(80, 60, 7)).save(src / "train" / "dog" / "extra.png")
+    done = prepare_folder(src, tmp_path / "px", short_side=48, workers=workers, form="pixels")
+    out = tmp_path / "px"
+    assert (done.form, done.classes, done.quality, done.subsampling) == ("pixels", ["cat", "dog"], None, None)
+    assert done.files == {"train": 7, "val": 6} and (done.resized, done.copied) == (9, 0)
+    assert read_manifest(out) == done
+    sizes = 0
+    for split in ("train", "val"):
+        pixels = PixelSplit(out / split)
+        folder = ImageFolder(str(src / split))
+        assert pixels.labels.tolist() == folder.targets  # torchvision's order and labels
+        for i, (path, _) in enumerate(folder.samples):
+            np.testing.assert_array_equal(pixels.pixels(i), _resized(Path(path), 48))
+        # Pickled (to a DataLoader worker) without its mapping, and maps the file again there.
+        again = pickle.loads(pickle.dumps(pixels))
+        assert again._map is None and np.array_equal(again.pixels(len(again) - 1), pixels.pixels(len(pixels) - 1))
+        sizes += (out / split / PIXELS_FILE).stat().st_size
+        assert (out / split / INDEX_FILE).is_file() and not list((out / split).glob("*/"))
+    assert done.bytes_after == sizes == 3 * done.pixels_after
+
+
+def test_the_pixel_form_loads_as_the_folder_it_came_from(tmp_path):
+    """At the default short side its eval images are the original's, pixel for pixel, on the host path (the eval
+    resize of an image already at that size is a copy), and the device path crops the same pixels."""
+    src = _folder(tmp_path / "src", sizes=((150, 200), (210, 160)), per_class=2, cell=20)
+    size = 32
+    prepare_folder(src, tmp_path / "px", short_side=default_short_side(size), workers=1, form="pixels")
+    orig = load_dataset("imagefolder", root=src, img_size=size, augment="none", decode="cpu")
+    host = load_dataset("imagefolder", root=tmp_path / "px", img_size=size, augment="none", decode="cpu")
+    dev = load_dataset("imagefolder", root=tmp_path / "px", img_size=size, augment="basic", decode="device")
+    assert type(dev.val).__name__ == "FolderPixels" and host.classes == orig.classes == dev.classes
+    assert len(host.train) == len(orig.train) == len(dev.train)
+    for split in ("train", "val"):
+        for i in range(len(getattr(orig, split))):
+            a, b = getattr(orig, split)[i], getattr(host, split)[i]
+            assert a[1:] == b[1:] and torch.equal(a[0], b[0]), (split, i)
+    for i in range(len(orig.val)):
+        a, c = orig.val[i], dev.val[i]
+        assert a[1:] == c[1:] and c[0].dtype == torch.uint8
+        assert (a[0] - dev.prepare(c[0][None])[0]).abs().max() < 1e-5, i
+
+
+@pytest.mark.parametrize("decode", ["cpu", "device"])
+def test_fit_on_the_pixel_form_is_seeded_with_workers(tmp_path, tiny_model, decode):
+    src = _folder(tmp_path / "src", sizes=((40, 50), (50, 36)), per_class=4)
+    prepare_folder(src, tmp_path / "px", short_side=20, workers=1, form="pixels")
+    cfg = {
+        "model": tiny_model("vit", embed_dim=32),
+        "data": {"name": "imagefolder", "root": str(tmp_path / "px"), "img_size": 16, "augment": "basic",
+                 "decode": decode, "batch_size": 4, "eval_batch_size": 5, "num_workers": 1},
+        "optimizer": {"method": "sam", "lr": 1e-3},
+        "schedule": {"epochs": 2},
+        "train": {"device": "cpu", "threads": 1},
+    }  # fmt: skip
+    timing = ("epoch_time_s", "images_per_sec")
+    first, second = fit(cfg), fit(cfg)
+    assert {k: v for k, v in first.items() if k not in timing} == {k: v for k, v in second.items() if k not in timing}
+    assert np.isfinite(first["train_loss"]) and first[VALIDATION_SAMPLES] == 8
+
+
+def test_a_pixel_batch_is_one_copy_viewed_by_size_with_labels_following(tmp_path):
+    """The loader's batch: items sorted by size (labels and indices follow), one tensor, one view a size; its eval
+    crops are those of the items one by one."""
+    src = _folder(tmp_path / "src", sizes=((40, 50), (50, 36), (40, 50), (30, 30)), per_class=4)
+    prepare_folder(src, tmp_path / "px", short_side=32, workers=1, form="pixels")
+    dev = load_dataset("imagefolder", root=tmp_path / "px", img_size=16, augment="none", decode="device")
+    split = dev.val
+    order = np.random.default_rng(0).permutation(len(split)).tolist()
+    flat, lengths, labels, indices = split.collate([split.read(i) for i in order])
+    shapes = [tuple(split._split.shapes[i]) for i in indices.tolist()]
+    assert shapes == sorted(shapes) and sorted(indices.tolist()) == sorted(order)
+    assert labels.tolist() == [int(split._split.labels[i]) for i in indices.tolist()]
+    images = split.images(flat, lengths, indices, CPU)
+    assert len(images.groups) == len(set(shapes)) == 3 and images.n == len(order)
+    for rows, group in images.groups:
+        for row, img in zip(rows.tolist(), group):
+            want = split._split.pixels(int(indices[row]))
+            assert torch.equal(img, torch.from_numpy(np.ascontiguousarray(want.transpose(2, 0, 1))))
+    batch = split.transform(images, CPU, torch.Generator().manual_seed(0))
+    one_by_one = torch.stack([split[int(i)][0] for i in indices.tolist()])  # val indices are positions
+    assert torch.equal(batch, one_by_one)
