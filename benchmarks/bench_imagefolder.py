@@ -185,6 +185,45 @@ def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> t
     return out[0], out[1]
 
 
+def sm_busy(cfg: dict) -> tuple[float, float, list[tuple[str, float]]]:
+    """One more fit of `cfg` under torch.profiler, its last epoch profiled: (SM busy fraction = the union of kernel
+    intervals over the profiled span, that epoch's img/s under the profiler, the heaviest CPU ops by self time in
+    ms). A data path that leaves the SMs idle where synthetic data does not starves the step from the host side."""
+    from torch.profiler import ProfilerActivity, profile
+
+    epochs = cfg["schedule"]["epochs"]
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    seen: list[float] = []
+
+    def reporter(metrics, _checkpoint) -> None:
+        seen.append(metrics["images_per_sec"])
+        if len(seen) == epochs - 1:
+            prof.start()
+        elif len(seen) == epochs:
+            prof.stop()
+
+    fit(cfg, reporter=reporter)
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+    )
+    busy, start, end = 0, None, None
+    for a, b in kernels:
+        if end is None or a > end:
+            busy += 0 if end is None else end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    busy += 0 if end is None else end - start
+    span = kernels[-1][1] - kernels[0][0] if kernels else 1
+    cpu = sorted(
+        ((e.key, e.self_cpu_time_total / 1e3) for e in prof.key_averages() if e.device_type.name == "CPU"),
+        key=lambda kv: -kv[1],
+    )
+    return busy / span, seen[-1], cpu[:6]
+
+
 def images_per_sec(cfg: dict) -> float:
     seen: list[float] = []
     fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
@@ -193,12 +232,14 @@ def images_per_sec(cfg: dict) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30, help="steps per epoch")
-    p.add_argument("--epochs", type=int, default=2)
+    # 150 steps an epoch: at 30 (session 7's tables) an epoch lasted about a second and the pipeline's fill at each
+    # epoch's start (about 0.45 s on an H200) was a third of the gap to synthetic data (docs/benchmarks.md).
+    p.add_argument("--steps", type=int, default=150, help="steps per epoch")
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--methods", nargs="+", default=["none", "sam"])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--n-train", type=int, default=12_800)
+    p.add_argument("--n-train", type=int, default=38_400)
     p.add_argument("--n-val", type=int, default=512)
     p.add_argument("--skip", nargs="*", default=[], help="leave out the data paths whose label contains any of these")
     p.add_argument("--skip-sam", nargs="*", default=[], help="as --skip, for SAM only (its runs cost twice)")
@@ -219,6 +260,21 @@ def main() -> None:
         default=[],
         metavar="SHORT_SIDE",
         help="also time the pixel form, `sharpscale data prepare --form pixels --short-side SHORT_SIDE` (made here)",
+    )
+    p.add_argument(
+        "--workers",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also time each device-decode path at these data.num_workers (default: the path's own default)",
+    )
+    p.add_argument(
+        "--sm-busy",
+        nargs="*",
+        default=None,
+        metavar="LABEL_PART",
+        help="after the table, profile one more fit of synthetic data and of each path whose label contains one of "
+        "these (first model, first method): the SMs' busy fraction over its last epoch and the heaviest CPU ops",
     )
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
@@ -274,6 +330,8 @@ def main() -> None:
                     flush=True,
                 )
         paths = PATHS + prepared_paths(args.prepared) + prepared_paths(args.pixels, "pixels")
+        paths += [(f"{label}, {w} workers", {**data, "num_workers": w}, None)
+                  for w in args.workers for label, data, _ in list(paths) if data.get("decode") == "device"]  # fmt: skip
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
             for model_label, model in models.items():
@@ -296,6 +354,19 @@ def main() -> None:
                             f"({time.perf_counter() - t:.0f} s)",
                             flush=True,
                         )
+
+        if args.sm_busy is not None:
+            model_label, method = next(iter(models)), args.methods[0]
+            print(f"\nSM busy over the last epoch, under torch.profiler ({model_label}, {method}):")
+            for label, data, _ in paths:
+                chosen = label == PATHS[0][0] or any(part in label for part in args.sm_busy)
+                if not chosen or any(word in label for word in args.skip):
+                    continue
+                cfg = config(roots[data.get("prepared")], data, method, model=models[model_label], batch=batch,
+                             steps=args.steps, n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
+                busy, ips, cpu = sm_busy(cfg)
+                print(f"  {label}: SMs busy {busy:.3f} of the epoch, {ips:,.0f} img/s under the profiler; heaviest "
+                      "CPU ops (self ms): " + "; ".join(f"{k[:48]} {v:.0f}" for k, v in cpu), flush=True)  # fmt: skip
 
     print()
     print("| model | data path | method | img/s | ratio to synthetic | target |")

@@ -250,8 +250,9 @@ def _num_workers(cfg: TrialConfig, dataset) -> int:
     if not getattr(dataset, "decodes_on_host", False):
         return 0  # in memory or on the device: a worker would only add a copy
     # What the trial's CPUs allow: torch's thread count follows them (Ray sets OMP_NUM_THREADS to a trial's
-    # CPUs; train.threads overrides it), and one CPU stays with the process that drives the device.
-    return max(0, min(16, torch.get_num_threads() - 1))
+    # CPUs; train.threads overrides it), and one CPU stays with the process that drives the device; a dataset may
+    # need fewer (`max_workers`: what its measured throughput stops growing at).
+    return max(0, min(getattr(dataset, "max_workers", 16), torch.get_num_threads() - 1))
 
 
 def _batch_loader(dataset, sampler) -> DataLoader:
