@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-from trainables import fit  # noqa: E402
+from bench_data import config, images_per_sec  # noqa: E402  (this script's folder: sys.path[0])
 
 # (label, data overrides, {method: target ratio to synthetic with the same method}); issue 21's targets
 TARGETS_BASIC, TARGETS_STRONG = {"none": 0.90, "sam": 0.95}, {"none": 0.80}
@@ -99,34 +98,6 @@ def write_jpeg_folder(root: Path, n_train: int, n_val: int, classes: int = 10, h
     return float(np.mean(sizes))
 
 
-def config(root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int, epochs: int,
-           device: str, size: int) -> dict:  # fmt: skip
-    base = {
-        "name": "imagefolder",
-        "root": str(root),
-        "img_size": size,
-        "batch_size": batch,
-        "eval_batch_size": 512,
-        "fraction": min(1.0, batch * steps / n_train),
-    }
-    if data.get("name") == "synthetic":
-        base = {
-            "name": "synthetic",
-            "img_size": size,
-            "batch_size": batch,
-            "eval_batch_size": 512,
-            "synthetic_samples": batch * steps,
-            "synthetic_classes": 10,
-        }
-    return {
-        "model": model,
-        "data": {**base, **{k: v for k, v in data.items() if k not in ("name", "prepared")}},
-        "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
-        "schedule": {"epochs": epochs, "sched": "cosine"},
-        "train": {"device": device, "checkpoint_every": 1000},
-    }
-
-
 def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str, reps: int = 8) -> tuple[float, float]:
     """Images a second of the device path alone, no model: decoding one batch of bytes, and the whole transform
     (decode, crop, flip, RandAugment)."""
@@ -183,12 +154,6 @@ def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> t
         top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:4]
         print("    heaviest: " + "; ".join(f"{e.key[:60]} {e.self_device_time_total / 4e3:.2f} ms" for e in top))
     return out[0], out[1]
-
-
-def images_per_sec(cfg: dict) -> float:
-    seen: list[float] = []
-    fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
-    return statistics.median(seen[1:])  # the first epoch pays for allocation, cuDNN autotuning and worker start
 
 
 def main() -> None:
@@ -283,7 +248,8 @@ def main() -> None:
                         if any(word in label for word in skip):
                             continue
                         cfg = config(roots[data.get("prepared")], data, method, model=model, batch=batch, steps=args.steps,
-                                     n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
+                                     n_train=args.n_train, epochs=args.epochs, device=device, dataset="imagefolder",
+                                     size=size, eval_batch=512)  # fmt: skip
                         t = time.perf_counter()
                         try:
                             ips = images_per_sec(cfg)
