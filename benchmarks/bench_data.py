@@ -62,22 +62,46 @@ def write_fake_cifar10(root: Path, n_train: int, n_test: int, seed: int = 0) -> 
 
 
 def config(
-    root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int, epochs: int, device: str
+    root: Path,
+    data: dict,
+    method: str,
+    *,
+    model: dict,
+    batch: int,
+    steps: int,
+    n_train: int,
+    epochs: int,
+    device: str,
+    dataset: str = "cifar10",
+    size: int | None = None,
+    eval_batch: int = 1024,
 ) -> dict:
-    fraction = min(1.0, batch * steps / n_train)
-    base = {"name": "cifar10", "root": str(root), "batch_size": batch, "eval_batch_size": 1024, "fraction": fraction}
+    """The trial config of one timed fit: `data`'s overrides on `dataset` at `root` (or on synthetic data of the same
+    batches, where `data` names it), `steps` batches of `batch` an epoch. Also bench_imagefolder's.
+
+    size: the images' side (None: the dataset's own; synthetic data 32). `data`'s "prepared" key is
+    bench_imagefolder's choice of root, not a data field.
+    """
+    base = {
+        "name": dataset,
+        "root": str(root),
+        **({"img_size": size} if size is not None else {}),
+        "batch_size": batch,
+        "eval_batch_size": eval_batch,
+        "fraction": min(1.0, batch * steps / n_train),
+    }
     if data.get("name") == "synthetic":
         base = {
             "name": "synthetic",
-            "img_size": 32,
+            "img_size": 32 if size is None else size,
             "batch_size": batch,
-            "eval_batch_size": 1024,
+            "eval_batch_size": eval_batch,
             "synthetic_samples": batch * steps,
             "synthetic_classes": 10,
         }
     return {
         "model": model,
-        "data": {**base, **{k: v for k, v in data.items() if k != "name"}},
+        "data": {**base, **{k: v for k, v in data.items() if k not in ("name", "prepared")}},
         "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
         "schedule": {"epochs": epochs, "sched": "cosine"},
         "train": {"device": device, "checkpoint_every": 1000},
@@ -87,7 +111,8 @@ def config(
 def images_per_sec(cfg: dict) -> float:
     seen: list[float] = []
     fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
-    return statistics.median(seen[1:])  # the first epoch pays for compilation, allocation and worker start
+    # The first epoch pays for compilation, allocation, cuDNN autotuning and worker start.
+    return statistics.median(seen[1:])
 
 
 def main() -> None:

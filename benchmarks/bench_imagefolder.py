@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from bench_data import config, images_per_sec  # noqa: E402  (this script's folder: sys.path[0])
 
 from trainables import fit  # noqa: E402
 
@@ -97,34 +98,6 @@ def write_jpeg_folder(root: Path, n_train: int, n_val: int, classes: int = 10, h
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         sizes = list(pool.map(_write, jobs, chunksize=64))
     return float(np.mean(sizes))
-
-
-def config(root: Path, data: dict, method: str, *, model: dict, batch: int, steps: int, n_train: int, epochs: int,
-           device: str, size: int) -> dict:  # fmt: skip
-    base = {
-        "name": "imagefolder",
-        "root": str(root),
-        "img_size": size,
-        "batch_size": batch,
-        "eval_batch_size": 512,
-        "fraction": min(1.0, batch * steps / n_train),
-    }
-    if data.get("name") == "synthetic":
-        base = {
-            "name": "synthetic",
-            "img_size": size,
-            "batch_size": batch,
-            "eval_batch_size": 512,
-            "synthetic_samples": batch * steps,
-            "synthetic_classes": 10,
-        }
-    return {
-        "model": model,
-        "data": {**base, **{k: v for k, v in data.items() if k not in ("name", "prepared")}},
-        "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
-        "schedule": {"epochs": epochs, "sched": "cosine"},
-        "train": {"device": device, "checkpoint_every": 1000},
-    }
 
 
 def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str, reps: int = 8) -> tuple[float, float]:
@@ -222,12 +195,6 @@ def sm_busy(cfg: dict) -> tuple[float, float, list[tuple[str, float]]]:
         key=lambda kv: -kv[1],
     )
     return busy / span, seen[-1], cpu[:6]
-
-
-def images_per_sec(cfg: dict) -> float:
-    seen: list[float] = []
-    fit(cfg, reporter=lambda m, c: seen.append(m["images_per_sec"]))
-    return statistics.median(seen[1:])  # the first epoch pays for allocation, cuDNN autotuning and worker start
 
 
 def main() -> None:
@@ -333,6 +300,12 @@ def main() -> None:
         paths += [(f"{label}, {w} workers", {**data, "num_workers": w}, None)
                   for w in args.workers for label, data, _ in list(paths) if data.get("decode") == "device"]  # fmt: skip
         results: dict[tuple[str, str, str], list[float]] = {}
+
+        def timed_config(data: dict, method: str, model: dict) -> dict:
+            return config(roots[data.get("prepared")], data, method, model=model, batch=batch, steps=args.steps,
+                          n_train=args.n_train, epochs=args.epochs, device=device, dataset="imagefolder", size=size,
+                          eval_batch=512)  # fmt: skip
+
         for r in range(args.rounds):
             for model_label, model in models.items():
                 for method in args.methods:
@@ -340,8 +313,7 @@ def main() -> None:
                         skip = args.skip + (args.skip_sam if method == "sam" else [])
                         if any(word in label for word in skip):
                             continue
-                        cfg = config(roots[data.get("prepared")], data, method, model=model, batch=batch, steps=args.steps,
-                                     n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
+                        cfg = timed_config(data, method, model)
                         t = time.perf_counter()
                         try:
                             ips = images_per_sec(cfg)
@@ -362,9 +334,7 @@ def main() -> None:
                 chosen = label == PATHS[0][0] or any(part in label for part in args.sm_busy)
                 if not chosen or any(word in label for word in args.skip):
                     continue
-                cfg = config(roots[data.get("prepared")], data, method, model=models[model_label], batch=batch,
-                             steps=args.steps, n_train=args.n_train, epochs=args.epochs, device=device, size=size)  # fmt: skip
-                busy, ips, cpu = sm_busy(cfg)
+                busy, ips, cpu = sm_busy(timed_config(data, method, models[model_label]))
                 print(f"  {label}: SMs busy {busy:.3f} of the epoch, {ips:,.0f} img/s under the profiler; heaviest "
                       "CPU ops (self ms): " + "; ".join(f"{k[:48]} {v:.0f}" for k, v in cpu), flush=True)  # fmt: skip
 

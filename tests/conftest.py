@@ -2,23 +2,29 @@
 
 import os
 
-# Before Ray, MLflow or timm are imported anywhere in the session.
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The session's local Ray clusters, and the `sharpscale run` drivers the tests start, stay on 127.0.0.1 (what a local
 # study does: studies.cli.LOOPBACK_RAY_ENV). The multi-node tests turn it back on for their own nodes.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+import contextlib
 import copy
 import pickle
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+# The quiet offline environment of the session and of every process its tests start: set before Ray, MLflow or timm
+# are imported anywhere in the session (numpy, pytest and torch, above, bring none of them).
+QUIET_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+for _key, _value in QUIET_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 torch.set_num_threads(1)
 
@@ -235,3 +241,111 @@ def _write_fake_cifar(root: Path, name: str = "cifar10", per_batch: int = 4, n_t
 def write_fake_cifar():
     """`_write_fake_cifar`, as a fixture: the tests run under --import-mode=importlib, where conftest is no module."""
     return _write_fake_cifar
+
+
+def _fresh_python(code: str, *, not_imported: tuple[str, ...], then: str = "", timeout: float = 120) -> None:
+    """Run `code` in a fresh interpreter and assert that it succeeds with none of the modules `not_imported` imported
+    by its end (`sys` is imported for it); `then` runs after that check (e.g. to show a module still loads on use).
+
+    The interpreter sees this checkout, the quiet offline environment and /usr/bin:/bin, nothing else of this process:
+    what it imports is what `code` asks for, not what this session happens to have loaded or set.
+    """
+    script = (
+        "import sys\n"
+        f"{code.rstrip()}\n"
+        f"heavy = sorted(m for m in {tuple(not_imported)!r} if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        f"{then}"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **QUIET_ENV},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def fresh_python():
+    """`_fresh_python`, as a fixture (see `tiny_model`)."""
+    return _fresh_python
+
+
+class CliProcesses:
+    """`python -m studies.cli ...` in processes of their own, as a user's shell starts them: this checkout first on
+    the path, the quiet offline environment, each in a session (process group) of its own. What a test started is
+    killed at its end, group and all, whatever the test left running."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen] = []
+
+    def start(
+        self, *args, cwd: Path | None = None, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env: dict | None = None
+    ) -> subprocess.Popen:
+        """Start `sharpscale *args` (text output; by default stdout and stderr in one pipe); env: variables added."""
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "studies.cli", *map(str, args)],
+            cwd=cwd,
+            env={**os.environ, **QUIET_ENV, "PYTHONPATH": path, **(env or {})},
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        self.started.append(proc)
+        return proc
+
+    def run(self, *args, cwd: Path | None = None, timeout: float) -> subprocess.CompletedProcess:
+        """`sharpscale *args` to its end, stdout and stderr apart. On a timeout the test's end takes down its whole
+        group (subprocess.run's timeout would kill the driver alone and leave a study's Ray running)."""
+        proc = self.start(*args, cwd=cwd, stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    @staticmethod
+    def wait_for(proc: subprocess.Popen, condition, *, timeout: float, what: str, every: float = 0.2):
+        """Poll `condition()` until it returns something true, and return that: a state observed while `proc` still
+        runs (it is checked after each read). Fails if `proc` ends first or `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = condition()
+            if proc.poll() is not None:
+                out = err = None
+                with contextlib.suppress(subprocess.TimeoutExpired):  # a pipe its leftovers may still hold open
+                    out, err = proc.communicate(timeout=30)
+                raise AssertionError(
+                    f"{proc.args[3:]} ended (status {proc.returncode}) before {what}:\n"
+                    f"{(out or '')[-3000:]}{(err or '')[-3000:]}"
+                )
+            if found:
+                return found
+            assert time.monotonic() < deadline, f"{what}: not reached within {timeout} s"
+            time.sleep(every)
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            # A server started below the launcher runs in a process group of its own; a killed driver's Ray processes
+            # live on in the driver's group.
+            if proc.poll() is None:
+                below = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+                for child in below:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(os.getpgid(int(child)), signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+
+
+@pytest.fixture
+def cli_process():
+    """A `CliProcesses`: the test's `sharpscale` processes, started and waited on; killed at the test's end."""
+    processes = CliProcesses()
+    try:
+        yield processes
+    finally:
+        processes.kill_all()

@@ -5,8 +5,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -102,12 +100,11 @@ def test_unknown_names_and_knobs_are_refused_like_create():
         check_hparams("sam", base="AdamW", base_keeps_momentum=True, alpha=0.1)
 
 
-def test_the_registry_and_a_study_check_import_no_torch():
+def test_the_registry_and_a_study_check_import_no_torch(fresh_python):
     # What `sharpscale validate` reads: the registry, the trial config's checks (a method's knobs, a model family,
     # a dataset and its RandAugment string). Torch costs seconds on import (and torch._dynamo more on a first
     # optimizer); the classes load it when a method is built.
     code = (
-        "import sys\n"
         "import optim\n"
         "from trainables.config import TrialConfig\n"
         "assert [n for n in optim.METHODS] and optim.METHODS['sam'].hparams['rho'] == 0.05\n"
@@ -120,19 +117,12 @@ def test_the_registry_and_a_study_check_import_no_torch():
         "    assert 'rho_min <= rho_max' in str(err), err\n"
         "else:\n"
         "    raise AssertionError('rho_min > rho_max passed')\n"
-        "heavy = sorted(m for m in ('torch', 'timm', 'torchvision') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
-        "assert optim.SAM.__name__ == 'SAM' and 'torch' in sys.modules  # the classes still load on use\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    fresh_python(
+        code,
+        not_imported=("torch", "timm", "torchvision"),
+        then="assert optim.SAM.__name__ == 'SAM' and 'torch' in sys.modules  # the classes still load on use\n",
     )
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 # F-SAM: d_t = (1 - sigma (1 - lmbda)) g_t - sigma lmbda m_{t-1}. At sigma (1 - lmbda) >= 1 the first step's
@@ -155,7 +145,7 @@ def test_fsam_refuses_sigma_times_one_minus_lmbda_from_one_up(hp):
     check_hparams("fsam", base="SGD", base_keeps_momentum=True, **below)
 
 
-def test_fsam_relation_is_refused_by_sharpscale_validate(tmp_path):
+def test_fsam_relation_is_refused_by_sharpscale_validate(tmp_path, cli_process):
     # The study's validation (torch-free) names the field, the rule, the value and the fix, before any trial.
     study = tmp_path / "fsam.yaml"
     study.write_text(
@@ -166,13 +156,7 @@ def test_fsam_relation_is_refused_by_sharpscale_validate(tmp_path):
         "  model: {name: resnet18}\n"
         "  optimizer: {base: sgd, momentum: 0.9, method: fsam, hparams: {sigma: 3.0}}\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "studies.cli", "validate", str(study)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli_process.run("validate", study, cwd=ROOT, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert "optimizer.hparams: sigma must satisfy sigma * (1 - lmbda) < 1 (lmbda=0.6), but got sigma=3.0" in done.stderr

@@ -14,7 +14,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -466,6 +465,16 @@ def _sql(db: Path, query: str) -> list:
             return []  # the schema is being created
 
 
+def _training(db: Path) -> bool:
+    """Whether a running trial has recorded an epoch's train_loss: the study is mid-training."""
+    running = _sql(
+        db,
+        "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
+        "m.key = 'train_loss' where r.status = 'RUNNING'",
+    )
+    return bool(running and running[0][0])
+
+
 def _runs(db: Path) -> list[tuple[str, str, str]]:
     """(kind, MLflow status, sharpscale.status) of every run."""
     return _sql(
@@ -478,49 +487,23 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store):
+def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store, cli_process):
     from trainables.metrics import EPOCH_METRICS
 
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
     db = tmp_path / "mlflow.db"
     new_mlflow_store(db)  # the study's own ./mlflow.db, its schema already made: the test is about Ctrl-C
-    env = {
-        **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    cmd = [sys.executable, "-m", "studies.cli"]
-    driver = subprocess.Popen(
-        [*cmd, "run", "study.yaml", "--num-cpus", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    driver = cli_process.start("run", "study.yaml", "--num-cpus", "2", cwd=tmp_path)
+    # Hold until one trial has finished and the next has recorded an epoch: then it is mid-training.
+    cli_process.wait_for(
+        driver,
+        lambda: ("trial", "FINISHED", "finished") in _runs(db) and _training(db),
+        timeout=600,
+        what="a trial finished and the next mid-training (the study's interruption point)",
     )
-    try:
-        # Hold until one trial has finished and the next has recorded an epoch: then it is mid-training.
-        deadline = time.time() + 600
-        while time.time() < deadline and driver.poll() is None:
-            kinds = _runs(db)
-            running = _sql(
-                db,
-                "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
-                "m.key = 'train_loss' where r.status = 'RUNNING'",
-            )
-            if ("trial", "FINISHED", "finished") in kinds and running and running[0][0]:
-                break
-            time.sleep(0.2)
-        assert driver.poll() is None, "the study ended before it could be interrupted"
-        listening = _listening(driver.pid)
-        os.kill(driver.pid, stop)  # to the driver only, as the issue's reproduction did
-        out, _ = driver.communicate(timeout=300)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
+    listening = _listening(driver.pid)
+    os.kill(driver.pid, stop)  # to the driver only, as the issue's reproduction did
+    out, _ = driver.communicate(timeout=300)
     # A local study's Ray (GCS, raylet, workers, agents, dashboard) and its driver listen on loopback only.
     assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), (
         listening
@@ -552,21 +535,10 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model,
         )
     }
     assert set(EPOCH_METRICS) <= keys, set(EPOCH_METRICS) - keys  # the objective's names are the loop's
-    status = subprocess.run(
-        [*cmd, "status", "study.yaml"], cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=300
-    )
+    status = cli_process.run("status", "study.yaml", cwd=tmp_path, timeout=300)
     assert "INTERRUPTED" in status.stdout and "interrupted" in status.stdout, status.stdout + status.stderr
 
-    resumed = subprocess.run(
-        [*cmd, "resume", "study.yaml", "--num-cpus", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-        start_new_session=True,
-    )
+    resumed = cli_process.run("resume", "study.yaml", "--num-cpus", "2", cwd=tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     runs = _runs(db)
     assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 3, runs
@@ -695,7 +667,7 @@ def _fill(disk: Path) -> Path:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("optuna_on_disk", [False, True], ids=["tune-storage-full", "tune-and-optuna-storage-full"])
 def test_a_full_disk_stops_the_study_in_one_line_with_every_status_true(
-    optuna_on_disk, small_disk, tmp_path, tiny_model, new_mlflow_store
+    optuna_on_disk, small_disk, tmp_path, tiny_model, new_mlflow_store, cli_process
 ):
     """A full disk gave 579 lines of tracebacks, Tune's retries of a trial that could not succeed, and an Optuna
     trial RUNNING (issue 24). Now: the trial that met it fails once, the study stops, every run and (where its store
@@ -711,40 +683,10 @@ def test_a_full_disk_stops_the_study_in_one_line_with_every_status_true(
     (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
     db = tmp_path / "mlflow.db"
     new_mlflow_store(db)
-    env = {
-        **os.environ,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    cmd = [sys.executable, "-m", "studies.cli"]
-    driver = subprocess.Popen(
-        [*cmd, "run", "study.yaml", "--num-cpus", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and driver.poll() is None:  # mid-training: a trial has recorded an epoch
-            running = _sql(
-                db,
-                "select count(*) from runs r join metrics m on m.run_uuid = r.run_uuid and "
-                "m.key = 'train_loss' where r.status = 'RUNNING'",
-            )
-            if running and running[0][0]:
-                break
-            time.sleep(0.2)
-        assert driver.poll() is None, "the study ended before the disk filled"
-        filler = _fill(small_disk)
-        out, _ = driver.communicate(timeout=600)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
+    driver = cli_process.start("run", "study.yaml", "--num-cpus", "2", cwd=tmp_path)
+    cli_process.wait_for(driver, lambda: _training(db), timeout=600, what="a trial mid-training (when the disk fills)")
+    filler = _fill(small_disk)
+    out, _ = driver.communicate(timeout=600)
     assert driver.returncode == 1, out[-3000:]
     assert "Traceback" not in out and "Logging error" not in out, out[-3000:]
     (line,) = [line for line in out.splitlines() if line.startswith("sharpscale: error:")]
@@ -791,16 +733,7 @@ def test_a_full_disk_stops_the_study_in_one_line_with_every_status_true(
     except ValueError:
         cut = True
     os.remove(filler)  # space again
-    resumed = subprocess.run(
-        [*cmd, "resume", "study.yaml", "--num-cpus", "2"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-        start_new_session=True,
-    )
+    resumed = cli_process.run("resume", "study.yaml", "--num-cpus", "2", cwd=tmp_path, timeout=600)
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     if cut:
         assert resumed.returncode == EXIT_USAGE, resumed.stdout[-3000:] + resumed.stderr[-3000:]

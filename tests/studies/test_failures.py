@@ -5,8 +5,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -103,7 +101,7 @@ def _finished_and_running(tracking_uri, *, finished):
 
 
 @pytest.mark.timeout(1200)
-def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
+def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model, cli_process):
     path = _study(
         tmp_path,
         "killme",
@@ -115,70 +113,30 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model):
         epochs=4,
         trials=3,
     )
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    cmd = [sys.executable, "-m", "studies.cli"]
-    driver = subprocess.Popen(
-        [*cmd, "run", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    common = ("--tracking-uri", tracking_uri, "--num-cpus", "2")
+    driver = cli_process.start("run", path, *common, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Kill on an observed state, not after a guessed delay: two trials finished and another one mid-run, as the record
+    # read just before the kill says (a second read would let trials move on in between).
+    done_before = cli_process.wait_for(
+        driver,
+        lambda: _finished_and_running(tracking_uri, finished=2),
+        timeout=400,
+        what="a state with two trials finished and one running",
     )
-    try:
-        # Kill on an observed state, not after a guessed delay: two trials finished and another one mid-run, as
-        # the record read just before the kill says (a second read would let trials move on in between).
-        deadline = time.time() + 400
-        before = None
-        while before is None and time.time() < deadline:
-            assert driver.poll() is None, "the study ended before it could be killed"
-            before = _finished_and_running(tracking_uri, finished=2)
-            time.sleep(0.2)
-        assert before is not None, "no state with two trials finished and one running within 400 s"
-        os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as `kill -9 PID` does
-        done_before = before
-        driver.wait(timeout=30)
-        # What the driver's death leaves of its local Ray cluster (its agents outlive it by a minute or more, issue
-        # 13.11): the resume starts beside them at once, and must be neither confused nor stopped by them.
-        survivors = pids_in_groups({driver.pid}, live=True)
-        assert survivors, (
-            "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
-        )
-        # Killed hard, the driver never recorded the digests of Tune's last state (studies.identity): a plain
-        # resume refuses to unpickle it and names the choice; nothing is started or recorded.
-        refused = subprocess.run(
-            [*cmd, "resume", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            start_new_session=True,
-        )
-        assert refused.returncode == EXIT_USAGE, refused.stdout[-2000:] + refused.stderr[-2000:]
-        assert "is not what this launch left there" in refused.stderr and "--trust-storage" in refused.stderr
-        # Its own process group, like the driver's: on a timeout the whole resumed study is taken down, not only
-        # its driver (subprocess.run's timeout would kill the driver alone and leave its Ray running).
-        resume = subprocess.Popen(
-            [*cmd, "resume", str(path), "--trust-storage", "--tracking-uri", tracking_uri, "--num-cpus", "2"],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            resumed_out, resumed_err = resume.communicate(timeout=480)
-        finally:
-            if resume.poll() is None:
-                os.killpg(resume.pid, signal.SIGKILL)
-                resume.wait()
-    finally:
-        # The killed driver's Ray processes live in its process group: take down whatever is left of them.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
-    assert resume.returncode == 0, resumed_out[-3000:] + resumed_err[-3000:]
+    os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as `kill -9 PID` does
+    driver.wait(timeout=30)
+    # What the driver's death leaves of its local Ray cluster (its agents outlive it by a minute or more, issue
+    # 13.11): the resume starts beside them at once, and must be neither confused nor stopped by them. They live in
+    # the driver's process group, which cli_process takes down at the test's end.
+    survivors = pids_in_groups({driver.pid}, live=True)
+    assert survivors, "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
+    # Killed hard, the driver never recorded the digests of Tune's last state (studies.identity): a plain
+    # resume refuses to unpickle it and names the choice; nothing is started or recorded.
+    refused = cli_process.run("resume", path, *common, cwd=tmp_path, timeout=300)
+    assert refused.returncode == EXIT_USAGE, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "is not what this launch left there" in refused.stderr and "--trust-storage" in refused.stderr
+    resume = cli_process.run("resume", path, "--trust-storage", *common, cwd=tmp_path, timeout=480)
+    assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
     print(f"resumed beside {len(survivors)} processes of the killed driver's Ray: {sorted(survivors.values())}")
 
     after = load_runs("killme", tracking_uri=tracking_uri)

@@ -9,7 +9,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -99,16 +98,6 @@ def test_view_state_names_are_the_installed_uis():
     assert shots.ROW_EXPANDER in text and shots.PLUS_ICON in text
 
 
-def _kill_group_below(proc) -> None:
-    for child in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split():
-        try:
-            os.killpg(os.getpgid(int(child)), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _screenshots_module():
     spec = importlib.util.spec_from_file_location("sharpscale_screenshots", REPO / "docs" / "screenshots.py")
     module = importlib.util.module_from_spec(spec)
@@ -145,96 +134,91 @@ def _shows(chrome, text: str, timeout_s: float = 120.0) -> bool:
 
 
 @pytest.mark.timeout(600)
-def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_path, tracking_uri):
+def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_path, tracking_uri, cli_process):
     study, exp, _, _ = _recorded_study(tracking_uri)
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", tracking_uri, "--port", str(port)],
-        stdout=subprocess.PIPE,
+    proc = cli_process.start(
+        "ui",
+        "--tracking-uri",
+        tracking_uri,
+        "--port",
+        port,
         stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYTHONWARNINGS": "default"},  # a warning would show, were it not routed to the log
+        env={"PYTHONWARNINGS": "default"},  # a warning would show, were it not routed to the log
     )
-    try:
-        line = proc.stdout.readline().strip()  # printed once the UI answers
-        base = f"http://127.0.0.1:{port}"
-        page = f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
-        assert line == f"MLflow UI: {page}  (Ctrl-C stops it)"
-        url = f"{base}/api/2.0/mlflow/experiments/get?experiment_id={exp}"
-        with urllib.request.urlopen(url, timeout=30) as resp:
-            tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
-        assert re.search(
-            r"\| \*\*vit/sam\*\* \| \*\*0\.9000\*\* \| 0\.016 \| rho=0\.05 \|", tags["mlflow.note.content"]
-        )
-        assert tags["mlflow.note.content"].startswith("**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05**")
-        for _ in range(5):  # page views: their request lines must not reach the terminal
-            urllib.request.urlopen(f"{base}/", timeout=30).read()
+    line = proc.stdout.readline().strip()  # printed once the UI answers
+    base = f"http://127.0.0.1:{port}"
+    page = f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    assert line == f"MLflow UI: {page}  (Ctrl-C stops it)"
+    url = f"{base}/api/2.0/mlflow/experiments/get?experiment_id={exp}"
+    with urllib.request.urlopen(url, timeout=30) as resp:
+        tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
+    assert re.search(r"\| \*\*vit/sam\*\* \| \*\*0\.9000\*\* \| 0\.016 \| rho=0\.05 \|", tags["mlflow.note.content"])
+    assert tags["mlflow.note.content"].startswith("**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05**")
+    for _ in range(5):  # page views: their request lines must not reach the terminal
+        urllib.request.urlopen(f"{base}/", timeout=30).read()
 
-        has_browser = bool(shutil.which("chromium") or shutil.which("chromium-browser"))
-        # The CI installs Chromium and sets this: there the browser's part cannot be skipped silently.
-        assert has_browser or not os.environ.get("SHARPSCALE_REQUIRE_BROWSER"), "no chromium on PATH"
-        if has_browser:
-            chrome = _screenshots_module().Browser()
-            try:
-                chrome.open(page, shows="Best val_acc: 0.9000", timeout_s=300)
-                chrome.shoot(tmp_path / "first_open.png")
-                headline = json.dumps("Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05")
-                assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
-                # Every cell's row: one click on the description's expander.
-                chrome.evaluate(_EXPAND)
-                assert _shows(chrome, "vit/adamw")
-                assert chrome.evaluate(_SEEN % json.dumps("0.8500")), "the table is not shown expanded"
-                # Every trial, as rows of the table, without a click (the rows come after the description).
-                shown = _shows(chrome, "sam-tied-later")
-                chrome.shoot(tmp_path / "expanded.png")
-                assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
-                assert "workflowType=genai" not in chrome.evaluate("location.href")
-                # MLflow's own nested table (study > cells > trials): docs/screenshots.py opens every row, as its
-                # shot of that table shows them (the trials hide under collapsed rows until then).
-                shots = _screenshots_module()
-                chrome.open(f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning", shows="Run Name")
-                opened = 0
-                for _ in range(4):
-                    clicked = chrome.evaluate(shots.EXPAND_ROWS) or 0
-                    opened += clicked
-                    if not clicked and _shows(chrome, "sam-tied-later", timeout_s=5):
-                        break
-                    time.sleep(shots.SETTLE_S)
-                assert opened >= 3 and _shows(chrome, "sam-tied-later"), f"{opened} rows expanded"
-                # The report's links, shown from a blob: address of the UI's origin (as MLflow's artifact view shows
-                # report.html), point at that origin, whatever address the report was written for.
-                from analysis.report import report_html, run_link
+    has_browser = bool(shutil.which("chromium") or shutil.which("chromium-browser"))
+    # The CI installs Chromium and sets this: there the browser's part cannot be skipped silently.
+    assert has_browser or not os.environ.get("SHARPSCALE_REQUIRE_BROWSER"), "no chromium on PATH"
+    if has_browser:
+        chrome = _screenshots_module().Browser()
+        try:
+            chrome.open(page, shows="Best val_acc: 0.9000", timeout_s=300)
+            chrome.shoot(tmp_path / "first_open.png")
+            headline = json.dumps("Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05")
+            assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
+            # Every cell's row: one click on the description's expander.
+            chrome.evaluate(_EXPAND)
+            assert _shows(chrome, "vit/adamw")
+            assert chrome.evaluate(_SEEN % json.dumps("0.8500")), "the table is not shown expanded"
+            # Every trial, as rows of the table, without a click (the rows come after the description).
+            shown = _shows(chrome, "sam-tied-later")
+            chrome.shoot(tmp_path / "expanded.png")
+            assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
+            assert "workflowType=genai" not in chrome.evaluate("location.href")
+            # MLflow's own nested table (study > cells > trials): docs/screenshots.py opens every row, as its
+            # shot of that table shows them (the trials hide under collapsed rows until then).
+            shots = _screenshots_module()
+            chrome.open(f"{base}/#/experiments/{exp}/runs?workflowType=machine_learning", shows="Run Name")
+            opened = 0
+            for _ in range(4):
+                clicked = chrome.evaluate(shots.EXPAND_ROWS) or 0
+                opened += clicked
+                if not clicked and _shows(chrome, "sam-tied-later", timeout_s=5):
+                    break
+                time.sleep(shots.SETTLE_S)
+            assert opened >= 3 and _shows(chrome, "sam-tied-later"), f"{opened} rows expanded"
+            # The report's links, shown from a blob: address of the UI's origin (as MLflow's artifact view shows
+            # report.html), point at that origin, whatever address the report was written for.
+            from analysis.report import report_html, run_link
 
-                link = run_link("http://127.0.0.1:5000", exp, "abc")
-                page_html = report_html(f"# R\n\n[open-this-trial]({link})\n", tmp_path)
-                chrome.evaluate(
-                    f"location.href = URL.createObjectURL(new Blob([{json.dumps(page_html)}], {{type: 'text/html'}}))"
-                )
-                assert _shows(chrome, "open-this-trial")
-                assert chrome.evaluate("document.querySelector('a').href") == run_link(base, exp, "abc")
-            finally:
-                chrome.close()
+            link = run_link("http://127.0.0.1:5000", exp, "abc")
+            page_html = report_html(f"# R\n\n[open-this-trial]({link})\n", tmp_path)
+            chrome.evaluate(
+                f"location.href = URL.createObjectURL(new Blob([{json.dumps(page_html)}], {{type: 'text/html'}}))"
+            )
+            assert _shows(chrome, "open-this-trial")
+            assert chrome.evaluate("document.querySelector('a').href") == run_link(base, exp, "abc")
+        finally:
+            chrome.close()
 
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        group = os.getpgid(int(children[0]))
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0
-        assert out.strip() == "" and err.strip() == "", (out, err)  # nothing but the address
-        deadline = time.monotonic() + 60  # MLflow's workers can take a while to go on 2 busy cores
-        while group_alive(group) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not group_alive(group)
-        assert (tmp_path / "sharpscale.log").stat().st_size > 0  # where the server's output went
-        assert "GET /" not in (tmp_path / "sharpscale.log").read_text()  # no access lines there either
-    finally:
-        if proc.poll() is None:
-            _kill_group_below(proc)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    group = os.getpgid(int(children[0]))
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out.strip() == "" and err.strip() == "", (out, err)  # nothing but the address
+    deadline = time.monotonic() + 60  # MLflow's workers can take a while to go on 2 busy cores
+    while group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not group_alive(group)
+    assert (tmp_path / "sharpscale.log").stat().st_size > 0  # where the server's output went
+    assert "GET /" not in (tmp_path / "sharpscale.log").read_text()  # no access lines there either
 
 
 @pytest.mark.timeout(600)
-def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path, new_mlflow_store):
+def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path, new_mlflow_store, cli_process):
     from mlflow.tracking import MlflowClient
 
     from studies.cli import main
@@ -261,22 +245,12 @@ def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path
     assert not original.exists()  # the report wrote into the copy, not back into the original's folders
 
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "studies.cli", "ui", "--tracking-uri", copied, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        line = proc.stdout.readline().strip()
-        assert f"/#/experiments/{exp}/runs?" in line, line
-        base = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{base}/get-artifact?path=note.txt&run_uuid={first}", timeout=60) as resp:
-            assert resp.read().decode() == "kept with the trial"  # what the UI's artifact view fetches
-    finally:
-        if proc.poll() is None:
-            _kill_group_below(proc)
+    proc = cli_process.start("ui", "--tracking-uri", copied, "--port", port, stderr=subprocess.PIPE)
+    line = proc.stdout.readline().strip()
+    assert f"/#/experiments/{exp}/runs?" in line, line
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"{base}/get-artifact?path=note.txt&run_uuid={first}", timeout=60) as resp:
+        assert resp.read().decode() == "kept with the trial"  # what the UI's artifact view fetches
 
 
 def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_uri, capsys):

@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from trainables import datasets
 from trainables.datasets import DATASETS, rand_augment_problem
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", list(DATASETS))
@@ -24,29 +18,18 @@ def test_every_entry_names_a_loader(name):
     assert data.DATASETS is DATASETS  # one registry, re-exported where the loaders live
 
 
-def test_timm_auto_augment_still_loads_alone():
+def test_timm_auto_augment_still_loads_alone(fresh_python):
     # sharpscale reads timm/data/auto_augment.py without running timm's __init__ (which imports torch). If a timm
     # release moves that file or gives it imports from timm, this fails: the check then falls back to the ordinary
     # import (correct, seconds slower), and _timm_rand_augment's comment and this pin need a look.
     code = (
-        "import sys\n"
         "from trainables import datasets\n"
         "module = datasets._load_alone()\n"
         "assert module is not None, 'timm/data/auto_augment.py is missing or no longer loads on its own'\n"
         "assert module.rand_augment_transform.__module__ == datasets._AUTO_AUGMENT\n"
         "assert datasets.rand_augment_problem('rand-m9-mstd0.5') is None\n"
-        "heavy = sorted(m for m in ('torch', 'timm') if m in sys.modules)\n"
-        "assert not heavy, heavy\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    fresh_python(code, not_imported=("torch", "timm"), timeout=60)
 
 
 STRINGS = [
