@@ -106,7 +106,7 @@ def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str,
     from trainables.data import load_dataset
 
     train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
-    flat, lengths, indices, n = _one_batch(train, batch)
+    read, n = _one_batch(train, batch)
     g, dev = torch.Generator().manual_seed(0), torch.device(device)
 
     def rate(work) -> float:
@@ -120,16 +120,16 @@ def pipeline_rates(root: Path, augment: str, size: int, batch: int, device: str,
             torch.cuda.synchronize()
         return reps * n / (time.perf_counter() - t)
 
-    decode = lambda: train.images(flat, lengths, indices, dev)  # noqa: E731
+    decode = lambda: train.images(read, dev)  # noqa: E731
     return rate(decode), rate(lambda: train.transform(decode(), dev, g))
 
 
 def _one_batch(train, batch: int):
-    """The first `batch` items of a device-path split as its loader hands them over: (flat, lengths, indices, n)."""
-    flat, lengths, _, indices = train.collate([train.read(i) for i in range(min(batch, len(train)))])
+    """The first `batch` items of a device-path split as its loader hands them over: (the ReadBatch, its size)."""
+    read = train.collate([train.read(i) for i in range(min(batch, len(train)))])
     if train.copies_to_device and torch.cuda.is_available():
-        flat = flat.pin_memory()  # as the loader pins it
-    return flat, lengths, indices, len(indices)
+        read = read._replace(flat=read.flat.pin_memory())  # as the loader pins it
+    return read, len(read.indices)
 
 
 def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> tuple[float, float]:
@@ -140,10 +140,10 @@ def kernel_ms(root: Path, augment: str, size: int, batch: int, device: str) -> t
     from trainables.data import load_dataset
 
     train = load_dataset("imagefolder", root=root, img_size=size, augment=augment, decode="device").train
-    flat, lengths, indices, _ = _one_batch(train, batch)
+    read, _ = _one_batch(train, batch)
     g, dev = torch.Generator().manual_seed(0), torch.device(device)
     out = []
-    decode = lambda: train.images(flat, lengths, indices, dev)  # noqa: E731
+    decode = lambda: train.images(read, dev)  # noqa: E731
     for work in (decode, lambda: train.transform(decode(), dev, g)):
         work()
         torch.cuda.synchronize()

@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "FolderBytes",
     "FolderPixels",
     "Images",
+    "ReadBatch",
     "center_crop_boxes",
     "crop_resize",
     "decode_batch",
@@ -136,6 +137,18 @@ def decode_batch(datas: Sequence[torch.Tensor], device: torch.device) -> list[to
         if img is None:
             out[i] = decode_image(datas[i], mode=ImageReadMode.RGB).to(device, non_blocking=True)
     return out  # type: ignore[return-value]
+
+
+class ReadBatch(NamedTuple):
+    """A batch as DataLoader workers hand it over: the items' bytes back to back in `flat` (with their `lengths`),
+    in an order of their own, `order[k]` being the batch position of the k-th; `labels` and `indices` (dataset
+    indices) in the sampler's order, which the batch keeps."""
+
+    flat: torch.Tensor
+    lengths: torch.Tensor
+    labels: torch.Tensor
+    indices: torch.Tensor
+    order: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -541,24 +554,34 @@ class FolderBytes(Dataset):
         return data, int(self._labels[index]), index
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
-        flat, lengths, _, indices = self.collate([self.read(i)])
+        batch = self.collate([self.read(i)])
         cpu = torch.device("cpu")
-        images = self.images(flat, lengths, indices, cpu)
-        x = self.transform(images, cpu, torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
-        return x[0], int(self._labels[int(indices[0])]), int(indices[0])
+        x = self.transform(self.images(batch, cpu), cpu, torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
+        return x[0], int(batch.labels[0]), int(batch.indices[0])
 
     @staticmethod
-    def collate(items: list[tuple[torch.Tensor, int, int]]):
-        """Items as `read` returns them, as one batch: (the bytes back to back, their lengths, labels, indices). One
-        flat tensor: a worker hands over one shared-memory block per batch, not one per image."""
-        datas, labels, indices = zip(*items)
-        lengths = torch.tensor([d.numel() for d in datas], dtype=torch.int64)
-        flat = torch.cat([d.reshape(-1) for d in datas])
-        return flat, lengths, torch.tensor(labels, dtype=torch.int64), torch.tensor(indices, dtype=torch.int64)
+    def collate(items: list[tuple[torch.Tensor, int, int]], order: list[int] | None = None) -> ReadBatch:
+        """Items as `read` returns them, as one batch, their bytes back to back in `order` (positions in `items`;
+        default theirs). One flat tensor: a worker hands over one shared-memory block per batch, not one per image."""
+        order = list(range(len(items))) if order is None else order
+        datas = [items[k][0] for k in order]
+        return ReadBatch(
+            flat=torch.cat([d.reshape(-1) for d in datas]),
+            lengths=torch.tensor([d.numel() for d in datas], dtype=torch.int64),
+            labels=torch.tensor([item[1] for item in items], dtype=torch.int64),
+            indices=torch.tensor([item[2] for item in items], dtype=torch.int64),
+            order=torch.tensor(order, dtype=torch.int64),
+        )
 
-    def images(self, flat: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor, device: torch.device) -> Images:
-        """A batch as `collate` made it, as RGB uint8 images on `device`: here each file decoded (nvjpeg on CUDA)."""
-        return Images.of(decode_batch(list(torch.split(flat, lengths.tolist())), device))
+    def images(self, batch: ReadBatch, device: torch.device) -> Images:
+        """A batch as `collate` made it, as RGB uint8 images on `device`, in the batch's (sampler's) order: here each
+        file decoded (nvjpeg on CUDA)."""
+        decoded = decode_batch(list(torch.split(batch.flat, batch.lengths.tolist())), device)
+        positions = batch.order.tolist()
+        in_order: list[torch.Tensor] = [None] * len(decoded)  # type: ignore[list-item]
+        for k, img in zip(positions, decoded):
+            in_order[k] = img
+        return Images.of(in_order)
 
     def transform(self, images: Images, device: torch.device, generator: torch.Generator) -> torch.Tensor:
         """Images (`images`' output) to a uint8 (N, 3, size, size) batch on `device`, augmented by draws from
@@ -620,23 +643,26 @@ class FolderPixels(FolderBytes):
         return torch.from_numpy(np.array(self._split.pixels(index))), int(self._labels[index]), index
 
     @staticmethod
-    def collate(items: list[tuple[torch.Tensor, int, int]]):
-        """As FolderBytes.collate, the items ordered by image size first (a stable sort; labels and indices follow):
-        each size is then one run of the flat batch, which the device views as one tensor."""
-        return FolderBytes.collate(sorted(items, key=lambda item: tuple(item[0].shape)))
+    def collate(items: list[tuple[torch.Tensor, int, int]], order: list[int] | None = None) -> ReadBatch:
+        """As FolderBytes.collate, the pixels laid out by image size (a stable sort): each size is then one run of
+        the flat batch, which the device views as one tensor. Labels, indices and the images handed on keep the
+        sampler's order: m-sharpness groups, micro-batches and mixup pairs are consecutive rows of the batch."""
+        if order is None:
+            order = sorted(range(len(items)), key=lambda k: tuple(items[k][0].shape))
+        return FolderBytes.collate(items, order)
 
-    def images(self, flat: torch.Tensor, lengths: torch.Tensor, indices: torch.Tensor, device: torch.device) -> Images:
+    def images(self, batch: ReadBatch, device: torch.device) -> Images:
         """The batch's pixels on `device` in one copy, each run of equal sizes viewed as one NCHW tensor (no copy per
-        image or group)."""
-        on_device = _to(flat, device)
-        shapes = self._split.shapes[indices.numpy()]
-        starts = np.concatenate([[0], np.cumsum(lengths.numpy())])
+        image or group), each group's rows its images' positions in the batch."""
+        on_device = _to(batch.flat, device)
+        shapes = self._split.shapes[batch.indices[batch.order].numpy()]  # in the flat layout's order
+        starts = np.concatenate([[0], np.cumsum(batch.lengths.numpy())])
         cuts = [0, *(np.flatnonzero((shapes[1:] != shapes[:-1]).any(1)) + 1).tolist(), len(shapes)]
         groups = []
         for a, b in zip(cuts[:-1], cuts[1:]):
             h, w = (int(v) for v in shapes[a])
             run = on_device[int(starts[a]) : int(starts[b])].view(b - a, h, w, 3).permute(0, 3, 1, 2)
-            groups.append((torch.arange(a, b), run))
+            groups.append((batch.order[a:b], run))
         return Images(groups, len(shapes))
 
 
@@ -689,8 +715,8 @@ class _DeviceBatches:
         def produce() -> None:
             try:
                 with torch.cuda.device(self.device) if stream is not None else contextlib.nullcontext():
-                    for flat, lengths, labels, indices in self.loader:
-                        if not put(self._launch(flat, lengths, labels, indices, generator, stream)):
+                    for batch in self.loader:
+                        if not put(self._launch(ReadBatch(*batch), generator, stream)):
                             return
                 put(self._END)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -710,17 +736,16 @@ class _DeviceBatches:
             stop.set()
             thread.join()
 
-    def _launch(self, flat, lengths, labels, indices, generator, stream):
+    def _launch(self, batch: ReadBatch, generator, stream):
         if stream is None:
-            images = self.folder.images(flat, lengths, indices, self.device)
-            return self.folder.transform(images, self.device, generator), labels, indices, None
+            x = self.folder.transform(self.folder.images(batch, self.device), self.device, generator)
+            return x, batch.labels, batch.indices, None
         with torch.cuda.stream(stream):
-            images = self.folder.images(flat, lengths, indices, self.device)
-            x = self.folder.transform(images, self.device, generator)
-            y = _to(labels, self.device)
+            x = self.folder.transform(self.folder.images(batch, self.device), self.device, generator)
+            y = _to(batch.labels, self.device)
             event = torch.cuda.Event()
             event.record(stream)
-        return x, y, indices, event
+        return x, y, batch.indices, event
 
     def _hand_over(self, x, y, indices, event):
         if event is not None:

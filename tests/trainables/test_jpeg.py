@@ -93,8 +93,7 @@ def test_device_flips_at_the_host_rate(tmp_path, augment):
     dev = load_dataset("imagefolder", root=tmp_path, img_size=32, augment=augment, decode="device")
     host = load_dataset("imagefolder", root=tmp_path, img_size=32, augment="basic", decode="cpu")
     position = list(host.train.indices).index(0)  # train/a/0.jpg
-    data = dev.train.read(position)[0]
-    images = dev.train.images(data, torch.tensor([data.numel()]), torch.tensor([0]), CPU).repeated(n)
+    images = dev.train.images(dev.train.collate([dev.train.read(position)]), CPU).repeated(n)
     x = dev.train.transform(images, CPU, torch.Generator().manual_seed(1))
     if augment == "basic":
         device_flips = int(_flipped(x).sum())

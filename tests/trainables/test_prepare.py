@@ -307,24 +307,43 @@ def test_fit_on_the_pixel_form_is_seeded_with_workers(tmp_path, tiny_model, deco
     assert np.isfinite(first["train_loss"]) and first[VALIDATION_SAMPLES] == 8
 
 
-def test_a_pixel_batch_is_one_copy_viewed_by_size_with_labels_following(tmp_path):
-    """The loader's batch: items sorted by size (labels and indices follow), one tensor, one view a size; its eval
-    crops are those of the items one by one."""
+def test_a_pixel_batch_is_one_copy_viewed_by_size_and_keeps_the_samplers_order(tmp_path):
+    """The loader's batch: the pixels laid out by size in one tensor, one view a size; the batch handed on (images,
+    labels, indices) in the sampler's order, as every other path keeps it (m-sharpness groups, micro-batches and mixup
+    pairs are consecutive rows); its eval crops are those of the items one by one."""
     src = _folder(tmp_path / "src", sizes=((40, 50), (50, 36), (40, 50), (30, 30)), per_class=4)
     prepare_folder(src, tmp_path / "px", short_side=32, workers=1, form="pixels")
     dev = load_dataset("imagefolder", root=tmp_path / "px", img_size=16, augment="none", decode="device")
     split = dev.val
     order = np.random.default_rng(0).permutation(len(split)).tolist()
-    flat, lengths, labels, indices = split.collate([split.read(i) for i in order])
-    shapes = [tuple(split._split.shapes[i]) for i in indices.tolist()]
-    assert shapes == sorted(shapes) and sorted(indices.tolist()) == sorted(order)
-    assert labels.tolist() == [int(split._split.labels[i]) for i in indices.tolist()]
-    images = split.images(flat, lengths, indices, CPU)
-    assert len(images.groups) == len(set(shapes)) == 3 and images.n == len(order)
+    batch = split.collate([split.read(i) for i in order])
+    assert batch.indices.tolist() == order  # val indices are positions
+    assert batch.labels.tolist() == [int(split._split.labels[i]) for i in order]
+    laid_out = [tuple(split._split.shapes[order[k]]) for k in batch.order.tolist()]
+    assert laid_out == sorted(laid_out) and sorted(batch.order.tolist()) == list(range(len(order)))
+    images = split.images(batch, CPU)
+    assert len(images.groups) == len(set(laid_out)) == 3 and images.n == len(order)
     for rows, group in images.groups:
         for row, img in zip(rows.tolist(), group):
-            want = split._split.pixels(int(indices[row]))
+            want = split._split.pixels(order[row])
             assert torch.equal(img, torch.from_numpy(np.ascontiguousarray(want.transpose(2, 0, 1))))
-    batch = split.transform(images, CPU, torch.Generator().manual_seed(0))
-    one_by_one = torch.stack([split[int(i)][0] for i in indices.tolist()])  # val indices are positions
-    assert torch.equal(batch, one_by_one)
+    x = split.transform(images, CPU, torch.Generator().manual_seed(0))
+    one_by_one = torch.stack([split[i][0] for i in order])
+    assert torch.equal(x, one_by_one)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_device_loader_hands_on_batches_in_the_samplers_order(tmp_path, workers):
+    """Through the loader fit uses (workers, pinning off on CPU, the producer thread), each batch's indices and labels
+    are the sampler's, and its images are the items' own crops in that order."""
+    src = _folder(tmp_path / "src", sizes=((40, 50), (50, 36), (30, 30)), per_class=5)
+    prepare_folder(src, tmp_path / "px", short_side=32, workers=1, form="pixels")
+    dev = load_dataset("imagefolder", root=tmp_path / "px", img_size=16, augment="none", decode="device")
+    split = dev.val
+    sampler = [[7, 2, 9, 0, 4], [1, 8, 3, 6, 5]]
+    loader = split.device_loader(sampler, CPU, num_workers=workers, pin_memory=False, persistent_workers=False)
+    seen = list(loader)
+    assert [b[2].tolist() for b in seen] == sampler
+    for (x, y, indices), positions in zip(seen, sampler):
+        assert y.tolist() == [int(split._split.labels[i]) for i in positions]
+        assert torch.equal(x, torch.stack([split[i][0] for i in positions]))
