@@ -9,6 +9,7 @@ best onto the study run, and of the answer table into the descriptions.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,13 @@ __all__ = [
     "RESULTS_MARKER",
     "VIEW_KEY",
     "CellBest",
+    "Launch",
     "cell_end_time",
     "cell_params",
     "choose_launch",
     "close_dangling",
     "close_interrupted",
+    "closing_steps",
     "describe_experiment",
     "drop_lost_trials",
     "experiment",
@@ -60,6 +63,7 @@ __all__ = [
     "find_study_run",
     "launch_of",
     "mark_interrupted",
+    "open_launch",
     "parent_runs",
     "release",
     "resume_target",
@@ -566,6 +570,36 @@ def experiment(client, name: str, artifact_location: Path, tracking_uri: str) ->
     return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
 
 
+@dataclass(frozen=True)
+class Launch:
+    """The launch a call of `run` or `resume` records into: its store, its experiment, its number, the study run it
+    resumes (None: a new launch) and whether this call made the experiment (`release` may then delete it)."""
+
+    uri: str
+    client: Any
+    experiment_id: str
+    experiment_name: str
+    number: int
+    previous: Any = None
+    new_experiment: bool = False
+
+
+def open_launch(study: LoadedStudy, uri: str, *, resume: bool, new_launch: bool, explicit: bool) -> Launch:
+    """On resume, the launch this file ran, in the store it ran into (resume_target; the URI may differ from `uri`),
+    never a new store, experiment or launch; else the study's experiment at `uri` (made, or restored, here) and a
+    launch claimed for this call (choose_launch). explicit: `uri` was given for this call, not by the study file."""
+    name = study.experiment_name
+    if resume:
+        uri, client, experiment_id, previous = resume_target(study, uri, explicit=explicit)
+        return Launch(uri, client, experiment_id, name, launch_of(previous), previous)
+    client = tracking_client(uri)
+    before = client.get_experiment_by_name(name)
+    new_experiment = before is None or before.lifecycle_stage != "active"
+    experiment_id = experiment(client, name, Path(study.spec.tracking.artifact_location), uri)
+    number = choose_launch(client, experiment_id, study, name, uri, new_launch=new_launch)
+    return Launch(uri, client, experiment_id, name, number, new_experiment=new_experiment)
+
+
 def find_run(client, experiment_id: str, tags: dict[str, str]):
     clause = " and ".join(f"tags.`{k}` = {filter_value(v)}" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
@@ -715,6 +749,54 @@ def close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, int
         if status == "interrupted":
             _retry(client.set_tag, run.info.run_id, REASON_TAG, interrupted)
         _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
+
+
+def closing_steps(
+    client,
+    uri: str,
+    experiment_id: str,
+    opened: list[str],
+    cell_runs: dict[str, str],
+    cells: list[Cell],
+    *,
+    column: str,
+    mode: str,
+    status: str,
+    interrupted: str | None,
+    interrupted_at: float | None,
+) -> list[Callable[[], Any]]:
+    """The steps, in order, that close the runs a call opened (`opened`, the study run first; each to be run whatever
+    the others do): no trial run left RUNNING (close_dangling, `interrupted` its reason), those the interrupt cut at
+    `interrupted_at` marked so, every cell rolled up once more, then each run ended with `status`."""
+    steps: list[Callable[[], Any]] = [
+        lambda: close_dangling(client, experiment_id, cell_runs, interrupted=interrupted),
+    ]
+    if interrupted_at is not None:
+        steps.append(lambda: mark_interrupted(client, experiment_id, cell_runs, interrupted_at))
+    # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
+    steps.append(
+        lambda: rollup_callback(
+            uri,
+            experiment_id,
+            opened[0],
+            cell_runs,
+            cells,
+            column=column,
+            mode=mode,
+        ).update()
+    )
+    # A cell run ends when its last trial did (its duration its own); the study run ends now.
+    cell_ids = set(cell_runs.values())
+    steps += [
+        lambda rid=rid: _retry(
+            client.set_terminated,
+            rid,
+            status=status,
+            end_time=cell_end_time(client, experiment_id, rid) if rid in cell_ids else None,
+        )
+        for rid in opened
+    ]
+    return steps
 
 
 INTERRUPTED_REASON = (

@@ -26,18 +26,15 @@ from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import (
     INTERRUPTED_REASON,
-    cell_end_time,
-    choose_launch,
-    close_dangling,
+    Launch,
     close_interrupted,
+    closing_steps,
     describe_experiment,
     drop_lost_trials,
-    experiment,
-    launch_of,
     mark_interrupted,
+    open_launch,
     parent_runs,
     release,
-    resume_target,
     rollup_callback,
     source_tags,
     trial_params,
@@ -74,7 +71,6 @@ from trainables.tracking import (
     TrackingTarget,
     _retry,
     resolve_tracking_uri,
-    tracking_client,
 )
 
 __all__ = [
@@ -598,45 +594,15 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
-    if trainable is None:  # the real trials build timm models: a kwargs typo would fail each, each retried
-        check_model_kwargs(study)
-    ray_mod = sys.modules.get("ray")
-    if ray_mod is not None and ray_mod.is_initialized():
-        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
-    elif not address:
-        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
-    else:
-        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
-    spec = study.spec
-    uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
-    exp_name = study.experiment_name
+    _check_before_recording(study, address, num_cpus, real_trials=trainable is None)
+    uri = resolve_tracking_uri(tracking_uri or study.spec.tracking.uri)
     _warn_split_records(address, uri)
-    if resume:
-        # Only the launch this file ran, in the store it ran into: never a new store, experiment or launch.
-        uri, client, experiment_id, previous = resume_target(study, uri, explicit=tracking_uri is not None)
-        launch = launch_of(previous)
-        new_experiment = False
-    else:
-        client = tracking_client(uri)
-        before = client.get_experiment_by_name(exp_name)
-        new_experiment = before is None or before.lifecycle_stage != "active"
-        experiment_id = experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
-        previous = None
-        launch = choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
-    describe_experiment(client, experiment_id, study)
-    run_name = launch_name(exp_name, launch)
-    locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
-
-    res = study.resources
-    plan = DistributedPlan(
-        workers=res.workers_per_trial,
-        cpus_per_worker=res.cpus_per_trial,
-        gpus_per_worker=res.gpus_per_trial,
-        custom=dict(res.custom),
-        max_failures=res.max_failures,
-        storage_path=f"{locations.storage}/{run_name}/train",
-        keep_checkpoints=spec.checkpoints.keep,
-    )
+    target = open_launch(study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None)
+    describe_experiment(target.client, target.experiment_id, study)
+    run_name = launch_name(target.experiment_name, target.number)
+    previous_tags = target.previous.data.tags if target.previous is not None else None
+    locations = state_locations(study, run_name, previous_tags)
+    plan = _distributed_plan(study, locations, run_name)
 
     opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
     cell_runs: dict[str, str] = {}
@@ -652,124 +618,195 @@ def run_study(
         with stderr_to(log):
             started_ray = _start_ray(study, address, num_cpus)
         reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
-        if address:
-            check_cluster_resources(study)
-        # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
-        check_cluster_storage(study, locations, plan, connected=bool(address))
-        _ensure_local_dirs(study, locations)
-        check_data_on_nodes(study)  # a node that cannot read the data fails the study here
+        _check_cluster(study, locations, plan, address)
         experiment_dir = f"{locations.storage}/{run_name}"
-        if resume:
-            from ray import tune
-
-            identity.check_launch_record(
-                study, experiment_dir, identity.launch_record(study, uri, experiment_id, previous.info.run_id, launch)
-            )
-
-            if not tune.Tuner.can_restore(experiment_dir):
-                raise StudyError(
-                    study.path,
-                    [
-                        f"resume: no interrupted run of this study under {experiment_dir}. "
-                        f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
-                    ],
-                )
-            # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
-            recorded = previous.data.tags.get(TUNE_STATE_TAG)
-            if trust_storage:
-                print(
-                    f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked"
-                )
-            elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
-                print(f"sharpscale: warning: {unchecked}", flush=True)
-        else:
-            identity.check_fresh_experiment_dir(study, experiment_dir, uri)
+        _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
         commit = git_commit(study.path.parent)
-        study_run_id = parent_runs(
-            client, study, experiment_id, commit, previous, locations.tags(), launch, opened, cell_runs
-        )
-        if not resume:
-            identity.write_launch_record(
-                experiment_dir, identity.launch_record(study, uri, experiment_id, study_run_id, launch)
-            )
-        outcome = _tune(
-            study,
-            locations,
-            plan,
-            client,
-            uri,
-            exp_name,
-            run_name,
-            launch,
-            experiment_id,
-            commit,
-            study_run_id,
-            cell_runs,
-            resume,
-            trainable,
-        )
+        study_run_id = _open_runs(study, target, commit, locations, experiment_dir, opened, cell_runs, resume=resume)
+        outcome = _tune(study, target, locations, plan, run_name, commit, study_run_id, cell_runs, resume, trainable)
         return outcome
     except BaseException as err:
-        places = [path for path, _ in _study_places(study, locations, uri)]
-        full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space_at(err, places)
-        if full is not None:
-            # A full disk met outside the trials (a record of the runner's, the store itself): the one line that
-            # names it, not the trace of whichever library met it first.
-            primary = _no_space_error(study, locations, uri, [f"the study could not write ({full})"])
+        primary = _full_disk_error(study, locations, target.uri, err)
+        if primary is not None:
             raise primary from None
         primary = err
         raise
     finally:
-        if outcome is not None:
-            status = "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
-        else:
-            status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
-        steps = []
-        if started_ray:
-            import ray
-
-            # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
-            # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
-            # steps below record is the last word.
-            steps.append(ray.shutdown)
-        if opened:
-            reason = interruption_reason(outcome, primary)
-            steps.append(lambda: close_dangling(client, experiment_id, cell_runs, interrupted=reason))
-            if outcome is not None and outcome.interrupted_at is not None:
-                since = outcome.interrupted_at
-                steps.append(lambda: mark_interrupted(client, experiment_id, cell_runs, since))
-            # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
-            steps.append(
-                lambda: rollup_callback(
-                    uri,
-                    experiment_id,
-                    opened[0],
-                    cell_runs,
-                    list(study.cells),
-                    column=spec.objective.column,
-                    mode=spec.objective.mode,
-                ).update()
-            )
-            # A cell run ends when its last trial did (its duration its own); the study run ends now.
-            cell_ids = set(cell_runs.values())
-            steps += [
-                lambda rid=rid: _retry(
-                    client.set_terminated,
-                    rid,
-                    status=status,
-                    end_time=cell_end_time(client, experiment_id, rid) if rid in cell_ids else None,
-                )
-                for rid in opened
-            ]
-        if primary is not None and not opened and not resume:
-            # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
-            # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
-            steps.append(lambda: release(client, experiment_id, exp_name, launch, new_experiment))
+        steps = _closing_steps(
+            study, target, opened, cell_runs, outcome, primary, started_ray=started_ray, resume=resume
+        )
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
             steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
         _close_all(steps, primary)
+
+
+def _check_before_recording(
+    study: LoadedStudy, address: str | None, num_cpus: int | None, *, real_trials: bool
+) -> None:
+    """Refuse, before anything is recorded or Ray starts, a study whose trials could never run here."""
+    if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_model_kwargs(study)
+    ray_mod = sys.modules.get("ray")
+    if ray_mod is not None and ray_mod.is_initialized():
+        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
+    elif not address:
+        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+    else:
+        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
+
+
+def _distributed_plan(study: LoadedStudy, locations: StateLocations, run_name: str) -> DistributedPlan:
+    """How each trial runs: its workers, what each holds, its retries, where Ray Train keeps its checkpoints."""
+    res = study.resources
+    return DistributedPlan(
+        workers=res.workers_per_trial,
+        cpus_per_worker=res.cpus_per_trial,
+        gpus_per_worker=res.gpus_per_trial,
+        custom=dict(res.custom),
+        max_failures=res.max_failures,
+        storage_path=f"{locations.storage}/{run_name}/train",
+        keep_checkpoints=study.spec.checkpoints.keep,
+    )
+
+
+def _check_cluster(study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, address: str | None) -> None:
+    """Once Ray is up: every problem with the cluster, where the state goes and the data surfaces here, before any
+    MLflow run or trial exists."""
+    if address:
+        check_cluster_resources(study)
+    check_cluster_storage(study, locations, plan, connected=bool(address))
+    _ensure_local_dirs(study, locations)
+    check_data_on_nodes(study)  # a node that cannot read the data fails the study here
+
+
+def _check_tune_experiment(
+    study: LoadedStudy, target: Launch, experiment_dir: str, *, resume: bool, trust_storage: bool
+) -> None:
+    """The Tune experiment folder: on resume, the one this launch left (its launch record, its state files, unless
+    trust_storage); on a fresh launch, none there yet (identity.check_fresh_experiment_dir)."""
+    if not resume:
+        identity.check_fresh_experiment_dir(study, experiment_dir, target.uri)
+        return
+    from ray import tune
+
+    previous = target.previous
+    identity.check_launch_record(
+        study,
+        experiment_dir,
+        identity.launch_record(study, target.uri, target.experiment_id, previous.info.run_id, target.number),
+    )
+
+    if not tune.Tuner.can_restore(experiment_dir):
+        raise StudyError(
+            study.path,
+            [
+                f"resume: no interrupted run of this study under {experiment_dir}. "
+                f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
+            ],
+        )
+    # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
+    recorded = previous.data.tags.get(TUNE_STATE_TAG)
+    if trust_storage:
+        print(f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked")
+    elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
+        print(f"sharpscale: warning: {unchecked}", flush=True)
+
+
+def _open_runs(
+    study: LoadedStudy,
+    target: Launch,
+    commit: str,
+    locations: StateLocations,
+    experiment_dir: str,
+    opened: list[str],
+    cell_runs: dict[str, str],
+    *,
+    resume: bool,
+) -> str:
+    """The study run and the cell runs (parent_runs, into `opened` and `cell_runs`), then, on a fresh launch, its
+    identity into the Tune experiment folder; returns the study run's id."""
+    study_run_id = parent_runs(
+        target.client,
+        study,
+        target.experiment_id,
+        commit,
+        target.previous,
+        locations.tags(),
+        target.number,
+        opened,
+        cell_runs,
+    )
+    if not resume:
+        identity.write_launch_record(
+            experiment_dir,
+            identity.launch_record(study, target.uri, target.experiment_id, study_run_id, target.number),
+        )
+    return study_run_id
+
+
+def _full_disk_error(study: LoadedStudy, locations: StateLocations, uri: str, err: BaseException) -> NoSpaceLeft | None:
+    """A full disk met outside the trials (a record of the runner's, the store itself): the one line that names it,
+    not the trace of whichever library met it first; None for any other error."""
+    places = [path for path, _ in _study_places(study, locations, uri)]
+    full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space_at(err, places)
+    return None if full is None else _no_space_error(study, locations, uri, [f"the study could not write ({full})"])
+
+
+def _closing_steps(
+    study: LoadedStudy,
+    target: Launch,
+    opened: list[str],
+    cell_runs: dict[str, str],
+    outcome: StudyOutcome | None,
+    primary: BaseException | None,
+    *,
+    started_ray: bool,
+    resume: bool,
+) -> list:
+    """What ends a call of run_study, in order, whatever ended it (each step run by _close_all even when another
+    fails): Ray stopped (when this call started it), the runs this call opened closed (records.closing_steps), or,
+    stopped before any run, the launch it claimed released."""
+    steps = []
+    if started_ray:
+        import ray
+
+        # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
+        # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
+        # steps below record is the last word.
+        steps.append(ray.shutdown)
+    if opened:
+        objective = study.spec.objective
+        steps += closing_steps(
+            target.client,
+            target.uri,
+            target.experiment_id,
+            opened,
+            cell_runs,
+            list(study.cells),
+            column=objective.column,
+            mode=objective.mode,
+            status=_run_status(outcome, primary),
+            interrupted=interruption_reason(outcome, primary),
+            interrupted_at=outcome.interrupted_at if outcome is not None else None,
+        )
+    if primary is not None and not opened and not resume:
+        # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
+        # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
+        steps.append(
+            lambda: release(
+                target.client, target.experiment_id, target.experiment_name, target.number, target.new_experiment
+            )
+        )
+    return steps
+
+
+def _run_status(outcome: StudyOutcome | None, primary: BaseException | None) -> str:
+    """The MLflow status the runs this call opened end with."""
+    if outcome is not None:
+        return "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
+    return "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
@@ -858,14 +895,10 @@ def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] |
 
 def _tune(
     study: LoadedStudy,
+    target: Launch,
     locations: StateLocations,
     plan: DistributedPlan,
-    client,
-    uri: str,
-    exp_name: str,
     run_name: str,
-    launch: int,
-    experiment_id: str,
     commit: str,
     study_run_id: str,
     cell_runs: dict[str, str],
@@ -873,6 +906,8 @@ def _tune(
     trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
+    client, uri, experiment_id = target.client, target.uri, target.experiment_id
+    exp_name, launch = target.experiment_name, target.number
     from analysis.geometry.names import PROBE_FACTORY
 
     logged_params = trial_params(study)
