@@ -558,6 +558,8 @@ def rollup_callback(
 
 
 def experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
+    """The id of the experiment `name`: found (restored if deleted), or made, its artifacts in the server's own store
+    over HTTP, else under `artifact_location`."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
@@ -601,6 +603,7 @@ def open_launch(study: LoadedStudy, uri: str, *, resume: bool, new_launch: bool,
 
 
 def find_run(client, experiment_id: str, tags: dict[str, str]):
+    """The newest run of the experiment that carries every one of `tags` (key and value), or None."""
     clause = " and ".join(f"tags.`{k}` = {filter_value(v)}" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
     return runs[0] if runs else None
@@ -611,14 +614,13 @@ def _study_tags(study: LoadedStudy) -> dict[str, str]:
 
 
 def launch_of(run) -> int:
+    """The launch a run belongs to (its LAUNCH_TAG; 1 where it has none)."""
     return int(run.data.tags.get(LAUNCH_TAG, "1"))
 
 
 def choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
     """The launch a new run of the study starts, claimed in the store (studies.identity.claim_launch): 1, or the next
     one when asked for; refused when that would mix runs, or when a run started at the same moment claimed it."""
-    from studies.identity import LaunchTaken, claim_launch
-
     earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
     newest = max((launch_of(r) for r in earlier), default=0)
     if earlier and not new_launch:
@@ -636,9 +638,9 @@ def choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str,
     artifacts = None if uri.startswith(("http://", "https://")) else _artifact_uri(study)
     for launch in range(newest + 1, newest + 1 + (100 if new_launch else 1)):
         try:
-            claim_launch(client, exp_name, launch, artifacts)
+            identity.claim_launch(client, exp_name, launch, artifacts)
             return launch
-        except LaunchTaken:
+        except identity.LaunchTaken:
             continue
     raise StudyError(
         study.path,
@@ -732,7 +734,7 @@ def close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, int
     """No trial run may stay RUNNING: one Ray stopped (ASHA) or killed never reached its own `finish`.
 
     After a normal end (`interrupted` None) such a trial was stopped early on purpose; otherwise `interrupted` is
-    the reason the study stopped (`interruption_reason`), and `resume` reopens the trial.
+    the reason the study stopped (studies.runner.interruption_reason), and `resume` reopens the trial.
     """
     for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
         if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
