@@ -310,7 +310,8 @@ def _cmd_status(args) -> int:
 
 def _state_line(study, uri: str, name: str) -> str:
     """Where the study's state is: as its latest study run recorded it, else as this file would put it."""
-    from studies.runner import find_study_run, state_locations
+    from studies.records import find_study_run
+    from studies.runner import state_locations
     from trainables.tracking import tracking_client
 
     client = tracking_client(uri, create=False)
@@ -550,7 +551,8 @@ def _say_when_answering(url: str, message: str, *, path: str = "/health", timeou
 
 def _cmd_dashboard(args) -> int:
     """optuna-dashboard over the Optuna storage the study's newest run recorded (else the one its file names)."""
-    from studies.runner import find_study_run, state_locations
+    from studies.records import find_study_run
+    from studies.runner import state_locations
     from studies.search import open_optuna_storage
     from studies.spec import load_study
     from trainables.tracking import tracking_client

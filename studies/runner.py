@@ -1,4 +1,4 @@
-"""Running a study: MLflow parent runs, a Ray cluster (local or given), Tune + Optuna over every cell, a summary."""
+"""Running a study: checks, its Ray cluster, Tune + Optuna over every cell, its close (its record: studies.records)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,16 @@ from studies.cost import local_gpus
 from studies.preflight import check_data_on_nodes, check_model_kwargs
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import (
-    cell_end_time,
-    cell_label,
-    cell_params,
+    INTERRUPTED_REASON,
+    Launch,
+    close_interrupted,
+    closing_steps,
     describe_experiment,
+    drop_lost_trials,
+    mark_interrupted,
+    open_launch,
+    parent_runs,
+    release,
     rollup_callback,
     source_tags,
     trial_params,
@@ -36,47 +42,35 @@ from studies.records import (
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import NoSpaceLeft, free_bytes, nearest_existing, no_space_at, shown
-from trainables.metrics import EPOCH_TIME, EVERY_EPOCH_METRIC, VALIDATION_METRICS
+from trainables.metrics import EPOCH_TIME, VALIDATION_METRICS
 from trainables.naming import (
     CELL_TAG,
     CHOSEN_FROM_TAG,
     CONFIRM_STAGE,
     GIT_COMMIT_TAG,
-    KIND_TAG,
     LAUNCH_TAG,
     LOG_FILE,
-    NOTE_TAG,
     OPTUNA_STORAGE_TAG,
     PARAMS_KEY,
-    PARENT_RUN_TAG,
     PLACES_KEY,
-    REASON_TAG,
     SEARCH_STAGE,
     STAGE_TAG,
-    STATUS_TAG,
     STORAGE_TAG,
     STUDY_FILE_HASH_TAG,
-    STUDY_FILE_TAG,
     STUDY_TAG,
-    TRIAL_ID_TAG,
     TUNE_STATE_TAG,
     factor_tag,
-    kind_filter,
     launch_name,
-    study_run_name,
 )
 from trainables.ray_train import DistributedPlan
 from trainables.tracking import (
     BEST_EPOCH_METRICS,
     LAST_EPOCH_RESULT_KEY,
-    NO_SPACE_REASON,
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     TrackingTarget,
     _retry,
-    filter_value,
     resolve_tracking_uri,
-    tracking_client,
 )
 
 __all__ = [
@@ -164,19 +158,6 @@ class StudyOutcome:
         return self.reported == 0
 
 
-def _experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
-    if tracking_uri.startswith(("http://", "https://")):
-        # The server's own artifact store (mlflow-artifacts:/): every node uploads over HTTP, none needs a shared disk.
-        return client.create_experiment(name)
-    artifact_location.mkdir(parents=True, exist_ok=True)
-    return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
-
-
 def _warn_split_records(address: str | None, uri: str) -> None:
     # On a cluster every node must reach one store: a local file or a loopback server splits the records.
     if address in (None, "local"):
@@ -189,161 +170,6 @@ def _warn_split_records(address: str | None, uri: str) -> None:
             f"--tracking-uri http://<head's private IP>:5000 (docs/cluster.md).",
             flush=True,
         )
-
-
-def _find_run(client, experiment_id: str, tags: dict[str, str]):
-    clause = " and ".join(f"tags.`{k}` = {filter_value(v)}" for k, v in tags.items())
-    runs = client.search_runs([experiment_id], filter_string=clause, max_results=1)
-    return runs[0] if runs else None
-
-
-def _study_tags(study: LoadedStudy) -> dict[str, str]:
-    return {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
-
-
-def _launch_of(run) -> int:
-    return int(run.data.tags.get(LAUNCH_TAG, "1"))
-
-
-def _choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
-    """The launch a new run of the study starts, claimed in the store (studies.identity.claim_launch): 1, or the next
-    one when asked for; refused when that would mix runs, or when a run started at the same moment claimed it."""
-    from studies.identity import LaunchTaken, claim_launch
-
-    earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
-    newest = max((_launch_of(r) for r in earlier), default=0)
-    if earlier and not new_launch:
-        trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
-        raise StudyError(
-            study.path,
-            [
-                f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
-                f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
-                f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
-                f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
-                f"tracking.experiment to a new name."
-            ],
-        )
-    artifacts = None if uri.startswith(("http://", "https://")) else _artifact_uri(study)
-    for launch in range(newest + 1, newest + 1 + (100 if new_launch else 1)):
-        try:
-            claim_launch(client, exp_name, launch, artifacts)
-            return launch
-        except LaunchTaken:
-            continue
-    raise StudyError(
-        study.path,
-        [
-            f"run: launch {newest + 1} of MLflow experiment {exp_name!r} at {uri} was claimed by another `sharpscale "
-            f"run` of this study started at the same moment (or its runs were deleted since); two runs never share "
-            f"a launch. Fix: let that run go on (`sharpscale status {study.path}`; `sharpscale resume` if it was "
-            f"interrupted), or start one of your own with `sharpscale run --new-launch {study.path}`."
-        ],
-    )
-
-
-def _artifact_uri(study: LoadedStudy) -> str:
-    return Path(study.spec.tracking.artifact_location).resolve().as_uri()
-
-
-def find_study_run(client, experiment_id: str, study: LoadedStudy):
-    """The newest study run of this file (and these overrides) in the experiment, or None."""
-    return _find_run(client, experiment_id, _study_tags(study))
-
-
-def _parent_runs(
-    client,
-    study: LoadedStudy,
-    experiment_id: str,
-    commit: str,
-    run,
-    locations: StateLocations,
-    launch: int,
-    opened: list[str],
-    cell_runs: dict[str, str],
-) -> str:
-    """The study's run and one run per cell (into `cell_runs`); on resume (`run`: the study run found) they are
-    reopened, never duplicated. Each run id goes into `opened` as soon as it is RUNNING, for the caller to close."""
-    resume = run is not None
-    if run is None:
-        run = client.create_run(
-            experiment_id,
-            run_name=study_run_name(study.spec.name, launch),
-            tags={
-                **_study_tags(study),
-                LAUNCH_TAG: str(launch),
-                GIT_COMMIT_TAG: commit,
-                STUDY_FILE_TAG: str(study.path),
-                NOTE_TAG: study.spec.description,
-                **source_tags(study, commit),
-                **locations.tags(),
-            },
-        )
-        opened.append(run.info.run_id)
-        client.log_artifact(run.info.run_id, str(study.path))
-        if study.overrides:
-            client.log_dict(run.info.run_id, {"overrides": study.overrides, "smoke": study.smoke}, "overrides.yaml")
-    else:
-        for key, value in locations.tags().items():
-            client.set_tag(run.info.run_id, key, value)
-        client.update_run(run.info.run_id, status="RUNNING")
-        opened.append(run.info.run_id)
-    study_run_id = run.info.run_id
-    for cell in study.cells:
-        tags = {KIND_TAG: "cell", CELL_TAG: cell.key, PARENT_RUN_TAG: study_run_id}
-        existing = _find_run(client, experiment_id, tags) if resume else None
-        if existing is None:
-            existing = client.create_run(
-                experiment_id,
-                run_name=cell_label(cell),
-                tags={
-                    **tags,
-                    STUDY_FILE_HASH_TAG: study.file_hash,
-                    LAUNCH_TAG: str(launch),
-                    **source_tags(study, commit),
-                    **{factor_tag(k): v for k, v in cell.levels.items()},
-                },
-            )
-            _log_params(client, existing.info.run_id, cell_params(cell))
-        else:
-            client.update_run(existing.info.run_id, status="RUNNING")
-        opened.append(existing.info.run_id)
-        cell_runs[cell.key] = existing.info.run_id
-    return study_run_id
-
-
-def _log_params(client, run_id: str, params: dict[str, str]) -> None:
-    from mlflow.entities import Param
-
-    _retry(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items()])
-
-
-def _close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: str | None) -> None:
-    """No trial run may stay RUNNING: one Ray stopped (ASHA) or killed never reached its own `finish`.
-
-    After a normal end (`interrupted` None) such a trial was stopped early on purpose; otherwise `interrupted` is
-    the reason the study stopped (`interruption_reason`), and `resume` reopens the trial.
-    """
-    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
-        if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
-            continue
-        # A trial whose actor Ray reclaimed right after its last epoch did finish: its record says so.
-        epochs = int(run.data.params.get("schedule.epochs", 0))
-        # Validation may skip epochs (train.eval_every): the metric of every epoch says which ran.
-        logged = {m.step for m in client.get_metric_history(run.info.run_id, EVERY_EPOCH_METRIC)}
-        if epochs and logged >= set(range(epochs)):
-            status, mlflow_status = "finished", "FINISHED"
-        else:
-            status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
-        _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
-        if status == "interrupted":
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, interrupted)
-        _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
-
-
-INTERRUPTED_REASON = (
-    "the study was interrupted (Ctrl-C or SIGTERM) while this trial ran; `sharpscale resume` continues it"
-)
 
 
 def interruption_reason(outcome: StudyOutcome | None, primary: BaseException | None) -> str | None:
@@ -362,28 +188,6 @@ def interruption_reason(outcome: StudyOutcome | None, primary: BaseException | N
             "`sharpscale resume` continues it once the cause is fixed"
         )
     return None
-
-
-def _mark_interrupted(
-    client, experiment_id: str, cell_runs: dict[str, str], since: float, reason: str = INTERRUPTED_REASON
-) -> None:
-    """Trials that Tune stopped because of the interrupt end as `early_stopped` or `failed` in their own record:
-    say `interrupted` instead, so that nothing cut short by Ctrl-C looks stopped on purpose."""
-    since_ms = int(since * 1000)
-    for run in client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000):
-        if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
-            continue
-        ended = run.info.end_time
-        if run.data.tags.get(REASON_TAG, "").startswith(NO_SPACE_REASON):
-            continue  # it ended itself on the full disk: Tune holds it ended, and `resume` does not run it again
-        if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (
-            ended is None or ended >= since_ms
-        ):
-            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
-            # Its own reason named what stopped it as seen from the trial (Tune's stop): say why Tune stopped it.
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, reason)
-            if run.info.status == "RUNNING":
-                _retry(client.set_terminated, run.info.run_id, status="KILLED")
 
 
 class NoSpaceStopper(Stopper):
@@ -480,21 +284,6 @@ def _close_all(steps: list, primary: BaseException | None) -> None:
         primary.add_note(f"(while closing the study's runs afterwards: {type(err).__name__}: {str(err)[:300]})")
 
 
-def _drop_lost_trials(client, experiment_id: str, known: set[str], launch: int) -> None:
-    """Soft-delete the runs of trials that the interrupted driver started but never snapshotted.
-
-    Tune cannot resume a trial it has no record of; the searcher issues a new trial in its place. The lost
-    one's run is deleted from the active record (restorable with `mlflow runs restore`), so MLflow keeps
-    exactly one run per trial of the study.
-    """
-    for run in client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000):
-        if _launch_of(run) == launch and run.data.tags.get(TRIAL_ID_TAG) not in known:
-            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "lost")
-            if run.info.status == "RUNNING":
-                _retry(client.set_terminated, run.info.run_id, status="KILLED")
-            _retry(client.delete_run, run.info.run_id)
-
-
 def _trial_resources(plan: DistributedPlan):
     if plan.workers > 1:
         # The trial itself only drives a Ray Train group, which books its own workers' resources; Tune
@@ -589,7 +378,7 @@ class FinishingASHA(ASHAScheduler):
     keeps resume from logging an epoch twice), and at its last epoch it then keeps its final checkpoint and ends its
     run. Tune stops a trial by ending its actor without waiting for that, so ASHA's STOP there (at max_t, which is
     the last epoch, or at a rung that falls on it) lost the last epoch's record (its geometry too) and left the run
-    for `_close_dangling`, which, missing that epoch, called a finished trial early_stopped. Such a result, marked by
+    for `close_dangling`, which, missing that epoch, called a finished trial early_stopped. Such a result, marked by
     the trial (LAST_EPOCH_RESULT_KEY), continues instead: the trial writes what it owes and ends by itself. Its
     rungs and cutoffs are ASHA's, untouched.
     """
@@ -805,45 +594,15 @@ def run_study(
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
     study = load_study(path, smoke=smoke, overrides=overrides)
-    if trainable is None:  # the real trials build timm models: a kwargs typo would fail each, each retried
-        check_model_kwargs(study)
-    ray_mod = sys.modules.get("ray")
-    if ray_mod is not None and ray_mod.is_initialized():
-        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
-    elif not address:
-        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
-    else:
-        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
-    spec = study.spec
-    uri = resolve_tracking_uri(tracking_uri or spec.tracking.uri)
-    exp_name = study.experiment_name
+    _check_before_recording(study, address, num_cpus, real_trials=trainable is None)
+    uri = resolve_tracking_uri(tracking_uri or study.spec.tracking.uri)
     _warn_split_records(address, uri)
-    if resume:
-        # Only the launch this file ran, in the store it ran into: never a new store, experiment or launch.
-        uri, client, experiment_id, previous = _resume_target(study, uri, explicit=tracking_uri is not None)
-        launch = _launch_of(previous)
-        new_experiment = False
-    else:
-        client = tracking_client(uri)
-        before = client.get_experiment_by_name(exp_name)
-        new_experiment = before is None or before.lifecycle_stage != "active"
-        experiment_id = _experiment(client, exp_name, Path(spec.tracking.artifact_location), uri)
-        previous = None
-        launch = _choose_launch(client, experiment_id, study, exp_name, uri, new_launch=new_launch)
-    describe_experiment(client, experiment_id, study)
-    run_name = launch_name(exp_name, launch)
-    locations = state_locations(study, run_name, previous.data.tags if previous is not None else None)
-
-    res = study.resources
-    plan = DistributedPlan(
-        workers=res.workers_per_trial,
-        cpus_per_worker=res.cpus_per_trial,
-        gpus_per_worker=res.gpus_per_trial,
-        custom=dict(res.custom),
-        max_failures=res.max_failures,
-        storage_path=f"{locations.storage}/{run_name}/train",
-        keep_checkpoints=spec.checkpoints.keep,
-    )
+    target = open_launch(study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None)
+    describe_experiment(target.client, target.experiment_id, study)
+    run_name = launch_name(target.experiment_name, target.number)
+    previous_tags = target.previous.data.tags if target.previous is not None else None
+    locations = state_locations(study, run_name, previous_tags)
+    plan = _distributed_plan(study, locations, run_name)
 
     opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
     cell_runs: dict[str, str] = {}
@@ -859,119 +618,23 @@ def run_study(
         with stderr_to(log):
             started_ray = _start_ray(study, address, num_cpus)
         reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
-        if address:
-            check_cluster_resources(study)
-        # Every problem with where the state goes surfaces here: before any MLflow run or trial exists.
-        check_cluster_storage(study, locations, plan, connected=bool(address))
-        _ensure_local_dirs(study, locations)
-        check_data_on_nodes(study)  # a node that cannot read the data fails the study here
+        _check_cluster(study, locations, plan, address)
         experiment_dir = f"{locations.storage}/{run_name}"
-        if resume:
-            from ray import tune
-
-            identity.check_launch_record(
-                study, experiment_dir, identity.launch_record(study, uri, experiment_id, previous.info.run_id, launch)
-            )
-
-            if not tune.Tuner.can_restore(experiment_dir):
-                raise StudyError(
-                    study.path,
-                    [
-                        f"resume: no interrupted run of this study under {experiment_dir}. "
-                        f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
-                    ],
-                )
-            # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
-            recorded = previous.data.tags.get(TUNE_STATE_TAG)
-            if trust_storage:
-                print(
-                    f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked"
-                )
-            elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
-                print(f"sharpscale: warning: {unchecked}", flush=True)
-        else:
-            identity.check_fresh_experiment_dir(study, experiment_dir, uri)
+        _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
         commit = git_commit(study.path.parent)
-        study_run_id = _parent_runs(
-            client, study, experiment_id, commit, previous, locations, launch, opened, cell_runs
-        )
-        if not resume:
-            identity.write_launch_record(
-                experiment_dir, identity.launch_record(study, uri, experiment_id, study_run_id, launch)
-            )
-        outcome = _tune(
-            study,
-            locations,
-            plan,
-            client,
-            uri,
-            exp_name,
-            run_name,
-            launch,
-            experiment_id,
-            commit,
-            study_run_id,
-            cell_runs,
-            resume,
-            trainable,
-        )
+        study_run_id = _open_runs(study, target, commit, locations, experiment_dir, opened, cell_runs, resume=resume)
+        outcome = _tune(study, target, locations, plan, run_name, commit, study_run_id, cell_runs, resume, trainable)
         return outcome
     except BaseException as err:
-        places = [path for path, _ in _study_places(study, locations, uri)]
-        full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space_at(err, places)
-        if full is not None:
-            # A full disk met outside the trials (a record of the runner's, the store itself): the one line that
-            # names it, not the trace of whichever library met it first.
-            primary = _no_space_error(study, locations, uri, [f"the study could not write ({full})"])
+        primary = _full_disk_error(study, locations, target.uri, err)
+        if primary is not None:
             raise primary from None
         primary = err
         raise
     finally:
-        if outcome is not None:
-            status = "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
-        else:
-            status = "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
-        steps = []
-        if started_ray:
-            import ray
-
-            # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
-            # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
-            # steps below record is the last word.
-            steps.append(ray.shutdown)
-        if opened:
-            reason = interruption_reason(outcome, primary)
-            steps.append(lambda: _close_dangling(client, experiment_id, cell_runs, interrupted=reason))
-            if outcome is not None and outcome.interrupted_at is not None:
-                since = outcome.interrupted_at
-                steps.append(lambda: _mark_interrupted(client, experiment_id, cell_runs, since))
-            # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
-            steps.append(
-                lambda: rollup_callback(
-                    uri,
-                    experiment_id,
-                    opened[0],
-                    cell_runs,
-                    list(study.cells),
-                    column=spec.objective.column,
-                    mode=spec.objective.mode,
-                ).update()
-            )
-            # A cell run ends when its last trial did (its duration its own); the study run ends now.
-            cell_ids = set(cell_runs.values())
-            steps += [
-                lambda rid=rid: _retry(
-                    client.set_terminated,
-                    rid,
-                    status=status,
-                    end_time=cell_end_time(client, experiment_id, rid) if rid in cell_ids else None,
-                )
-                for rid in opened
-            ]
-        if primary is not None and not opened and not resume:
-            # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
-            # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
-            steps.append(lambda: _release(client, experiment_id, exp_name, launch, new_experiment))
+        steps = _closing_steps(
+            study, target, opened, cell_runs, outcome, primary, started_ray=started_ray, resume=resume
+        )
         steps.append(quiet.close)
         if isinstance(primary, StudyError) and not opened and created is not None:
             # Refused before any record or trial: nothing of this call stays on disk (its log neither).
@@ -979,66 +642,171 @@ def run_study(
         _close_all(steps, primary)
 
 
-def _release(client, experiment_id: str, exp_name: str, launch: int, new_experiment: bool) -> None:
-    """Undo what `run` recorded before its first run: its launch claim, and the experiment when this call made it
-    and nothing else came to use it (no run, no later launch claimed by a run started beside it)."""
-    identity.release_launch(client, exp_name, launch)
-    if (
-        new_experiment
-        and not client.search_runs([experiment_id], max_results=1)
-        and client.get_experiment_by_name(identity.claim_name(exp_name, launch + 1)) is None
-    ):
-        client.delete_experiment(experiment_id)
+def _check_before_recording(
+    study: LoadedStudy, address: str | None, num_cpus: int | None, *, real_trials: bool
+) -> None:
+    """Refuse, before anything is recorded or Ray starts, a study whose trials could never run here."""
+    if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_model_kwargs(study)
+    ray_mod = sys.modules.get("ray")
+    if ray_mod is not None and ray_mod.is_initialized():
+        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
+    elif not address:
+        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+    else:
+        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
 
 
-def _resume_target(study: LoadedStudy, uri: str, *, explicit: bool):
-    """(uri, client, experiment id, study run) of the launch `resume` continues (studies.identity.resume_target).
+def _distributed_plan(study: LoadedStudy, locations: StateLocations, run_name: str) -> DistributedPlan:
+    """How each trial runs: its workers, what each holds, its retries, where Ray Train keeps its checkpoints."""
+    res = study.resources
+    return DistributedPlan(
+        workers=res.workers_per_trial,
+        cpus_per_worker=res.cpus_per_trial,
+        gpus_per_worker=res.gpus_per_trial,
+        custom=dict(res.custom),
+        max_failures=res.max_failures,
+        storage_path=f"{locations.storage}/{run_name}/train",
+        keep_checkpoints=study.spec.checkpoints.keep,
+    )
 
-    A relative sqlite:/// tracking URI taken from the study file means a different store in each directory; when
-    the store here holds no launch of the study and the launch record in its Ray storage names an existing SQLite
-    store, that is the one the study ran into: resume uses it, and says so.
-    """
-    from trainables.tracking import sqlite_path
 
-    recorded = identity.find_recorded_store(study, study.storage)
-    other = recorded.get("tracking_uri") if recorded else None
-    if not explicit and other and other != uri and not _holds_study(uri, study):
-        db = sqlite_path(other)
-        if db is not None and db.is_file():
-            print(
-                f"sharpscale: resume: the study's tracking.uri {study.spec.tracking.uri} is relative to the directory "
-                f"a command runs in; launch {recorded.get('launch')} was recorded at {other}: resuming it there.",
-                flush=True,
+def _check_cluster(study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, address: str | None) -> None:
+    """Once Ray is up: every problem with the cluster, where the state goes and the data surfaces here, before any
+    MLflow run or trial exists."""
+    if address:
+        check_cluster_resources(study)
+    check_cluster_storage(study, locations, plan, connected=bool(address))
+    _ensure_local_dirs(study, locations)
+    check_data_on_nodes(study)  # a node that cannot read the data fails the study here
+
+
+def _check_tune_experiment(
+    study: LoadedStudy, target: Launch, experiment_dir: str, *, resume: bool, trust_storage: bool
+) -> None:
+    """The Tune experiment folder: on resume, the one this launch left (its launch record, its state files, unless
+    trust_storage); on a fresh launch, none there yet (identity.check_fresh_experiment_dir)."""
+    if not resume:
+        identity.check_fresh_experiment_dir(study, experiment_dir, target.uri)
+        return
+    from ray import tune
+
+    previous = target.previous
+    identity.check_launch_record(
+        study,
+        experiment_dir,
+        identity.launch_record(study, target.uri, target.experiment_id, previous.info.run_id, target.number),
+    )
+
+    if not tune.Tuner.can_restore(experiment_dir):
+        raise StudyError(
+            study.path,
+            [
+                f"resume: no interrupted run of this study under {experiment_dir}. "
+                f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
+            ],
+        )
+    # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
+    recorded = previous.data.tags.get(TUNE_STATE_TAG)
+    if trust_storage:
+        print(f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked")
+    elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
+        print(f"sharpscale: warning: {unchecked}", flush=True)
+
+
+def _open_runs(
+    study: LoadedStudy,
+    target: Launch,
+    commit: str,
+    locations: StateLocations,
+    experiment_dir: str,
+    opened: list[str],
+    cell_runs: dict[str, str],
+    *,
+    resume: bool,
+) -> str:
+    """The study run and the cell runs (parent_runs, into `opened` and `cell_runs`), then, on a fresh launch, its
+    identity into the Tune experiment folder; returns the study run's id."""
+    study_run_id = parent_runs(
+        target.client,
+        study,
+        target.experiment_id,
+        commit,
+        target.previous,
+        locations.tags(),
+        target.number,
+        opened,
+        cell_runs,
+    )
+    if not resume:
+        identity.write_launch_record(
+            experiment_dir,
+            identity.launch_record(study, target.uri, target.experiment_id, study_run_id, target.number),
+        )
+    return study_run_id
+
+
+def _full_disk_error(study: LoadedStudy, locations: StateLocations, uri: str, err: BaseException) -> NoSpaceLeft | None:
+    """A full disk met outside the trials (a record of the runner's, the store itself): the one line that names it,
+    not the trace of whichever library met it first; None for any other error."""
+    places = [path for path, _ in _study_places(study, locations, uri)]
+    full = None if isinstance(err, (NoSpaceLeft, KeyboardInterrupt)) else no_space_at(err, places)
+    return None if full is None else _no_space_error(study, locations, uri, [f"the study could not write ({full})"])
+
+
+def _closing_steps(
+    study: LoadedStudy,
+    target: Launch,
+    opened: list[str],
+    cell_runs: dict[str, str],
+    outcome: StudyOutcome | None,
+    primary: BaseException | None,
+    *,
+    started_ray: bool,
+    resume: bool,
+) -> list:
+    """What ends a call of run_study, in order, whatever ended it (each step run by _close_all even when another
+    fails): Ray stopped (when this call started it), the runs this call opened closed (records.closing_steps), or,
+    stopped before any run, the launch it claimed released."""
+    steps = []
+    if started_ray:
+        import ray
+
+        # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
+        # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
+        # steps below record is the last word.
+        steps.append(ray.shutdown)
+    if opened:
+        objective = study.spec.objective
+        steps += closing_steps(
+            target.client,
+            target.uri,
+            target.experiment_id,
+            opened,
+            cell_runs,
+            list(study.cells),
+            column=objective.column,
+            mode=objective.mode,
+            status=_run_status(outcome, primary),
+            interrupted=interruption_reason(outcome, primary),
+            interrupted_at=outcome.interrupted_at if outcome is not None else None,
+        )
+    if primary is not None and not opened and not resume:
+        # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
+        # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
+        steps.append(
+            lambda: release(
+                target.client, target.experiment_id, target.experiment_name, target.number, target.new_experiment
             )
-            uri = other
-    hint = (
-        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: `sharpscale resume {study.path} "
-        f"--tracking-uri {other}`, or run the command from the directory the study was started in."
-        if other and other != uri
-        else ""
-    )
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
-        identity.resume_target(None, None, study, uri, hint)  # refuses: nothing to resume in a store never made
-    client = tracking_client(uri)
-    exp = client.get_experiment_by_name(study.experiment_name)
-    experiment_id = exp.experiment_id if exp is not None and exp.lifecycle_stage == "active" else None
-    previous = identity.resume_target(client, experiment_id, study, uri, hint)
-    return uri, client, experiment_id, previous
+        )
+    return steps
 
 
-def _holds_study(uri: str, study: LoadedStudy) -> bool:
-    """Whether the MLflow store at `uri` exists and holds a study run of the study's experiment."""
-    from trainables.tracking import sqlite_path
-
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
-        return False
-    client = tracking_client(uri)
-    exp = client.get_experiment_by_name(study.experiment_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], filter_string=kind_filter("study"), max_results=1)
-    )
+def _run_status(outcome: StudyOutcome | None, primary: BaseException | None) -> str:
+    """The MLflow status the runs this call opened end with."""
+    if outcome is not None:
+        return "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
+    return "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
@@ -1127,14 +895,10 @@ def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] |
 
 def _tune(
     study: LoadedStudy,
+    target: Launch,
     locations: StateLocations,
     plan: DistributedPlan,
-    client,
-    uri: str,
-    exp_name: str,
     run_name: str,
-    launch: int,
-    experiment_id: str,
     commit: str,
     study_run_id: str,
     cell_runs: dict[str, str],
@@ -1142,6 +906,8 @@ def _tune(
     trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
+    client, uri, experiment_id = target.client, target.uri, target.experiment_id
+    exp_name, launch = target.experiment_name, target.number
     from analysis.geometry.names import PROBE_FACTORY
 
     logged_params = trial_params(study)
@@ -1271,7 +1037,7 @@ def _tune(
         # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
         if progress.interrupted_at is not None:
             _close_all(
-                [lambda: _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)], err
+                [lambda: close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)], err
             )
         raise
     finally:
@@ -1293,7 +1059,7 @@ def _tune(
         _close_all(
             [
                 lambda: searcher.fail_unfinished(interrupted=True),  # notes in NO_SPACE what it could not record
-                lambda: _mark_interrupted(client, experiment_id, cell_runs, since, reason),
+                lambda: mark_interrupted(client, experiment_id, cell_runs, since, reason),
             ],
             closing,
         )
@@ -1303,13 +1069,13 @@ def _tune(
         raise err
     interrupted = progress.interrupted_at is not None
     if interrupted:
-        _close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+        close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
     else:
         # Every trial has ended: an Optuna trial still RUNNING will never be told (Tune stopped it at the time
         # limit, or, resumed, its Tune trial had ended before a full disk let its end be recorded).
         searcher.fail_unfinished(interrupted=False)
     if resume:
-        _drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
+        drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
     trials = len(results)
     wall = time.perf_counter() - t0
     refused = sum(1 for r in results if r.error is None and (r.metrics or {}).get(REFUSED_RESULT_KEY))
@@ -1369,10 +1135,3 @@ def _term_as_interrupt(signum, frame) -> None:
     if not callable(handler):
         raise KeyboardInterrupt
     handler(signal.SIGINT, frame)
-
-
-def _close_interrupted(searcher, client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
-    """After Ctrl-C (or SIGTERM): the Optuna trials cut short are failed and marked for `resume` to continue them
-    under new trials with the same values; their MLflow runs say `interrupted`."""
-    searcher.fail_unfinished(interrupted=True)
-    _mark_interrupted(client, experiment_id, cell_runs, since)

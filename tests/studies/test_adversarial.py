@@ -366,7 +366,7 @@ def test_summary_of_an_all_failed_study(tmp_path, capsys, new_mlflow_store):
 
 
 def test_a_level_name_with_a_quote_is_found_again(tmp_path, new_mlflow_store):
-    from studies.runner import _find_run
+    from studies.records import find_run
     from trainables.tracking import tracking_client
 
     client = tracking_client(new_mlflow_store(tmp_path / "mlflow.db"))
@@ -374,7 +374,7 @@ def test_a_level_name_with_a_quote_is_found_again(tmp_path, new_mlflow_store):
     for key in ("method=o'brien", 'method="quoted"', "plain"):
         client.create_run(exp, tags={"sharpscale.cell": key})
     for key in ("method=o'brien", 'method="quoted"', "plain"):
-        assert _find_run(client, exp, {"sharpscale.cell": key}).data.tags["sharpscale.cell"] == key
+        assert find_run(client, exp, {"sharpscale.cell": key}).data.tags["sharpscale.cell"] == key
 
 
 def _open_store(uri: str, start: str, index: int) -> None:

@@ -23,15 +23,8 @@ import pytest
 
 from studies import identity
 from studies.cli import EXIT_USAGE, main
-from studies.runner import (
-    INTERRUPTED_REASON,
-    _choose_launch,
-    _experiment,
-    _parent_runs,
-    _resume_target,
-    run_study,
-    state_locations,
-)
+from studies.records import INTERRUPTED_REASON, choose_launch, experiment, parent_runs, resume_target
+from studies.runner import run_study, state_locations
 from studies.search import CellSearcher
 from studies.spec import StudyError, load_study
 from trainables.errors import UserError, shown
@@ -57,12 +50,12 @@ def _record_launch(path: Path, uri: str, *, new_launch: bool = False) -> tuple[s
     after Ctrl-C), the launch record in its Tune experiment folder. Returns (study run id, launch)."""
     study = load_study(path, require_data=False)
     client = tracking_client(uri)
-    exp_id = _experiment(client, study.experiment_name, path.parent / "mlartifacts", uri)
-    launch = _choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch)
+    exp_id = experiment(client, study.experiment_name, path.parent / "mlartifacts", uri)
+    launch = choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch)
     run_name = launch_name(study.experiment_name, launch)
     locations = state_locations(study, run_name)
     opened: list[str] = []
-    run_id = _parent_runs(client, study, exp_id, "abc", None, locations, launch, opened, {})
+    run_id = parent_runs(client, study, exp_id, "abc", None, locations.tags(), launch, opened, {})
     identity.write_launch_record(
         f"{locations.storage}/{run_name}", identity.launch_record(study, uri, exp_id, run_id, launch)
     )
@@ -77,10 +70,10 @@ def _record_launch(path: Path, uri: str, *, new_launch: bool = False) -> tuple[s
 def _claim(path: str, uri: str, new_launch: bool, barrier, out) -> None:
     study = load_study(path, require_data=False)
     client = tracking_client(uri)
-    exp_id = _experiment(client, study.experiment_name, Path(path).parent / "mlartifacts", uri)
+    exp_id = experiment(client, study.experiment_name, Path(path).parent / "mlartifacts", uri)
     barrier.wait(timeout=120)  # both processes are imported and connected: now both choose at once
     try:
-        out.put(_choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch))
+        out.put(choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=new_launch))
     except StudyError as err:
         out.put(str(err))
 
@@ -133,7 +126,7 @@ def test_resume_from_another_directory_finds_the_recorded_store(tmp_path, new_ml
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     study = load_study(path, require_data=False)
-    found_uri, _, _, previous = _resume_target(study, f"sqlite:///{elsewhere / 'mlflow.db'}", explicit=False)
+    found_uri, _, _, previous = resume_target(study, f"sqlite:///{elsewhere / 'mlflow.db'}", explicit=False)
     assert found_uri == uri and previous.info.run_id == run_id
     assert "was recorded at" in capsys.readouterr().out
     assert not (elsewhere / "mlflow.db").exists()  # no new, empty store
@@ -141,7 +134,7 @@ def test_resume_from_another_directory_finds_the_recorded_store(tmp_path, new_ml
     # Named explicitly, a store holding none of it is refused, pointing at the recorded one; nothing is created.
     other = f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}"
     with pytest.raises(StudyError, match=rf"holds no launch.*recorded at {uri}.*--tracking-uri {uri}"):
-        _resume_target(study, other, explicit=True)
+        resume_target(study, other, explicit=True)
     assert not (tmp_path / "c").exists()
 
 
@@ -744,7 +737,7 @@ def test_a_config_refused_on_the_node_fails_the_trial_once_with_a_record(tmp_pat
 def test_the_trial_that_met_the_full_disk_stays_failed_and_the_ones_the_stop_cut_become_interrupted(tracking_uri):
     """The trial that met the full disk ended itself (Tune: TERMINATED, never run again by `resume`): its record
     stays failed. The trials the study's stop cut short are resumed, so theirs say interrupted."""
-    from studies.runner import _mark_interrupted
+    from studies.records import mark_interrupted
     from trainables.naming import KIND_TAG, PARENT_RUN_TAG, STATUS_TAG
     from trainables.tracking import NO_SPACE_REASON
 
@@ -760,7 +753,7 @@ def test_the_trial_that_met_the_full_disk_stays_failed_and_the_ones_the_stop_cut
         client.set_tag(run.run_id, REASON_TAG, reason)
         client.set_terminated(run.run_id, "FAILED" if status == "failed" else "KILLED")
         runs[name] = run.run_id
-    _mark_interrupted(client, exp, {"c": cell}, 0.0, "the study stopped on a full disk; resume continues it")
+    mark_interrupted(client, exp, {"c": cell}, 0.0, "the study stopped on a full disk; resume continues it")
     met, cut = (client.get_run(runs[n]).data.tags for n in ("met-it", "cut"))
     assert met[STATUS_TAG] == "failed" and met[REASON_TAG].startswith(NO_SPACE_REASON)
     assert cut[STATUS_TAG] == "interrupted" and "resume continues it" in cut[REASON_TAG]

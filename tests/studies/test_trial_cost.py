@@ -233,7 +233,7 @@ def test_each_shipped_cost_comment_is_the_dry_runs_estimate(path):
 def test_a_trial_that_validated_every_other_epoch_and_ran_to_its_end_is_closed_as_finished(tracking_uri):
     from mlflow.entities import Metric, Param
 
-    from studies.runner import _close_dangling
+    from studies.records import close_dangling
     from trainables.naming import PARENT_RUN_TAG, STATUS_TAG
 
     client = MlflowClient(tracking_uri)
@@ -244,7 +244,7 @@ def test_a_trial_that_validated_every_other_epoch_and_ran_to_its_end_is_closed_a
     # the actor before the trial's own finish ran, so the run is still RUNNING.
     metrics = [Metric("train_loss", 1.0, 0, e) for e in range(3)] + [Metric("val_loss", 1.0, 0, e) for e in (1, 2)]
     client.log_batch(trial, metrics=metrics, params=[Param("schedule.epochs", "3")])
-    _close_dangling(client, exp, {"cell": cell}, interrupted=None)
+    close_dangling(client, exp, {"cell": cell}, interrupted=None)
     run = client.get_run(trial)
     assert (run.data.tags[STATUS_TAG], run.info.status) == ("finished", "FINISHED")
 
