@@ -768,7 +768,9 @@ def _add_data(sub) -> None:
     prep.add_argument(
         "--img-size", type=_positive_int, default=224, help="the crop size the data will be trained at (default 224)"
     )
-    prep.add_argument("--quality", type=int, default=DEFAULT_QUALITY, help="JPEG quality, 1-95 (default %(default)s)")
+    prep.add_argument(
+        "--quality", type=int, default=None, help=f"JPEG quality, 1-95, of --form jpeg (default {DEFAULT_QUALITY})"
+    )
     prep.add_argument(
         "--workers", type=_positive_int, default=None, help="processes resizing in parallel (default: every CPU core)"
     )
@@ -777,7 +779,8 @@ def _add_data(sub) -> None:
         choices=FORMS,
         default="jpeg",
         help="jpeg: baseline JPEGs in the original's layout (default); pixels: each split's decoded pixels in one file "
-        "(about 10x the bytes, nothing to decode while training: the fastest device path)",
+        "(about 10x the JPEG form's bytes, 2-4x a typical original's; nothing to decode while training: the fastest "
+        "device path)",
     )
     prep.set_defaults(func=_cmd_data_prepare)
 

@@ -162,7 +162,7 @@ class DataConfig(_Strict):
         ge=0,
         description="DataLoader worker processes per training process; None: none for in-memory and device-resident "
         "data, else one per CPU the trial's torch threads allow, less one (at most 16; at most 6 for a folder prepared as "
-        "pixels, which needs no more).",
+        "pixels with data.decode device, which needs no more).",
     )
     device_resident: bool | None = Field(
         None,

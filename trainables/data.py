@@ -818,7 +818,8 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
 
 def _imagefolder_error(path: Path, found: str) -> DatasetError:
     return DatasetError(
-        f"imagefolder data at '{path}' is not usable: expected {expected_layout('imagefolder')}; found {found}. "
+        f"imagefolder data at '{path}' is not usable: expected {expected_layout('imagefolder')} (or a folder "
+        f"`sharpscale data prepare` wrote from one); found {found}. "
         f"Fix: set `root` to the folder holding 'train' and 'val', each with one sub-folder of images per class."
     )
 
@@ -859,7 +860,7 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
             **common,
         )
     if prepared is not None and prepared.form == "pixels":
-        return _load_pixels(cfg, root, prepared.classes, size, train_tf, eval_tf, train_indices_for)
+        return _load_pixels(cfg, root, prepared, size, train_tf, eval_tf, train_indices_for)
     train = _open_folder(root / "train", train_tf)
     val = _open_folder(root / "val", eval_tf)
     if train.classes != val.classes:
@@ -871,7 +872,6 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
         )
     targets = np.asarray(train.targets, dtype=np.int64)
     indices = train_indices_for(targets)
-    num_classes = len(train.classes)
     val_indices = np.arange(len(val.targets))
     if cfg.decode == "device":
         from trainables.jpeg import FolderBytes
@@ -883,19 +883,24 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
     else:
         train_split = _FolderImages(train, indices, plain_transform=eval_tf)
         val_split = _FolderImages(val, val_indices)
+    return _folder_bundle(cfg, train_split, val_split, tuple(train.classes), size, len(targets), indices)
+
+
+def _folder_bundle(cfg, train: Dataset, val: Dataset, classes: tuple, size: int, num_full: int, indices) -> DataBundle:
+    """The DataBundle of an image folder, in any of its forms."""
     return DataBundle(
-        train=train_split,
-        val=val_split,
-        num_classes=num_classes,
+        train=train,
+        val=val,
+        num_classes=len(classes),
         in_chans=3,
         img_size=size,
-        num_train_full=len(targets),
+        num_train_full=num_full,
         train_indices=indices,
-        mixup=_make_mixup(cfg, num_classes),
+        mixup=_make_mixup(cfg, len(classes)),
         mean=_IMAGENET_MEAN,
         std=_IMAGENET_STD,
         name="imagefolder",
-        classes=tuple(train.classes),
+        classes=classes,
     )
 
 
@@ -928,15 +933,23 @@ class _PixelImages(_IndexedDataset):
         return self.transform(Image.fromarray(np.ascontiguousarray(self._split.pixels(index))))
 
 
-def _load_pixels(cfg: "DataConfig", root: Path, classes, size: int, train_tf, eval_tf, train_indices_for) -> DataBundle:
+def _load_pixels(
+    cfg: "DataConfig", root: Path, prepared, size: int, train_tf, eval_tf, train_indices_for
+) -> DataBundle:
     """An image folder prepared in the pixel form: the same splits, classes and transforms as the folder it came
-    from, read from its pixel files (trainables.prepare) instead of decoded from files."""
-    from trainables.prepare import PixelSplit
+    from, read from its pixel files (trainables.prepare; each checked as it opens) instead of decoded from files."""
+    from trainables.prepare import PixelSplit, PrepareError
 
-    try:
-        train, val = PixelSplit(root / "train"), PixelSplit(root / "val")
-    except (OSError, ValueError) as exc:
-        raise _imagefolder_error(root, f"a prepared pixel folder whose index cannot be read ({exc})") from exc
+    train, val = PixelSplit(root / "train", prepared.source), PixelSplit(root / "val", prepared.source)
+    classes = tuple(prepared.classes)
+    for name, split in (("train", train), ("val", val)):
+        if len(split) and not (0 <= split.labels.min() and split.labels.max() < len(classes)):
+            raise PixelSplit.damaged(prepared.source, f"its {name} labels leave the manifest's {len(classes)} classes")
+        if not len(split):
+            raise PrepareError(
+                f"a folder prepared as pixels at '{root}' holds no {name} images. Fix: prepare a source whose {name}/ "
+                "holds images."
+            )
     indices = train_indices_for(np.asarray(train.labels, dtype=np.int64))
     val_indices = np.arange(len(val))
     if cfg.decode == "device":
@@ -950,20 +963,7 @@ def _load_pixels(cfg: "DataConfig", root: Path, classes, size: int, train_tf, ev
     else:
         train_split = _PixelImages(train, indices, train_tf, plain_transform=eval_tf)
         val_split = _PixelImages(val, val_indices, eval_tf)
-    return DataBundle(
-        train=train_split,
-        val=val_split,
-        num_classes=len(classes),
-        in_chans=3,
-        img_size=size,
-        num_train_full=len(train),
-        train_indices=indices,
-        mixup=_make_mixup(cfg, len(classes)),
-        mean=_IMAGENET_MEAN,
-        std=_IMAGENET_STD,
-        name="imagefolder",
-        classes=tuple(classes),
-    )
+    return _folder_bundle(cfg, train_split, val_split, classes, size, len(train), indices)
 
 
 # --------------------------------------------------------------------------- loading (the registry: trainables.datasets)

@@ -82,7 +82,7 @@ def expected_layout(name: str) -> str:
     if name == "imagefolder":
         return (
             "<root>/train/<class_name>/<image>.jpg|png and <root>/val/<class_name>/<image>.jpg|png "
-            "with the same class folders in train and val, or a folder `sharpscale data prepare` wrote from one"
+            "with the same class folders in train and val"
         )
     return ""
 

@@ -539,7 +539,11 @@ class FolderBytes(Dataset):
         rand_augment: Any = None,
     ) -> None:
         self._paths = [p for p, _ in samples]
-        self._labels = np.asarray([t for _, t in samples], dtype=np.int64)
+        self._setup([t for _, t in samples], indices, size, train, rand_augment)
+
+    def _setup(self, labels, indices: np.ndarray, size: int, train: bool, rand_augment: Any) -> None:
+        # What every folder form holds beside its storage: labels, the subset, the crop and the augmentation.
+        self._labels = np.asarray(labels, dtype=np.int64)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.targets = self._labels[self.indices]
         self.size, self.train = size, train
@@ -632,11 +636,7 @@ class FolderPixels(FolderBytes):
 
     def __init__(self, split, indices: np.ndarray, size: int, *, train: bool, rand_augment: Any = None) -> None:
         self._split = split
-        self._labels = np.asarray(split.labels, dtype=np.int64)
-        self.indices = np.asarray(indices, dtype=np.int64)
-        self.targets = self._labels[self.indices]
-        self.size, self.train = size, train
-        self.rand_augment = None if rand_augment is None else DeviceRandAugment(rand_augment)
+        self._setup(split.labels, indices, size, train, rand_augment)
 
     def read(self, i: int) -> tuple[torch.Tensor, int, int]:
         index = int(self.indices[i])

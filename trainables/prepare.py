@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainables.errors import UserError, shown
+from trainables.errors import UserError, no_space, shown
 
 __all__ = [
     "FORMS",
@@ -99,12 +99,22 @@ def _images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[str
 
 
 def prepare_problems(
-    source: Path, dest: Path, *, short_side: int, quality: int, workers: int, form: str = "jpeg"
+    source: Path, dest: Path, *, short_side: int, quality: int | None, workers: int, form: str = "jpeg"
 ) -> list[str]:
     """Every reason `prepare_folder(source, dest, ...)` cannot run, each naming the value, the rule and the fix."""
     problems = []
     if form not in FORMS:
         problems.append(f"--form must be one of {list(FORMS)}, got {shown(form)}. Fix: e.g. --form pixels.")
+    if form == "pixels" and quality is not None:
+        problems.append(
+            f"--quality is the JPEG form's, got {quality} with --form pixels (which stores pixels as they are). "
+            "Fix: leave --quality out, or use --form jpeg."
+        )
+    for stale in sorted(dest.parent.glob(f".{dest.name}.preparing-*")) if dest.parent.is_dir() else ():
+        problems.append(
+            f"'{stale}' is what an interrupted `data prepare` to --to '{dest}' left (a killed run cannot remove "
+            f"it), and may hold many GB. Fix: remove it (rm -r '{stale}'), unless a run to '{dest}' is still going."
+        )
     from trainables.fetch import expected_layout  # here: the CLI builds its help from this module's constants
 
     layout = expected_layout("imagefolder")
@@ -133,7 +143,7 @@ def prepare_problems(
     if not lo <= short_side <= hi:
         problems.append(f"--short-side must be in [{lo}, {hi}] pixels, got {short_side}. Fix: e.g. 256 for 224 crops.")
     lo, hi = QUALITY_RANGE
-    if not lo <= quality <= hi:
+    if quality is not None and not lo <= quality <= hi:
         problems.append(f"--quality must be in [{lo}, {hi}] (PIL's JPEG quality), got {quality}. Fix: e.g. 90.")
     if workers < 1:
         problems.append(f"--workers must be at least 1, got {workers}. Fix: e.g. {os.cpu_count() or 1}.")
@@ -203,7 +213,7 @@ def _pixels_one(job: tuple[str, str, int, int, int]) -> tuple[int, int, int, int
     `_prepare_one` returns, or why it could not be read."""
     from PIL import Image
 
-    src, dst, offset, short_side, _ = job
+    src, dst, offset, short_side, expected = job
     try:
         data_before = os.path.getsize(src)
         with Image.open(src) as img:
@@ -215,17 +225,20 @@ def _pixels_one(job: tuple[str, str, int, int, int]) -> tuple[int, int, int, int
             data = rgb.tobytes()  # RGB rows, height x width x 3: the layout the reader views
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         return f"{type(err).__name__}: {err}"
-    if len(data) != job[4]:  # the header's size promised another: never write over a neighbour
-        return f"decoded to {len(data)} bytes where its header promised {job[4]}"
+    if len(data) != expected:  # the header's size promised another: never write over a neighbour
+        return f"decoded to {len(data)} bytes where its header promised {expected}"
     fd = os.open(dst, os.O_WRONLY)
     try:
-        os.pwrite(fd, data, offset)
+        view = memoryview(data)
+        while view:  # a write may be short; the file is sparse, so a byte not written would read as black
+            view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
     finally:
         os.close(fd)
     return data_before, len(data), h * w, new_h * new_w, (new_h, new_w) != (h, w), False
 
 
 def _run_jobs(fn, jobs: list, workers: int) -> list:
+    """`fn` over `jobs` in order, in `workers` processes (in this one for 1)."""
     if workers == 1 or len(jobs) < 2:
         return [fn(j) for j in jobs]
     from concurrent.futures import ProcessPoolExecutor
@@ -235,6 +248,7 @@ def _run_jobs(fn, jobs: list, workers: int) -> list:
 
 
 def _unreadable_error(unreadable: list[tuple[str, str]]) -> PrepareError:
+    """The refusal that lists every image of SOURCE that could not be read, with why."""
     return PrepareError(
         f"cannot prepare the image folder: {len(unreadable)} image(s) in SOURCE could not be read, and the "
         f"prepared form must hold every image of the original (nothing was written):\n  - "
@@ -244,6 +258,7 @@ def _unreadable_error(unreadable: list[tuple[str, str]]) -> PrepareError:
 
 
 def _write_jpegs(listing: dict, staging: Path, short_side: int, quality: int, workers: int) -> list:
+    """Each image as a baseline JPEG under its split and class folder in `staging`: the statistics of each."""
     jobs = [(str(path), str(staging / split / rel.with_suffix(".jpg")), short_side, quality)
             for split, items in listing.items() for path, rel, _ in items]  # fmt: skip
     for d in {Path(j[1]).parent for j in jobs}:
@@ -274,6 +289,13 @@ def _write_pixels(listing: dict, staging: Path, short_side: int, workers: int) -
         rows[split].append((offsets[split], new_h, new_w, label))
         jobs.append((str(path), str(staging / split / PIXELS_FILE), offsets[split], short_side, size))
         offsets[split] += size
+    need, free = sum(offsets.values()), shutil.disk_usage(staging).free
+    if need > free:  # refused before writing: a full disk met halfway would cost the run's time and leave nothing
+        raise PrepareError(
+            f"cannot prepare the image folder: the pixel form needs {need:,} bytes ({need / 1e9:.2f} GB), and "
+            f"'{staging.parent}' has {free:,} free. Fix: free space there or name a --to on a larger disk (or use --form jpeg, "
+            "about a tenth of the bytes)."
+        )
     for split, total in offsets.items():
         with open(staging / split / PIXELS_FILE, "wb") as f:
             f.truncate(total)  # sparse until written: the workers fill it in place
@@ -282,8 +304,18 @@ def _write_pixels(listing: dict, staging: Path, short_side: int, workers: int) -
     if why_not:
         raise _unreadable_error([(str(path), why_not[str(path)]) for _, path, _ in items if str(path) in why_not])
     for split, split_rows in rows.items():
-        np.save(staging / split / INDEX_FILE, np.asarray(split_rows, dtype=np.int64).reshape(-1, 4))
+        with open(staging / split / INDEX_FILE, "wb") as f:
+            np.save(f, np.asarray(split_rows, dtype=np.int64).reshape(-1, 4))
+            _sync(f)
+        with open(staging / split / PIXELS_FILE, "rb+") as f:
+            _sync(f)
     return done
+
+
+def _sync(f) -> None:
+    # On disk before the manifest says the folder is complete: a crash after the rename must not leave holes.
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def prepare_folder(
@@ -291,7 +323,7 @@ def prepare_folder(
     dest: str | os.PathLike,
     *,
     short_side: int,
-    quality: int = DEFAULT_QUALITY,
+    quality: int | None = None,
     workers: int | None = None,
     form: str = "jpeg",
     log=None,
@@ -300,10 +332,12 @@ def prepare_folder(
     was done (also `dest/sharpscale-prepared.json`).
 
     Each image of train/ and val/ is resized so its shorter side is `short_side` (aspect kept, never upscaled) with
-    PIL's bicubic filter. `form` "jpeg": saved as an RGB baseline JPEG at `quality` under the same class folder,
+    PIL's bicubic filter. `form` "jpeg": saved as an RGB baseline JPEG at `quality` (None: DEFAULT_QUALITY; the pixel
+    form refuses one) under the same class folder,
     named `<stem>.jpg`; baseline JPEGs already small enough are copied as they are (a progressive one is
     re-encoded). `form` "pixels": the decoded RGB pixels of each split in one file (`PixelSplit` reads it), about 10x
-    the bytes of JPEGs at this size, and nothing left to decode when training.
+    the JPEG form's bytes (2-4x a typical original's), and nothing left to decode when training; the disk's free
+    space is checked before any pixel is written, and the files are synced before the manifest.
     Everything is written to a sibling folder first and renamed to `dest` at the end, so an interrupted run leaves
     no half-prepared `dest`; an image that cannot be read refuses the whole run after every image was tried, listing
     each unreadable one (the prepared form holds every image of the original or none).
@@ -311,6 +345,7 @@ def prepare_folder(
     source, dest = Path(source).expanduser(), Path(dest).expanduser()
     workers = (os.cpu_count() or 1) if workers is None else workers
     problems = prepare_problems(source, dest, short_side=short_side, quality=quality, workers=workers, form=form)
+    quality = DEFAULT_QUALITY if quality is None else quality
     listing: dict[str, list[tuple[Path, Path, int]]] = {}
     classes: list[str] = []
     if not problems:
@@ -355,12 +390,19 @@ def prepare_folder(
             pillow=pillow,
             classes=classes,
         )
-        (staging / MANIFEST).write_text(json.dumps(asdict(prepared), indent=2) + "\n")
+        with open(staging / MANIFEST, "w") as f:
+            f.write(json.dumps(asdict(prepared), indent=2) + "\n")
+            _sync(f)
         if dest.exists():
             dest.rmdir()  # empty, checked above
         staging.rename(dest)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if (full := no_space(err)) is not None and not isinstance(err, PrepareError):
+            raise PrepareError(
+                f"cannot prepare the image folder: the disk of --to '{dest}' filled while writing ({full}); nothing "
+                "was kept. Fix: free space there or name a --to on a larger disk, then run it again."
+            ) from err
         raise
     return prepared
 
@@ -370,14 +412,19 @@ def _listing(source: Path, form: str) -> tuple[list[str], dict[str, list[tuple[P
     from trainables import fetch  # here, not at the top: see prepare_problems
 
     problems: list[str] = []
-    classes, train = _images(source / "train")
-    val_classes, _ = _images(source / "val")
-    _, val = _images(source / "val", classes)
+    layout = fetch.expected_layout("imagefolder")
+    try:
+        classes, train = _images(source / "train")
+        val_classes, _ = _images(source / "val")
+        _, val = _images(source / "val", classes)
+    except FileNotFoundError as err:  # torchvision's: a split without class folders
+        return [], {}, [f"SOURCE '{source}': {err}. Fix: name a folder laid out as {layout}."]
     listing = {"train": train, "val": val}
-    if set(val_classes) - set(classes):
+    if set(val_classes) != set(classes):
+        only_train, only_val = sorted(set(classes) - set(val_classes)), sorted(set(val_classes) - set(classes))
         problems.append(
-            f"SOURCE '{source}/val' has class folders that train lacks: {sorted(set(val_classes) - set(classes))}. "
-            "Fix: give train/ and val/ the same class folders."
+            f"SOURCE '{source}': train/ and val/ have different class folders (only in train: {only_train}; only in "
+            f"val: {only_val}), which the image folder it prepares would refuse. Fix: give both the same class folders."
         )
     for split, items in listing.items() if form == "jpeg" else ():  # the pixel form writes no file an image
         seen: dict[Path, Path] = {}
@@ -388,9 +435,9 @@ def _listing(source: Path, form: str) -> tuple[list[str], dict[str, list[tuple[P
                     f"'{path}' and '{seen[out]}' would both be written as {split}/{out}. Fix: rename one of them."
                 )
             seen[out] = path
-    if not train:
-        problems.append(f"SOURCE '{source}/train' holds no images. Fix: name a folder laid out as "
-                        f"{fetch.expected_layout('imagefolder')}.")  # fmt: skip
+    for split, items in listing.items():
+        if not items:
+            problems.append(f"SOURCE '{source}/{split}' holds no images. Fix: name a folder laid out as {layout}.")
     return classes, listing, problems
 
 
@@ -398,16 +445,44 @@ class PixelSplit:
     """One split of a folder prepared in the pixel form: `len`, `labels`, `shapes` (height, width) and `pixels(i)`,
     image i's uint8 (height, width, 3) array, a view of the memory-mapped file (nothing is read until it is used).
 
-    Pickles without its mapping (DataLoader workers map the file again): a pickled memmap would copy the split."""
+    Checked when opened, so a damaged folder is refused at load, not in a DataLoader worker hours into training: the
+    index is (N, 4) int64 with positive sizes, each offset follows the previous image, and the pixel file holds
+    exactly the bytes the index names. `source` (the manifest's) goes into the fix. Pickles without its mapping
+    (DataLoader workers map the file again): a pickled memmap would copy the split.
+    """
 
-    def __init__(self, split_dir: str | os.PathLike) -> None:
+    def __init__(self, split_dir: str | os.PathLike, source: str | None = None) -> None:
         import numpy as np
 
         self.dir = Path(split_dir)
-        index = np.load(self.dir / INDEX_FILE)
+        index_path, pixels_path = self.dir / INDEX_FILE, self.dir / PIXELS_FILE
+        try:
+            index = np.load(index_path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            raise self.damaged(source, f"its index '{index_path}' cannot be read ({type(err).__name__}: {err})")
+        if index.ndim != 2 or index.shape[1] != 4 or index.dtype != np.int64:
+            raise self.damaged(source, f"its index '{index_path}' is {index.dtype} {index.shape}, not int64 (N, 4)")
+        sizes = index[:, 1] * index[:, 2] * 3
+        follows = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        if (index[:, 1:3] <= 0).any() or not np.array_equal(index[:, 0], follows):
+            raise self.damaged(source, f"its index '{index_path}' has sizes or offsets that do not follow each other")
+        want = int(sizes.sum())
+        have = pixels_path.stat().st_size if pixels_path.is_file() else None
+        if have != want:
+            found = "is missing" if have is None else f"holds {have:,} bytes"
+            raise self.damaged(source, f"its pixel file '{pixels_path}' {found} where its index names {want:,}")
         self.offsets, self.labels = index[:, 0], index[:, 3]
         self.shapes = index[:, 1:3]
         self._map = None
+
+    @staticmethod
+    def damaged(source: str | None, what: str) -> PrepareError:
+        """The refusal of a damaged pixel folder: what is wrong, and the command that prepares it again."""
+        again = f"sharpscale data prepare {source} --to NEW_DIR --form pixels" if source else "sharpscale data prepare"
+        return PrepareError(
+            f"a folder prepared as pixels is damaged: {what}. Fix: prepare it again (`{again}`) and point data.root "
+            "at the new folder."
+        )
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -426,21 +501,35 @@ class PixelSplit:
 
 
 def read_manifest(root: str | os.PathLike) -> Prepared | None:
-    """The manifest of a prepared folder at `root`, or None when `root` is not one; a PrepareError for a manifest of
-    another version (a field added since: prepare it again)."""
+    """The manifest of a prepared folder at `root`, or None when `root` is not one; a PrepareError, with its fix, for
+    a manifest that cannot be read, of a form this version does not know, of an older version that lacks a field (read
+    as the JPEG form where it is version 2, which had no other form) or of a newer version."""
     path = Path(root).expanduser() / MANIFEST
     if not path.is_file():
         return None
-    raw = json.loads(path.read_text())
-    if raw.get("format") != _FORMAT:
+    again = "Fix: prepare the source again with this version's `sharpscale data prepare` into a new folder."
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PrepareError(f"{path}: a prepared folder's manifest that cannot be read ({err}). {again}") from err
+    if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
         return None
-    if raw.get("version") == 2:  # the JPEG form, before the pixel form existed: an ordinary image folder
+    version = raw.get("version")
+    if version == 2:  # the JPEG form, before the pixel form existed: its folders stay readable as they are
         raw = {"form": "jpeg", "classes": [], **raw, "version": _VERSION}
+    if isinstance(version, int) and version > _VERSION:
+        raise PrepareError(
+            f"{path}: a prepared folder's manifest of version {version}, written by a newer sharpscale than this one "
+            f"(which reads version {_VERSION}). Fix: upgrade sharpscale, or prepare the source again with this one."
+        )
     missing = [k for k in Prepared.__dataclass_fields__ if k not in raw]
     if raw.get("version") != _VERSION or missing:
         raise PrepareError(
-            f"{path}: a prepared folder's manifest of version {shown(raw.get('version'))}, but this sharpscale reads "
-            f"version {_VERSION}" + (f" (it lacks {', '.join(missing)})" if missing else "") + ". Fix: prepare the "
-            "source again with this version's `sharpscale data prepare`."
+            f"{path}: a prepared folder's manifest of version {shown(version)}, but this sharpscale reads "
+            f"version {_VERSION}" + (f" (it lacks {', '.join(missing)})" if missing else "") + f". {again}"
+        )
+    if raw["form"] not in FORMS:
+        raise PrepareError(
+            f"{path}: a prepared folder's manifest names form {shown(raw['form'])}, not one of {list(FORMS)}. {again}"
         )
     return Prepared(**{k: raw[k] for k in Prepared.__dataclass_fields__})

@@ -347,3 +347,141 @@ def test_the_device_loader_hands_on_batches_in_the_samplers_order(tmp_path, work
     for (x, y, indices), positions in zip(seen, sampler):
         assert y.tolist() == [int(split._split.labels[i]) for i in positions]
         assert torch.equal(x, torch.stack([split[i][0] for i in positions]))
+
+
+# --------------------------------------------------------------------------- the pixel form: refusals and damage
+
+
+def _pixels(tmp_path, **kw) -> Path:
+    prepare_folder(
+        _folder(tmp_path / "src", per_class=2), tmp_path / "px", short_side=24, workers=1, form="pixels", **kw
+    )
+    return tmp_path / "px"
+
+
+def _load(root):
+    return load_dataset("imagefolder", root=root, img_size=16, augment="none", decode="device")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "missing", "index", "labels", "manifest"])
+def test_a_damaged_pixel_folder_is_refused_at_load_with_the_command_that_remakes_it(tmp_path, damage):
+    root = _pixels(tmp_path)
+    src = tmp_path / "src"
+    if damage == "truncated":
+        data = (root / "val" / PIXELS_FILE).read_bytes()
+        (root / "val" / PIXELS_FILE).write_bytes(data[:-100])
+        expected = (
+            rf"pixel file '.*val/{PIXELS_FILE}' holds {len(data) - 100:,} bytes where its index names {len(data):,}"
+        )
+    elif damage == "missing":
+        (root / "train" / PIXELS_FILE).unlink()
+        expected = "pixel file .* is missing"
+    elif damage == "index":
+        np.save(root / "train" / INDEX_FILE, np.arange(8))
+        expected = r"is int64 \(8,\), not int64 \(N, 4\)"
+    elif damage == "labels":
+        index = np.load(root / "train" / INDEX_FILE)
+        index[0, 3] = 7
+        np.save(root / "train" / INDEX_FILE, index)
+        expected = "train labels leave the manifest's 2 classes"
+    else:
+        (root / MANIFEST).write_text('{"format": "sharpscale-prepa')
+        expected = "manifest that cannot be read"
+    with pytest.raises(PrepareError, match=expected) as err:
+        _load(root)
+    if damage != "manifest":
+        assert f"`sharpscale data prepare {src.resolve()} --to NEW_DIR --form pixels`" in str(err.value)
+    else:
+        assert "prepare the source again" in str(err.value)
+
+
+@pytest.mark.parametrize("form", ["jpeg", "pixels"])
+@pytest.mark.parametrize("case", ["val_lacks_a_class", "val_without_images", "no_class_folders"])
+def test_a_source_its_image_folder_would_refuse_is_refused_before_writing(tmp_path, form, case):
+    import shutil
+
+    src = _folder(tmp_path / "src", per_class=1)
+    if case == "val_lacks_a_class":
+        shutil.rmtree(src / "val" / "dog")
+        expected = r"different class folders \(only in train: \['dog'\]; only in val: \[\]\)"
+    elif case == "val_without_images":
+        for f in (src / "val").rglob("*.jpg"):
+            f.unlink()
+        expected = "val' holds no images"
+    else:
+        shutil.rmtree(src / "train")
+        (src / "train").mkdir()
+        expected = "Couldn't find any class folder"
+    with pytest.raises(PrepareError, match=expected):
+        prepare_folder(src, tmp_path / "out", short_side=16, workers=1, form=form)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.preparing-*"))
+
+
+def test_short_writes_are_completed(tmp_path, monkeypatch):
+    """os.pwrite may write less than asked: every byte still reaches the file (it is sparse: a gap reads as black)."""
+    import os
+
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: real(fd, bytes(data)[: max(1, len(data) // 3)], offset))
+    root = _pixels(tmp_path)
+    split = PixelSplit(root / "train")
+    from torchvision.datasets import ImageFolder
+
+    for i, (path, _) in enumerate(ImageFolder(str(tmp_path / "src" / "train")).samples):
+        np.testing.assert_array_equal(split.pixels(i), _resized(Path(path), 24))
+
+
+def test_a_disk_too_small_is_refused_before_any_pixel_is_written_and_a_full_one_says_so(tmp_path, monkeypatch):
+    import errno
+    import os
+    import shutil
+
+    src = _folder(tmp_path / "src", per_class=2)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    with pytest.raises(
+        PrepareError, match=r"the pixel form needs [\d,]+ bytes \(0\.00 GB\), and '.*' has 1,000 free\. Fix: free"
+    ):
+        prepare_folder(src, tmp_path / "px", short_side=24, workers=1, form="pixels")
+    monkeypatch.setattr(shutil, "disk_usage", real)
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(PrepareError, match=r"the disk of --to '.*px' filled while writing .*Fix: free space"):
+        prepare_folder(src, tmp_path / "px", short_side=24, workers=1, form="pixels")
+    assert not (tmp_path / "px").exists() and not list(tmp_path.glob(".px.preparing-*"))
+
+
+def test_what_an_interrupted_run_left_is_named_with_its_removal(tmp_path):
+    src = _folder(tmp_path / "src", per_class=1)
+    (tmp_path / ".px.preparing-4242" / "train").mkdir(parents=True)
+    with pytest.raises(
+        PrepareError, match=r"'.*\.px\.preparing-4242' is what an interrupted .* Fix: remove it \(rm -r"
+    ):
+        prepare_folder(src, tmp_path / "px", short_side=16, workers=1, form="pixels")
+
+
+def test_quality_is_the_jpeg_forms_and_manifests_of_other_forms_or_newer_versions_are_refused(tmp_path):
+    src = _folder(tmp_path / "src", per_class=1)
+    with pytest.raises(PrepareError, match=r"--quality is the JPEG form's, got 80 with --form pixels"):
+        prepare_folder(src, tmp_path / "px", short_side=16, workers=1, form="pixels", quality=80)
+    root = _pixels(tmp_path / "b")
+    manifest = json.loads((root / MANIFEST).read_text())
+    (root / MANIFEST).write_text(json.dumps({**manifest, "form": "tiles"}))
+    with pytest.raises(PrepareError, match=r"names form 'tiles', not one of \['jpeg', 'pixels'\]"):
+        read_manifest(root)
+    (root / MANIFEST).write_text(json.dumps({**manifest, "version": 4}))
+    with pytest.raises(PrepareError, match=r"version 4, written by a newer sharpscale .* Fix: upgrade sharpscale"):
+        read_manifest(root)
+
+
+def test_a_version_2_jpeg_folder_still_loads(tmp_path):
+    src = _folder(tmp_path / "src", per_class=1)
+    prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
+    del manifest["form"], manifest["classes"]
+    (tmp_path / "out" / MANIFEST).write_text(json.dumps({**manifest, "version": 2}))
+    bundle = load_dataset("imagefolder", root=tmp_path / "out", img_size=16, augment="none", decode="cpu")
+    assert bundle.classes == ("cat", "dog") and len(bundle.val) == 2
