@@ -2,7 +2,7 @@
 against synthetic data already on the GPU.
 
 Writes its own image folder (500x375 JPEGs of smooth noise plus grain, quality 90, in 10 class folders, made in
-parallel), then times `trainables.fit` on ViT-S/16 and ResNet-50 at 224, batch 256, bf16, `none` and SAM, for
+parallel; `--sizes mixed`: ImageNet-like sizes, many in a batch), then times `trainables.fit` on ViT-S/16 and ResNet-50 at 224, batch 256, bf16, `none` and SAM, for
 synthetic data, `data.decode: cpu` (PIL in DataLoader workers, timm's transforms) and `data.decode: device`
 (workers read bytes; nvjpeg, crops, flips and RandAugment batched on the GPU), `basic` and `strong`
 augmentation, with the default worker count. Paths and methods are interleaved round by round; each figure is
@@ -88,13 +88,34 @@ def _write(job: tuple[Path, int, int, int]) -> int:
     return len(data)
 
 
-def write_jpeg_folder(root: Path, n_train: int, n_val: int, classes: int = 10, h: int = 375, w: int = 500) -> float:
-    """<root>/{train,val}/c<k>/<i>.jpg; returns the mean file size in bytes."""
+# --sizes mixed: shares of ImageNet-like (height, width), the rest a log-uniform aspect in [1/2, 2] with the longer
+# side 500: a batch then holds many sizes (one crop call each on the device path), as a real folder's does.
+MIXED_SIZES = (((375, 500), 0.40), ((500, 375), 0.12), ((333, 500), 0.12), ((500, 333), 0.04), ((400, 500), 0.04))
+
+
+def image_size(seed: int, mixed: bool) -> tuple[int, int]:
+    """The (height, width) of generated image `seed`: 375 x 500, or drawn from MIXED_SIZES' shares."""
+    if not mixed:
+        return 375, 500
+    rng = np.random.default_rng([seed, 1])
+    u = rng.random()
+    for hw, share in MIXED_SIZES:
+        if u < share:
+            return hw
+        u -= share
+    aspect = float(np.exp(rng.uniform(np.log(0.5), np.log(2.0))))  # width / height
+    return (500, max(16, round(500 * aspect))) if aspect < 1 else (max(16, round(500 / aspect)), 500)
+
+
+def write_jpeg_folder(root: Path, n_train: int, n_val: int, classes: int = 10, mixed: bool = False) -> float:
+    """<root>/{train,val}/c<k>/<i>.jpg (sizes by `image_size`); returns the mean file size in bytes."""
     jobs = []
     for split, n in (("train", n_train), ("val", n_val)):
         for k in range(classes):
             (root / split / f"c{k}").mkdir(parents=True, exist_ok=True)
-        jobs += [(root / split / f"c{i % classes}" / f"{i}.jpg", i + (split == "val") * 10**7, h, w) for i in range(n)]
+        seeds = [i + (split == "val") * 10**7 for i in range(n)]
+        jobs += [(root / split / f"c{i % classes}" / f"{i}.jpg", seed, *image_size(seed, mixed))
+                 for i, seed in enumerate(seeds)]  # fmt: skip
     with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
         sizes = list(pool.map(_write, jobs, chunksize=64))
     return float(np.mean(sizes))
@@ -243,6 +264,12 @@ def main() -> None:
         help="after the table, profile one more fit of synthetic data and of each path whose label contains one of "
         "these (first model, first method): the SMs' busy fraction over its last epoch and the heaviest CPU ops",
     )
+    p.add_argument(
+        "--sizes",
+        choices=("one", "mixed"),
+        default="one",
+        help="one: every image 500x375 (a batch is one size); mixed: ImageNet-like sizes (MIXED_SIZES), many a batch",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
 
@@ -259,11 +286,12 @@ def main() -> None:
         root = args.root or Path(tmp) / "folder"
         t0 = time.perf_counter()
         if not (root / "train").is_dir():
-            mean_bytes = write_jpeg_folder(root, args.n_train, args.n_val)
+            mean_bytes = write_jpeg_folder(root, args.n_train, args.n_val, mixed=args.sizes == "mixed")
         else:
             mean_bytes = float(np.mean([f.stat().st_size for f in (root / "train").rglob("*.jpg")]))
         print(
-            f"# trainables.fit on a JPEG folder, {card}, {os.cpu_count()} CPUs, {args.n_train} train JPEGs 500x375 "
+            f"# trainables.fit on a JPEG folder, {card}, {os.cpu_count()} CPUs, {args.n_train} train JPEGs "
+            f"{'500x375' if args.sizes == 'one' else 'of mixed sizes (MIXED_SIZES)'} "
             f"(mean {mean_bytes / 1e3:.0f} kB, written in {time.perf_counter() - t0:.0f} s), @{size}, batch {batch}, "
             f"{args.steps} steps/epoch, {args.epochs} epochs, {args.rounds} rounds, torch {torch.__version__}, "
             f"{torch.get_num_threads()} torch threads",

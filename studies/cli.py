@@ -743,7 +743,7 @@ def _add_data(sub) -> None:
         help="resize an image folder once so its shorter sides are near the crop's scale (fewer pixels to decode)",
         description="Write the prepared form of the image folder SOURCE (train/ and val/, one sub-folder per class) "
         "to --to: every image resized so its shorter side is --short-side (aspect kept, never upscaled; PIL's "
-        "antialiased bicubic), saved as an RGB baseline JPEG at --quality, in the same layout; baseline JPEGs already "
+        "antialiased bicubic) and, in the jpeg form (the default), saved as an RGB baseline JPEG at --quality in the same layout; baseline JPEGs already "
         "small enough are copied as they are (progressive ones are re-encoded). An image that cannot be read stops "
         "it: every unreadable image is listed with the fix and nothing is written. A manifest ("
         + MANIFEST_NAME
