@@ -1,42 +1,23 @@
 """A second run of a study never mixes into the first: refused, or a new launch that analysis keeps apart."""
 
-from pathlib import Path
-
 import optuna
 import pytest
-import yaml
 
 from analysis import load_curves, load_runs
 from studies.runner import run_study
 from studies.spec import StudyError
 
 
-def _study(tmp_path: Path, tiny_model) -> Path:
-    study = {
-        "name": "twice",
-        "base": {
-            "model": tiny_model("mixer"),
-            "data": {"name": "digits", "img_size": 16, "batch_size": 128},
-            "optimizer": {"method": "sam"},
-            "schedule": {"epochs": 1, "warmup_epochs": 0},
-            "train": {"device": "cpu", "threads": 1},
-        },
-        "factors": {"arch": {"mixer": {}}},
-        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
-        "budget": {"trials_per_cell": 2, "sampler": "random", "seed": 3},
-        "resources": {"cpus_per_trial": 1},
-        "tracking": {"artifact_location": str(tmp_path / "mlartifacts")},
-        "storage": str(tmp_path / "runs"),
-    }
-    path = tmp_path / "twice.yaml"
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
-    return path
-
-
 @pytest.mark.ray
 @pytest.mark.timeout(600)
-def test_a_second_run_is_refused_or_a_new_launch_kept_apart(ray_cluster, tmp_path, tracking_uri, tiny_model):
-    path = _study(tmp_path, tiny_model)
+def test_a_second_run_is_refused_or_a_new_launch_kept_apart(ray_cluster, tmp_path, tracking_uri, tiny_study):
+    path = tiny_study(
+        tmp_path,
+        "twice",
+        base={"schedule": {"epochs": 1, "warmup_epochs": 0}},
+        factors={"arch": {"mixer": {}}},
+        budget={"trials_per_cell": 2, "sampler": "random", "seed": 3},
+    )
     first = run_study(path, tracking_uri=tracking_uri)
     assert (first.trials, first.errored) == (2, 0)
 
