@@ -943,13 +943,13 @@ def _load_pixels(
     train, val = PixelSplit(root / "train", prepared.source), PixelSplit(root / "val", prepared.source)
     classes = tuple(prepared.classes)
     for name, split in (("train", train), ("val", val)):
-        if len(split) and not (0 <= split.labels.min() and split.labels.max() < len(classes)):
-            raise PixelSplit.damaged(prepared.source, f"its {name} labels leave the manifest's {len(classes)} classes")
         if not len(split):
             raise PrepareError(
                 f"a folder prepared as pixels at '{root}' holds no {name} images. Fix: prepare a source whose {name}/ "
                 "holds images."
             )
+        if not (0 <= split.labels.min() and split.labels.max() < len(classes)):
+            raise PixelSplit.damaged(prepared.source, f"its {name} labels leave the manifest's {len(classes)} classes")
     indices = train_indices_for(np.asarray(train.labels, dtype=np.int64))
     val_indices = np.arange(len(val))
     if cfg.decode == "device":
