@@ -63,6 +63,8 @@ def prepared_paths(short_sides: list[int], form: str = "jpeg") -> list[tuple[str
     return out
 
 
+COPYING = "copying loader"  # a key of a path's data overrides that sets FolderPixels.use_slots = False, not config
+
 MODELS = {
     "ViT-S/16": {"name": "vit_small_patch16_224"},
     "ResNet-50": {"name": "resnet50"},
@@ -270,6 +272,12 @@ def main() -> None:
         default="one",
         help="one: every image 500x375 (a batch is one size); mixed: ImageNet-like sizes (MIXED_SIZES), many a batch",
     )
+    p.add_argument(
+        "--copying-loader",
+        action="store_true",
+        help="also time each pixel path with the loader that copies batches through shared memory and a pinning "
+        "thread (FolderPixels.use_slots = False) beside the default slot ring",
+    )
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
 
@@ -327,9 +335,17 @@ def main() -> None:
         paths = PATHS + prepared_paths(args.prepared) + prepared_paths(args.pixels, "pixels")
         paths += [(f"{label}, {w} workers", {**data, "num_workers": w}, None)
                   for w in args.workers for label, data, _ in list(paths) if data.get("decode") == "device"]  # fmt: skip
+        if args.copying_loader:
+            paths += [(f"{label}, copying loader", {**data, COPYING: True}, None)
+                      for label, data, _ in list(paths)
+                      if str(data.get("prepared", "")).startswith("pixels") and data.get("decode") == "device"]  # fmt: skip
         results: dict[tuple[str, str, str], list[float]] = {}
 
         def timed_config(data: dict, method: str, model: dict) -> dict:
+            from trainables.jpeg import FolderPixels
+
+            data = dict(data)
+            FolderPixels.use_slots = not data.pop(COPYING, False)  # read when fit builds its loaders
             return config(roots[data.get("prepared")], data, method, model=model, batch=batch, steps=args.steps,
                           n_train=args.n_train, epochs=args.epochs, device=device, dataset="imagefolder", size=size,
                           eval_batch=512)  # fmt: skip

@@ -622,16 +622,21 @@ class FolderBytes(Dataset):
 
 
 class FolderPixels(FolderBytes):
-    """A folder prepared in the pixel form (`sharpscale data prepare --form pixels`): workers copy each image's
-    stored pixels (page cache or disk) into a pinned batch, which goes to the device in one copy and is cropped,
-    flipped and RandAugmented there as FolderBytes' decoded images are. Nothing is decoded while training.
+    """A folder prepared in the pixel form (`sharpscale data prepare --form pixels`): workers read each image's
+    stored pixels (page cache or disk) straight into a page-locked batch slot shared with the training process
+    (`_SlotRing`), which goes to the device in one copy and is cropped, flipped and RandAugmented there as
+    FolderBytes' decoded images are. Nothing is decoded while training, and nothing copied in the training process.
 
     `split` is the split's `trainables.prepare.PixelSplit`; the rest as FolderBytes.
     """
 
     copies_to_device = True
-    # A worker copies a batch (67 MB at 256 x 341 x 256) in about 85 ms: on an H200 with ViT-S/16 (docs/benchmarks.md)
-    # 2 workers fed 5,900 img/s, 4, 6 and 15 the same 7,200-7,600; 6 keeps a margin and 2 GB less shared memory.
+    # Workers read into the page-locked slots of a shared ring (`_SlotRing`); False: FolderBytes' loader, which copies
+    # each batch through a DataLoader's shared memory and pinning thread (kept to compare them: bench_imagefolder.py).
+    use_slots = True
+    # Measured with the copying loader (a worker copied a 67 MB batch of 256 x 341 x 256 in about 85 ms): on an H200
+    # with ViT-S/16 (docs/benchmarks.md) 2 workers fed 5,900 img/s, 4, 6 and 15 the same 7,200-7,600. With the slots
+    # 6 workers fed 53,000-67,000 img/s with no model, 6x what ViT-S/16 trains at: the cap stays.
     max_workers = 6
 
     def __init__(self, split, indices: np.ndarray, size: int, *, train: bool, rand_augment: Any = None) -> None:
@@ -665,6 +670,183 @@ class FolderPixels(FolderBytes):
             groups.append((batch.order[a:b], run))
         return Images(groups, len(shapes))
 
+    def device_loader(
+        self, batch_sampler, device: torch.device, *, num_workers: int, pin_memory: bool, persistent_workers: bool
+    ) -> "_DeviceBatches":
+        """As FolderBytes.device_loader, with each batch read by a worker straight into a slot of a shared-memory
+        ring (`_SlotRing`), page-locked on CUDA: the training process copies nothing on the host, and the GPU takes
+        the batch from the slot."""
+        if not self.use_slots:
+            return super().device_loader(
+                batch_sampler, device, num_workers=num_workers, pin_memory=pin_memory,
+                persistent_workers=persistent_workers,
+            )  # fmt: skip
+        # A worker may hold prefetch_factor batches (2, DataLoader's default) and the consumer one being copied; the
+        # rest are copies in flight, which free their slot when their event completes.
+        slots = 2 * max(num_workers, 1) + 2
+        ring = _SlotRing(self, _batch_size(batch_sampler), slots, pin=pin_memory and device.type == "cuda")
+        loader = DataLoader(
+            _SlotReader(self, ring.buffer),
+            batch_sampler=_SlotSampler(batch_sampler, ring),
+            collate_fn=_as_is,
+            num_workers=num_workers,
+            pin_memory=False,  # the slots are page-locked already
+            persistent_workers=persistent_workers,
+        )
+        return _DeviceBatches(self, loader, device, ring)
+
+
+def _batch_size(batch_sampler) -> int:
+    size = getattr(batch_sampler, "batch_size", None)
+    if size is None and isinstance(batch_sampler, Sequence):  # a fixed list of batches (tests, tools)
+        size = max((len(b) for b in batch_sampler), default=1)
+    if size is None:
+        raise TypeError(f"{type(batch_sampler).__name__} has no batch_size: the pixel loader sizes its slots by it")
+    return int(size)
+
+
+def _as_is(batch):
+    return batch
+
+
+class _Slotted(list):
+    """A batch's dataset positions, as a batch sampler yields them, with the ring slot its worker fills."""
+
+    slot: int
+
+
+class _Filled(NamedTuple):
+    """What a worker hands over for a batch read into ring slot `slot` (or, when the batch outgrew the slots, its
+    pixels in `spill`): small arrays, pickled by value rather than passed as shared-memory tensors."""
+
+    slot: int
+    lengths: np.ndarray
+    labels: np.ndarray
+    indices: np.ndarray
+    order: np.ndarray
+    spill: torch.Tensor | None
+
+
+class _SlotRing:
+    """Batch buffers in shared memory that DataLoader workers fill in place and the device copies from.
+
+    Why: the default path copies a pixel batch four times (out of the file's mapping, into the batch, into shared
+    memory on hand-over, into pinned memory in the training process), two of them in the training process, whose
+    host work then slows the step (docs/benchmarks.md, the pixel form). Here a worker reads each image from the file
+    into its slot (one copy), and on CUDA the slots are page-locked (registered with the driver once), so the GPU
+    copies straight from them: nothing is copied in the training process.
+
+    A slot holds a batch somewhat larger than the split's mean (SIZE_MARGIN, SIZE_SPREAD); a rarer batch that does
+    not fit travels the default way (`_Filled.spill`). Slots are taken by the batch sampler as it hands out each batch
+    (`acquire`) and given back by the consumer once the device's copy has finished (`release` with its event);
+    a new pass over the data (an epoch: the DataLoader has drained the workers by then) reclaims the slots batches
+    of an unfinished pass still held. Every method runs in the training process's loader thread.
+    """
+
+    # A slot fits a batch of the split's mean bytes x SIZE_MARGIN plus SIZE_SPREAD standard deviations of a batch's
+    # bytes (or its largest batch, where smaller): a spill is then a tail event, and the slots stay near a mean batch.
+    SIZE_MARGIN, SIZE_SPREAD = 1.10, 6.0
+
+    def __init__(self, folder: "FolderPixels", batch_size: int, slots: int, *, pin: bool) -> None:
+        sizes = np.asarray(folder._split.nbytes(folder.indices), dtype=np.int64)
+        b = min(batch_size, len(sizes))
+        largest = int(np.sort(sizes)[::-1][:b].sum())
+        usual = int(b * sizes.mean() * self.SIZE_MARGIN + self.SIZE_SPREAD * sizes.std() * math.sqrt(b))
+        self.slot_bytes = -(-min(largest, usual) // 512) * 512
+        self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8).share_memory_()
+        self._free = list(range(slots))[::-1]
+        self._held: set[int] = set()
+        self._copying: list[tuple[int, Any]] = []  # slots whose copy to the device may not have finished
+        self.pinned = pin and self._register()
+
+    def _register(self) -> bool:
+        cudart = torch.cuda.cudart()
+        ptr, size = self.buffer.data_ptr(), self.buffer.numel()
+        if int(cudart.cudaHostRegister(ptr, size, 0)) != 0:
+            return False  # e.g. a locked-memory limit: copies from pageable memory, correct but synchronous
+        import weakref
+
+        weakref.finalize(self, cudart.cudaHostUnregister, ptr)
+        return True
+
+    def acquire(self) -> int:
+        if not self._free:
+            self._copying = [(s, e) for s, e in self._copying if not (e.query() and self._free.append(s) is None)]
+        if not self._free and self._copying:
+            slot, event = self._copying.pop(0)
+            event.synchronize()  # a copy already issued: it finishes on its own
+            self._free.append(slot)
+        if not self._free:
+            raise RuntimeError(f"all {len(self.buffer)} pixel batch slots are held by batches in flight")
+        slot = self._free.pop()
+        self._held.add(slot)
+        return slot
+
+    def release(self, slot: int, event: Any = None) -> None:
+        self._held.discard(slot)
+        if event is None:
+            self._free.append(slot)
+        else:
+            self._copying.append((slot, event))
+
+    def reclaim(self) -> None:
+        self._free += sorted(self._held)
+        self._held.clear()
+
+    def batch(self, filled: _Filled) -> ReadBatch:
+        """The batch a worker filled, its pixels a view of its slot (or its spill)."""
+        flat = filled.spill
+        if flat is None:
+            flat = self.buffer[filled.slot, : int(filled.lengths.sum())]
+        return ReadBatch(
+            flat,
+            *(torch.from_numpy(a) for a in (filled.lengths, filled.labels, filled.indices, filled.order)),
+        )
+
+
+class _SlotSampler:
+    """A batch sampler's batches, each with the ring slot its worker fills (taken here, in the loader's thread)."""
+
+    def __init__(self, batch_sampler, ring: _SlotRing) -> None:
+        self.batch_sampler, self.ring = batch_sampler, ring
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[_Slotted]:
+        self.ring.reclaim()
+        for positions in self.batch_sampler:
+            batch = _Slotted(positions)
+            batch.slot = self.ring.acquire()
+            yield batch
+
+
+class _SlotReader(Dataset):
+    """Runs in the workers: reads a batch's images (laid out by size, as FolderPixels.collate) into its slot."""
+
+    def __init__(self, folder: "FolderPixels", buffer: torch.Tensor) -> None:
+        self.folder, self.buffer = folder, buffer
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitems__(self, batch: _Slotted) -> _Filled:
+        folder, split = self.folder, self.folder._split
+        index = folder.indices[np.asarray(batch, dtype=np.int64)]
+        shapes = split.shapes[index]
+        order = np.lexsort((shapes[:, 1], shapes[:, 0]))  # by (height, width), stable: FolderPixels.collate's layout
+        lengths = np.asarray(split.nbytes(index[order]), dtype=np.int64)
+        labels, spill = folder._labels[index], None
+        if lengths.sum() > self.buffer.shape[1]:
+            spill = folder.collate([folder.read(int(i)) for i in batch], order.tolist()).flat
+        else:
+            out = self.buffer[batch.slot].numpy()
+            at = 0
+            for i, n in zip(index[order].tolist(), lengths.tolist()):
+                split.read_into(i, out[at : at + n])
+                at += n
+        return _Filled(batch.slot, lengths, labels, index, order, spill)
+
 
 class _Reader(Dataset):
     def __init__(self, folder: FolderBytes) -> None:
@@ -691,8 +873,8 @@ class _DeviceBatches:
     AHEAD = 2
     _END = object()
 
-    def __init__(self, folder: FolderBytes, loader: DataLoader, device: torch.device) -> None:
-        self.folder, self.loader, self.device = folder, loader, device
+    def __init__(self, folder: FolderBytes, loader: DataLoader, device: torch.device, ring: _SlotRing | None = None):
+        self.folder, self.loader, self.device, self.ring = folder, loader, device, ring
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -716,7 +898,7 @@ class _DeviceBatches:
             try:
                 with torch.cuda.device(self.device) if stream is not None else contextlib.nullcontext():
                     for batch in self.loader:
-                        if not put(self._launch(ReadBatch(*batch), generator, stream)):
+                        if not put(self._launch(batch, generator, stream)):
                             return
                 put(self._END)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -736,15 +918,28 @@ class _DeviceBatches:
             stop.set()
             thread.join()
 
-    def _launch(self, batch: ReadBatch, generator, stream):
+    def _launch(self, batch, generator, stream):
+        slot = None
+        if isinstance(batch, _Filled):
+            filled, batch = batch, self.ring.batch(batch)
+            if filled.spill is None:
+                slot = filled.slot
+            else:
+                self.ring.release(filled.slot)  # the batch outgrew the slots: it came in its spill
+        else:
+            batch = ReadBatch(*batch)
         if stream is None:
             x = self.folder.transform(self.folder.images(batch, self.device), self.device, generator)
+            if slot is not None:
+                self.ring.release(slot)  # the transform has read the slot: its result is a new tensor
             return x, batch.labels, batch.indices, None
         with torch.cuda.stream(stream):
             x = self.folder.transform(self.folder.images(batch, self.device), self.device, generator)
             y = _to(batch.labels, self.device)
             event = torch.cuda.Event()
             event.record(stream)
+        if slot is not None:
+            self.ring.release(slot, event)  # free once the device has copied it
         return x, y, batch.indices, event
 
     def _hand_over(self, x, y, indices, event):

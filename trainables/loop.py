@@ -131,6 +131,11 @@ class _GlobalBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    @property
+    def batch_size(self) -> int:
+        """The batches this rank gets (torch's BatchSampler's name for it)."""
+        return self.local
+
     def __len__(self) -> int:
         return self.n // self.global_batch
 

@@ -474,6 +474,7 @@ class PixelSplit:
         self.offsets, self.labels = index[:, 0], index[:, 3]
         self.shapes = index[:, 1:3]
         self._map = None
+        self._fd: int | None = None  # opened by the first read_into of each process
 
     @staticmethod
     def damaged(source: str | None, what: str) -> PrepareError:
@@ -488,7 +489,28 @@ class PixelSplit:
         return len(self.labels)
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_map": None}
+        return {**self.__dict__, "_map": None, "_fd": None}
+
+    def nbytes(self, i):
+        """Bytes of image(s) i (an int, or an index array for an array) as stored: height x width x 3."""
+        shape = self.shapes[i]
+        return shape[..., 0] * shape[..., 1] * 3
+
+    def read_into(self, i: int, out) -> None:
+        """Image i's stored bytes read straight into `out` (a writable buffer of `nbytes(i)` bytes, e.g. a slice of a
+        shared-memory batch): one copy, from the page cache or the disk, with no mapping of the file."""
+        if self._fd is None:
+            import weakref
+
+            self._fd = os.open(self.dir / PIXELS_FILE, os.O_RDONLY)
+            weakref.finalize(self, os.close, self._fd)
+        view = memoryview(out).cast("B")
+        offset, done = int(self.offsets[i]), 0
+        while done < len(view):  # a read may return less than asked (a signal, a network file system)
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got == 0:
+                raise self.damaged(None, f"its pixel file '{self.dir / PIXELS_FILE}' ends inside image {i}")
+            done += got
 
     def pixels(self, i: int):
         import numpy as np

@@ -349,6 +349,89 @@ def test_the_device_loader_hands_on_batches_in_the_samplers_order(tmp_path, work
         assert torch.equal(x, torch.stack([split[i][0] for i in positions]))
 
 
+def _default_path(split, sampler, workers):
+    # FolderBytes' loader on the same split: workers collate each batch and hand it over in shared memory.
+    from trainables.jpeg import FolderBytes
+
+    return FolderBytes.device_loader(
+        split, sampler, CPU, num_workers=workers, pin_memory=False, persistent_workers=False
+    )
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("spread", [6.0, 0.0])
+def test_the_slot_ring_hands_on_the_default_paths_batches_over_epochs_and_broken_passes(
+    tmp_path, monkeypatch, workers, spread
+):
+    """Workers reading straight into the ring's slots give the batches the default path gives, epoch after epoch
+    with persistent workers, after a pass left half-read (its slots reclaimed), and with slots too small for some
+    batches (slots of a mean batch: the larger ones come in their spill)."""
+    from trainables.jpeg import _SlotRing
+
+    if not spread:
+        monkeypatch.setattr(_SlotRing, "SIZE_MARGIN", 1.0)
+    monkeypatch.setattr(_SlotRing, "SIZE_SPREAD", spread)
+    src = _folder(tmp_path / "src", sizes=((40, 50), (50, 36), (30, 30), (64, 20)), per_class=12)
+    prepare_folder(src, tmp_path / "px", short_side=32, workers=1, form="pixels")
+    split = load_dataset("imagefolder", root=tmp_path / "px", img_size=16, augment="none", decode="device").val
+    rng = np.random.default_rng(0)
+    epochs = [[rng.permutation(len(split))[k : k + 5].tolist() for k in range(0, 20, 5)] for _ in range(3)]
+    sampler = _Epochs(epochs)
+    loader = split.device_loader(sampler, CPU, num_workers=workers, pin_memory=False, persistent_workers=workers > 0)
+    spilled = []
+    ring = loader.ring
+    batch_of = ring.batch
+    monkeypatch.setattr(ring, "batch", lambda filled: spilled.append(filled.spill is not None) or batch_of(filled))
+    for epoch, batches in enumerate(epochs):
+        sampler.epoch = epoch
+        want = list(_default_path(split, batches, 0))
+        got = []
+        for item in loader:
+            got.append(item)
+            if epoch == 1 and len(got) == 2:
+                break  # a pass left half-read: the next one reclaims the slots its batches held
+        for (x, y, i), (wx, wy, wi) in zip(got, want):
+            assert torch.equal(i, wi) and torch.equal(y, wy) and torch.equal(x, wx)
+        assert len(got) == (2 if epoch == 1 else len(batches))
+    assert (spread == 0) == any(spilled) and not all(spilled)
+    assert sorted(ring._free) == list(range(len(ring.buffer))) and not ring._held
+
+
+class _Epochs:
+    """A batch sampler over fixed epochs of batches (set `epoch` before each pass), sized as the loop's."""
+
+    def __init__(self, epochs):
+        self.epochs, self.epoch = epochs, 0
+        self.batch_size = max(len(b) for e in epochs for b in e)
+
+    def __len__(self):
+        return len(self.epochs[self.epoch])
+
+    def __iter__(self):
+        return iter(self.epochs[self.epoch])
+
+
+def test_read_into_completes_short_reads_and_matches_the_mapping(tmp_path, monkeypatch):
+    import os
+
+    src = _folder(tmp_path / "src", per_class=2)
+    prepare_folder(src, tmp_path / "px", short_side=24, workers=1, form="pixels")
+    split = PixelSplit(tmp_path / "px" / "train")
+    preadv = os.preadv
+    calls = []
+
+    def short(fd, buffers, offset):  # the OS may return fewer bytes than asked
+        calls.append(offset)
+        return preadv(fd, [buffers[0][:7]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    for i in range(len(split)):
+        out = np.empty(split.nbytes(i), dtype=np.uint8)
+        split.read_into(i, out)
+        assert np.array_equal(out.reshape(split.pixels(i).shape), split.pixels(i))
+    assert len(calls) > len(split)
+
+
 # --------------------------------------------------------------------------- the pixel form: refusals and damage
 
 
