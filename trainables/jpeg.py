@@ -198,7 +198,7 @@ def crop_resize(images: Images, boxes: torch.Tensor, size: int) -> torch.Tensor:
     # (x1, y1, x2, y2) in continuous pixel coordinates (pixel i spans [i, i + 1): aligned=True).
     xyxy = torch.stack([boxes[:, 1], boxes[:, 0], boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]], 1).float()
     # Every group's rois (its own image index first) and batch positions, group after group, in one copy: a batch
-    # holds dozens of sizes, and a copy each was the host's main cost here.
+    # holds dozens of sizes, and a copy is a pinned allocation and a transfer on the host.
     members = torch.cat([rows for rows, _ in images.groups])
     counts = torch.tensor([len(rows) for rows, _ in images.groups])
     within = torch.arange(n) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
@@ -226,9 +226,8 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _to_all(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """Host tensors on `device` in one copy, as `_to` copies one: their bytes packed back to back, each at a
-    multiple of 8 bytes (every dtype's view stays aligned), copied, and viewed out again. On the CPU, themselves."""
-    if device.type == "cpu":
-        return list(tensors)
+    multiple of 8 bytes (every dtype's view stays aligned), copied, and viewed out again. Packed on the CPU too (one
+    concatenation), so that the CPU tests run the views the GPU gets."""
     parts, spans, at = [], [], 0
     for t in tensors:
         raw = t.contiguous().view(-1).view(torch.uint8)
@@ -566,23 +565,29 @@ class DeviceRandAugment:
         # timm's interpolation draw: one of the op's modes, uniformly.
         pick = torch.minimum((d["mode"] * self._n_modes[op]).long(), self._n_modes[op] - 1)
         mode = self._mode_of[op, pick]
-        # Each layer's samples sorted by a key: pixel op k as k; geometric op k at mode j as k + k * (1 + j), so
-        # each mode's samples follow one another, op after op; skipped samples last. A stable sort keeps the batch
-        # order within a key: the same samples, in the same order, as the op-by-op selection made them.
+        # Each layer's samples sorted by a key: with k ops, pixel op i has key i, geometric op i drawn at mode j
+        # k (1 + j) + i, so each mode's samples follow one another, op after op; skipped samples come last. A stable
+        # sort keeps the batch order within a key: the same samples, in the same order, as the op-by-op selection.
         skip = k * (1 + len(self._modes))
-        key = torch.where(d["apply"], torch.where(self._geometric[op], op + k * (1 + mode), op), skip)
-        order = torch.sort(key, dim=1, stable=True).indices
+        sort_key = torch.where(d["apply"], torch.where(self._geometric[op], op + k * (1 + mode), op), skip)
+        order = torch.sort(sort_key, dim=1, stable=True).indices
         counts = torch.bincount(
-            (key + (skip + 1) * torch.arange(layers)[:, None]).flatten(), minlength=layers * (skip + 1)
+            (sort_key + (skip + 1) * torch.arange(layers)[:, None]).flatten(), minlength=layers * (skip + 1)
         )
         counts = counts.view(layers, skip + 1).tolist()
         theta = _theta(_affine(self._kind[op], arg, h, w), h, w)
-        # One copy: the sorted rows, and each sorted sample's argument and theta (float32, x's dtype), and the fills.
-        floats = [arg.gather(1, order), theta.gather(1, order[..., None, None].expand(-1, -1, 2, 3)), self._fill]
-        rows, floats = _to_all([order, torch.cat([f.float().flatten() for f in floats])], x.device)
+        # One copy: the sorted rows, then each sorted sample's argument and theta, and the ops' fills, in x's dtype
+        # (arguments and fills through float32, as the op-by-op code copied them).
+        floats = [
+            arg.gather(1, order).float().to(x.dtype),
+            theta.gather(1, order[..., None, None].expand(-1, -1, 2, 3)).to(x.dtype),
+            self._fill.to(x.dtype),
+        ]
+        rows, floats = _to_all([order, torch.cat([f.flatten() for f in floats])], x.device)
         args, floats = floats[: layers * n].view(layers, n), floats[layers * n :]
         thetas, fills = floats[: layers * n * 6].view(layers, n, 2, 3), floats[layers * n * 6 :].view(k, -1)
         for layer in range(layers):
+            # (key, samples) of each key present, in key order: consecutive runs of the sorted samples.
             runs = [(key, count) for key, count in enumerate(counts[layer][:skip]) if count]
             if not runs:
                 continue
@@ -598,12 +603,12 @@ class DeviceRandAugment:
             # The geometric samples of each mode in one warp.
             start = sum(c for key, c in runs if key < k)
             for j, mode_name in enumerate(self._modes):
-                keys = [(key, c) for key, c in runs if k * (1 + j) <= key < k * (2 + j)]
-                if not keys:
+                warped_runs = [(key, c) for key, c in runs if k * (1 + j) <= key < k * (2 + j)]
+                if not warped_runs:
                     continue
-                end = start + sum(c for _, c in keys)
+                end = start + sum(c for _, c in warped_runs)
                 # One fill per warp, the first op's: timm's ops of one RandAugment share img_mean.
-                fill = fills[keys[0][0] - k * (1 + j)]
+                fill = fills[warped_runs[0][0] - k * (1 + j)]
                 warped = _warp(xs[start:end], thetas[layer, start:end], mode_name, fill)
                 torch.round(warped, out=xs[start:end]).clamp_(0, 255)
                 start = end

@@ -335,3 +335,22 @@ def test_level_args_and_apply_op_are_those_of_commit_39f8b88(name):
     for mode in ("bilinear", "bicubic"):
         kw = {"mode": mode, "fill": (124, 116, 104)}
         assert torch.equal(apply_op(name, x.clone(), got, **kw), old.apply_op(name, x.clone(), want, **kw))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_to_all_hands_back_each_tensor_from_one_copy(device):
+    from trainables.jpeg import _to_all
+
+    host = [
+        torch.arange(3),
+        torch.linspace(-1, 1, 5),  # 20 bytes: the next tensor starts at a multiple of 8 all the same
+        torch.tensor([7, 0, 255], dtype=torch.uint8),
+        torch.tensor([[True, False], [False, True]]),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.arange(12.0).view(3, 4).T,  # not contiguous
+    ]
+    out = _to_all(host, torch.device(device))
+    assert [(t.dtype, t.shape, t.device.type) for t in out] == [(t.dtype, t.shape, device) for t in host]
+    if device == "cpu":
+        assert all(torch.equal(a, b) for a, b in zip(out, host))
+        assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # views of one buffer
