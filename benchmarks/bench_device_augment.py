@@ -4,7 +4,7 @@ code against the one of commit 39f8b88 (benchmarks/jpeg_39f8b88.py), side by sid
 The device path's strong recipe was bound by the host work of its producer thread (docs/benchmarks.md, session 8):
 Python dispatch of many small ops and a pinned copy per op. Per recipe (basic: crop and flip; strong: plus timm's
 rand-m9-mstd0.5, bicubic, as the ImageNet transform builds it) and batch shape (a pixel-form batch: short side
-size * 8 / 7, dozens of sizes at 256 images, random pixels), it prints old, new and new/old of:
+size * 8 / 7, dozens of sizes in 256 images (`pixel_batch`), random pixels), it prints old, new and new/old of:
 
 - device ops (kernels): aten ops on the device's tensors that are not views (a kernel launch each on a GPU);
   device views: views of device tensors (no kernel); host ops: aten ops on host tensors (the draws, index and
@@ -71,14 +71,13 @@ def timm_rand_augment(size: int, config: str = "rand-m9-mstd0.5", interpolation:
 
 
 def pixel_batch(n: int, size: int, device: torch.device, seed: int = 0) -> Images:
-    """`n` uint8 images as the pixel form holds them (short side `size` * 8/7, the other side from a few widths,
-    so a batch has several size groups), random content, on `device`."""
+    """`n` uint8 images as the pixel form holds them (short side `size` * 8/7; the long side 1 to 1.6 times it, one
+    of 40 ratios, a third of them portrait: dozens of size groups in a batch of 256, as an ImageNet batch has),
+    random content, on `device`."""
     rng = np.random.default_rng(seed)
     short = int(size * 8 / 7)
-    shapes = [
-        (short, int(short * r)) if k % 3 else (int(short * r), short) for k, r in enumerate(rng.uniform(1, 1.6, n))
-    ]
-    shapes = [(h - h % 8, w - w % 8) for h, w in shapes]  # coarser sizes: about a dozen groups, as in a real batch
+    ratios = rng.choice(np.linspace(1.0, 1.6, 40), n)
+    shapes = [(short, round(short * r)) if k % 3 else (round(short * r), short) for k, r in enumerate(ratios)]
     images = [torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)) for h, w in shapes]
     cpu = Images.of(images)
     return Images([(rows, g.to(device)) for rows, g in cpu.groups], cpu.n)

@@ -354,3 +354,16 @@ def test_to_all_hands_back_each_tensor_from_one_copy(device):
     if device == "cpu":
         assert all(torch.equal(a, b) for a, b in zip(out, host))
         assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # views of one buffer
+
+
+def test_roi_align_operator_is_torchvisions_public_function():
+    # crop_resize calls torchvision's registered operator, skipping the public function's Python checks: a pin on the
+    # operator's argument order (a torchvision that reorders them fails here).
+    from torchvision.ops import roi_align
+
+    from trainables.jpeg import _roi_align
+
+    planes = torch.rand(3, 3, 37, 50, generator=torch.Generator().manual_seed(0)) * 255
+    rois = torch.tensor([[0, 1.0, 2.0, 41.0, 30.0], [1, 0.0, 0.0, 50.0, 37.0], [2, 7.5, 3.25, 20.0, 36.0]])
+    want = roi_align(planes, rois, (13, 13), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    assert torch.equal(_roi_align(planes, rois, 13), want)
