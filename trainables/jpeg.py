@@ -509,9 +509,10 @@ class DeviceRandAugment:
         # Interpolations: the batch's geometric samples are grouped by mode, in sorted order of the modes' names.
         self._modes = sorted({m for o in ops for m in o.modes})
         self._n_modes = torch.tensor([len(o.modes) for o in ops])
+        # Per op, the index in self._modes of each of its modes (padded with its last: the draw never picks those).
         widest = max(len(o.modes) for o in ops)
-        self._mode_of = torch.tensor([[self._modes.index(o.modes[min(i, len(o.modes) - 1)]) for i in range(widest)]
-                                      for o in ops])  # fmt: skip
+        padded = [[*o.modes, *[o.modes[-1]] * (widest - len(o.modes))] for o in ops]
+        self._mode_of = torch.tensor([[self._modes.index(m) for m in modes] for modes in padded])
 
     @staticmethod
     def _op(op: Any) -> _Op:
@@ -542,12 +543,16 @@ class DeviceRandAugment:
             choice = torch.multinomial(
                 self.weights.expand(n, -1), self.num_layers, replacement=False, generator=generator
             )
-        # Per layer: apply, gauss, uniform, negate, mode.
-        u = [
-            [(torch.randn if i == 1 else torch.rand)(n, generator=generator, dtype=torch.float64) for i in range(5)]
+
+        def uniform() -> torch.Tensor:
+            return torch.rand(n, generator=generator, dtype=torch.float64)
+
+        # Layer after layer, as the op-by-op code drew them: apply, gauss, uniform (the magnitude), negate, mode.
+        drawn = [
+            (uniform(), torch.randn(n, generator=generator, dtype=torch.float64), uniform(), uniform(), uniform())
             for _ in range(self.num_layers)
         ]
-        u_apply, gauss, uni, u_negate, u_mode = (torch.stack(d) for d in zip(*u))
+        u_apply, gauss, uni, u_negate, u_mode = (torch.stack(d) for d in zip(*drawn))
         op = choice.T
         mag, std = self._magnitude[op], self._std[op]
         magnitude = torch.where(torch.isinf(std), uni * mag, mag + torch.where(std > 0, std, 0.0) * gauss)
