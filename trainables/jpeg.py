@@ -174,9 +174,11 @@ class Images:
 
     def sizes(self) -> torch.Tensor:
         """(n, 2) int64 on the host: each image's (height, width)."""
+        # One write for all groups, not one per group: a batch holds dozens of sizes, and this runs per batch.
+        shapes = torch.tensor([group.shape[2:] for _, group in self.groups], dtype=torch.int64)
+        counts = torch.tensor([len(rows) for rows, _ in self.groups])
         sizes = torch.empty(self.n, 2, dtype=torch.int64)
-        for rows, group in self.groups:
-            sizes[rows] = torch.tensor(group.shape[2:], dtype=torch.int64)
+        sizes[torch.cat([rows for rows, _ in self.groups])] = shapes.repeat_interleave(counts, 0)
         return sizes
 
     def repeated(self, times: int) -> "Images":
@@ -191,22 +193,38 @@ def crop_resize(images: Images, boxes: torch.Tensor, size: int) -> torch.Tensor:
     One roi_align per group of equally sized images: bilinear samples averaged over each output pixel's footprint
     (ceil(box / size) samples a side), so a downscaled crop is low-pass filtered as PIL's resize filters it.
     """
-    from torchvision.ops import roi_align
-
     first = images.groups[0][1]
     device, n = first.device, images.n
-    out = torch.empty(n, first.shape[1], size, size, device=device)
     # (x1, y1, x2, y2) in continuous pixel coordinates (pixel i spans [i, i + 1): aligned=True).
     xyxy = torch.stack([boxes[:, 1], boxes[:, 0], boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]], 1).float()
-    for members, group in images.groups:
-        rows = torch.cat([torch.arange(len(members), dtype=torch.float32)[:, None], xyxy[members]], 1)
+    # Every group's rois (its own image index first) and batch positions, group after group, in one copy: a batch
+    # holds dozens of sizes, and a copy is a pinned allocation and a transfer on the host.
+    members = torch.cat([rows for rows, _ in images.groups])
+    counts = torch.tensor([len(rows) for rows, _ in images.groups])
+    within = torch.arange(n) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    rois, members_on = _to_all([torch.cat([within.float()[:, None], xyxy[members]], 1), members], device)
+    out = torch.empty(n, first.shape[1], size, size, device=device)
+    start = 0
+    for rows, group in images.groups:
+        end = start + len(rows)
         # One pass to contiguous float: roi_align reads NCHW, and a pixel batch's groups are channels-last views.
         planes = group.to(torch.float32, memory_format=torch.contiguous_format)
-        resized = roi_align(planes, _to(rows, device), (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
-        if len(members) == n and bool((members == torch.arange(n)).all()):
+        resized = _roi_align(planes, rois[start:end], size)
+        if len(rows) == n and bool((rows == torch.arange(n)).all()):
             return resized
-        out[_to(members, device)] = resized
+        out.index_copy_(0, members_on[start:end], resized)
+        start = end
     return out
+
+
+def _roi_align(planes: torch.Tensor, rois: torch.Tensor, size: int) -> torch.Tensor:
+    # torchvision.ops.roi_align(planes, rois, (size, size), spatial_scale=1.0, sampling_ratio=-1, aligned=True) is this
+    # operator behind checks in Python costing about 16 us a call (40 against 24 on this project's CPU), once per group
+    # and batch. (Those checks also swap in a Python version on CUDA under deterministic algorithms, for the sake of
+    # the backward, which a batch of crops never runs.) A test pins the operator's arguments to the public function's.
+    import torchvision  # noqa: F401  (registers torch.ops.torchvision)
+
+    return torch.ops.torchvision.roi_align(planes, rois, 1.0, size, size, -1, True)
 
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -214,6 +232,23 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def _to_all(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """Host tensors on `device` in one copy, as `_to` copies one: their bytes packed back to back, each at a
+    multiple of 8 bytes (every dtype's view stays aligned), copied, and viewed out again. Packed on the CPU too (one
+    concatenation), so that the CPU tests run the views the GPU gets."""
+    parts, spans, at = [], [], 0
+    for t in tensors:
+        raw = t.contiguous().view(-1).view(torch.uint8)
+        pad = -raw.numel() % 8
+        parts += [raw, torch.zeros(pad, dtype=torch.uint8)] if pad else [raw]
+        spans.append((at, raw.numel()))
+        at += raw.numel() + pad
+    # Pinned on CUDA (written by the concatenation itself), so the copy is asynchronous as `_to`'s.
+    flat = torch.empty(at, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    on_device = torch.cat(parts, out=flat).to(device, non_blocking=True)
+    return [on_device[a : a + nbytes].view(t.dtype).view(t.shape) for (a, nbytes), t in zip(spans, tensors)]
 
 
 # --------------------------------------------------------------------------- RandAugment, batched
@@ -229,79 +264,106 @@ def device_rand_augment_problem(rand_augment: Any) -> str | None:
     return None
 
 
-def level_args(name: str, magnitude: torch.Tensor, negate: torch.Tensor, hparams: dict) -> torch.Tensor:
-    """timm's LEVEL_TO_ARG for op `name`, for a batch of magnitudes; `negate` is timm's _randomly_negate draw."""
+def _level(name: str, hparams: dict) -> tuple[float, ...]:
+    """timm's LEVEL_TO_ARG for op `name` as constants of one of two forms (a row of `_level_args`' table):
+    linear, max((m * scale) * (sign if signed else 1) (+ offset if offset_on), low), or quantised,
+    base + slope * min(floor(m * steps), cap); m the magnitude / 10 and sign timm's _randomly_negate draw. One table
+    for every op lets a batch of mixed ops get its arguments in one vectorised computation; each form evaluates
+    timm's expression in the same order, so the arguments are the same doubles as the op-by-op formulas'."""
+    inf = math.inf
+    #       quantised, scale, signed, offset_on, offset, low, steps, cap, base, slope
+    linear = lambda scale, signed=1.0, offset=None, low=-inf: (  # noqa: E731
+        0.0, scale, signed, float(offset is not None), offset or 0.0, low, 0.0, inf, 0.0, 0.0
+    )  # fmt: skip
+    quantised = lambda steps, cap, base, slope: (1.0, 0.0, 0.0, 0.0, 0.0, -inf, steps, cap, base, slope)  # noqa: E731
+    if name == "Rotate":
+        return linear(30.0)
+    if name in ("ShearX", "ShearY"):
+        return linear(0.3)
+    if name in ("TranslateX", "TranslateY"):
+        return linear(float(hparams["translate_const"]))
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return linear(float(hparams.get("translate_pct", 0.45)))
+    if name == "Posterize":  # floor(m * 4)
+        return quantised(4.0, inf, 0.0, 1.0)
+    if name == "PosterizeIncreasing":  # 4 - floor(m * 4)
+        return quantised(4.0, inf, 4.0, -1.0)
+    if name == "PosterizeOriginal":  # floor(m * 4) + 4
+        return quantised(4.0, inf, 4.0, 1.0)
+    if name == "Solarize":  # min(floor(m * 256), 256)
+        return quantised(256.0, 256.0, 0.0, 1.0)
+    if name == "SolarizeIncreasing":  # 256 - min(floor(m * 256), 256)
+        return quantised(256.0, 256.0, 256.0, -1.0)
+    if name == "SolarizeAdd":  # min(floor(m * 110), 128)
+        return quantised(110.0, 128.0, 0.0, 1.0)
+    if name in ("Color", "Contrast", "Brightness", "Sharpness"):  # m * 1.8 + 0.1
+        return linear(1.8, signed=0.0, offset=0.1)
+    if name.endswith("Increasing"):  # the enhance ops: max(1 + sign * m * 0.9, 0.1)
+        return linear(0.9, offset=1.0, low=0.1)
+    return quantised(0.0, inf, 0.0, 0.0)  # AutoContrast, Equalize, Invert take no argument: 0
+
+
+def _level_args(magnitude: torch.Tensor, negate: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Arguments for magnitudes and sign draws of any shape, each with its op's `_level` row: `table` (..., 10)."""
+    quantised, scale, signed, offset_on, offset, low, steps, cap, base, slope = table.unbind(-1)
     m = magnitude.double() / 10.0
     sign = torch.where(negate, -1.0, 1.0).double()
-    if name == "Rotate":
-        return m * 30.0 * sign
-    if name in ("ShearX", "ShearY"):
-        return m * 0.3 * sign
-    if name in ("TranslateX", "TranslateY"):
-        return m * float(hparams["translate_const"]) * sign
-    if name in ("TranslateXRel", "TranslateYRel"):
-        return m * float(hparams.get("translate_pct", 0.45)) * sign
-    if name == "Posterize":
-        return torch.floor(m * 4)
-    if name == "PosterizeIncreasing":
-        return 4 - torch.floor(m * 4)
-    if name == "PosterizeOriginal":
-        return torch.floor(m * 4) + 4
-    if name == "Solarize":
-        return torch.clamp(torch.floor(m * 256), max=256)
-    if name == "SolarizeIncreasing":
-        return 256 - torch.clamp(torch.floor(m * 256), max=256)
-    if name == "SolarizeAdd":
-        return torch.clamp(torch.floor(m * 110), max=128)
-    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
-        return m * 1.8 + 0.1
-    if name.endswith("Increasing"):  # the enhance ops
-        return torch.clamp(1.0 + sign * m * 0.9, min=0.1)
-    return torch.zeros_like(m)  # AutoContrast, Equalize, Invert take no argument
+    # Multiplying by +-1 is exact and rounding symmetric, so (m * s) * sign is timm's sign * m * s to the bit.
+    linear = (m * scale) * torch.where(signed > 0, sign, 1.0)
+    # The offset only where the op has one: x + 0.0 would turn timm's -0.0 into +0.0.
+    linear = torch.where(offset_on > 0, linear + offset, linear).maximum(low)
+    steps_taken = base + slope * torch.minimum(torch.floor(m * steps), cap)
+    return torch.where(quantised > 0, steps_taken, linear)
 
 
-def _affine(name: str, arg: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """PIL's inverse affine (a, b, c, d, e, f) of op `name` per sample, (N, 2, 3): input = M @ (x, y, 1), in
-    continuous pixel coordinates (pixel centres at i + 0.5), as PIL's Image.transform / rotate take it."""
-    n = arg.shape[0]
-    m = torch.zeros(n, 2, 3, dtype=torch.float64)
-    m[:, 0, 0] = 1.0
-    m[:, 1, 1] = 1.0
-    if name == "Rotate":
-        a = -torch.deg2rad(arg)
-        c, s = torch.cos(a), torch.sin(a)
-        cx, cy = w / 2.0, h / 2.0
-        m[:, 0, 0], m[:, 0, 1], m[:, 1, 0], m[:, 1, 1] = c, s, -s, c
-        m[:, 0, 2] = cx - (c * cx + s * cy)
-        m[:, 1, 2] = cy - (-s * cx + c * cy)
-    elif name == "ShearX":
-        m[:, 0, 1] = arg
-    elif name == "ShearY":
-        m[:, 1, 0] = arg
-    elif name == "TranslateX":
-        m[:, 0, 2] = arg
-    elif name == "TranslateY":
-        m[:, 1, 2] = arg
-    elif name == "TranslateXRel":
-        m[:, 0, 2] = arg * w
-    elif name == "TranslateYRel":
-        m[:, 1, 2] = arg * h
-    return m
+def level_args(name: str, magnitude: torch.Tensor, negate: torch.Tensor, hparams: dict) -> torch.Tensor:
+    """timm's LEVEL_TO_ARG for op `name`, for a batch of magnitudes; `negate` is timm's _randomly_negate draw."""
+    return _level_args(magnitude, negate, torch.tensor(_level(name, hparams), dtype=torch.float64))
 
 
-def _warp(x: torch.Tensor, pixel_affine: torch.Tensor, mode: str, fill: torch.Tensor) -> torch.Tensor:
-    """x (N, C, H, W) sampled at PIL's inverse affine (N, 2, 3); outputs whose source lies outside get `fill`."""
-    n, _, h, w = x.shape
+def _affine(kind: torch.Tensor, arg: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """PIL's inverse affine (a, b, c, d, e, f) per sample, (N, 2, 3), of the geometric op `_GEOMETRIC[kind]` (other
+    kinds: the identity): input = M @ (x, y, 1), in continuous pixel coordinates (pixel centres at i + 0.5), as PIL's
+    Image.transform / rotate take it. Samples of different ops in one vectorised computation."""
+    rotate, zero = kind == _GEOMETRIC.index("Rotate"), torch.zeros_like(arg)
+
+    def of(name: str, value: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return torch.where(kind == _GEOMETRIC.index(name), value, other)
+
+    a = -torch.deg2rad(arg)
+    c, s = torch.cos(a), torch.sin(a)
+    cx, cy = w / 2.0, h / 2.0
+    m = [
+        torch.where(rotate, c, 1.0),
+        torch.where(rotate, s, of("ShearX", arg, zero)),
+        torch.where(rotate, cx - (c * cx + s * cy), of("TranslateX", arg, of("TranslateXRel", arg * w, zero))),
+        torch.where(rotate, -s, of("ShearY", arg, zero)),
+        torch.where(rotate, c, 1.0),
+        torch.where(rotate, cy - (-s * cx + c * cy), of("TranslateY", arg, of("TranslateYRel", arg * h, zero))),
+    ]
+    return torch.stack(m, -1).view(*arg.shape, 2, 3)
+
+
+def _theta(pixel_affine: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """affine_grid's theta (..., 2, 3) of PIL's inverse affines (..., 2, 3) on H x W images."""
     a = pixel_affine
     # Pixel coordinates u = (xn + 1) W / 2 (align_corners=False); the input's normalised coordinate is 2 u' / W - 1.
-    theta = torch.empty(n, 2, 3, dtype=torch.float64)
-    theta[:, 0, 0] = a[:, 0, 0]
-    theta[:, 0, 1] = a[:, 0, 1] * h / w
-    theta[:, 0, 2] = a[:, 0, 0] + a[:, 0, 1] * h / w + 2 * a[:, 0, 2] / w - 1
-    theta[:, 1, 0] = a[:, 1, 0] * w / h
-    theta[:, 1, 1] = a[:, 1, 1]
-    theta[:, 1, 2] = a[:, 1, 0] * w / h + a[:, 1, 1] + 2 * a[:, 1, 2] / h - 1
-    grid = F.affine_grid(_to(theta.to(x.dtype), x.device), [n, 1, h, w], align_corners=False)
+    theta = [
+        a[..., 0, 0],
+        a[..., 0, 1] * h / w,
+        a[..., 0, 0] + a[..., 0, 1] * h / w + 2 * a[..., 0, 2] / w - 1,
+        a[..., 1, 0] * w / h,
+        a[..., 1, 1],
+        a[..., 1, 0] * w / h + a[..., 1, 1] + 2 * a[..., 1, 2] / h - 1,
+    ]
+    return torch.stack(theta, -1).view(a.shape)
+
+
+def _warp(x: torch.Tensor, theta: torch.Tensor, mode: str, fill: torch.Tensor) -> torch.Tensor:
+    """x (N, C, H, W) sampled at affine_grid's `theta` (N, 2, 3) on x's device; outputs whose source lies outside
+    get `fill` (C,)."""
+    n, _, h, w = x.shape
+    grid = F.affine_grid(theta, [n, 1, h, w], align_corners=False)
     sampled = F.grid_sample(x, grid, mode=mode, padding_mode="border", align_corners=False)
     # PIL fills where the source point lies outside [0, W) x [0, H) and filters with clamped edges inside.
     inside = ((grid >= -1) & (grid < 1)).all(-1)[:, None]
@@ -392,7 +454,9 @@ def apply_op(
     0..255; geometric ops resample with `mode` and show `fill` where the source lies outside. Rounded to whole values."""
     if name in _GEOMETRIC:
         _, _, h, w = x.shape
-        out = _warp(x, _affine(name, arg.cpu().double(), h, w), mode, _to(torch.tensor(fill, dtype=x.dtype), x.device))
+        arg = arg.cpu().double()
+        theta = _theta(_affine(torch.full(arg.shape, _GEOMETRIC.index(name)), arg, h, w), h, w).to(x.dtype)
+        out = _warp(x, _to(theta, x.device), mode, _to(torch.tensor(fill, dtype=x.dtype), x.device))
     else:
         out = _pixel_op(name, x, _to(arg.float(), x.device))
     return torch.round(out).clamp_(0, 255)
@@ -417,6 +481,11 @@ class DeviceRandAugment:
     without), each applied with its probability, at a magnitude N(m, mstd) clipped to [0, mmax], with timm's sign
     draws and, for geometric ops, its interpolation. Samples that share an op in a layer are transformed together.
     Images are float 0..255 and are rounded to whole values after each op, as PIL's 8-bit images are.
+
+    The host's share is kept small, since it runs in the training process beside the training thread: all of a
+    batch's draws, arguments and affine matrices are computed at once, vectorised over samples and layers, and reach
+    the device in one copy; each layer gathers its transformed samples once, sorted by op (and, for geometric ops, by
+    interpolation), so every op works on one contiguous slice of them, and scatters them back once.
     """
 
     def __init__(self, rand_augment: Any) -> None:
@@ -427,6 +496,23 @@ class DeviceRandAugment:
         weights = rand_augment.choice_weights
         self.weights = None if weights is None else torch.as_tensor(np.asarray(weights), dtype=torch.float64)
         self.ops = [self._op(op) for op in rand_augment.ops]
+        # Per-op constants as tables indexed by the drawn op, built once.
+        ops = self.ops
+        self._prob, self._magnitude, self._std, self._max = (
+            torch.tensor([getattr(o, f) for o in ops], dtype=torch.float64)
+            for f in ("prob", "magnitude", "magnitude_std", "magnitude_max")
+        )
+        self._level = torch.tensor([_level(o.name, o.hparams) for o in ops], dtype=torch.float64)
+        self._fill = torch.tensor([o.fill for o in ops], dtype=torch.float32)
+        self._geometric = torch.tensor([o.name in _GEOMETRIC for o in ops])
+        self._kind = torch.tensor([_GEOMETRIC.index(o.name) if o.name in _GEOMETRIC else -1 for o in ops])
+        # Interpolations: the batch's geometric samples are grouped by mode, in sorted order of the modes' names.
+        self._modes = sorted({m for o in ops for m in o.modes})
+        self._n_modes = torch.tensor([len(o.modes) for o in ops])
+        # Per op, the index in self._modes of each of its modes (padded with its last: the draw never picks those).
+        widest = max(len(o.modes) for o in ops)
+        padded = [[*o.modes, *[o.modes[-1]] * (widest - len(o.modes))] for o in ops]
+        self._mode_of = torch.tensor([[self._modes.index(m) for m in modes] for modes in padded])
 
     @staticmethod
     def _op(op: Any) -> _Op:
@@ -447,8 +533,9 @@ class DeviceRandAugment:
             modes=tuple(modes.get(r, "bilinear") for r in chosen),
         )
 
-    def draws(self, n: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
-        """Each layer's per-sample draws: op index, applied or not, magnitude, sign, interpolation choice."""
+    def _draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The per-sample draws of every layer, each (num_layers, n): op index, applied or not, magnitude, sign,
+        interpolation choice. The generator is read in timm's layer-by-layer order, which seeded epochs rely on."""
         k = len(self.ops)
         if self.weights is None:
             choice = torch.randint(0, k, (n, self.num_layers), generator=generator)
@@ -456,59 +543,91 @@ class DeviceRandAugment:
             choice = torch.multinomial(
                 self.weights.expand(n, -1), self.num_layers, replacement=False, generator=generator
             )
-        layers = []
-        for layer in range(self.num_layers):
-            op_idx = choice[:, layer]
-            prob = torch.tensor([o.prob for o in self.ops], dtype=torch.float64)[op_idx]
-            mag = torch.tensor([o.magnitude for o in self.ops], dtype=torch.float64)[op_idx]
-            std = torch.tensor([o.magnitude_std for o in self.ops], dtype=torch.float64)[op_idx]
-            mmax = torch.tensor([o.magnitude_max for o in self.ops], dtype=torch.float64)[op_idx]
-            u_apply = torch.rand(n, generator=generator, dtype=torch.float64)
-            gauss = torch.randn(n, generator=generator, dtype=torch.float64)
-            uni = torch.rand(n, generator=generator, dtype=torch.float64)
-            magnitude = torch.where(torch.isinf(std), uni * mag, mag + torch.where(std > 0, std, 0.0) * gauss)
-            layers.append(
-                {
-                    "op": op_idx,
-                    # timm skips an op when random() > prob.
-                    "apply": u_apply <= prob,
-                    "magnitude": torch.clamp(magnitude, 0.0, None).minimum(mmax),
-                    "negate": torch.rand(n, generator=generator, dtype=torch.float64) > 0.5,
-                    "mode": torch.rand(n, generator=generator, dtype=torch.float64),
-                }
-            )
-        return layers
+
+        def uniform() -> torch.Tensor:
+            return torch.rand(n, generator=generator, dtype=torch.float64)
+
+        # Layer after layer, as the op-by-op code drew them: apply, gauss, uniform (the magnitude), negate, mode.
+        drawn = [
+            (uniform(), torch.randn(n, generator=generator, dtype=torch.float64), uniform(), uniform(), uniform())
+            for _ in range(self.num_layers)
+        ]
+        u_apply, gauss, uni, u_negate, u_mode = (torch.stack(d) for d in zip(*drawn))
+        op = choice.T
+        mag, std = self._magnitude[op], self._std[op]
+        magnitude = torch.where(torch.isinf(std), uni * mag, mag + torch.where(std > 0, std, 0.0) * gauss)
+        return {
+            "op": op,
+            # timm skips an op when random() > prob.
+            "apply": u_apply <= self._prob[op],
+            "magnitude": torch.clamp(magnitude, 0.0, None).minimum(self._max[op]),
+            "negate": u_negate > 0.5,
+            "mode": u_mode,
+        }
+
+    def draws(self, n: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+        """Each layer's per-sample draws: op index, applied or not, magnitude, sign, interpolation choice."""
+        drawn = self._draw(n, generator)
+        return [{key: v[layer] for key, v in drawn.items()} for layer in range(self.num_layers)]
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """x: float (N, 3, H, W) of whole values in 0..255; returns the same, augmented."""
         n, _, h, w = x.shape
-        for d in self.draws(n, generator):
-            geo_rows, geo_mats, geo_modes, fills = [], [], [], []
-            for k, op in enumerate(self.ops):
-                rows = torch.nonzero((d["op"] == k) & d["apply"]).flatten()
-                if rows.numel() == 0:
+        k, layers = len(self.ops), self.num_layers
+        d = self._draw(n, generator)
+        op = d["op"]
+        arg = _level_args(d["magnitude"], d["negate"], self._level[op])
+        # timm's interpolation draw: one of the op's modes, uniformly.
+        pick = torch.minimum((d["mode"] * self._n_modes[op]).long(), self._n_modes[op] - 1)
+        mode = self._mode_of[op, pick]
+        # Each layer's samples sorted by a key: with k ops, pixel op i has key i, geometric op i drawn at mode j
+        # k (1 + j) + i, so each mode's samples follow one another, op after op; skipped samples come last. A stable
+        # sort keeps the batch order within a key: the same samples, in the same order, as the op-by-op selection.
+        skip = k * (1 + len(self._modes))
+        sort_key = torch.where(d["apply"], torch.where(self._geometric[op], op + k * (1 + mode), op), skip)
+        order = torch.sort(sort_key, dim=1, stable=True).indices
+        counts = torch.bincount(
+            (sort_key + (skip + 1) * torch.arange(layers)[:, None]).flatten(), minlength=layers * (skip + 1)
+        )
+        counts = counts.view(layers, skip + 1).tolist()
+        theta = _theta(_affine(self._kind[op], arg, h, w), h, w)
+        # One copy: the sorted rows, then each sorted sample's argument and theta, and the ops' fills, in x's dtype
+        # (arguments and fills through float32, as the op-by-op code copied them).
+        floats = [
+            arg.gather(1, order).float().to(x.dtype),
+            theta.gather(1, order[..., None, None].expand(-1, -1, 2, 3)).to(x.dtype),
+            self._fill.to(x.dtype),
+        ]
+        rows, floats = _to_all([order, torch.cat([f.flatten() for f in floats])], x.device)
+        args, floats = floats[: layers * n].view(layers, n), floats[layers * n :]
+        thetas, fills = floats[: layers * n * 6].view(layers, n, 2, 3), floats[layers * n * 6 :].view(k, -1)
+        for layer in range(layers):
+            # (key, samples) of each key present, in key order: consecutive runs of the sorted samples.
+            runs = [(key, count) for key, count in enumerate(counts[layer][:skip]) if count]
+            if not runs:
+                continue
+            applied = rows[layer, : sum(c for _, c in runs)]
+            xs = x.index_select(0, applied)
+            start = 0
+            for key, count in runs:
+                end = start + count
+                if key < k:
+                    out = _pixel_op(self.ops[key].name, xs[start:end], args[layer, start:end])
+                    torch.round(out, out=xs[start:end]).clamp_(0, 255)
+                start = end
+            # The geometric samples of each mode in one warp.
+            start = sum(c for key, c in runs if key < k)
+            for j, mode_name in enumerate(self._modes):
+                warped_runs = [(key, c) for key, c in runs if k * (1 + j) <= key < k * (2 + j)]
+                if not warped_runs:
                     continue
-                arg = level_args(op.name, d["magnitude"][rows], d["negate"][rows], op.hparams)
-                if op.name in _GEOMETRIC:
-                    geo_rows.append(rows)
-                    geo_mats.append(_affine(op.name, arg, h, w))
-                    pick = torch.clamp((d["mode"][rows] * len(op.modes)).long(), max=len(op.modes) - 1)
-                    geo_modes += [op.modes[i] for i in pick.tolist()]
-                    fills.append(torch.tensor(op.fill, dtype=torch.float64).expand(rows.numel(), -1))
-                    continue
-                on_dev = _to(rows, x.device)
-                x[on_dev] = apply_op(op.name, x[on_dev], arg)
-            if geo_rows:
-                rows = torch.cat(geo_rows)
-                mats = torch.cat(geo_mats)
-                fill = torch.cat(fills)
-                modes = np.asarray(geo_modes)
-                for mode in sorted(set(geo_modes)):
-                    sel = torch.from_numpy(np.flatnonzero(modes == mode))
-                    # One fill per call: timm's ops of one RandAugment share img_mean.
-                    on_dev = _to(rows[sel], x.device)
-                    warped = _warp(x[on_dev], mats[sel], mode, _to(fill[sel][0].float(), x.device))
-                    x[on_dev] = torch.round(warped).clamp_(0, 255)
+                end = start + sum(c for _, c in warped_runs)
+                # One fill per warp, the first op's: timm's ops of one RandAugment share img_mean.
+                fill = fills[warped_runs[0][0] - k * (1 + j)]
+                warped = _warp(xs[start:end], thetas[layer, start:end], mode_name, fill)
+                torch.round(warped, out=xs[start:end]).clamp_(0, 255)
+                start = end
+            x.index_copy_(0, applied, xs)
         return x
 
 

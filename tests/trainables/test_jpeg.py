@@ -253,3 +253,117 @@ def test_weighted_rand_augment_draws_without_replacement_at_timms_weights():
     counts = torch.bincount(layers[0]["op"], minlength=len(ra.ops)).numpy()
     weights = np.asarray(ra.choice_weights)
     assert chisquare(counts, weights / weights.sum() * n).pvalue > 1e-3  # the first pick follows the weights
+
+
+# --------------------------------------------------------------------------- the same bytes as before the host rework
+
+
+def _reference():
+    """benchmarks/jpeg_39f8b88.py: the device augmentation as of commit 39f8b88 (op by op, a copy per op), which
+    the vectorised host side must reproduce to the bit, generator reads included."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "jpeg_39f8b88", Path(__file__).parents[2] / "benchmarks" / "jpeg_39f8b88.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mixed_batch(n: int, seed: int = 0):
+    from trainables.jpeg import Images
+
+    rng = np.random.default_rng(seed)
+    sizes = [(int(h), int(w)) for h, w in rng.choice([(40, 40), (40, 52), (48, 36), (37, 61)], n)]
+    return Images.of(
+        [
+            torch.from_numpy(_smooth_image(64, 64, seed=i)[:h, :w].copy()).permute(2, 0, 1)
+            for i, (h, w) in enumerate(sizes)
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "interpolation", "ops"),
+    [
+        ("rand-m9-mstd0.5", "bicubic", None),  # the strong recipe's, as the ImageNet transform builds it
+        ("rand-m9-mstd0.5", None, None),  # timm's own default: bilinear or bicubic drawn per op
+        ("rand-m7-mstd101-inc1-n3", None, None),  # uniform magnitudes, increasing ops, 3 layers
+        ("rand-m9-mstd0.5-tweights", "bilinear", None),  # weighted choice without replacement
+        ("rand-m8-n4-mstd1", None, sorted(DEVICE_RAND_OPS)),  # every op the device has
+    ],
+)
+def test_transform_gives_the_bytes_and_draws_of_commit_39f8b88(config, interpolation, ops):
+    from timm.data.auto_augment import rand_augment_transform
+
+    from trainables.jpeg import FolderBytes
+
+    old = _reference()
+    size, n = 24, 96
+    hparams = {**rand_augment_hparams(size, (0.485, 0.456, 0.406)), "translate_pct": 0.45}
+    if interpolation is not None:
+        hparams["interpolation"] = getattr(Image.Resampling, interpolation.upper())
+    ra = rand_augment_transform(config, hparams, transforms=ops)
+    new = FolderBytes([], np.arange(0), size, train=True, rand_augment=ra)
+    images = _mixed_batch(n)
+    assert len(images.groups) == 4
+    for seed in range(3):
+        a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        want = old.transform(images, size, old.DeviceRandAugment(ra), CPU, a)
+        got = new.transform(images, CPU, b)
+        assert torch.equal(got, want), (seed, int((got != want).sum()))
+        assert torch.equal(a.get_state(), b.get_state())  # the same reads of the generator: later batches agree too
+    # The draws themselves, layer by layer.
+    for w, g in zip(old.DeviceRandAugment(ra).draws(n, torch.Generator().manual_seed(5)),
+                    new.rand_augment.draws(n, torch.Generator().manual_seed(5))):  # fmt: skip
+        assert w.keys() == g.keys() and all(torch.equal(w[k], g[k]) for k in w)
+
+
+@pytest.mark.parametrize("name", sorted(DEVICE_RAND_OPS))
+def test_level_args_and_apply_op_are_those_of_commit_39f8b88(name):
+    old = _reference()
+    hparams = {**rand_augment_hparams(24, (0.5, 0.5, 0.5)), "translate_pct": 0.45}
+    mag = torch.tensor([0.0, 0.25, 1.0, 3.3, 5.0, 7.7, 9.0, 10.0]).repeat(2)
+    neg = torch.arange(16) >= 8
+    want, got = old.level_args(name, mag, neg, hparams), level_args(name, mag, neg, hparams)
+    # To the bit, the sign of a zero included (a -0 rotation or shear is timm's too).
+    assert torch.equal(got, want) and torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)
+    x = torch.from_numpy(_smooth_image(24, 32, seed=4).copy()).permute(2, 0, 1)[None].float().expand(16, -1, -1, -1)
+    for mode in ("bilinear", "bicubic"):
+        kw = {"mode": mode, "fill": (124, 116, 104)}
+        assert torch.equal(apply_op(name, x.clone(), got, **kw), old.apply_op(name, x.clone(), want, **kw))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_to_all_hands_back_each_tensor_from_one_copy(device):
+    from trainables.jpeg import _to_all
+
+    host = [
+        torch.arange(3),
+        torch.linspace(-1, 1, 5),  # 20 bytes: the next tensor starts at a multiple of 8 all the same
+        torch.tensor([7, 0, 255], dtype=torch.uint8),
+        torch.tensor([[True, False], [False, True]]),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.arange(12.0).view(3, 4).T,  # not contiguous
+    ]
+    out = _to_all(host, torch.device(device))
+    assert [(t.dtype, t.shape, t.device.type) for t in out] == [(t.dtype, t.shape, device) for t in host]
+    if device == "cpu":
+        assert all(torch.equal(a, b) for a, b in zip(out, host))
+        assert len({t.untyped_storage().data_ptr() for t in out}) == 1  # views of one buffer
+
+
+def test_roi_align_operator_is_torchvisions_public_function():
+    # crop_resize calls torchvision's registered operator, skipping the public function's Python checks: a pin on the
+    # operator's argument order (a torchvision that reorders them fails here).
+    from torchvision.ops import roi_align
+
+    from trainables.jpeg import _roi_align
+
+    planes = torch.rand(3, 3, 37, 50, generator=torch.Generator().manual_seed(0)) * 255
+    rois = torch.tensor([[0, 1.0, 2.0, 41.0, 30.0], [1, 0.0, 0.0, 50.0, 37.0], [2, 7.5, 3.25, 20.0, 36.0]])
+    want = roi_align(planes, rois, (13, 13), spatial_scale=1.0, sampling_ratio=-1, aligned=True)
+    assert torch.equal(_roi_align(planes, rois, 13), want)

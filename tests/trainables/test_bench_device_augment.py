@@ -1,0 +1,27 @@
+"""benchmarks/bench_device_augment.py --quick on CPU: every recipe gets its counts and times, old and new agree."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_prints_each_measure_for_each_recipe(capsys):
+    spec = importlib.util.spec_from_file_location(
+        "bench_device_augment", REPO / "benchmarks" / "bench_device_augment.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, bench)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split(" | ") for ln in out.splitlines() if ln.startswith(("| basic", "| strong"))]
+    measures = [*bench.LABELS.values(), "ms (cpu), median", "ms (cpu), fastest"]
+    assert [(r[0], r[2]) for r in rows] == [(f"| {recipe}", m) for recipe in ("basic", "strong") for m in measures]
+    counts = {(r[0], r[2]): (float(r[3]), float(r[4])) for r in rows}
+    # The batch's few host-to-device copies: one for the crops' rois, one for RandAugment's draws (and the flips').
+    assert counts[("| strong", "host-to-device copies")][1] <= 3 < counts[("| strong", "host-to-device copies")][0]
+    assert "old and new gave equal bytes on every batch" in out
