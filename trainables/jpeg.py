@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
+import os
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -803,7 +805,9 @@ class FolderPixels(FolderBytes):
         # A worker may hold prefetch_factor batches (2, DataLoader's default) and the consumer one being copied; the
         # rest are copies in flight, which free their slot when their event completes.
         slots = 2 * max(num_workers, 1) + 2
-        ring = _SlotRing(self, _batch_size(batch_sampler), slots, pin=pin_memory and device.type == "cuda")
+        ring = _SlotRing(
+            self, _batch_size(batch_sampler), slots, shared=num_workers > 0, pin=pin_memory and device.type == "cuda"
+        )
         loader = DataLoader(
             _SlotReader(self, ring.buffer),
             batch_sampler=_SlotSampler(batch_sampler, ring),
@@ -866,16 +870,20 @@ class _SlotRing:
     # bytes (or its largest batch, where smaller): a spill is then a tail event, and the slots stay near a mean batch.
     SIZE_MARGIN, SIZE_SPREAD = 1.10, 6.0
 
-    def __init__(self, folder: "FolderPixels", batch_size: int, slots: int, *, pin: bool) -> None:
+    def __init__(self, folder: "FolderPixels", batch_size: int, slots: int, *, shared: bool, pin: bool) -> None:
         sizes = np.asarray(folder._split.nbytes(folder.indices), dtype=np.int64)
         b = min(batch_size, len(sizes))
         largest = int(np.sort(sizes)[::-1][:b].sum())
         usual = int(b * sizes.mean() * self.SIZE_MARGIN + self.SIZE_SPREAD * sizes.std() * math.sqrt(b))
         self.slot_bytes = -(-min(largest, usual) // 512) * 512
-        self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8).share_memory_()
+        if shared:  # workers fill the slots: shared memory, which a full /dev/shm would fault on (SIGBUS), not refuse
+            _check_shared_memory(slots, self.slot_bytes)
+            self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8).share_memory_()
+        else:
+            self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8)
         self._free = list(range(slots))[::-1]
         self._held: set[int] = set()
-        self._copying: list[tuple[int, Any]] = []  # slots whose copy to the device may not have finished
+        self._copying: collections.deque[tuple[int, Any]] = collections.deque()  # copies that may still run
         self.pinned = pin and self._register()
 
     def _register(self) -> bool:
@@ -885,14 +893,14 @@ class _SlotRing:
             return False  # e.g. a locked-memory limit: copies from pageable memory, correct but synchronous
         import weakref
 
-        weakref.finalize(self, cudart.cudaHostUnregister, ptr)
+        weakref.finalize(self, _unregister, cudart, ptr, self._copying)
         return True
 
     def acquire(self) -> int:
-        if not self._free:
-            self._copying = [(s, e) for s, e in self._copying if not (e.query() and self._free.append(s) is None)]
+        while not self._free and self._copying and self._copying[0][1].query():
+            self._free.append(self._copying.popleft()[0])
         if not self._free and self._copying:
-            slot, event = self._copying.pop(0)
+            slot, event = self._copying.popleft()
             event.synchronize()  # a copy already issued: it finishes on its own
             self._free.append(slot)
         if not self._free:
@@ -920,6 +928,26 @@ class _SlotRing:
         return ReadBatch(
             flat,
             *(torch.from_numpy(a) for a in (filled.lengths, filled.labels, filled.indices, filled.order)),
+        )
+
+
+def _unregister(cudart, ptr: int, copying) -> None:
+    # The slots stop being page-locked once no copy from them can still be running.
+    for _, event in copying:
+        event.synchronize()
+    cudart.cudaHostUnregister(ptr)
+
+
+def _check_shared_memory(slots: int, slot_bytes: int, where: str = "/dev/shm") -> None:
+    from trainables.errors import FULL_BELOW, TrialRefused, free_bytes
+
+    need, free = slots * slot_bytes, free_bytes(where) if os.path.isdir(where) else None
+    if free is not None and need + FULL_BELOW > free:
+        raise TrialRefused(
+            f"data.num_workers: the pixel form's loader needs {need / 2**30:.2f} GiB of shared memory ({slots} batch "
+            f"slots of {slot_bytes / 2**20:.0f} MiB: 2 a worker and 2 more) and {where} has {free / 2**30:.2f} GiB "
+            "free. Fix: give the machine or container more shared memory (docker run --shm-size, Ray's shm_size), "
+            "or lower data.num_workers or data.batch_size."
         )
 
 

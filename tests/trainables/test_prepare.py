@@ -411,6 +411,22 @@ class _Epochs:
         return iter(self.epochs[self.epoch])
 
 
+def test_slots_larger_than_the_free_shared_memory_are_refused_with_the_fix(tmp_path):
+    """A full tmpfs faults a worker's write (SIGBUS) instead of refusing it: the ring checks the room first."""
+    import shutil
+
+    from trainables.errors import TrialRefused
+    from trainables.jpeg import _check_shared_memory
+
+    free = shutil.disk_usage(tmp_path).free
+    _check_shared_memory(2, 2**20, where=str(tmp_path))
+    with pytest.raises(
+        TrialRefused, match=r"data.num_workers: .* needs .* GiB of shared memory \(14 batch slots"
+    ) as err:
+        _check_shared_memory(14, free // 14 + 2**20, where=str(tmp_path))
+    assert "--shm-size" in str(err.value) and f"{tmp_path} has" in str(err.value)
+
+
 def test_read_into_completes_short_reads_and_matches_the_mapping(tmp_path, monkeypatch):
     import os
 
