@@ -200,6 +200,7 @@ def test_optim_is_pure_pytorch():
         "MethodSpec",
         "method_names",
         "Method",
+        "StepKeywords",
         "StepOutput",
     }
 
@@ -252,11 +253,10 @@ def _builder_functions(build) -> list:
 
 def test_step_keywords_are_method_inits_keywords():
     from optim._knobs import CONTEXT
-    from optim._method import StepKeywords
 
     assert (
         SHARED_NAMES
-        == list(StepKeywords.__annotations__)
+        == list(optim.StepKeywords.__annotations__)
         == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate"]
     )
     assert set(CONTEXT) == {"num_samples", "num_classes", *SHARED_NAMES}
