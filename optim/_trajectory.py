@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import Unpack
+from typing import Unpack, cast
 
 import torch
 import torch.nn.functional as F
@@ -477,6 +477,6 @@ def build_mesa(
     e_start: int,
     **common: Unpack[StepKeywords],
 ) -> Regularised:
-    # create() has checked that the model is given (the entry needs it): the teacher starts as its copy.
-    teacher = MESA(common["model"], beta=beta, lam=lam, tau=tau, e_start=e_start)
+    # The teacher starts as a copy of the model, which create() has refused to go without (the entry needs it).
+    teacher = MESA(cast("nn.Module", common["model"]), beta=beta, lam=lam, tau=tau, e_start=e_start)
     return Regularised(base_optimizer, teacher, name="mesa", **common)
