@@ -1,4 +1,4 @@
-"""The one step interface (StepOutput, Method) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
+"""The one step interface (StepOutput, Method, the constructor keywords they share: StepKeywords) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
 
 from __future__ import annotations
 
@@ -194,9 +194,10 @@ class Method(abc.ABC):
         init = cls.__dict__.get("__init__")
         if init is None:
             return
-        params = list(inspect.signature(init).parameters.values())
+        sig = inspect.signature(init)
+        params = list(sig.parameters.values())
         if params and params[-1].kind is inspect.Parameter.VAR_KEYWORD:
-            init.__signature__ = inspect.signature(init).replace(parameters=params[:-1] + _shared_keywords())
+            init.__signature__ = sig.replace(parameters=params[:-1] + _shared_keywords())
 
     def __init__(
         self,
