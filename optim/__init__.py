@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ._fsam import FriendlySAM
     from ._gsam import GSAM
     from ._looksam import LookSAM
-    from ._method import Method, StepOutput
+    from ._method import Method, StepKeywords, StepOutput
     from ._msam import MSAM
     from ._sam import SAM
     from ._trajectory import MESA, SAF, trajectory_kl
@@ -25,6 +25,7 @@ _LAZY = {
     "GSAM": "_gsam",
     "LookSAM": "_looksam",
     "Method": "_method",
+    "StepKeywords": "_method",
     "StepOutput": "_method",
     "MSAM": "_msam",
     "SAM": "_sam",
@@ -45,6 +46,7 @@ __all__ = [
     "LookSAM",
     "Method",
     "MethodSpec",
+    "StepKeywords",
     "StepOutput",
     "check_hparams",
     "create",

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Unpack
 
 import torch
-from torch import nn
 
-from ._method import Forward, StepOutput, batch_rows, split_rows
+from ._method import Forward, StepKeywords, StepOutput, batch_rows, split_rows
 from ._sam import TwoPass
 from ._specs import BY_NAME
 
@@ -38,22 +38,13 @@ class ESAM(TwoPass):
         rho: float = 0.05,
         beta: float = 0.6,
         gamma: float = 0.5,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
         super().__init__(
             base_optimizer,
             p=2,
             adaptive=False,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
+            **common,
         )
         knobs = BY_NAME["esam"].check_knobs(rho=rho, beta=beta, gamma=gamma)
         self.rho, self.beta, self.gamma = knobs["rho"], knobs["beta"], knobs["gamma"]

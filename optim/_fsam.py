@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import Unpack
 
-from ._method import group_by_device_dtype
+import torch
+
+from ._method import StepKeywords, group_by_device_dtype
 from ._sam import TwoPass
 from ._specs import BY_NAME
 
@@ -31,22 +32,13 @@ class FriendlySAM(TwoPass):
         rho: float = 0.05,
         sigma: float = 1.0,
         lmbda: float = 0.6,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
         super().__init__(
             base_optimizer,
             p=2,
             adaptive=False,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
+            **common,
         )
         knobs = BY_NAME["fsam"].check_knobs(rho=rho, sigma=sigma, lmbda=lmbda)
         self.rho, self.sigma, self.lmbda = knobs["rho"], knobs["sigma"], knobs["lmbda"]

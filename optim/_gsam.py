@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import Unpack
 
-from ._method import global_norm, group_by_device_dtype
+import torch
+
+from ._method import StepKeywords, global_norm, group_by_device_dtype
 from ._sam import TwoPass, nonzero
 from ._specs import BY_NAME
 
@@ -40,23 +41,14 @@ class GSAM(TwoPass):
         lr_min: float = 0.0,
         adaptive: bool = False,
         eta: float = 0.01,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
         super().__init__(
             base_optimizer,
             p=2,
             adaptive=adaptive,
             eta=eta,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
+            **common,
         )
         knobs = BY_NAME["gsam"].check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max, lr_min=lr_min)
         self.rho_max, self.rho_min, self.alpha = knobs["rho_max"], knobs["rho_min"], knobs["alpha"]

@@ -12,7 +12,9 @@ from typing import Any
 
 __all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "check_m_sharpness", "method_spec"]
 
-#: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three.
+#: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three. The rest, and
+#: ``model``, are ``Method.__init__``'s shared keywords (``optim.StepKeywords``; tests/optim/test_registry.py
+#: holds the two lists equal), named here without importing torch.
 CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
 
 
@@ -159,7 +161,8 @@ class MethodSpec:
 
     def accepts(self) -> frozenset[str]:
         """The context keywords ``build`` takes (a method ignores context it has no use for): those it names,
-        and Method's own (model, grad_clip, scaler, global_perturbation, accumulate) if it passes ``**context`` on."""
+        and all of ``Method.__init__``'s shared keywords (``optim.StepKeywords``) if it passes ``**common``
+        on. A Method subclass's signature names them already (``Method.__init_subclass__``); a factory's does not."""
         from ._method import Method
 
         params = inspect.signature(self.build).parameters

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Unpack
 
 import torch
-from torch import nn
 
 from ._method import (
     Forward,
+    StepKeywords,
     StepOutput,
     global_norm,
     group_by_device_dtype,
@@ -41,22 +42,13 @@ class LookSAM(TwoPass):
         rho: float = 0.1,
         k: int = 5,
         alpha: float = 0.7,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
         super().__init__(
             base_optimizer,
             p=2,
             adaptive=False,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
+            **common,
         )
         knobs = BY_NAME["looksam"].check_knobs(rho=rho, k=k, alpha=alpha)
         self.rho, self.k, self.alpha = knobs["rho"], knobs["k"], knobs["alpha"]

@@ -1,19 +1,21 @@
-"""The one step interface (StepOutput, Method) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
+"""The one step interface (StepOutput, Method, the constructor keywords they share: StepKeywords) and the machinery every method shares: micro-batches, BN protection, DDP no_sync, fp16 scaling, clipping."""
 
 from __future__ import annotations
 
 import abc
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch import nn
 
 from ._knobs import check
 
-__all__ = ["Forward", "Method", "StepOutput", "check"]
+__all__ = ["Forward", "Method", "StepKeywords", "StepOutput", "check"]
 
 #: ``forward(rows=None, reduction="mean")`` runs the model on the current batch (under the caller's autocast)
 #: and returns ``(loss, logits)``: the mean task loss (``reduction="none"``: one loss per sample) and the
@@ -149,6 +151,28 @@ class _BNGuard:
         return sum(b.numel() * b.element_size() for b in self._buffers())
 
 
+class StepKeywords(TypedDict, total=False):
+    """The keywords every method's constructor takes besides its own knobs: the model being trained (the DDP
+    wrapper if any; BN protection and ``no_sync``), ``grad_clip``, the fp16 ``scaler``, ``global_perturbation``
+    and ``accumulate`` (micro-batches per step).
+
+    A subclass takes them as ``**common: Unpack[StepKeywords]`` and hands them on unread to
+    ``super().__init__(base_optimizer, **common)``: their defaults and checks live in ``Method.__init__`` alone, and
+    ``help()`` shows each subclass's signature with them spelled out (``Method.__init_subclass__``).
+    """
+
+    model: nn.Module | None
+    grad_clip: float | None
+    scaler: torch.amp.GradScaler | None
+    global_perturbation: bool
+    accumulate: int
+
+
+def _shared_keywords() -> list[inspect.Parameter]:
+    """``Method.__init__``'s keyword-only parameters: the shared keywords with their one set of defaults."""
+    return [p for p in inspect.signature(Method.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+
 class Method(abc.ABC):
     """One training step of an optimisation method around a ready base optimizer.
 
@@ -161,6 +185,19 @@ class Method(abc.ABC):
     name: str = ""
     #: Two-pass methods need the model (BN protection, DDP no_sync): one rule for the classes and create().
     needs_model: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's ``__init__(..., **common: Unpack[StepKeywords])`` is shown (``help()``, ``inspect.signature``)
+        with ``**common`` replaced by ``Method.__init__``'s keyword-only parameters and their defaults, which is
+        what it accepts; the call itself still goes through ``**common``, so nothing is checked twice."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        sig = inspect.signature(init)
+        params = list(sig.parameters.values())
+        if params and params[-1].kind is inspect.Parameter.VAR_KEYWORD:
+            init.__signature__ = sig.replace(parameters=params[:-1] + _shared_keywords())
 
     def __init__(
         self,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import torch
-from torch import nn
 
 from ._knobs import momentum_problem
 from ._method import (
     Forward,
     Method,
+    StepKeywords,
     StepOutput,
     batch_rows,
     global_norm,
@@ -61,21 +63,9 @@ class MSAM(Method):
         self,
         base_optimizer: torch.optim.Optimizer,
         rho: float = 0.3,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
-        super().__init__(
-            base_optimizer,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
-        )
+        super().__init__(base_optimizer, **common)
         self.rho = BY_NAME["msam"].knob("rho").check(rho)
         lacking = [
             i

@@ -93,8 +93,10 @@ def create(
 
     ``model`` is the (possibly DDP-wrapped) module, ``num_samples``/``num_classes`` the FULL training set's
     size and classes; a method ignores context it does not need. ``accumulate``: micro-batches per step
-    (each pass accumulated over them). ``hparams`` are the method's own knobs: one it does not take raises
-    ValueError listing the accepted ones.
+    (each pass accumulated over them). ``model``, ``grad_clip``, ``scaler``, ``global_perturbation`` and
+    ``accumulate`` go on to ``Method.__init__`` (``optim.StepKeywords``), which checks them; the defaults here
+    are its own (tests/optim/test_registry.py). ``hparams`` are the method's own knobs: one it does not take
+    raises ValueError listing the accepted ones.
     """
     spec = _entry(name, hparams)
     context = {

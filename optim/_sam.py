@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Unpack
 
 import torch
-from torch import nn
 
 from ._knobs import check_m_sharpness
 from ._method import (
     Forward,
     Method,
+    StepKeywords,
     StepOutput,
     batch_rows,
     global_norm,
@@ -52,20 +53,9 @@ class TwoPass(Method):
         p: float = 2,
         adaptive: bool = False,
         eta: float = 0.01,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
-        super().__init__(
-            base_optimizer,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
-        )
+        super().__init__(base_optimizer, **common)
         self.p = _SAM.knob("p").check(p)
         self.adaptive = bool(adaptive)
         self.eta = _ASAM.knob("eta").check(eta)
@@ -308,26 +298,17 @@ class SAM(TwoPass):
         adaptive: bool = False,
         eta: float = 0.01,
         m: int | None = None,
-        *,
-        model: nn.Module | None = None,
-        grad_clip: float | None = None,
-        scaler: torch.amp.GradScaler | None = None,
-        global_perturbation: bool = False,
-        accumulate: int = 1,
+        **common: Unpack[StepKeywords],
     ):
         super().__init__(
             base_optimizer,
             p=p,
             adaptive=adaptive,
             eta=eta,
-            model=model,
-            grad_clip=grad_clip,
-            scaler=scaler,
-            global_perturbation=global_perturbation,
-            accumulate=accumulate,
+            **common,
         )
         knobs = _SAM.check_knobs(rho=rho, m=m)
-        check_m_sharpness(m, global_perturbation)
+        check_m_sharpness(m, self.global_perturbation)
         self.rho, self.m = knobs["rho"], knobs["m"]
         self.name = "asam" if self.adaptive else "sam"
 

@@ -200,6 +200,7 @@ def test_optim_is_pure_pytorch():
         "MethodSpec",
         "method_names",
         "Method",
+        "StepKeywords",
         "StepOutput",
     }
 
@@ -233,3 +234,90 @@ def test_every_method_module_is_collected():
             declaring.append(module)
             assert module in _registry._MODULES, f"optim.{info.name} declares SPECS but is not in _registry._MODULES"
     assert {s.name for m in declaring for s in m.SPECS} == set(METHODS)
+
+
+# ----------------------------------------------------------------------------- the shared keywords' one home
+SHARED = [p for p in inspect.signature(Method.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY]
+SHARED_NAMES = [p.name for p in SHARED]
+
+
+def _builder_functions(build) -> list:
+    """The functions a registry entry's builder runs before ``Method.__init__``: a factory itself, or each ``__init__``
+    a Method subclass defines on the way down to Method's."""
+    target = getattr(build, "func", build)  # functools.partial (asam)
+    if not isinstance(target, type):
+        return [target]
+    assert issubclass(target, Method)
+    return [c.__dict__["__init__"] for c in target.__mro__[: target.__mro__.index(Method)] if "__init__" in c.__dict__]
+
+
+def test_step_keywords_are_method_inits_keywords():
+    from optim._knobs import CONTEXT
+
+    assert (
+        SHARED_NAMES
+        == list(optim.StepKeywords.__annotations__)
+        == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate"]
+    )
+    assert set(CONTEXT) == {"num_samples", "num_classes", *SHARED_NAMES}
+    # create() and check_hparams() name them too (the registry imports no torch, so it cannot read Method's
+    # defaults): the same defaults, held here.
+    made = inspect.signature(create).parameters
+    assert [made[n].default for n in SHARED_NAMES] == [p.default for p in SHARED]
+    checked = inspect.signature(optim.check_hparams).parameters["global_perturbation"]
+    assert checked.default == made["global_perturbation"].default
+
+
+def _names_itself(fn) -> set[str]:
+    """The shared keywords ``fn`` declares as its own parameters (each would carry a default of its own)."""
+    code = fn.__code__
+    return set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]) & set(SHARED_NAMES)
+
+
+def test_no_method_class_declares_a_shared_keyword():
+    # Every Method subclass in optim, registered or not (TwoPass, Regularised behind the saf/mesa factories).
+    for spec in METHODS.values():
+        spec.build  # noqa: B018 - imports the entry's module, so its classes exist
+    classes, todo = [], [Method]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in classes:
+                classes.append(sub)
+                todo.append(sub)
+    classes = [c for c in classes if c.__module__.startswith("optim.")]
+    assert {"TwoPass", "SAM", "Regularised", "MSAM", "BaseOnly"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            assert not _names_itself(init), f"{cls.__name__}.__init__ names {sorted(_names_itself(init))} itself"
+            params = inspect.signature(cls).parameters
+            assert [p for p in params.values() if p.name in SHARED_NAMES] == SHARED, cls
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_method_takes_the_shared_keywords_from_method_alone(name, helpers):
+    """No builder names a shared keyword itself (so none has a default or a check of its own): each passes
+    ``**common`` on to ``Method.__init__``, and a class's signature shows them with Method's defaults."""
+    spec = METHODS[name]
+    for fn in _builder_functions(spec.build):
+        assert not _names_itself(fn), f"{fn.__qualname__} names {sorted(_names_itself(fn))} itself"
+        assert fn.__code__.co_flags & inspect.CO_VARKEYWORDS, f"{fn.__qualname__} does not pass **common on"
+    target = getattr(spec.build, "func", spec.build)
+    if isinstance(target, type):  # help() shows the class with Method's keywords, defaults and all
+        params = inspect.signature(target).parameters
+        assert [p for p in params.values() if p.name in SHARED_NAMES] == SHARED
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    assert set(SHARED_NAMES) <= spec.accepts()
+
+    # The keywords reach Method.__init__ unchanged, and its checks are the ones that answer.
+    model = helpers.make_model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    context = {"num_samples": helpers.NUM_SAMPLES, "num_classes": helpers.NUM_CLASSES}
+    context = {k: v for k, v in context.items() if k in spec.accepts()}
+    given = {"model": model, "grad_clip": 0.5, "scaler": None, "global_perturbation": True, "accumulate": 2}
+    method = spec.build(base, **spec.hparams, **context, **given)
+    assert {k: getattr(method, k) for k in SHARED_NAMES} == given
+    with pytest.raises(ValueError, match=r"^accumulate must satisfy accumulate >= 1 .* but got accumulate=0; "):
+        spec.build(base, **spec.hparams, **context, **{**given, "accumulate": 0})
+    with pytest.raises(TypeError, match="grad_clp"):
+        spec.build(base, **spec.hparams, **context, model=model, grad_clp=1.0)
