@@ -720,7 +720,8 @@ def _scaling_section(
                 f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
                 "power-law fits above; the interval from the same fits' seed-level jackknife (or, with one seed, their "
                 "bootstrap over points), each row's explanation saying which and its coverage measured by simulation "
-                f"(docs/science.md). Numbers from: {source}.\n\n" + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+                f"(docs/science.md). Numbers from: {source}.\n\n"
+                + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
             )
             w.text(f"data_multiplier_{slug}.md", mult_md)
             w.csv(f"data_multiplier_{slug}.csv", mult, index=False)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from analysis import FloorNotIdentifiedWarning, data_multiplier, fit_power_law, fit_scaling_table, scaling_table
-from analysis.scaling import t_quantile
+from analysis.scaling import POWER_LAW_COVERAGE, t_quantile
 
 FRACTIONS = np.geomspace(0.05, 1.0, 5)
 
@@ -69,9 +69,14 @@ def test_one_seed_or_no_seeds_falls_back_to_the_point_bootstrap_and_says_so():
     n, err, who = seeded_points(3, shared=0.0, own=0.003)
     one = fit_power_law(n, err, seeds=np.zeros(len(n)), n_boot=100, warn=False)
     assert one.bootstrap == "residuals" and one.samples.shape == (100, 3)
-    assert "1 seed: ignores within-seed correlation" in one.interval_note
+    assert "1 seed: ignores within-seed correlation" in one.interval_note and one.n_seeds == 1
+    # The coverage it was measured to have, not the nominal level (docs/science.md has the table).
+    assert POWER_LAW_COVERAGE["one seed"] in one.interval_note and "far narrower than stated" in one.interval_note
     none = fit_power_law(n, err, n_boot=100, warn=False)
     assert none.bootstrap == "residuals" and "treats every point as independent" in none.interval_note
+    assert POWER_LAW_COVERAGE["points"] in none.interval_note and none.n_seeds == 0
+    m = data_multiplier(one, one, 1.0)
+    assert POWER_LAW_COVERAGE["one seed"] in m.explanation
     assert none.intervals == one.intervals  # the same draws: one seed changes only what the note says
     with pytest.raises(ValueError, match="one seed per point"):
         fit_power_law(n, err, seeds=[0, 1])
@@ -98,6 +103,7 @@ def test_data_multiplier_pairs_the_seed_jackknife_of_both_fits():
     q = t_quantile(0.95, 3)
     assert m.interval == pytest.approx((m.multiplier * math.exp(-q * se), m.multiplier * math.exp(q * se)), rel=1e-3)
     assert "paired over 4 seeds" in m.interval_note and m.interval_note in m.explanation
+    assert POWER_LAW_COVERAGE["seeds"] in m.interval_note
     # Fits on different seeds: their variances add, and the note says the seeds are not shared.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FloorNotIdentifiedWarning)
@@ -114,6 +120,7 @@ def test_data_multiplier_refuses_to_mix_a_seed_interval_with_a_point_bootstrap()
     assert math.isnan(m.interval[0]) and "fit both with seeds" in m.explanation
     old = data_multiplier(points, points, 1.0)  # both over points: the percentile interval, said to be over points
     assert old.interval[0] <= 1.0 <= old.interval[1] and "ignore within-seed correlation" in old.explanation
+    assert POWER_LAW_COVERAGE["points"] in old.explanation
 
 
 def test_fit_scaling_table_passes_each_points_seed():
