@@ -11,6 +11,12 @@ paired beta difference 0, the per-fraction gain 0), how often a true law "fails"
 `analysis.design.detectable_effects` says the design detects with 80% power. docs/science.md has the table:
 
   PYTHONPATH=. python benchmarks/sim_coverage.py --studies 400 [--jobs 2]
+
+--power-laws measures instead the power-law fits' intervals (`fit_scaling_table`, `data_multiplier`): the
+seed-level jackknife-t against the old bootstrap over points, on runs whose noise is partly a seed's offset shared
+by its fractions (`--seed-share`); docs/science.md, "Power-law fits and the data multiplier", has that table:
+
+  PYTHONPATH=. python benchmarks/sim_coverage.py --power-laws --studies 200 --seeds 3 5 --seed-share 0 0.5 --noise 0.005
 """
 
 from __future__ import annotations
