@@ -135,3 +135,14 @@ def test_fit_scaling_table_passes_each_points_seed():
     unseeded = scaling_table(runs[runs["train.seed"] == 0], fraction="data.fraction", seed=None)
     fits = fit_scaling_table(unseeded, n_boot=100, warn=False)
     assert all("independent" in f.interval_note for f in fits.values())
+
+
+def test_the_coverage_harness_runs_the_report_path_with_and_without_seeds():
+    # benchmarks/sim_coverage.py --power-laws, one study: its rates exist for both intervals (docs/science.md's table).
+    from benchmarks.sim_coverage import POWER_LAW_COLUMNS, power_law_intervals
+
+    out = power_law_intervals(0, 3, 0.005, 0.5, n_boot=50)
+    for q in POWER_LAW_COLUMNS:
+        assert out[q] in (0.0, 1.0) and out[f"{q}_old"] in (0.0, 1.0)
+    with pytest.raises(ValueError, match="seed_share must be in"):
+        power_law_intervals(0, 3, 0.005, 1.5)
