@@ -661,9 +661,12 @@ def _scaling_section(
         fits_md = (
             f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
-            "n = training-set fraction, least squares on every seed's point; intervals from a residual bootstrap "
-            "over points, which treats points as independent and is not checked by simulation: the seed-level "
-            "intervals (checked: docs/science.md) are in the scaling-law section.\n\n" + _markdown(_fmt(frame))
+            "n = training-set fraction, least squares on every seed's point. Intervals (column `interval` says "
+            "which, and its coverage measured by simulation, benchmarks/sim_coverage.py --power-laws: docs/science.md): "
+            "with 2+ seeds the delete-one-seed jackknife with Student's t on seeds - 1 df, the seed being the "
+            "independent unit; with one seed or none a residual bootstrap over points, which ignores that a seed's "
+            "points are correlated. The saturating law's seed-level bootstrap-t intervals are in the scaling-law "
+            "section.\n\n" + _markdown(_fmt(frame))
         )
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
@@ -715,8 +718,10 @@ def _scaling_section(
             mult = pd.DataFrame(rows)
             mult_md = (
                 f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
-                "power-law fits above (their residual-bootstrap draws give the interval; not checked by simulation). "
-                f"Numbers from: {source}.\n\n" + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+                "power-law fits above; the interval from the same fits' seed-level jackknife (or, with one seed, their "
+                "bootstrap over points), each row's explanation saying which and its coverage measured by simulation "
+                f"(docs/science.md). Numbers from: {source}.\n\n"
+                + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
             )
             w.text(f"data_multiplier_{slug}.md", mult_md)
             w.csv(f"data_multiplier_{slug}.csv", mult, index=False)

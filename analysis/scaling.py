@@ -1,4 +1,4 @@
-"""Data-scaling laws: err(n) = a n^-b + c with bootstrap intervals, laws checked by extrapolation (Huber fits in log space,
+"""Data-scaling laws: err(n) = a n^-b + c with seed-level intervals, laws checked by extrapolation (Huber fits in log space,
 seed-level bootstrap-t / jackknife-t intervals, held-out largest n, three forms, paired differences), the data multiplier."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = [
     "LAW_FORMS",
+    "POWER_LAW_COVERAGE",
     "DataMultiplier",
     "FloorNotIdentifiedWarning",
     "LawFit",
@@ -47,12 +48,18 @@ _B_MAX = 20.0
 
 @dataclass(frozen=True)
 class PowerLawFit:
-    """err(n) = a * n^(-b) + c fitted by least squares on the points (n, err), with bootstrap intervals.
+    """err(n) = a * n^(-b) + c fitted by least squares on the points (n, err), with intervals.
 
-    intervals: (low, high) percentile intervals of a, b, c from a residual bootstrap (fixed design: the n
-    are chosen by the experimenter, so the residuals are resampled, never the points). samples: the
-    bootstrap draws, one row (a, b, c) each. floor_identified: False when the points cannot pin c (fewer
-    than 4 distinct n, or c's interval wider than half of its plausible range [0, min(err)]); note says why.
+    intervals: (low, high) of a, b, c. With 2+ seeds (`bootstrap` = "seeds"): the delete-one-seed jackknife
+    with Student's t on S - 1 df (a on the log scale; c's low end clipped at 0, where c is bounded), the seed
+    being the independent unit; samples: the leave-one-seed-out fits, one row (a, b, c) per seed in
+    `sample_seeds`. Otherwise (`bootstrap` = "residuals": no seeds given, or one seed): percentile intervals of
+    a residual bootstrap (fixed design: the n are chosen by the experimenter, so the residuals are resampled,
+    never the points), which treats points as independent and so cannot see a seed's offset shared by its
+    points; samples: the bootstrap draws. interval_note says which, what it ignores and its coverage measured
+    by simulation (POWER_LAW_COVERAGE); n_seeds: the seeds the points came from (0: not given). floor_identified:
+    False when the points cannot pin c (fewer than 4 distinct n, or c's interval wider than half of its
+    plausible range [0, min(err)]); note says why.
     """
 
     a: float
@@ -68,6 +75,9 @@ class PowerLawFit:
     note: str
     samples: np.ndarray = field(repr=False)
     bootstrap: str = "residuals"
+    sample_seeds: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    interval_note: str = ""
+    n_seeds: int = 0
 
     def predict(self, n) -> np.ndarray | float:
         """err at n (a number or an array)."""
@@ -85,9 +95,11 @@ class PowerLawFit:
         row.update(
             points=int(len(self.n)),
             distinct_n=self.n_distinct,
+            seeds=self.n_seeds,
             rmse=self.rmse,
             floor_identified=self.floor_identified,
             note=self.note,
+            interval=self.interval_note,
         )
         return row
 
@@ -176,10 +188,29 @@ def _fit(x: np.ndarray, err: np.ndarray) -> tuple[float, float, float]:
     return _polish(x, err, _grid_fit(x, err))[0]
 
 
+# The coverage of fit_power_law's and data_multiplier's 95% intervals as measured by `benchmarks/sim_coverage.py
+# --power-laws` (docs/science.md, "Power-law fits and the data multiplier": 150-200 simulated studies a row, the
+# reference law at 5 fractions, 0.5 points of noise of which 0, 50% or 90% is a seed's offset shared by its
+# fractions). Each interval's note quotes its line, so that no report claims the nominal level for an interval
+# that did not reach it.
+POWER_LAW_COVERAGE = {
+    "seeds": "a 95% interval covered 92.0-97.5% in simulation (3-5 seeds: docs/science.md)",
+    "points": (
+        "a 95% interval covered 90.5-100% (a, b, c) and 75.3-95.5% (the data multiplier) in simulation over the "
+        "points of 3-5 seeds, shorter the more a seed's points share (docs/science.md)"
+    ),
+    "one seed": (
+        "a 95% interval covered 59-85% (a, b, c) and 23-82% (the data multiplier) in simulation with one seed, "
+        "shorter the more its points share (docs/science.md): read it as far narrower than stated"
+    ),
+}
+
+
 def fit_power_law(
     n,
     err,
     *,
+    seeds=None,
     n_boot: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
@@ -189,17 +220,25 @@ def fit_power_law(
 
     The fit: a profile over c (log-linear least squares for a, b at each c on a grid in [0, min err)), then
     bounded nonlinear least squares (scipy's curve_fit) from the best grid point. n is rescaled by its
-    geometric mean inside the fit for conditioning; a is reported for n as given. Intervals: residual
-    bootstrap with `n_boot` draws (numpy Generator seeded with `seed`), the residuals inflated by
-    sqrt(N / (N - 3)) for the 3 fitted parameters and centred; with only 3 points there is nothing to
-    resample and the intervals are NaN. When the floor c is not identified (see PowerLawFit) a
-    FloorNotIdentifiedWarning is raised (if warn) and floor_identified is False: read b and c as a pair then.
+    geometric mean inside the fit for conditioning; a is reported for n as given. Intervals (none when n_boot
+    is 0): with `seeds` (each point's seed) holding 2+ seeds, the delete-one-seed jackknife with Student's t on
+    S - 1 df (every leave-one-seed-out refit; the seed is the independent unit, since a seed's points share
+    its nested data and its offset); otherwise a residual bootstrap with `n_boot` draws (numpy Generator seeded
+    with `seed`), the residuals inflated by sqrt(N / (N - 3)) for the 3 fitted parameters and centred, which
+    treats the points as independent (interval_note says so); with only 3 points there is nothing to resample
+    and the intervals are NaN. benchmarks/sim_coverage.py measures both (docs/science.md). When the floor c is
+    not identified (see PowerLawFit) a FloorNotIdentifiedWarning is raised (if warn) and floor_identified is
+    False: read b and c as a pair then.
     """
     if not (isinstance(n_boot, (int, np.integer)) and n_boot >= 0):
         raise ValueError(f"n_boot must be an int >= 0 (0 skips the bootstrap), got {n_boot!r}")
     if not (isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0):
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}; e.g. 0.95")
     n, err = _as_points(n, err)
+    if seeds is not None:
+        seeds = np.asarray(seeds).ravel()
+        if len(seeds) != len(n):
+            raise ValueError(f"seeds must give one seed per point, got {len(seeds)} for {len(n)} points")
     n0 = float(np.exp(np.log(n).mean()))
     x = n / n0
     a_s, b, c = _fit(x, err)
@@ -211,17 +250,58 @@ def fit_power_law(
     tail = (1.0 - confidence) / 2.0
     nan_pair = (math.nan, math.nan)
     samples = np.empty((0, 3))
+    sample_seeds = np.empty(0)
     intervals = {"a": nan_pair, "b": nan_pair, "c": nan_pair}
-    if n_boot > 0 and N > 3:
+    n_seeds = 0 if seeds is None else len(np.unique(seeds))
+    kind = "seeds" if n_seeds >= 2 else "residuals"
+    if n_boot == 0:
+        interval_note = "no interval (n_boot=0)"
+    elif kind == "seeds":
+        interval_note = (
+            f"delete-one-seed jackknife over {n_seeds} seeds, Student's t on {n_seeds - 1} df; "
+            + POWER_LAW_COVERAGE["seeds"]
+        )
+    elif n_seeds == 1:
+        interval_note = (
+            "residual bootstrap over the points of 1 seed: ignores within-seed correlation (an offset the seed "
+            "shares across its points is invisible to it), so it is too narrow; " + POWER_LAW_COVERAGE["one seed"]
+        )
+    else:
+        interval_note = (
+            "residual bootstrap over points: treats every point as independent, though the points of one seed are "
+            "correlated; " + POWER_LAW_COVERAGE["points"] + "; pass seeds for a seed-level interval"
+        )
+
+    def refit(x_, y_, start):
+        # Start from the point estimate: a resample is a small perturbation of it; the grid is the fallback.
+        p, converged = _polish(x_, y_, start)
+        return p if converged else _fit(x_, y_)
+
+    if n_boot > 0 and kind == "seeds":
+
+        def leave_out(keep):
+            xs, ys = _as_points(x[keep], err[keep])
+            p = refit(xs, ys, (a_s, b, c))
+            return [p[0] * n0 ** p[1], p[1], p[2]]
+
+        jack, why = _leave_one_seed_out(seeds, leave_out)
+        if jack:
+            samples, sample_seeds = np.asarray(jack, dtype="float64"), np.unique(seeds)
+            q = t_quantile(confidence, n_seeds - 1)
+            est = (a_s * n0**b, b, c)
+            for i, name in enumerate("abc"):
+                # a is positive and multiplicative (B of the saturating law, on the log scale there too).
+                lo, hi, _ = _t_interval(est[i], samples[:, i], q, name == "a" and est[i] > 0)
+                intervals[name] = (max(lo, 0.0) if name == "c" else lo, hi)
+        else:
+            interval_note = why
+    elif n_boot > 0 and N > 3:
         scaled = (resid - resid.mean()) * math.sqrt(N / (N - 3))
         rng = np.random.default_rng(seed)
         rows = []
         for _ in range(n_boot):
             star = np.clip(fitted + rng.choice(scaled, size=N, replace=True), 0.0, None)
-            # Start from the point estimate: a resample is a small perturbation of it; the grid is the fallback.
-            p, converged = _polish(x, star, (a_s, b, c))
-            if not converged:
-                p = _fit(x, star)
+            p = refit(x, star, (a_s, b, c))
             rows.append((p[0] * n0 ** p[1], p[1], p[2]))
         samples = np.asarray(rows)
         lo = np.quantile(samples, tail, axis=0)
@@ -263,6 +343,10 @@ def fit_power_law(
         floor_identified=not note,
         note=note,
         samples=samples,
+        bootstrap=kind,
+        sample_seeds=sample_seeds,
+        interval_note=interval_note,
+        n_seeds=n_seeds,
     )
 
 
@@ -271,8 +355,13 @@ class DataMultiplier:
     """How many times more data the vanilla method needs to reach the SAM error at n, under the two fits.
 
     multiplier = n_needed / n: inf when vanilla's floor is at or above that error (never reached), NaN when
-    a fit is degenerate; below 1 when vanilla is already better at n. interval: percentile interval over
-    paired bootstrap draws of the two fits (NaN when either fit has none). explanation says how to read it.
+    a fit is degenerate; below 1 when vanilla is already better at n. interval: with two seed-level fits
+    (`bootstrap` = "seeds"), the delete-one-seed jackknife of log(multiplier) with Student's t on S - 1 df
+    (paired: each left-out seed leaves both fits; fits on different seeds add their jackknife variances);
+    with two residual-bootstrap fits, the percentile interval over their paired draws, which treats points as
+    independent; NaN when either fit has none, the fits' kinds differ, or a left-out seed makes the
+    multiplier infinite or undefined. interval_note says which and, where measured, its coverage.
+    explanation says how to read the multiplier and its interval.
     """
 
     n: float
@@ -284,6 +373,7 @@ class DataMultiplier:
     reachable: bool
     extrapolated: bool
     explanation: str
+    interval_note: str = ""
 
 
 def _needed(a: float, b: float, c: float, target: float) -> float:
@@ -329,20 +419,7 @@ def data_multiplier(
     reachable = math.isfinite(needed)
     lo_n, hi_n = float(fit_vanilla.n.min()), float(fit_vanilla.n.max())
     extrapolated = reachable and not (lo_n <= needed <= hi_n)
-    interval = (math.nan, math.nan)
-    k = min(len(fit_vanilla.samples), len(fit_sam.samples))
-    if k > 0:
-        draws = np.array(
-            [_needed(*fit_vanilla.samples[i], float(_model(n, *fit_sam.samples[i]))) / n for i in range(k)]
-        )
-        draws = draws[~np.isnan(draws)]
-        if len(draws):
-            tail = (1.0 - confidence) / 2.0
-            # inverted_cdf never interpolates, so an infinite draw cannot turn a bound into NaN.
-            interval = (
-                float(np.quantile(draws, tail, method="inverted_cdf")),
-                float(np.quantile(draws, 1.0 - tail, method="inverted_cdf")),
-            )
+    interval, interval_note = _multiplier_interval(fit_vanilla, fit_sam, n, multiplier, confidence)
     if math.isnan(multiplier):
         text = (
             f"undefined: the vanilla fit is flat (a={fit_vanilla.a:.3g}, b={fit_vanilla.b:.3g}), so no n' "
@@ -365,6 +442,7 @@ def data_multiplier(
     weak = [name for name, f in (("vanilla", fit_vanilla), ("SAM", fit_sam)) if not f.floor_identified]
     if weak:
         text += f"; the floor of the {' and '.join(weak)} fit is not identified, and the answer depends on it"
+    text += f"; interval: {interval_note}"
     return DataMultiplier(
         n=n,
         sam_error=target,
@@ -375,6 +453,68 @@ def data_multiplier(
         reachable=reachable,
         extrapolated=extrapolated,
         explanation=text,
+        interval_note=interval_note,
+    )
+
+
+def _multiplier_interval(
+    fit_vanilla: PowerLawFit, fit_sam: PowerLawFit, n: float, multiplier: float, confidence: float
+) -> tuple[tuple[float, float], str]:
+    """(interval, what it is) of the data multiplier at n from the two fits' samples (see DataMultiplier)."""
+    nan_pair = (math.nan, math.nan)
+
+    def draws(vanilla_rows, sam_rows) -> np.ndarray:
+        return np.array([_needed(*v, float(_model(n, *t))) / n for v, t in zip(vanilla_rows, sam_rows)])
+
+    kinds = {fit_vanilla.bootstrap, fit_sam.bootstrap}
+    if len(fit_vanilla.samples) == 0 or len(fit_sam.samples) == 0:
+        return nan_pair, "none (a fit has no interval draws: too few points, or n_boot=0)"
+    if kinds != {"seeds"} and kinds != {"residuals"}:
+        return nan_pair, (
+            "none: one fit has seed-level intervals and the other only a bootstrap over points; fit both with seeds"
+        )
+    if kinds == {"residuals"}:
+        k = min(len(fit_vanilla.samples), len(fit_sam.samples))
+        values = draws(fit_vanilla.samples[:k], fit_sam.samples[:k])
+        values = values[~np.isnan(values)]
+        if not len(values):
+            return nan_pair, "none: every bootstrap draw of the multiplier is undefined"
+        tail = (1.0 - confidence) / 2.0
+        # inverted_cdf never interpolates, so an infinite draw cannot turn a bound into NaN.
+        interval = (
+            float(np.quantile(values, tail, method="inverted_cdf")),
+            float(np.quantile(values, 1.0 - tail, method="inverted_cdf")),
+        )
+        one_seed = 1 in (fit_vanilla.n_seeds, fit_sam.n_seeds)
+        return interval, (
+            f"{confidence:.0%} percentile interval of the fits' residual bootstraps over points, which treat every "
+            "point as independent and ignore within-seed correlation; "
+            + POWER_LAW_COVERAGE["one seed" if one_seed else "points"]
+        )
+    # Seed level: the jackknife of log(multiplier), each left-out seed refitting what it touches.
+    sv, st = fit_vanilla.sample_seeds, fit_sam.sample_seeds
+    est_v = (fit_vanilla.a, fit_vanilla.b, fit_vanilla.c)
+    est_t = (fit_sam.a, fit_sam.b, fit_sam.c)
+    if len(sv) == len(st) and np.array_equal(sv, st):
+        parts = [draws(fit_vanilla.samples, fit_sam.samples)]
+        how = f"paired over {len(sv)} seeds"
+    else:  # different seeds: independent fits, their jackknife variances add
+        parts = [draws(fit_vanilla.samples, [est_t] * len(sv)), draws([est_v] * len(st), fit_sam.samples)]
+        how = f"the two fits' seeds ({len(sv)} and {len(st)}) not shared: their variances add"
+    df = min(len(sv), len(st)) - 1
+    if not (math.isfinite(multiplier) and multiplier > 0):
+        return nan_pair, f"none: the multiplier itself is {multiplier:g}"
+    if not all(np.all(np.isfinite(p) & (p > 0)) for p in parts):
+        return nan_pair, (
+            "none: leaving one seed out makes the multiplier infinite or undefined (the vanilla floor reaches the "
+            "target), so the seeds cannot bound it"
+        )
+    se = math.sqrt(sum(float(jackknife_se(np.log(p)[:, None])[0]) ** 2 for p in parts))
+    q = t_quantile(confidence, df)
+    interval = (multiplier * math.exp(-q * se), multiplier * math.exp(q * se))
+    return interval, (
+        f"{confidence:.0%} delete-one-seed jackknife of log(multiplier), {how}, Student's t on {df} df; "
+        + POWER_LAW_COVERAGE["seeds"]
     )
 
 
@@ -391,7 +531,9 @@ def fit_scaling_table(
 
     as_error: how the metric becomes an error: 'one_minus' (1 - accuracy), 'identity' (already an error or
     a loss) or 'auto' (one_minus when the table maximised its metric). Series with fewer than 3 points or
-    fewer than 2 distinct fractions are left out with a warning.
+    fewer than 2 distinct fractions are left out with a warning. Each point's seed (the table's seed column)
+    goes to fit_power_law, so that a series of 2+ seeds gets seed-level intervals; a table without seeds gets
+    the bootstrap over points, and its fits' interval_note says what that ignores.
     """
     if as_error not in ("auto", "one_minus", "identity"):
         raise ValueError(f"as_error must be 'auto', 'one_minus' or 'identity', got {as_error!r}")
@@ -405,13 +547,14 @@ def fit_scaling_table(
         n = part[cols["fraction"]].astype("float64").to_numpy()
         values = part[table.metric].astype("float64").to_numpy()
         err = 1.0 - values if as_error == "one_minus" else values
+        seeds = part[cols["seed"]].astype(str).to_numpy() if cols.get("seed") else None
         if len(n) < 3 or len(np.unique(n)) < 2:
             skipped.append(f"{arch}/{method} ({len(n)} points)")
             continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", FloorNotIdentifiedWarning)
             fits[(str(arch), str(method))] = fit_power_law(
-                n, err, n_boot=n_boot, seed=seed, confidence=confidence, warn=warn
+                n, err, seeds=seeds, n_boot=n_boot, seed=seed, confidence=confidence, warn=warn
             )
         for w in caught:
             if warn:

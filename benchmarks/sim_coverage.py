@@ -11,6 +11,12 @@ paired beta difference 0, the per-fraction gain 0), how often a true law "fails"
 `analysis.design.detectable_effects` says the design detects with 80% power. docs/science.md has the table:
 
   PYTHONPATH=. python benchmarks/sim_coverage.py --studies 400 [--jobs 2]
+
+--power-laws measures instead the power-law fits' intervals (`fit_scaling_table`, `data_multiplier`): the
+seed-level jackknife-t against the old bootstrap over points, on runs whose noise is partly a seed's offset shared
+by its fractions (`--seed-share`); docs/science.md, "Power-law fits and the data multiplier", has that table:
+
+  PYTHONPATH=. python benchmarks/sim_coverage.py --power-laws --studies 200 --seeds 3 5 --seed-share 0 0.5 --noise 0.005
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -31,7 +38,11 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 from analysis.design import REFERENCE_LAW, detectable_effects  # noqa: E402
 from analysis.scaling import (  # noqa: E402
     BOOT_DRAWS,
+    FloorNotIdentifiedWarning,
+    data_multiplier,
     fit_law,
+    fit_power_law,
+    fit_scaling_table,
     law_extrapolation,
     law_parameters,
     paired_law_difference,
@@ -56,18 +67,27 @@ def synthetic_runs(
     sam_beta: float = REFERENCE_LAW["beta"],
     sam_gain_points: float = 0.0,
     gain_fraction: float | None = None,
+    seed_share: float = 0.0,
 ) -> pd.DataFrame:
     """A runs frame in load_runs' shape: vanilla and SAM, one finished trial per (method, fraction, seed).
 
     val_acc = 1 - L(n) + noise x N(0, 1), clipped to [0, 1]; SAM's law may have another beta, and a gain in
-    accuracy at `gain_fraction` (every fraction when None); no difference by default."""
+    accuracy at `gain_fraction` (every fraction when None); no difference by default. seed_share: the share of
+    the noise variance that is an offset of the (method, seed), the same at every fraction (a seed's nested
+    subsets and its initialisation): noise x (sqrt(share) u_seed + sqrt(1 - share) e_run), so each run's sd stays
+    `noise` while a seed's points are correlated (0, the default, draws exactly what it drew before)."""
+    if not 0.0 <= seed_share <= 1.0:
+        raise ValueError(f"seed_share must be in [0, 1] (a share of the noise variance), got {seed_share!r}")
+    offsets = rng.standard_normal((2, seeds)) if seed_share > 0 else np.zeros((2, seeds))
     rows = []
-    for method, opt in (("vanilla", "none"), ("sam", "sam")):
+    for m, (method, opt) in enumerate((("vanilla", "none"), ("sam", "sam"))):
         for f in fractions:
             for s in range(seeds):
                 err = float(law(f, beta=sam_beta if method == "sam" else REFERENCE_LAW["beta"]))
                 shifted = method == "sam" and (gain_fraction is None or f == gain_fraction)
-                acc = 1.0 - err + (sam_gain_points if shifted else 0.0) + noise * rng.standard_normal()
+                own = math.sqrt(1.0 - seed_share) * rng.standard_normal()
+                shared = math.sqrt(seed_share) * offsets[m, s]
+                acc = 1.0 - err + (sam_gain_points if shifted else 0.0) + noise * (own + shared)
                 cell = f"arch=resnet,data.fraction={f:g},method={method},train.seed={s}"
                 rows.append(
                     {
@@ -162,6 +182,95 @@ def power_study(seed: int, seeds: int, noise: float) -> dict[str, float]:
     return {"power_beta": float(diff["diff_low"] > 0), "power_gain": float(gain["significant"].fillna(False).iloc[0])}
 
 
+def power_law_intervals(seed: int, seeds: int, noise: float, seed_share: float, n_boot: int = 200) -> dict[str, float]:
+    """One simulated study through the report's power-law path (`fit_scaling_table`, `data_multiplier`): whether
+    the seed-level interval (`<q>`: the delete-one-seed jackknife-t, the table's seeds passed) and the old one
+    (`<q>_old`: the residual bootstrap over points, the same points without their seeds, `n_boot` draws) cover
+    the truth. Quantities: a, b, c of vanilla's fit (B, beta, E of the reference law), and the data multiplier of
+    SAM over vanilla (truth 1: the same law) at the smallest and the largest fraction. `<q>_none`: the interval
+    is NaN (counted as not covering)."""
+    rng = np.random.default_rng(seed)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise, seed_share=seed_share)
+    table = scaling_table(runs, fraction="data.fraction")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FloorNotIdentifiedWarning)
+        new = fit_scaling_table(table, n_boot=n_boot, seed=seed)
+        old = {}
+        for key in new:
+            n, err, _ = table_points(table, *key)
+            # One seed: fit_scaling_table's fit is already this one (the same draws), not refitted.
+            old[key] = new[key] if seeds == 1 else fit_power_law(n, err, n_boot=n_boot, seed=seed)
+    truth = {"a": REFERENCE_LAW["B"], "b": REFERENCE_LAW["beta"], "c": REFERENCE_LAW["E"]}
+    out: dict[str, float] = {}
+    for tag, fits in (("", new), ("_old", old)):
+        vanilla, sam = fits[("resnet", "vanilla")], fits[("resnet", "sam")]
+        for q, value in truth.items():
+            lo, hi = vanilla.intervals[q]
+            out[f"{q}{tag}"] = float(lo <= value <= hi)
+        for name, f in (("mult_low", min(FRACTIONS)), ("mult_top", max(FRACTIONS))):
+            lo, hi = data_multiplier(vanilla, sam, f).interval
+            out[f"{name}{tag}"] = float(lo <= 1.0 <= hi)
+            out[f"{name}{tag}_none"] = float(not (lo <= hi))
+    return out
+
+
+def _run_power_laws(args):
+    return power_law_intervals(*args)
+
+
+def simulate_power_laws(
+    seeds: int, noise: float, seed_share: float, studies: int, *, n_boot: int = 200, jobs: int = 1, first: int = 0
+) -> dict[str, float]:
+    """Mean over `studies` simulated studies of each rate power_law_intervals measures."""
+    tasks = [(first + i, seeds, noise, seed_share, n_boot) for i in range(studies)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(_run_power_laws, tasks, chunksize=4))
+    else:
+        results = [_run_power_laws(t) for t in tasks]
+    frame = pd.DataFrame(results)
+    return {c: float(frame[c].mean()) for c in frame.columns}
+
+
+POWER_LAW_COLUMNS = {
+    "a": "a (= B)",
+    "b": "b (= beta)",
+    "c": "c (= E)",
+    "mult_low": "multiplier at 0.05",
+    "mult_top": "multiplier at 1.0",
+}
+
+
+def _main_power_laws(args) -> int:
+    """The power-law table: per (seeds, seed share), each quantity's coverage by the seed-level and the old interval."""
+    header = None
+    for seeds in args.seeds:
+        for noise in args.noise:
+            for share in args.seed_share:
+                t0 = time.perf_counter()
+                rates = simulate_power_laws(seeds, noise, share, args.studies, n_boot=args.n_boot, jobs=args.jobs)
+                row = {"seeds": seeds, "noise (points)": f"{noise * 100:g}", "seed share": f"{share:g}"}
+                for k, name in POWER_LAW_COLUMNS.items():
+                    for tag, label in (("", "seeds"), ("_old", "points")):
+                        lo, hi = wilson(rates[k + tag], args.studies)
+                        cell = f"{100 * rates[k + tag]:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
+                        if rates.get(f"{k}{tag}_none", 0.0) > 0:
+                            cell += f", {100 * rates[f'{k}{tag}_none']:.1f}% none"
+                        row[f"{name}, {label}"] = cell
+                if header is None:
+                    header = list(row)
+                    print("| " + " | ".join(header) + " |")
+                    print("|" + "---|" * len(header), flush=True)
+                print("| " + " | ".join(str(row.get(c, "")) for c in header) + " |", flush=True)
+                print(f"seeds={seeds} noise={noise} share={share}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(
+        f"\n{args.studies} studies per row; in brackets each rate's 95% Monte Carlo interval (Wilson); 'seeds': the "
+        f"delete-one-seed jackknife-t; 'points': the residual bootstrap over points ({args.n_boot} draws); 'none': "
+        "share of studies without an interval (counted as not covering)."
+    )
+    return 0
+
+
 def _run(args):
     kind, seed, seeds, noise, full, laws = args
     return (
@@ -224,7 +333,22 @@ def main(argv=None) -> int:
     parser.add_argument("--noise", type=float, nargs="+", default=[0.002, 0.005, 0.01], help="sd of one run's accuracy")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--no-power", dest="power", action="store_false", help="coverage only (no power studies)")
+    parser.add_argument(
+        "--power-laws",
+        action="store_true",
+        help="instead: the power-law fits' intervals (fit_power_law, data_multiplier), seed-level against over points",
+    )
+    parser.add_argument(
+        "--seed-share",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.5],
+        help="with --power-laws: share of the noise variance that is a seed's offset at every fraction",
+    )
+    parser.add_argument("--n-boot", type=int, default=200, help="with --power-laws: draws of the bootstrap over points")
     args = parser.parse_args(argv)
+    if args.power_laws:
+        return _main_power_laws(args)
     header = None
     for seeds in args.seeds:
         for noise in args.noise:

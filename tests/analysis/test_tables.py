@@ -572,6 +572,11 @@ def test_write_report_writes_tables_and_plots_and_logs_them_to_the_study_run(sto
     assert (
         "## Scaling laws checked by extrapolation" in report and "## Scaling-law difference of sam over adamw" in report
     )
+    # The power-law fits get the table's seeds (their offsets are shared by every fraction): seed-level intervals,
+    # and the data multiplier's interval pairs the two fits' left-out seeds.
+    power_laws = pd.read_csv(tmp_path / "report" / "scaling_fits.csv")
+    assert power_laws["interval"].str.startswith("delete-one-seed jackknife over 3 seeds").all()
+    assert "paired over 3 seeds" in (tmp_path / "report" / "data_multiplier_sam.md").read_text()
     logged = {a.path for a in MlflowClient(uri).list_artifacts(study_run, "report")}
     assert logged == {f"report/{n}" for n in expected}
     # The one self-contained page: report.md's tables as HTML tables (the answer's numbers in them), every plot
