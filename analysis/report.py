@@ -664,8 +664,8 @@ def _scaling_section(
             "n = training-set fraction, least squares on every seed's point. Intervals (column `interval` says "
             "which, and its coverage measured by simulation, benchmarks/sim_coverage.py --power-laws: docs/science.md): "
             "with 2+ seeds the delete-one-seed jackknife with Student's t on seeds - 1 df, the seed being the "
-            "independent unit; with one seed or none a residual bootstrap over points, which ignores that a seed's "
-            "points are correlated. The saturating law's seed-level bootstrap-t intervals are in the scaling-law "
+            "independent unit; with one seed none (its offset, shared by its points, cannot be resampled); without "
+            "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. The saturating law's seed-level bootstrap-t intervals are in the scaling-law "
             "section.\n\n" + _markdown(_fmt(frame))
         )
         w.text("scaling_fits.md", fits_md)
@@ -718,8 +718,8 @@ def _scaling_section(
             mult = pd.DataFrame(rows)
             mult_md = (
                 f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
-                "power-law fits above; the interval from the same fits' seed-level jackknife (or, with one seed, their "
-                "bootstrap over points), each row's explanation saying which and its coverage measured by simulation "
+                "power-law fits above; the interval from the same fits' seed-level jackknife (none with one seed), each "
+                "row's explanation saying which and its coverage measured by simulation "
                 f"(docs/science.md). Numbers from: {source}.\n\n"
                 + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
             )

@@ -53,7 +53,8 @@ class PowerLawFit:
     intervals: (low, high) of a, b, c. With 2+ seeds (`bootstrap` = "seeds"): the delete-one-seed jackknife
     with Student's t on S - 1 df (a on the log scale; c's low end clipped at 0, where c is bounded), the seed
     being the independent unit; samples: the leave-one-seed-out fits, one row (a, b, c) per seed in
-    `sample_seeds`. Otherwise (`bootstrap` = "residuals": no seeds given, or one seed): percentile intervals of
+    `sample_seeds`. With one seed (`bootstrap` = "none") no interval: its offset, shared by all its points, is
+    invisible to any resampling of them. Without seeds (`bootstrap` = "residuals"): percentile intervals of
     a residual bootstrap (fixed design: the n are chosen by the experimenter, so the residuals are resampled,
     never the points), which treats points as independent and so cannot see a seed's offset shared by its
     points; samples: the bootstrap draws. interval_note says which, what it ignores and its coverage measured
@@ -200,8 +201,8 @@ POWER_LAW_COVERAGE = {
         "points of 3-5 seeds, shorter the more a seed's points share (docs/science.md)"
     ),
     "one seed": (
-        "a 95% interval covered 59-85% (a, b, c) and 23-82% (the data multiplier) in simulation with one seed, "
-        "shorter the more its points share (docs/science.md): read it as far narrower than stated"
+        "a bootstrap over its points covered 59-85% (a, b, c) and 23-82% (the data multiplier) at nominal 95% in "
+        "simulation, the less the more its points share (docs/science.md)"
     ),
 }
 
@@ -253,7 +254,7 @@ def fit_power_law(
     sample_seeds = np.empty(0)
     intervals = {"a": nan_pair, "b": nan_pair, "c": nan_pair}
     n_seeds = 0 if seeds is None else len(np.unique(seeds))
-    kind = "seeds" if n_seeds >= 2 else "residuals"
+    kind = "seeds" if n_seeds >= 2 else "none" if n_seeds == 1 else "residuals"
     if n_boot == 0:
         interval_note = "no interval (n_boot=0)"
     elif kind == "seeds":
@@ -262,9 +263,10 @@ def fit_power_law(
             + POWER_LAW_COVERAGE["seeds"]
         )
     elif n_seeds == 1:
+        # As the law fits: one seed's offset, shared by all its points, is invisible to any resampling of them.
         interval_note = (
-            "residual bootstrap over the points of 1 seed: ignores within-seed correlation (an offset the seed "
-            "shares across its points is invisible to it), so it is too narrow; " + POWER_LAW_COVERAGE["one seed"]
+            "no interval: the points come from 1 seed, whose offset (shared by all its points) no resampling of them "
+            "can see; " + POWER_LAW_COVERAGE["one seed"] + ". Fix: run 2+ seeds (3-5 for intervals that cover)"
         )
     else:
         interval_note = (
@@ -295,7 +297,7 @@ def fit_power_law(
                 intervals[name] = (max(lo, 0.0) if name == "c" else lo, hi)
         else:
             interval_note = why
-    elif n_boot > 0 and N > 3:
+    elif n_boot > 0 and N > 3 and kind == "residuals":
         scaled = (resid - resid.mean()) * math.sqrt(N / (N - 3))
         rng = np.random.default_rng(seed)
         rows = []
@@ -467,6 +469,11 @@ def _multiplier_interval(
         return np.array([_needed(*v, float(_model(n, *t))) / n for v, t in zip(vanilla_rows, sam_rows)])
 
     kinds = {fit_vanilla.bootstrap, fit_sam.bootstrap}
+    if "none" in kinds:
+        return (
+            nan_pair,
+            "none: a fit's points come from one seed, which no interval can rest on (see its interval note)",
+        )
     if len(fit_vanilla.samples) == 0 or len(fit_sam.samples) == 0:
         return nan_pair, "none (a fit has no interval draws: too few points, or n_boot=0)"
     if kinds != {"seeds"} and kinds != {"residuals"}:
@@ -485,11 +492,9 @@ def _multiplier_interval(
             float(np.quantile(values, tail, method="inverted_cdf")),
             float(np.quantile(values, 1.0 - tail, method="inverted_cdf")),
         )
-        one_seed = 1 in (fit_vanilla.n_seeds, fit_sam.n_seeds)
         return interval, (
             f"{confidence:.0%} percentile interval of the fits' residual bootstraps over points, which treat every "
-            "point as independent and ignore within-seed correlation; "
-            + POWER_LAW_COVERAGE["one seed" if one_seed else "points"]
+            "point as independent and ignore within-seed correlation; " + POWER_LAW_COVERAGE["points"]
         )
     # Seed level: the jackknife of log(multiplier), each left-out seed refitting what it touches.
     sv, st = fit_vanilla.sample_seeds, fit_sam.sample_seeds

@@ -65,19 +65,21 @@ def test_a_seed_offset_shared_by_its_points_moves_only_the_floor_and_the_seed_in
     assert points.intervals["b"][1] - points.intervals["b"][0] > 0.1
 
 
-def test_one_seed_or_no_seeds_falls_back_to_the_point_bootstrap_and_says_so():
+def test_one_seed_gets_no_interval_and_no_seeds_the_point_bootstrap_each_saying_why():
     n, err, who = seeded_points(3, shared=0.0, own=0.003)
     one = fit_power_law(n, err, seeds=np.zeros(len(n)), n_boot=100, warn=False)
-    assert one.bootstrap == "residuals" and one.samples.shape == (100, 3)
-    assert "1 seed: ignores within-seed correlation" in one.interval_note and one.n_seeds == 1
-    # The coverage it was measured to have, not the nominal level (docs/science.md has the table).
-    assert POWER_LAW_COVERAGE["one seed"] in one.interval_note and "far narrower than stated" in one.interval_note
+    assert one.bootstrap == "none" and one.samples.shape == (0, 3) and one.n_seeds == 1
+    assert all(math.isnan(v) for pair in one.intervals.values() for v in pair)
+    # Why, with what a bootstrap over its points was measured to cover, and the fix.
+    assert "no interval: the points come from 1 seed" in one.interval_note and "run 2+ seeds" in one.interval_note
+    assert POWER_LAW_COVERAGE["one seed"] in one.interval_note
     none = fit_power_law(n, err, n_boot=100, warn=False)
     assert none.bootstrap == "residuals" and "treats every point as independent" in none.interval_note
     assert POWER_LAW_COVERAGE["points"] in none.interval_note and none.n_seeds == 0
+    assert none.samples.shape == (100, 3) and all(lo < hi for lo, hi in none.intervals.values())
     m = data_multiplier(one, one, 1.0)
-    assert POWER_LAW_COVERAGE["one seed"] in m.explanation
-    assert none.intervals == one.intervals  # the same draws: one seed changes only what the note says
+    assert all(math.isnan(v) for v in m.interval) and "come from one seed" in m.explanation
+    assert POWER_LAW_COVERAGE["points"] in data_multiplier(none, none, 1.0).explanation
     with pytest.raises(ValueError, match="one seed per point"):
         fit_power_law(n, err, seeds=[0, 1])
 
