@@ -223,13 +223,7 @@ def simulate_power_laws(
 ) -> dict[str, float]:
     """Mean over `studies` simulated studies of each rate power_law_intervals measures."""
     tasks = [(first + i, seeds, noise, seed_share, n_boot) for i in range(studies)]
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_run_power_laws, tasks, chunksize=4))
-    else:
-        results = [_run_power_laws(t) for t in tasks]
-    frame = pd.DataFrame(results)
-    return {c: float(frame[c].mean()) for c in frame.columns}
+    return _mean_rates(_run_power_laws, tasks, jobs, chunksize=4)
 
 
 POWER_LAW_COLUMNS = {
@@ -293,11 +287,16 @@ def simulate(
     tasks = [("coverage", first + i, seeds, noise, full, laws) for i in range(studies)]
     if power:
         tasks += [("power", 10**6 + first + i, seeds, noise, full, laws) for i in range(studies)]
+    return _mean_rates(_run, tasks, jobs, chunksize=8)
+
+
+def _mean_rates(run, tasks: list, jobs: int, chunksize: int) -> dict[str, float]:
+    """Each rate's mean over the simulated studies `run(task)` measures, on `jobs` processes."""
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(_run, tasks, chunksize=8))
+            results = list(pool.map(run, tasks, chunksize=chunksize))
     else:
-        results = [_run(t) for t in tasks]
+        results = [run(t) for t in tasks]
     frame = pd.DataFrame(results)
     return {c: float(frame[c].mean()) for c in frame.columns}
 
