@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -519,21 +519,107 @@ def fit(
     `trainables.metrics.FIXED_PHASES` (data_load, model_build, compile, validation, geometry, checkpoint).
     """
     cfg = TrialConfig.load(config)
+    _require_probe(cfg, probe)
+    d, device = _place(cfg)
+    with _timed(timings, "data_load"):
+        bundle = load_dataset(cfg.data, device=device)
+    # model_build: from the model to a resumed trial's restored state, counted once that is done (no `finally`,
+    # unlike data_load): a trial refused or failed on the way leaves that time in its "other" part.
+    t_build = time.perf_counter()
+    trial = _build(
+        cfg,
+        d,
+        device,
+        bundle,
+        fresh=resume_from is None,
+        reporter=reporter,
+        recorder=recorder,
+        probe=probe,
+        timings=timings,
+    )
+    resumed = _resume(trial, resume_from)
+    _spent(timings, "model_build", t_build)
+    if resumed is not None:
+        _redeliver_resumed(trial, resumed, Path(resume_from), report_resumed)
+
+    own_dir = checkpoint_dir is None
+    ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    compile_seconds = _warm_up_compile(trial)
+    try:
+        _run_epochs(trial, ckpt_root, compile_seconds)
+    finally:
+        if own_dir:
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+    return trial.metrics
+
+
+@dataclass(eq=False)
+class _Trial:
+    """One trial's built parts, what fit was handed, and the state its steps carry from epoch to epoch."""
+
+    cfg: TrialConfig
+    d: _Dist
+    device: torch.device
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    bundle: DataBundle
+    model: nn.Module  # the bare module: its weights are checkpointed, normed and measured
+    net: nn.Module  # what trains: the model compiled (per plan), inside DDP on several ranks
+    plan: compiled_step.CompilePlan
+    train_loader: Any
+    val_loader: Any
+    sampler: Any
+    geometry_batches: list[tuple[torch.Tensor, torch.Tensor]] | None
+    base: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    method: Any
+    scheduler: Any
+    reporter: Reporter | None
+    recorder: Recorder | None
+    probe: Probe | None
+    timings: dict[str, float] | None
+    start_epoch: int = 0
+    num_updates: int = 0  # optimiser updates taken, the scheduler's clock
+    best: dict[str, float] = field(default_factory=dict)  # BEST_EPOCH_METRICS of the best evaluated epoch so far
+    metrics: dict[str, float] = field(default_factory=dict)  # the last epoch's, what fit returns
+
+
+def _require_probe(cfg: TrialConfig, probe: Probe | None) -> None:
+    """Refuses a config that asks for geometry measures when fit was handed no probe to take them."""
     if cfg.geometry.enabled and probe is None:
         raise ValueError(
             f"geometry.measures: {cfg.geometry.measures} asked for, but fit got no probe to take them. Fix: pass "
             "probe=analysis.geometry.probes.make_probe(config), or leave geometry.measures empty."
         )
+
+
+def _place(cfg: TrialConfig) -> tuple[_Dist, torch.device]:
+    """This process's rank in its group, its thread count (train.threads), and the device it trains on."""
     d = _Dist.detect()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    device = _resolve_device(cfg)
+    return d, _resolve_device(cfg)
+
+
+def _build(
+    cfg: TrialConfig,
+    d: _Dist,
+    device: torch.device,
+    bundle: DataBundle,
+    *,
+    fresh: bool,
+    reporter: Reporter | None,
+    recorder: Recorder | None,
+    probe: Probe | None,
+    timings: dict[str, float] | None,
+) -> _Trial:
+    """The trial's model (compiled, in DDP), loaders, geometry batches, optimiser, method and scheduler.
+
+    fresh: not resumed (the model loads its initial weights; the method's run-length warnings are given); the
+    rest is fit's, kept with the trial for the steps that use it.
+    """
     precision = _precision(cfg, device)
     autocast = _autocast(device, precision)
-
-    with _timed(timings, "data_load"):
-        bundle = load_dataset(cfg.data, device=device)
-    t_build = time.perf_counter()  # model_build: from the model to a resumed trial's restored state
     # Identical initial weights on every rank come from the seed, not from a broadcast.
     torch.manual_seed(cfg.train.seed)
     with _refused_if_invalid("model"):
@@ -542,14 +628,15 @@ def fit(
             num_classes=bundle.num_classes,
             in_chans=bundle.in_chans,
             img_size=bundle.img_size,
-            load_init=resume_from is None,  # a resumed trial's checkpoint holds its trained weights
+            load_init=fresh,  # a resumed trial's checkpoint holds its trained weights
         )
     model.to(device)
     if _channels_last(cfg, device):
         model.to(memory_format=torch.channels_last)
     plan = compiled_step.resolve_compile(cfg, device, d.world)
     if d.rank == 0 and plan.warn:
-        warnings.warn(plan.reason, compiled_step.CompileFallbackWarning, stacklevel=2)
+        # stacklevel 3: the warning names fit's caller (_build <- fit <- caller).
+        warnings.warn(plan.reason, compiled_step.CompileFallbackWarning, stacklevel=3)
     if plan.enabled:
         compiled_step.use_cache_dir(cfg.train.compile_cache)
     # Compiled inside DDP: DDP's gradient hooks stay eager, and every pass of the step runs the compiled graphs.
@@ -581,147 +668,217 @@ def fit(
         method.compile_modules(lambda module: compiled_step.compile_module(module, plan))
     scheduler = _scheduler(base, cfg, len(train_loader))
     # A method may know that this run is too short for its settings: say so once, at the start, on rank 0.
-    if d.rank == 0 and resume_from is None:
+    if d.rank == 0 and fresh:
         for note in method.run_warnings(epochs=cfg.schedule.epochs, steps_per_epoch=len(train_loader)):
-            warnings.warn(note, RunLengthWarning, stacklevel=2)
+            warnings.warn(note, RunLengthWarning, stacklevel=3)  # fit's caller, as above
+    return _Trial(
+        cfg=cfg,
+        d=d,
+        device=device,
+        autocast=autocast,
+        bundle=bundle,
+        model=model,
+        net=net,
+        plan=plan,
+        train_loader=train_loader,
+        val_loader=val_loader,
+        sampler=sampler,
+        geometry_batches=geometry_batches,
+        base=base,
+        scaler=scaler,
+        method=method,
+        scheduler=scheduler,
+        reporter=reporter,
+        recorder=recorder,
+        probe=probe,
+        timings=timings,
+    )
 
-    start_epoch, num_updates, best = 0, 0, {}
+
+def _resume(trial: _Trial, resume_from: str | os.PathLike | None) -> dict[str, Any] | None:
+    """A resumed trial's state restored from its checkpoint (returned; None when fresh), the scheduler set to the
+    updates taken."""
     resumed: dict[str, Any] | None = None
     if resume_from is not None:
         resumed = load_checkpoint(resume_from)
-        model.load_state_dict(resumed["model"])
-        method.load_state_dict(resumed["method"])
-        if scheduler is not None and resumed["scheduler"] is not None:
-            scheduler.load_state_dict(resumed["scheduler"])
-        if scaler is not None and resumed["scaler"] is not None:
-            scaler.load_state_dict(resumed["scaler"])
-        start_epoch, num_updates, best = resumed["epoch"] + 1, resumed["num_updates"], dict(resumed["best"])
-    if scheduler is not None:
-        scheduler.step_update(num_updates=num_updates)
-    _spent(timings, "model_build", t_build)
+        trial.model.load_state_dict(resumed["model"])
+        trial.method.load_state_dict(resumed["method"])
+        if trial.scheduler is not None and resumed["scheduler"] is not None:
+            trial.scheduler.load_state_dict(resumed["scheduler"])
+        if trial.scaler is not None and resumed["scaler"] is not None:
+            trial.scaler.load_state_dict(resumed["scaler"])
+        trial.start_epoch, trial.num_updates = resumed["epoch"] + 1, resumed["num_updates"]
+        trial.best = dict(resumed["best"])
+    if trial.scheduler is not None:
+        trial.scheduler.step_update(num_updates=trial.num_updates)
+    return resumed
 
-    def deliver(metrics: dict[str, float], epoch: int, saved: Path | None, logged_at: int) -> None:
-        # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
-        # or re-logs this epoch on resume, never leaves it logged twice.
-        stopped = False
-        if reporter is not None:
-            try:
-                reporter(metrics, saved)
-            except SystemExit:
-                # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
-                # checkpoint: record the epoch and leave as stopped, not as failed.
-                stopped = True
-        if recorder is not None and d.rank == 0:
-            recorder.log_epoch(metrics, epoch, logged_at)
-        if stopped:
-            raise TrialStopped(epoch, final=epoch == cfg.schedule.epochs - 1)
 
-    def keep_final(path: Path) -> None:
-        if recorder is not None and d.rank == 0 and recorder.wants_checkpoint:
-            recorder.log_artifact(path, CHECKPOINT_ARTIFACT)
+def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], resume_from: Path, report_resumed: bool) -> None:
+    """The resumed checkpoint's epoch handed on again (reported and recorded, or recorded), and its final artifact
+    kept where the trial had already trained its last epoch."""
+    where = resume_from if resume_from.is_dir() else resume_from.parent
+    trial.metrics = resumed["metrics"]
+    if report_resumed:
+        _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
+    elif trial.recorder is not None and trial.d.rank == 0:
+        # The interruption may have come between the checkpoint and the record: log that epoch again,
+        # with its original timestamp, which MLflow stores once however often it is sent.
+        trial.recorder.log_epoch(trial.metrics, resumed["epoch"], resumed["logged_at"])
+    if trial.start_epoch >= trial.cfg.schedule.epochs:
+        # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
+        _keep_final(trial, where / CHECKPOINT_FILE)
 
-    metrics: dict[str, float] = {}
-    if resumed is not None:
-        where = Path(resume_from)
-        where = where if where.is_dir() else where.parent
-        metrics = resumed["metrics"]
-        if report_resumed:
-            deliver(metrics, resumed["epoch"], where, resumed["logged_at"])
-        elif recorder is not None and d.rank == 0:
-            # The interruption may have come between the checkpoint and the record: log that epoch again,
-            # with its original timestamp, which MLflow stores once however often it is sent.
-            recorder.log_epoch(metrics, resumed["epoch"], resumed["logged_at"])
-        if start_epoch >= cfg.schedule.epochs:
-            # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
-            keep_final(where / CHECKPOINT_FILE)
 
-    own_dir = checkpoint_dir is None
-    ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    compile_seconds = None
-    if plan.enabled and start_epoch < cfg.schedule.epochs:
-        # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
-        x, y, _ = next(iter(train_loader))
-        x, _, target = _batch(bundle, x, y, device, _channels_last(cfg, device))
-        with _timed(timings, "compile"):
-            compile_seconds = compiled_step.warm_up(
-                net,
-                _forward(net, x, target, autocast, cfg.train.label_smoothing),
-                rows=x.shape[0],
-                accumulate=cfg.data.accumulate,
-                device=device,
-                buffers_of=model,
-            )
+def _warm_up_compile(trial: _Trial) -> float | None:
+    """A compiled trial's step compiled on its first batch, before the first epoch's clock starts; returns the
+    seconds it took (None when nothing was compiled: eager, or no epoch left to train)."""
+    cfg, device = trial.cfg, trial.device
+    if not (trial.plan.enabled and trial.start_epoch < cfg.schedule.epochs):
+        return None
+    # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
+    x, y, _ = next(iter(trial.train_loader))
+    x, _, target = _batch(trial.bundle, x, y, device, _channels_last(cfg, device))
+    with _timed(trial.timings, "compile"):
+        return compiled_step.warm_up(
+            trial.net,
+            _forward(trial.net, x, target, trial.autocast, cfg.train.label_smoothing),
+            rows=x.shape[0],
+            accumulate=cfg.data.accumulate,
+            device=device,
+            buffers_of=trial.model,
+        )
+
+
+def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -> None:
+    """The epochs left to train, each seeded, trained, measured, checkpointed when due, and delivered."""
+    cfg, d = trial.cfg, trial.d
     cadence = _CheckpointCadence(cfg.train.checkpoint_every)
-    try:
-        for epoch in range(start_epoch, cfg.schedule.epochs):
-            _seed_epoch(cfg.train.seed, epoch, d.rank)
-            train_metrics, num_updates = _train_epoch(
-                net, method, train_loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates
-            )
-            # train.eval_every: an epoch not evaluated reports no validation metrics at all (never a stale copy).
-            evaluated = cfg.train.evaluates(epoch, cfg.schedule.epochs)
-            val_metrics = {}
-            if evaluated:
-                with _timed(timings, "validation"):
-                    val_metrics = evaluate(
-                        compiled_step.eval_module(net, model), val_loader, device, autocast, d, prepare=bundle.prepare
-                    )
-            if compile_seconds is not None:
-                train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
-                compile_seconds = None
-            metrics = {
-                "epoch": epoch,
-                **train_metrics,
-                compiled_step.COMPILED_METRIC: float(plan.enabled),
-                **val_metrics,
-                "lr": base.param_groups[0]["lr"],
-                "weight_norm": float(weight_norm(model)),
-            }
-            if evaluated:
-                best_key = BEST_EPOCH_METRICS["val_acc"]
-                if val_metrics["val_acc"] >= best.get(best_key, -1.0):
-                    best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
-                metrics.update(best)
-            if geometry_batches is not None and cfg.geometry.due(epoch, cfg.schedule.epochs):
-                with _timed(timings, "geometry"):
-                    metrics.update(_measure_geometry(probe, model, geometry_batches, device))
+    for epoch in range(trial.start_epoch, cfg.schedule.epochs):
+        _seed_epoch(cfg.train.seed, epoch, d.rank)
+        train_metrics, trial.num_updates = _train_epoch(
+            trial.net,
+            trial.method,
+            trial.train_loader,
+            trial.sampler,
+            trial.scheduler,
+            trial.bundle,
+            cfg,
+            trial.device,
+            d,
+            epoch,
+            trial.autocast,
+            trial.num_updates,
+        )
+        trial.metrics = _epoch_metrics(trial, epoch, train_metrics, compile_seconds)
+        compile_seconds = None  # reported once, with the first epoch trained after the compile
+        logged_at = int(time.time() * 1000)
+        last = epoch == cfg.schedule.epochs - 1
+        saved, t_saved = _checkpoint_if_due(
+            trial, epoch, ckpt_root, due=last or cadence.due(epoch), logged_at=logged_at
+        )
+        _deliver(trial, trial.metrics, epoch, saved, logged_at)
+        if saved is not None:  # its cost: written, handed to the reporter (Tune copies it to storage), recorded
+            cadence.took(time.perf_counter() - t_saved)
+        if last:
+            _keep_final(trial, ckpt_root / CHECKPOINT_FILE)
 
-            logged_at = int(time.time() * 1000)
-            last = epoch == cfg.schedule.epochs - 1
-            saved: Path | None = None
-            if last or cadence.due(epoch):
-                if d.rank == 0:
-                    t_saved = time.perf_counter()
-                    _save(
-                        ckpt_root / CHECKPOINT_FILE,
-                        model=net,
-                        method=method,
-                        scheduler=scheduler,
-                        scaler=scaler,
-                        epoch=epoch,
-                        num_updates=num_updates,
-                        cfg=cfg,
-                        best=best,
-                        metrics=metrics,
-                        logged_at=logged_at,
-                        meta={
-                            "num_classes": bundle.num_classes,
-                            "in_chans": bundle.in_chans,
-                            "img_size": bundle.img_size,
-                        },
-                    )
-                    saved = ckpt_root
-                    _spent(timings, "checkpoint", t_saved)
-            deliver(metrics, epoch, saved, logged_at)
-            if saved is not None:  # its cost: written, handed to the reporter (Tune copies it to storage), recorded
-                cadence.took(time.perf_counter() - t_saved)
-            if last:
-                keep_final(ckpt_root / CHECKPOINT_FILE)
-    finally:
-        if own_dir:
-            shutil.rmtree(ckpt_root, ignore_errors=True)
+
+def _epoch_metrics(
+    trial: _Trial, epoch: int, train_metrics: dict[str, float], compile_seconds: float | None
+) -> dict[str, float]:
+    """The epoch's metrics: its training pass's, validation where due, the best epoch so far (trial.best, updated),
+    and the geometry measures where due."""
+    cfg, timings = trial.cfg, trial.timings
+    # train.eval_every: an epoch not evaluated reports no validation metrics at all (never a stale copy).
+    evaluated = cfg.train.evaluates(epoch, cfg.schedule.epochs)
+    val_metrics = {}
+    if evaluated:
+        with _timed(timings, "validation"):
+            val_metrics = evaluate(
+                compiled_step.eval_module(trial.net, trial.model),
+                trial.val_loader,
+                trial.device,
+                trial.autocast,
+                trial.d,
+                prepare=trial.bundle.prepare,
+            )
+    if compile_seconds is not None:
+        train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
+    metrics = {
+        "epoch": epoch,
+        **train_metrics,
+        compiled_step.COMPILED_METRIC: float(trial.plan.enabled),
+        **val_metrics,
+        "lr": trial.base.param_groups[0]["lr"],
+        "weight_norm": float(weight_norm(trial.model)),
+    }
+    if evaluated:
+        best_key = BEST_EPOCH_METRICS["val_acc"]
+        if val_metrics["val_acc"] >= trial.best.get(best_key, -1.0):
+            trial.best = {best_key: val_metrics["val_acc"], "best_epoch": epoch}
+        metrics.update(trial.best)
+    if trial.geometry_batches is not None and cfg.geometry.due(epoch, cfg.schedule.epochs):
+        with _timed(timings, "geometry"):
+            metrics.update(_measure_geometry(trial.probe, trial.model, trial.geometry_batches, trial.device))
     return metrics
+
+
+def _checkpoint_if_due(
+    trial: _Trial, epoch: int, ckpt_root: Path, *, due: bool, logged_at: int
+) -> tuple[Path | None, float]:
+    """The epoch's checkpoint written on rank 0 when due (timed as checkpoint): its directory (None when none was
+    written) and the perf_counter at which the write began, from which the checkpoint cadence counts its cost."""
+    t_saved = 0.0
+    if not (due and trial.d.rank == 0):
+        return None, t_saved
+    t_saved = time.perf_counter()
+    bundle = trial.bundle
+    _save(
+        ckpt_root / CHECKPOINT_FILE,
+        model=trial.net,
+        method=trial.method,
+        scheduler=trial.scheduler,
+        scaler=trial.scaler,
+        epoch=epoch,
+        num_updates=trial.num_updates,
+        cfg=trial.cfg,
+        best=trial.best,
+        metrics=trial.metrics,
+        logged_at=logged_at,
+        meta={
+            "num_classes": bundle.num_classes,
+            "in_chans": bundle.in_chans,
+            "img_size": bundle.img_size,
+        },
+    )
+    _spent(trial.timings, "checkpoint", t_saved)
+    return ckpt_root, t_saved
+
+
+def _deliver(trial: _Trial, metrics: dict[str, float], epoch: int, saved: Path | None, logged_at: int) -> None:
+    """An epoch handed to the reporter (every rank), then to the recorder (rank 0); the reporter's stop raised as
+    TrialStopped once the epoch is recorded."""
+    # Checkpoint, then report (Ray persists it), then record: a crash anywhere in between re-runs
+    # or re-logs this epoch on resume, never leaves it logged twice.
+    stopped = False
+    if trial.reporter is not None:
+        try:
+            trial.reporter(metrics, saved)
+        except SystemExit:
+            # Ray Tune stops a trial by raising SystemExit inside report, once it holds the result and
+            # checkpoint: record the epoch and leave as stopped, not as failed.
+            stopped = True
+    if trial.recorder is not None and trial.d.rank == 0:
+        trial.recorder.log_epoch(metrics, epoch, logged_at)
+    if stopped:
+        raise TrialStopped(epoch, final=epoch == trial.cfg.schedule.epochs - 1)
+
+
+def _keep_final(trial: _Trial, path: Path) -> None:
+    """The final checkpoint kept as an artifact of the run, where the recorder wants it (rank 0)."""
+    if trial.recorder is not None and trial.d.rank == 0 and trial.recorder.wants_checkpoint:
+        trial.recorder.log_artifact(path, CHECKPOINT_ARTIFACT)
 
 
 def _geometry_batches(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
