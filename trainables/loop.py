@@ -545,8 +545,8 @@ def fit(
     own_dir = checkpoint_dir is None
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
-    compile_seconds = _warm_up_compile(trial)
-    try:
+    try:  # from here every way out removes a temporary checkpoint folder, a failed compile's too
+        compile_seconds = _warm_up_compile(trial)
         _run_epochs(trial, ckpt_root, compile_seconds)
     finally:
         if own_dir:

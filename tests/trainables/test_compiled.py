@@ -6,6 +6,7 @@ by benchmarks/check_compiled.py (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import copy
+import tempfile
 import warnings
 
 import pytest
@@ -185,6 +186,20 @@ def test_fit_points_the_compile_cache_at_train_compile_cache(tiny_model, tmp_pat
 
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache").resolve())
     assert (tmp_path / "cache").is_dir()
+
+
+def test_a_failed_warm_up_leaves_no_temporary_checkpoint_folder(tiny_model, tmp_path, monkeypatch):
+    # Given no checkpoint_dir, fit keeps the checkpoints in a temporary folder of its own: a compile that fails
+    # before the first epoch (out of memory while compiling, say) removes it as a failure inside the epochs does.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("out of memory while compiling")
+
+    monkeypatch.setattr(compiled, "warm_up", fails)
+    with pytest.raises(RuntimeError, match="out of memory while compiling"):
+        fit(_trial(tiny_model, "default"))
+    assert not list(tmp_path.glob("sharpscale-ckpt-*"))
 
 
 def _cfg(**sections) -> TrialConfig:
