@@ -568,11 +568,11 @@ class _Trial:
     plan: compiled_step.CompilePlan
     train_loader: Any
     val_loader: Any
-    sampler: Any
+    sampler: _GlobalBatchSampler
     geometry_batches: list[tuple[torch.Tensor, torch.Tensor]] | None
     base: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
-    method: Any
+    method: optim.Method
     scheduler: Any
     reporter: Reporter | None
     recorder: Recorder | None
