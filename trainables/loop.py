@@ -541,6 +541,7 @@ def fit(
     _spent(timings, "model_build", t_build)
     if resumed is not None:
         _redeliver_resumed(trial, resumed, Path(resume_from), report_resumed)
+    del resumed  # the checkpoint's host copies of every state: not held through the epochs
 
     own_dir = checkpoint_dir is None
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
