@@ -476,13 +476,14 @@ def run_in_process_group(
 
     Returns the command's exit status, or 0 when the user stopped it. Either way the whole group (a server and
     every worker it forked) is gone on return. log: an open file that takes the command's output (stdout and
-    stderr); None: the terminal. Used by `sharpscale server` and `sharpscale ui`.
+    stderr); None: the terminal. env: the command's environment; None: that of the MLflow servers sharpscale starts
+    (`_child_env`). Used by `sharpscale server` and `sharpscale ui`.
     """
     # Its own session: Ctrl-C reaches only this launcher, which then stops the group in order (TERM, then KILL).
     proc = subprocess.Popen(
         list(cmd),
         start_new_session=True,
-        env=env,
+        env=_child_env() if env is None else env,
         stdout=log,
         stderr=None if log is None else subprocess.STDOUT,
     )
@@ -496,9 +497,19 @@ def run_in_process_group(
             stop_process_group(proc, stop_timeout_s)
 
 
+# MLflow's server starts a job runner beside itself unless told not to: eight more processes (huey consumers), each
+# importing MLflow (about 1.9 GB more resident memory and 9 more CPU-seconds per start on the 2-core CPU machine,
+# where the server then answered 6-9 s later). It runs MLflow's GenAI jobs (prompt optimisation, scorers, trace roll-ups), which no sharpscale
+# study submits. Off unless the user's environment turns it on.
+_JOB_EXECUTION_ENV = "MLFLOW_SERVER_ENABLE_JOB_EXECUTION"
+
+
 def _child_env() -> dict[str, str]:
+    """The environment of the MLflow servers sharpscale starts (`sharpscale server`, `sharpscale ui`): this one, with
+    MLflow's telemetry and its job runner off unless set otherwise."""
     env = dict(os.environ)
     env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    env.setdefault(_JOB_EXECUTION_ENV, "false")
     return env
 
 

@@ -26,6 +26,8 @@ from studies.server import (
     is_loopback,
     mlflow_server_command,
     own_host_names,
+    pids_in_groups,
+    pids_naming,
     start_server,
 )
 from trainables.secrets import redact as redact_uri
@@ -273,6 +275,8 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path, tracking_uri):
         assert server_pgid != os.getpgid(launcher.pid)  # the server has its own group, below the launcher
         workers = subprocess.run(["pgrep", "-g", str(server_pgid)], capture_output=True, text=True).stdout.split()
         assert len(workers) >= 2, workers  # uvicorn's supervisor and its workers
+        # No MLflow job runner beside them (studies.server: sharpscale submits no MLflow jobs).
+        assert not set(pids_in_groups({server_pgid})) & pids_naming("mlflow.server.jobs")
 
         launcher.send_signal(signal.SIGTERM)  # what `kill`, systemd or a container runtime sends
         assert launcher.wait(timeout=60) == 0

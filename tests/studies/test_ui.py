@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from studies.server import free_port, group_alive
+from studies.server import free_port, group_alive, pids_in_groups, pids_naming
 
 
 def _answers(url: str) -> int | None:
@@ -33,6 +33,8 @@ def test_ui_serves_and_ctrl_c_leaves_no_server(tmp_path, tracking_uri, cli_proce
     assert children
     server_pgid = os.getpgid(int(children[0]))
     assert server_pgid != os.getpgid(proc.pid)
+    # No MLflow job runner beside it (studies.server: sharpscale submits no MLflow jobs).
+    assert not set(pids_in_groups({server_pgid})) & pids_naming("mlflow.server.jobs")
 
     proc.send_signal(signal.SIGINT)  # what Ctrl-C delivers to the launcher
     assert proc.wait(timeout=30) == 0
