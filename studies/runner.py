@@ -615,12 +615,14 @@ def run_study(
     try:
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
         log = quiet.enter_context(quiet_libraries(log_path))
+        experiment_dir = f"{locations.storage}/{run_name}"
+        # Before Ray starts: what the driver reads from the storage needs no cluster, and a refused resume (a killed
+        # driver's unrecorded Tune state, a launch record of another store) should not cost one.
+        _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
         with stderr_to(log):
             started_ray = _start_ray(study, address, num_cpus)
         reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
         _check_cluster(study, locations, plan, address)
-        experiment_dir = f"{locations.storage}/{run_name}"
-        _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
         commit = git_commit(study.path.parent)
         study_run_id = _open_runs(study, target, commit, locations, experiment_dir, opened, cell_runs, resume=resume)
         outcome = _tune(study, target, locations, plan, run_name, commit, study_run_id, cell_runs, resume, trainable)

@@ -299,10 +299,13 @@ class CliProcesses:
         self.started.append(proc)
         return proc
 
-    def run(self, *args, cwd: Path | None = None, timeout: float) -> subprocess.CompletedProcess:
-        """`sharpscale *args` to its end, stdout and stderr apart. On a timeout the test's end takes down its whole
-        group (subprocess.run's timeout would kill the driver alone and leave a study's Ray running)."""
-        proc = self.start(*args, cwd=cwd, stderr=subprocess.PIPE)
+    def run(
+        self, *args, cwd: Path | None = None, timeout: float, env: dict | None = None
+    ) -> subprocess.CompletedProcess:
+        """`sharpscale *args` to its end, stdout and stderr apart (env: variables added). On a timeout the test's end
+        takes down its whole group (subprocess.run's timeout would kill the driver alone and leave a study's Ray
+        running)."""
+        proc = self.start(*args, cwd=cwd, stderr=subprocess.PIPE, env=env)
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -2,9 +2,11 @@
 
 import contextlib
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
+import tempfile
 from pathlib import Path
 
 import optuna
@@ -131,10 +133,16 @@ def test_resume_after_sigkill_of_the_driver(tmp_path, tracking_uri, tiny_model, 
     survivors = pids_in_groups({driver.pid}, live=True)
     assert survivors, "nothing of the killed driver's Ray outlived it: this test no longer checks the resume beside it"
     # Killed hard, the driver never recorded the digests of Tune's last state (studies.identity): a plain
-    # resume refuses to unpickle it and names the choice; nothing is started or recorded.
-    refused = cli_process.run("resume", path, *common, cwd=tmp_path, timeout=300)
-    assert refused.returncode == EXIT_USAGE, refused.stdout[-2000:] + refused.stderr[-2000:]
-    assert "is not what this launch left there" in refused.stderr and "--trust-storage" in refused.stderr
+    # resume refuses to unpickle it and names the choice; nothing is started or recorded, Ray neither (its temp
+    # dir, given to that resume alone, stays empty). Short: Ray's socket paths below it may not exceed 107 bytes.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="ssk-", dir="/tmp"))
+    try:
+        refused = cli_process.run("resume", path, *common, cwd=tmp_path, timeout=300, env={"RAY_TMPDIR": str(ray_tmp)})
+        assert refused.returncode == EXIT_USAGE, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert "is not what this launch left there" in refused.stderr and "--trust-storage" in refused.stderr
+        assert not list(ray_tmp.iterdir()), "the refused resume started Ray"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     resume = cli_process.run("resume", path, "--trust-storage", *common, cwd=tmp_path, timeout=480)
     assert resume.returncode == 0, resume.stdout[-3000:] + resume.stderr[-3000:]
     print(f"resumed beside {len(survivors)} processes of the killed driver's Ray: {sorted(survivors.values())}")
