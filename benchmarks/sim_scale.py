@@ -139,8 +139,8 @@ class LocalCluster:
     """A Ray head and worker nodes on this machine, each `ray start --block` in its own process group.
 
     Each node declares `gpus` GPUs (none exist: Tune only books them) and `cpus` CPUs; trials book 0.01 CPU.
-    Stopped by SIGTERM to each node's group, then SIGKILL of whatever is left in them or names the temp dir:
-    never `ray stop`, which would end every Ray cluster on the machine, other engineers' included.
+    Stopped by SIGTERM to each node's `ray start`, then to its group, then SIGKILL of whatever is left in them or
+    names the temp dir: never `ray stop`, which would end every Ray cluster on the machine, other engineers' included.
     """
 
     def __init__(self, workdir: Path, *, nodes: int, gpus: int, cpus: int, epoch_s: float, ckpt_bytes: int):
@@ -233,12 +233,21 @@ class LocalCluster:
         return set(pids_in_groups({p.pid for p in self.nodes})) | pids_naming(str(self.temp_dir))
 
     def stop(self, timeout_s: float = 60.0) -> list[int]:
-        """Stop every node; returns the pids that needed SIGKILL."""
+        """Stop every node; returns the pids that needed SIGKILL.
+
+        SIGTERM to each node's `ray start --block` process, workers first, each awaited: it drains its node through
+        the head's GCS, then stops the node's processes. (SIGTERM to every group at once also reached the GCS, and
+        each node then waited 30 s for it before shutting down.) Then SIGTERM to anything left in the groups."""
         members = self.processes()
+        deadline = time.monotonic() + timeout_s
         for proc in reversed(self.nodes):  # workers first: they drain into a live head
             with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.nodes:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
 
         def alive() -> set[int]:
             return {p for p in members | self.processes() if _running(p)}

@@ -13,7 +13,8 @@ credentials and only the driver has a (non-admin) login, so trials can record on
 forwards to them.
 
 Cleanup stops exactly what the test started: each node is its own process group (start_new_session), stopped with
-SIGTERM then SIGKILL, and any process still naming the cluster's temp dir is killed. Never `ray stop`: it kills every
+SIGTERM (to its `ray start` process, then to the rest of its group) then SIGKILL, and any process still naming the
+cluster's temp dir is killed. Never `ray stop`: it kills every
 Ray process on the machine, other engineers' test clusters and the session fixture included.
 """
 
@@ -123,13 +124,23 @@ class TwoNodeCluster:
         self._wait_started("worker")
 
     def stop(self, timeout_s: float = 60.0) -> list[str]:
-        """Stop both nodes; returns the command lines of processes that had to be SIGKILLed or that survived."""
+        """Stop both nodes; returns the command lines of processes that had to be SIGKILLed or that survived.
+
+        As a container runtime stops a node: SIGTERM to its `ray start --block` process, which drains the node through
+        the head's GCS and then stops the node's processes; the worker first, while that GCS still answers. (SIGTERM
+        to both whole groups at once also reached the GCS, and each node then waited 30 s for it before shutting
+        down.) Then SIGTERM to anything left in the groups, and SIGKILL to what outlives the deadline."""
         groups = {proc.pid for proc in self.nodes.values()}
         members = set(pids_in_groups(groups)) | pids_naming(str(self.temp_dir))
+        deadline = time.monotonic() + timeout_s
         for proc in reversed(list(self.nodes.values())):  # the worker first: it drains into a live head
             with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.nodes.values():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
         alive = lambda: {p for p in members if Path(f"/proc/{p}").exists() and _state(p) != "Z"}  # noqa: E731
         while alive() and time.monotonic() < deadline:
             time.sleep(0.5)
