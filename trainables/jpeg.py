@@ -893,7 +893,8 @@ class _SlotRing:
             return False  # e.g. a locked-memory limit: copies from pageable memory, correct but synchronous
         import weakref
 
-        weakref.finalize(self, _unregister, cudart, ptr, self._copying)
+        # Not at the interpreter's exit: the process's memory goes with it, and CUDA may be torn down by then.
+        weakref.finalize(self, _unregister, cudart, ptr, self._copying).atexit = False
         return True
 
     def acquire(self) -> int:
