@@ -878,9 +878,10 @@ class _SlotRing:
         self.slot_bytes = -(-min(largest, usual) // 512) * 512
         if shared:  # workers fill the slots: shared memory, which a full /dev/shm would fault on (SIGBUS), not refuse
             _check_shared_memory(slots, self.slot_bytes)
-            self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8).share_memory_()
+            # Made private, then moved into shared memory (torch's public way): empty, as nothing reads what it holds.
+            self.buffer = torch.empty(slots, self.slot_bytes, dtype=torch.uint8).share_memory_()
         else:
-            self.buffer = torch.zeros(slots, self.slot_bytes, dtype=torch.uint8)
+            self.buffer = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
         self._free = list(range(slots))[::-1]
         self._held: set[int] = set()
         self._copying: collections.deque[tuple[int, Any]] = collections.deque()  # copies that may still run

@@ -39,6 +39,14 @@ FORMS = ("jpeg", "pixels")
 # (offset, height, width, label) per image, in torchvision ImageFolder's order.
 PIXELS_FILE = "pixels.u8"
 INDEX_FILE = "index.npy"
+
+
+def _stored_bytes(height, width):
+    """Bytes of an image as the pixel form stores it, uint8 RGB rows (ints or numpy arrays of them): the one home of
+    that rule, for the writer, the index check and the readers."""
+    return height * width * 3
+
+
 #: The JPEG quality of re-encoded images (PIL's scale).
 DEFAULT_QUALITY = 90
 #: Chroma subsampling of re-encoded images.
@@ -285,7 +293,7 @@ def _write_pixels(listing: dict, staging: Path, short_side: int, workers: int) -
             continue  # still decode every other image: the refusal lists each unreadable one, not the first pass's
         h, w = header
         new_h, new_w = resized_size(h, w, short_side)
-        size = new_h * new_w * 3
+        size = _stored_bytes(new_h, new_w)
         rows[split].append((offsets[split], new_h, new_w, label))
         jobs.append((str(path), str(staging / split / PIXELS_FILE), offsets[split], short_side, size))
         offsets[split] += size
@@ -462,7 +470,7 @@ class PixelSplit:
             raise self.damaged(source, f"its index '{index_path}' cannot be read ({type(err).__name__}: {err})")
         if index.ndim != 2 or index.shape[1] != 4 or index.dtype != np.int64:
             raise self.damaged(source, f"its index '{index_path}' is {index.dtype} {index.shape}, not int64 (N, 4)")
-        sizes = index[:, 1] * index[:, 2] * 3
+        sizes = _stored_bytes(index[:, 1], index[:, 2])
         follows = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         if (index[:, 1:3] <= 0).any() or not np.array_equal(index[:, 0], follows):
             raise self.damaged(source, f"its index '{index_path}' has sizes or offsets that do not follow each other")
@@ -492,9 +500,9 @@ class PixelSplit:
         return {**self.__dict__, "_map": None, "_fd": None}
 
     def nbytes(self, i):
-        """Bytes of image(s) i (an int, or an index array for an array) as stored: height x width x 3."""
+        """Bytes of image(s) i (an int, or an index array for an array) as stored (`_stored_bytes`)."""
         shape = self.shapes[i]
-        return shape[..., 0] * shape[..., 1] * 3
+        return _stored_bytes(shape[..., 0], shape[..., 1])
 
     def read_into(self, i: int, out) -> None:
         """Image i's stored bytes read straight into `out` (a writable buffer of `nbytes(i)` bytes, e.g. a slice of a
@@ -519,7 +527,7 @@ class PixelSplit:
             self._map = np.memmap(self.dir / PIXELS_FILE, dtype=np.uint8, mode="r")
         h, w = (int(v) for v in self.shapes[i])
         offset = int(self.offsets[i])
-        return self._map[offset : offset + h * w * 3].reshape(h, w, 3)
+        return self._map[offset : offset + _stored_bytes(h, w)].reshape(h, w, 3)
 
 
 def read_manifest(root: str | os.PathLike) -> Prepared | None:
