@@ -1,11 +1,13 @@
 """The compiled training step: which trials compile (resolve_compile), the module every pass runs through
-(CompiledModule), its warm-up timed apart from training (warm_up), and the shared cache of compiled artefacts
-(use_cache_dir)."""
+(CompiledModule), its warm-up timed apart from training (warm_up), the shared cache of compiled artefacts
+(use_cache_dir), and what a finished trial's compiles leave in its process (release)."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +30,7 @@ __all__ = [
     "unwrap",
     "CompileFallbackWarning",
     "eval_module",
+    "release",
     "use_cache_dir",
     "warm_up",
 ]
@@ -116,7 +119,7 @@ def _graph_trees_here() -> str | None:
     itself on any thread (its cudagraph_trees._initialize_tls); None once their `get_obj` finds it here, else why not.
 
     Privates, since no public call does this: torch._inductor.cudagraph_trees' `local` and `get_obj`, and
-    torch._C._is_key_in_tls / _stash_obj_in_tls (the copy autograd's threads inherit);
+    torch._C._is_key_in_tls / _get_obj_in_tls / _stash_obj_in_tls (the copy autograd's threads inherit);
     tests/trainables/test_compiled.py pins them.
     """
     try:
@@ -125,7 +128,8 @@ def _graph_trees_here() -> str | None:
         from torch._inductor import cudagraph_trees as trees
 
         names = ("tree_manager_containers", "tree_manager_locks")
-        if not hasattr(trees.local, names[0]) and not torch._C._is_key_in_tls(names[0]):
+        stashed = torch._C._get_obj_in_tls(names[0]) if torch._C._is_key_in_tls(names[0]) else None
+        if not hasattr(trees.local, names[0]) and stashed is None:  # None: dropped here (_drop_graph_trees_here)
             trees.local.tree_manager_containers = {}
             trees.local.tree_manager_locks = defaultdict(threading.Lock)
             for name in names:
@@ -140,6 +144,37 @@ def _graph_trees_here() -> str | None:
 # The first torch whose CUDA graph trees set up their per-thread state on any thread (torch 2.14.1 is pinned in
 # constraints.txt; 2.11 asserted on the GPU).
 _GRAPHS_ON_ANY_THREAD = (2, 14)
+
+
+def release() -> None:
+    """Free what this process's compiles left once its trial has ended, on the trial's own thread: Dynamo's caches
+    and the thread's CUDA graph trees (torch.compiler.reset), then the reference cycles they leave (gc.collect).
+
+    Why: Tune runs each trial of a reused actor on a new thread. Left to Python's collector, a compiled trial's
+    cycles were freed whenever it next ran, on the next trial's thread, and the process died there: `Fatal Python
+    error: Segmentation fault`, "Garbage-collecting" in the next trial's first allocations (docs/benchmarks.md, an
+    H200 under torch 2.11). A no-op where nothing was ever compiled.
+    """
+    if "torch._dynamo" not in sys.modules:  # no compile ever ran in this process
+        return
+    torch.compiler.reset()
+    _drop_graph_trees_here()
+    gc.collect()
+
+
+def _drop_graph_trees_here() -> None:
+    """Let go of this thread's CUDA graph trees' per-thread state (the reverse of _graph_trees_here) while the thread
+    lives: its Python attributes, and the copies stashed in torch's C++ thread-local store, which would otherwise be
+    released only by that store's destructor at the thread's exit. Same privates as _graph_trees_here."""
+    if "torch._inductor.cudagraph_trees" not in sys.modules:
+        return
+    from torch._inductor import cudagraph_trees as trees
+
+    for name in ("tree_manager_containers", "tree_manager_locks"):
+        if hasattr(trees.local, name):
+            delattr(trees.local, name)
+        if torch._C._is_key_in_tls(name):
+            torch._C._stash_obj_in_tls(name, None)
 
 
 def torch_version() -> tuple[int, int]:

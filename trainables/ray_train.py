@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -223,7 +224,7 @@ def _execute(
     """
     timings = {} if timings is None else timings
     t_imports = time.perf_counter()
-    from trainables.compiled import use_cache_dir
+    from trainables.compiled import release, use_cache_dir
     from trainables.loop import TrialDiverged, TrialStopped, fit
 
     timings["imports"] = timings.get("imports", 0.0) + time.perf_counter() - t_imports
@@ -320,7 +321,10 @@ def _execute(
         # Ray retries the trial from its checkpoint; the retry reopens this same run.
         finish("failed", "".join(traceback.format_exception(err))[-4000:])
         raise
-    finish("finished")
+    else:
+        finish("finished")
+    finally:
+        release()  # on the trial's own thread, after its record, however it ended: trainables.compiled.release
 
 
 def node_config(
@@ -351,6 +355,7 @@ def node_config(
 def train_worker_loop(payload: dict[str, Any]) -> None:
     """Ray Train's per-worker function: the same loop, one DDP rank; rank 0 records and checkpoints."""
     started = time.perf_counter()
+    dump_every_thread_on_fault()
     import ray.train
 
     ctx = ray.train.get_context()
@@ -529,6 +534,16 @@ def tune_trainable(function: Callable[[dict[str, Any]], None] | None = None):
     return SharpscaleTrial
 
 
+def dump_every_thread_on_fault() -> None:
+    """A fault (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL) in this process prints the stack of every thread, not only
+    the faulting one's, to stderr (a Ray worker's log file), so that a crash tells what the trial's other threads were
+    doing at that moment (Ray enables Python's faulthandler for the current thread only)."""
+    import faulthandler
+
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # a stderr without a file descriptor: left as is
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
+
+
 def run_tune_trial(payload: dict[str, Any]) -> None:
     """Tune function trainable: one trial, resumed from its checkpoint when there is one, recorded in MLflow.
 
@@ -536,6 +551,7 @@ def run_tune_trial(payload: dict[str, Any]) -> None:
     "tags": extra run tags, "plan": DistributedPlan fields, "probe": the geometry probe factory's import path}.
     """
     started = time.perf_counter()
+    dump_every_thread_on_fault()
     from ray import tune
 
     ctx = tune.get_context()

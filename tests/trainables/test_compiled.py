@@ -279,6 +279,92 @@ def test_the_graph_trees_per_thread_state_is_set_up_on_a_new_thread():
     assert main_locks[0] is not seen[2]  # each thread its own, as torch keeps them
 
 
+def test_a_threads_graph_trees_state_is_dropped_while_it_lives_and_set_up_again_on_demand():
+    # release() lets go of the state _graph_trees_here set up, on the trial's thread: nothing of it is left for torch's
+    # C++ thread-local store to free at the thread's exit (after which a reused Ray actor's next trial died in the
+    # garbage collector on the GPU). Pins the privates it uses; a thread that compiles again gets fresh state.
+    import threading
+
+    from torch._inductor import cudagraph_trees as trees
+
+    seen = {}
+
+    def trial():
+        assert compiled._graph_trees_here() is None
+        mine = trees.get_obj(trees.local, "tree_manager_containers")
+        compiled._drop_graph_trees_here()
+        seen["attrs"] = [hasattr(trees.local, n) for n in ("tree_manager_containers", "tree_manager_locks")]
+        seen["stashed"] = [torch._C._get_obj_in_tls(n) for n in ("tree_manager_containers", "tree_manager_locks")]
+        seen["again"] = compiled._graph_trees_here()
+        fresh = trees.get_obj(trees.local, "tree_manager_containers")
+        seen["fresh"] = isinstance(fresh, dict) and fresh is not mine
+
+    worker = threading.Thread(target=trial)
+    worker.start()
+    worker.join()
+    assert seen == {"attrs": [False, False], "stashed": [None, None], "again": None, "fresh": True}, seen
+
+
+@pytest.mark.parametrize("ending", ["finished", "failed", "refused"])
+def test_a_trial_releases_its_compiles_on_its_own_thread_however_it_ends(tiny_model, monkeypatch, ending):
+    # Tune runs each trial of a reused actor on a new thread; what a compiled trial leaves (Dynamo's caches, the
+    # thread's CUDA graph trees, their cycles) is freed there, after its record, before the thread ends.
+    import threading
+
+    from trainables.ray_train import _execute
+
+    released = []
+    real_release = compiled.release
+
+    def release():
+        released.append(threading.current_thread())
+        real_release()
+
+    monkeypatch.setattr(compiled, "release", release)
+    cfg = _trial(tiny_model, "default")
+    if ending == "refused":
+        cfg["model"]["kwargs"] = {**cfg["model"].get("kwargs", {}), "no_such_argument": 1}  # TrialRefused by timm
+    reported, errors = [], []
+
+    class Checkpoint:
+        from_directory = staticmethod(lambda path: path)
+
+    def sink(metrics, checkpoint):
+        if ending == "failed":
+            raise RuntimeError("the sink failed")
+        reported.append(metrics)
+
+    def trial():
+        try:
+            _execute(
+                TrialConfig.load(cfg), checkpoint=None, sink=sink, checkpoint_cls=Checkpoint, recorder=None,
+                metric="val_acc",
+            )  # fmt: skip
+        except BaseException as err:  # noqa: BLE001 - the thread hands it to the test
+            errors.append(err)
+
+    thread = threading.Thread(target=trial)
+    thread.start()
+    thread.join()
+    assert released == [thread]
+    if ending == "finished":
+        assert not errors and [m["epoch"] for m in reported] == [0, 1] and reported[-1]["compiled"] == 1.0
+    elif ending == "failed":
+        assert len(errors) == 1 and "the sink failed" in str(errors[0])
+    else:
+        assert not errors and reported[-1]["refused"] == 1
+
+
+def test_release_is_a_no_op_in_a_process_that_never_compiled():
+    # An eager-only process (a CPU trial with `train.compile: off`) must not import the compiler to reset it.
+    import subprocess
+    import sys
+
+    code = "import sys, trainables.compiled as c; c.release(); print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_a_fallback_is_said_in_the_trials_log(tiny_model):
     cfg = _trial(tiny_model, "auto")
     cfg["schedule"]["epochs"] = 1
