@@ -147,13 +147,15 @@ _GRAPHS_ON_ANY_THREAD = (2, 14)
 
 
 def release() -> None:
-    """Free what this process's compiles left once its trial has ended, on the trial's own thread: Dynamo's caches
-    and the thread's CUDA graph trees (torch.compiler.reset), then the reference cycles they leave (gc.collect).
+    """Free what this process's compiles left once its trial has ended, on the trial's own thread, while it lives:
+    Dynamo's caches and the thread's CUDA graph trees (torch.compiler.reset), the trees' per-thread state, including
+    the copies in torch's C++ thread-local store (_drop_graph_trees_here), then the cycles left behind (gc.collect).
 
-    Why: Tune runs each trial of a reused actor on a new thread. Left to Python's collector, a compiled trial's
-    cycles were freed whenever it next ran, on the next trial's thread, and the process died there: `Fatal Python
-    error: Segmentation fault`, "Garbage-collecting" in the next trial's first allocations (docs/benchmarks.md, an
-    H200 under torch 2.11). A no-op where nothing was ever compiled.
+    Why: Tune runs each trial of a reused actor on a new thread, and after a compiled trial the actor's next trial
+    died with a segmentation fault in the garbage collector, in its first allocations (docs/benchmarks.md: an H200,
+    torch 2.11, 9 deaths in 6 studies). The reset and the collection alone did not stop it (2 deaths in a 9-trial
+    study); dropping the thread-local state too, so that nothing of it is freed by that store's destructor at the
+    thread's exit, did (0 in the same study). A no-op where nothing was ever compiled.
     """
     if "torch._dynamo" not in sys.modules:  # no compile ever ran in this process
         return
