@@ -646,6 +646,11 @@ def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:
     return method_pairs(runs, method=method)
 
 
+def _slug(level: str) -> str:
+    """A method level as part of a file name (gain_<slug>.md): every character but letters, digits and -_. as _."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+
+
 def _scaling_section(
     w: _Writer, runs, *, source, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed
 ) -> None:
@@ -695,7 +700,7 @@ def _scaling_section(
             metric=metric,
             mode=mode,
         )
-        slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+        slug = _slug(level)
         rows = []
         for a in sorted({k[0] for k in fits}):
             fv, ft = fits.get((a, base)), fits.get((a, level))
@@ -741,7 +746,7 @@ def _gain_section(w: _Writer, runs, level, base, *, source, arch, method, seed, 
         metric=metric,
         mode=mode,
     )
-    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+    slug = _slug(level)
     gain_md = (
         f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
         f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that fraction; p_holm: "
@@ -881,7 +886,7 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0
             rows.append(diff)
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
-            slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+            slug = _slug(level)
             md = (
                 f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
