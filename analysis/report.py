@@ -8,8 +8,9 @@ import json
 import math
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -292,15 +293,121 @@ def write_report(
     description gets a link to report/report.html; a store that refuses the files (read-only) leaves them local,
     with a warning.
     """
+    report = _open_report(
+        study,
+        tracking_uri=tracking_uri,
+        out_dir=out_dir,
+        log_to_mlflow=log_to_mlflow,
+        metric=metric,
+        mode=mode,
+        n_boot=n_boot,
+        seed=seed,
+        smoke=smoke,
+    )
+    # What the sections warn of (too few seeds, an unidentified floor) is caught, to head report.md as its notes.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _write_sections(report)
+    noted = _noted(caught)
+    _write_pages(report, noted)
+    _reissue(noted)
+    if report.study_run is not None:
+        _log_to_study_run(report)
+    return report.w.paths
+
+
+@dataclass(eq=False)
+class _Report:
+    """One report: what write_report was asked, the study's records, and the choices every section shares."""
+
+    study: str | Path
+    tracking_uri: str | None
+    smoke: bool
+    metric: str
+    mode: str
+    n_boot: int
+    boot_seed: int  # write_report's `seed`: of the bootstraps and permutations, no trial's
+    client: Any
+    experiment: Any
+    study_run: str | None  # the run the files are logged to; None: they stay local
+    runs: pd.DataFrame
+    search: pd.DataFrame
+    confirm: pd.DataFrame
+    compared: pd.DataFrame  # what the cells are compared on: the confirm runs where the study has them
+    source: str  # measured_on(compared)
+    search_source: str  # measured_on(search)
+    w: _Writer
+    # A maximised accuracy is shown in percent, with 2 decimals.
+    scale: float
+    digits: int
+    unit: str
+    arch: str  # the columns naming each trial's arch, method and seed
+    method: str
+    seed_col: str | None
+    shown: tuple[str, ...]  # the knob columns the per-cell tables show: rho, where the study has it
+    fractions: list  # the compared runs' distinct data fractions
+    ui_url: str  # the MLflow UI the trial links start with
+
+    @property
+    def scales_data(self) -> bool:
+        """A data-scaling study: its compared runs have 2+ data fractions."""
+        return len(self.fractions) >= 2
+
+
+def _open_report(study, *, tracking_uri, out_dir, log_to_mlflow, metric, mode, n_boot, seed, smoke) -> _Report:
+    """The report's folder, objective, study run and records, every bad input refused before a file is written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    metric, mode = _report_objective(study, metric, mode)
+    client, experiment, _ = _open_experiment(study, tracking_uri, smoke=smoke)
+    study_run = _study_run_id(client, experiment) if log_to_mlflow else None
+    runs = _load_trials(study, experiment, metric, tracking_uri=tracking_uri, smoke=smoke)
+    search, confirm = split_stages(runs)
+    compared = confirm if not confirm.empty else search
+    percent = "acc" in metric and mode == "max"
+    scale, digits = (100.0, 2) if percent else (1.0, 4)
+    return _Report(
+        study=study,
+        tracking_uri=tracking_uri,
+        smoke=smoke,
+        metric=metric,
+        mode=mode,
+        n_boot=n_boot,
+        boot_seed=seed,
+        client=client,
+        experiment=experiment,
+        study_run=study_run,
+        runs=runs,
+        search=search,
+        confirm=confirm,
+        compared=compared,
+        source=measured_on(compared),
+        search_source=measured_on(search),
+        w=_Writer(out),
+        scale=scale,
+        digits=digits,
+        unit=" (%)" if percent else "",
+        arch="factor.arch" if "factor.arch" in runs.columns else "model.name",
+        method="factor.method" if "factor.method" in runs.columns else "optimizer.method",
+        seed_col=_SEED if _SEED in runs.columns else None,
+        shown=tuple(c for c in (RHO,) if c in runs.columns),
+        fractions=_distinct(compared, _FRACTION),
+        ui_url=str(tracking_uri) if str(tracking_uri or "").startswith(("http://", "https://")) else LOCAL_UI,
+    )
+
+
+def _report_objective(study, metric: str | None, mode: str | None) -> tuple[str, str]:
+    """(metric, mode) of the report: those given, else the study file's objective, else val_acc / max."""
     objective = _objective(study) or ("val_acc", "max")
     metric = metric or objective[0]
     mode = mode or objective[1]
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
-    client, experiment, _ = _open_experiment(study, tracking_uri, smoke=smoke)
-    study_run = _study_run_id(client, experiment) if log_to_mlflow else None
+    return metric, mode
+
+
+def _load_trials(study, experiment, metric: str, *, tracking_uri, smoke) -> pd.DataFrame:
+    """The study's trials (load_runs), refused when there are none or none logged `metric`."""
     runs = load_runs(study, tracking_uri=tracking_uri, smoke=smoke)
     if runs.empty:
         raise ValueError(f"study {experiment.name!r} has no trial runs yet; run it before writing its report")
@@ -309,193 +416,147 @@ def write_report(
             c for c in runs.columns if c in ("val_acc", "val_loss", "train_loss", "best_val_acc", "val_top5")
         )
         raise ValueError(f"metric {metric!r} was never logged by the study's trials; logged metrics include {metrics}")
+    return runs
 
-    search, confirm = split_stages(runs)
-    # What the report compares cells on: the confirm runs where the study has them.
-    compared = confirm if not confirm.empty else search
-    source = measured_on(compared)
-    w = _Writer(out)
-    percent = "acc" in metric and mode == "max"
-    scale, digits = (100.0, 2) if percent else (1.0, 4)
-    unit = " (%)" if percent else ""
-    arch = "factor.arch" if "factor.arch" in runs.columns else "model.name"
-    method = "factor.method" if "factor.method" in runs.columns else "optimizer.method"
-    seed_col = _SEED if _SEED in runs.columns else None
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        # Per-cell summary: always.
-        summary_runs = (
-            search if any(c.startswith("factor.") for c in runs.columns) else search.assign(**{"factor.study": "all"})
-        )
-        summary = summarize(
-            summary_runs,
-            metric=metric,
-            mode=mode,
-            show=tuple(c for c in (RHO,) if c in runs.columns),
-            label=statistic_label(metric),
-        )
-        summary_md = (
-            f"Best finished search trial per cell by {statistic_label(metric)}, {mode}. Numbers from: "
-            f"{measured_on(search)}.\n\n" + _markdown(_fmt(summary))
-        )
-        w.text("summary.md", summary_md)
-        w.csv("summary.csv", summary)
-        w.section("Per-cell summary of the search", summary_md)
-        ui_url = tracking_uri if str(tracking_uri or "").startswith(("http://", "https://")) else LOCAL_UI
-        _study_section(
-            w, search, experiment_id=experiment.experiment_id, metric=metric, mode=mode, ui_url=str(ui_url), seed=seed
-        )
-        if not confirm.empty:
-            if missing := unconfirmed_cells(search, confirm):
-                warnings.warn(
-                    f"{len(missing)} cell(s) have no finished confirm run, and are left out of every comparison: "
-                    f"{missing[:6]}{' ...' if len(missing) > 6 else ''}. Their confirm stage was interrupted or cut by "
-                    f"the time limit (`sharpscale resume` finishes it), or every search trial failed.",
-                    stacklevel=2,
-                )
-            chosen = confirm_summary(confirm, metric=metric, show=tuple(c for c in (RHO,) if c in runs.columns))
-            confirm_md = (
-                f"Each cell's confirm runs: {statistic_label(metric)} mean, sd and standard error over its fresh "
-                f"seeds at the knobs its search chose. Numbers from: {source}.\n\n" + _markdown(_fmt(chosen))
-            )
-            w.text("confirm.md", confirm_md)
-            w.csv("confirm.csv", chosen)
-            w.section("Per-cell confirm runs (what the comparisons below use)", confirm_md)
+def _write_sections(r: _Report) -> None:
+    """Every section the records support, in report.md's order (write_report's docstring: what each needs)."""
+    _summary_section(r)
+    _study_section(r)
+    if not r.confirm.empty:
+        _confirm_section(r)
+    best_ids = _curves_section(r)
+    if r.scales_data:
+        _scaling_section(r)
+    elif not r.confirm.empty and r.seed_col is not None:
+        # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
+        for level, base in _pairs(r.compared, r.method):
+            _gain_section(r, level, base)
+    if _measured_geometry(r.runs):
+        _geometry_section(r)
+    _sharpness_section(r, best_ids)
+    if len(_distinct(r.search, RHO, positive=True)) >= 2:
+        _rho_section(r)
+    if not r.scales_data and _compares_compute(r.compared, r.method):
+        _compute_section(r)
 
-        best_ids = _best_run_ids(search if not search.empty else compared, metric, mode)
-        if best_ids:
-            curves = load_curves(
-                study,
-                tracking_uri=tracking_uri,
-                smoke=smoke,
-                metrics=("train_loss", "val_loss", metric),
-                run_ids=best_ids,
-            )
-            if not curves.empty:
-                w.figure("curves.png", plot_curves(curves, labels=_knob_labels(runs, best_ids)))
-                w.section(
-                    "Learning curves",
-                    "Per-epoch curves of each cell's best trial, its searched knob at the end of each curve.",
-                    "curves.png",
-                )
 
-        fractions = _distinct(compared, _FRACTION)
-        if len(fractions) >= 2:
-            _scaling_section(
-                w,
-                compared,
-                source=source,
-                arch=arch,
-                method=method,
-                seed=seed_col,
-                metric=metric,
-                mode=mode,
-                fractions=fractions,
-                scale=scale,
-                digits=digits,
-                unit=unit,
-                n_boot=n_boot,
-                boot_seed=seed,
-            )
-        elif not confirm.empty and seed_col is not None:
-            # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
-            for level, base in _pairs(compared, method):
-                _gain_section(
-                    w,
-                    compared,
-                    level,
-                    base,
-                    source=source,
-                    arch=arch,
-                    method=method,
-                    seed=seed_col,
-                    metric=metric,
-                    mode=mode,
-                )
+def _noted(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
+    """The caught warnings that report.md notes and write_report re-issues: all but deprecations, which are about
+    the libraries' next versions, not the study."""
+    return [c for c in caught if not issubclass(c.category, (DeprecationWarning, FutureWarning))]
 
-        if any(c.startswith(METRIC_PREFIX) for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns):
-            tau = geometry_correlation(runs)
-            tau_md = (
-                "Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
-                "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
-                "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
-                "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau))
-            )
-            w.text("geometry_tau.md", tau_md)
-            w.csv("geometry_tau.csv", tau)
-            w.section("Geometry against the generalisation gap", tau_md)
-        _sharpness_section(w, study, runs, best_ids, tracking_uri=tracking_uri, smoke=smoke)
 
-        if len(_distinct(search, RHO, positive=True)) >= 2:
-            _rho_section(
-                w,
-                search,
-                source=measured_on(search),
-                arch=arch,
-                method=method,
-                metric=metric,
-                mode=mode,
-                by=(_FRACTION,) if len(fractions) >= 2 else (),
-                n_boot=n_boot,
-                boot_seed=seed,
-            )
-
-        if len(fractions) < 2 and _compares_compute(compared, method):
-            epoch_times = load_curves(
-                study,
-                tracking_uri=tracking_uri,
-                smoke=smoke,
-                metrics=(EPOCH_TIME,),
-                run_ids=compared["run_id"].tolist(),
-            )
-            _compute_section(
-                w,
-                compared,
-                epoch_times,
-                source=source,
-                arch=arch,
-                method=method,
-                metric=metric,
-                mode=mode,
-                scale=scale,
-                unit=unit,
-            )
-
-    notes = list(
-        dict.fromkeys(
-            f"{type(c.message).__name__}: {c.message}"
-            for c in caught
-            if not issubclass(c.category, (DeprecationWarning, FutureWarning))
-        )
-    )
+def _write_pages(r: _Report, noted: list[warnings.WarningMessage]) -> None:
+    """report.md (what was compared on which data, the notes once each, every section) and report.html."""
+    notes = list(dict.fromkeys(f"{type(c.message).__name__}: {c.message}" for c in noted))
+    runs = r.runs
     head = (
-        f"# Report of study {experiment.name!r}\n\n{len(runs)} trials "
-        f"({int((runs['status'] == 'finished').sum())} finished; {len(search)} search, {len(confirm)} confirm); "
-        f"objective {statistic_label(metric)} ({mode}).\n\nCells are compared on: {source}.\n\n"
+        f"# Report of study {r.experiment.name!r}\n\n{len(runs)} trials "
+        f"({int((runs['status'] == 'finished').sum())} finished; {len(r.search)} search, {len(r.confirm)} confirm); "
+        f"objective {statistic_label(r.metric)} ({r.mode}).\n\nCells are compared on: {r.source}.\n\n"
     )
     if notes:
         head += "## Notes\n\n" + "\n".join(f"- {n}" for n in notes) + "\n\n"
-    markdown = head + "\n".join(w.sections)
-    w.text("report.md", markdown)
-    w.text(HTML_REPORT, report_html(markdown, out, ui_url=str(ui_url)))
-    for c in caught:
-        if not issubclass(c.category, (DeprecationWarning, FutureWarning)):
-            warnings.warn(c.message, c.category, stacklevel=2)
+    markdown = head + "\n".join(r.w.sections)
+    r.w.text("report.md", markdown)
+    r.w.text(HTML_REPORT, report_html(markdown, r.w.out_dir, ui_url=r.ui_url))
 
-    if study_run is not None:
-        try:
-            for path in w.paths:
-                client.log_artifact(study_run, str(path), ARTIFACT_DIR)
-        except OSError as e:  # a read-only store (a copy opened from a CD, a shared folder): the files stay local
-            warnings.warn(
-                f"the report was written to {out} but not logged to the study run: its artifact store refused it "
-                f"({e}). Fix: run `sharpscale report` on a writable copy of the store, or pass --no-mlflow.",
-                stacklevel=2,
+
+def _reissue(noted: list[warnings.WarningMessage]) -> None:
+    """Each noted warning again, now that report.md holds it, so that write_report's caller sees it too."""
+    for c in noted:
+        warnings.warn(c.message, c.category, stacklevel=3)  # 3: past this step and write_report, to its caller
+
+
+def _log_to_study_run(r: _Report) -> None:
+    """Every written file to the study run under report/, then a link to report.html in the run's description."""
+    try:
+        for path in r.w.paths:
+            r.client.log_artifact(r.study_run, str(path), ARTIFACT_DIR)
+    except OSError as e:  # a read-only store (a copy opened from a CD, a shared folder): the files stay local
+        warnings.warn(
+            f"the report was written to {r.w.out_dir} but not logged to the study run: its artifact store refused it "
+            f"({e}). Fix: run `sharpscale report` on a writable copy of the store, or pass --no-mlflow.",
+            stacklevel=3,  # past this step and write_report, to its caller
+        )
+    else:
+        _link_report(r.client, r.experiment.experiment_id, r.study_run)
+
+
+def _summary_section(r: _Report) -> None:
+    """Each cell's best search trial (summarize): every report has it."""
+    search = r.search
+    summary_runs = (
+        search if any(c.startswith("factor.") for c in r.runs.columns) else search.assign(**{"factor.study": "all"})
+    )
+    summary = summarize(summary_runs, metric=r.metric, mode=r.mode, show=r.shown, label=statistic_label(r.metric))
+    summary_md = (
+        f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
+        f"{r.search_source}.\n\n" + _markdown(_fmt(summary))
+    )
+    r.w.text("summary.md", summary_md)
+    r.w.csv("summary.csv", summary)
+    r.w.section("Per-cell summary of the search", summary_md)
+
+
+def _confirm_section(r: _Report) -> None:
+    """Each cell's confirm runs (confirm_summary), after a warning naming the cells that have none."""
+    if missing := unconfirmed_cells(r.search, r.confirm):
+        warnings.warn(
+            f"{len(missing)} cell(s) have no finished confirm run, and are left out of every comparison: "
+            f"{missing[:6]}{' ...' if len(missing) > 6 else ''}. Their confirm stage was interrupted or cut by "
+            f"the time limit (`sharpscale resume` finishes it), or every search trial failed.",
+            stacklevel=2,
+        )
+    chosen = confirm_summary(r.confirm, metric=r.metric, show=r.shown)
+    confirm_md = (
+        f"Each cell's confirm runs: {statistic_label(r.metric)} mean, sd and standard error over its fresh "
+        f"seeds at the knobs its search chose. Numbers from: {r.source}.\n\n" + _markdown(_fmt(chosen))
+    )
+    r.w.text("confirm.md", confirm_md)
+    r.w.csv("confirm.csv", chosen)
+    r.w.section("Per-cell confirm runs (what the comparisons below use)", confirm_md)
+
+
+def _curves_section(r: _Report) -> list[str]:
+    """Per-epoch curves of each cell's best trial; returns those trials' run ids (the sharpness plot's too)."""
+    best_ids = _best_run_ids(r.search if not r.search.empty else r.compared, r.metric, r.mode)
+    if best_ids:
+        curves = load_curves(
+            r.study,
+            tracking_uri=r.tracking_uri,
+            smoke=r.smoke,
+            metrics=("train_loss", "val_loss", r.metric),
+            run_ids=best_ids,
+        )
+        if not curves.empty:
+            r.w.figure("curves.png", plot_curves(curves, labels=_knob_labels(r.runs, best_ids)))
+            r.w.section(
+                "Learning curves",
+                "Per-epoch curves of each cell's best trial, its searched knob at the end of each curve.",
+                "curves.png",
             )
-        else:
-            _link_report(client, experiment.experiment_id, study_run)
-    return w.paths
+    return best_ids
+
+
+def _measured_geometry(runs: pd.DataFrame) -> bool:
+    """Whether the trials logged geometry measures, and both accuracies their gap needs."""
+    return any(c.startswith(METRIC_PREFIX) for c in runs.columns) and {"train_acc", "val_acc"} <= set(runs.columns)
+
+
+def _geometry_section(r: _Report) -> None:
+    """Kendall's tau of each geometry measure with the generalisation gap (geometry_correlation)."""
+    tau = geometry_correlation(r.runs)
+    tau_md = (
+        "Kendall's tau between each geometry measure (its last logged value: after the final epoch for a "
+        "geometry section) and the generalisation gap (train_acc - val_acc) over finished trials, n of "
+        "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
+        "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau))
+    )
+    r.w.text("geometry_tau.md", tau_md)
+    r.w.csv("geometry_tau.csv", tau)
+    r.w.section("Geometry against the generalisation gap", tau_md)
 
 
 def run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
@@ -503,18 +564,19 @@ def run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
     return f"{ui_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{UI_WORKFLOW}"
 
 
-def _study_section(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mode, ui_url, seed) -> None:
+def _study_section(r: _Report) -> None:
     """The whole study at once (analysis.sweep): every trial on one parallel-coordinates plot, each knob's share of
     the objective's variance over all trials, and every trial ranked, each linking to its MLflow run."""
+    w, search, metric, mode, experiment_id = r.w, r.search, r.metric, r.mode, r.experiment.experiment_id
     ok = search[search["status"] == "finished"] if "status" in search.columns else search
     if len(ok) < 2 or metric not in ok.columns:
         return
     factors, knobs = study_knobs(ok)
-    links = {r: run_link(ui_url, experiment_id, r) for r in search["run_id"].astype(str)}
+    links = {run_id: run_link(r.ui_url, experiment_id, run_id) for run_id in search["run_id"].astype(str)}
     fig = plot_parallel_coordinates(search, metric=metric, mode=mode, factors=factors, knobs=knobs, links=links)
     w.figure("parallel_coordinates.png", fig)
     w.figure("parallel_coordinates.svg", fig)
-    source = measured_on(search)
+    source = r.search_source
     w.section(
         "The whole study: every trial",
         "Each finished search trial is one line across the study's factors and searched knobs to the objective, "
@@ -523,7 +585,7 @@ def _study_section(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, m
         f"links to its trial's MLflow run. Numbers from: {source}.",
         "parallel_coordinates.png",
     )
-    importance = knob_importance(search, metric=metric, factors=factors, knobs=knobs, seed=seed)
+    importance = knob_importance(search, metric=metric, factors=factors, knobs=knobs, seed=r.boot_seed)
     if not importance.empty:
         shown = importance.assign(above_chance=importance["above_chance"].map({True: "yes", False: "no"}))
         md = (
@@ -540,11 +602,12 @@ def _study_section(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, m
         w.text("knob_importance.md", md)
         w.csv("knob_importance.csv", importance)
         w.section("Which knobs matter, over the whole study", md)
-    _trials_table(w, search, experiment_id=experiment_id, metric=metric, mode=mode, ui_url=ui_url, knobs=knobs)
+    _trials_table(r, knobs)
 
 
-def _trials_table(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mode, ui_url, knobs) -> None:
+def _trials_table(r: _Report, knobs: list[str]) -> None:
     """Every search trial, best first by BEST_RULE across the whole study, its name linking to its MLflow run."""
+    search, metric, mode = r.search, r.metric, r.mode
     values = pd.to_numeric(search[metric], errors="coerce").astype("float64")
     finished = search["status"] == "finished" if "status" in search.columns else pd.Series(True, index=search.index)
     started = search["start_time"] if "start_time" in search.columns else pd.Series(0, index=search.index)
@@ -565,7 +628,7 @@ def _trials_table(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mo
         name = str(search.at[i, "run_name"]) if "run_name" in search.columns else str(search.at[i, "run_id"])
         row = {
             "rank": rank if finished[i] and math.isfinite(values[i]) else "–",
-            "trial": f"[{name}]({run_link(ui_url, experiment_id, str(search.at[i, 'run_id']))})",
+            "trial": f"[{name}]({run_link(r.ui_url, r.experiment.experiment_id, str(search.at[i, 'run_id']))})",
             "cell": str(search.at[i, "cell"]) + (" (baseline)" if baseline[i] else ""),
             metric: f"{values[i]:.4f}" if math.isfinite(values[i]) else "–",
             "status": str(search.at[i, "status"]) if "status" in search.columns else "",
@@ -580,9 +643,9 @@ def _trials_table(w: _Writer, search: pd.DataFrame, *, experiment_id, metric, mo
         f"Every search trial, best first by {metric} ({mode}) across the whole study (among equal values the one "
         "that started first), each linking to its MLflow run.\n\n" + _markdown(table)
     )
-    w.text("trials.md", md)
-    w.csv("trials.csv", table.assign(trial=[str(search.at[i, "run_name"]) for i in ranked]))
-    w.section("Every trial, best first", md)
+    r.w.text("trials.md", md)
+    r.w.csv("trials.csv", table.assign(trial=[str(search.at[i, "run_name"]) for i in ranked]))
+    r.w.section("Every trial, best first", md)
 
 
 def _link_report(client, experiment_id: str, run_id: str) -> None:
@@ -602,20 +665,21 @@ def _link_report(client, experiment_id: str, run_id: str) -> None:
 _SHARPNESS = METRIC_PREFIX + "lambda_max"
 
 
-def _sharpness_section(w: _Writer, study, runs: pd.DataFrame, best_ids: list[str], *, tracking_uri, smoke) -> None:
+def _sharpness_section(r: _Report, best_ids: list[str]) -> None:
     """lambda_max during training of each cell's best trial, against SGD's edge of stability (plot_sharpness)."""
+    runs = r.runs
     if _SHARPNESS not in runs.columns or not best_ids:
         return
     measured = set(runs.loc[pd.to_numeric(runs[_SHARPNESS], errors="coerce").notna(), "run_id"])
-    ids = [r for r in best_ids if r in measured]
+    ids = [run_id for run_id in best_ids if run_id in measured]
     if not ids:
         return
-    curves = load_curves(study, tracking_uri=tracking_uri, smoke=smoke, metrics=(_SHARPNESS, "lr"), run_ids=ids)
+    curves = load_curves(r.study, tracking_uri=r.tracking_uri, smoke=r.smoke, metrics=(_SHARPNESS, "lr"), run_ids=ids)
     steps = curves[curves["metric"] == _SHARPNESS].groupby("run_id")["step"].nunique()
     if curves.empty or not (steps >= 2).any():
         return  # measured at the end only: the tau table has it, a curve needs several epochs
-    w.figure("sharpness.png", plot_sharpness(curves, runs))
-    w.section(
+    r.w.figure("sharpness.png", plot_sharpness(curves, runs))
+    r.w.section(
         "Sharpness during training",
         "lambda_max of the Hessian of the training loss (fixed unaugmented training samples, geometry section of the "
         "study) at the epochs it was measured, for each cell's best trial. Dotted: the edge of stability of the SGD "
@@ -646,16 +710,24 @@ def _pairs(runs: pd.DataFrame, method: str) -> list[tuple[str, str]]:
     return method_pairs(runs, method=method)
 
 
-def _scaling_section(
-    w: _Writer, runs, *, source, arch, method, seed, metric, mode, fractions, scale, digits, unit, n_boot, boot_seed
-) -> None:
-    table = scaling_table(runs, arch=arch, method=method, fraction=_FRACTION, seed=seed, metric=metric, mode=mode)
-    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=digits, scale=scale)
+def _slug(level: str) -> str:
+    """A method level as part of a file name (gain_<slug>.md): every character but letters, digits and -_. as _."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+
+
+def _scaling_section(r: _Report) -> None:
+    """Error against data fraction (scaling_table), with 3+ fractions its power laws, with 4+ the laws checked by
+    extrapolation, and where seeds pair each sharpness-aware level's gain and data multiplier over its partner."""
+    w, runs, source, seed, fractions = r.w, r.compared, r.source, r.seed_col, r.fractions
+    table = scaling_table(
+        runs, arch=r.arch, method=r.method, fraction=_FRACTION, seed=seed, metric=r.metric, mode=r.mode
+    )
+    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=r.digits, scale=r.scale)
     w.text("scaling.md", md)
     w.csv("scaling.csv", table.long(), index=False)
-    fits = fit_scaling_table(table, n_boot=n_boot, seed=boot_seed) if len(fractions) >= 3 else {}
+    fits = fit_scaling_table(table, n_boot=r.n_boot, seed=r.boot_seed) if len(fractions) >= 3 else {}
     w.figure("scaling.png", plot_error_vs_n(table, fits))
-    w.section(f"Data scaling{unit}", md, "scaling.png")
+    w.section(f"Data scaling{r.unit}", md, "scaling.png")
     if fits:
         frame = fits_frame(fits)
         fits_md = (
@@ -673,75 +745,65 @@ def _scaling_section(
         w.section("Power-law fits", fits_md)
     if seed is None:  # a gain pairs seeds
         return
+    pairs = _pairs(runs, r.method)
     if len(fractions) >= 4:
-        _laws_section(
-            w,
-            table,
-            _pairs(runs, method),
-            source=source,
-            heldout=float(max(fractions)),
-            eps0=_chance(runs, metric, mode),
-        )
-    for level, base in _pairs(runs, method):
-        _gain_section(
-            w,
-            runs,
-            level,
-            base,
-            source=source,
-            arch=arch,
-            method=method,
-            seed=seed,
-            metric=metric,
-            mode=mode,
-        )
-        slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
-        rows = []
-        for a in sorted({k[0] for k in fits}):
-            fv, ft = fits.get((a, base)), fits.get((a, level))
-            if fv is None or ft is None:
-                continue
-            for f in fractions:
-                m = data_multiplier(fv, ft, float(f))
-                rows.append(
-                    {
-                        "arch": a,
-                        "treatment": level,
-                        "fraction": f,
-                        "multiplier": m.multiplier,
-                        "low": m.interval[0],
-                        "high": m.interval[1],
-                        "explanation": m.explanation,
-                    }
-                )
-        if rows:
-            mult = pd.DataFrame(rows)
-            mult_md = (
-                f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
-                "power-law fits above; the interval from the same fits' seed-level jackknife (none with one seed), each "
-                "row's explanation saying which and its coverage measured by simulation "
-                f"(docs/science.md). Numbers from: {source}.\n\n"
-                + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+        _laws_section(r, table, pairs)
+    for level, base in pairs:
+        _gain_section(r, level, base)
+        _multiplier_section(r, fits, level, base)
+
+
+def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
+    """How many times more data `base` needs to match `level`, at each fraction, from their power laws."""
+    rows = []
+    for a in sorted({k[0] for k in fits}):
+        fv, ft = fits.get((a, base)), fits.get((a, level))
+        if fv is None or ft is None:
+            continue
+        for f in r.fractions:
+            m = data_multiplier(fv, ft, float(f))
+            rows.append(
+                {
+                    "arch": a,
+                    "treatment": level,
+                    "fraction": f,
+                    "multiplier": m.multiplier,
+                    "low": m.interval[0],
+                    "high": m.interval[1],
+                    "explanation": m.explanation,
+                }
             )
-            w.text(f"data_multiplier_{slug}.md", mult_md)
-            w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
-            w.section(f"Data multiplier of {level}", mult_md)
+    if not rows:
+        return
+    mult = pd.DataFrame(rows)
+    mult_md = (
+        f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
+        "power-law fits above; the interval from the same fits' seed-level jackknife (none with one seed), each "
+        "row's explanation saying which and its coverage measured by simulation "
+        f"(docs/science.md). Numbers from: {r.source}.\n\n"
+        + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
+    )
+    slug = _slug(level)
+    r.w.text(f"data_multiplier_{slug}.md", mult_md)
+    r.w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
+    r.w.section(f"Data multiplier of {level}", mult_md)
 
 
-def _gain_section(w: _Writer, runs, level, base, *, source, arch, method, seed, metric, mode) -> None:
+def _gain_section(r: _Report, level: str, base: str) -> None:
     """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed (sam_gain)."""
+    w, source, metric = r.w, r.source, r.metric
     gain = sam_gain(
-        runs,
+        r.compared,
         baseline=base,
         treatment=level,
-        arch=arch,
-        method=method,
+        arch=r.arch,
+        method=r.method,
         fraction=_FRACTION,
-        seed=seed,
+        seed=r.seed_col,
         metric=metric,
-        mode=mode,
+        mode=r.mode,
     )
-    slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+    slug = _slug(level)
     gain_md = (
         f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
         f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that fraction; p_holm: "
@@ -757,22 +819,26 @@ def _gain_section(w: _Writer, runs, level, base, *, source, arch, method, seed, 
     w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
 
 
-def _rho_section(w: _Writer, runs, *, source, arch, method, metric, mode, by, n_boot, boot_seed) -> None:
+def _rho_section(r: _Report) -> None:
+    """The objective against the searched rho over the search trials (rho_sensitivity), split by fraction in a
+    data-scaling study, and then whether the best rho moves with the data (rho_transfer)."""
+    w, runs, source = r.w, r.search, r.search_source
+    by = (_FRACTION,) if r.scales_data else ()
     # The rho = 0 reference line: the plain level, when every sharpness-aware level pairs with the same one (and
     # has trials here: with a confirm stage a plain level searches nothing, and is compared on its confirm runs).
-    bases = {b for _, b in _pairs(runs, method)}
+    bases = {b for _, b in _pairs(runs, r.method)}
     base = bases.pop() if len(bases) == 1 else None
     result = rho_sensitivity(
         runs,
         param=RHO,
-        arch=arch,
-        method=method,
+        arch=r.arch,
+        method=r.method,
         by=by,
-        metric=metric,
-        mode=mode,
+        metric=r.metric,
+        mode=r.mode,
         baseline=base,
-        n_boot=max(n_boot, 100),
-        boot_seed=boot_seed,
+        n_boot=max(r.n_boot, 100),
+        boot_seed=r.boot_seed,
     )
     md = f"Numbers from: {source}.\n\n" + result.to_markdown()
     w.text("rho_sensitivity.md", md)
@@ -800,8 +866,11 @@ def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
 
 
-def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0: float | None) -> None:
+def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
     """Scaling laws checked by extrapolation, and each sharpness-aware level's paired difference in beta and E."""
+    w, source = r.w, r.source
+    # The largest fraction is held out and predicted; eps0: M4's error of a model that learned nothing (_chance).
+    heldout, eps0 = float(max(r.fractions)), _chance(r.compared, r.metric, r.mode)
     frames = []
     for arch, method in table.mean.index:
         n, err, seeds = table_points(table, arch, method)
@@ -881,7 +950,7 @@ def _laws_section(w: _Writer, table, pairs, *, source: str, heldout: float, eps0
             rows.append(diff)
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
-            slug = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in level)
+            slug = _slug(level)
             md = (
                 f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
@@ -904,8 +973,12 @@ def _compares_compute(runs: pd.DataFrame, method: str) -> bool:
     return methods >= 2 or epochs >= 2
 
 
-def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, metric, mode, scale, unit) -> None:
+def _compute_section(r: _Report) -> None:
     """Accuracy against training compute: a table per arch and the frontier plot (analysis.compute)."""
+    w, runs, source, arch, method, metric, mode = r.w, r.compared, r.source, r.arch, r.method, r.metric, r.mode
+    epoch_times = load_curves(
+        r.study, tracking_uri=r.tracking_uri, smoke=r.smoke, metrics=(EPOCH_TIME,), run_ids=runs["run_id"].tolist()
+    )
     seed = f"factor.{_SEED}" if f"factor.{_SEED}" in runs.columns else None
     table = compute_matched(runs, epoch_times, arch=arch, method=method, seed=seed, metric=metric, mode=mode)
     if table.empty:
@@ -925,8 +998,8 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
                     e if isinstance(e, str) else (f"{e:.0f}" if math.isfinite(e) else "–") for e in part["epochs"]
                 ],
                 f"{cost_unit} mean ± SE": [pm(m, e, 1.0, 1) for m, e in zip(part["cost_mean"], part["cost_se"])],
-                f"{metric}{unit} mean ± SE": [
-                    pm(m, e, scale, 2) for m, e in zip(part["metric_mean"], part["metric_se"])
+                f"{metric}{r.unit} mean ± SE": [
+                    pm(m, e, r.scale, 2) for m, e in zip(part["metric_mean"], part["metric_se"])
                 ],
                 "n": part["n"].to_numpy(),
                 "trials": part["trials"].to_numpy(),
@@ -948,7 +1021,7 @@ def _compute_section(w: _Writer, runs, epoch_times, *, source, arch, method, met
         "A method beats more epochs of vanilla only if it is better at equal or lower compute. Numbers from: "
         f"{source}.\n\n" + "\n".join(blocks)
     )
-    pair_on = seed or (_SEED if _SEED in runs.columns else None)
+    pair_on = seed or r.seed_col
     if pair_on is not None and "optimizer.method" in runs.columns:
         plain = sorted(runs.loc[runs["optimizer.method"].astype(str) == "none", method].dropna().astype(str).unique())
         paired = [
