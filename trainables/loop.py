@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -371,7 +372,15 @@ def _batch(bundle, x, y, device, channels_last):
     return x, y, target
 
 
-def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates):
+def _train_epoch(
+    model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates, warm_up=None
+):
+    """One pass over the training set; returns its metrics and the updates taken so far.
+
+    warm_up: given on the first epoch a compiled trial trains, `warm_up(forward, rows)` compiles the step on the
+    epoch's first batch before that batch's step and returns the seconds it took, which the epoch's clock leaves out
+    (they are its compile_time_s). No batch is read for the compile alone, and nothing of the trial moves.
+    """
     model.train()
     sampler.set_epoch(epoch)
     # Sums stay on the device: reading them every step would stall the GPU.
@@ -379,10 +388,13 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     smoothing = cfg.train.label_smoothing
     check_every = cfg.train.divergence_check_every
     channels_last = _channels_last(cfg, device)
+    compile_seconds: float | None = None
     t0 = time.perf_counter()
     for step, (x, y, idx) in enumerate(loader):
         x, y, target = _batch(bundle, x, y, device, channels_last)
         forward = _forward(model, x, target, autocast, smoothing)
+        if warm_up is not None and step == 0:
+            compile_seconds = warm_up(forward, x.shape[0])
         out = method.train_step(forward, inputs=x, indices=idx, epoch=epoch)
         num_updates += 1
         if scheduler is not None:
@@ -402,7 +414,7 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
             _check_finite(out.loss, d, epoch, step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0 - (compile_seconds or 0.0)
     _all_reduce(sums, d)
     loss, correct, seen, gap, gap_steps, sharp = sums.tolist()
     if not math.isfinite(loss):
@@ -416,6 +428,8 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     if gap_steps:
         metrics["surrogate_gap"] = gap / gap_steps
         metrics["sharpness_2h_rho2"] = sharp / gap_steps
+    if compile_seconds is not None:
+        metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
     return metrics, num_updates
 
 
@@ -547,8 +561,7 @@ def fit(
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     try:  # from here every way out removes a temporary checkpoint folder, a failed compile's too
-        compile_seconds = _warm_up_compile(trial)
-        _run_epochs(trial, ckpt_root, compile_seconds)
+        _run_epochs(trial, ckpt_root)
     finally:
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)
@@ -731,30 +744,36 @@ def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], resume_from: Path
         _keep_final(trial, where / CHECKPOINT_FILE)
 
 
-def _warm_up_compile(trial: _Trial) -> float | None:
-    """A compiled trial's step compiled on its first batch, before the first epoch's clock starts; returns the
-    seconds it took (None when nothing was compiled: eager, or no epoch left to train)."""
-    cfg, device = trial.cfg, trial.device
-    if not (trial.plan.enabled and trial.start_epoch < cfg.schedule.epochs):
-        return None
-    # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
-    x, y, _ = next(iter(trial.train_loader))
-    x, _, target = _batch(trial.bundle, x, y, device, _channels_last(cfg, device))
+def _warm_up_compile(trial: _Trial, forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: int) -> float:
+    """A compiled trial's step compiled on the first batch it trains, just before that batch's step (timed as
+    compile); returns the seconds it took, its compile_time_s.
+
+    On that batch, rather than on one drawn for it before the first epoch: a batch drawn alone started a pass over
+    the data that the epoch then threw away (a persistent loader's workers had read prefetch_factor batches each for
+    it, and drawn its augmentation from their random streams; the pixel loader's slots waited for the next pass), and
+    the loader's exact batch compiles the very graph the epoch runs. The warm-up moves nothing of the trial
+    (compiled.warm_up), so the step that follows is the one an uncompiled trial takes.
+    """
+    # One clock for the compile phase of fit's timings and for what the epoch leaves out: the two add up exactly.
+    t0 = time.perf_counter()
     with _timed(trial.timings, "compile"):
-        return compiled_step.warm_up(
+        compiled_step.warm_up(
             trial.net,
-            _forward(trial.net, x, target, trial.autocast, cfg.train.label_smoothing),
-            rows=x.shape[0],
-            accumulate=cfg.data.accumulate,
-            device=device,
+            forward,
+            rows=rows,
+            accumulate=trial.cfg.data.accumulate,
+            device=trial.device,
             buffers_of=trial.model,
         )
+    return time.perf_counter() - t0
 
 
-def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -> None:
-    """The epochs left to train, each seeded, trained, measured, checkpointed when due, and delivered."""
+def _run_epochs(trial: _Trial, ckpt_root: Path) -> None:
+    """The epochs left to train, each seeded, trained, measured, checkpointed when due, and delivered; a compiled
+    trial's step compiled inside the first of them (_warm_up_compile), timed apart from it."""
     cfg, d = trial.cfg, trial.d
     cadence = _CheckpointCadence(cfg.train.checkpoint_every)
+    warm_up = functools.partial(_warm_up_compile, trial) if trial.plan.enabled else None
     for epoch in range(trial.start_epoch, cfg.schedule.epochs):
         _seed_epoch(cfg.train.seed, epoch, d.rank)
         train_metrics, trial.num_updates = _train_epoch(
@@ -770,9 +789,10 @@ def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -
             epoch,
             trial.autocast,
             trial.num_updates,
+            warm_up=warm_up,
         )
-        trial.metrics = _epoch_metrics(trial, epoch, train_metrics, compile_seconds)
-        compile_seconds = None  # reported once, with the first epoch trained after the compile
+        warm_up = None  # compiled once, and its time reported once, with the first epoch this process trains
+        trial.metrics = _epoch_metrics(trial, epoch, train_metrics)
         logged_at = int(time.time() * 1000)
         last = epoch == cfg.schedule.epochs - 1
         saved, t_saved = _checkpoint_if_due(
@@ -785,9 +805,7 @@ def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -
             _keep_final(trial, ckpt_root / CHECKPOINT_FILE)
 
 
-def _epoch_metrics(
-    trial: _Trial, epoch: int, train_metrics: dict[str, float], compile_seconds: float | None
-) -> dict[str, float]:
+def _epoch_metrics(trial: _Trial, epoch: int, train_metrics: dict[str, float]) -> dict[str, float]:
     """The epoch's metrics: its training pass's, validation where due, the best epoch so far (trial.best, updated),
     and the geometry measures where due."""
     cfg, timings = trial.cfg, trial.timings
@@ -804,8 +822,6 @@ def _epoch_metrics(
                 trial.d,
                 prepare=trial.bundle.prepare,
             )
-    if compile_seconds is not None:
-        train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
     metrics = {
         "epoch": epoch,
         **train_metrics,
