@@ -25,7 +25,7 @@ import optim
 from trainables import compiled as compiled_step
 from trainables.config import CHECKPOINT_AUTO_RATIO, TrialConfig
 from trainables.data import DataBundle, eval_positions, load_dataset
-from trainables.errors import TrialRefused
+from trainables.errors import TrialRefused, UserError, shown
 from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
@@ -490,12 +490,25 @@ def _save(
     os.replace(tmp, path)  # a crash mid-write never leaves a torn checkpoint
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint file (or the directory holding one) safely: tensors and plain containers only."""
+def _checkpoint_file(path: str | os.PathLike, name: str) -> Path:
+    """The checkpoint file that `path` names: itself (under any name), or the CHECKPOINT_FILE of the folder it names
+    (as fit and Tune keep one). A UserError naming `name` (the argument that was given it) when there is none."""
     p = Path(path)
-    if p.is_dir():
-        p = p / CHECKPOINT_FILE
-    return torch.load(p, map_location="cpu", weights_only=True)
+    file = p / CHECKPOINT_FILE if p.is_dir() else p
+    if file.is_file():
+        return file
+    found = f"a folder without {CHECKPOINT_FILE}" if p.is_dir() else "no such file" if not p.exists() else "not a file"
+    raise UserError(
+        f"{name}: must be a checkpoint file (under any name) or a folder holding {CHECKPOINT_FILE}, got "
+        f"{shown(str(path))} ({found}). Fix: give the checkpoint file, or the folder a trial kept its checkpoints in "
+        "(fit's checkpoint_dir, a Tune trial's checkpoint folder)."
+    )
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint file (under any name, or the directory holding one as CHECKPOINT_FILE) safely: tensors and
+    plain containers only."""
+    return torch.load(_checkpoint_file(path, "checkpoint path"), map_location="cpu", weights_only=True)
 
 
 def load_model(path: str | os.PathLike) -> tuple[nn.Module, TrialConfig]:
@@ -521,7 +534,8 @@ def fit(
     """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
 
     checkpoint_dir: where each epoch's checkpoint is kept (the latest overwrites the previous); None keeps them
-    only as long as the reporter needs them. resume_from: a checkpoint file or directory to continue from.
+    only as long as the reporter needs them. resume_from: the checkpoint to continue from, a file under any name or
+    a folder holding CHECKPOINT_FILE; refused before any compute when it names neither.
     reporter: gets (metrics, checkpoint directory) every epoch, on every rank (Ray Train and Tune want that).
     recorder: persists metrics; called on rank 0 only.
     report_resumed: hand the resumed checkpoint's epoch to the reporter again before going on, for a reporter
@@ -534,6 +548,7 @@ def fit(
     """
     cfg = TrialConfig.load(config)
     _require_probe(cfg, probe)
+    resume_file = None if resume_from is None else _checkpoint_file(resume_from, "resume_from")
     d, device = _place(cfg)
     with _timed(timings, "data_load"):
         bundle = load_dataset(cfg.data, device=device)
@@ -545,16 +560,16 @@ def fit(
         d,
         device,
         bundle,
-        fresh=resume_from is None,
+        fresh=resume_file is None,
         reporter=reporter,
         recorder=recorder,
         probe=probe,
         timings=timings,
     )
-    resumed = _resume(trial, resume_from)
+    resumed = _resume(trial, resume_file)
     _spent(timings, "model_build", t_build)
     if resumed is not None:
-        _redeliver_resumed(trial, resumed, Path(resume_from), report_resumed)
+        _redeliver_resumed(trial, resumed, resume_file, report_resumed)
     del resumed  # the checkpoint's host copies of every state: not held through the epochs
 
     own_dir = checkpoint_dir is None
@@ -709,12 +724,12 @@ def _build(
     )
 
 
-def _resume(trial: _Trial, resume_from: str | os.PathLike | None) -> dict[str, Any] | None:
-    """A resumed trial's state restored from its checkpoint (returned; None when fresh), the scheduler set to the
+def _resume(trial: _Trial, checkpoint: Path | None) -> dict[str, Any] | None:
+    """A resumed trial's state restored from its checkpoint file (returned; None when fresh), the scheduler set to the
     updates taken."""
     resumed: dict[str, Any] | None = None
-    if resume_from is not None:
-        resumed = load_checkpoint(resume_from)
+    if checkpoint is not None:
+        resumed = load_checkpoint(checkpoint)
         trial.model.load_state_dict(resumed["model"])
         trial.method.load_state_dict(resumed["method"])
         if trial.scheduler is not None and resumed["scheduler"] is not None:
@@ -728,20 +743,37 @@ def _resume(trial: _Trial, resume_from: str | os.PathLike | None) -> dict[str, A
     return resumed
 
 
-def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], resume_from: Path, report_resumed: bool) -> None:
+def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], checkpoint: Path, report_resumed: bool) -> None:
     """The resumed checkpoint's epoch handed on again (reported and recorded, or recorded), and its final artifact
-    kept where the trial had already trained its last epoch."""
-    where = resume_from if resume_from.is_dir() else resume_from.parent
+    kept where the trial had already trained its last epoch. `checkpoint` is the file it was read from."""
     trial.metrics = resumed["metrics"]
-    if report_resumed:
-        _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
-    elif trial.recorder is not None and trial.d.rank == 0:
+    final = trial.start_epoch >= trial.cfg.schedule.epochs
+    if not report_resumed and trial.recorder is not None and trial.d.rank == 0:
         # The interruption may have come between the checkpoint and the record: log that epoch again,
         # with its original timestamp, which MLflow stores once however often it is sent.
         trial.recorder.log_epoch(trial.metrics, resumed["epoch"], resumed["logged_at"])
-    if trial.start_epoch >= trial.cfg.schedule.epochs:
-        # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
-        _keep_final(trial, where / CHECKPOINT_FILE)
+    if not (report_resumed or final):
+        return
+    with _checkpoint_folder(checkpoint) as where:
+        if report_resumed:
+            _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
+        if final:
+            # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
+            _keep_final(trial, where / CHECKPOINT_FILE)
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(checkpoint: Path) -> Iterator[Path]:
+    """A folder holding the checkpoint file as CHECKPOINT_FILE, the layout what it is handed to expects (Tune resumes
+    a trial from the folder its reporter got; analysis.record finds a run's checkpoint/checkpoint.pt): the file's own
+    folder where it has that name (as fit and Tune keep it), else a temporary folder with a copy of it, removed once
+    it has been handed on (the reporter and the recorder copy what they keep before they return)."""
+    if checkpoint.name == CHECKPOINT_FILE:
+        yield checkpoint.parent
+        return
+    with tempfile.TemporaryDirectory(prefix="sharpscale-resumed-") as folder:
+        shutil.copyfile(checkpoint, Path(folder) / CHECKPOINT_FILE)
+        yield Path(folder)
 
 
 def _warm_up_compile(trial: _Trial, forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: int) -> float:
