@@ -13,7 +13,7 @@ the graphs Dynamo had compiled after each epoch (none after the first), compile_
 how far the compiled weights ended from eager's (Inductor's float rounding, not bit for bit: printed, not judged).
 Exits 1 when a batch count or a graph count is off, or a trial records no compile.
 
-On the lent GPU machine, which lacks pydantic: install the wheels HELPERS.md names, then run from the repo root.
+Needs the project's runtime packages (pydantic for trainables.config, timm, torchvision, Pillow); no network.
 """
 
 from __future__ import annotations
