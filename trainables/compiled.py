@@ -278,13 +278,14 @@ def warm_up(
     buffers_of: nn.Module,
     rounds: int = 3,
 ) -> float:
-    """Compile (and record the CUDA graphs of) the step's forward and backward before training; returns the seconds.
+    """Compile (and record the CUDA graphs of) the step's forward and backward before the first step; returns the
+    seconds.
 
-    `forward(rows)` is the loop's forward on its first batch. Three rounds: CUDA graph trees run a new graph once
-    to warm up, record it on the second call and replay it from the third. Nothing of the trial moves: the
-    gradients are dropped, the buffers of `buffers_of` (BatchNorm's statistics) put back and the random generators restored, and
-    under DDP no gradient is all-reduced. A shape first seen later (ESAM's selection, MESA's teacher once it
-    starts) compiles then, inside its epoch.
+    `forward(rows)` is the loop's forward on the first batch it trains, whose step follows. Three rounds: CUDA graph
+    trees run a new graph once to warm up, record it on the second call and replay it from the third. Nothing of the
+    trial moves: the gradients are dropped, the buffers of `buffers_of` (BatchNorm's statistics) put back and the
+    random generators restored, and under DDP no gradient is all-reduced. A shape first seen later (ESAM's selection,
+    MESA's teacher once it starts) compiles then, inside its epoch.
     """
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import platform
@@ -24,7 +25,7 @@ import optim
 from trainables import compiled as compiled_step
 from trainables.config import CHECKPOINT_AUTO_RATIO, TrialConfig
 from trainables.data import DataBundle, eval_positions, load_dataset
-from trainables.errors import TrialRefused
+from trainables.errors import TrialRefused, UserError, shown
 from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
@@ -371,7 +372,15 @@ def _batch(bundle, x, y, device, channels_last):
     return x, y, target
 
 
-def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates):
+def _train_epoch(
+    model, method, loader, sampler, scheduler, bundle, cfg, device, d, epoch, autocast, num_updates, warm_up=None
+):
+    """One pass over the training set; returns its metrics and the updates taken so far.
+
+    warm_up: given on the first epoch a compiled trial trains, `warm_up(forward, rows)` compiles the step on the
+    epoch's first batch before that batch's step and returns the seconds it took, which the epoch's clock leaves out
+    (they are its compile_time_s). No batch is read for the compile alone, and nothing of the trial moves.
+    """
     model.train()
     sampler.set_epoch(epoch)
     # Sums stay on the device: reading them every step would stall the GPU.
@@ -379,10 +388,13 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     smoothing = cfg.train.label_smoothing
     check_every = cfg.train.divergence_check_every
     channels_last = _channels_last(cfg, device)
+    compile_seconds: float | None = None
     t0 = time.perf_counter()
     for step, (x, y, idx) in enumerate(loader):
         x, y, target = _batch(bundle, x, y, device, channels_last)
         forward = _forward(model, x, target, autocast, smoothing)
+        if warm_up is not None and step == 0:
+            compile_seconds = warm_up(forward, x.shape[0])
         out = method.train_step(forward, inputs=x, indices=idx, epoch=epoch)
         num_updates += 1
         if scheduler is not None:
@@ -402,7 +414,7 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
             _check_finite(out.loss, d, epoch, step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0 - (compile_seconds or 0.0)
     _all_reduce(sums, d)
     loss, correct, seen, gap, gap_steps, sharp = sums.tolist()
     if not math.isfinite(loss):
@@ -416,6 +428,8 @@ def _train_epoch(model, method, loader, sampler, scheduler, bundle, cfg, device,
     if gap_steps:
         metrics["surrogate_gap"] = gap / gap_steps
         metrics["sharpness_2h_rho2"] = sharp / gap_steps
+    if compile_seconds is not None:
+        metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
     return metrics, num_updates
 
 
@@ -476,12 +490,25 @@ def _save(
     os.replace(tmp, path)  # a crash mid-write never leaves a torn checkpoint
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a checkpoint file (or the directory holding one) safely: tensors and plain containers only."""
+def _checkpoint_file(path: str | os.PathLike, name: str) -> Path:
+    """The checkpoint file that `path` names: itself (under any name), or the CHECKPOINT_FILE of the folder it names
+    (as fit and Tune keep one). A UserError naming `name` (the argument that was given it) when there is none."""
     p = Path(path)
-    if p.is_dir():
-        p = p / CHECKPOINT_FILE
-    return torch.load(p, map_location="cpu", weights_only=True)
+    file = p / CHECKPOINT_FILE if p.is_dir() else p
+    if file.is_file():
+        return file
+    found = f"a folder without {CHECKPOINT_FILE}" if p.is_dir() else "no such file" if not p.exists() else "not a file"
+    raise UserError(
+        f"{name}: must be a checkpoint file (under any name) or a folder holding {CHECKPOINT_FILE}, got "
+        f"{shown(str(path))} ({found}). Fix: give the checkpoint file, or the folder a trial kept its checkpoints in "
+        "(fit's checkpoint_dir, a Tune trial's checkpoint folder)."
+    )
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a checkpoint file (under any name, or the directory holding one as CHECKPOINT_FILE) safely: tensors and
+    plain containers only."""
+    return torch.load(_checkpoint_file(path, "checkpoint path"), map_location="cpu", weights_only=True)
 
 
 def load_model(path: str | os.PathLike) -> tuple[nn.Module, TrialConfig]:
@@ -507,7 +534,8 @@ def fit(
     """Train one trial in this process (or as one rank of an initialised process group); return final metrics.
 
     checkpoint_dir: where each epoch's checkpoint is kept (the latest overwrites the previous); None keeps them
-    only as long as the reporter needs them. resume_from: a checkpoint file or directory to continue from.
+    only as long as the reporter needs them. resume_from: the checkpoint to continue from, a file under any name or
+    a folder holding CHECKPOINT_FILE; refused before any compute when it names neither.
     reporter: gets (metrics, checkpoint directory) every epoch, on every rank (Ray Train and Tune want that).
     recorder: persists metrics; called on rank 0 only.
     report_resumed: hand the resumed checkpoint's epoch to the reporter again before going on, for a reporter
@@ -520,6 +548,7 @@ def fit(
     """
     cfg = TrialConfig.load(config)
     _require_probe(cfg, probe)
+    resume_file = None if resume_from is None else _checkpoint_file(resume_from, "resume_from")
     d, device = _place(cfg)
     with _timed(timings, "data_load"):
         bundle = load_dataset(cfg.data, device=device)
@@ -531,24 +560,23 @@ def fit(
         d,
         device,
         bundle,
-        fresh=resume_from is None,
+        fresh=resume_file is None,
         reporter=reporter,
         recorder=recorder,
         probe=probe,
         timings=timings,
     )
-    resumed = _resume(trial, resume_from)
+    resumed = _resume(trial, resume_file)
     _spent(timings, "model_build", t_build)
     if resumed is not None:
-        _redeliver_resumed(trial, resumed, Path(resume_from), report_resumed)
+        _redeliver_resumed(trial, resumed, resume_file, report_resumed)
     del resumed  # the checkpoint's host copies of every state: not held through the epochs
 
     own_dir = checkpoint_dir is None
     ckpt_root = Path(tempfile.mkdtemp(prefix="sharpscale-ckpt-")) if own_dir else Path(checkpoint_dir)
     ckpt_root.mkdir(parents=True, exist_ok=True)
     try:  # from here every way out removes a temporary checkpoint folder, a failed compile's too
-        compile_seconds = _warm_up_compile(trial)
-        _run_epochs(trial, ckpt_root, compile_seconds)
+        _run_epochs(trial, ckpt_root)
     finally:
         if own_dir:
             shutil.rmtree(ckpt_root, ignore_errors=True)
@@ -696,12 +724,12 @@ def _build(
     )
 
 
-def _resume(trial: _Trial, resume_from: str | os.PathLike | None) -> dict[str, Any] | None:
-    """A resumed trial's state restored from its checkpoint (returned; None when fresh), the scheduler set to the
+def _resume(trial: _Trial, checkpoint: Path | None) -> dict[str, Any] | None:
+    """A resumed trial's state restored from its checkpoint file (returned; None when fresh), the scheduler set to the
     updates taken."""
     resumed: dict[str, Any] | None = None
-    if resume_from is not None:
-        resumed = load_checkpoint(resume_from)
+    if checkpoint is not None:
+        resumed = load_checkpoint(checkpoint)
         trial.model.load_state_dict(resumed["model"])
         trial.method.load_state_dict(resumed["method"])
         if trial.scheduler is not None and resumed["scheduler"] is not None:
@@ -715,46 +743,69 @@ def _resume(trial: _Trial, resume_from: str | os.PathLike | None) -> dict[str, A
     return resumed
 
 
-def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], resume_from: Path, report_resumed: bool) -> None:
+def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], checkpoint: Path, report_resumed: bool) -> None:
     """The resumed checkpoint's epoch handed on again (reported and recorded, or recorded), and its final artifact
-    kept where the trial had already trained its last epoch."""
-    where = resume_from if resume_from.is_dir() else resume_from.parent
+    kept where the trial had already trained its last epoch. `checkpoint` is the file it was read from."""
     trial.metrics = resumed["metrics"]
-    if report_resumed:
-        _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
-    elif trial.recorder is not None and trial.d.rank == 0:
+    final = trial.start_epoch >= trial.cfg.schedule.epochs
+    if not report_resumed and trial.recorder is not None and trial.d.rank == 0:
         # The interruption may have come between the checkpoint and the record: log that epoch again,
         # with its original timestamp, which MLflow stores once however often it is sent.
         trial.recorder.log_epoch(trial.metrics, resumed["epoch"], resumed["logged_at"])
-    if trial.start_epoch >= trial.cfg.schedule.epochs:
-        # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
-        _keep_final(trial, where / CHECKPOINT_FILE)
+    if not (report_resumed or final):
+        return
+    with _checkpoint_folder(checkpoint) as where:
+        if report_resumed:
+            _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
+        if final:
+            # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
+            _keep_final(trial, where / CHECKPOINT_FILE)
 
 
-def _warm_up_compile(trial: _Trial) -> float | None:
-    """A compiled trial's step compiled on its first batch, before the first epoch's clock starts; returns the
-    seconds it took (None when nothing was compiled: eager, or no epoch left to train)."""
-    cfg, device = trial.cfg, trial.device
-    if not (trial.plan.enabled and trial.start_epoch < cfg.schedule.epochs):
-        return None
-    # Compiled before the first epoch's clock starts: the compile is timed on its own, as compile_time_s.
-    x, y, _ = next(iter(trial.train_loader))
-    x, _, target = _batch(trial.bundle, x, y, device, _channels_last(cfg, device))
+@contextlib.contextmanager
+def _checkpoint_folder(checkpoint: Path) -> Iterator[Path]:
+    """A folder holding the checkpoint file as CHECKPOINT_FILE, the layout what it is handed to expects (Tune resumes
+    a trial from the folder its reporter got; analysis.record finds a run's checkpoint/checkpoint.pt): the file's own
+    folder where it has that name (as fit and Tune keep it), else a temporary folder with a copy of it, removed once
+    it has been handed on (the reporter and the recorder copy what they keep before they return)."""
+    if checkpoint.name == CHECKPOINT_FILE:
+        yield checkpoint.parent
+        return
+    with tempfile.TemporaryDirectory(prefix="sharpscale-resumed-") as folder:
+        shutil.copyfile(checkpoint, Path(folder) / CHECKPOINT_FILE)
+        yield Path(folder)
+
+
+def _warm_up_compile(trial: _Trial, forward: Callable[..., tuple[torch.Tensor, torch.Tensor]], rows: int) -> float:
+    """A compiled trial's step compiled on the first batch it trains, just before that batch's step (timed as
+    compile); returns the seconds it took, its compile_time_s.
+
+    On that batch, rather than on one drawn for it before the first epoch: a batch drawn alone started a pass over
+    the data that the epoch then threw away (a persistent loader's workers had read prefetch_factor batches each for
+    it, and drawn its augmentation from their random streams; the pixel loader's slots waited for the next pass), and
+    the loader's exact batch compiles the very graph the epoch runs. The warm-up moves nothing of the trial
+    (compiled.warm_up), so the step that follows is the one an uncompiled trial takes.
+    """
+    # One clock for the compile phase of fit's timings and for what the epoch leaves out: the two add up exactly.
+    t0 = time.perf_counter()
     with _timed(trial.timings, "compile"):
-        return compiled_step.warm_up(
+        compiled_step.warm_up(
             trial.net,
-            _forward(trial.net, x, target, trial.autocast, cfg.train.label_smoothing),
-            rows=x.shape[0],
-            accumulate=cfg.data.accumulate,
-            device=device,
+            forward,
+            rows=rows,
+            accumulate=trial.cfg.data.accumulate,
+            device=trial.device,
             buffers_of=trial.model,
         )
+    return time.perf_counter() - t0
 
 
-def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -> None:
-    """The epochs left to train, each seeded, trained, measured, checkpointed when due, and delivered."""
+def _run_epochs(trial: _Trial, ckpt_root: Path) -> None:
+    """The epochs left to train, each seeded, trained, measured, checkpointed when due, and delivered; a compiled
+    trial's step compiled inside the first of them (_warm_up_compile), timed apart from it."""
     cfg, d = trial.cfg, trial.d
     cadence = _CheckpointCadence(cfg.train.checkpoint_every)
+    warm_up = functools.partial(_warm_up_compile, trial) if trial.plan.enabled else None
     for epoch in range(trial.start_epoch, cfg.schedule.epochs):
         _seed_epoch(cfg.train.seed, epoch, d.rank)
         train_metrics, trial.num_updates = _train_epoch(
@@ -770,9 +821,10 @@ def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -
             epoch,
             trial.autocast,
             trial.num_updates,
+            warm_up=warm_up,
         )
-        trial.metrics = _epoch_metrics(trial, epoch, train_metrics, compile_seconds)
-        compile_seconds = None  # reported once, with the first epoch trained after the compile
+        warm_up = None  # compiled once, and its time reported once, with the first epoch this process trains
+        trial.metrics = _epoch_metrics(trial, epoch, train_metrics)
         logged_at = int(time.time() * 1000)
         last = epoch == cfg.schedule.epochs - 1
         saved, t_saved = _checkpoint_if_due(
@@ -785,9 +837,7 @@ def _run_epochs(trial: _Trial, ckpt_root: Path, compile_seconds: float | None) -
             _keep_final(trial, ckpt_root / CHECKPOINT_FILE)
 
 
-def _epoch_metrics(
-    trial: _Trial, epoch: int, train_metrics: dict[str, float], compile_seconds: float | None
-) -> dict[str, float]:
+def _epoch_metrics(trial: _Trial, epoch: int, train_metrics: dict[str, float]) -> dict[str, float]:
     """The epoch's metrics: its training pass's, validation where due, the best epoch so far (trial.best, updated),
     and the geometry measures where due."""
     cfg, timings = trial.cfg, trial.timings
@@ -804,8 +854,6 @@ def _epoch_metrics(
                 trial.d,
                 prepare=trial.bundle.prepare,
             )
-    if compile_seconds is not None:
-        train_metrics[compiled_step.COMPILE_TIME_METRIC] = compile_seconds
     metrics = {
         "epoch": epoch,
         **train_metrics,

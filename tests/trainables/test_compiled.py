@@ -172,7 +172,7 @@ def test_fit_compiled_equals_eager_and_records_the_compile(tiny_model, tmp_path)
         assert torch.equal(v, comp_ckpt["model"][k]), k
     assert [m[compiled.COMPILED_METRIC] for m in comp] == [1.0, 1.0]
     assert [m[compiled.COMPILED_METRIC] for m in eager] == [0.0, 0.0]
-    # Timed once, before the first epoch, and never inside the epochs' timing.
+    # Timed once, on the first epoch's first batch, and never inside the epochs' timing.
     assert comp[0][compiled.COMPILE_TIME_METRIC] > 0 and compiled.COMPILE_TIME_METRIC not in comp[1]
     assert all(compiled.COMPILE_TIME_METRIC not in m for m in eager)
 
@@ -200,6 +200,98 @@ def test_a_failed_warm_up_leaves_no_temporary_checkpoint_folder(tiny_model, tmp_
     with pytest.raises(RuntimeError, match="out of memory while compiling"):
         fit(_trial(tiny_model, "default"))
     assert not list(tmp_path.glob("sharpscale-ckpt-*"))
+
+
+def _pixel_folder(root):
+    """A tiny image folder prepared in the pixel form: the trial reads it through the slot ring (trainables.jpeg)."""
+    import numpy as np
+    from PIL import Image
+
+    from trainables.prepare import prepare_folder
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (root / "src" / split / c).mkdir(parents=True)
+            for i in range(6):
+                h, w = ((40, 50), (50, 36), (30, 30))[i % 3]
+                img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                Image.fromarray(img).save(root / "src" / split / c / f"{i}.jpg")
+    prepare_folder(root / "src", root / "px", short_side=20, workers=1, form="pixels")
+    return root / "px"
+
+
+@pytest.mark.parametrize(
+    "loader, workers",
+    [("host", 0), ("host", 1), ("pixels", 0), ("pixels", 2)],
+)
+def test_the_compile_reads_no_batch_of_its_own_and_the_trial_trains_as_the_eager_one(
+    tiny_model, tmp_path, monkeypatch, loader, workers
+):
+    """The warm-up compiles on the first epoch's first batch: the loader hands out each epoch's batches and no more
+    (a batch drawn for the compile alone started a pass whose prefetched batches were read for nothing, which a
+    persistent loader's workers also drew augmentations for, and whose slots the pixel loader held until the next
+    pass), and the compiled trial trains on what the eager one does, bit for bit (aot_eager), workers or not."""
+    from trainables import loop
+    from trainables.jpeg import _SlotRing
+
+    handed, held = [], []
+    batches_of = loop._GlobalBatchSampler.__iter__
+    monkeypatch.setattr(
+        loop._GlobalBatchSampler, "__iter__", lambda self: (handed.append(b) or b for b in batches_of(self))
+    )
+    reclaim = _SlotRing.reclaim
+    monkeypatch.setattr(_SlotRing, "reclaim", lambda ring: held.append(len(ring._held)) or reclaim(ring))
+    if loader == "host":
+        data = {"name": "digits", "img_size": 16, "batch_size": 32, "fraction": 0.2}
+    else:
+        data = {"name": "imagefolder", "root": str(_pixel_folder(tmp_path)), "img_size": 16, "decode": "device",
+                "batch_size": 4, "eval_batch_size": 5}  # fmt: skip
+    runs = {}
+    for mode in ("off", "default"):
+        handed.clear()
+        cfg = _trial(tiny_model, mode)
+        cfg["data"] = {**data, "num_workers": workers}
+        fit(cfg, checkpoint_dir=tmp_path / mode)
+        runs[mode] = len(handed), load_checkpoint(tmp_path / mode)
+    (eager_batches, eager), (comp_batches, comp) = runs["off"], runs["default"]
+    per_epoch = {"host": 8, "pixels": 3}[loader]  # 287 digits (0.2 of 1,438) in 32s, the last 31 dropped; 12 in 4s
+    assert eager_batches == comp_batches == 2 * per_epoch
+    assert not any(held)  # every pass the slot ring started was read to its end
+    for k, v in eager["model"].items():
+        assert torch.equal(v, comp["model"][k]), k
+    assert comp["metrics"][compiled.COMPILED_METRIC] == 1.0
+
+
+def test_the_compile_inside_the_first_epoch_is_left_out_of_its_time(tiny_model, monkeypatch):
+    """The compile runs inside the first epoch's pass, on its first batch; epoch_time_s and images_per_sec leave its
+    seconds out, and compile_time_s and the compile phase of fit's timings hold them. A clock that jumps 1,000 s
+    while the warm-up runs shows where they went."""
+    import time
+    import types
+
+    from trainables import loop
+
+    jump = [0.0]
+    monkeypatch.setattr(
+        loop, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + jump[0], time=time.time)
+    )
+    warm_up = compiled.warm_up
+
+    def slow_warm_up(*args, **kwargs):
+        seconds = warm_up(*args, **kwargs)
+        jump[0] += 1000.0
+        return seconds + 1000.0
+
+    monkeypatch.setattr(compiled, "warm_up", slow_warm_up)
+    seen, timings = [], {}
+    fit(_trial(tiny_model, "default"), reporter=lambda m, c: seen.append(m), timings=timings)
+    first, second = seen
+    assert first[compiled.COMPILE_TIME_METRIC] >= 1000.0 and timings["compile"] >= 1000.0
+    assert first["epoch_time_s"] < 1000.0 and compiled.COMPILE_TIME_METRIC not in second
+    assert first["images_per_sec"] * first["epoch_time_s"] == pytest.approx(
+        second["images_per_sec"] * second["epoch_time_s"]
+    )
 
 
 def _cfg(**sections) -> TrialConfig:

@@ -1,6 +1,9 @@
 """The one training loop on tiny models: every architecture and method, exact resume, divergence, bad configs."""
 
 import math
+import shutil
+import tempfile
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -8,8 +11,10 @@ import torch
 
 import optim
 from trainables import ConfigError, TrialConfig, TrialDiverged, fit, load_checkpoint
-from trainables.loop import RunLengthWarning
+from trainables.errors import UserError
+from trainables.loop import CHECKPOINT_FILE, RunLengthWarning
 from trainables.models import Family
+from trainables.naming import CHECKPOINT_ARTIFACT
 
 ARCHS = sorted(get_args(Family))  # every family sharpscale supports; tests/conftest.py has a tiny model of each
 
@@ -134,6 +139,83 @@ def test_resume_reports_the_checkpoint_epoch_again_only_when_asked(tmp_path, con
     seen = []
     final = fit(cfg, resume_from=done, reporter=lambda m, c: seen.append(m))
     assert seen == [] and final == load_checkpoint(done)["metrics"] and final["epoch"] == 2
+
+
+def _given_as(form: str, folder: Path, beside: Path, decoy: Path) -> Path:
+    """The checkpoint that fit kept in `folder`, given as resume_from in `form`: the folder, its checkpoint.pt, or a
+    copy under another name in `beside`, next to a copy of `decoy`'s checkpoint (another epoch's) as checkpoint.pt,
+    which nothing may read in its place."""
+    if form == "folder":
+        return folder
+    if form == CHECKPOINT_FILE:
+        return folder / CHECKPOINT_FILE
+    beside.mkdir()
+    shutil.copyfile(decoy / CHECKPOINT_FILE, beside / CHECKPOINT_FILE)
+    return Path(shutil.copyfile(folder / CHECKPOINT_FILE, beside / "kept.pt"))
+
+
+class _Record:
+    """A recorder that notes each epoch and, for each artifact, its name, where it goes and the epoch it held when
+    it was handed over."""
+
+    wants_checkpoint = True
+
+    def __init__(self):
+        self.epochs, self.artifacts = [], []
+
+    def log_epoch(self, metrics, epoch, timestamp_ms):
+        self.epochs.append(epoch)
+
+    def log_artifact(self, path, artifact_path=None):
+        self.artifacts.append((Path(path).name, artifact_path, load_checkpoint(path)["epoch"]))
+
+
+@pytest.mark.parametrize("form", ["folder", CHECKPOINT_FILE, "another name"])
+def test_resume_from_a_folder_or_a_checkpoint_file_under_any_name(tmp_path, config, monkeypatch, form):
+    """Each form continues the trial bit-exactly, hands the reporter a folder holding the resumed checkpoint as
+    checkpoint.pt (what Tune resumes from), and, resumed at its end, keeps that checkpoint as the record's final
+    artifact under checkpoint/checkpoint.pt (what analysis.record finds)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    cfg = config("mixer", "none", epochs=3)
+    straight, first = tmp_path / "straight", tmp_path / "first"
+    fit(cfg, checkpoint_dir=straight)
+    with pytest.raises(KeyboardInterrupt):
+        fit(cfg, checkpoint_dir=first, reporter=_interrupt_after(epoch=1))
+
+    handed = []
+    resumed = tmp_path / "resumed"
+    fit(
+        cfg,
+        checkpoint_dir=resumed,
+        resume_from=_given_as(form, first, tmp_path / "renamed", decoy=straight),
+        reporter=lambda m, c: handed.append((m["epoch"], load_checkpoint(c)["epoch"])),
+        report_resumed=True,
+    )
+    assert handed == [(1, 1), (2, 2)]
+    a, b = load_checkpoint(straight), load_checkpoint(resumed)
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+
+    record = _Record()
+    final = fit(cfg, resume_from=_given_as(form, straight, tmp_path / "final", decoy=first), recorder=record)
+    assert final["epoch"] == 2 and record.epochs == [2]
+    assert record.artifacts == [(CHECKPOINT_FILE, CHECKPOINT_ARTIFACT, 2)]
+    assert not list(temp.glob("sharpscale-*"))  # the copies handed on are gone, and fit's own checkpoint folders
+
+
+@pytest.mark.parametrize("missing", ["no such file", "a folder without checkpoint.pt"])
+def test_resume_from_no_checkpoint_is_refused_before_any_compute(tmp_path, config, monkeypatch, missing):
+    from trainables import loop
+
+    path = tmp_path / "gone.pt" if missing == "no such file" else tmp_path
+    monkeypatch.setattr(loop, "load_dataset", lambda *a, **k: pytest.fail("the dataset was loaded"))
+    with pytest.raises(UserError) as err:
+        fit(config(), resume_from=path)
+    text = str(err.value)
+    assert text.startswith("resume_from: must be a checkpoint file") and str(path) in text and missing in text
+    assert "Fix:" in text
 
 
 def test_divergence_stops_the_trial(config):
