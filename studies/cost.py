@@ -16,6 +16,7 @@ __all__ = [
     "REFERENCE_CARD",
     "SPLIT_SIZES",
     "CardFigures",
+    "compiled_speedup",
     "Estimate",
     "estimate_study",
     "local_gpus",
@@ -26,10 +27,11 @@ __all__ = [
 class CardFigures:
     """Measured figures of one model (at one image size and batch) on one card, in images per second.
 
-    train_none / train_sam: `images_per_sec` of a training epoch with the fused base step / SAM; val: images per
-    second of the validation pass (eval_batch_size 512), None where not measured; fixed_s: a trial's seconds for
-    its data load, model build and loaders, checkpoint_s: one checkpoint's (Ray's and MLflow's share in neither),
-    None where not measured.
+    train_none / train_sam: `images_per_sec` of a training epoch with the fused base step / SAM, eager;
+    compiled_none / compiled_sam: the same with the step compiled as `train.compile: auto` compiles it on CUDA (CUDA
+    graphs), and compile_s the seconds of that compile, cold (no cache); val: images per second of the validation
+    pass (eval_batch_size 512); fixed_s: a trial's seconds for its data load, model build and loaders; checkpoint_s:
+    one checkpoint's (Ray's and MLflow's share in neither). Each None where not measured.
     """
 
     card: str  # the name torch.cuda.get_device_name gives
@@ -42,6 +44,9 @@ class CardFigures:
     source: str  # the docs/benchmarks.md section the row comes from
     fixed_s: float | None = None
     checkpoint_s: float | None = None
+    compiled_none: float | None = None
+    compiled_sam: float | None = None
+    compile_s: float | None = None
 
 
 # Every figure an estimate reads. The first rows: the shipped path through the CLI (studies/rho_sensitivity.yaml's
@@ -63,10 +68,15 @@ CARD_FIGURES: tuple[CardFigures, ...] = (
     # method's last-epoch images/s; val and checkpoint_s from the SAM trial, the process's second trial of that model
     # (the first trial of a process also pays CUDA's and cuDNN's warm-up). fixed_s: a SAM trial's fixed_data_load_s +
     # fixed_model_build_s on a reused Tune actor (the dataset read once per process), rho_sensitivity through the CLI
-    # on one NVIDIA H200, 3 trials sharing it, eager (docs/benchmarks.md, issue 21 part 2, session 7).
-    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 0.83, 0.165),
-    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 0.66, 0.325),
-    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 0.84, 0.29),
+    # on one NVIDIA H200, 3 trials sharing it, eager (docs/benchmarks.md, issue 21 part 2, session 7). compiled_*,
+    # compile_s: `bench_trainables.py compile` on one NVIDIA H200, each model's `none` and SAM trials in one process
+    # (docs/benchmarks.md "the step at the GPU's speed": "Through trainables.fit"), compile_s the `none` trial's cold one.
+    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 0.83, 0.165,
+                61_050, 31_164, 23.4),
+    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 0.66, 0.325,
+                24_877, 12_540, 25.0),
+    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 0.84, 0.29,
+                28_950, 14_523, 26.5),
 )  # fmt: skip
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
@@ -99,6 +109,9 @@ class CellCost:
     cell: str
     trials: int
     gpu_hours: float  # of all its trials, training (+ validation where measured) x the GPUs each holds
+    compiles: bool = False  # its trials' step compiles on a GPU (train.compile)
+    compiled: bool = False  # costed at the compiled step's speed, its compile included (the card's row has them)
+    geometry: bool = False  # its trials take geometry measures, which the estimate does not count
 
 
 @dataclass(frozen=True)
@@ -120,10 +133,13 @@ class Estimate:
         """What the dry run prints."""
         out = []
         if self.cells:
+            compiled = any(c.compiled for c in self.cells)
+            step = " (at the compiled step's speed where trials compile)" if compiled else ""
             counted = (
-                "training epochs, validation passes, each trial's data load, model build and checkpoints"
+                f"training epochs{step}, validation passes, each trial's {'compile (cold), ' if compiled else ''}data "
+                "load, model build and checkpoints"
                 if self.validation_counted
-                else "training epochs only"
+                else f"training epochs only{step}"
             )
             out.append(
                 f"Estimated cost: {self.gpu_hours:.1f} GPU-hours on {self.card} ({counted}; each trial at its full "
@@ -133,6 +149,19 @@ class Estimate:
                 out.append(
                     "  Validation passes, trial start-up, checkpoints and records are not in it: no measured figure "
                     "of them on this card in CARD_FIGURES (the NVIDIA H200 rows have them)."
+                )
+            eager_costed = sum(c.compiles and not c.compiled for c in self.cells)
+            if eager_costed:
+                low, high = compiled_speedup()
+                out.append(
+                    f"  The {self.card}'s figures are of the eager step, and the trials of {eager_costed} of the "
+                    f"{len(self.cells)} cells compile theirs (train.compile): on the cards measured both ways the "
+                    f"compiled step trained {low:.1f}-{high:.1f}x as fast, so their training part is an upper bound."
+                )
+            if any(c.geometry for c in self.cells):
+                out.append(
+                    "  Geometry measures are not in it: on an NVIDIA H200, rho_sensitivity's lambda_max and tr(H) took "
+                    "2-5 s a ResNet-18 trial and 8-24 s a ViT-S/4 or Mixer-S/4 one, sharing the card (docs/benchmarks.md)."
                 )
             if self.cluster_card is not None and self.cluster_card != self.card:
                 out.append(
@@ -163,7 +192,7 @@ def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
     return None
 
 
-def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
+def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
     from trainables.config import TrialConfig
 
     cfg = TrialConfig.load(cell.config)
@@ -186,7 +215,12 @@ def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | N
             "(studies/cost.py CARD_FIGURES).",
             False,
         )
-    speed = row.train_sam if method == "sam" else row.train_none * METHOD_STEP_COST.get(method, math.nan)
+    # The step as the trial will run it: compiled where `train.compile` resolves to a compile on CUDA and the card's
+    # row measured one (the other methods' step costs, measured eager, are applied to the compiled `none` alike).
+    compiles = _compiles_on_cuda(cfg, workers)
+    compiled = compiles and row.compiled_none is not None
+    none, sam = (row.compiled_none, row.compiled_sam) if compiled else (row.train_none, row.train_sam)
+    speed = sam if method == "sam" else none * METHOD_STEP_COST.get(method, math.nan)
     if not math.isfinite(speed):
         return (
             None,
@@ -202,6 +236,8 @@ def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | N
         seconds += sum(cfg.train.evaluates(e, epochs) for e in range(epochs)) * n_val / row.val
     if row.fixed_s:
         seconds += row.fixed_s
+    if compiled and row.compile_s:  # cold; a trial that finds the study's compile cache warm pays 4-6 s
+        seconds += row.compile_s
     if row.checkpoint_s:
         every = cfg.train.checkpoint_every
         if every == "auto":  # the first and the last epoch, and one each CHECKPOINT_AUTO_RATIO checkpoints' time
@@ -212,7 +248,29 @@ def _cell_cost(cell: Cell, card: str, workers_gpus: float) -> tuple[CellCost | N
             count = sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs))
         seconds += count * row.checkpoint_s
     # Every trial the cell runs: its search and its confirm stage (Cell.planned), all alike in cost.
-    return CellCost(label, cell.planned, cell.planned * seconds * workers_gpus / 3600), None, bool(row.val)
+    hours = cell.planned * seconds * workers_gpus / 3600
+    return CellCost(label, cell.planned, hours, compiles, compiled, cfg.geometry.enabled), None, bool(row.val)
+
+
+def compiled_speedup() -> tuple[float, float]:
+    """The least and the most the compiled step's images/s were of the eager step's, over the CARD_FIGURES rows that
+    measured both (both methods)."""
+    ratios = [
+        compiled / eager
+        for row in CARD_FIGURES
+        if row.compiled_none is not None and row.compiled_sam is not None
+        for compiled, eager in ((row.compiled_none, row.train_none), (row.compiled_sam, row.train_sam))
+    ]
+    return min(ratios), max(ratios)
+
+
+def _compiles_on_cuda(cfg, workers: int) -> bool:
+    """Whether the trial's step compiles on a GPU (trainables.compiled.resolve_compile, the trial's own rule)."""
+    import torch
+
+    from trainables.compiled import resolve_compile
+
+    return resolve_compile(cfg, torch.device("cuda"), workers).enabled
 
 
 def local_gpus() -> tuple[int, str | None]:
@@ -244,7 +302,9 @@ def estimate_study(study: LoadedStudy, *, gpus: int | None = None, cluster_card:
     card = cluster_card if cluster_card in known else REFERENCE_CARD
     cells, problems, validation = [], [], True
     for cell in study.cells:
-        cost, problem, counted = _cell_cost(cell, card, res.gpus_per_trial * res.workers_per_trial)
+        cost, problem, counted = _cell_cost(
+            cell, card, res.workers_per_trial, res.gpus_per_trial * res.workers_per_trial
+        )
         if cost is not None:
             cells.append(cost)
             validation = validation and counted

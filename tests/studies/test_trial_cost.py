@@ -259,7 +259,8 @@ def test_a_card_with_measured_validation_and_fixed_seconds_counts_them(tmp_path)
     estimate = estimate_study(load_study(path, require_data=False), cluster_card=row.card, gpus=4)
     seen = (50_000 // 256) * 256
     # 10 epochs: validated after epochs 2, 5, 8 and 9; checkpointed after 1, 3, 5, 7 and 9.
-    seconds = 10 * seen / row.train_none + 4 * 10_000 / row.val + row.fixed_s + 5 * row.checkpoint_s
+    # Compiled on CUDA (train.compile auto), and the row measured the compiled step: its speed and cold compile.
+    seconds = 10 * seen / row.compiled_none + 4 * 10_000 / row.val + row.fixed_s + row.compile_s + 5 * row.checkpoint_s
     assert estimate.card == row.card and estimate.gpu_hours == pytest.approx(seconds / 3600)
     assert "validation passes" in estimate.lines()[0] and "On this cluster's 4 GPU(s)" in estimate.lines()[1]
 
@@ -319,9 +320,44 @@ def test_an_auto_checkpoint_cadence_is_costed_as_the_first_the_last_and_one_each
         path = _gpu_study(tmp_path, {"r": {**resnet, "train.checkpoint_every": "auto"}}, epochs=epochs, trials=1)
         costs[epochs] = estimate_study(load_study(path, require_data=False), cluster_card=row.card).gpu_hours * 3600
     seen = (50_000 // 256) * 256
-    two = 2 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    two = 2 * (seen / row.compiled_none + 10_000 / row.val) + row.fixed_s + row.compile_s
     assert costs[2] == pytest.approx(two + 2 * row.checkpoint_s)  # the first epoch and the last, nothing more
-    rest = 30 * (seen / row.train_none + 10_000 / row.val) + row.fixed_s
+    rest = 30 * (seen / row.compiled_none + 10_000 / row.val) + row.fixed_s + row.compile_s
     every = CHECKPOINT_AUTO_RATIO * row.checkpoint_s
     assert rest > every  # long enough that 'auto' adds checkpoints between the first and the last
     assert costs[30] == pytest.approx(rest + (2 + int(rest // every)) * row.checkpoint_s)
+
+
+def test_a_trial_is_costed_at_the_step_it_will_run_and_an_eager_figure_for_a_compiled_one_is_called_an_upper_bound(
+    tmp_path,
+):
+    from studies.cost import CARD_FIGURES, REFERENCE_CARD, compiled_speedup, estimate_study
+    from studies.spec import load_study
+
+    row = next(r for r in CARD_FIGURES if r.compiled_none and r.val and r.fixed_s and r.model == "resnet18")
+    resnet = {
+        "model.name": "resnet18",
+        "model.cifar_stem": True,
+        "optimizer.method": "sam",
+        "train.checkpoint_every": 9,
+    }
+    levels = {"compiled": resnet, "eager": {**resnet, "train.compile": "off"}}
+    study = load_study(_gpu_study(tmp_path, levels, trials=1), require_data=False)
+    by_cell = {c.cell: c for c in estimate_study(study, cluster_card=row.card).cells}
+    seen = (50_000 // 256) * 256
+    rest = 10 * 10_000 / row.val + row.fixed_s + 2 * row.checkpoint_s  # 10 validations; checkpoints after epochs 9, 10
+    compiled, eager = by_cell["arch=compiled"], by_cell["arch=eager"]
+    assert (compiled.compiles, compiled.compiled, eager.compiles, eager.compiled) == (True, True, False, False)
+    assert compiled.gpu_hours * 3600 == pytest.approx(10 * seen / row.compiled_sam + rest + row.compile_s)
+    assert eager.gpu_hours * 3600 == pytest.approx(10 * seen / row.train_sam + rest)
+    # A card measured eager only: the compiling cell is costed eager, and the estimate says what that means.
+    lines = estimate_study(study, cluster_card=REFERENCE_CARD).lines()
+    low, high = compiled_speedup()
+    assert 1 < low <= high
+    said = [line for line in lines if "figures are of the eager step" in line]
+    assert said == [
+        f"  The {REFERENCE_CARD}'s figures are of the eager step, and the trials of 1 of the 2 cells compile theirs "
+        f"(train.compile): on the cards measured both ways the compiled step trained {low:.1f}-{high:.1f}x as fast, "
+        "so their training part is an upper bound."
+    ]
+    assert not any("eager step" in line for line in estimate_study(study, cluster_card=row.card).lines())
