@@ -43,6 +43,12 @@ def format_duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+# Study run name -> time.time() when SIGINT (or SIGTERM, handed to Tune's SIGINT handler) reached this driver while
+# that study's Tune ran. Kept here, not on the view: a resumed launch's Tune restores the callbacks pickled in its
+# tuner.pkl, so there the view that sees the interrupt is an unpickled copy of the first launch's, not the one the
+# runner made and reads (a Ctrl-C of a resumed launch was taken for its end: exit 0, the study run FINISHED).
+INTERRUPTED_AT: dict[str, float] = {}
+
 # The routing quiet_libraries set up, innermost last: `reroute_libraries` applies it again.
 _ACTIVE: list = []
 
@@ -187,7 +193,7 @@ class LiveView:
     `callback` is the Tune callback that feeds it (Tune's public Callback API).
     """
 
-    def __init__(self, study: LoadedStudy, *, title: str):
+    def __init__(self, study: LoadedStudy, *, title: str, run_name: str):
         from studies.records import cell_label
         from trainables.config import TrialConfig
 
@@ -198,13 +204,19 @@ class LiveView:
             c.key: _CellState(cell_label(c), c.planned, TrialConfig.load(c.config).schedule.epochs) for c in study.cells
         }
         self.t0 = time.monotonic()
-        self.interrupted_at: float | None = None  # when SIGINT reached the driver (time.time())
+        self.run_name = run_name  # the key of INTERRUPTED_AT, the same in a copy unpickled by a resumed launch's Tune
+        INTERRUPTED_AT.pop(run_name, None)  # an interrupt of an earlier launch of this name in this process
         self._last_draw = 0.0
         self._drawn_lines = 0
         self._started = 0  # trials started so far
         self._durations: list[tuple[float, int]] = []  # (seconds, epochs) of each trial that ran to its end here
         self._parallel = 1  # the most trials seen running at once
         self.callback = self._make_callback()
+
+    @property
+    def interrupted_at(self) -> float | None:
+        """When SIGINT reached the driver (time.time()) while this study's Tune ran, else None."""
+        return INTERRUPTED_AT.get(self.run_name)
 
     # ------------------------------------------------------------------ state
     def _state(self, trial) -> _CellState | None:
@@ -382,8 +394,8 @@ class LiveView:
             return
 
         def record_then_delegate(sig, frame):
-            if self.interrupted_at is None:
-                self.interrupted_at = time.time()
+            if self.run_name not in INTERRUPTED_AT:
+                INTERRUPTED_AT[self.run_name] = time.time()
                 self.say("sharpscale: interrupted: stopping the trials; the study will be resumable")
             tune_handler(sig, frame)
 

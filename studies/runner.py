@@ -965,7 +965,7 @@ def _tune(
         confirm_seeds={c.key: spec.confirm.seed_list[: c.confirm] for c in study.cells} if spec.confirm else None,
         owner=study_run_id,
     )
-    progress = LiveView(study, title=f"{spec.name} ({exp_name})")
+    progress = LiveView(study, title=f"{spec.name} ({exp_name})", run_name=run_name)
     rollup = rollup_callback(
         uri,
         experiment_id,

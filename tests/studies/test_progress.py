@@ -26,7 +26,7 @@ class _Trial:
 def view(monkeypatch):
     study = load_study(REPO / "studies" / "quickstart.yaml")
     monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal: plain lines
-    return LiveView(study, title="quickstart"), study
+    return LiveView(study, title="quickstart", run_name="quickstart"), study
 
 
 def _trial(study, cell_index, tid, name):
@@ -52,6 +52,29 @@ def test_counts_running_epochs_and_best_per_cell(view):
     cell = live.cells[study.cells[sam].key]
     assert (cell.done, cell.failed, cell.best, cell.best_name) == (1, 1, 0.7, "vit/sam rho=0.1 #1")
     assert "best val_acc (final epoch)" in "\n".join(live.render())
+
+
+def test_an_interrupt_seen_by_a_resumed_launchs_copy_of_the_view_is_the_runners(view):
+    # A resumed launch's Tune restores the callbacks pickled in tuner.pkl: the view that wraps Tune's SIGINT handler
+    # there is an unpickled copy, and the runner reads its own view (Ctrl-C of a resumed launch was taken for its end).
+    import signal
+
+    from ray import cloudpickle
+
+    live, _ = view
+    copy = cloudpickle.loads(cloudpickle.dumps(live.callback))
+    handled = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: handled.append(sig))  # Tune's handler, in fit()
+    try:
+        copy.setup()  # Tune calls each callback's setup once its handler is installed
+        assert live.interrupted_at is None
+        signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert handled == [signal.SIGINT]  # Tune's handler still stops the trials
+    assert live.interrupted_at is not None
+    # A new launch of the same name in this process starts uninterrupted.
+    assert LiveView(view[1], title="quickstart", run_name="quickstart").interrupted_at is None
 
 
 def test_eta_from_epochs_run(view, monkeypatch):
