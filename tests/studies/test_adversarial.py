@@ -485,24 +485,18 @@ def _runs(db: Path) -> list[tuple[str, str, str]]:
     )
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model, new_mlflow_store, cli_process):
-    from trainables.metrics import EPOCH_METRICS
-
-    (tmp_path / "study.yaml").write_text(yaml.safe_dump(_ctrl_c_study(tiny_model), sort_keys=False))
-    db = tmp_path / "mlflow.db"
-    new_mlflow_store(db)  # the study's own ./mlflow.db, its schema already made: the test is about Ctrl-C
-    driver = cli_process.start("run", "study.yaml", "--num-cpus", "2", cwd=tmp_path)
-    # Hold until one trial has finished and the next has recorded an epoch: then it is mid-training.
+def _stopped(driver, stop: signal.Signals, db: Path, finished: int, cli_process) -> str:
+    """Send `stop` to the driver alone (as the issue's reproduction did) once `finished` trials have finished and the
+    next is mid-training (it has recorded an epoch in this launch); return the driver's output. Checks, beside:
+    every listening socket of the driver and its descendants was on loopback, and the exit is an interruption."""
     cli_process.wait_for(
         driver,
-        lambda: ("trial", "FINISHED", "finished") in _runs(db) and _training(db),
+        lambda: _runs(db).count(("trial", "FINISHED", "finished")) >= finished and _training(db),
         timeout=600,
-        what="a trial finished and the next mid-training (the study's interruption point)",
+        what=f"{finished} trial(s) finished and the next mid-training (the study's interruption point)",
     )
     listening = _listening(driver.pid)
-    os.kill(driver.pid, stop)  # to the driver only, as the issue's reproduction did
+    os.kill(driver.pid, stop)
     out, _ = driver.communicate(timeout=300)
     # A local study's Ray (GCS, raylet, workers, agents, dashboard) and its driver listen on loopback only.
     assert listening and all(ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback for ip, _ in listening), (
@@ -510,6 +504,14 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model,
     )
     assert driver.returncode == EXIT_INTERRUPTED, out[-3000:]
     assert "INCOMPLETE" in out and "resume study.yaml" in out
+    return out
+
+
+def _incomplete_and_resumable(db: Path, optuna_db: Path, tmp_path: Path, cli_process) -> None:
+    """What an interrupted launch must leave: its study and cell runs KILLED, nothing RUNNING, each trial finished or
+    interrupted (one at least) with the reason, Optuna's cut trial FAIL, and `status` saying so."""
+    from trainables.metrics import EPOCH_METRICS
+
     runs = _runs(db)
     assert ("study", "KILLED", None) in runs and ("cell", "KILLED", None) in runs, runs
     trial_status = [(st, tag) for kind, st, tag in runs if kind == "trial"]
@@ -523,7 +525,6 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model,
         "and s.value = 'interrupted' where r.key = 'sharpscale.reason'",
     )
     assert reasons and all("interrupted" in r and "scheduler" not in r for (r,) in reasons), reasons
-    optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     assert "RUNNING" not in states and "FAIL" in states, states
     keys = {
@@ -538,13 +539,33 @@ def test_ctrl_c_leaves_an_incomplete_resumable_study(stop, tmp_path, tiny_model,
     status = cli_process.run("status", "study.yaml", cwd=tmp_path, timeout=300)
     assert "INTERRUPTED" in status.stdout and "interrupted" in status.stdout, status.stdout + status.stderr
 
+
+@pytest.mark.timeout(1500)
+def test_ctrl_c_and_sigterm_leave_an_incomplete_resumable_study(tmp_path, tiny_model, new_mlflow_store, cli_process):
+    """Ctrl-C (SIGINT) stops the first launch mid-training, SIGTERM (a scheduler's stop, `kill`) stops its resume
+    mid-training; each leaves the study incomplete and resumable, and the second resume ends it. One study carries
+    both stops (four trials, one at a time): each stop is checked as it was when each had a study of its own."""
+    study = _ctrl_c_study(tiny_model)
+    study["budget"] = {**study["budget"], "trials_per_cell": 4}
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(study, sort_keys=False))
+    db = tmp_path / "mlflow.db"
+    new_mlflow_store(db)  # the study's own ./mlflow.db, its schema already made: the test is about the stops
+    optuna_db = tmp_path / "runs" / "ctrlc.optuna.db"
+    driver = cli_process.start("run", "study.yaml", "--num-cpus", "2", cwd=tmp_path)
+    _stopped(driver, signal.SIGINT, db, 1, cli_process)  # as Ctrl-C in the terminal delivers it, to the driver
+    _incomplete_and_resumable(db, optuna_db, tmp_path, cli_process)
+
+    resumed = cli_process.start("resume", "study.yaml", "--num-cpus", "2", cwd=tmp_path)
+    _stopped(resumed, signal.SIGTERM, db, 2, cli_process)  # the cut trial finished in this launch, the next cut
+    _incomplete_and_resumable(db, optuna_db, tmp_path, cli_process)
+
     resumed = cli_process.run("resume", "study.yaml", "--num-cpus", "2", cwd=tmp_path, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     runs = _runs(db)
-    assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 3, runs
+    assert [r for r in runs if r[0] == "trial"] == [("trial", "FINISHED", "finished")] * 4, runs
     assert ("study", "FINISHED", None) in runs
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
-    assert states.count("COMPLETE") == 3 and "RUNNING" not in states, states
+    assert states.count("COMPLETE") == 4 and "RUNNING" not in states, states
     # Nothing outside what the study file names: its MLflow store (and its lock), artifacts and storage.
     assert {p.name for p in tmp_path.iterdir()} <= {"study.yaml", "mlflow.db", "mlflow.db.lock", "mlartifacts", "runs"}
 
