@@ -647,9 +647,9 @@ def run_study(
 def _check_before_recording(
     study: LoadedStudy, address: str | None, num_cpus: int | None, *, real_trials: bool
 ) -> None:
-    """Refuse, before anything is recorded or Ray starts, a study whose trials could never run here."""
-    if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
-        check_model_kwargs(study)
+    """Refuse, before anything is recorded or Ray starts, a study whose trials could never run here. The cheap
+    checks first: building the models imports torch and timm (seconds), which a refusal of the address or the
+    resources need not wait for."""
     ray_mod = sys.modules.get("ray")
     if ray_mod is not None and ray_mod.is_initialized():
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use
@@ -657,6 +657,8 @@ def _check_before_recording(
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
     else:
         check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
+    if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_model_kwargs(study)
 
 
 def _distributed_plan(study: LoadedStudy, locations: StateLocations, run_name: str) -> DistributedPlan:

@@ -554,17 +554,26 @@ def test_ray_failing_to_start_leaves_no_experiment_and_no_claimed_launch(tmp_pat
     assert client.get_experiment_by_name("quickstart").lifecycle_stage == "active"
 
 
+# `sharpscale ARGS` as its entry point runs it, then the heavy modules it imported by its end.
+_MAIN_THEN_IMPORTED = (
+    "import sys\nfrom studies.cli import main\nstatus = main(sys.argv[1:])\n"
+    "print('IMPORTED', sorted(m for m in ('torch', 'timm') if m in sys.modules))\nsys.exit(status)\n"
+)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("form", ["{}", "ray://{}"], ids=["gcs", "ray-client"])
 def test_a_dead_address_is_refused_at_once_and_leaves_nothing(form, tmp_path, tracking_uri):
     """`run --address` where nothing listens waited minutes on Ray's own retries (issue 24): one line now, before
-    any experiment, launch claim or storage folder is made."""
+    any experiment, launch claim or storage folder is made, and before the models are built (which imports torch
+    and timm, seconds)."""
     from studies.server import free_port
 
     path = _study_file(tmp_path / "study")
     address = form.format(f"127.0.0.1:{free_port()}")
     failed = subprocess.run(
-        [sys.executable, "-m", "studies.cli", "run", str(path), "--address", address, "--tracking-uri", tracking_uri],
+        [sys.executable, "-c", _MAIN_THEN_IMPORTED, "run", str(path), "--address", address]
+        + ["--tracking-uri", tracking_uri],
         capture_output=True,
         text=True,
         timeout=120,  # Ray's own retries take longer: the old code fails here
@@ -574,6 +583,7 @@ def test_a_dead_address_is_refused_at_once_and_leaves_nothing(form, tmp_path, tr
     (line,) = [line for line in failed.stderr.splitlines() if "--address" in line]
     assert f"--address {address}: nothing answers at 127.0.0.1:" in line and "Fix: start the cluster" in line, line
     assert "Traceback" not in failed.stderr
+    assert "IMPORTED []" in failed.stdout, failed.stdout[-2000:]
     assert [e.name for e in tracking_client(tracking_uri).search_experiments()] == ["Default"]
     assert sorted(p.name for p in path.parent.iterdir()) == ["study.yaml"]
 
