@@ -25,7 +25,8 @@ STUDY = {
     },
     "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
     "budget": {"trials_per_cell": 2, "sampler": "random"},
-    "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 2, "max_failures": 0},
+    # One trial at a time: the second reuses the first one's Ray actor, not a second process importing torch and timm.
+    "resources": {"cpus_per_trial": 1, "max_concurrent_trials": 1, "max_failures": 0},
 }
 
 
