@@ -47,7 +47,7 @@ def format_duration(seconds: float) -> str:
 # that study's Tune ran. Kept here, not on the view: a resumed launch's Tune restores the callbacks pickled in its
 # tuner.pkl, so there the view that sees the interrupt is an unpickled copy of the first launch's, not the one the
 # runner made and reads (a Ctrl-C of a resumed launch was taken for its end: exit 0, the study run FINISHED).
-INTERRUPTED_AT: dict[str, float] = {}
+INTERRUPTED_AT: dict[str | None, float] = {}
 
 # The routing quiet_libraries set up, innermost last: `reroute_libraries` applies it again.
 _ACTIVE: list = []
@@ -393,9 +393,13 @@ class LiveView:
         if not callable(tune_handler):
             return
 
+        # A view pickled by a sharpscale before run_name (a launch it started, resumed now) has none: its interrupt
+        # is recorded under None, which no runner reads (as then), rather than failing in the signal handler.
+        key = getattr(self, "run_name", None)
+
         def record_then_delegate(sig, frame):
-            if self.run_name not in INTERRUPTED_AT:
-                INTERRUPTED_AT[self.run_name] = time.time()
+            if key not in INTERRUPTED_AT:
+                INTERRUPTED_AT[key] = time.time()
                 self.say("sharpscale: interrupted: stopping the trials; the study will be resumable")
             tune_handler(sig, frame)
 
