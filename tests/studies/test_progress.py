@@ -77,6 +77,21 @@ def test_an_interrupt_seen_by_a_resumed_launchs_copy_of_the_view_is_the_runners(
     assert LiveView(view[1], title="quickstart", run_name="quickstart").interrupted_at is None
 
 
+def test_a_view_pickled_before_run_name_existed_still_hands_the_interrupt_to_tune(view):
+    import signal
+
+    live, _ = view
+    del live.run_name  # as a view unpickled from an older sharpscale's tuner.pkl
+    handled = []
+    before = signal.signal(signal.SIGINT, lambda sig, frame: handled.append(sig))
+    try:
+        live._record_interrupts()
+        signal.raise_signal(signal.SIGINT)  # would raise AttributeError in the handler, before Tune's
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert handled == [signal.SIGINT]
+
+
 def test_eta_from_epochs_run(view, monkeypatch):
     live, study = view
     now = [100.0]
