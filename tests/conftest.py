@@ -276,6 +276,15 @@ def fresh_python():
     return _fresh_python
 
 
+# `python -m studies.cli` with SIGINT at its default, as a user's terminal starts a command, whatever this test process
+# inherited: a test runner started in the background by a non-interactive shell ignores SIGINT, a child inherits
+# that, and Python then never turns SIGINT into KeyboardInterrupt, so a Ctrl-C a test sends would be lost.
+_AS_FROM_A_TERMINAL = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('studies.cli', run_name='__main__', alter_sys=True)"
+)
+
+
 class CliProcesses:
     """`python -m studies.cli ...` in processes of their own, as a user's shell starts them: this checkout first on
     the path, the quiet offline environment, each in a session (process group) of its own. What a test started is
@@ -290,7 +299,7 @@ class CliProcesses:
         """Start `sharpscale *args` (text output; by default stdout and stderr in one pipe); env: variables added."""
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "studies.cli", *map(str, args)],
+            [sys.executable, "-c", _AS_FROM_A_TERMINAL, *map(str, args)],
             cwd=cwd,
             env={**os.environ, **QUIET_ENV, "PYTHONPATH": path, **(env or {})},
             stdout=stdout,

@@ -270,7 +270,7 @@ def _request(port: int, method: str, target: str, host: str) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_dashboard_refuses_foreign_hosts_and_writes(tmp_path, tracking_uri):
+def test_dashboard_refuses_foreign_hosts_and_writes(tmp_path, tracking_uri, cli_process):
     from studies.server import free_port
 
     path = _study_file(tmp_path / "study")
@@ -283,24 +283,7 @@ def test_dashboard_refuses_foreign_hosts_and_writes(tmp_path, tracking_uri):
     Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
     optuna.create_study(storage=storage, study_name="quickstart:sam")
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "studies.cli",
-            "dashboard",
-            str(path),
-            "--tracking-uri",
-            tracking_uri,
-            "--port",
-            str(port),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = cli_process.start("dashboard", path, "--tracking-uri", tracking_uri, "--port", port, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
         while True:  # until it answers: it imports optuna-dashboard first
