@@ -114,6 +114,11 @@ def _without_graphs(cfg, world: int) -> list[str]:
     return out
 
 
+# The CUDA graph trees' per-thread state, by its names in torch._inductor.cudagraph_trees' `local` and in torch's C++
+# thread-local store: what _graph_trees_here sets up on a thread and _drop_graph_trees_here lets go of.
+_GRAPH_TREES_STATE = ("tree_manager_containers", "tree_manager_locks")
+
+
 def _graph_trees_here() -> str | None:
     """Sets up torch's CUDA graph trees' per-thread state on this thread where it is missing, as torch >= 2.14 does
     itself on any thread (its cudagraph_trees._initialize_tls); None once their `get_obj` finds it here, else why not.
@@ -127,7 +132,7 @@ def _graph_trees_here() -> str | None:
 
         from torch._inductor import cudagraph_trees as trees
 
-        names = ("tree_manager_containers", "tree_manager_locks")
+        names = _GRAPH_TREES_STATE
         stashed = torch._C._get_obj_in_tls(names[0]) if torch._C._is_key_in_tls(names[0]) else None
         if not hasattr(trees.local, names[0]) and stashed is None:  # None: dropped here (_drop_graph_trees_here)
             trees.local.tree_manager_containers = {}
@@ -155,9 +160,10 @@ def release() -> None:
     died with a segmentation fault in the garbage collector, in its first allocations (docs/benchmarks.md: an H200,
     torch 2.11, 9 deaths in 6 studies). The reset and the collection alone did not stop it (2 deaths in a 9-trial
     study); dropping the thread-local state too, so that nothing of it is freed by that store's destructor at the
-    thread's exit, did (0 in the same study). A no-op where nothing was ever compiled.
+    thread's exit, did (0 in the same study). Skipped in a process that never imported the compiler; where it was
+    imported (timm's import of torchvision does) but an eager trial compiled nothing, it costs the collection.
     """
-    if "torch._dynamo" not in sys.modules:  # no compile ever ran in this process
+    if "torch._dynamo" not in sys.modules:  # the compiler was never imported here: nothing of it to free
         return
     torch.compiler.reset()
     _drop_graph_trees_here()
@@ -172,7 +178,7 @@ def _drop_graph_trees_here() -> None:
         return
     from torch._inductor import cudagraph_trees as trees
 
-    for name in ("tree_manager_containers", "tree_manager_locks"):
+    for name in _GRAPH_TREES_STATE:
         if hasattr(trees.local, name):
             delattr(trees.local, name)
         if torch._C._is_key_in_tls(name):

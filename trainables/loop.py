@@ -175,11 +175,14 @@ class _CheckpointCadence:
         self.cost, self.since = seconds, time.perf_counter()
 
 
-def _spent(timings: dict[str, float] | None, phase: str, since: float) -> None:
-    """Adds the seconds since `since` (a perf_counter) to `timings[phase]`, where the caller keeps timings."""
+def _spent(timings: dict[str, float] | None, phase: str, since: float) -> float:
+    """Adds the seconds since `since` (a perf_counter) to `timings[phase]`, where the caller keeps timings; returns
+    them."""
     assert phase in FIXED_PHASES, phase
+    seconds = time.perf_counter() - since
     if timings is not None:
-        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - since
+        timings[phase] = timings.get(phase, 0.0) + seconds
+    return seconds
 
 
 @contextlib.contextmanager
@@ -786,9 +789,10 @@ def _warm_up_compile(trial: _Trial, forward: Callable[..., tuple[torch.Tensor, t
     the loader's exact batch compiles the very graph the epoch runs. The warm-up moves nothing of the trial
     (compiled.warm_up), so the step that follows is the one an uncompiled trial takes.
     """
-    # One clock for the compile phase of fit's timings and for what the epoch leaves out: the two add up exactly.
+    # One reading of the clock for the compile phase of fit's timings and for what the epoch leaves out: the two are
+    # the same number.
     t0 = time.perf_counter()
-    with _timed(trial.timings, "compile"):
+    try:
         compiled_step.warm_up(
             trial.net,
             forward,
@@ -797,7 +801,9 @@ def _warm_up_compile(trial: _Trial, forward: Callable[..., tuple[torch.Tensor, t
             device=trial.device,
             buffers_of=trial.model,
         )
-    return time.perf_counter() - t0
+    finally:
+        seconds = _spent(trial.timings, "compile", t0)
+    return seconds
 
 
 def _run_epochs(trial: _Trial, ckpt_root: Path) -> None:
