@@ -28,7 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from bench_data import write_fake_cifar10  # noqa: E402
 
-from trainables.data import SeededBatch, load_dataset  # noqa: E402
+from trainables.data import SeededBatch, _seeded_draws, load_dataset  # noqa: E402
 
 # (label, load_dataset arguments; "root" is filled in)
 FORMS = [
@@ -61,6 +61,15 @@ def _seeding_us(repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats * 1e6
 
 
+def _training_process_us(repeats: int, torch_only: bool) -> float:
+    """What a batch read in the training process adds, seeding, saving and restoring, in microseconds."""
+    t0 = time.perf_counter()
+    for k in range(repeats):
+        with _seeded_draws(k, torch_only=torch_only):
+            pass
+    return (time.perf_counter() - t0) / repeats * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=128)
@@ -72,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         args.batch, args.batches, args.rounds = 8, 2, 1
     torch.set_num_threads(1)  # as in a DataLoader worker
     print(f"batch {args.batch}, {args.batches} batches a timing, median of {args.rounds} rounds, one thread")
-    print("| form | plain list, ms/batch | seeded, ms/batch | seeded / plain |")
-    print("|---|---|---|---|")
+    print("| form | plain list, ms/batch | seeded, ms/batch | seeded / plain | its rounds' quartiles |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
         write_fake_cifar10(Path(root), n_train=max(args.batch * args.batches, 50), n_test=10)
         for label, data in FORMS:
@@ -85,9 +94,18 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):  # alternately first, so that neither always runs warm
                 for way in (False, True) if r % 2 else (True, False):
                     (seeded if way else plain).append(_ms_per_batch(train, batches, seeded=way))
-            ratio = statistics.median(s / q for s, q in zip(seeded, plain))
-            print(f"| {label} | {statistics.median(plain):.3f} | {statistics.median(seeded):.3f} | {ratio:.3f} |")
-    print(f"a worker's seeding per batch (torch, Python, numpy): {_seeding_us(200 if args.quick else 20_000):.1f} us")
+            ratios = sorted(s / q for s, q in zip(seeded, plain))
+            quartiles = f"{ratios[len(ratios) // 4]:.3f}-{ratios[(3 * len(ratios)) // 4]:.3f}"
+            print(
+                f"| {label} | {statistics.median(plain):.3f} | {statistics.median(seeded):.3f} | "
+                f"{statistics.median(ratios):.3f} | {quartiles} |"
+            )
+    repeats = 200 if args.quick else 20_000
+    print(f"a worker's seeding per batch (torch, Python, numpy): {_seeding_us(repeats):.1f} us")
+    print(
+        "the training process's seeding, saving and restoring per batch: torch's alone "
+        f"{_training_process_us(repeats, True):.1f} us, all three {_training_process_us(repeats, False):.1f} us"
+    )
     return 0
 
 
