@@ -1,4 +1,4 @@
-"""Datasets for sharpscale: the dataset registry, fraction subsets, and augmentation on the host or on the device."""
+"""Datasets for sharpscale: the dataset registry, fraction subsets, augmentation on the host or on the device, and the seeds of its draws."""
 
 from __future__ import annotations
 
