@@ -162,7 +162,8 @@ class DataConfig(_Strict):
         ge=0,
         description="DataLoader worker processes per training process; None: none for in-memory and device-resident "
         "data, else one per CPU the trial's torch threads allow, less one (at most 16; at most 6 for a folder prepared as "
-        "pixels with data.decode device, which needs no more).",
+        "pixels with data.decode device, which needs no more). Any number draws the same augmentations: each "
+        "batch's draws come from a seed of the batch's own (trainables.data.SeededBatch).",
     )
     device_resident: bool | None = Field(
         None,

@@ -1,13 +1,15 @@
-"""Datasets for sharpscale: the dataset registry, fraction subsets, and augmentation on the host or on the device."""
+"""Datasets for sharpscale: the dataset registry, fraction subsets, augmentation on the host or on the device, and the seeds of its draws."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import math
 import numbers
 import os
 import pickle
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 if TYPE_CHECKING:
     from trainables.config import DataConfig
@@ -41,6 +43,9 @@ __all__ = [
     "DatasetError",
     "fixed_batches",
     "DatasetSpec",
+    "SeededBatch",
+    "batch_seeds",
+    "epoch_seed",
     "eval_positions",
     "fraction_indices",
     "load_dataset",
@@ -125,6 +130,62 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     # A copy from pageable memory synchronises with the device; one from pinned memory does not (PyTorch's
     # caching host allocator keeps the pinned block until the copy has finished).
     return t.pin_memory().to(device, non_blocking=True)
+
+
+# --------------------------------------------------------------------------- the seeds of random draws
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a trial's random draws at `epoch` on data-parallel rank `rank`: the loop seeds the training
+    process's global generators with it each epoch (augmentation drawn there, dropout, mixup), and each batch's host
+    augmentation draws from a seed of its own drawn from it (`batch_seeds`). A function of these alone, so that a
+    resumed trial draws at each epoch what the uninterrupted trial drew there, with no generator state saved."""
+    return (seed * 1_000_003 + epoch * 7919 + rank) % (2**31)
+
+
+def batch_seeds(seed: int, epoch: int, rank: int, batches: int) -> list[int]:
+    """The seeds of the host augmentation of the first `batches` batches of `epoch` on `rank` (SeededBatch.seed):
+    numpy's SeedSequence of `epoch_seed`, whose k-th word does not depend on how many are asked for."""
+    return np.random.SeedSequence(epoch_seed(seed, epoch, rank)).generate_state(batches).tolist()
+
+
+class SeededBatch(list):
+    """A batch's positions in a split, as a batch sampler yields them, with the seed its host augmentation draws from
+    (`batch_seeds`): DataLoader hands the batch as it is to the dataset's `__getitems__`, in whichever process reads
+    it (a worker's, or the training process without workers)."""
+
+    def __init__(self, positions, seed: int) -> None:
+        super().__init__(positions)
+        self.seed = seed
+
+
+@contextlib.contextmanager
+def _seeded_draws(seed: int, *, torch_only: bool = False):
+    """torch's CPU, Python's and numpy's global generators (what torchvision's, timm's and our transforms draw from;
+    `torch_only`: torch's alone) seeded with `seed` for the draws made inside; in the training process (no DataLoader
+    workers) put back as they were after, so that its own draws (dropout, mixup) go on as they do beside workers.
+
+    Seeded per batch, not per sample: a batch is read whole by one process, so its draws are a function of its seed
+    whichever worker reads it, however many there are, whether they persist across epochs and whether the trial was
+    resumed, at one seeding per batch (8 us in a worker: benchmarks/bench_seeded_batches.py) rather than one per
+    image. Saving and restoring numpy's state in the training process costs about 0.1 ms (its public get_state and
+    set_state), hence `torch_only` for splits that draw nothing else.
+    """
+    restore = get_worker_info() is None  # the training process, whose own draws go on after the batch
+    saved_torch = torch.default_generator.get_state() if restore else None
+    saved_others = (random.getstate(), np.random.get_state()) if restore and not torch_only else None
+    torch.default_generator.manual_seed(seed)  # the CPU generator alone: torch.manual_seed would seed CUDA's too
+    if not torch_only:
+        random.seed(seed)
+        np.random.seed(seed)
+    try:
+        yield
+    finally:
+        if saved_torch is not None:
+            torch.default_generator.set_state(saved_torch)
+        if saved_others is not None:
+            random.setstate(saved_others[0])
+            np.random.set_state(saved_others[1])
 
 
 # --------------------------------------------------------------------------- fractions
@@ -233,6 +294,19 @@ class _IndexedDataset(Dataset):
         index = int(self.indices[i])
         return self._image(index), int(self._labels[index]), index
 
+    def __getitems__(self, positions: list[int]) -> list[tuple[torch.Tensor, int, int]]:
+        """A batch's items, as DataLoader's fetcher asks for them; a SeededBatch's random draws made from its seed."""
+        seed = getattr(positions, "seed", None)
+        if seed is None:
+            return [self[i] for i in positions]
+        with _seeded_draws(seed, torch_only=self._torch_draws_only()):
+            return [self[i] for i in positions]
+
+    def _torch_draws_only(self) -> bool:
+        """Whether every random draw of an item comes from torch's generator (no PIL transform, which draws from
+        Python's and numpy's too): a batch then seeds, and in the training process saves and restores, that one."""
+        return False
+
     def _image(self, index: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -244,6 +318,9 @@ class _TensorImages(_IndexedDataset):
         super().__init__(labels, indices)
         self._images = images
         self._pad = pad
+
+    def _torch_draws_only(self) -> bool:
+        return True
 
     def _image(self, index: int) -> torch.Tensor:
         img = self._images[index]
@@ -301,6 +378,9 @@ class _UInt8Images(_IndexedDataset):
             plain._images = self._images[:, p:-p, p:-p]
         plain._pad, plain._flip, plain.transform = 0, False, self._plain_transform
         return plain
+
+    def _torch_draws_only(self) -> bool:
+        return self.transform is None  # crop and flip by slicing; a transform is PIL's (RandAugment: timm's)
 
     def _image(self, index: int) -> torch.Tensor:
         img = self._images[index]

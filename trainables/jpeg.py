@@ -727,9 +727,18 @@ class FolderBytes(Dataset):
         return x.byte()
 
     def device_loader(
-        self, batch_sampler, device: torch.device, *, num_workers: int, pin_memory: bool, persistent_workers: bool
+        self,
+        batch_sampler,
+        device: torch.device,
+        *,
+        num_workers: int,
+        pin_memory: bool,
+        persistent_workers: bool,
+        generator: torch.Generator | None = None,
     ) -> "_DeviceBatches":
-        """Batches of `batch_sampler` as (uint8 images on `device`, labels on `device`, indices on the host)."""
+        """Batches of `batch_sampler` as (uint8 images on `device`, labels on `device`, indices on the host).
+        `generator`: the DataLoader's (None: torch's global one), which its iterations draw their workers' seeds
+        from; the workers only read, and draw nothing from them."""
         loader = DataLoader(
             _Reader(self),
             batch_sampler=batch_sampler,
@@ -738,6 +747,7 @@ class FolderBytes(Dataset):
             # Encoded bytes go to the decoder, which reads host memory; pixels are copied to the device as they are.
             pin_memory=pin_memory and self.copies_to_device,
             persistent_workers=persistent_workers,
+            generator=generator,
         )
         return _DeviceBatches(self, loader, device)
 
@@ -792,7 +802,14 @@ class FolderPixels(FolderBytes):
         return Images(groups, len(shapes))
 
     def device_loader(
-        self, batch_sampler, device: torch.device, *, num_workers: int, pin_memory: bool, persistent_workers: bool
+        self,
+        batch_sampler,
+        device: torch.device,
+        *,
+        num_workers: int,
+        pin_memory: bool,
+        persistent_workers: bool,
+        generator: torch.Generator | None = None,
     ) -> "_DeviceBatches":
         """As FolderBytes.device_loader, with each batch read by a worker straight into a slot of a shared-memory
         ring (`_SlotRing`), page-locked on CUDA: the training process copies nothing on the host, and the GPU takes
@@ -800,7 +817,7 @@ class FolderPixels(FolderBytes):
         if not self.use_slots:
             return super().device_loader(
                 batch_sampler, device, num_workers=num_workers, pin_memory=pin_memory,
-                persistent_workers=persistent_workers,
+                persistent_workers=persistent_workers, generator=generator,
             )  # fmt: skip
         # A worker may hold prefetch_factor batches (2, DataLoader's default) and the consumer one being copied; the
         # rest are copies in flight, which free their slot when their event completes.
@@ -815,6 +832,7 @@ class FolderPixels(FolderBytes):
             num_workers=num_workers,
             pin_memory=False,  # the slots are page-locked already
             persistent_workers=persistent_workers,
+            generator=generator,
         )
         return _DeviceBatches(self, loader, device, ring)
 

@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Sampler
 import optim
 from trainables import compiled as compiled_step
 from trainables.config import CHECKPOINT_AUTO_RATIO, TrialConfig
-from trainables.data import DataBundle, eval_positions, load_dataset
+from trainables.data import DataBundle, SeededBatch, batch_seeds, epoch_seed, eval_positions, load_dataset
 from trainables.errors import TrialRefused, UserError, shown
 from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
@@ -121,7 +121,8 @@ class _GlobalBatchSampler(Sampler[list[int]]):
 
     The order is a function of (seed, epoch) alone, which makes a resumed run draw exactly the batches the
     uninterrupted one would have drawn. The last incomplete global batch is dropped so every rank takes the
-    same number of steps (DDP would hang otherwise).
+    same number of steps (DDP would hang otherwise). Each batch is a SeededBatch: its host augmentation draws from
+    the seed of its (seed, epoch, rank, number) (trainables.data.batch_seeds), in whichever process reads it.
     """
 
     def __init__(self, n: int, global_batch: int, rank: int, world: int, seed: int):
@@ -140,12 +141,13 @@ class _GlobalBatchSampler(Sampler[list[int]]):
     def __len__(self) -> int:
         return self.n // self.global_batch
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[SeededBatch]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         perm = torch.randperm(self.n, generator=g).tolist()
+        seeds = batch_seeds(self.seed, self.epoch, self.rank, len(self))
         for b in range(len(self)):
             start = b * self.global_batch + self.rank * self.local
-            yield perm[start : start + self.local]
+            yield SeededBatch(perm[start : start + self.local], seeds[b])
 
 
 class _Batched(torch.utils.data.Dataset):
@@ -292,7 +294,11 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
 
     def common(dataset) -> dict[str, Any]:
         workers = _num_workers(cfg, dataset)
-        return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
+        # The loader's own generator: starting an iteration draws its workers' base seed from it, which would
+        # otherwise come from the training process's global generator and shift the draws after it (dropout, mixup)
+        # in just the epochs a loader starts in (every epoch without workers, the first after a start or a resume
+        # with persistent ones). The workers' own seeds are not used: each batch seeds its draws (SeededBatch).
+        return dict(num_workers=workers, pin_memory=pin, persistent_workers=workers > 0, generator=torch.Generator())
 
     if hasattr(bundle.train, "device_loader"):  # reads on the host, decodes and augments each batch on the device
         train = bundle.train.device_loader(sampler, device, **common(bundle.train))
@@ -319,13 +325,14 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
 
 
 def _seed_epoch(seed: int, epoch: int, rank: int) -> None:
-    # Augmentation, dropout and mixup draw from the global generators; seeding them from (seed, epoch, rank)
-    # makes every epoch reproducible on its own, so a resumed run needs no saved generator state.
+    # Dropout, mixup and augmentation drawn in this process (resident data, the device loader's generator) draw from
+    # the global generators; seeding them from (seed, epoch, rank) makes every epoch reproducible on its own, so a
+    # resumed run needs no saved generator state. Host augmentation draws from its batch's seed (SeededBatch).
     import random
 
     import numpy as np
 
-    s = (seed * 1_000_003 + epoch * 7919 + rank) % (2**31)
+    s = epoch_seed(seed, epoch, rank)
     torch.manual_seed(s)
     random.seed(s)
     np.random.seed(s)

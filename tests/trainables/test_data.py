@@ -239,6 +239,33 @@ def test_fake_cifar10_loads_with_labels_pixels_and_indices(fake_cifar10, tmp_pat
     assert direct.train[0][0].shape == (3, 32, 32)
 
 
+def test_a_seeded_batch_draws_from_its_seed_and_leaves_the_process_generators_as_they_were(fake_cifar10, tmp_path):
+    import random
+
+    from trainables.data import SeededBatch, batch_seeds
+
+    train = load_dataset("cifar10", root=tmp_path, augment="strong", device_resident=False).train
+    positions = list(range(12))
+
+    def states():
+        return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+    torch.manual_seed(1), random.seed(1), np.random.seed(1)
+    before = states()
+    first = train.__getitems__(SeededBatch(positions, 5))
+    after = states()
+    # Crops, flips (torch's generator) and RandAugment (Python's and numpy's): none of them moved in this process.
+    assert torch.equal(after[0], before[0]) and after[1] == before[1]
+    assert all(np.array_equal(a, b) for a, b in zip(after[2], before[2]))
+    again = train.__getitems__(SeededBatch(positions, 5))
+    other = train.__getitems__(SeededBatch(positions, 6))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other))
+    assert [item[2] for item in first] == [item[2] for item in train.__getitems__(positions)]  # a plain list too
+    # A batch's seed is a function of (seed, epoch, rank, its number) alone, not of how many batches an epoch has.
+    assert batch_seeds(3, 1, 0, 5) == batch_seeds(3, 1, 0, 9)[:5] != batch_seeds(3, 2, 0, 5) != batch_seeds(3, 1, 1, 5)
+
+
 def test_fake_cifar100_loads(tmp_path, write_fake_cifar):
     written = write_fake_cifar(tmp_path, "cifar100", per_batch=12, n_test=5)
     b = load_dataset("cifar100", root=tmp_path, augment="strong", img_size=40)
