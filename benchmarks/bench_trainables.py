@@ -40,6 +40,8 @@ QUICK = {"vit_tiny": ("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, 
 CIFAR = {
     "vit_s4": ("vit_small_patch16_224", {"patch_size": 4}, 32, 256, False),
     "mixer_s4": ("mixer_s16_224", {"patch_size": 4}, 32, 256, False),
+    # As studies/rho_sensitivity.yaml builds it: drop path 0.1, so the compiled step draws its masks (random ops).
+    "mixer_s4_dp": ("mixer_s16_224", {"patch_size": 4, "drop_path_rate": 0.1}, 32, 256, False),
     "resnet18_cifar": ("resnet18", {}, 32, 256, True),
 }
 
@@ -60,9 +62,10 @@ def _config(
     cifar_stem=False,
     compile_cache=None,
 ):
-    kwargs = {k: v for k, v in kwargs.items() if k != "img_size"}
+    drop_path = kwargs.get("drop_path_rate", 0.0)  # a field of the trial's model config, not a timm kwarg
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("img_size", "drop_path_rate")}
     return {
-        "model": {"name": name, "kwargs": kwargs, "cifar_stem": cifar_stem},
+        "model": {"name": name, "kwargs": kwargs, "cifar_stem": cifar_stem, "drop_path_rate": drop_path},
         "data": {
             "name": "synthetic",
             "img_size": img,

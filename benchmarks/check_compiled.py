@@ -42,13 +42,36 @@ HPARAMS = {
 MODELS = {
     "resnet_bn": ("resnet18", {"layers": [1, 1, 1, 1], "channels": (16, 32, 32, 64)}),
     "vit": ("vit_tiny_patch16_224", {"img_size": 16, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2}),
+    # Random ops in the step: the compiled step must draw the masks eager draws (trainables.compiled._INDUCTOR_OPTIONS).
+    "vit_dropout": (
+        "vit_tiny_patch16_224",
+        {
+            "img_size": 16,
+            "patch_size": 4,
+            "embed_dim": 64,
+            "depth": 2,
+            "num_heads": 2,
+            "drop_rate": 0.1,
+            "proj_drop_rate": 0.1,
+            "drop_path_rate": 0.1,
+        },
+    ),  # fmt: skip
+    "mixer_drop_path": (
+        "mlp_mixer",
+        {"img_size": 16, "patch_size": 4, "num_blocks": 2, "embed_dim": 64, "drop_path_rate": 0.1},
+    ),  # fmt: skip
 }
 
 
 def _model(key: str, device, nudge: bool = False):
     name, kwargs = MODELS[key]
     torch.manual_seed(0)
-    model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
+    if name == "mlp_mixer":  # timm's registered Mixers fix their patch size and depth
+        from timm.models.mlp_mixer import MlpMixer
+
+        model = MlpMixer(num_classes=10, **kwargs)
+    else:
+        model = timm.create_model(name, pretrained=False, num_classes=10, **kwargs)
     if nudge:  # every initial weight moved by one float32 rounding (relative 2^-24): the scale of "rounding"
         with torch.no_grad():
             g = torch.Generator().manual_seed(1)
@@ -110,6 +133,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CPU, aot_eager, 5 steps: a smoke check of the script")
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--models", nargs="+", choices=list(MODELS), help="only the cases of these models (default: all)")
     args = ap.parse_args(argv)
     device = torch.device("cpu" if args.quick else "cuda")
     steps = 5 if args.quick else args.steps
@@ -130,12 +154,14 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     cases = [("resnet_bn", m, {}) for m in optim.METHODS]
     cases += [("vit", m, {}) for m in ("none", "sam", "gsam", "esam", "mesa")]
+    cases += [(key, m, {}) for key in ("vit_dropout", "mixer_drop_path") for m in ("none", "sam")]
     cases += [
         ("resnet_bn", "sam", {"accumulate": 3}),
         ("resnet_bn", "saf", {"accumulate": 3}),
         ("resnet_bn", "sam", {"grad_clip": 0.5}),
         ("resnet_bn", "sam", {"fp16": True}),
     ]
+    cases = [c for c in cases if not args.models or c[0] in args.models]
     failed = 0
     for key, name, setting in cases:
         t0 = time.perf_counter()
