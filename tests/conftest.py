@@ -45,27 +45,78 @@ _LONG_FILES = (
     "tests/studies/test_hardening.py",
     "tests/test_end_to_end.py",
     "tests/studies/test_confirm.py",
-    "tests/studies/test_ui.py",
     "tests/studies/test_multiworker.py",
     "tests/trainables/test_distributed.py",
     "tests/cluster/test_cluster_storage.py",
     "tests/trainables/test_device_check.py",
-    "tests/trainables/test_compiled.py",
-    "tests/cluster/test_server.py",
     "tests/studies/test_launches.py",
     "tests/studies/test_state.py",
     "tests/studies/test_schedulers.py",
     "tests/trainables/test_tune_resume.py",
+)
+# The long files that start no Ray cluster (seconds a test, a minute or two a file). They run after every file that
+# asks for the session's Ray cluster (`ray_cluster`), so that each worker stops its cluster before them instead of
+# keeping it idle to the end: an idle local cluster (GCS, raylet, dashboard and its modules, agents, log monitor, idle
+# workers) burns about 4 CPU-s a minute of the two cores (measured here, 2026-11-27).
+_LONG_FILES_WITHOUT_RAY = (
+    "tests/trainables/test_compiled.py",
     "tests/analysis/test_notebooks.py",
+    "tests/cluster/test_server.py",
+    "tests/studies/test_ui.py",
 )
 
 
+def _file(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    missing = [path for path in _LONG_FILES if not (REPO / path).is_file()]
+    missing = [path for path in _LONG_FILES + _LONG_FILES_WITHOUT_RAY if not (REPO / path).is_file()]
     if missing:  # a renamed file would silently lose its place
         raise pytest.UsageError(f"tests/conftest.py: _LONG_FILES names files that do not exist: {missing}")
-    rank = {path: i for i, path in enumerate(_LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep order
+    on_ray = {_file(item) for item in items if "ray_cluster" in item.fixturenames}
+    first = {path: i for i, path in enumerate(_LONG_FILES)}
+    later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}
+
+    def place(item) -> tuple[int, int]:
+        path = _file(item)
+        if path in first:
+            return 0, first[path]
+        if path in on_ray:  # the short files that use the session's cluster, while it is up
+            return 1, 0
+        if path in later:
+            return 2, later[path]
+        return 3, 0
+
+    items.sort(key=place)  # stable: within a place, files and tests keep their order
+
+
+_RAY_LAST_USE = pytest.StashKey[int]()
+_POSITION = pytest.StashKey[dict]()
+
+
+def pytest_collection_finish(session):
+    """Where this session's last test that asks for the session's Ray cluster is, for `pytest_runtest_teardown`."""
+    items = session.items
+    session.config.stash[_RAY_LAST_USE] = max(
+        (i for i, item in enumerate(items) if "ray_cluster" in item.fixturenames), default=-1
+    )
+    session.config.stash[_POSITION] = {item.nodeid: i for i, item in enumerate(items)}
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the session's Ray cluster once this worker's next test comes after every test that asks for it.
+
+    Each pytest-xdist worker runs its files in collection order (`make test`: --no-loadscope-reorder), so a worker past
+    the last `ray_cluster` test gets none later; idle to the session's end, its cluster would burn CPU the other worker
+    needs. A test that asks for it after all (a selection run out of order) starts it again."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return
+    position = item.config.stash.get(_POSITION, {})
+    if nextitem is None or position.get(nextitem.nodeid, -1) > item.config.stash.get(_RAY_LAST_USE, -1):
+        ray.shutdown()
 
 
 # One tiny model per family, the one every test that trains a model starts from: a few thousand parameters at
@@ -135,7 +186,8 @@ def tiny_study():
 @pytest.fixture
 def ray_cluster(_ray_down_at_end):
     """A real local Ray cluster (with its dashboard, which Train-inside-Tune needs), started by the first test of this
-    worker that asks for it and kept for the next ones (a `no_ray` test stops it; the next asker starts it again)."""
+    worker that asks for it and kept for the next ones (a `no_ray` test stops it; the next asker starts it again),
+    stopped after this worker's last test that asks for it (`pytest_runtest_teardown`)."""
     import ray
 
     if not ray.is_initialized():

@@ -41,8 +41,17 @@ def test_opens_with_question_table_and_cost(path):
 def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
     monkeypatch.chdir(tmp_path)  # the study's relative artifact folder lands here
     study = load_study(path, smoke=True)
-    # Not the study's own storage: beside the repository's study files, or a cluster's shared mount.
-    outcome = run_study(path, smoke=True, tracking_uri=tracking_uri, overrides={"storage": str(tmp_path / "runs")})
+    overrides = {
+        # Not the study's own storage: beside the repository's study files, or a cluster's shared mount.
+        "storage": str(tmp_path / "runs"),
+        # One trial at a time, so that every trial of a study reuses its first one's Ray actor (Tune's reuse_actors)
+        # instead of a second process importing torch, timm and MLflow beside it on the suite's two cores (339 -> 283
+        # CPU-s for the seven studies here). What this test checks is that each shipped file runs in its --smoke
+        # form; concurrent trials of a study are tested by test_end_to_end (the quickstart itself, two at a time),
+        # test_confirm, test_trial_cost, test_failures' resume and the two-node cluster.
+        "resources.max_concurrent_trials": 1,
+    }
+    outcome = run_study(path, smoke=True, tracking_uri=tracking_uri, overrides=overrides)
     assert outcome.trials == study.total_trials >= len(study.cells)  # the smoke form keeps every cell
     assert outcome.errored == 0
     runs = load_runs(f"{study.spec.name}-smoke", tracking_uri=tracking_uri)
