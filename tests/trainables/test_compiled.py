@@ -588,3 +588,20 @@ def test_inductor_options_are_the_modes_own_and_torchs_generator_for_random_ops(
     assert compiled._inductor_options("default") == {"fallback_random": True}
     assert compiled._inductor_options("reduce-overhead") == {"triton.cudagraphs": True, "fallback_random": True}
     assert compiled._inductor_options("max-autotune-no-cudagraphs")["max_autotune"] is True
+
+
+def test_a_trial_with_dropout_compiles_and_draws_eagers_masks(tiny_model):
+    # auto compiles dropout models on CUDA (their masks come from torch's generator under compile); through fit, the
+    # warm-up's draws are put back, so the compiled trial's every mask is the eager trial's (aot_eager: bit for bit).
+    # Drop path, as rho_sensitivity's Mixer has it: the Mixer's MLP dropout (proj_drop_rate) trips aot_eager's eager
+    # run of the backward graph (a `view` of a strided gradient), which Inductor compiles and trains to rounding.
+    metrics = {}
+    for mode in ("off", "default"):
+        cfg = _trial(tiny_model, mode)
+        cfg["model"] = {**tiny_model("mixer"), "drop_path_rate": 0.3}
+        seen = []
+        fit(cfg, reporter=lambda m, c, seen=seen: seen.append(m))
+        metrics[mode] = seen
+    for key in ("train_loss", "val_loss", "weight_norm"):
+        assert [m[key] for m in metrics["off"]] == [m[key] for m in metrics["default"]], key
+    assert [m[compiled.COMPILED_METRIC] for m in metrics["default"]] == [1.0, 1.0]
