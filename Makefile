@@ -8,9 +8,10 @@ STAMP  := $(VENV)/.sharpscale-installed
 # starting, which the other worker's unit tests fill. Each worker starts its own session Ray cluster; loadfile
 # keeps a file's tests on one worker, so a costly fixture shared within a file (a server, a cluster) starts once.
 # --no-loadscope-reorder hands out the files in collection order, where tests/conftest.py puts the minutes-long ones
-# first and every file that uses the session cluster before those that don't (a worker past its last user stops its
-# cluster, which would otherwise idle to the end on CPU the other worker needs): by default xdist orders files by their number of tests, which ignored that order and ran the one-test files
-# that take minutes (the two-node cluster, the scale simulation) among the last.
+# first and every file that uses the session cluster before those that don't; by default xdist orders files by their
+# number of tests, which ignored that order and ran the one-test files that take minutes (the two-node cluster, the
+# scale simulation) among the last. A worker past its last test that uses the session cluster stops it, which would
+# otherwise idle to the end on CPU the other worker needs.
 TEST_WORKERS ?= 2
 
 # Offline and quiet: nothing is downloaded at run time, no usage reports leave the machine.

@@ -4,8 +4,8 @@
     python benchmarks/check_compiled.py --quick    # CPU, aot_eager backend, 5 steps: checks the script itself
 
 Each case trains two copies of one initial model on the same 50 batches, one through ``trainables.compiled``'s
-CompiledModule (``torch.compile(mode="reduce-overhead")``), one eager, and compares the final weights and buffers
-relative to their size, and every step's loss. Inductor fuses and reorders float arithmetic, so "agree" means to
+CompiledModule (``torch.compile`` with reduce-overhead's settings: CUDA graphs), one eager, and compares the final
+weights and buffers relative to their size, and every step's loss. Inductor fuses and reorders float arithmetic, so "agree" means to
 float rounding grown over 50 steps, not bit for bit: within TOLERANCE, or within 10x of how far eager moves from
 itself when every initial weight is nudged by one rounding (a small BatchNorm ResNet amplifies a rounding
 difference to ~0.5 relative in 50 steps, eager against eager: measured on CPU); SAM at rho = 0 compiled must equal the compiled

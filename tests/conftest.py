@@ -73,7 +73,9 @@ def _file(item) -> str:
 def pytest_collection_modifyitems(config, items):
     missing = [path for path in _LONG_FILES + _LONG_FILES_WITHOUT_RAY if not (REPO / path).is_file()]
     if missing:  # a renamed file would silently lose its place
-        raise pytest.UsageError(f"tests/conftest.py: _LONG_FILES names files that do not exist: {missing}")
+        raise pytest.UsageError(
+            f"tests/conftest.py: _LONG_FILES / _LONG_FILES_WITHOUT_RAY name files that do not exist: {missing}"
+        )
     on_ray = {_file(item) for item in items if "ray_cluster" in item.fixturenames}
     first = {path: i for i, path in enumerate(_LONG_FILES)}
     later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}

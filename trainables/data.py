@@ -152,7 +152,9 @@ def batch_seeds(seed: int, epoch: int, rank: int, batches: int) -> list[int]:
 class SeededBatch(list):
     """A batch's positions in a split, as a batch sampler yields them, with the seed its host augmentation draws from
     (`batch_seeds`): DataLoader hands the batch as it is to the dataset's `__getitems__`, in whichever process reads
-    it (a worker's, or the training process without workers)."""
+    it (a worker's, or the training process without workers). The seed travels on this list alone: a wrapper between
+    the loader and the dataset that rebuilds the list (torch's Subset does) loses it, and the draws go unseeded, so
+    the loop hands its datasets to the loader unwrapped."""
 
     def __init__(self, positions, seed: int) -> None:
         super().__init__(positions)
@@ -167,7 +169,7 @@ def _seeded_draws(seed: int, *, torch_only: bool = False):
 
     Seeded per batch, not per sample: a batch is read whole by one process, so its draws are a function of its seed
     whichever worker reads it, however many there are, whether they persist across epochs and whether the trial was
-    resumed, at one seeding per batch (8 us in a worker: benchmarks/bench_seeded_batches.py) rather than one per
+    resumed, at one seeding per batch (9 us in a worker: benchmarks/bench_seeded_batches.py) rather than one per
     image. Saving and restoring numpy's state in the training process costs about 0.1 ms (its public get_state and
     set_state), hence `torch_only` for splits that draw nothing else.
     """

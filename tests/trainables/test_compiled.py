@@ -117,8 +117,8 @@ def test_rho_zero_compiled_is_the_base_step():
 @pytest.mark.parametrize("dropout", [0.0, 0.3])
 def test_inductor_step_agrees_with_eager_to_rounding(monkeypatch, dropout):
     # With dropout, both of SAM's passes draw masks: the compiled step draws them from torch's generator in eager's
-    # order (compiled._INDUCTOR_OPTIONS), where Inductor's own generator drew others (0.31 relative apart after 20
-    # steps of a ViT, on an H200 and on this CPU).
+    # order (compiled._INDUCTOR_OPTIONS); Inductor's own generator drew others (this case fails without the setting;
+    # a ViT with dropout ended 0.31 relative from eager after 20 steps on an H200).
     monkeypatch.setattr(compiled, "BACKEND", "inductor")
 
     def mlp():
@@ -590,9 +590,10 @@ def test_inductor_options_are_the_modes_own_and_torchs_generator_for_random_ops(
     assert compiled._inductor_options("max-autotune-no-cudagraphs")["max_autotune"] is True
 
 
-def test_a_trial_with_dropout_compiles_and_draws_eagers_masks(tiny_model):
-    # auto compiles dropout models on CUDA (their masks come from torch's generator under compile); through fit, the
-    # warm-up's draws are put back, so the compiled trial's every mask is the eager trial's (aot_eager: bit for bit).
+def test_the_warm_up_puts_back_its_random_draws_so_a_drop_path_trial_trains_on_eagers_masks(tiny_model):
+    # Through fit, the compile's warm-up draws masks of its own and puts the generators back, so the compiled trial's
+    # every mask is the eager trial's (aot_eager: bit for bit). That Inductor draws them as eager does is
+    # test_inductor_step_agrees_with_eager_to_rounding's; that auto compiles dropout models, test_resolve_compile's.
     # Drop path, as rho_sensitivity's Mixer has it: the Mixer's MLP dropout (proj_drop_rate) trips aot_eager's eager
     # run of the backward graph (a `view` of a strided gradient), which Inductor compiles and trains to rounding.
     metrics = {}
