@@ -163,6 +163,13 @@ class _Writer:
     def section(self, title: str, body: str, image: str | None = None) -> None:
         self.sections.append(f"## {title}\n\n{body.strip()}\n" + (f"\n![{title}]({image})\n" if image else ""))
 
+    def table(self, stem: str, title: str, markdown: str, frame: pd.DataFrame, *, index: bool = True) -> None:
+        """A table three ways: `markdown` (its prose and rendering) as `<stem>.md` and as the report's section
+        `title`, and `frame` (the data behind it, which may carry more columns) as `<stem>.csv`."""
+        self.text(f"{stem}.md", markdown)
+        self.csv(f"{stem}.csv", frame, index=index)
+        self.section(title, markdown)
+
 
 def _fmt(frame: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
     out = frame.copy()
@@ -495,9 +502,7 @@ def _summary_section(r: _Report) -> None:
         f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
         f"{r.search_source}.\n\n" + _markdown(_fmt(summary))
     )
-    r.w.text("summary.md", summary_md)
-    r.w.csv("summary.csv", summary)
-    r.w.section("Per-cell summary of the search", summary_md)
+    r.w.table("summary", "Per-cell summary of the search", summary_md, summary)
 
 
 def _confirm_section(r: _Report) -> None:
@@ -514,9 +519,7 @@ def _confirm_section(r: _Report) -> None:
         f"Each cell's confirm runs: {statistic_label(r.metric)} mean, sd and standard error over its fresh "
         f"seeds at the knobs its search chose. Numbers from: {r.source}.\n\n" + _markdown(_fmt(chosen))
     )
-    r.w.text("confirm.md", confirm_md)
-    r.w.csv("confirm.csv", chosen)
-    r.w.section("Per-cell confirm runs (what the comparisons below use)", confirm_md)
+    r.w.table("confirm", "Per-cell confirm runs (what the comparisons below use)", confirm_md, chosen)
 
 
 def _curves_section(r: _Report) -> list[str]:
@@ -554,9 +557,7 @@ def _geometry_section(r: _Report) -> None:
         "them with both; tau_<h>: the mean tau within groups of trials that differ only in "
         "hyperparameter h (Jiang et al. 2020), groups_<h> how many such groups.\n\n" + _markdown(_fmt(tau))
     )
-    r.w.text("geometry_tau.md", tau_md)
-    r.w.csv("geometry_tau.csv", tau)
-    r.w.section("Geometry against the generalisation gap", tau_md)
+    r.w.table("geometry_tau", "Geometry against the generalisation gap", tau_md, tau)
 
 
 def run_link(ui_url: str, experiment_id: str, run_id: str) -> str:
@@ -643,9 +644,9 @@ def _trials_table(r: _Report, knobs: list[str]) -> None:
         f"Every search trial, best first by {metric} ({mode}) across the whole study (among equal values the one "
         "that started first), each linking to its MLflow run.\n\n" + _markdown(table)
     )
-    r.w.text("trials.md", md)
-    r.w.csv("trials.csv", table.assign(trial=[str(search.at[i, "run_name"]) for i in ranked]))
-    r.w.section("Every trial, best first", md)
+    r.w.table(
+        "trials", "Every trial, best first", md, table.assign(trial=[str(search.at[i, "run_name"]) for i in ranked])
+    )
 
 
 def _link_report(client, experiment_id: str, run_id: str) -> None:
@@ -783,10 +784,7 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
         f"(docs/science.md). Numbers from: {r.source}.\n\n"
         + _markdown(_fmt(mult.set_index(["arch", "treatment", "fraction"])))
     )
-    slug = _slug(level)
-    r.w.text(f"data_multiplier_{slug}.md", mult_md)
-    r.w.csv(f"data_multiplier_{slug}.csv", mult, index=False)
-    r.w.section(f"Data multiplier of {level}", mult_md)
+    r.w.table(f"data_multiplier_{_slug(level)}", f"Data multiplier of {level}", mult_md, mult, index=False)
 
 
 def _gain_section(r: _Report, level: str, base: str) -> None:
@@ -950,7 +948,6 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
             rows.append(diff)
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
-            slug = _slug(level)
             md = (
                 f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
@@ -959,9 +956,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
                 "detectable: the |diff| this design finds with 80% power (what a null result rules out).\n\n"
                 + _markdown(_fmt(frame))
             )
-            w.text(f"law_difference_{slug}.md", md)
-            w.csv(f"law_difference_{slug}.csv", frame)
-            w.section(f"Scaling-law difference of {level} over {base}", md)
+            w.table(f"law_difference_{_slug(level)}", f"Scaling-law difference of {level} over {base}", md, frame)
 
 
 def _compares_compute(runs: pd.DataFrame, method: str) -> bool:
