@@ -70,13 +70,17 @@ def _file(item) -> str:
     return item.nodeid.split("::", 1)[0]
 
 
+def _asks_for_ray(item) -> bool:
+    return "ray_cluster" in item.fixturenames  # directly or through a fixture of its own
+
+
 def pytest_collection_modifyitems(config, items):
     missing = [path for path in _LONG_FILES + _LONG_FILES_WITHOUT_RAY if not (REPO / path).is_file()]
     if missing:  # a renamed file would silently lose its place
         raise pytest.UsageError(
             f"tests/conftest.py: _LONG_FILES / _LONG_FILES_WITHOUT_RAY name files that do not exist: {missing}"
         )
-    on_ray = {_file(item) for item in items if "ray_cluster" in item.fixturenames}
+    on_ray = {_file(item) for item in items if _asks_for_ray(item)}
     first = {path: i for i, path in enumerate(_LONG_FILES)}
     later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}
 
@@ -100,9 +104,7 @@ _POSITION = pytest.StashKey[dict]()
 def pytest_collection_finish(session):
     """Where this session's last test that asks for the session's Ray cluster is, for `pytest_runtest_teardown`."""
     items = session.items
-    session.config.stash[_RAY_LAST_USE] = max(
-        (i for i, item in enumerate(items) if "ray_cluster" in item.fixturenames), default=-1
-    )
+    session.config.stash[_RAY_LAST_USE] = max((i for i, item in enumerate(items) if _asks_for_ray(item)), default=-1)
     session.config.stash[_POSITION] = {item.nodeid: i for i, item in enumerate(items)}
 
 
