@@ -728,11 +728,18 @@ def test_a_full_disk_stops_the_study_in_one_line_with_every_status_true(
         "left join tags w on w.run_uuid = r.run_uuid and w.key = 'sharpscale.reason' where r.lifecycle_stage = 'active'",
     )
     met = [t for t in trials if t[2].startswith(NO_SPACE_REASON)]
-    assert met and all(t[:2] == ("FAILED", "failed") for t in met), trials
+    if met or not optuna_on_disk:
+        assert met and all(t[:2] == ("FAILED", "failed") for t in met), trials
+        assert "it stays failed (`resume` does not run it again)" in line, line
+    else:
+        # With the Optuna database on the same disk, the driver's next Optuna write (another trial's report, a new
+        # trial's ask) can meet the disk before the running trial's next checkpoint does (seen once in three suite
+        # runs): the searcher's refused write stops the study (runner.NoSpaceStopper), no trial failed, and the one
+        # that ran is cut short, resumable.
+        assert any(t[:2] == ("KILLED", "interrupted") for t in trials), trials
     for status, tag, reason in set(trials) - set(met):
         assert (status, tag) in {("FINISHED", "finished"), ("KILLED", "interrupted")}, trials
         assert tag == "finished" or reason.startswith("the study stopped on a full disk while this trial ran"), trials
-    assert "it stays failed (`resume` does not run it again)" in line, line
     reasons = _sql(db, "select value from tags where key = 'sharpscale.reason'")
     assert not any("Traceback" in r for (r,) in reasons), reasons  # failed once, on the disk: not a retried crash
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
