@@ -2,67 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
+from optim.lazy import exports
 
-from ._registry import METHODS, MethodSpec, check_hparams, create, method_names
-
-if TYPE_CHECKING:
-    from ._esam import ESAM
-    from ._fsam import FriendlySAM
-    from ._gsam import GSAM
-    from ._looksam import LookSAM
-    from ._method import Method, StepKeywords, StepOutput
-    from ._msam import MSAM
-    from ._sam import SAM
-    from ._trajectory import MESA, SAF, trajectory_kl
-
-# The registry (names, knobs and their rules) imports no torch, so a study file validates without it; the classes
-# load torch when first named.
-_LAZY = {
-    "ESAM": "_esam",
-    "FriendlySAM": "_fsam",
-    "GSAM": "_gsam",
-    "LookSAM": "_looksam",
-    "Method": "_method",
-    "StepKeywords": "_method",
-    "StepOutput": "_method",
-    "MSAM": "_msam",
-    "SAM": "_sam",
-    "MESA": "_trajectory",
-    "SAF": "_trajectory",
-    "trajectory_kl": "_trajectory",
-}
-
-__all__ = [
-    "ESAM",
-    "GSAM",
-    "MESA",
-    "METHODS",
-    "MSAM",
-    "SAF",
-    "SAM",
-    "FriendlySAM",
-    "LookSAM",
-    "Method",
-    "MethodSpec",
-    "StepKeywords",
-    "StepOutput",
-    "check_hparams",
-    "create",
-    "method_names",
-    "trajectory_kl",
-]
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# Each public name once, with its home. The registry (names, knobs and their rules) imports no torch, so a study
+# file validates without it; the classes load torch when first named. Type checkers read __init__.pyi, generated
+# from this by optim.lazy.write_stubs().
+__all__, __getattr__, __dir__ = exports(
+    __name__,
+    {
+        "_registry": ("METHODS", "MethodSpec", "check_hparams", "create", "method_names"),
+        "_method": ("Method", "StepKeywords", "StepOutput"),
+        "_sam": ("SAM",),
+        "_gsam": ("GSAM",),
+        "_looksam": ("LookSAM",),
+        "_trajectory": ("MESA", "SAF", "trajectory_kl"),
+        "_esam": ("ESAM",),
+        "_fsam": ("FriendlySAM",),
+        "_msam": ("MSAM",),
+    },
+)
