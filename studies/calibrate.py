@@ -65,11 +65,15 @@ def probe_config(config: dict[str, Any], *, device: str, steps: int) -> dict[str
     """The cell's trial config as a short throughput probe: its model, method, batch and image size, on synthetic
     data held on the device (the data path is not what is measured), two epochs of `steps` steps, no geometry."""
     from trainables.config import TrialConfig
+    from trainables.datasets import DATASETS
 
     cfg = TrialConfig.load(config)
     data = cfg.data
-    classes = 100 if data.name == "cifar100" else 10
-    size = data.img_size or (8 if data.name == "digits" else 32)
+    spec = DATASETS[data.name]
+    # The dataset's classes and default size, from its registry entry; where the data decide the classes (an image
+    # folder, synthetic data), the config's synthetic_classes (10 unless set).
+    classes = spec.num_classes if spec.num_classes is not None else data.synthetic_classes
+    size = data.img_size or spec.default_size
     tree = cfg.model_dump(mode="json")
     tree["data"] = {
         "name": "synthetic",

@@ -14,7 +14,6 @@ from studies.spec import Cell, LoadedStudy
 __all__ = [
     "CARD_FIGURES",
     "REFERENCE_CARD",
-    "SPLIT_SIZES",
     "CardFigures",
     "compiled_speedup",
     "Estimate",
@@ -84,10 +83,6 @@ REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
 # Share of a clean epoch's throughput under strong augmentation (RandAugment in host workers, mixup): the host-worker
 # path measured 0.891-0.926 of synthetic for `none` on the H100 (docs/benchmarks.md, "does the data path feed the GPU?").
 STRONG_AUGMENT_SHARE = 0.9
-
-# (training images, validation images) of each dataset's full splits; a dataset missing here has sizes known only once
-# it is read (an image folder), and gets no estimate.
-SPLIT_SIZES = {"cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000), "digits": (1_438, 359)}
 
 
 @dataclass(frozen=True)
@@ -180,18 +175,22 @@ def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
 
 def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
     from trainables.config import TrialConfig
+    from trainables.datasets import DATASETS
 
     cfg = TrialConfig.load(cell.config)
     data, method = cfg.data, cfg.optimizer.method
     label = cell.key or "the study"
-    if data.name not in SPLIT_SIZES:
+    # (training images, validation images) of the dataset's full splits, from its registry entry; a dataset whose
+    # sizes are known only once it is read (an image folder) gets no estimate.
+    spec = DATASETS[data.name]
+    if spec.split_sizes is None:
         return (
             None,
-            f"cell {label}: dataset {data.name!r} has no known split sizes (studies/cost.py SPLIT_SIZES).",
+            f"cell {label}: dataset {data.name!r} has no known split sizes (trainables/datasets.py DATASETS).",
             False,
         )
-    n_train, n_val = SPLIT_SIZES[data.name]
-    img_size = data.img_size or 32
+    n_train, n_val = spec.split_sizes
+    img_size = data.img_size or spec.default_size
     key = _model_key(cell.config)
     row = _row(card, key, img_size, data.batch_size)
     if row is None:

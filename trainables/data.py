@@ -26,15 +26,16 @@ if TYPE_CHECKING:
 
 from trainables.datasets import (
     DATASETS,
+    Archive,
     DatasetSpec,
     device_rand_augment_problem,
+    expected_layout,
     fraction_keep,
     package_file,
     rand_augment_hparams,
     resident_problem,
 )
 from trainables.errors import UserError
-from trainables.fetch import ARCHIVES, expected_layout
 from trainables.staging import stage_root
 
 __all__ = [
@@ -54,20 +55,14 @@ __all__ = [
 
 MixupFn = Callable[[torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
-# The true per-pixel statistics of the training sets. The often copied CIFAR-10 std
-# (0.2023, 0.1994, 0.2010) is the mean of per-image stds, not the dataset std.
-_CIFAR_STATS = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-_IMAGENET_MEAN = (0.485, 0.456, 0.406)
-_IMAGENET_STD = (0.229, 0.224, 0.225)
+# Each dataset's classes, default size, split sizes, normalisation, archive and root layout are its registry entry's
+# (trainables.datasets.DATASETS); the loaders below read them.
 
 # The digits train/val split never depends on `fraction_seed`, so every trial of a study
 # is scored on the same validation images.
 _DIGITS_SPLIT_SEED = 20240601
 _DIGITS_VAL_FRACTION = 0.2
-_DIGITS_NATIVE_SIZE = 8
+_DIGITS_NATIVE_SIZE = 8  # the embedded file's pixel grid (64 columns)
 
 
 class DatasetError(UserError):
@@ -539,8 +534,10 @@ class _SyntheticImages(Dataset):
         return images, self._labels.index_select(0, _to_device(pos, dev)), index
 
 
-def _load_synthetic(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
-    size, num_samples, num_classes = cfg.img_size or 32, cfg.synthetic_samples, cfg.synthetic_classes
+def load_synthetic(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    """The registry's loader of ``synthetic``: random images of ``cfg.synthetic_classes`` classes."""
+    spec = DATASETS[cfg.name]
+    size, num_samples, num_classes = cfg.img_size or spec.default_size, cfg.synthetic_samples, cfg.synthetic_classes
     keep = train_indices_for(np.arange(num_samples, dtype=np.int64) % num_classes)
     return DataBundle(
         train=_SyntheticImages(num_samples, num_classes, size, seed=0, keep=keep),
@@ -551,9 +548,9 @@ def _load_synthetic(cfg: "DataConfig", root: Path | None, train_indices_for, res
         num_train_full=num_samples,
         train_indices=keep,
         mixup=None,
-        mean=(0.0, 0.0, 0.0),
-        std=(1.0, 1.0, 1.0),
-        name="synthetic",
+        mean=spec.mean,
+        std=spec.std,
+        name=spec.name,
     )
 
 
@@ -640,8 +637,10 @@ def _digits_arrays(img_size: int) -> tuple[torch.Tensor, np.ndarray, torch.Tenso
     return train_x.contiguous(), train_y, val_x.contiguous(), val_y, mean, std
 
 
-def _load_digits(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
-    size = _DIGITS_NATIVE_SIZE if cfg.img_size is None else cfg.img_size
+def load_digits(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    """The registry's loader of ``digits``: the embedded images, normalised by their training split's statistics."""
+    spec = DATASETS[cfg.name]
+    size = spec.default_size if cfg.img_size is None else cfg.img_size
     train_x, train_y, val_x, val_y, mean, std = _digits_arrays(size)
     # One native pixel of translation whatever the resize, so the augmentation means the same.
     pad = 0 if cfg.augment == "none" else max(1, round(size / _DIGITS_NATIVE_SIZE))
@@ -660,16 +659,16 @@ def _load_digits(cfg: "DataConfig", root: Path | None, train_indices_for, reside
         train=train,
         val=val,
         resident=resident,
-        num_classes=10,
+        num_classes=spec.num_classes,
         in_chans=1,
         img_size=size,
         num_train_full=len(train_y),
         train_indices=indices,
-        mixup=_make_mixup(cfg, 10),
+        mixup=_make_mixup(cfg, spec.num_classes),
         mean=(mean,),
         std=(std,),
-        name="digits",
-        classes=tuple(str(c) for c in range(10)),
+        name=spec.name,
+        classes=tuple(str(c) for c in range(spec.num_classes)),
     )
 
 
@@ -712,7 +711,7 @@ def _describe(path: Path) -> str:
 
 
 def _cifar_error(name: str, path: Path, found: str) -> DatasetError:
-    folder = ARCHIVES[name].folder
+    folder = _archive(name).folder
     return DatasetError(
         f"{name} data at '{path}' is not usable: expected {expected_layout(name)}; found {found}. "
         f"Fix: extract the official python-version archive so that '{folder}' is complete, and set "
@@ -720,9 +719,16 @@ def _cifar_error(name: str, path: Path, found: str) -> DatasetError:
     )
 
 
+def _archive(name: str) -> Archive:
+    archive = DATASETS[name].archive
+    assert archive is not None  # a CIFAR-shaped entry has its archive
+    return archive
+
+
 def _cifar_files(name: str) -> tuple[str, tuple[str, ...], tuple[str, ...], str]:
-    a = ARCHIVES[name]
-    return a.folder, a.train_files, a.test_files, a.meta_file
+    a = _archive(name)
+    (meta_file,) = a.parts["meta"]
+    return a.folder, a.parts["train"], a.parts["test"], meta_file
 
 
 def _read_pickle(name: str, path: Path) -> dict:
@@ -740,7 +746,7 @@ def _read_pickle(name: str, path: Path) -> dict:
 
 
 def _read_cifar_batch(name: str, path: Path, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    label_key = "labels" if name == "cifar10" else "fine_labels"
+    label_key = _archive(name).keys["labels"]
     batch = _read_pickle(name, path)
     missing = [k for k in ("data", label_key) if k not in batch]
     if missing:
@@ -767,7 +773,7 @@ def _read_cifar_batch(name: str, path: Path, num_classes: int) -> tuple[np.ndarr
 
 
 def _read_cifar_classes(name: str, path: Path, num_classes: int) -> tuple[str, ...]:
-    key = "label_names" if name == "cifar10" else "fine_label_names"
+    key = _archive(name).keys["class_names"]
     meta = _read_pickle(name, path)
     names = meta.get(key)
     if not isinstance(names, (list, tuple)) or len(names) != num_classes:
@@ -846,9 +852,11 @@ def _cifar_arrays(name: str, base: str, stamp: tuple) -> tuple:
     return _CIFAR_CACHE[key]
 
 
-def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+def load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    """The registry's loader of CIFAR-shaped datasets (cifar10, cifar100): the pickles its archive names."""
     name = cfg.name
-    num_classes = DATASETS[name].num_classes
+    spec = DATASETS[name]
+    num_classes = spec.num_classes
     assert root is not None  # the registry entry needs a root; DataConfig enforces it
     base = _find_cifar_dir(name, root)
     _, train_files, test_files, meta_file = _cifar_files(name)
@@ -861,8 +869,8 @@ def _load_cifar(cfg: "DataConfig", root: Path | None, train_indices_for, residen
     )
     classes, train_x, train_y, val_x, val_y = _cifar_arrays(name, str(base.resolve()), stamp)
 
-    size = 32 if cfg.img_size is None else cfg.img_size
-    mean, std = _CIFAR_STATS[name]
+    size = spec.default_size if cfg.img_size is None else cfg.img_size
+    mean, std = spec.mean, spec.std
     indices = train_indices_for(train_y)
     # CIFAR has no separate validation split: val is the official test batch.
     if resident:
@@ -917,19 +925,21 @@ def _open_folder(split_dir: Path, transform):
         raise _imagefolder_error(split_dir, f"{_describe(split_dir)} ({exc})") from exc
 
 
-def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+def load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool) -> DataBundle:
+    """The registry's loader of ``imagefolder``: a train/val tree of class folders, or what `data prepare` made of one."""
     from timm.data import create_transform
 
+    spec = DATASETS[cfg.name]
     assert root is not None  # the registry entry needs a root; DataConfig enforces it
     augment = cfg.augment
     if not root.is_dir():
         raise _imagefolder_error(root, _describe(root))
-    size = 224 if cfg.img_size is None else cfg.img_size
+    size = spec.default_size if cfg.img_size is None else cfg.img_size
     from trainables.prepare import read_manifest
 
     prepared = read_manifest(root)
     # Bicubic as in the ViT/DeiT recipes; colour jitter off so that `basic` is crop + flip only.
-    common = dict(interpolation="bicubic", mean=_IMAGENET_MEAN, std=_IMAGENET_STD)
+    common = dict(interpolation="bicubic", mean=spec.mean, std=spec.std)
     eval_tf = create_transform(size, is_training=False, **common)
     if augment == "none":
         train_tf = eval_tf
@@ -970,6 +980,7 @@ def _load_imagefolder(cfg: "DataConfig", root: Path | None, train_indices_for, r
 
 def _folder_bundle(cfg, train: Dataset, val: Dataset, classes: tuple, size: int, num_full: int, indices) -> DataBundle:
     """The DataBundle of an image folder, in any of its forms."""
+    spec = DATASETS[cfg.name]
     return DataBundle(
         train=train,
         val=val,
@@ -979,9 +990,9 @@ def _folder_bundle(cfg, train: Dataset, val: Dataset, classes: tuple, size: int,
         num_train_full=num_full,
         train_indices=indices,
         mixup=_make_mixup(cfg, len(classes)),
-        mean=_IMAGENET_MEAN,
-        std=_IMAGENET_STD,
-        name="imagefolder",
+        mean=spec.mean,
+        std=spec.std,
+        name=spec.name,
         classes=classes,
     )
 

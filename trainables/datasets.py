@@ -1,4 +1,5 @@
-"""The dataset registry, torch-free: each dataset's name, description, rules (root, device-resident form) and loader by name, and the RandAugment string check."""
+"""The dataset registry, torch-free: every fact of each dataset (classes, sizes, split sizes, normalisation, archive
+and root layout, the rules of its forms) and its loader by name, and the RandAugment string check."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import importlib
 import importlib.util
 import math
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DATASETS",
     "DEVICE_RAND_OPS",
+    "Archive",
     "DatasetSpec",
+    "Layout",
     "device_rand_augment_problem",
+    "expected_layout",
     "fraction_keep",
     "package_file",
     "rand_augment_hparams",
@@ -28,19 +32,58 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class DatasetSpec:
-    """One registered dataset: how to load it, and what the config rules need to know about it.
+class Layout:
+    """What a data root must hold: ``alternatives``, each a set of relative paths (a trailing / is a directory), any
+    one of which will do; ``words``, the same for a person (``<root>`` standing for the root)."""
 
-    ``loader`` names the load function in trainables.data (which imports torch), read only when a dataset is
-    loaded: ``load(cfg, root, train_indices_for, resident)`` gives the bundle; ``root`` is the local directory
-    (None when the dataset needs none), ``train_indices_for(labels)`` the fraction subset, ``resident`` whether to
-    build the device-resident form.
+    alternatives: tuple[tuple[str, ...], ...]
+    words: str
+
+
+@dataclass(frozen=True)
+class Archive:
+    """An official archive: where it is, its md5, the folder it unpacks to, the files the loader reads there by their
+    role (``parts``: CIFAR's ``train``, ``test`` and ``meta`` pickles), the keys it reads inside them (``keys``:
+    CIFAR's ``labels`` and ``class_names``) and what the files are, in words."""
+
+    url: str
+    md5: str
+    folder: str
+    parts: Mapping[str, tuple[str, ...]]
+    keys: Mapping[str, str] = field(default_factory=dict)
+    contents: str = ""
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file of the folder the loader reads, in the order of ``parts``."""
+        return tuple(f for files in self.parts.values() for f in files)
+
+    @property
+    def layout(self) -> Layout:
+        """The unpacked folder under a root, or its files directly in the root."""
+        return Layout(
+            (tuple(f"{self.folder}/{f}" for f in self.files), self.files),
+            f"<root>/{self.folder}/{{{', '.join(self.files)}}} ({self.contents}), or those files directly in <root>",
+        )
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One registered dataset: every fact about it that the config rules, the cost estimate, the fetch and the
+    loaders read, and how to load it.
+
+    ``loader`` is ``"module:attribute"`` of the load function inside ``trainables`` (importing torch), imported
+    only when a dataset is loaded: ``load(cfg, root, train_indices_for, resident)`` gives the bundle; ``root`` is
+    the local directory (None when the dataset needs none), ``train_indices_for(labels)`` the fraction subset,
+    ``resident`` whether to build the device-resident form.
     """
 
     name: str
     description: str
     loader: str
     needs_root: bool
+    # The img_size a trial gets when its config leaves img_size unset.
+    default_size: int
     # Small enough to keep on the accelerator: `none`/`basic` augmentation then runs batched on the device.
     # (`strong` keeps RandAugment in host workers.)
     device_resident: bool = False
@@ -53,6 +96,28 @@ class DatasetSpec:
     # Samples of each class in the training split, in class order (None where the data or the config decide): the
     # config rules read it to size a `data.fraction` subset before any data is loaded.
     train_class_sizes: tuple[int, ...] | None = None
+    # Images in the validation split (None where the data decide): with train_class_sizes, what a study's cost
+    # estimate counts before any data is read.
+    val_size: int | None = None
+    # Per-channel mean and std the images are normalised by (None: computed from the loaded training split).
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    # Its official archive, which `sharpscale data fetch` downloads (None: none to fetch).
+    archive: Archive | None = None
+    # What its data root must hold, where it has no archive to say it (None: a dataset without a root).
+    layout: Layout | None = None
+
+    @property
+    def split_sizes(self) -> tuple[int, int] | None:
+        """(training images, validation images) of its full splits, where the registry knows them."""
+        if self.train_class_sizes is None or self.val_size is None:
+            return None
+        return sum(self.train_class_sizes), self.val_size
+
+    @property
+    def root_layout(self) -> Layout | None:
+        """What its data root must hold: its archive's folder, or its own layout; None for a dataset without one."""
+        return self.archive.layout if self.archive is not None else self.layout
 
     def subset_size(self, fraction: float) -> int | None:
         """Samples in this dataset's class-stratified `fraction` subset (None where the class sizes are unknown)."""
@@ -62,57 +127,115 @@ class DatasetSpec:
 
     @property
     def load(self) -> Loader:
-        return getattr(importlib.import_module("trainables.data"), self.loader)
+        """The load function (importing its module, and torch, on first use)."""
+        module, _, attr = self.loader.partition(":")
+        return getattr(importlib.import_module(module, __package__), attr)
 
 
+_CIFAR_PICKLES = "the official python-version pickles"
+
+# Adding a dataset: its loader (trainables.data) and one entry below; the config rules, `--dry-run`'s estimate,
+# `sharpscale data fetch`, the pre-run root check and the loaders read it, and tests/trainables/
+# test_datasets_registry.py runs every entry.
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
         DatasetSpec(
             "digits",
             "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
-            "_load_digits",
+            ".data:load_digits",
             needs_root=False,
+            default_size=8,
             device_resident=True,
             num_classes=10,
-            # 1,438 train images (trainables.data's fixed split); pinned against the loaded split by a test.
+            # 1,438 train and 359 val images (trainables.data's fixed split); pinned against the loaded split by a
+            # test. Normalised by the training split's own mean and std.
             train_class_sizes=(142, 146, 142, 146, 145, 146, 145, 143, 139, 144),
+            val_size=359,
         ),
         DatasetSpec(
             "cifar10",
             "CIFAR-10, the python-version pickles; val is the test batch",
-            "_load_cifar",
+            ".data:load_cifar",
             needs_root=True,
+            default_size=32,
             device_resident=True,
             native_size=32,
             num_classes=10,
             train_class_sizes=(5000,) * 10,
+            val_size=10_000,
+            # The true per-pixel statistics of the training sets. The often copied CIFAR-10 std
+            # (0.2023, 0.1994, 0.2010) is the mean of per-image stds, not the dataset std.
+            mean=(0.4914, 0.4822, 0.4465),
+            std=(0.2470, 0.2435, 0.2616),
+            archive=Archive(
+                url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                md5="c58f30108f718f92721af3b95e74349a",
+                folder="cifar-10-batches-py",
+                parts={
+                    "train": tuple(f"data_batch_{i}" for i in range(1, 6)),
+                    "test": ("test_batch",),
+                    "meta": ("batches.meta",),
+                },
+                keys={"labels": "labels", "class_names": "label_names"},
+                contents=_CIFAR_PICKLES,
+            ),
         ),
         DatasetSpec(
             "cifar100",
             "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
-            "_load_cifar",
+            ".data:load_cifar",
             needs_root=True,
+            default_size=32,
             device_resident=True,
             native_size=32,
             num_classes=100,
             train_class_sizes=(500,) * 100,
+            val_size=10_000,
+            mean=(0.5071, 0.4865, 0.4409),
+            std=(0.2673, 0.2564, 0.2762),
+            archive=Archive(
+                url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
+                md5="eb9058c3a382ffc7106e4002c42a8d85",
+                folder="cifar-100-python",
+                parts={"train": ("train",), "test": ("test",), "meta": ("meta",)},
+                keys={"labels": "fine_labels", "class_names": "fine_label_names"},
+                contents=_CIFAR_PICKLES,
+            ),
         ),
         DatasetSpec(
             "imagefolder",
             "any train/val tree of class folders (ImageNet-style), decoded per sample",
-            "_load_imagefolder",
+            ".data:load_imagefolder",
             needs_root=True,
+            default_size=224,
             device_decode=True,
+            mean=(0.485, 0.456, 0.406),  # ImageNet's statistics
+            std=(0.229, 0.224, 0.225),
+            layout=Layout(
+                (("train/", "val/"),),
+                "<root>/train/<class_name>/<image>.jpg|png and <root>/val/<class_name>/<image>.jpg|png "
+                "with the same class folders in train and val",
+            ),
         ),
         DatasetSpec(
             "synthetic",
             "random images for throughput measurements; no augmentation",
-            "_load_synthetic",
+            ".data:load_synthetic",
             needs_root=False,
+            default_size=32,
+            mean=(0.0, 0.0, 0.0),
+            std=(1.0, 1.0, 1.0),
         ),
     )
 }
+
+
+def expected_layout(name: str) -> str:
+    """The layout a data root of dataset `name` must have, in words ('' for datasets that need no root)."""
+    spec = DATASETS.get(name)
+    layout = spec.root_layout if spec is not None else None
+    return layout.words if layout is not None else ""
 
 
 def fraction_keep(fraction: float, n: int) -> int:

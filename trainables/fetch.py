@@ -1,4 +1,5 @@
-"""Official dataset archives: their URL, md5 and layout in one table; download, md5 check, safe unpacking, upload to a URI."""
+"""Fetching a dataset's official archive (its URL, md5 and layout: the registry's, trainables.datasets): download,
+md5 check, safe unpacking, upload to a URI; and the check that a data root holds a dataset's layout."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from trainables.datasets import DATASETS, Archive, expected_layout
 from trainables.errors import UserError
 from trainables.staging import StagingError, is_uri, open_uri
 
@@ -25,66 +26,12 @@ _CHUNK = 1 << 20
 _DOWNLOAD_TIMEOUT_S = 60
 
 
-@dataclass(frozen=True)
-class Archive:
-    """An official archive: where it is, its md5, the folder it unpacks to and the files trainables.data reads there.
-
-    The one home of these facts: trainables.data reads the folder and file names from here.
-    """
-
-    url: str
-    md5: str
-    folder: str
-    train_files: tuple[str, ...]
-    test_files: tuple[str, ...]
-    meta_file: str
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        return (*self.train_files, *self.test_files, self.meta_file)
-
-
-ARCHIVES: dict[str, Archive] = {
-    "cifar10": Archive(
-        url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-        md5="c58f30108f718f92721af3b95e74349a",
-        folder="cifar-10-batches-py",
-        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_files=("test_batch",),
-        meta_file="batches.meta",
-    ),
-    "cifar100": Archive(
-        url="https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz",
-        md5="eb9058c3a382ffc7106e4002c42a8d85",
-        folder="cifar-100-python",
-        train_files=("train",),
-        test_files=("test",),
-        meta_file="meta",
-    ),
-}
-
-# What a data root must hold, per dataset: alternatives, each a set of relative paths (a trailing / is a directory).
-_LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    **{name: (tuple(f"{a.folder}/{f}" for f in a.files), a.files) for name, a in ARCHIVES.items()},
-    "imagefolder": (("train/", "val/"),),
-}
+#: Each dataset's official archive: the registry's (trainables.datasets), for the datasets that have one.
+ARCHIVES: dict[str, Archive] = {name: spec.archive for name, spec in DATASETS.items() if spec.archive is not None}
 
 
 class FetchError(UserError):
     """A dataset cannot be fetched, checked, unpacked or uploaded; the message names the value, the rule and the fix."""
-
-
-def expected_layout(name: str) -> str:
-    """The layout a data root of dataset `name` must have, in words ('' for datasets that need no root)."""
-    if name in ARCHIVES:
-        a = ARCHIVES[name]
-        return f"<root>/{a.folder}/{{{', '.join(a.files)}}} (the official python-version pickles), or those files directly in <root>"
-    if name == "imagefolder":
-        return (
-            "<root>/train/<class_name>/<image>.jpg|png and <root>/val/<class_name>/<image>.jpg|png "
-            "with the same class folders in train and val"
-        )
-    return ""
 
 
 def _kinds(root: str | Path, paths: list[str]) -> dict[str, str | None]:
@@ -105,9 +52,11 @@ def layout_problem(name: str, root: str | Path) -> str | None:
 
     Only names are checked, not contents: a quick check a node can run before any trial.
     """
-    alternatives = _LAYOUTS.get(name)
-    if not alternatives:
+    spec = DATASETS.get(name)
+    layout = spec.root_layout if spec is not None else None
+    if layout is None:
         return None
+    alternatives = layout.alternatives
     kinds = _kinds(root, sorted({p for alt in alternatives for p in alt}))
 
     def missing(alt: tuple[str, ...]) -> list[str]:

@@ -162,12 +162,13 @@ def test_host_crop_by_slicing_equals_torchvision_pixel_for_pixel(fake_cifar10, t
     from PIL import Image
     from torchvision import transforms as T
 
-    from trainables.data import _CIFAR_STATS, _rand_augment
+    from trainables.data import _rand_augment
+    from trainables.datasets import DATASETS
 
     b = load_dataset("cifar10", root=tmp_path, augment=augment, device_resident=False)
     steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]
     if augment == "strong":
-        steps.append(_rand_augment("rand-m9-mstd0.5", 32, _CIFAR_STATS["cifar10"][0]))
+        steps.append(_rand_augment("rand-m9-mstd0.5", 32, DATASETS["cifar10"].mean))
     reference = T.Compose([*steps, T.PILToTensor()])
     import random
 
