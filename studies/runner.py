@@ -912,7 +912,7 @@ def _tune(
     spec = study.spec
     client, uri, experiment_id = target.client, target.uri, target.experiment_id
     exp_name, launch = target.experiment_name, target.number
-    from analysis.geometry.names import PROBE_FACTORY
+    from analysis.geometry.names import probe_plan
 
     logged_params = trial_params(study)
 
@@ -921,16 +921,18 @@ def _tune(
         stage = {STAGE_TAG: SEARCH_STAGE}
         if confirm is not None:
             stage = {STAGE_TAG: CONFIRM_STAGE, **({CHOSEN_FROM_TAG: confirm[1]} if confirm[1] else {})}
+        trial = apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0])
         return {
             "study": run_name,
-            "probe": PROBE_FACTORY,  # imported by the trial only when its geometry section names measures
+            # The in-trial probe, as a plan of this trial's own geometry section (None where it names no measures).
+            "probe": probe_plan(trial),
             "plan": asdict(plan),
             "log_checkpoint": spec.tracking.log_checkpoint,
             # Compiled steps of one architecture are compiled once per study storage (a path; a URI storage
             # leaves each node its own per-host cache), whichever trial and node comes first.
             "compile_cache": None if "://" in locations.storage else f"{locations.storage}/compile_cache",
             "cell": cell.key,
-            "trial": apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0]),
+            "trial": trial,
             "sample": sample,
             PARAMS_KEY: logged_params,
             "objective": {"metric": spec.objective.column, "mode": spec.objective.mode},

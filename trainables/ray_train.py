@@ -178,26 +178,28 @@ def check_device(cfg: TrialConfig) -> None:
 
 
 def load_probe(payload: dict[str, Any], cfg: TrialConfig):
-    """The geometry probe of a trial: the factory at the payload's import path ("module:function"), called with the
-    trial config; None when the config asks for no geometry. The caller (studies) names the factory, so that
-    trainables never imports analysis."""
+    """The geometry probe of a trial, built from the plan the layer above put in its payload (key 'probe': an object
+    with the ``geometry`` settings it measures with and ``build()``, analysis.geometry.ProbePlan), once those
+    settings are found to be the trial config's own geometry section; None when the config asks for no geometry.
+    The caller (studies) builds the plan, so that trainables never imports analysis."""
     if not cfg.geometry.enabled:
         return None
-    path = payload.get("probe")
-    if not path:
+    plan = payload.get("probe")
+    if plan is None:
         raise ValueError(
-            f"geometry.measures: {cfg.geometry.measures} asked for, but the trial's payload names no probe factory "
+            f"geometry.measures: {cfg.geometry.measures} asked for, but the trial's payload holds no probe plan "
             "(key 'probe'). Fix: run it through `sharpscale run`, or set payload['probe'] to "
-            "'analysis.geometry.probes:make_probe'."
+            "analysis.geometry.probe_plan(config)."
         )
-    import importlib
-
-    module, sep, name = str(path).partition(":")
-    if not sep or not module or not name:
+    settings = getattr(plan, "geometry", None)
+    if settings != cfg.geometry or not callable(getattr(plan, "build", None)):
+        shown = settings.model_dump() if hasattr(settings, "model_dump") else repr(plan)
         raise ValueError(
-            f"payload['probe']: must be 'module:function', got {path!r}. Fix: e.g. 'analysis.geometry.probes:make_probe'."
+            f"payload['probe']: must be the probe plan of this trial's geometry section "
+            f"{cfg.geometry.model_dump()}, got one of {shown}. Fix: build it from the trial's own config, "
+            "analysis.geometry.probe_plan(config)."
         )
-    return getattr(importlib.import_module(module), name)(cfg)
+    return plan.build()
 
 
 def _execute(
@@ -216,8 +218,8 @@ def _execute(
     """fit() under Tune or Ray Train, with the trial's record kept straight: none stays RUNNING.
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
-    checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
-    the geometry probe's factory (`load_probe`) and the study's compile cache (key "compile_cache", used where the
+    checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that holds
+    the geometry probe's plan (`load_probe`) and the study's compile cache (key "compile_cache", used where the
     trial's train.compile_cache is unset); started: `time.perf_counter()` when the trial function began, from which
     its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now), FIXED_TIME's parts beside it
     (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start, record_open).
@@ -273,7 +275,7 @@ def _execute(
     try:
         check_device(cfg)
         t_probe = time.perf_counter()
-        probe = load_probe(probe_from or {}, cfg)  # imports analysis' geometry, where the trial measures any
+        probe = load_probe(probe_from or {}, cfg)  # builds analysis' probe (torch), where the trial measures any
         timings["imports"] += time.perf_counter() - t_probe
         if checkpoint is None:
             fit(cfg, reporter=report, recorder=timed, probe=probe, timings=timings)

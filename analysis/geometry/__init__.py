@@ -35,7 +35,8 @@ _EXPORTS = {
     "Measure": "probes",
     "Method": "spectrum",
     "Mode": "_common",
-    "PROBE_FACTORY": "names",
+    "ProbePlan": "names",
+    "probe_plan": "names",
     "SurrogateGapResult": "perturbation",
     "TraceResult": "spectrum",
     "active_neuron_fraction": "activations",
@@ -81,7 +82,8 @@ __all__ = [
     "Measure",
     "Method",
     "Mode",
-    "PROBE_FACTORY",
+    "ProbePlan",
+    "probe_plan",
     "SurrogateGapResult",
     "TraceResult",
     "active_neuron_fraction",
@@ -126,9 +128,10 @@ if TYPE_CHECKING:
     from analysis.geometry.names import (
         HVP_MODES,
         MEASURE_NAMES,
-        PROBE_FACTORY,
         HvpMode,
+        ProbePlan,
         geometry_problems,
+        probe_plan,
     )
     from analysis.geometry.perturbation import (
         FlatnessResult,

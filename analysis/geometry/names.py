@@ -1,12 +1,15 @@
-"""The geometry names a study file may use, checked without torch: the measures a trial can take, the product modes."""
+"""The geometry names a study file may use, checked without torch: the measures a trial can take, the product modes;
+and the probe plan the layer above hands each trial."""
 
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Literal, get_args
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 if TYPE_CHECKING:
-    from trainables.config import GeometryConfig
+    from analysis.geometry.probes import GeometryProbe
+    from trainables.config import GeometryConfig, TrialConfig
 
 #: How a Hessian-vector product is computed; "auto" picks an exact mode by model class (see spectrum._AUTO_HVP_MODE).
 #: The finite-difference modes approximate it from gradients (1 or 2 per product; see _hvp.HessianCore).
@@ -23,8 +26,6 @@ MEASURE_NAMES: tuple[str, ...] = (
 )
 #: What every geometry metric's name starts with, in a trial's record and in `log_geometry`'s (analysis.record).
 METRIC_PREFIX = "geometry/"
-#: The import path of the probe factory, as the runner hands it to each trial (trainables.ray_train imports it).
-PROBE_FACTORY = "analysis.geometry.probes:make_probe"
 
 
 def geometry_problems(geometry: "GeometryConfig") -> list[str]:
@@ -45,3 +46,33 @@ def geometry_problems(geometry: "GeometryConfig") -> list[str]:
             + (f"did you mean {close[0]!r}?" if close else "leave it at 'auto'.")
         )
     return problems
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A trial's in-trial geometry probe as the layer above (the study runner) builds it and hands it to the trial
+    in its payload: the geometry section it measures with, checked when the plan is made (without torch). The
+    trial checks those settings against its own config (trainables.ray_train.load_probe) and builds the probe,
+    with torch, where it runs: trainables never imports analysis."""
+
+    geometry: GeometryConfig
+
+    def __post_init__(self) -> None:
+        problems = geometry_problems(self.geometry)
+        if problems:
+            from trainables.config import ConfigError
+
+            raise ConfigError(problems)
+
+    def build(self) -> GeometryProbe:
+        from analysis.geometry.probes import GeometryProbe
+
+        return GeometryProbe(self.geometry)
+
+
+def probe_plan(config: TrialConfig | dict[str, Any]) -> ProbePlan | None:
+    """The probe plan of a trial config's geometry section; None where it names no measures (nothing to hand on)."""
+    from trainables.config import TrialConfig
+
+    geometry = TrialConfig.load(config).geometry
+    return ProbePlan(geometry) if geometry.enabled else None

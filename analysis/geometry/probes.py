@@ -1,8 +1,8 @@
 """Geometry inside a trial: the registry of measures a `geometry:` section may name, and the probe that takes them.
 
 `trainables.fit(config, probe=make_probe(config))` calls the probe after the epochs `config.geometry` asks for;
-under a study, the runner hands the factory's import path (`PROBE_FACTORY`) to each trial, whose worker imports
-it (trainables never imports analysis). Adding a measure is a function here, an entry in `MEASURES`, and its
+under a study, the runner hands each trial a `ProbePlan` of its geometry section (analysis.geometry.names), which
+the trial builds into this probe (trainables never imports analysis). Adding a measure is a function here, an entry in `MEASURES`, and its
 name in `analysis.geometry.names.MEASURE_NAMES` (what a study's validation checks without torch).
 """
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.geometry._hvp import FINITE_DIFFERENCE_MODES, _RefuseKinks
-from analysis.geometry.names import METRIC_PREFIX, PROBE_FACTORY, geometry_problems
+from analysis.geometry.names import METRIC_PREFIX, geometry_problems
 from analysis.geometry.perturbation import average_flatness, surrogate_gap
 from analysis.geometry.spectrum import (
     blockwise_top_eigenvalues,
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MEASURES",
     "METRIC_PREFIX",
-    "PROBE_FACTORY",
     "GeometryProbe",
     "Measure",
     "geometry_problems",

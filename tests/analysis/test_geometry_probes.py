@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.geometry import MEASURES, PROBE_FACTORY, hessian_trace, make_probe, stability_threshold, top_eigenvalues
+from analysis.geometry import MEASURES, hessian_trace, make_probe, probe_plan, stability_threshold, top_eigenvalues
 from analysis.geometry.probes import METRIC_PREFIX
 from analysis.plots import plot_sharpness
 from studies.spec import StudyError, load_study
@@ -91,7 +91,6 @@ def test_the_torch_free_names_are_the_registrys():
     assert tuple(MEASURES) == names.MEASURE_NAMES
     assert spectrum.HvpMode is names.HvpMode  # the solvers take the modes named there, and no other
     assert {"finite_difference", "finite_difference_central"} <= set(names.HVP_MODES)
-    assert PROBE_FACTORY.split(":")[0] == make_probe.__module__ and PROBE_FACTORY.split(":")[1] == make_probe.__name__
 
 
 def test_off_by_default_and_due_epochs():
@@ -193,15 +192,25 @@ def test_a_failed_measurement_keeps_the_epoch(config):
     assert not any(k.startswith("geometry/") for k in recorder.epochs[1])
 
 
-def test_ray_wrapper_imports_the_probe_named_in_the_payload(config):
+def test_ray_wrapper_builds_the_probe_planned_in_the_payload(config, fresh_python):
     cfg = TrialConfig.load(config(measures=["surrogate_gap"]))
     assert load_probe({}, TrialConfig.load(config())) is None  # no geometry: nothing imported, nothing asked
-    probe = load_probe({"probe": PROBE_FACTORY}, cfg)
-    assert probe.measures == [MEASURES["surrogate_gap"]]
-    with pytest.raises(ValueError, match="names no probe factory"):
+    assert probe_plan(config()) is None
+    probe = load_probe({"probe": probe_plan(cfg)}, cfg)
+    assert probe.measures == [MEASURES["surrogate_gap"]] and probe.geometry == cfg.geometry
+    with pytest.raises(ValueError, match="holds no probe plan"):
         load_probe({}, cfg)
-    with pytest.raises(ValueError, match="must be 'module:function'"):
-        load_probe({"probe": "analysis.geometry.probes.make_probe"}, cfg)
+    # A plan of other settings (another trial's, or a string as the payload once held) is refused by name.
+    other = probe_plan(config(measures=["lambda_max"]))
+    with pytest.raises(ValueError, match=r"must be the probe plan of this trial's geometry section .*lambda_max"):
+        load_probe({"probe": other}, cfg)
+    with pytest.raises(ValueError, match="must be the probe plan"):
+        load_probe({"probe": "analysis.geometry.probes:make_probe"}, cfg)
+    # Its settings are checked when it is made, and making it imports no torch (the study runner makes it).
+    with pytest.raises(ConfigError, match="geometry.measures: must name measures"):
+        probe_plan({**config(), "geometry": {"measures": ["lambda_mx"]}})
+    code = "from analysis.geometry.names import probe_plan\nprobe_plan({'geometry': {'measures': ['lambda_max']}})\n"
+    fresh_python(code, not_imported=("torch",))
 
 
 def test_stability_threshold():

@@ -59,7 +59,7 @@ def _worker_pids(ray):
 
 @pytest.mark.timeout(600)
 def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, tmp_path, config):
-    from analysis.geometry import PROBE_FACTORY, make_probe
+    from analysis.geometry import make_probe, probe_plan
 
     # The straight runs also measure lambda_max (rank 0 alone under DDP; the measurement changes no training number).
     measured = {
@@ -71,7 +71,7 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     reference = load_checkpoint(local)
 
     plan = DistributedPlan(workers=2, cpus_per_worker=1, max_failures=2, storage_path=str(tmp_path / "ray"))
-    straight = fit_distributed(measured, plan=plan, name="straight", payload={"probe": PROBE_FACTORY})
+    straight = fit_distributed(measured, plan=plan, name="straight", payload={"probe": probe_plan(measured)})
     state, weights = _weights(straight)
     assert state["epoch"] == config["schedule"]["epochs"] - 1
     assert state["metrics"]["geometry/lambda_max"] == pytest.approx(
