@@ -26,6 +26,9 @@ __all__ = [
 #: ``model``, are ``Method.__init__``'s shared keywords (``optim.StepKeywords``; tests/optim/test_registry.py
 #: holds the two lists equal), named here without importing torch.
 CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
+#: The shared keywords among them, read here rather than from ``Method.__init__`` so that this module never imports
+#: the classes' (test_registry.py holds CONTEXT to be these and the context only create() takes).
+SHARED = tuple(k for k in CONTEXT if k not in ("num_samples", "num_classes"))
 
 
 def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
@@ -204,12 +207,10 @@ class MethodSpec:
         """The context keywords ``build`` takes (a method ignores context it has no use for): those it names,
         and all of ``Method.__init__``'s shared keywords (``optim.StepKeywords``) if it passes ``**common``
         on. A Method subclass's signature names them already (``Method.__init_subclass__``); a factory's does not."""
-        from ._method import Method
-
         params = inspect.signature(self.build).parameters
         named = {k for k in CONTEXT if k in params}
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            named |= {k for k in inspect.signature(Method.__init__).parameters if k in CONTEXT}
+            named |= set(SHARED)
         return frozenset(named)
 
 

@@ -94,7 +94,7 @@ class ModelConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _known_family(cls, name: str) -> str:
-        from trainables.models import model_family
+        from trainables.families import model_family
 
         model_family(name)
         return name
@@ -207,8 +207,13 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
-        from trainables.datasets import DATASETS, device_rand_augment_problem, rand_augment_problem, resident_problem
-        from trainables.fetch import expected_layout
+        from trainables.datasets import (
+            DATASETS,
+            device_rand_augment_problem,
+            expected_layout,
+            rand_augment_problem,
+            resident_problem,
+        )
 
         spec = DATASETS[self.name]
         problems = []

@@ -10,10 +10,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from trainables.data import Loader
+from typing import Any
 
 __all__ = [
     "DATASETS",
@@ -126,8 +123,8 @@ class DatasetSpec:
         return sum(fraction_keep(fraction, n) for n in self.train_class_sizes)
 
     @property
-    def load(self) -> Loader:
-        """The load function (importing its module, and torch, on first use)."""
+    def load(self) -> Callable[..., Any]:
+        """The load function (importing its module, and torch, on first use): a trainables.data.Loader."""
         module, _, attr = self.loader.partition(":")
         return getattr(importlib.import_module(module, __package__), attr)
 

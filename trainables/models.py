@@ -6,42 +6,24 @@ import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from trainables.config import CHECKPOINT_KWARG, ModelConfig, checkpoint_problem
+from trainables.families import Family, model_family
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# torch is imported where it is used: validating a study reads model_family, which needs none.
+# torch is imported where it is used. The families and their rule (model_family) live in trainables.families, which
+# the config rules read without this module.
 
 __all__ = ["Family", "create_model", "fused_attention", "model_family", "parameter_groups", "set_fused_attention"]
-
-Family = Literal["vit", "mixer", "resnet"]
-
-_FAMILY_PATTERNS: tuple[tuple[Family, re.Pattern[str]], ...] = (
-    ("vit", re.compile(r"^(vit|deit)_")),
-    ("mixer", re.compile(r"^mixer_")),
-    ("resnet", re.compile(r"^(resnet|resnext|wide_resnet|seresnet|resnetv2)")),
-)
 
 # timm's Mixer entry points hard-code these three and reject overrides ("multiple values for keyword"),
 # so an override rebuilds the variant through timm's own builder with the merged arguments.
 _MIXER_SIZES = {"s": (8, 512), "b": (12, 768), "l": (24, 1024)}
 _MIXER_NAME = re.compile(r"^mixer_([sbl])(16|32)_224$")
-
-
-def model_family(name: str) -> Family:
-    """The architecture family of a timm model name; a clear error for anything sharpscale does not support."""
-    for family, pattern in _FAMILY_PATTERNS:
-        if pattern.match(name):
-            return family
-    raise ValueError(
-        f"model.name: must be a timm ViT (vit_*, deit_*), MLP-Mixer (mixer_*) or ResNet (resnet*, resnext*, "
-        f"wide_resnet*) name, got {name!r}. Fix: pick one of timm.list_models('vit_*'), "
-        f"timm.list_models('mixer_*') or timm.list_models('resnet*')."
-    )
 
 
 def _cifar_stem(model: nn.Module) -> None:

@@ -1,11 +1,14 @@
 """optim.lazy: each package's public names stated once, loaded on first use, the stub type checkers read derived from
-the declaration and held current, and the declaration refusing a name with two homes."""
+the declaration and held current, and the declaration refusing a name with two homes; and no import circle among a
+package's modules."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +53,44 @@ def test_a_name_with_two_homes_is_refused():
         lazy.exports("pkg", {"a": ("x",), "b": ("x", "y")})
     with pytest.raises(TypeError, match=r"both as submodules and as names"):
         lazy.exports("pkg", {"a": ("geometry",)}, modules=("geometry",))
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (its files, not subpackages) -> the modules of it that it imports anywhere: at the
+    top, inside a function, or for type checkers only."""
+    folder = Path(importlib.import_module(package).__file__).parent
+    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for module in modules:
+        found = set()
+        for node in ast.walk(ast.parse((folder / f"{module}.py").read_text())):
+            if isinstance(node, ast.ImportFrom):
+                absolute = node.module if not node.level else f"{package}.{node.module or ''}".rstrip(".")
+                if absolute == package:
+                    found |= {a.name for a in node.names}
+                elif absolute and absolute.startswith(f"{package}."):
+                    found.add(absolute.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
+        graph[module] = (found & modules) - {module}
+    return graph
+
+
+@pytest.mark.parametrize("package", ["optim", "trainables", "analysis", "studies"])
+def test_no_import_circle_among_a_packages_modules(package):
+    graph = _imports(package)
+    for start in graph:
+        path, seen = [start], set()
+        stack = [(start, iter(sorted(graph[start])))]
+        while stack:
+            node, rest = stack[-1]
+            nxt = next(rest, None)
+            if nxt is None:
+                stack.pop()
+                path.pop()
+                seen.add(node)
+                continue
+            assert nxt != start, f"{package}: import circle {' -> '.join([*path, nxt])}"
+            if nxt not in seen and nxt not in path:
+                path.append(nxt)
+                stack.append((nxt, iter(sorted(graph[nxt]))))

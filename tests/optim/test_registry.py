@@ -289,6 +289,7 @@ def test_step_keywords_are_method_inits_keywords():
         == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate"]
     )
     assert set(CONTEXT) == {"num_samples", "num_classes", *SHARED_NAMES}
+    assert list(optim._knobs.SHARED) == SHARED_NAMES  # what MethodSpec.accepts reads, without importing the classes
     # create() and check_hparams() name them too (the registry imports no torch, so it cannot read Method's
     # defaults): the same defaults, held here.
     made = inspect.signature(create).parameters
