@@ -8,6 +8,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from analysis.scaling.inference import detectable
+
 __all__ = ["DEFAULT_NOISE", "REFERENCE_LAW", "Detectable", "detectable_effects", "header_statement", "study_detectable"]
 
 #: The error law the statement assumes (err(n) = E + B n^-beta, n the training fraction): the simulation harness's
@@ -55,21 +57,6 @@ class Detectable:
         return text + "; a smaller true effect is likely missed: add seeds before spending GPU-hours."
 
 
-def _mde(se: float, df: int, alpha: float, power: float) -> float:
-    """The true effect a two-sided t test at level alpha on df degrees of freedom finds with `power`, given the
-    estimate's standard error: solves P(|T| > t_crit) = power for T noncentral t(df, effect / se)."""
-    from scipy.optimize import brentq
-    from scipy.stats import nct, t
-
-    crit = float(t.ppf(1 - alpha / 2, df))
-
-    def shortfall(nc):
-        found = float(nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc))
-        return (1.0 if math.isnan(found) else found) - power  # scipy's nct gives NaN far in its tail
-
-    return float(brentq(shortfall, 0.0, 1e4) * se)
-
-
 def detectable_effects(
     seeds: int,
     fractions: Sequence[float],
@@ -97,9 +84,10 @@ def detectable_effects(
         raise ValueError(f"fractions must be positive training fractions, got {fractions}")
     if not (noise > 0 and math.isfinite(noise)):
         raise ValueError(f"noise must be the sd of one run's accuracy across seeds (> 0, e.g. 0.005), got {noise!r}")
-    alpha = 1.0 - confidence
     df = seeds - 1
-    gain = _mde(math.sqrt(2.0) * noise / math.sqrt(seeds), df, alpha / len(fractions), power)
+    gain = detectable(
+        math.sqrt(2.0) * noise / math.sqrt(seeds), df, confidence=confidence, power=power, family=len(fractions)
+    )
     beta_diff = math.nan
     if len(fractions) >= 4:
         n = np.asarray(fractions)
@@ -111,7 +99,7 @@ def detectable_effects(
         weights = (err / noise) ** 2 * seeds
         cov = np.linalg.inv(jac.T @ (jac * weights[:, None]))
         se_beta = math.sqrt(cov[2, 2])
-        beta_diff = _mde(math.sqrt(2.0) * se_beta, df, alpha, power)
+        beta_diff = detectable(math.sqrt(2.0) * se_beta, df, confidence=confidence, power=power)
     return Detectable(
         seeds=int(seeds),
         fractions=fractions,
