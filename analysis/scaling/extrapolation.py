@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -12,7 +13,6 @@ from analysis.scaling.inference import (
     _check_seeded,
     _leave_one_seed_out,
     _t_interval,
-    detectable,
     jackknife_se,
     t_quantile,
 )
@@ -40,6 +40,48 @@ def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray,
     return part[cols["fraction"]].astype("float64").to_numpy(), err, seeds
 
 
+@dataclass(frozen=True)
+class _Split:
+    """One series split for the extrapolation check: fit on every n below `top`, check at `top`."""
+
+    n: np.ndarray
+    err: np.ndarray
+    seeds: np.ndarray
+    top: float
+    inner: np.ndarray
+    eps0: float | None
+    huber_delta: float | None
+    confidence: float
+    boot_seed: int
+
+    @property
+    def held_in(self) -> np.ndarray:
+        return self.n < self.top
+
+    @property
+    def at_top(self) -> np.ndarray:
+        return self.n == self.top
+
+    @property
+    def observed(self) -> np.ndarray:
+        return self.err[self.at_top]
+
+    @property
+    def n_seeds(self) -> int:
+        return len(np.unique(self.seeds))
+
+    def unfittable(self, form: str) -> str:
+        """Why `form` cannot be fitted on the held-in points ("" where it can)."""
+        k = len(_LAW_PARAMS[form])
+        if len(self.inner) < k:
+            return f"{k} parameters need {k}+ distinct n below the held-out one; have {len(self.inner)}"
+        if form == "m4" and self.eps0 is None:
+            return "not fitted: M4 needs the error of a model that learned nothing (eps0), unknown for this metric"
+        if form == "m4" and np.any(self.err >= self.eps0):
+            return f"not fitted: M4 needs every error below eps0={self.eps0:.4g}, the error of a model that learned nothing"
+        return ""
+
+
 def law_extrapolation(
     n,
     err,
@@ -60,126 +102,138 @@ def law_extrapolation(
     intervals (the saturating form: the seed-level bootstrap-t, `saturating_bootstrap_t`, seeded by boot_seed; the
     others: delete-one-seed jackknife, t on S - 1 df; see above), the observed mean over seeds at the held-out
     n, and the check: `check` = prediction - observed with `check_se`, the standard error of that difference
-    (the prediction's own error and the observed mean's, paired by seed), `consistent` whether 0 is within the
-    check's interval, pi_low / pi_high (saturating) the prediction interval of the held-out mean over its seeds
-    (consistent = the observed mean inside it), `check_detectable` the misprediction found with 80% power. A form is fitted only where the held-in distinct n can pin it
-    (as many as its parameters; M4 also needs eps0, the error of a model that learned nothing). attrs["verdict"]
-    names a form that predicts better only where the seeds say so (the difference of the absolute held-out
-    errors outside its own interval); with one fittable form, or one seed, none is named.
+    (the prediction's own error and the observed mean's, paired by seed), check_low / check_high its interval
+    (the mispredictions the data do not exclude: absence of a misprediction is told by this interval, not by
+    post-hoc power), `consistent` whether 0 is within it; pi_low / pi_high (saturating) the prediction interval
+    of the held-out mean over its seeds, centred on the prediction (the observed mean lies inside it exactly
+    when `consistent`). A form is fitted only where the held-in distinct n can pin it (as many as its
+    parameters; M4 also needs eps0, the error of a model that learned nothing). attrs["verdict"] names a form
+    that predicts better only where the seeds say so (the difference of the absolute held-out errors outside its
+    own interval); with one fittable form, or one seed, none is named.
     """
     import pandas as pd
 
     _check_confidence(confidence)
     n, err, seeds = _check_seeded(n, err, seeds)
-    distinct = np.unique(n)
-    top = float(distinct[-1] if heldout is None else heldout)
-    held_in = n < top
-    inner = np.unique(n[held_in])
+    top = float(np.unique(n)[-1] if heldout is None else heldout)
+    inner = np.unique(n[n < top])
     if len(inner) < 3:
         raise ValueError(
             f"law_extrapolation needs at least 3 distinct n below the held-out n={top:g} (fit on 3+, hold out the "
             f"largest), got {inner.tolist()}; measure more training-set sizes"
         )
-    at_top = n == top
-    observed = err[at_top]
-    unique_seeds = np.unique(seeds)
-    n_seeds = len(unique_seeds)
-    q = t_quantile(confidence, n_seeds - 1)
+    split = _Split(n, err, seeds, top, inner, eps0, huber_delta, confidence, boot_seed)
+    fittable = sum(not split.unfittable(f) for f in forms)
     rows, checks, reasons = [], {}, {}
-    fittable = sum(
-        len(inner) >= len(_LAW_PARAMS[f]) and not (f == "m4" and (eps0 is None or np.any(err >= eps0))) for f in forms
-    )
     for form in forms:
-        k = len(_LAW_PARAMS[form])
-        row: dict = {
-            "form": form,
-            "n_seeds": n_seeds,
-            "heldout_n": top,
-            "observed": float(observed.mean()) if len(observed) else math.nan,
-        }
-        why = ""
-        if len(inner) < k:
-            why = f"{k} parameters need {k}+ distinct n below the held-out one; have {len(inner)}"
-        elif form == "m4" and (eps0 is None or np.any(err >= eps0)):
-            why = (
-                "not fitted: M4 needs the error of a model that learned nothing (eps0), unknown for this metric"
-                if eps0 is None
-                else f"not fitted: M4 needs every error below eps0={eps0:.4g}, the error of a model that learned nothing"
-            )
-        if why:
-            row["note"] = reasons[form] = why
-            rows.append(row)
-            continue
-        part = fit_law(n[held_in], err[held_in], form=form, huber_delta=huber_delta, eps0=eps0)
-        prediction = float(part.predict(top))
-        row.update(part.params)
-        row.update(prediction=prediction, huber_delta=part.huber_delta)
-        if len(observed):
-            row.update(check=prediction - row["observed"], abs_error=abs(prediction - row["observed"]))
-        notes = [f"{', '.join(part.at_bound)} at the edge of its range"] if part.at_bound else []
-        if not len(observed):
-            notes.append(f"no finished run at the held-out n={top:g}: nothing to check the prediction against")
-        if n_seeds >= 2:
-
-            def refit(keep, part=part, form=form):
-                f = fit_law(
-                    n[held_in & keep], err[held_in & keep], form=form, huber_delta=part.huber_delta,
-                    eps0=eps0, start=part.theta,
-                )  # fmt: skip
-                obs = err[at_top & keep]
-                pred = float(f.predict(top))
-                return [*f.params.values(), pred, pred - (obs.mean() if len(obs) else math.nan)]
-
-            # The saturating form's intervals come from the bootstrap-t below; its jackknife is needed only to
-            # compare it with another fitted form (_law_verdict), so it is skipped where it is fitted alone.
-            alone = form == "saturating" and fittable == 1
-            jack, why = ([np.zeros(len(part.params) + 2)], "") if alone else _leave_one_seed_out(seeds, refit)
-            if jack and not alone:
-                jack = np.asarray(jack, dtype="float64")
-                names = [*part.params, "prediction"]
-                for i, p in enumerate(names):
-                    est = prediction if p == "prediction" else part.params[p]
-                    row[f"{p}_low"], row[f"{p}_high"], _ = _t_interval(est, jack[:, i], q, p in _LOG_SCALE)
-                if len(observed):
-                    se = float(jackknife_se(jack[:, -1:])[0])
-                    row["check_se"] = se
-                    row["consistent"] = bool(abs(row["check"]) <= q * se) if math.isfinite(se) else math.nan
-                    checks[form] = jack[:, -1]
-            if len(jack):
-                if form == "saturating":
-                    # The saturating law's intervals and check: the seed-level bootstrap-t of the same held-in fit
-                    # (the jackknife above stays only to compare forms, in _law_verdict).
-                    boot = saturating_bootstrap_t(
-                        n[held_in], err[held_in], seeds[held_in], part, heldout=top, observed=observed,
-                        observed_seeds=seeds[at_top], confidence=confidence, seed=boot_seed,
-                    )  # fmt: skip
-                    for p in (*part.params, "prediction"):
-                        row[f"{p}_low"], row[f"{p}_high"] = boot[p][1], boot[p][2]
-                    if "check" in boot:
-                        _, c_lo, c_hi, se = boot["check"]
-                        row["check_se"] = se
-                        row["consistent"] = bool(c_lo <= 0.0 <= c_hi) if math.isfinite(c_lo) else math.nan
-                        # The prediction interval of the held-out mean over its seeds: the prediction's own error
-                        # and the observed mean's (observed = prediction - check).
-                        row["pi_low"], row["pi_high"] = prediction - c_hi, prediction - c_lo
-                if "check_se" in row:
-                    # What a "consistent" check rules out: the misprediction the seeds find with 80% power.
-                    row["check_detectable"] = detectable(row["check_se"], n_seeds - 1, confidence=confidence)
-                if n_seeds < 3:
-                    notes.append(f"{n_seeds} seeds: t on 1 df, the interval is wide")
-            else:
-                notes.append(why)
-        else:
-            notes.append("1 seed: no interval, no check")
-        row["note"] = "; ".join(notes)
+        row, jack = _form_row(split, form, alone=fittable == 1)
+        if split.unfittable(form):
+            reasons[form] = row["note"]
+        if jack is not None:
+            checks[form] = jack
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("form")
     frame["supported"] = False
-    frame.attrs["verdict"] = _law_verdict(frame, checks, reasons, q, confidence)
+    frame.attrs["verdict"] = _law_verdict(frame, checks, reasons, t_quantile(confidence, split.n_seeds - 1), confidence)
     winner = frame.attrs.pop("_winner", None)
     if winner is not None:
         frame.loc[winner, "supported"] = True
     return frame
+
+
+def _form_row(split: _Split, form: str, *, alone: bool) -> tuple[dict, np.ndarray | None]:
+    """One form's row of law_extrapolation and its jackknifed check (None where there is none)."""
+    observed = split.observed
+    row: dict = {
+        "form": form,
+        "n_seeds": split.n_seeds,
+        "heldout_n": split.top,
+        "observed": float(observed.mean()) if len(observed) else math.nan,
+    }
+    why = split.unfittable(form)
+    if why:
+        row["note"] = why
+        return row, None
+    held_in = split.held_in
+    part = fit_law(split.n[held_in], split.err[held_in], form=form, huber_delta=split.huber_delta, eps0=split.eps0)
+    prediction = float(part.predict(split.top))
+    row.update(part.params)
+    row.update(prediction=prediction, huber_delta=part.huber_delta)
+    if len(observed):
+        row.update(check=prediction - row["observed"], abs_error=abs(prediction - row["observed"]))
+    notes = []
+    loose = part.unidentified(split.n[held_in])
+    if loose:
+        notes.append(f"{', '.join(loose)} not identified (at the edge of its range, or the fitted curve is flat)")
+    if not len(observed):
+        notes.append(f"no finished run at the held-out n={split.top:g}: nothing to check the prediction against")
+    jack = None
+    if split.n_seeds < 2:
+        notes.append("1 seed: no interval, no check")
+    else:
+        # The saturating form's intervals come from the bootstrap-t; its jackknife is needed only to compare it
+        # with another fitted form (_law_verdict), so it is skipped where it is fitted alone.
+        if not (form == "saturating" and alone):
+            jack, why = _jackknife_row(split, form, part, prediction, row)
+            if why:
+                notes.append(why)
+        if form == "saturating":
+            _bootstrap_row(split, part, prediction, row)
+        if split.n_seeds < 3:
+            notes.append(f"{split.n_seeds} seeds: t on 1 df, the interval is wide")
+    row["note"] = "; ".join(notes)
+    return row, jack
+
+
+def _jackknife_row(split: _Split, form: str, part, prediction: float, row: dict) -> tuple[np.ndarray | None, str]:
+    """Delete-one-seed jackknife-t intervals of one held-in fit into `row`; (the check's leave-one-out values, why
+    not)."""
+    held_in, at_top, n, err, seeds = split.held_in, split.at_top, split.n, split.err, split.seeds
+
+    def refit(keep):
+        f = fit_law(
+            n[held_in & keep], err[held_in & keep], form=form, huber_delta=part.huber_delta,
+            eps0=split.eps0, start=part.theta,
+        )  # fmt: skip
+        obs = err[at_top & keep]
+        pred = float(f.predict(split.top))
+        return [*f.params.values(), pred, pred - (obs.mean() if len(obs) else math.nan)]
+
+    jack, why = _leave_one_seed_out(seeds, refit)
+    if not jack:
+        return None, why
+    jack = np.asarray(jack, dtype="float64")
+    q = t_quantile(split.confidence, split.n_seeds - 1)
+    for i, p in enumerate([*part.params, "prediction"]):
+        est = prediction if p == "prediction" else part.params[p]
+        row[f"{p}_low"], row[f"{p}_high"], _ = _t_interval(est, jack[:, i], q, p in _LOG_SCALE)
+    if not len(split.observed):
+        return None, ""
+    se = float(jackknife_se(jack[:, -1:])[0])
+    row.update(check_se=se, check_low=row["check"] - q * se, check_high=row["check"] + q * se)
+    row["consistent"] = bool(abs(row["check"]) <= q * se) if math.isfinite(se) else math.nan
+    return jack[:, -1], ""
+
+
+def _bootstrap_row(split: _Split, part, prediction: float, row: dict) -> None:
+    """The saturating law's intervals and check into `row`: the seed-level bootstrap-t of the held-in fit."""
+    held_in, at_top = split.held_in, split.at_top
+    boot = saturating_bootstrap_t(
+        split.n[held_in], split.err[held_in], split.seeds[held_in], part, heldout=split.top,
+        observed=split.observed, observed_seeds=split.seeds[at_top], confidence=split.confidence,
+        seed=split.boot_seed,
+    )  # fmt: skip
+    for p in (*part.params, "prediction"):
+        row[f"{p}_low"], row[f"{p}_high"] = boot[p][1], boot[p][2]
+    if "check" not in boot:
+        return
+    check, c_lo, c_hi, se = boot["check"]
+    row.update(check_se=se, check_low=c_lo, check_high=c_hi)
+    row["consistent"] = bool(c_lo <= 0.0 <= c_hi) if math.isfinite(c_lo) else math.nan
+    # The held-out mean's prediction interval: the pivot (check - 0) / se under a law that predicts right lies
+    # between the bootstrap-t's quantiles, so observed = prediction - check lies within the prediction minus
+    # those same widths: [prediction - (check - c_lo), prediction + (c_hi - check)], centred on the prediction.
+    row["pi_low"], row["pi_high"] = prediction - (check - c_lo), prediction + (c_hi - check)
 
 
 def _law_verdict(frame, checks: dict, reasons: dict, q: float, confidence: float) -> str:
@@ -266,6 +320,38 @@ def law_parameters(
     return pd.DataFrame(rows).set_index("param")
 
 
+def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int, why: str) -> dict:
+    """One parameter's row of paired_law_difference: the difference, its interval and p-value where identified."""
+    from scipy.stats import t as student
+
+    lo, hi, se = interval
+    diff = ft.params[p] - fb.params[p]
+    loose = [name for name, f in (("treatment", ft), ("baseline", fb)) if p in f.unidentified(n)]
+    note = why
+    if loose:
+        lo = hi = se = math.nan
+        note = (
+            f"not identified: {p} is at the edge of its range or off a flat curve in the {' and '.join(loose)} fit, "
+            "so no interval or test (measure where the curve bends, or compare E alone)"
+        )
+    pval = float(2 * student.sf(abs(diff) / se, n_seeds - 1)) if math.isfinite(se) and se > 0 else math.nan
+    if not loose and math.isfinite(lo) and lo <= 0 <= hi:
+        note = f"no difference detected; the interval excludes differences below {lo:.3g} and above {hi:.3g}"
+    return {
+        "param": p,
+        "treatment": ft.params[p],
+        "baseline": fb.params[p],
+        "diff": diff,
+        "diff_low": lo,
+        "diff_high": hi,
+        "se": se,
+        "p_value": pval,
+        "identified": not loose,
+        "n_seeds": n_seeds,
+        "note": note,
+    }
+
+
 def paired_law_difference(
     n,
     err_treatment,
@@ -286,8 +372,11 @@ def paired_law_difference(
     with a baseline: each draw refits both laws, studentised by the paired seeds' influence on the difference);
     for the others the delete-one-seed jackknife of the difference (each leave-one-out refits both laws without
     the same seed), t on S - 1 df. One row per parameter: treatment, baseline, diff, diff_low, diff_high, se, p_value,
-    detectable (the |diff| this design finds with `power`, from the same se: what a null result rules out),
-    n_seeds, note. Needs as many distinct n as the form has parameters.
+    identified, n_seeds, note. A parameter either fit does not pin down (`LawFit.unidentified`: at a bound, or B
+    and beta of a flat or one-point curve) is `identified` False with no interval and no p-value: its "difference"
+    is between two edges. Where the interval holds 0 the note says what it excludes (absence told by the
+    interval, not by post-hoc power; `power` is accepted for old callers and unused). Needs one more distinct n
+    than the form has parameters.
     """
     import pandas as pd
 
@@ -322,38 +411,13 @@ def paired_law_difference(
         if sat
         else {}
     )
-    from scipy.stats import t as student
-
     out = []
     for i, p in enumerate(ft.params):
-        diff = ft.params[p] - fb.params[p]
         if p in boot:
             lo, hi, se = boot[p][1:]
         elif jack:
-            lo, hi, se = _t_interval(diff, np.asarray(jack)[:, i], q, False)
+            lo, hi, se = _t_interval(ft.params[p] - fb.params[p], np.asarray(jack)[:, i], q, False)
         else:
             lo, hi, se = (math.nan,) * 3
-        pval = float(2 * student.sf(abs(diff) / se, n_seeds - 1)) if jack and se > 0 else math.nan
-        mde = detectable(se, n_seeds - 1, confidence=confidence, power=power) if jack else math.nan
-        note = why
-        if jack and lo <= 0 <= hi:
-            note = f"no difference detected: a true |diff| of {mde:.3g} or more would be found with {power:.0%} power"
-        bounded = [name for name, f in (("treatment", ft), ("baseline", fb)) if p in f.at_bound]
-        if bounded:
-            note = "; ".join(filter(None, [note, f"{p} at the edge of its range in the {' and '.join(bounded)} fit"]))
-        out.append(
-            {
-                "param": p,
-                "treatment": ft.params[p],
-                "baseline": fb.params[p],
-                "diff": diff,
-                "diff_low": lo,
-                "diff_high": hi,
-                "se": se,
-                "p_value": pval,
-                "detectable": mde,
-                "n_seeds": n_seeds,
-                "note": note,
-            }
-        )
+        out.append(_difference_row(p, ft, fb, n, (lo, hi, se), n_seeds, why if not jack else ""))
     return pd.DataFrame(out).set_index("param")

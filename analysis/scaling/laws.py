@@ -87,6 +87,28 @@ class LawFit:
         values = np.exp(_law_log_pred(self.form, self.theta, np.atleast_1d(lx), self.eps0))
         return float(values[0]) if np.ndim(n) == 0 else values
 
+    def unidentified(self, n) -> tuple[str, ...]:
+        """The parameters the points at `n` (the fit's own) do not pin down: any at the edge of its range, and B
+        and beta together where the power term is invisible to them (and E with them where beta ~ 0, since then only E + B
+        is measured), i.e. beta at its upper bound, the term's
+        whole drop across the measured n below a thousandth of the curve's level (a flat curve: B -> 0 and any
+        beta fit), or the term falling a hundredfold between the two smallest n (it lives at one point, and any
+        steeper beta fits it too). Their estimates are edges or ridge points, not estimates: no interval or test
+        of them means anything (a flat true curve fitted beta = 10 with B ~ 1e-13 and gave "significant" beta
+        differences of either sign)."""
+        loose = list(self.at_bound)
+        beta = self.params.get("beta", math.nan)
+        x = np.unique(np.asarray(n, dtype="float64"))
+        power = self.params.get("B", math.nan) * x**-beta
+        level = float(np.atleast_1d(self.predict(x[-1:]))[0])
+        flat = len(x) >= 2 and (power[0] - power[-1]) < 1e-3 * level
+        steep = len(x) >= 2 and power[1] < 1e-2 * power[0]
+        if "beta" in self.at_bound or flat or steep:
+            loose += [p for p in ("B", "beta") if p not in loose]
+        if flat and beta < 1e-2:  # L = E + B n^-0 = E + B: only their sum is measured
+            loose += [] if "E" in loose else ["E"]
+        return tuple(p for p in self.params if p in loose)
+
 
 def _law_params(form: str, theta: np.ndarray, n0: float) -> dict[str, float]:
     if form == "saturating":

@@ -29,6 +29,36 @@ def test_detectable_gain_is_the_noncentral_t_answer_and_shrinks_with_seeds():
         detectable_effects(1, FRACTIONS, 0.005)
 
 
+def test_three_seed_power_is_quadrature_not_scipys_nan_read_as_one():
+    # Issue 32: data_scaling at 3 seeds and 4 fractions, 0.5 points of noise. scipy's noncentral t is NaN there
+    # (df 2, noncentrality above ~10), which _mde scored as power 1, so it called 4.17 points detectable.
+    from analysis.scaling import power_t
+
+    se = math.sqrt(2) * 0.005 / math.sqrt(3)
+    assert power_t(0.0417, se, 2, alpha=0.05 / 4) == pytest.approx(0.729, abs=0.002)
+    d = detectable_effects(3, [0.1, 0.25, 0.5, 1.0], 0.005)
+    assert d.gain == pytest.approx(0.0463, abs=0.0002)
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 9])
+def test_power_by_quadrature_matches_a_monte_carlo_t_test(df):
+    from scipy.stats import t
+
+    from analysis.scaling import detectable, power_t
+
+    rng = np.random.default_rng(df)
+    alpha = 0.05 / 4
+    crit = t.ppf(1 - alpha / 2, df)
+    for effect in (0.5, 2.0, 6.0, 15.0):
+        z = rng.standard_normal(400_000) + effect
+        s = np.sqrt(rng.chisquare(df, 400_000) / df)
+        found = float(np.mean(np.abs(z / s) > crit))
+        assert power_t(effect, 1.0, df, alpha=alpha) == pytest.approx(found, abs=0.004)
+    mde = detectable(1.0, df, power=0.8, family=4)
+    assert power_t(mde, 1.0, df, alpha=alpha) == pytest.approx(0.8, abs=1e-6)
+    assert power_t(1e4, 1.0, df, alpha=alpha) <= 1.0 and power_t(0.0, 1.0, df, alpha=alpha) < 0.05
+
+
 def test_every_shipped_study_header_states_what_its_design_detects():
     from studies.spec import load_study
 
