@@ -261,23 +261,8 @@ def _check_errors(err: np.ndarray, who: str) -> None:
         )
 
 
-def fit_law(
-    n,
-    err,
-    *,
-    form: LawForm = "saturating",
-    huber_delta: float | None = None,
-    eps0: float | None = None,
-    start: np.ndarray | None = None,
-) -> LawFit:
-    """Fit one form to points (n, err) by minimising sum Huber_delta(log L(n) - log err) from many starts.
-
-    Several points may share an n (seeds); the form needs as many distinct n as it has parameters. n is
-    rescaled by its geometric mean inside the fit; the params come back in the units of n as given.
-    huber_delta: None scales it to the data (`robust_delta` of the least-squares fit's log residuals); a
-    number fixes it (the refits of an interval reuse the full fit's). start: internal parameters tried first,
-    beside the default starts (a refit is multi-start too: a resample can move the optimum to another basin).
-    """
+def _check_law_inputs(n, err, form: str, huber_delta, eps0) -> tuple[np.ndarray, np.ndarray]:
+    """fit_law's points as arrays, refused with the fix where the form cannot be fitted to them."""
     if form not in LAW_FORMS:
         raise ValueError(f"form must be one of {', '.join(map(repr, LAW_FORMS))}, got {form!r}")
     n = np.asarray(n, dtype="float64").ravel()
@@ -306,6 +291,27 @@ def fit_law(
         )
     if huber_delta is not None and not (math.isfinite(huber_delta) and huber_delta > 0):
         raise ValueError(f"huber_delta must be None (scaled to the residuals) or a number > 0, got {huber_delta!r}")
+    return n, err
+
+
+def fit_law(
+    n,
+    err,
+    *,
+    form: LawForm = "saturating",
+    huber_delta: float | None = None,
+    eps0: float | None = None,
+    start: np.ndarray | None = None,
+) -> LawFit:
+    """Fit one form to points (n, err) by minimising sum Huber_delta(log L(n) - log err) from many starts.
+
+    Several points may share an n (seeds); the form needs as many distinct n as it has parameters. n is
+    rescaled by its geometric mean inside the fit; the params come back in the units of n as given.
+    huber_delta: None scales it to the data (`robust_delta` of the least-squares fit's log residuals); a
+    number fixes it (the refits of an interval reuse the full fit's). start: internal parameters tried first,
+    beside the default starts (a refit is multi-start too: a resample can move the optimum to another basin).
+    """
+    n, err = _check_law_inputs(n, err, form, huber_delta, eps0)
     eps0 = 1.0 if eps0 is None else float(eps0)  # unused by the saturating and broken forms
     n0 = float(np.exp(np.log(n).mean()))
     lx = np.log(n / n0)

@@ -182,6 +182,98 @@ POWER_LAW_COVERAGE = {
 }
 
 
+def _interval_note(kind: str, n_seeds: int, n_boot: int) -> str:
+    """What fit_power_law's intervals are, what they ignore and their coverage in simulation."""
+    if n_boot == 0:
+        return "no interval (n_boot=0)"
+    if kind == "seeds":
+        return (
+            f"delete-one-seed jackknife over {n_seeds} seeds, Student's t on {n_seeds - 1} df; "
+            + POWER_LAW_COVERAGE["seeds"]
+        )
+    if kind == "none":
+        # As the law fits: one seed's offset, shared by all its points, is invisible to any resampling of them.
+        return (
+            "no interval: the points come from 1 seed, whose offset (shared by all its points) no resampling of them "
+            "can see; " + POWER_LAW_COVERAGE["one seed"] + ". Fix: run 2+ seeds (3-5 for intervals that cover)"
+        )
+    return (
+        "residual bootstrap over points: treats every point as independent, though the points of one seed are "
+        "correlated; " + POWER_LAW_COVERAGE["points"] + "; pass seeds for a seed-level interval"
+    )
+
+
+def _refit(x: np.ndarray, y: np.ndarray, start: tuple[float, float, float]) -> tuple[float, float, float]:
+    # Start from the point estimate: a resample is a small perturbation of it; the grid is the fallback.
+    p, converged = _polish(x, y, start)
+    return p if converged else _fit(x, y)
+
+
+def _seed_intervals(x, err, seeds, n0: float, est: tuple, confidence: float):
+    """(samples, sample_seeds, intervals, why not) of the delete-one-seed jackknife-t of (a, b, c)."""
+    nan_pair = (math.nan, math.nan)
+    intervals = {"a": nan_pair, "b": nan_pair, "c": nan_pair}
+
+    def leave_out(keep):
+        xs, ys = _as_points(x[keep], err[keep])
+        p = _refit(xs, ys, est)
+        return [p[0] * n0 ** p[1], p[1], p[2]]
+
+    jack, why = _leave_one_seed_out(seeds, leave_out)
+    if not jack:
+        return np.empty((0, 3)), np.empty(0), intervals, why
+    samples = np.asarray(jack, dtype="float64")
+    q = t_quantile(confidence, len(np.unique(seeds)) - 1)
+    scaled = (est[0] * n0 ** est[1], est[1], est[2])
+    for i, name in enumerate("abc"):
+        # a is positive and multiplicative (B of the saturating law, on the log scale there too).
+        lo, hi, _ = _t_interval(scaled[i], samples[:, i], q, name == "a" and scaled[i] > 0)
+        intervals[name] = (max(lo, 0.0) if name == "c" else lo, hi)
+    return samples, np.unique(seeds), intervals, ""
+
+
+def _residual_intervals(x, err, resid, n0: float, est: tuple, n_boot: int, seed: int, confidence: float):
+    """(samples, intervals) of the residual bootstrap over points, the residuals inflated for 3 parameters."""
+    N = len(x)
+    fitted = err - resid
+    scaled = (resid - resid.mean()) * math.sqrt(N / (N - 3))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n_boot):
+        star = np.clip(fitted + rng.choice(scaled, size=N, replace=True), 0.0, None)
+        p = _refit(x, star, est)
+        rows.append((p[0] * n0 ** p[1], p[1], p[2]))
+    samples = np.asarray(rows)
+    tail = (1.0 - confidence) / 2.0
+    lo = np.quantile(samples, tail, axis=0)
+    hi = np.quantile(samples, 1.0 - tail, axis=0)
+    return samples, {name: (float(lo[i]), float(hi[i])) for i, name in enumerate("abc")}
+
+
+def _floor_note(err: np.ndarray, distinct: int, c_interval: tuple[float, float], confidence: float) -> str:
+    """Why the floor c is not identified ("" where it is)."""
+    notes = []
+    if np.all(err == 0):
+        notes.append(
+            "every error is 0 (e.g. every seed at accuracy 1.0): there is no curve, and the flat fit at 0 says nothing "
+            "about scaling; use a harder task or a metric that is not saturated"
+        )
+    elif distinct < 4:
+        notes.append(
+            f"only {distinct} distinct n: a, b and c can pass through {distinct} mean errors exactly for a whole "
+            "range of floors c; measure at least 4 (better 5+) training-set sizes"
+        )
+    plausible = float(err.min())
+    c_lo, c_hi = c_interval
+    if distinct >= 4 and math.isfinite(c_lo) and plausible > 0 and (c_hi - c_lo) > _FLOOR_SPAN * plausible:
+        notes.append(
+            f"the fit is insensitive to the floor: c's {confidence:.0%} interval [{c_lo:.4g}, {c_hi:.4g}] spans more than "
+            f"{_FLOOR_SPAN:.0%} of its plausible range [0, {plausible:.4g}] (the smallest error); the curve has not "
+            "flattened within the measured n: add larger n or report b with c fixed"
+        )
+    return "; ".join(notes)
+
+
 def fit_power_law(
     n,
     err,
@@ -218,93 +310,21 @@ def fit_power_law(
     n0 = float(np.exp(np.log(n).mean()))
     x = n / n0
     a_s, b, c = _fit(x, err)
-    fitted = _model(x, a_s, b, c)
-    resid = err - fitted
-    N = len(n)
-    distinct = int(len(np.unique(n)))
-    rmse = float(np.sqrt(np.mean(resid**2)))
-    tail = (1.0 - confidence) / 2.0
-    nan_pair = (math.nan, math.nan)
-    samples = np.empty((0, 3))
-    sample_seeds = np.empty(0)
-    intervals = {"a": nan_pair, "b": nan_pair, "c": nan_pair}
+    resid = err - _model(x, a_s, b, c)
     n_seeds = 0 if seeds is None else len(np.unique(seeds))
     kind = "seeds" if n_seeds >= 2 else "none" if n_seeds == 1 else "residuals"
-    if n_boot == 0:
-        interval_note = "no interval (n_boot=0)"
-    elif kind == "seeds":
-        interval_note = (
-            f"delete-one-seed jackknife over {n_seeds} seeds, Student's t on {n_seeds - 1} df; "
-            + POWER_LAW_COVERAGE["seeds"]
-        )
-    elif n_seeds == 1:
-        # As the law fits: one seed's offset, shared by all its points, is invisible to any resampling of them.
-        interval_note = (
-            "no interval: the points come from 1 seed, whose offset (shared by all its points) no resampling of them "
-            "can see; " + POWER_LAW_COVERAGE["one seed"] + ". Fix: run 2+ seeds (3-5 for intervals that cover)"
-        )
-    else:
-        interval_note = (
-            "residual bootstrap over points: treats every point as independent, though the points of one seed are "
-            "correlated; " + POWER_LAW_COVERAGE["points"] + "; pass seeds for a seed-level interval"
-        )
-
-    def refit(x_, y_, start):
-        # Start from the point estimate: a resample is a small perturbation of it; the grid is the fallback.
-        p, converged = _polish(x_, y_, start)
-        return p if converged else _fit(x_, y_)
-
+    interval_note = _interval_note(kind, n_seeds, n_boot)
+    nan_pair = (math.nan, math.nan)
+    intervals = {"a": nan_pair, "b": nan_pair, "c": nan_pair}
+    samples, sample_seeds = np.empty((0, 3)), np.empty(0)
     if n_boot > 0 and kind == "seeds":
-
-        def leave_out(keep):
-            xs, ys = _as_points(x[keep], err[keep])
-            p = refit(xs, ys, (a_s, b, c))
-            return [p[0] * n0 ** p[1], p[1], p[2]]
-
-        jack, why = _leave_one_seed_out(seeds, leave_out)
-        if jack:
-            samples, sample_seeds = np.asarray(jack, dtype="float64"), np.unique(seeds)
-            q = t_quantile(confidence, n_seeds - 1)
-            est = (a_s * n0**b, b, c)
-            for i, name in enumerate("abc"):
-                # a is positive and multiplicative (B of the saturating law, on the log scale there too).
-                lo, hi, _ = _t_interval(est[i], samples[:, i], q, name == "a" and est[i] > 0)
-                intervals[name] = (max(lo, 0.0) if name == "c" else lo, hi)
-        else:
-            interval_note = why
-    elif n_boot > 0 and N > 3 and kind == "residuals":
-        scaled = (resid - resid.mean()) * math.sqrt(N / (N - 3))
-        rng = np.random.default_rng(seed)
-        rows = []
-        for _ in range(n_boot):
-            star = np.clip(fitted + rng.choice(scaled, size=N, replace=True), 0.0, None)
-            p = refit(x, star, (a_s, b, c))
-            rows.append((p[0] * n0 ** p[1], p[1], p[2]))
-        samples = np.asarray(rows)
-        lo = np.quantile(samples, tail, axis=0)
-        hi = np.quantile(samples, 1.0 - tail, axis=0)
-        intervals = {name: (float(lo[i]), float(hi[i])) for i, name in enumerate("abc")}
+        samples, sample_seeds, intervals, why = _seed_intervals(x, err, seeds, n0, (a_s, b, c), confidence)
+        interval_note = why or interval_note
+    elif n_boot > 0 and len(n) > 3 and kind == "residuals":
+        samples, intervals = _residual_intervals(x, err, resid, n0, (a_s, b, c), n_boot, seed, confidence)
     a = a_s * n0**b
-    notes = []
-    if np.all(err == 0):
-        notes.append(
-            "every error is 0 (e.g. every seed at accuracy 1.0): there is no curve, and the flat fit at 0 says nothing "
-            "about scaling; use a harder task or a metric that is not saturated"
-        )
-    elif distinct < 4:
-        notes.append(
-            f"only {distinct} distinct n: a, b and c can pass through {distinct} mean errors exactly for a whole "
-            "range of floors c; measure at least 4 (better 5+) training-set sizes"
-        )
-    plausible = float(err.min())
-    c_lo, c_hi = intervals["c"]
-    if distinct >= 4 and math.isfinite(c_lo) and plausible > 0 and (c_hi - c_lo) > _FLOOR_SPAN * plausible:
-        notes.append(
-            f"the fit is insensitive to the floor: c's {confidence:.0%} interval [{c_lo:.4g}, {c_hi:.4g}] spans more than "
-            f"{_FLOOR_SPAN:.0%} of its plausible range [0, {plausible:.4g}] (the smallest error); the curve has not "
-            "flattened within the measured n: add larger n or report b with c fixed"
-        )
-    note = "; ".join(notes)
+    distinct = int(len(np.unique(n)))
+    note = _floor_note(err, distinct, intervals["c"], confidence)
     if note and warn:
         warnings.warn(f"fit_power_law: floor c not identified: {note}.", FloorNotIdentifiedWarning, stacklevel=2)
     return PowerLawFit(
@@ -316,7 +336,7 @@ def fit_power_law(
         n=n,
         err=err,
         n_distinct=distinct,
-        rmse=rmse,
+        rmse=float(np.sqrt(np.mean(resid**2))),
         floor_identified=not note,
         note=note,
         samples=samples,
