@@ -169,7 +169,7 @@ def power_study(seed: int, seeds: int, noise: float) -> dict[str, float]:
     """One study with SAM better by the design's detectable effects: whether each is found."""
     d = detectable_effects(seeds, FRACTIONS, noise)
     rng = np.random.default_rng(seed)
-    runs = synthetic_runs(rng, seeds=seeds, noise=noise, sam_beta=REFERENCE_LAW["beta"] + d.beta_diff)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise, sam_beta=REFERENCE_LAW["beta"] + d.beta_up)
     table = scaling_table(runs, fraction="data.fraction")
     n, err_b, s = table_points(table, "resnet", "vanilla")
     _, err_t, _ = table_points(table, "resnet", "sam")
@@ -359,7 +359,7 @@ def main(argv=None) -> int:
                 lo, hi = wilson(v, args.studies)
                 row[COLUMNS[k]] = f"{100 * v:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             row.update(
-                {"detectable gain (points)": f"{d.gain * 100:.2f}", "detectable beta diff": f"{d.beta_diff:.3f}"}
+                {"detectable gain (points)": f"{d.gain * 100:.2f}", "detectable beta diff (up)": f"{d.beta_up:.3f}"}
             )
             if header is None:  # each row as it is measured: a long run shows its progress
                 header = list(row)
