@@ -82,6 +82,18 @@ class _Split:
         return ""
 
 
+def unphysical(params: dict) -> list[str]:
+    """Notes for estimates no error curve can have: a negative floor E (the saturating form lets E go below 0 so
+    that its interval is not cut at a bound; an estimate there says the points do not pin the floor)."""
+    E = params.get("E", 0.0)
+    if E < 0:
+        return [
+            f"E = {E:.3g} < 0 is unphysical (an error floor cannot be negative): the points do not pin the floor; "
+            "read E's interval, and measure larger n"
+        ]
+    return []
+
+
 def law_extrapolation(
     n,
     err,
@@ -165,6 +177,7 @@ def _form_row(split: _Split, form: str, *, alone: bool) -> tuple[dict, np.ndarra
     loose = part.unidentified(split.n[held_in])
     if loose:
         notes.append(f"{', '.join(loose)} not identified (at the edge of its range, or the fitted curve is flat)")
+    notes += unphysical(part.params)
     if not len(observed):
         notes.append(f"no finished run at the held-out n={split.top:g}: nothing to check the prediction against")
     jack = None
@@ -281,7 +294,8 @@ def law_parameters(
 ):
     """One form fitted on every point, with each parameter's interval over seeds (the saturating form: seed-level
     bootstrap-t, `saturating_bootstrap_t`; the others: jackknife-t): param, estimate, low, high, se (on the log
-    scale for B), n_seeds, note."""
+    scale for B), n_seeds, note. A parameter the points do not pin down (`LawFit.unidentified`) has no interval;
+    a negative E says it is unphysical (`unphysical`)."""
     import pandas as pd
 
     _check_confidence(confidence)
@@ -305,6 +319,7 @@ def law_parameters(
         else ([], "1 seed: no interval")
     )
     boot = saturating_bootstrap_t(n, err, seeds, fit, confidence=confidence, seed=boot_seed) if sat else {}
+    loose = fit.unidentified(n)
     rows = []
     for i, p in enumerate(fit.params):
         if p in boot:
@@ -313,7 +328,12 @@ def law_parameters(
             lo, hi, se = _t_interval(fit.params[p], np.asarray(jack)[:, i], q, p in _LOG_SCALE)
         else:
             lo, hi, se = (math.nan,) * 3
-        note = why or ("at the edge of its range" if p in fit.at_bound else "")
+        if p in loose:  # an edge or a ridge point: no interval means anything there
+            lo = hi = se = math.nan
+        note = why or (
+            "not identified (at the edge of its range, or off a flat curve): no interval" if p in loose else ""
+        )
+        note = "; ".join(filter(None, [note, *(unphysical({p: fit.params[p]}) if p == "E" else [])]))
         rows.append(
             {"param": p, "estimate": fit.params[p], "low": lo, "high": hi, "se": se, "n_seeds": n_seeds, "note": note}
         )

@@ -252,7 +252,8 @@ def saturating_bootstrap_t(
             t_star = (boot[k][0] - value) / _seed_se(boot[k][1])
         lo, hi, s, _ = _t_star_interval(float(value[0]), se, t_star, confidence, len(order) - 1)
         if k == "logB":
-            out["B"] = (math.exp(float(value[0])), math.exp(lo), math.exp(hi), s)
+            with np.errstate(over="ignore"):  # a bound of log B past ~709 (a flat curve's beta at its edge) is inf
+                out["B"] = tuple(float(np.exp(v)) for v in (float(value[0]), lo, hi)) + (s,)
         else:
             out[k] = (float(value[0]), lo, hi, s)
     if heldout is not None and observed is not None and len(observed):

@@ -283,3 +283,17 @@ def test_the_held_out_prediction_interval_is_centred_on_the_prediction():
         assert row["check_low"] > -1 and row["check_high"] < 0
         assert row["pi_low"] <= row["prediction"] <= row["pi_high"]
         assert row["pi_high"] - row["pi_low"] == pytest.approx(row["check_high"] - row["check_low"])
+
+
+def test_a_negative_floor_is_noted_as_unphysical_and_an_unidentified_parameter_has_no_interval():
+    from analysis.scaling import law_parameters
+
+    n, err_t, _, seeds = _flat_pair(15)
+    params = law_parameters(n, err_t, seeds)
+    for p in ("B", "beta"):
+        assert "not identified" in params.loc[p, "note"] and np.isnan(params.loc[p, "low"])
+    # A curve still falling at the largest n whose fitted floor goes below 0 is flagged, not printed bare.
+    for rng_seed, negative in ((3, True), (2, False)):
+        n, err, seeds = synthetic(0.0, 0.05, 0.3, seeds=4, noise=0.05, rng_seed=rng_seed)
+        row = law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"]
+        assert (row["E"] < 0) == negative and ("unphysical" in row["note"]) == negative
