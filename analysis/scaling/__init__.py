@@ -5,7 +5,7 @@ Every name that lived in the former analysis/scaling.py is importable from here 
 from __future__ import annotations
 
 from analysis.scaling.extrapolation import law_extrapolation, law_parameters, paired_law_difference, table_points
-from analysis.scaling.inference import TTest, detectable, jackknife_se, paired_t, power_t, t_quantile, tost
+from analysis.scaling.inference import CONDITIONS, TTest, detectable, jackknife_se, paired_t, power_t, t_quantile, tost
 from analysis.scaling.laws import HUBER_SDS, LAW_FORMS, LawFit, chance_error, fit_law, robust_delta
 from analysis.scaling.power_law import (
     POWER_LAW_COVERAGE,
@@ -21,6 +21,7 @@ from analysis.scaling.resampling import BOOT_DRAWS, saturating_bootstrap_t
 
 __all__ = [
     "BOOT_DRAWS",
+    "CONDITIONS",
     "HUBER_SDS",
     "LAW_FORMS",
     "POWER_LAW_COVERAGE",

@@ -9,6 +9,7 @@ import numpy as np
 
 from analysis.scaling.inference import (
     _LOG_SCALE,
+    CONDITIONS,
     _check_confidence,
     _check_seeded,
     _leave_one_seed_out,
@@ -146,6 +147,7 @@ def law_extrapolation(
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("form")
     frame["supported"] = False
+    frame.attrs["conditions"] = CONDITIONS
     frame.attrs["verdict"] = _law_verdict(frame, checks, reasons, t_quantile(confidence, split.n_seeds - 1), confidence)
     winner = frame.attrs.pop("_winner", None)
     if winner is not None:
@@ -337,7 +339,9 @@ def law_parameters(
         rows.append(
             {"param": p, "estimate": fit.params[p], "low": lo, "high": hi, "se": se, "n_seeds": n_seeds, "note": note}
         )
-    return pd.DataFrame(rows).set_index("param")
+    out = pd.DataFrame(rows).set_index("param")
+    out.attrs["conditions"] = CONDITIONS
+    return out
 
 
 def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int, why: str) -> dict:
@@ -440,4 +444,6 @@ def paired_law_difference(
         else:
             lo, hi, se = (math.nan,) * 3
         out.append(_difference_row(p, ft, fb, n, (lo, hi, se), n_seeds, why if not jack else ""))
-    return pd.DataFrame(out).set_index("param")
+    frame = pd.DataFrame(out).set_index("param")
+    frame.attrs["conditions"] = CONDITIONS
+    return frame

@@ -28,6 +28,14 @@ def _check_seeded(n, err, seeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 _LOG_SCALE = frozenset({"B", "n_break"})
 
+#: What every seed-level interval conditions on: it resamples seeds only, so the test images the runs were scored
+#: on and the training subset (`data.fraction_seed`) are held fixed. A report prints it beside such intervals;
+#: docs/science.md measures their coverage of the population quantity with the test set's noise added.
+CONDITIONS = (
+    "over seeds, given the test images the runs were scored on and the training subset (data.fraction_seed): "
+    "another test set or subset would move every run of a cell together, which no interval here includes"
+)
+
 
 def t_quantile(confidence: float, df: float) -> float:
     """Student's t quantile of a two-sided `confidence` interval on df degrees of freedom (NaN for df < 1)."""

@@ -297,3 +297,16 @@ def test_a_negative_floor_is_noted_as_unphysical_and_an_unidentified_parameter_h
         n, err, seeds = synthetic(0.0, 0.05, 0.3, seeds=4, noise=0.05, rng_seed=rng_seed)
         row = law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"]
         assert (row["E"] < 0) == negative and ("unphysical" in row["note"]) == negative
+
+
+def test_every_seed_level_table_says_what_its_intervals_condition_on():
+    from analysis.scaling import CONDITIONS, law_parameters
+
+    n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.02)
+    _, err_b, _ = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.02, rng_seed=4)
+    for frame in (
+        law_extrapolation(n, err, seeds),
+        law_parameters(n, err, seeds),
+        paired_law_difference(n, err, err_b, seeds),
+    ):
+        assert frame.attrs["conditions"] == CONDITIONS and "test images" in CONDITIONS
