@@ -97,6 +97,60 @@ def _between(y: np.ndarray, groups: np.ndarray) -> float:
     return out
 
 
+def _factor_row(ok, y, total, f, factors, rng, n_perm) -> dict | None:
+    """A factor's row of knob_importance: its levels' share of the variance and its permutation chance level."""
+    groups = ok[f].astype(str).to_numpy()
+    sizes = pd.Series(groups).value_counts()
+    if len(sizes) < 2 or total == 0:
+        return None
+    share = _between(y, groups) / total
+    # The null keeps the other factors' effects: y is permuted within each combination of their levels (a
+    # permutation over all trials would mix them into this factor's groups, and never call it above chance).
+    others = [o for o in factors if o != f and o in ok.columns]
+    strata = ok[others].astype(str).agg("|".join, axis=1).to_numpy() if others else np.zeros(len(y), dtype=str)
+    null = np.array([_between(_permuted(rng, y, strata), groups) / total for _ in range(n_perm)])
+    return {
+        "kind": "factor",
+        "groups": len(sizes),
+        "min_group": int(sizes.min()),
+        "n": len(y),
+        "share": share,
+        "within_share": math.nan,
+        "chance": float(np.quantile(null, 0.95)),
+        "p": (1 + int((null >= share - 1e-12).sum())) / (1 + n_perm),
+    }
+
+
+def _knob_row(ok, y, total, k, cells, rng, n_perm) -> dict | None:
+    """A searched knob's row of knob_importance: what its bins explain within the cells that search it."""
+    values = pd.to_numeric(ok[k], errors="coerce").to_numpy(dtype="float64")
+    parts = []  # (indices of a cell's trials with the knob, their bins)
+    for cell in np.unique(cells):
+        idx = np.flatnonzero((cells == cell) & np.isfinite(values))
+        if len(idx) >= 2 and len(np.unique(values[idx])) >= 2:
+            parts.append((idx, _bins(values[idx])))
+    if not parts or total == 0:
+        return None
+    within = sum(float(((y[i] - y[i].mean()) ** 2).sum()) for i, _ in parts)
+
+    def explained(yy: np.ndarray) -> float:
+        return sum(_between(yy[i], b) for i, b in parts)
+
+    base = explained(y)
+    null = np.array([explained(_permuted(rng, y, cells)) / total for _ in range(n_perm)])
+    sizes = [int(np.bincount(b).min()) for _, b in parts]
+    return {
+        "kind": "searched",
+        "groups": sum(len(np.unique(b)) for _, b in parts),
+        "min_group": min(sizes),
+        "n": sum(len(i) for i, _ in parts),
+        "share": base / total,
+        "within_share": base / within if within > 0 else math.nan,
+        "chance": float(np.quantile(null, 0.95)),
+        "p": (1 + int((null >= base / total - 1e-12).sum())) / (1 + n_perm),
+    }
+
+
 def knob_importance(
     runs: pd.DataFrame,
     *,
@@ -138,58 +192,14 @@ def knob_importance(
     total = float(((y - y.mean()) ** 2).sum())
     rows = {}
     for f in factors:
-        if f not in ok.columns:
-            continue
-        groups = ok[f].astype(str).to_numpy()
-        sizes = pd.Series(groups).value_counts()
-        if len(sizes) < 2 or total == 0:
-            continue
-        share = _between(y, groups) / total
-        # The null keeps the other factors' effects: y is permuted within each combination of their levels (a
-        # permutation over all trials would mix them into this factor's groups, and never call it above chance).
-        others = [o for o in factors if o != f and o in ok.columns]
-        strata = ok[others].astype(str).agg("|".join, axis=1).to_numpy() if others else np.zeros(len(y), dtype=str)
-        null = np.array([_between(_permuted(rng, y, strata), groups) / total for _ in range(n_perm)])
-        rows[f] = {
-            "kind": "factor",
-            "groups": len(sizes),
-            "min_group": int(sizes.min()),
-            "n": len(y),
-            "share": share,
-            "within_share": math.nan,
-            "chance": float(np.quantile(null, 0.95)),
-            "p": (1 + int((null >= share - 1e-12).sum())) / (1 + n_perm),
-        }
+        row = _factor_row(ok, y, total, f, factors, rng, n_perm) if f in ok.columns else None
+        if row is not None:
+            rows[f] = row
     cells = ok["cell"].astype(str).to_numpy() if "cell" in ok.columns else np.zeros(len(ok), dtype=str)
     for k in knobs:
-        if k not in ok.columns:
-            continue
-        values = pd.to_numeric(ok[k], errors="coerce").to_numpy(dtype="float64")
-        parts = []  # (indices of a cell's trials with the knob, their bins)
-        for cell in np.unique(cells):
-            idx = np.flatnonzero((cells == cell) & np.isfinite(values))
-            if len(idx) >= 2 and len(np.unique(values[idx])) >= 2:
-                parts.append((idx, _bins(values[idx])))
-        if not parts or total == 0:
-            continue
-        within = sum(float(((y[i] - y[i].mean()) ** 2).sum()) for i, _ in parts)
-
-        def explained(yy: np.ndarray) -> float:
-            return sum(_between(yy[i], b) for i, b in parts)
-
-        base = explained(y)
-        null = np.array([explained(_permuted(rng, y, cells)) / total for _ in range(n_perm)])
-        sizes = [int(np.bincount(b).min()) for _, b in parts]
-        rows[k] = {
-            "kind": "searched",
-            "groups": sum(len(np.unique(b)) for _, b in parts),
-            "min_group": min(sizes),
-            "n": sum(len(i) for i, _ in parts),
-            "share": base / total,
-            "within_share": base / within if within > 0 else math.nan,
-            "chance": float(np.quantile(null, 0.95)),
-            "p": (1 + int((null >= base / total - 1e-12).sum())) / (1 + n_perm),
-        }
+        row = _knob_row(ok, y, total, k, cells, rng, n_perm) if k in ok.columns else None
+        if row is not None:
+            rows[k] = row
     if rows:
         out = pd.DataFrame.from_dict(rows, orient="index")[out.columns[:-1]]
         out["above_chance"] = out["share"] > out["chance"]
