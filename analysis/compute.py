@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import best_trials
+from analysis.scaling.inference import detectable, paired_t
 from analysis.tables import _require_columns, holm_across, sample_note
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
@@ -188,7 +189,6 @@ def compute_matched_gains(
     (1 = compute-matched; a search's other trials are not counted). One row per
     (arch, other factors, method); n_pairs and a small-sample note.
     """
-    from scipy.stats import t as student
 
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}; 'max' for accuracies, 'min' for losses")
@@ -213,16 +213,9 @@ def compute_matched_gains(
             continue
         for level in [c for c in wide.columns if c != baseline]:
             both = wide[[level, baseline]].dropna()
-            d = (both[level] - both[baseline]).to_numpy(dtype="float64")
-            k = len(d)
-            mean = float(d.mean()) if k else math.nan
-            se = float(d.std(ddof=1) / math.sqrt(k)) if k > 1 else math.nan
-            lo = hi = pval = mde = math.nan
-            if k > 1:
-                q = float(student.ppf(1 - alpha / 2, k - 1))
-                lo, hi = mean - q * se, mean + q * se
-                pval = float(2 * student.sf(abs(mean) / se, k - 1)) if se > 0 else (0.0 if mean != 0 else 1.0)
-                mde = float((q + student.ppf(power, k - 1)) * se)
+            test = paired_t((both[level] - both[baseline]).to_numpy(dtype="float64"), confidence=confidence)
+            k, mean, lo, hi, pval = test.n, test.mean, test.low, test.high, test.p_value
+            mde = detectable(test.se, test.df, confidence=confidence, power=power)
             c = cost.reindex(both.index)
             ratio = float(c[level].mean() / c[baseline].mean()) if k and c[baseline].mean() > 0 else math.nan
             rows.append(

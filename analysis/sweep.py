@@ -20,7 +20,14 @@ from analysis.runs import best_key
 from trainables.config import TrialConfig
 from trainables.naming import FACTOR_PREFIX
 
-__all__ = ["PLAIN_METHOD", "knob_importance", "plot_parallel_coordinates", "study_knobs"]
+__all__ = [
+    "PLAIN_METHOD",
+    "best_level_set",
+    "knob_importance",
+    "plot_parallel_coordinates",
+    "study_knobs",
+    "transfer_slope",
+]
 
 # optimizer.method of a plain trial (the base optimizer alone, rho = 0): the study's baseline cells.
 PLAIN_METHOD = "none"
@@ -90,6 +97,60 @@ def _between(y: np.ndarray, groups: np.ndarray) -> float:
     return out
 
 
+def _factor_row(ok, y, total, f, factors, rng, n_perm) -> dict | None:
+    """A factor's row of knob_importance: its levels' share of the variance and its permutation chance level."""
+    groups = ok[f].astype(str).to_numpy()
+    sizes = pd.Series(groups).value_counts()
+    if len(sizes) < 2 or total == 0:
+        return None
+    share = _between(y, groups) / total
+    # The null keeps the other factors' effects: y is permuted within each combination of their levels (a
+    # permutation over all trials would mix them into this factor's groups, and never call it above chance).
+    others = [o for o in factors if o != f and o in ok.columns]
+    strata = ok[others].astype(str).agg("|".join, axis=1).to_numpy() if others else np.zeros(len(y), dtype=str)
+    null = np.array([_between(_permuted(rng, y, strata), groups) / total for _ in range(n_perm)])
+    return {
+        "kind": "factor",
+        "groups": len(sizes),
+        "min_group": int(sizes.min()),
+        "n": len(y),
+        "share": share,
+        "within_share": math.nan,
+        "chance": float(np.quantile(null, 0.95)),
+        "p": (1 + int((null >= share - 1e-12).sum())) / (1 + n_perm),
+    }
+
+
+def _knob_row(ok, y, total, k, cells, rng, n_perm) -> dict | None:
+    """A searched knob's row of knob_importance: what its bins explain within the cells that search it."""
+    values = pd.to_numeric(ok[k], errors="coerce").to_numpy(dtype="float64")
+    parts = []  # (indices of a cell's trials with the knob, their bins)
+    for cell in np.unique(cells):
+        idx = np.flatnonzero((cells == cell) & np.isfinite(values))
+        if len(idx) >= 2 and len(np.unique(values[idx])) >= 2:
+            parts.append((idx, _bins(values[idx])))
+    if not parts or total == 0:
+        return None
+    within = sum(float(((y[i] - y[i].mean()) ** 2).sum()) for i, _ in parts)
+
+    def explained(yy: np.ndarray) -> float:
+        return sum(_between(yy[i], b) for i, b in parts)
+
+    base = explained(y)
+    null = np.array([explained(_permuted(rng, y, cells)) / total for _ in range(n_perm)])
+    sizes = [int(np.bincount(b).min()) for _, b in parts]
+    return {
+        "kind": "searched",
+        "groups": sum(len(np.unique(b)) for _, b in parts),
+        "min_group": min(sizes),
+        "n": sum(len(i) for i, _ in parts),
+        "share": base / total,
+        "within_share": base / within if within > 0 else math.nan,
+        "chance": float(np.quantile(null, 0.95)),
+        "p": (1 + int((null >= base / total - 1e-12).sum())) / (1 + n_perm),
+    }
+
+
 def knob_importance(
     runs: pd.DataFrame,
     *,
@@ -131,58 +192,14 @@ def knob_importance(
     total = float(((y - y.mean()) ** 2).sum())
     rows = {}
     for f in factors:
-        if f not in ok.columns:
-            continue
-        groups = ok[f].astype(str).to_numpy()
-        sizes = pd.Series(groups).value_counts()
-        if len(sizes) < 2 or total == 0:
-            continue
-        share = _between(y, groups) / total
-        # The null keeps the other factors' effects: y is permuted within each combination of their levels (a
-        # permutation over all trials would mix them into this factor's groups, and never call it above chance).
-        others = [o for o in factors if o != f and o in ok.columns]
-        strata = ok[others].astype(str).agg("|".join, axis=1).to_numpy() if others else np.zeros(len(y), dtype=str)
-        null = np.array([_between(_permuted(rng, y, strata), groups) / total for _ in range(n_perm)])
-        rows[f] = {
-            "kind": "factor",
-            "groups": len(sizes),
-            "min_group": int(sizes.min()),
-            "n": len(y),
-            "share": share,
-            "within_share": math.nan,
-            "chance": float(np.quantile(null, 0.95)),
-            "p": (1 + int((null >= share - 1e-12).sum())) / (1 + n_perm),
-        }
+        row = _factor_row(ok, y, total, f, factors, rng, n_perm) if f in ok.columns else None
+        if row is not None:
+            rows[f] = row
     cells = ok["cell"].astype(str).to_numpy() if "cell" in ok.columns else np.zeros(len(ok), dtype=str)
     for k in knobs:
-        if k not in ok.columns:
-            continue
-        values = pd.to_numeric(ok[k], errors="coerce").to_numpy(dtype="float64")
-        parts = []  # (indices of a cell's trials with the knob, their bins)
-        for cell in np.unique(cells):
-            idx = np.flatnonzero((cells == cell) & np.isfinite(values))
-            if len(idx) >= 2 and len(np.unique(values[idx])) >= 2:
-                parts.append((idx, _bins(values[idx])))
-        if not parts or total == 0:
-            continue
-        within = sum(float(((y[i] - y[i].mean()) ** 2).sum()) for i, _ in parts)
-
-        def explained(yy: np.ndarray) -> float:
-            return sum(_between(yy[i], b) for i, b in parts)
-
-        base = explained(y)
-        null = np.array([explained(_permuted(rng, y, cells)) / total for _ in range(n_perm)])
-        sizes = [int(np.bincount(b).min()) for _, b in parts]
-        rows[k] = {
-            "kind": "searched",
-            "groups": sum(len(np.unique(b)) for _, b in parts),
-            "min_group": min(sizes),
-            "n": sum(len(i) for i, _ in parts),
-            "share": base / total,
-            "within_share": base / within if within > 0 else math.nan,
-            "chance": float(np.quantile(null, 0.95)),
-            "p": (1 + int((null >= base / total - 1e-12).sum())) / (1 + n_perm),
-        }
+        row = _knob_row(ok, y, total, k, cells, rng, n_perm) if k in ok.columns else None
+        if row is not None:
+            rows[k] = row
     if rows:
         out = pd.DataFrame.from_dict(rows, orient="index")[out.columns[:-1]]
         out["above_chance"] = out["share"] > out["chance"]
@@ -335,3 +352,93 @@ def _write(fig: Figure, path: str | Path | None) -> Figure:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)
     return fig
+
+
+# ----------------------------------------------------------------------------- the best level, honestly
+
+
+def best_level_set(
+    levels: Sequence[float],
+    values: Sequence[Sequence[float]],
+    *,
+    mode: Literal["max", "min"] = "max",
+    confidence: float = 0.95,
+) -> dict:
+    """The levels (e.g. rho values) not significantly worse than the best: a confidence set for the best level.
+
+    values: per level, its runs' metric (several seeds or repeats each). A level stays in the set unless some
+    other level beats it by more than Welch's one-sided t at level (1 - confidence) / (k - 1) (Bonferroni over
+    the k - 1 comparisons a level faces), so the truly best level is left out with probability at most
+    1 - confidence whatever the others are: calibrated at ties, where the percentile bootstrap of an argmax
+    drops levels exactly as good in 41-43% of flat studies (issue 32). Returns best (the level with the best
+    mean), set (the levels kept, sorted), confidence, and note; a level with fewer than 2 runs has no spread to
+    compare, so no set is given (set None) and the note says why."""
+    from scipy.stats import t as student
+
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    if not (0.0 < confidence < 1.0):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    levels = [float(v) for v in levels]
+    if len(levels) != len(values) or not levels:
+        raise ValueError(f"give one list of values per level, got {len(levels)} levels and {len(values)} lists")
+    sign = 1.0 if mode == "max" else -1.0
+    runs = [sign * np.asarray(v, dtype="float64")[np.isfinite(np.asarray(v, dtype="float64"))] for v in values]
+    means = np.array([r.mean() if len(r) else -math.inf for r in runs])
+    best = levels[int(np.argmax(means))]
+    if len(levels) == 1:
+        return {"best": best, "set": [best], "confidence": confidence, "note": "one level"}
+    if min(len(r) for r in runs) < 2:
+        return {
+            "best": best,
+            "set": None,
+            "confidence": confidence,
+            "note": "a level has fewer than 2 runs: no spread, no confidence set for the best level (repeat levels)",
+        }
+    alpha = (1.0 - confidence) / (len(levels) - 1)
+    keep = []
+    for i, ri in enumerate(runs):
+        beaten = False
+        for j, rj in enumerate(runs):
+            if i == j:
+                continue
+            vi, vj = ri.var(ddof=1) / len(ri), rj.var(ddof=1) / len(rj)
+            se = math.sqrt(vi + vj)
+            df = (vi + vj) ** 2 / (vi**2 / (len(ri) - 1) + vj**2 / (len(rj) - 1)) if se > 0 else 1.0
+            gap = rj.mean() - ri.mean()
+            if (gap > 0 and se == 0) or (se > 0 and gap > float(student.ppf(1.0 - alpha, df)) * se):
+                beaten = True
+                break
+        if not beaten:
+            keep.append(levels[i])
+    note = (
+        f"levels not worse than another by more than one-sided Welch t at {1 - confidence:.2g}/{len(levels) - 1} "
+        "(Bonferroni): contains the best level with probability >= "
+        f"{confidence:.0%}"
+    )
+    return {"best": best, "set": sorted(keep), "confidence": confidence, "note": note}
+
+
+def transfer_slope(fractions: Sequence[float], best: Sequence[float], sets: Sequence[Sequence[float] | None]) -> dict:
+    """The slope of log10(best level) on log10(fraction), with the interval the best-level sets imply.
+
+    sets: each fraction's confidence set for its best level (`best_level_set` at confidence 1 - alpha / F for a
+    joint 1 - alpha over F fractions). The slope is linear in the best levels, so its smallest and largest values
+    over every choice of a level from each set are closed-form (each weight takes its set's lowest or highest
+    log level): an interval that covers the slope between the true best levels whenever every set covers, a
+    projection, conservative rather than a bootstrap of an argmax (whose slope exceeded 0.5 in absolute value in
+    57% of null studies, issue 32). Returns slope, low, high, note; no interval where a set is missing."""
+    x = np.log10(np.asarray(fractions, dtype="float64"))
+    y = np.log10(np.asarray(best, dtype="float64"))
+    if len(np.unique(x)) < 2 or len(x) != len(y) or len(sets) != len(x):
+        raise ValueError("transfer_slope needs one best level and one set per fraction, at 2+ distinct fractions")
+    w = (x - x.mean()) / ((x - x.mean()) ** 2).sum()
+    slope = float(w @ y)
+    if any(s is None or not len(s) for s in sets):
+        return {"slope": slope, "low": math.nan, "high": math.nan, "note": "no interval: a fraction has no set"}
+    lo_y = np.array([math.log10(min(s)) for s in sets])
+    hi_y = np.array([math.log10(max(s)) for s in sets])
+    low = float(np.where(w > 0, w * lo_y, w * hi_y).sum())
+    high = float(np.where(w > 0, w * hi_y, w * lo_y).sum())
+    note = "the interval holds 0: no evidence that the best level moves with the data" if low <= 0 <= high else ""
+    return {"slope": slope, "low": low, "high": high, "note": note}

@@ -2,7 +2,7 @@
 
 Each simulated study is a runs frame with the columns `analysis.load_runs` returns (one finished trial per
 method, fraction and seed: a confirm stage's runs), vanilla and SAM both with error L(n) = E + B n^-beta (E = 0.03,
-B = 0.02, beta = 0.7; `analysis.design.REFERENCE_LAW`) at 5 fractions 0.05-1.0, plus independent seed noise of sd
+B = 0.02, beta = 0.7; `analysis.design.REFERENCE_LAW`) at the shipped design's fractions (studies/data_scaling.yaml), plus independent seed noise of sd
 `noise` accuracy points per run. It goes through what `write_report` calls: `scaling_table`, `table_points`,
 `law_extrapolation` (the largest fraction held out), `law_parameters` (all fractions), `paired_law_difference`
 and `sam_gain`. Measured: how often each 95% interval covers the truth (beta, E, the held-out prediction, the
@@ -51,7 +51,17 @@ from analysis.scaling import (  # noqa: E402
 )
 from analysis.tables import sam_gain, scaling_table  # noqa: E402
 
-FRACTIONS = tuple(float(f) for f in np.geomspace(0.05, 1.0, 5))
+
+def shipped_fractions() -> tuple[float, ...]:
+    """The fractions of studies/data_scaling.yaml: the simulated studies are the design that ships."""
+    from studies.spec import load_study
+
+    study = load_study(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "studies",
+                                    "data_scaling.yaml"), require_data=False)  # fmt: skip
+    return tuple(sorted({float(c.config.get("data", {}).get("fraction", 1.0)) for c in study.cells}))
+
+
+FRACTIONS = shipped_fractions()
 
 
 def law(n, E=REFERENCE_LAW["E"], B=REFERENCE_LAW["B"], beta=REFERENCE_LAW["beta"]):
@@ -68,6 +78,8 @@ def synthetic_runs(
     sam_gain_points: float = 0.0,
     gain_fraction: float | None = None,
     seed_share: float = 0.0,
+    images: int = 0,
+    common: float = 0.5,
 ) -> pd.DataFrame:
     """A runs frame in load_runs' shape: vanilla and SAM, one finished trial per (method, fraction, seed).
 
@@ -75,19 +87,26 @@ def synthetic_runs(
     accuracy at `gain_fraction` (every fraction when None); no difference by default. seed_share: the share of
     the noise variance that is an offset of the (method, seed), the same at every fraction (a seed's nested
     subsets and its initialisation): noise x (sqrt(share) u_seed + sqrt(1 - share) e_run), so each run's sd stays
-    `noise` while a seed's points are correlated (0, the default, draws exactly what it drew before)."""
+    `noise` while a seed's points are correlated (0, the default, draws exactly what it drew before). images: the
+    test images each run is scored on (0: none, the seed noise alone): adds their binomial noise, variance
+    p (1 - p) / images, of which the share `common` is one draw for every seed of a (method, fraction) cell (its
+    runs are scored on the same images, so the test set's luck moves them together) and the rest each run's own."""
     if not 0.0 <= seed_share <= 1.0:
         raise ValueError(f"seed_share must be in [0, 1] (a share of the noise variance), got {seed_share!r}")
     offsets = rng.standard_normal((2, seeds)) if seed_share > 0 else np.zeros((2, seeds))
     rows = []
     for m, (method, opt) in enumerate((("vanilla", "none"), ("sam", "sam"))):
         for f in fractions:
+            cell_draw = rng.standard_normal() if images else 0.0
             for s in range(seeds):
                 err = float(law(f, beta=sam_beta if method == "sam" else REFERENCE_LAW["beta"]))
                 shifted = method == "sam" and (gain_fraction is None or f == gain_fraction)
                 own = math.sqrt(1.0 - seed_share) * rng.standard_normal()
                 shared = math.sqrt(seed_share) * offsets[m, s]
                 acc = 1.0 - err + (sam_gain_points if shifted else 0.0) + noise * (own + shared)
+                if images:
+                    sd = math.sqrt((1.0 - err) * err / images)
+                    acc += sd * (math.sqrt(common) * cell_draw + math.sqrt(1.0 - common) * rng.standard_normal())
                 cell = f"arch=resnet,data.fraction={f:g},method={method},train.seed={s}"
                 rows.append(
                     {
@@ -107,12 +126,14 @@ def synthetic_runs(
     return pd.DataFrame(rows)
 
 
-def one_study(seed: int, seeds: int, noise: float, *, full: bool = True, laws: bool = True) -> dict[str, float]:
+def one_study(
+    seed: int, seeds: int, noise: float, *, full: bool = True, laws: bool = True, images: int = 0
+) -> dict[str, float]:
     """One simulated study under "SAM = vanilla": which intervals cover the truth (1.0) or not (0.0).
 
-    laws=False measures sam_gain only (no law is fitted)."""
+    laws=False measures sam_gain only (no law is fitted); images: test-set noise as synthetic_runs adds it."""
     rng = np.random.default_rng(seed)
-    runs = synthetic_runs(rng, seeds=seeds, noise=noise)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise, images=images)
     out: dict[str, float] = {}
     top = max(FRACTIONS)
     truth = {"beta": REFERENCE_LAW["beta"], "E": REFERENCE_LAW["E"], "prediction": float(law(top))}
@@ -165,19 +186,21 @@ def held_in_intervals(seed: int, seeds: int, noise: float) -> dict[str, float]:
     return out
 
 
-def power_study(seed: int, seeds: int, noise: float) -> dict[str, float]:
-    """One study with SAM better by the design's detectable effects: whether each is found."""
-    d = detectable_effects(seeds, FRACTIONS, noise)
+def power_study(seed: int, seeds: int, noise: float, images: int = 0) -> dict[str, float]:
+    """One study with SAM better by the design's detectable effects (stated for the noise it simulates): whether
+    each is found."""
+    d = detectable_effects(seeds, FRACTIONS, noise, images=images or None)
     rng = np.random.default_rng(seed)
-    runs = synthetic_runs(rng, seeds=seeds, noise=noise, sam_beta=REFERENCE_LAW["beta"] + d.beta_diff)
+    runs = synthetic_runs(rng, seeds=seeds, noise=noise, sam_beta=REFERENCE_LAW["beta"] + d.beta_up, images=images)
     table = scaling_table(runs, fraction="data.fraction")
     n, err_b, s = table_points(table, "resnet", "vanilla")
     _, err_t, _ = table_points(table, "resnet", "sam")
     diff = paired_law_difference(n, err_t, err_b, s).loc["beta"]
     # The gain at one fraction (the smallest), the others equal: what detectable_effects states.
     shifted = synthetic_runs(
-        np.random.default_rng(seed), seeds=seeds, noise=noise, sam_gain_points=d.gain, gain_fraction=FRACTIONS[0]
-    )
+        np.random.default_rng(seed), seeds=seeds, noise=noise, sam_gain_points=d.gain, gain_fraction=FRACTIONS[0],
+        images=images,
+    )  # fmt: skip
     gain = sam_gain(shifted, baseline="vanilla", treatment="sam", fraction="data.fraction")
     return {"power_beta": float(diff["diff_low"] > 0), "power_gain": float(gain["significant"].fillna(False).iloc[0])}
 
@@ -266,10 +289,10 @@ def _main_power_laws(args) -> int:
 
 
 def _run(args):
-    kind, seed, seeds, noise, full, laws = args
-    return (
-        one_study(seed, seeds, noise, full=full, laws=laws) if kind == "coverage" else power_study(seed, seeds, noise)
-    )
+    kind, seed, seeds, noise, full, laws, images = args
+    if kind == "coverage":
+        return one_study(seed, seeds, noise, full=full, laws=laws, images=images)
+    return power_study(seed, seeds, noise, images)
 
 
 def simulate(
@@ -282,11 +305,12 @@ def simulate(
     jobs: int = 1,
     first: int = 0,
     laws: bool = True,
+    images: int = 0,
 ) -> dict[str, float]:
     """Mean over `studies` simulated studies of each measured rate (one_study's, and power_study's if power)."""
-    tasks = [("coverage", first + i, seeds, noise, full, laws) for i in range(studies)]
+    tasks = [("coverage", first + i, seeds, noise, full, laws, images) for i in range(studies)]
     if power:
-        tasks += [("power", 10**6 + first + i, seeds, noise, full, laws) for i in range(studies)]
+        tasks += [("power", 10**6 + first + i, seeds, noise, full, laws, images) for i in range(studies)]
     return _mean_rates(_run, tasks, jobs, chunksize=8)
 
 
@@ -345,6 +369,9 @@ def main(argv=None) -> int:
         help="with --power-laws: share of the noise variance that is a seed's offset at every fraction",
     )
     parser.add_argument("--n-boot", type=int, default=200, help="with --power-laws: draws of the bootstrap over points")
+    parser.add_argument(
+        "--images", type=int, default=0, help="test images per run: adds their binomial noise, half common to a cell"
+    )
     args = parser.parse_args(argv)
     if args.power_laws:
         return _main_power_laws(args)
@@ -352,14 +379,14 @@ def main(argv=None) -> int:
     for seeds in args.seeds:
         for noise in args.noise:
             t0 = time.perf_counter()
-            rates = simulate(seeds, noise, args.studies, jobs=args.jobs, power=args.power)
-            d = detectable_effects(seeds, FRACTIONS, noise)
+            rates = simulate(seeds, noise, args.studies, jobs=args.jobs, power=args.power, images=args.images)
+            d = detectable_effects(seeds, FRACTIONS, noise, images=args.images or None)
             row = {"seeds": seeds, "noise (points)": f"{noise * 100:g}"}
             for k, v in rates.items():
                 lo, hi = wilson(v, args.studies)
                 row[COLUMNS[k]] = f"{100 * v:.1f}% ({100 * lo:.1f}-{100 * hi:.1f})"
             row.update(
-                {"detectable gain (points)": f"{d.gain * 100:.2f}", "detectable beta diff": f"{d.beta_diff:.3f}"}
+                {"detectable gain (points)": f"{d.gain * 100:.2f}", "detectable beta diff (up)": f"{d.beta_up:.3f}"}
             )
             if header is None:  # each row as it is measured: a long run shows its progress
                 header = list(row)

@@ -67,3 +67,21 @@ def test_gain_intervals_cover_at_their_nominal_rate_with_three_seeds(rates):
 def test_under_no_difference_few_studies_call_any_fraction_significant(rates):
     # Holm over the 5 fractions: the family-wise error rate is at most 5%.
     assert rates["any_significant"] <= 0.05 + 3 * SD, rates
+
+
+def test_the_harness_test_set_noise_is_half_common_to_a_cells_runs():
+    from benchmarks.sim_coverage import synthetic_runs
+
+    # Seed noise off: what is left is the binomial noise of 5,000 test images, half of its variance one draw per
+    # (method, fraction) cell. Over 40 seeds the cell means then scatter by sqrt(0.5) of one run's binomial sd,
+    # not by 1/sqrt(40) of it as independent noise would.
+    rng = np.random.default_rng(0)
+    cells = []
+    for _ in range(60):
+        runs = synthetic_runs(rng, seeds=40, noise=1e-12, images=5000)
+        runs["err"] = 1.0 - runs["val_acc"] - law(runs["data.fraction"])
+        cells.append(runs.groupby(["factor.method", "data.fraction"])["err"].agg(["mean", "std"]))
+    frame = pd.concat(cells)
+    sd = np.sqrt(law(frame.index.get_level_values(1)) * (1 - law(frame.index.get_level_values(1))) / 5000)
+    assert np.std(frame["mean"] / sd) == pytest.approx(np.sqrt(0.5), rel=0.1)
+    assert np.mean(frame["std"] / sd) == pytest.approx(np.sqrt(0.5), rel=0.05)

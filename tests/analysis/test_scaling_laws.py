@@ -74,7 +74,7 @@ def test_extrapolation_check_holds_out_the_largest_n_and_resamples_seeds():
     assert row["beta"] == pytest.approx(held_in.params["beta"]) and row["prediction"] == pytest.approx(
         held_in.predict(1.0)
     )
-    assert bool(row["consistent"]) and row["check_detectable"] > 2 * row["check_se"]
+    assert bool(row["consistent"]) and row["check_low"] <= 0 <= row["check_high"] and "check_detectable" not in row
     # `consistent` is the observed mean inside the prediction interval of the held-out mean; the draws are seeded.
     assert row["pi_low"] <= row["observed"] <= row["pi_high"]
     again = law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"]
@@ -154,18 +154,19 @@ def test_paired_difference_recovers_a_known_gap_in_beta_and_E():
     assert diff.loc["beta", "diff"] == pytest.approx(0.3, abs=0.1)
     assert diff.loc["E", "diff"] == pytest.approx(-0.02, abs=0.01)
     assert diff.loc["beta", "diff_low"] > 0 and diff.loc["E", "diff_high"] < 0  # the interval excludes no difference
-    assert diff.loc["beta", "p_value"] < 0.05 and diff.loc["beta", "detectable"] > 0
+    assert diff.loc["beta", "p_value"] < 0.05 and diff.loc[["E", "beta"], "identified"].all()
     with pytest.raises(ValueError, match="pair with err_treatment"):
         paired_law_difference(n, err_t, err_b[:-1], seeds)
 
 
-def test_a_null_law_difference_says_what_the_design_could_have_detected():
+def test_a_null_law_difference_says_what_its_interval_excludes_not_post_hoc_power():
     n, err_t, seeds = synthetic(0.05, 0.02, 0.7, seeds=4, noise=0.03, rng_seed=2)
     _, err_b, _ = synthetic(0.05, 0.02, 0.7, seeds=4, noise=0.03, rng_seed=3)
     diff = paired_law_difference(n, err_t, err_b, seeds)
     row = diff.loc["beta"]
     assert row["diff_low"] <= 0 <= row["diff_high"]
-    assert row["detectable"] > row["diff_high"] - row["diff"] and "would be found with 80% power" in row["note"]
+    assert "detectable" not in diff.columns and "power" not in row["note"]
+    assert f"excludes differences below {row['diff_low']:.3g} and above {row['diff_high']:.3g}" in row["note"]
 
 
 # ------------------------------------------------------------------------------ the bugs of issue 22
@@ -242,3 +243,70 @@ def test_a_percent_scale_table_is_refused_with_the_fix_before_any_fit():
     table = scaling_table(runs, fraction="data.fraction")
     with pytest.raises(ValueError, match="0-100 \\(percent\\) scale: divide the metric by 100"):
         table_points(table, "resnet", "vanilla")
+
+
+# ------------------------------------------------------------------------------ the wrong formulas of issue 32
+
+
+def _flat_pair(rng_seed):
+    """Treatment and baseline on a nearly flat true curve (5% error, a 0.1-point rise at 10% of the data)."""
+    frac = np.array([0.1, 0.25, 0.5, 0.75, 1.0])
+    rng = np.random.default_rng(rng_seed)
+    n = np.tile(frac, 3)
+    seeds = np.repeat(np.arange(3), len(frac))
+    truth = 0.05 + 0.0005 * n**-0.3
+    return n, truth + 0.003 * rng.standard_normal(len(n)), truth + 0.003 * rng.standard_normal(len(n)), seeds
+
+
+def test_a_fit_that_reaches_a_bound_is_not_identified_and_gets_no_significance():
+    n, err_t, err_b, seeds = _flat_pair(15)
+    assert fit_law(n, err_t).params["beta"] == pytest.approx(10.0)  # the bound: B ~ 1e-13, no curve to measure
+    diff = paired_law_difference(n, err_t, err_b, seeds)
+    for p in ("B", "beta"):
+        row = diff.loc[p]
+        assert not row["identified"] and "not identified" in row["note"]
+        assert np.isnan(row["p_value"]) and np.isnan(row["diff_low"]) and np.isnan(row["diff_high"])
+    assert np.isfinite(diff.loc["E", "diff"])
+
+
+def test_the_held_out_prediction_interval_is_centred_on_the_prediction():
+    # The held-out fraction is 1.5 points worse than the law predicts: the check must miss, and the prediction
+    # interval (around the prediction, not the observed value) must then leave the observed mean outside.
+    rows = []
+    for rng_seed in range(4):
+        n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=5, noise=0.02, rng_seed=rng_seed)
+        err = np.where(n == n.max(), err + 0.015, err)
+        rows.append(law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"])
+    for row in rows:
+        assert not row["consistent"]
+        assert not row["pi_low"] <= row["observed"] <= row["pi_high"]
+        assert row["check_low"] > -1 and row["check_high"] < 0
+        assert row["pi_low"] <= row["prediction"] <= row["pi_high"]
+        assert row["pi_high"] - row["pi_low"] == pytest.approx(row["check_high"] - row["check_low"])
+
+
+def test_a_negative_floor_is_noted_as_unphysical_and_an_unidentified_parameter_has_no_interval():
+    from analysis.scaling import law_parameters
+
+    n, err_t, _, seeds = _flat_pair(15)
+    params = law_parameters(n, err_t, seeds)
+    for p in ("B", "beta"):
+        assert "not identified" in params.loc[p, "note"] and np.isnan(params.loc[p, "low"])
+    # A curve still falling at the largest n whose fitted floor goes below 0 is flagged, not printed bare.
+    for rng_seed, negative in ((3, True), (2, False)):
+        n, err, seeds = synthetic(0.0, 0.05, 0.3, seeds=4, noise=0.05, rng_seed=rng_seed)
+        row = law_extrapolation(n, err, seeds, forms=("saturating",)).loc["saturating"]
+        assert (row["E"] < 0) == negative and ("unphysical" in row["note"]) == negative
+
+
+def test_every_seed_level_table_says_what_its_intervals_condition_on():
+    from analysis.scaling import CONDITIONS, law_parameters
+
+    n, err, seeds = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.02)
+    _, err_b, _ = synthetic(0.05, 0.02, 0.7, seeds=3, noise=0.02, rng_seed=4)
+    for frame in (
+        law_extrapolation(n, err, seeds),
+        law_parameters(n, err, seeds),
+        paired_law_difference(n, err, err_b, seeds),
+    ):
+        assert frame.attrs["conditions"] == CONDITIONS and "test images" in CONDITIONS
