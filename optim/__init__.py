@@ -6,6 +6,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 from ._registry import METHODS, MethodSpec, check_hparams, create, method_names
+from ._schedule import Schedule, check_schedule
+from ._scope import check_scope
 
 if TYPE_CHECKING:
     from ._esam import ESAM
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
     from ._method import Method, StepKeywords, StepOutput
     from ._msam import MSAM
     from ._sam import SAM
+    from ._scheduled import Scheduled
     from ._trajectory import MESA, SAF, trajectory_kl
 
 # The registry (names, knobs and their rules) imports no torch, so a study file validates without it; the classes
@@ -29,6 +32,7 @@ _LAZY = {
     "StepOutput": "_method",
     "MSAM": "_msam",
     "SAM": "_sam",
+    "Scheduled": "_scheduled",
     "MESA": "_trajectory",
     "SAF": "_trajectory",
     "trajectory_kl": "_trajectory",
@@ -42,6 +46,8 @@ __all__ = [
     "MSAM",
     "SAF",
     "SAM",
+    "Schedule",
+    "Scheduled",
     "FriendlySAM",
     "LookSAM",
     "Method",
@@ -49,6 +55,8 @@ __all__ = [
     "StepKeywords",
     "StepOutput",
     "check_hparams",
+    "check_schedule",
+    "check_scope",
     "create",
     "method_names",
     "trajectory_kl",

@@ -15,7 +15,16 @@ __all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "check_
 #: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three. The rest, and
 #: ``model``, are ``Method.__init__``'s shared keywords (``optim.StepKeywords``; tests/optim/test_registry.py
 #: holds the two lists equal), named here without importing torch.
-CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
+CONTEXT = (
+    "model",
+    "num_samples",
+    "num_classes",
+    "grad_clip",
+    "scaler",
+    "global_perturbation",
+    "accumulate",
+    "scope",
+)
 
 
 def check(ok: bool, name: str, rule: str, value: Any, fix: str) -> None:
@@ -128,6 +137,7 @@ class MethodSpec:
     two_pass: bool = False  # two forward+backward passes on (some) steps
     needs: frozenset[str] = frozenset()  # context create() must receive (not None)
     needs_momentum: bool = False  # the base optimizer must keep a momentum (Adam's betas, or SGD's momentum > 0)
+    perturbs: bool = False  # moves the weights to a perturbed point: takes a scope and a schedule
     builder: str = field(default="", repr=False)
     build_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -182,10 +192,12 @@ def method_spec(
     two_pass: bool = False,
     needs: Sequence[str] = (),
     needs_momentum: bool = False,
+    perturbs: bool | None = None,
     build_kwargs: Mapping[str, Any] | None = None,
 ) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
-    context that create() can pass. tests/optim/test_knobs.py holds each knob's default equal to the builder's."""
+    context that create() can pass. ``perturbs`` defaults to ``two_pass``. tests/optim/test_knobs.py holds each knob's
+    default equal to the builder's."""
     names = [k.name for k in knobs]
     if len(set(names)) != len(names):
         raise TypeError(f"method {name!r}: knob names repeat: {names}")
@@ -203,6 +215,7 @@ def method_spec(
         two_pass=two_pass,
         needs=frozenset(needs),
         needs_momentum=needs_momentum,
+        perturbs=two_pass if perturbs is None else perturbs,
         builder=builder,
         build_kwargs=MappingProxyType(dict(build_kwargs or {})),
     )

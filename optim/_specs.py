@@ -283,6 +283,7 @@ SPECS = (
         builder="._msam:MSAM",
         knobs=(Knob("rho", 0.3, RADIUS),),
         needs_momentum=True,
+        perturbs=True,
     ),
 )
 

@@ -257,7 +257,7 @@ def test_step_keywords_are_method_inits_keywords():
     assert (
         SHARED_NAMES
         == list(optim.StepKeywords.__annotations__)
-        == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate"]
+        == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate", "scope"]
     )
     assert set(CONTEXT) == {"num_samples", "num_classes", *SHARED_NAMES}
     # create() and check_hparams() name them too (the registry imports no torch, so it cannot read Method's
@@ -314,7 +314,14 @@ def test_every_method_takes_the_shared_keywords_from_method_alone(name, helpers)
     base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     context = {"num_samples": helpers.NUM_SAMPLES, "num_classes": helpers.NUM_CLASSES}
     context = {k: v for k, v in context.items() if k in spec.accepts()}
-    given = {"model": model, "grad_clip": 0.5, "scaler": None, "global_perturbation": True, "accumulate": 2}
+    given = {
+        "model": model,
+        "grad_clip": 0.5,
+        "scaler": None,
+        "global_perturbation": True,
+        "accumulate": 2,
+        "scope": "all",
+    }
     method = spec.build(base, **spec.hparams, **context, **given)
     assert {k: getattr(method, k) for k in SHARED_NAMES} == given
     with pytest.raises(ValueError, match=r"^accumulate must satisfy accumulate >= 1 .* but got accumulate=0; "):
