@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from ._registry import METHODS, MethodSpec, check_hparams, create, method_names
+from ._registry import METHODS, MethodSpec, check_hparams, check_step_kinds, create, method_names
 from ._schedule import Schedule, check_schedule
 from ._scope import check_scope
 
@@ -57,6 +57,7 @@ __all__ = [
     "check_hparams",
     "check_schedule",
     "check_scope",
+    "check_step_kinds",
     "create",
     "method_names",
     "trajectory_kl",

@@ -40,10 +40,28 @@ class Schedule:
     ``adaptive_decay``)."""
 
     start_epoch: int = 0
+    #: Where the run length was not known when checked: the share of training before the method starts, resolved
+    #: into ``start_epoch`` by ``resolved(epochs)`` (``optim.create(..., epochs=)`` does it).
+    start_fraction: float | None = None
     every: int = 1
     probability: float = 1.0
     adaptive_c: float | None = None
     adaptive_decay: float | None = None
+
+    def resolved(self, epochs: int | None) -> Schedule:
+        """This schedule with a ``start_fraction`` turned into its ``start_epoch`` for a run of ``epochs`` epochs."""
+        return check_schedule(self.as_mapping(), epochs=epochs)
+
+    def as_mapping(self) -> dict[str, Any]:
+        """The mapping ``check_schedule`` reads back into this schedule."""
+        out: dict[str, Any] = {"every": self.every, "probability": self.probability}
+        if self.start_fraction is not None:
+            out["start_fraction"] = self.start_fraction
+        else:
+            out["start_epoch"] = self.start_epoch
+        if self.adaptive_c is not None:
+            out["adaptive"] = {"c": self.adaptive_c, "decay": self.adaptive_decay}
+        return out
 
     @property
     def always(self) -> bool:
@@ -54,6 +72,8 @@ class Schedule:
         """The expected share of steps that run the method over a run of ``epochs`` epochs. An adaptive gate's share
         depends on the gradients; it is counted as the share of a normal variable above its mean plus ``c``
         deviations, a planning figure only (the trial records the share it had)."""
+        if self.start_fraction is not None:
+            return self.resolved(epochs).share(epochs)
         start = min(self.start_epoch, epochs) / epochs if epochs else 0.0
         share = (1.0 - start) * self.probability / self.every
         if self.adaptive_c is not None:
@@ -68,11 +88,12 @@ def _number(x: Any) -> bool:
 def check_schedule(schedule: Any, *, epochs: int | None = None) -> Schedule:
     """``schedule`` (None, a Schedule, or a mapping with keys among start_epoch, start_fraction, every, probability,
     adaptive: {c, decay}) as a Schedule, or the project's ValueError naming the field, the rule, the value and the fix.
-    ``start_fraction`` needs the run's ``epochs``."""
+    With the run's ``epochs``, a ``start_fraction`` becomes its ``start_epoch`` and a start at or after the run's end
+    (a schedule that never perturbs) is refused; without them the fraction is kept as given."""
     if schedule is None:
         return Schedule()
     if isinstance(schedule, Schedule):
-        return schedule
+        schedule = schedule.as_mapping()
     if not isinstance(schedule, Mapping):
         raise ValueError(
             f"schedule must be a mapping with keys among {_KEYS}, but got schedule={schedule!r}; pass e.g. "
@@ -106,14 +127,8 @@ def check_schedule(schedule: Any, *, epochs: int | None = None) -> Schedule:
                 "pass the share of training before the method starts, e.g. 0.875 (late-phase SAM); "
                 "a method that never starts is method none",
             )
-        if epochs is None:
-            _fail(
-                "start_fraction",
-                "a run length to take the fraction of",
-                fraction,
-                "pass the run's epochs (check_schedule(..., epochs=) / create(..., epochs=)), or start_epoch",
-            )
-        start = start_epoch_of(float(fraction), epochs)
+        if epochs is not None:
+            start = start_epoch_of(float(fraction), epochs)
     every = schedule.get("every", 1)
     if not (isinstance(every, int) and not isinstance(every, bool) and every >= 1):
         _fail("every", "every >= 1 (an integer number of steps)", every, "pass e.g. every=2 (every=1: every step)")
@@ -149,4 +164,11 @@ def check_schedule(schedule: Any, *, epochs: int | None = None) -> Schedule:
             start,
             "a schedule that never starts never perturbs: use method none, or start earlier",
         )
-    return Schedule(start_epoch=start, every=every, probability=float(probability), adaptive_c=c, adaptive_decay=decay)
+    return Schedule(
+        start_epoch=start,
+        start_fraction=float(schedule["start_fraction"]) if "start_fraction" in schedule and epochs is None else None,
+        every=every,
+        probability=float(probability),
+        adaptive_c=c,
+        adaptive_decay=decay,
+    )

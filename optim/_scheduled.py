@@ -31,6 +31,11 @@ class Scheduled:
     perturbs = True
 
     def __init__(self, method: Method, schedule: Schedule):
+        if schedule.start_fraction is not None:
+            raise ValueError(
+                f"schedule.start_fraction={schedule.start_fraction} needs the run's length to be turned into an epoch; "
+                "pass create(..., epochs=) or schedule.start_epoch"
+            )
         if not method.perturbs:
             raise ValueError(
                 f"schedule must be unset for a method that does not perturb the weights, but got {schedule} for "

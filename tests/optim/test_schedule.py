@@ -80,8 +80,12 @@ def test_start_fraction_is_the_first_epoch_at_or_after_it():
     assert check_schedule({"start_fraction": 0.875}, epochs=200).start_epoch == 175
     assert check_schedule({"start_fraction": 0.5}, epochs=3).start_epoch == 2
     assert check_schedule({"start_fraction": 0.0}, epochs=3).start_epoch == 0
-    with pytest.raises(ValueError, match=r"schedule\.start_fraction .* run length"):
-        check_schedule({"start_fraction": 0.5})
+    kept = check_schedule({"start_fraction": 0.5})  # no run length yet: kept as given, resolved by create(epochs=)
+    assert kept.start_fraction == 0.5 and kept.resolved(3).start_epoch == 2 and kept.share(4) == 0.5
+    model = make_model(0)
+    with pytest.raises(ValueError, match=r"schedule\.start_fraction=0\.5 needs the run's length"):
+        build("sam", model, schedule={"start_fraction": 0.5})
+    assert build("sam", model, schedule={"start_fraction": 0.5}, epochs=4).schedule.start_epoch == 2
 
 
 def test_probability_draws_once_a_step_from_the_seeded_stream():
@@ -237,3 +241,26 @@ def test_each_kind_of_step_compiles_once():
     for t in range(2, 8):
         step(method, net, t)
     assert counters["stats"]["unique_graphs"] == frames
+
+
+@pytest.mark.parametrize(
+    "optimizer, match",
+    [
+        ({"method": "sam", "schedule": {"probability": 0}}, r"optimizer\.schedule: schedule\.probability must satisfy"),
+        ({"method": "sam", "schedule": {"start_fraction": 0.95}}, r"start_epoch < the run's epochs \(10\)"),
+        ({"method": "sam", "schedule": {"start_epoch": 10}}, r"optimizer\.schedule: .* never perturbs"),
+        ({"method": "sam", "schedule": {"adaptive": {"c": 1}}}, r"optimizer\.schedule: .* needs the EMA"),
+        ({"method": "esam", "schedule": {"adaptive": {"c": 1, "decay": 0.9}}}, "adaptive must be unset for esam"),
+        ({"method": "saf", "schedule": {"every": 2}}, r"optimizer\.schedule: .* does not perturb"),
+        ({"method": "none", "scope": "norm"}, r"optimizer\.scope: scope must be 'all' for none"),
+        ({"method": "sam", "scope": "bn"}, r"optimizer\.scope: scope must satisfy one of \('all', 'norm'\)"),
+        ({"method": "sam", "scope": {"include": []}}, r"optimizer\.scope: .* at least one include or exclude"),
+    ],
+)
+def test_a_trial_config_refuses_a_bad_scope_or_schedule_at_load(optimizer, match):
+    from trainables.config import ConfigError, TrialConfig
+
+    with pytest.raises(ConfigError, match=match):
+        TrialConfig.load({"optimizer": optimizer, "schedule": {"epochs": 10}})
+    # 0.9 of 10 epochs starts at epoch 9: accepted.
+    TrialConfig.load({"optimizer": {"method": "sam", "schedule": {"start_fraction": 0.9}}, "schedule": {"epochs": 10}})
