@@ -10,11 +10,12 @@ import torch
 
 from ._method import Forward, StepKeywords, StepOutput, batch_rows, split_rows
 from ._sam import TwoPass
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["ESAM"]
 
 
+@registered
 class ESAM(TwoPass):
     """Efficient SAM, the paper's Algorithm 1 (docs/algorithms.md, "ESAM"):
 
@@ -46,9 +47,8 @@ class ESAM(TwoPass):
             adaptive=False,
             **common,
         )
-        knobs = BY_NAME["esam"].check_knobs(rho=rho, beta=beta, gamma=gamma)
+        knobs = self.spec.check_knobs(rho=rho, beta=beta, gamma=gamma)
         self.rho, self.beta, self.gamma = knobs["rho"], knobs["beta"], knobs["gamma"]
-        self.name = "esam"
         self._random = random.Random(torch.initial_seed())
         self._frozen_pass = False  # pass 1 is running with the left-out tensors' requires_grad off
 

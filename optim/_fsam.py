@@ -8,11 +8,12 @@ import torch
 
 from ._method import StepKeywords, group_by_device_dtype
 from ._sam import TwoPass
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["FriendlySAM"]
 
 
+@registered
 class FriendlySAM(TwoPass):
     """F-SAM, the paper's Algorithm 1 (docs/algorithms.md, "F-SAM"):
 
@@ -40,9 +41,8 @@ class FriendlySAM(TwoPass):
             adaptive=False,
             **common,
         )
-        knobs = BY_NAME["fsam"].check_knobs(rho=rho, sigma=sigma, lmbda=lmbda)
+        knobs = self.spec.check_knobs(rho=rho, sigma=sigma, lmbda=lmbda)
         self.rho, self.sigma, self.lmbda = knobs["rho"], knobs["sigma"], knobs["lmbda"]
-        self.name = "fsam"
         self._m: dict[torch.Tensor, torch.Tensor] = {}  # param -> EMA of its pass 1 gradients
         self._g_now: dict[torch.Tensor, torch.Tensor] = {}  # param -> this step's g, until the step is taken
         # The params whose EMA this step moves once it is taken, and the loss scale their g carries.

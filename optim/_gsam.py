@@ -8,11 +8,12 @@ import torch
 
 from ._method import StepKeywords, global_norm, group_by_device_dtype
 from ._sam import TwoPass, nonzero
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["GSAM"]
 
 
+@registered
 class GSAM(TwoPass):
     """Surrogate-gap guided SAM.
 
@@ -50,14 +51,13 @@ class GSAM(TwoPass):
             eta=eta,
             **common,
         )
-        knobs = BY_NAME["gsam"].check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max, lr_min=lr_min)
+        knobs = self.spec.check_knobs(rho_max=rho_max, rho_min=rho_min, alpha=alpha, lr_max=lr_max, lr_min=lr_min)
         self.rho_max, self.rho_min, self.alpha = knobs["rho_max"], knobs["rho_min"], knobs["alpha"]
         self._lr_max = None if lr_max is None else float(lr_max)
         self.lr_min = knobs["lr_min"]
         # Each group's lr now: its base lr until a scheduler records one as ``initial_lr``.
         self._lr_at_init = [float(g["lr"]) for g in base_optimizer.param_groups]
         self.rho_t = self._rho()
-        self.name = "gsam"
 
     @property
     def lr_max(self) -> float:

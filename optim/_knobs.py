@@ -10,7 +10,17 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["CONTEXT", "Knob", "MethodSpec", "Relation", "Rule", "check", "check_m_sharpness", "method_spec"]
+__all__ = [
+    "CONTEXT",
+    "Knob",
+    "MethodSpec",
+    "Relation",
+    "Rule",
+    "SmallRun",
+    "check",
+    "check_m_sharpness",
+    "method_spec",
+]
 
 #: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three. The rest, and
 #: ``model``, are ``Method.__init__``'s shared keywords (``optim.StepKeywords``; tests/optim/test_registry.py
@@ -122,12 +132,40 @@ class Relation:
 
 
 @dataclass(frozen=True)
+class SmallRun:
+    """How the registry-parametrised tests (tests/optim/) run a method small on CPU, kept with its entry so that a
+    new method is exercised by every one of them the day it is added.
+
+    ``hparams``: small, distinguishable knobs (every rule passes; SAF/MESA active from epoch 2) that the fast tests
+    and the float64 references run at. ``base_exactly``: knobs under which the method is its base optimizer exactly
+    (rho = 0), for a method that perturbs; None for one that does not. ``call_of_pass``: which forward call is pass
+    N, where the method makes forwards of its own between them (ESAM's no-grad selection forward is call 2).
+    ``passes_per_step`` and ``forwards``: what tests/optim/test_registry.py's three steps of batch 8 at ``hparams``
+    give (``Method.passes_per_step``; the calls of ``forward``). ``defaults_in``: ``"module:attribute"`` whose
+    signature holds the knobs' defaults, where the builder is a factory that takes them without defaults.
+    """
+
+    hparams: Mapping[str, Any] = field(default_factory=dict)
+    base_exactly: Mapping[str, Any] | None = None
+    call_of_pass: Mapping[int, int] = field(default_factory=dict)
+    passes_per_step: float = 1.0
+    forwards: int = 3
+    defaults_in: str = ""
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One registry entry: what the study validator needs to know about a method without building it (its knobs
     with their defaults and rules, the base optimizers it takes), and how to build it.
 
     ``builder`` is ``"module:attribute"`` of the class or factory inside ``optim``, imported (with torch) only when
     a method is built; ``build(base_optimizer, **hparams, **context)`` takes keyword arguments only.
+
+    ``step_cost``: its training throughput as a share of the base step's (``none``), measured (None: not measured,
+    so `sharpscale run --dry-run` gives its cells no estimate; SAM's own is each card's measured SAM figure,
+    studies/cost.py CARD_FIGURES). ``compiled_differs``: why its compiled step is not the eager step, as measured
+    on the GPU check (benchmarks/check_compiled.py), so that ``train.compile: auto`` runs it eager; empty where the
+    compiled step agrees with eager to float rounding. ``small``: how the tests run it (SmallRun).
     """
 
     name: str
@@ -140,6 +178,9 @@ class MethodSpec:
     perturbs: bool = False  # moves the weights to a perturbed point: takes a scope and a schedule
     builder: str = field(default="", repr=False)
     build_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    step_cost: float | None = None
+    compiled_differs: str = ""
+    small: SmallRun = field(default_factory=SmallRun, repr=False)
 
     @property
     def hparams(self) -> Mapping[str, Any]:
@@ -194,10 +235,13 @@ def method_spec(
     needs_momentum: bool = False,
     perturbs: bool | None = None,
     build_kwargs: Mapping[str, Any] | None = None,
+    step_cost: float | None = None,
+    compiled_differs: str = "",
+    small: SmallRun | None = None,
 ) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
-    context that create() can pass. ``perturbs`` defaults to ``two_pass``. tests/optim/test_knobs.py holds each knob's
-    default equal to the builder's."""
+    context that create() can pass, the small run's knobs among its own; ``perturbs`` defaults to ``two_pass``.
+    tests/optim/test_knobs.py holds each knob's default equal to the builder's."""
     names = [k.name for k in knobs]
     if len(set(names)) != len(names):
         raise TypeError(f"method {name!r}: knob names repeat: {names}")
@@ -207,6 +251,11 @@ def method_spec(
     bad = set(needs) - set(CONTEXT[:3])
     if bad:
         raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
+    small = small if small is not None else SmallRun()
+    for label, knobs_set in (("small.hparams", small.hparams), ("small.base_exactly", small.base_exactly or {})):
+        unknown = sorted(set(knobs_set) - set(names))
+        if unknown:
+            raise TypeError(f"method {name!r}: {label} sets {unknown}, which are not among its knobs {names}")
     return MethodSpec(
         name=name,
         description=description,
@@ -218,6 +267,9 @@ def method_spec(
         perturbs=two_pass if perturbs is None else perturbs,
         builder=builder,
         build_kwargs=MappingProxyType(dict(build_kwargs or {})),
+        step_cost=step_cost,
+        compiled_differs=compiled_differs,
+        small=small,
     )
 
 

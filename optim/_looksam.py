@@ -15,11 +15,12 @@ from ._method import (
     group_by_device_dtype,
 )
 from ._sam import TwoPass, nonzero
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["LookSAM"]
 
 
+@registered
 class LookSAM(TwoPass):
     """Every k-th step (steps 0, k, 2k, ...): two passes give g and the SAM gradient g_s, the update uses g_s,
     and ``g_v = g_s - (<g_s, g>/||g||^2) g`` is stored. Other steps: ONE pass, update with
@@ -50,9 +51,8 @@ class LookSAM(TwoPass):
             adaptive=False,
             **common,
         )
-        knobs = BY_NAME["looksam"].check_knobs(rho=rho, k=k, alpha=alpha)
+        knobs = self.spec.check_knobs(rho=rho, k=k, alpha=alpha)
         self.rho, self.k, self.alpha = knobs["rho"], knobs["k"], knobs["alpha"]
-        self.name = "looksam"
         self._step = 0
         self._gv: dict[torch.Tensor, torch.Tensor] = {}  # param -> stored g_v (in _gv_buf)
         self._gv_buf: dict[torch.Tensor, torch.Tensor] = {}

@@ -15,6 +15,7 @@ from torch import nn
 
 from ._knobs import check
 from ._scope import check_scope, resolve_scope
+from ._specs import registered
 
 __all__ = ["Forward", "Method", "StepKeywords", "StepOutput", "check"]
 
@@ -535,10 +536,9 @@ def _found_inf_per_device(scaler: torch.amp.GradScaler, opt: torch.optim.Optimiz
     return state[id(opt)]["found_inf_per_device"]
 
 
+@registered
 class BaseOnly(Method):
     """``none``: the base optimizer alone, one forward and backward per step."""
-
-    name = "none"
 
     def train_step(
         self,

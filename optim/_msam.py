@@ -17,7 +17,7 @@ from ._method import (
     group_by_device_dtype,
 )
 from ._sam import nonzero
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["MSAM"]
 
@@ -43,6 +43,7 @@ def l2_decay(optimizer: torch.optim.Optimizer, group: dict) -> float:
     return float(group.get("weight_decay", 0.0) or 0.0)
 
 
+@registered
 class MSAM(Method):
     """MSAM (the paper's Algorithm 1; docs/algorithms.md, "MSAM"): with ``v`` the base optimizer's momentum
     (SGD's ``momentum_buffer``, Adam/AdamW's ``exp_avg``, as the base keeps it), one forward+backward at
@@ -68,15 +69,14 @@ class MSAM(Method):
         **common: Unpack[StepKeywords],
     ):
         super().__init__(base_optimizer, **common)
-        self.rho = BY_NAME["msam"].knob("rho").check(rho)
+        self.rho = self.spec.knob("rho").check(rho)
         lacking = [
             i
             for i, g in enumerate(base_optimizer.param_groups)
             if "betas" not in g and not float(g.get("momentum", 0.0)) > 0
         ]
         if lacking:
-            raise ValueError(momentum_problem("msam", lacking, type(base_optimizer).__name__))
-        self.name = "msam"
+            raise ValueError(momentum_problem(self.name, lacking, type(base_optimizer).__name__))
         self._saved: dict[torch.Tensor, torch.Tensor] = {}
         self._pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
         # This step's eps = scale v, for moving the L2 decay to w + eps: (L2 decay, params, their v) and scale.

@@ -346,7 +346,7 @@ class SAM(TwoPass):
         knobs = _SAM.check_knobs(rho=rho, m=m)
         check_m_sharpness(m, self.global_perturbation)
         self.rho, self.m = knobs["rho"], knobs["m"]
-        self.name = "asam" if self.adaptive else "sam"
+        self.name = (_ASAM if self.adaptive else _SAM).name
 
     def _rho(self) -> float:
         return self.rho

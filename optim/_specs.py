@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
-from typing import Any
+from typing import Any, TypeVar
 
-from ._knobs import FLAG, RADIUS, Knob, Relation, Rule, check, integer, method_spec, number, strict_number
+from ._knobs import (
+    FLAG,
+    RADIUS,
+    Knob,
+    MethodSpec,
+    Relation,
+    Rule,
+    SmallRun,
+    check,
+    integer,
+    method_spec,
+    number,
+    strict_number,
+)
 
-__all__ = ["SPECS"]
+__all__ = ["SPECS", "registered"]
 
-# Adding a method: its module holds the class (torch), and one entry below names it in ``builder`` and declares its
-# knobs; the class checks its arguments with the entry's knobs (``SPEC.knob(name).check(value)``), so each rule and
-# default is written once. tests/optim/test_knobs.py holds each declared default equal to the builder's signature.
+# Adding a method: its module holds the class (torch), decorated with ``@registered``, and one entry below names it
+# in ``builder``, declares its knobs, its measured step cost, whether its compiled step is exact, and how the tests
+# run it small (``small``); the class reads its name and checks its arguments with the entry's knobs
+# (``self.spec.check_knobs(...)``), so each rule and default is written once. tests/optim/test_knobs.py holds each
+# declared default equal to the builder's signature; the registry-parametrised tests in tests/optim/ run every entry.
+# The step costs: each method's training throughput as a share of `none`'s, measured by benchmarks/bench_optim.py
+# on an NVIDIA H100 80GB HBM3, ViT-S/4 @32, batch 512 (docs/benchmarks.md, "optim: cost of each method per step"
+# and "ESAM, F-SAM and MSAM"). compiled_differs: what the GPU check (benchmarks/check_compiled.py,
+# docs/benchmarks.md) saw where the compiled step disagreed with eager beyond float rounding.
 
 
 def _parse_p(p: Any) -> Any:
@@ -109,7 +129,13 @@ def _fsam_first_step_uphill(v: dict[str, Any]) -> None:
 
 
 SPECS = (
-    method_spec("none", description="The base optimizer alone (one pass).", builder="._method:BaseOnly"),
+    method_spec(
+        "none",
+        description="The base optimizer alone (one pass).",
+        builder="._method:BaseOnly",
+        step_cost=1.0,
+        small=SmallRun(),
+    ),
     method_spec(
         "sam",
         description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
@@ -118,6 +144,8 @@ SPECS = (
         knobs=(Knob("rho", 0.05, RADIUS), Knob("p", 2, P_NORM), Knob("m", None, M_SHARPNESS)),
         two_pass=True,
         needs=("model",),
+        step_cost=None,  # each card's own measured SAM figure (studies/cost.py CARD_FIGURES)
+        small=SmallRun({"rho": 0.05}, base_exactly={"rho": 0.0}, passes_per_step=2, forwards=6),
     ),
     # The class SAM with adaptive=True; its larger default radius is the ASAM authors'.
     method_spec(
@@ -128,6 +156,8 @@ SPECS = (
         knobs=(Knob("rho", 0.5, RADIUS), Knob("eta", 0.01, ETA), Knob("m", None, M_SHARPNESS)),
         two_pass=True,
         needs=("model",),
+        step_cost=0.497,
+        small=SmallRun({"rho": 0.5, "eta": 0.01}, base_exactly={"rho": 0.0}, passes_per_step=2, forwards=6),
     ),
     method_spec(
         "gsam",
@@ -163,6 +193,13 @@ SPECS = (
         relations=(Relation(("rho_max", "rho_min"), _rho_order), Relation(("lr_max", "lr_min"), _lr_order)),
         two_pass=True,
         needs=("model",),
+        step_cost=0.496,
+        small=SmallRun(
+            {"rho_max": 0.08, "rho_min": 0.02, "alpha": 0.3, "lr_max": 0.1, "lr_min": 0.0},
+            base_exactly={"rho_max": 0.0, "rho_min": 0.0},
+            passes_per_step=2,
+            forwards=6,
+        ),
     ),
     method_spec(
         "looksam",
@@ -192,6 +229,8 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.826,
+        small=SmallRun({"rho": 0.1, "k": 2, "alpha": 0.7}, base_exactly={"rho": 0.0}, passes_per_step=1.5, forwards=5),
     ),
     method_spec(
         "saf",
@@ -213,6 +252,8 @@ SPECS = (
         ),
         relations=(Relation(("e_tilde", "e_start"), _e_start_after_e_tilde),),
         needs=("num_samples", "num_classes"),
+        step_cost=0.998,
+        small=SmallRun({"lam": 0.3, "tau": 2.0, "e_tilde": 1, "e_start": 1}, defaults_in="._trajectory:SAF"),
     ),
     method_spec(
         "mesa",
@@ -234,6 +275,13 @@ SPECS = (
             Knob("e_start", 5, E_START),
         ),
         needs=("model",),
+        step_cost=0.995,
+        # The teacher's forward makes a third of the passes once the loss is on (steps 2 and 3 of three).
+        small=SmallRun(
+            {"beta": 0.9, "lam": 0.8, "tau": 2.0, "e_start": 1},
+            passes_per_step=4 / 3,
+            defaults_in="._trajectory:MESA",
+        ),
     ),
     method_spec(
         "esam",
@@ -243,6 +291,16 @@ SPECS = (
         knobs=(Knob("rho", 0.05, RADIUS), Knob("beta", 0.6, FRACTION), Knob("gamma", 0.5, FRACTION)),
         two_pass=True,
         needs=("model",),
+        step_cost=0.575,
+        # gamma < 1 is the base optimizer on the selected samples only, so rho = 0 needs gamma = 1 too; pass 1,
+        # the no-grad selection forward (call 2), pass 2 on the selected half.
+        small=SmallRun(
+            {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
+            base_exactly={"rho": 0.0, "gamma": 1.0},
+            call_of_pass={1: 1, 2: 3},
+            passes_per_step=1 + 1 / 3 + 0.5,
+            forwards=9,
+        ),
     ),
     method_spec(
         "fsam",
@@ -275,6 +333,10 @@ SPECS = (
         relations=(Relation(("sigma", "lmbda"), _fsam_first_step_uphill),),
         two_pass=True,
         needs=("model",),
+        step_cost=0.496,
+        small=SmallRun(
+            {"rho": 0.05, "sigma": 0.9, "lmbda": 0.6}, base_exactly={"rho": 0.0}, passes_per_step=2, forwards=6
+        ),
     ),
     method_spec(
         "msam",
@@ -284,8 +346,38 @@ SPECS = (
         knobs=(Knob("rho", 0.3, RADIUS),),
         needs_momentum=True,
         perturbs=True,
+        step_cost=0.986,
+        compiled_differs="its compiled step (CUDA graphs) ended 0.26 relative from eager after 50 fp32 steps on an "
+        "H200, where a one-rounding nudge of the start moved eager by 2e-6 (not yet explained)",
+        small=SmallRun({"rho": 0.1}, base_exactly={"rho": 0.0}),
     ),
 )
 
 #: name -> entry, for the classes' own checks.
 BY_NAME = {spec.name: spec for spec in SPECS}
+
+_Built = TypeVar("_Built")
+
+
+def registered(obj: _Built) -> _Built:
+    """Decorate the class or factory that one entry's ``builder`` names: ``obj.spec`` becomes that entry, and a
+    class's ``name`` its name, so that the module reads its method's name and knobs from the entry instead of
+    retyping them. (SAM, which two entries build, picks its entry by ``adaptive`` itself.)"""
+    where = (obj.__module__, obj.__qualname__)
+    found = [
+        spec
+        for spec in SPECS
+        if (importlib.util.resolve_name(spec.builder.partition(":")[0], __package__), spec.builder.partition(":")[2])
+        == where
+    ]
+    if len(found) != 1:
+        named = ", ".join(repr(s.name) for s in found) or "no entry"
+        raise TypeError(
+            f"@registered {where[0]}.{where[1]}: {named} in optim._specs.SPECS names it as builder, where exactly one "
+            f"must; give it one entry whose builder is '.{where[0].rpartition('.')[2]}:{where[1]}'"
+        )
+    spec: MethodSpec = found[0]
+    obj.spec = spec  # type: ignore[attr-defined]
+    if isinstance(obj, type):
+        obj.name = spec.name  # type: ignore[attr-defined]
+    return obj

@@ -20,7 +20,7 @@ from ._method import (
     group_by_device_dtype,
     unwrap,
 )
-from ._specs import BY_NAME
+from ._specs import registered
 
 __all__ = ["MESA", "SAF", "Regularised", "trajectory_kl"]
 
@@ -109,7 +109,7 @@ class SAF:
             num_classes,
             "pass the number of classes (the logits' last dimension)",
         )
-        knobs = BY_NAME["saf"].check_knobs(lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start)
+        knobs = build_saf.spec.check_knobs(lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start)
         self.num_samples, self.num_classes = num_samples, num_classes
         self.lam, self.tau, self.e_tilde, self.e_start = knobs["lam"], knobs["tau"], e_tilde, e_start
         self.slots = e_tilde + 1
@@ -252,7 +252,7 @@ class MESA:
     """
 
     def __init__(self, model: nn.Module, beta: float = 0.9998, lam: float = 0.8, tau: float = 5.0, e_start: int = 5):
-        knobs = BY_NAME["mesa"].check_knobs(beta=beta, lam=lam, tau=tau, e_start=e_start)
+        knobs = build_mesa.spec.check_knobs(beta=beta, lam=lam, tau=tau, e_start=e_start)
         self.beta, self.lam, self.tau, self.e_start = knobs["beta"], knobs["lam"], knobs["tau"], e_start
         self.student = unwrap(model)
         self.teacher = copy.deepcopy(self.student)
@@ -449,6 +449,7 @@ class Regularised(Method):
 
 # The knobs' defaults live in the registry entries (optim._specs), equal to SAF's and MESA's signatures
 # (tests/optim/test_knobs.py); create() always passes every knob, so the builders declare none.
+@registered
 def build_saf(
     base_optimizer: torch.optim.Optimizer,
     *,
@@ -463,11 +464,12 @@ def build_saf(
     return Regularised(
         base_optimizer,
         SAF(num_samples, num_classes, lam=lam, tau=tau, e_tilde=e_tilde, e_start=e_start),
-        name="saf",
+        name=build_saf.spec.name,
         **common,
     )
 
 
+@registered
 def build_mesa(
     base_optimizer: torch.optim.Optimizer,
     *,
@@ -479,4 +481,4 @@ def build_mesa(
 ) -> Regularised:
     # The teacher starts as a copy of the model, which create() has refused to go without (the entry needs it).
     teacher = MESA(cast("nn.Module", common["model"]), beta=beta, lam=lam, tau=tau, e_start=e_start)
-    return Regularised(base_optimizer, teacher, name="mesa", **common)
+    return Regularised(base_optimizer, teacher, name=build_mesa.spec.name, **common)

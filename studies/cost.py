@@ -8,11 +8,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from optim import METHODS
 from studies.spec import Cell, LoadedStudy
 
 __all__ = [
     "CARD_FIGURES",
-    "METHOD_STEP_COST",
     "REFERENCE_CARD",
     "SPLIT_SIZES",
     "CardFigures",
@@ -81,20 +81,6 @@ CARD_FIGURES: tuple[CardFigures, ...] = (
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
 
-# Each method's training throughput as a share of the base step's (`none`), measured by benchmarks/bench_optim.py on
-# an NVIDIA H100 80GB HBM3, ViT-S/4 @32, batch 512 (docs/benchmarks.md, "optim: cost of each method per step" and
-# "ESAM, F-SAM and MSAM"); SAM itself is read from CARD_FIGURES' own SAM column.
-METHOD_STEP_COST = {
-    "none": 1.0,
-    "asam": 0.497,
-    "gsam": 0.496,
-    "looksam": 0.826,
-    "saf": 0.998,
-    "mesa": 0.995,
-    "esam": 0.575,
-    "fsam": 0.496,
-    "msam": 0.986,
-}
 # Share of a clean epoch's throughput under strong augmentation (RandAugment in host workers, mixup): the host-worker
 # path measured 0.891-0.926 of synthetic for `none` on the H100 (docs/benchmarks.md, "does the data path feed the GPU?").
 STRONG_AUGMENT_SHARE = 0.9
@@ -220,11 +206,15 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
     compiles = _compiles_on_cuda(cfg, workers)
     compiled = compiles and row.compiled_none is not None
     none, sam = (row.compiled_none, row.compiled_sam) if compiled else (row.train_none, row.train_sam)
-    speed = sam if method == "sam" else none * METHOD_STEP_COST.get(method, math.nan)
+    # Each method's step cost is its registry entry's (optim/_specs.py step_cost), a share of `none`'s; SAM's own is
+    # the card's measured SAM column.
+    spec = METHODS.get(method)
+    share = spec.step_cost if spec is not None and spec.step_cost is not None else math.nan
+    speed = sam if method == "sam" else none * share
     if not math.isfinite(speed):
         return (
             None,
-            f"cell {label}: method {method!r} has no measured step cost (studies/cost.py METHOD_STEP_COST).",
+            f"cell {label}: method {method!r} has no measured step cost (optim/_specs.py step_cost).",
             False,
         )
     if data.augment == "strong":

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from optim import METHODS
 from trainables.config import COMPILE_MODES
 
 __all__ = [
@@ -64,19 +65,14 @@ class CompilePlan:
         return self.mode != "off"
 
 
-# Methods whose compiled step disagreed with eager beyond float rounding on the GPU check
-# (benchmarks/check_compiled.py, docs/benchmarks.md), with what was seen; they run eager under auto.
-_EAGER_METHODS = {
-    "msam": "its compiled step (CUDA graphs) ended 0.26 relative from eager after 50 fp32 steps on an H200, where a "
-    "one-rounding nudge of the start moved eager by 2e-6 (not yet explained)",
-}
-
-
 def _eager_only(cfg) -> list[str]:
     """The trial's settings under which a compiled step would not be the eager step, each with why."""
     out = []
-    if cfg.optimizer.method in _EAGER_METHODS:
-        out.append(f"optimizer.method={cfg.optimizer.method}: {_EAGER_METHODS[cfg.optimizer.method]}")
+    # A method whose compiled step disagreed with eager beyond float rounding on the GPU check says so in its
+    # registry entry (optim/_specs.py compiled_differs); it runs eager under auto.
+    spec = METHODS.get(cfg.optimizer.method)
+    if spec is not None and spec.compiled_differs:
+        out.append(f"optimizer.method={cfg.optimizer.method}: {spec.compiled_differs}")
     # Dropout and drop path are not here: the compiled step draws their masks from torch's generator, as eager does
     # (_INDUCTOR_OPTIONS).
     return out

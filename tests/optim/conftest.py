@@ -58,24 +58,10 @@ def make_forward(model, x, y, counter: list | None = None, autocast_dtype=None):
     return forward
 
 
-#: Small, fast, distinguishable settings per registry name (SAF/MESA active from epoch 2).
-FAST_HPARAMS = {
-    "none": {},
-    "sam": {"rho": 0.05},
-    "asam": {"rho": 0.5},
-    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "alpha": 0.3, "lr_max": 0.1, "lr_min": 0.0},
-    "looksam": {"rho": 0.1, "k": 2, "alpha": 0.7},
-    "saf": {"e_tilde": 1, "e_start": 1},
-    "mesa": {"e_start": 1, "beta": 0.9},
-    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
-    "fsam": {"rho": 0.05, "sigma": 1.0, "lmbda": 0.6},
-    "msam": {"rho": 0.1},
-}
-
-
 def build(name, model, base=None, **kw):
+    """The method at its registry entry's small settings (``METHODS[name].small.hparams``), ``hparams`` over them."""
     base = base if base is not None else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
-    hp = {**FAST_HPARAMS[name], **kw.pop("hparams", {})}
+    hp = {**optim.METHODS[name].small.hparams, **kw.pop("hparams", {})}
     return optim.create(name, base, model=model, num_samples=NUM_SAMPLES, num_classes=NUM_CLASSES, **kw, **hp)
 
 
@@ -100,7 +86,6 @@ def helpers():
         make_forward=make_forward,
         build=build,
         run=run,
-        FAST_HPARAMS=FAST_HPARAMS,
         NUM_CLASSES=NUM_CLASSES,
         NUM_SAMPLES=NUM_SAMPLES,
         TinyNet=TinyNet,

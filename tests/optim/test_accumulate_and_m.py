@@ -12,18 +12,6 @@ import optim
 from optim import METHODS
 
 N, D_IN, C = 12, 5, 3
-HP = {
-    "none": {},
-    "sam": {"rho": 0.05},
-    "asam": {"rho": 0.5},
-    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "alpha": 0.3, "lr_max": 0.1},
-    "looksam": {"rho": 0.1, "k": 2},
-    "saf": {"e_tilde": 1, "e_start": 1, "tau": 2.0},
-    "mesa": {"beta": 0.9, "e_start": 1, "tau": 2.0},
-    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
-    "fsam": {"rho": 0.05},
-    "msam": {"rho": 0.1},
-}
 
 
 def mlp(seed=0):
@@ -59,7 +47,13 @@ def trajectory(name, accumulate, steps=4, base="sgd", **hp):
         else torch.optim.AdamW(model.parameters(), lr=0.01)
     )
     method = optim.create(
-        name, opt, model=model, num_samples=N, num_classes=C, accumulate=accumulate, **{**HP[name], **hp}
+        name,
+        opt,
+        model=model,
+        num_samples=N,
+        num_classes=C,
+        accumulate=accumulate,
+        **{**METHODS[name].small.hparams, **hp},
     )
     seen, losses = [], []
     for t in range(steps):

@@ -50,10 +50,6 @@ class CountingScaler(torch.amp.GradScaler):
         return super().update(new_scale)
 
 
-#: Which forward call is pass N, where a method makes others (ESAM's no-grad selection forward is call 2).
-CALL_OF_PASS = {"esam": {1: 1, 2: 3}}
-
-
 def _inf_forward(model, x, y, bad_call):
     calls = []
 
@@ -98,7 +94,7 @@ def test_fp16_inf_in_either_pass_skips_and_lowers_scale(name, bad_call, helpers)
         method = helpers.build(name, model, scaler=scaler, hparams=hp)
         before = [t.detach().clone() for t in model.parameters()]
         x, y, idx = helpers.make_batch(0)
-        call = CALL_OF_PASS.get(name, {}).get(bad_call, bad_call)
+        call = METHODS[name].small.call_of_pass.get(bad_call, bad_call)
         out = method.train_step(_inf_forward(model, x, y, call), inputs=x, indices=idx)
         assert out.skipped
         assert scaler.get_scale() == 2.0**9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import itertools
 import math
@@ -19,14 +20,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # The one declared default that is not the class's: asam is the class SAM with adaptive=True, and the ASAM
 # authors' radius is ten times SAM's (create always passes the declared one).
 OVERRIDES = {("asam", "rho")}
-# SAF's and MESA's builders take every knob without a default; the defaults are the regularisers'.
-KNOBS_FROM = {"saf": "SAF", "mesa": "MESA"}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_declared_defaults_are_the_signatures(name):
     spec = METHODS[name]
-    owner = getattr(optim, KNOBS_FROM[name]) if name in KNOBS_FROM else spec.build
+    # A factory that takes every knob without a default (SAF's, MESA's) names where the defaults are.
+    where = spec.small.defaults_in
+    owner = (
+        spec.build if not where else getattr(importlib.import_module(where.split(":")[0], "optim"), where.split(":")[1])
+    )
     params = inspect.signature(owner).parameters
     for knob in spec.knobs:
         assert knob.name in params, f"{name}: knob {knob.name} is not a parameter of {owner}"

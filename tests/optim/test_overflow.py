@@ -15,20 +15,6 @@ import optim
 from optim import METHODS
 
 TWO_PASS = {n for n, s in METHODS.items() if s.two_pass}
-HP = {
-    "none": {},
-    "sam": {"rho": 0.05},
-    "asam": {"rho": 0.5},
-    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "lr_max": 0.05},
-    "looksam": {"rho": 0.1, "k": 2},
-    "saf": {"e_tilde": 1, "e_start": 1},
-    "mesa": {"beta": 0.9, "e_start": 1},
-    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
-    "fsam": {"rho": 0.05},
-    "msam": {"rho": 0.1},
-}
-#: Which forward call is pass N, where a method makes others (ESAM's no-grad selection forward is call 2).
-CALL_OF_PASS = {"esam": {1: 1, 2: 3}}
 BASES = {
     "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=5e-4),
     "sgd-momentum-fused": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=5e-4, fused=True),
@@ -65,7 +51,7 @@ def build(name, base):
         scaler=scaler,
         num_samples=N_SAMPLES,
         num_classes=N_CLASSES,
-        **HP[name],
+        **METHODS[name].small.hparams,
     )
     return model, method, scaler
 
@@ -133,7 +119,7 @@ def test_overflow_skips_the_step_cleanly(name, base, bad_call, at):
     for t in range(at):
         assert not step(method, model, t).skipped
     before = {"model": tensors_of(model.state_dict()), "method": without_scaler(method.state_dict())}
-    out = step(method, model, at, bad_call=CALL_OF_PASS.get(name, {}).get(bad_call, bad_call))
+    out = step(method, model, at, bad_call=METHODS[name].small.call_of_pass.get(bad_call, bad_call))
     assert out.skipped
     assert scaler.get_scale() == INIT_SCALE / 2  # backed off once
     after = {"model": tensors_of(model.state_dict()), "method": without_scaler(method.state_dict())}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,19 +22,6 @@ LR = (0.1, 0.05)  # group 0: weights (with weight decay), group 1: biases (witho
 WD = (0.01, 0.0)
 DECAY = 0.15  # LambdaLR multiplier 1 - DECAY t
 TOL = {"rtol": 1e-9, "atol": 1e-12}
-
-HP = {
-    "none": {},
-    "sam": {"rho": 0.05},
-    "asam": {"rho": 0.5, "eta": 0.01},
-    "gsam": {"rho_max": 0.08, "rho_min": 0.02, "alpha": 0.3, "lr_max": LR[0], "lr_min": 0.0},
-    "looksam": {"rho": 0.1, "k": 2, "alpha": 0.7},
-    "saf": {"lam": 0.3, "tau": 2.0, "e_tilde": 1, "e_start": 1},
-    "mesa": {"beta": 0.9, "lam": 0.8, "tau": 2.0, "e_start": 1},
-    "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
-    "fsam": {"rho": 0.05, "sigma": 0.9, "lmbda": 0.6},
-    "msam": {"rho": 0.1},
-}
 
 
 # ----------------------------------------------------------------------------- the model, functionally
@@ -147,89 +136,169 @@ BASES = {
 
 
 # ----------------------------------------------------------------------------- each method, by the book
+@dataclass
+class Step:
+    """What a method's reference sees at step ``t``: the batch, the weights ``ws`` with the loss's logits ``z`` and
+    gradient ``g`` there, the schedule's factor ``s``, each tensor's weight decay, the knobs, the base optimizer's
+    reference (whose state MSAM reads) and ``state``, the method's own from step to step."""
+
+    t: int
+    x: torch.Tensor
+    y: torch.Tensor
+    idx: torch.Tensor
+    ws: list[torch.Tensor]
+    z: torch.Tensor
+    g: list[torch.Tensor]
+    s: float
+    wds: list[float]
+    hp: dict
+    base_ref: RefSGD | RefAdamW
+    state: dict
+
+
+#: Registry name -> its reference: the update ``u`` the base optimizer steps with, written from docs/algorithms.md.
+REFERENCES: dict[str, Callable[[Step], list[torch.Tensor]]] = {}
+
+
+def by_the_book(name: str):
+    def register(fn):
+        REFERENCES[name] = fn
+        return fn
+
+    return register
+
+
+@by_the_book("none")
+def _none(st: Step):
+    return st.g
+
+
+@by_the_book("sam")
+def _sam(st: Step):
+    eps = [st.hp["rho"] * gi / (norm(st.g) + 1e-12) for gi in st.g]
+    return loss_grad([w + e for w, e in zip(st.ws, eps)], st.x, st.y)[2]
+
+
+@by_the_book("asam")
+def _asam(st: Step):
+    T = [w.abs() + st.hp["eta"] for w in st.ws]
+    tg = [ti * gi for ti, gi in zip(T, st.g)]
+    eps = [st.hp["rho"] * ti * ti * gi / (norm(tg) + 1e-12) for ti, gi in zip(T, st.g)]
+    return loss_grad([w + e for w, e in zip(st.ws, eps)], st.x, st.y)[2]
+
+
+@by_the_book("gsam")
+def _gsam(st: Step):
+    hp, g = st.hp, st.g
+    lr0 = LR[0] * st.s  # group 0's lr is in its own base units
+    rho = hp["rho_min"] + (hp["rho_max"] - hp["rho_min"]) * (lr0 - hp["lr_min"]) / (hp["lr_max"] - hp["lr_min"])
+    rho = min(max(rho, hp["rho_min"]), hp["rho_max"])
+    gp = loss_grad([w + rho * gi / (norm(g) + 1e-12) for w, gi in zip(st.ws, g)], st.x, st.y)[2]
+    gp_hat = [v / norm(gp) for v in gp]
+    c = dot(g, gp_hat)
+    return [p - hp["alpha"] * (gi - c * h) for p, gi, h in zip(gp, g, gp_hat)]
+
+
+@by_the_book("looksam")
+def _looksam(st: Step):
+    hp, g = st.hp, st.g
+    if st.t % hp["k"] == 0:
+        gs = loss_grad([w + hp["rho"] * gi / (norm(g) + 1e-12) for w, gi in zip(st.ws, g)], st.x, st.y)[2]
+        st.state["g_v"] = [a - dot(gs, g) / dot(g, g) * b for a, b in zip(gs, g)]
+        return gs
+    g_v = st.state["g_v"]
+    return [gi + hp["alpha"] * norm(g) / norm(g_v) * v for gi, v in zip(g, g_v)]
+
+
+@by_the_book("saf")
+def _saf(st: Step):
+    hp, past = st.hp, st.state.setdefault("past", {})
+    stored = torch.empty(B, C, dtype=torch.float64)
+    stored[st.idx] = st.z.to(torch.float16).to(torch.float64)  # the buffer is half precision
+    past[st.t] = stored
+    if st.t > hp["e_start"]:
+        return loss_grad(st.ws, st.x, st.y, target=past[st.t - hp["e_tilde"]][st.idx], lam=hp["lam"], tau=hp["tau"])[2]
+    return st.g
+
+
+@by_the_book("mesa")
+def _mesa(st: Step):
+    hp = st.hp
+    if st.t == 0:
+        st.state["teacher"] = [w.clone() for w in st.ws]
+    else:
+        # The teacher follows each step's weights; its decay warms up: beta_t = min(beta, (1 + t) / (10 + t)) for the
+        # t-th update (docs/algorithms.md), here the update after step t - 1, which made st.ws.
+        p = st.t - 1
+        b = min(hp["beta"], (1 + p) / (10 + p))
+        st.state["teacher"] = [b * v + (1 - b) * w for v, w in zip(st.state["teacher"], st.ws)]
+    if st.t > hp["e_start"]:
+        target = logits_of(st.state["teacher"], st.x)
+        return loss_grad(st.ws, st.x, st.y, target=target, lam=hp["lam"], tau=hp["tau"])[2]
+    return st.g
+
+
+@by_the_book("esam")
+def _esam(st: Step):
+    hp, g, ws, x, y = st.hp, st.g, st.ws, st.x, st.y
+    # ESAM's tensor draws: seeded with torch.initial_seed(), 0 after net(seed=0).
+    draws = st.state.setdefault("draws", random.Random(0))
+    # SWP: each tensor (param order W1, W2, b1, b2) kept with probability beta; eps = rho/beta g_S/||g_S||.
+    kept = [draws.random() < hp["beta"] for _ in ws]
+    g_s = [gi if k else torch.zeros_like(gi) for gi, k in zip(g, kept)]
+    eps = [hp["rho"] / hp["beta"] * gi / (norm(g_s) + 1e-12) for gi in g_s]
+    w_p = [w + e for w, e in zip(ws, eps)]
+    # SDS: the round(gamma B) samples whose loss rises most from w to w + eps.
+    rise = per_sample_loss(w_p, x, y) - per_sample_loss(ws, x, y)
+    k = math.floor(hp["gamma"] * B + 0.5)
+    sel = sorted(range(B), key=lambda i: -float(rise[i]))[:k]
+    return loss_grad(w_p, x[sel], y[sel])[2]
+
+
+@by_the_book("fsam")
+def _fsam(st: Step):
+    hp, g = st.hp, st.g
+    ema = st.state.get("ema", [torch.zeros_like(w) for w in st.ws])  # F-SAM's m, m_{-1} = 0
+    ema = st.state["ema"] = [hp["lmbda"] * m + (1 - hp["lmbda"]) * gi for m, gi in zip(ema, g)]
+    d = [gi - hp["sigma"] * m for gi, m in zip(g, ema)]
+    return loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(st.ws, d)], st.x, st.y)[2]
+
+
+@by_the_book("msam")
+def _msam(st: Step):
+    # v: the base optimizer's momentum as it stands before this step (SGD's buffer, Adam's m).
+    base_ref = st.base_ref
+    v = base_ref.buf if isinstance(base_ref, RefSGD) else base_ref.m
+    if v:
+        nv = norm(list(v.values()))
+        eps = [-st.hp["rho"] * v[i] / nv for i in range(4)]
+    else:
+        eps = [torch.zeros_like(w) for w in st.ws]
+    u = loss_grad([w + e for w, e in zip(st.ws, eps)], st.x, st.y)[2]
+    if isinstance(base_ref, RefSGD):
+        # SGD's L2 decay is taken at w + eps, where the gradient is (the authors' SGD code):
+        # d = g + wd (w + eps), written as u = g + wd eps for RefSGD's d = u + wd w.
+        u = [ui + wd * e for ui, wd, e in zip(u, st.wds, eps)]
+    return u
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
-    hp = {**HP[name], **(hp or {})}
+    if name not in REFERENCES:
+        pytest.fail(
+            f"method {name!r} has no float64 reference: write its update from docs/algorithms.md as a function "
+            f"decorated @by_the_book({name!r}) in tests/optim/test_references.py"
+        )
+    hp = {**METHODS[name].small.hparams, **(hp or {})}
     ws = [w.detach().clone() for w in ws]
-    teacher = [w.clone() for w in ws]
-    past, g_v = {}, None
-    ema = [torch.zeros_like(w) for w in ws]  # F-SAM's m, m_{-1} = 0
-    draws = random.Random(0)  # ESAM's tensor draws: seeded with torch.initial_seed(), 0 after net(seed=0)
+    state: dict = {}
     for t in range(steps):
         x, y, idx = batch(t)
         s = 1.0 - DECAY * t
         lrs = [LR[GROUP_OF[i]] * s for i in range(4)]
         wds = [WD[GROUP_OF[i]] for i in range(4)]
         _, z, g = loss_grad(ws, x, y)
-        if name == "none":
-            u = g
-        elif name in ("sam", "asam"):
-            if name == "sam":
-                eps = [hp["rho"] * gi / (norm(g) + 1e-12) for gi in g]
-            else:
-                T = [w.abs() + hp["eta"] for w in ws]
-                tg = [ti * gi for ti, gi in zip(T, g)]
-                eps = [hp["rho"] * ti * ti * gi / (norm(tg) + 1e-12) for ti, gi in zip(T, g)]
-            u = loss_grad([w + e for w, e in zip(ws, eps)], x, y)[2]
-        elif name == "gsam":
-            lr0 = LR[0] * s  # group 0's lr is in its own base units
-            rho = hp["rho_min"] + (hp["rho_max"] - hp["rho_min"]) * (lr0 - hp["lr_min"]) / (hp["lr_max"] - hp["lr_min"])
-            rho = min(max(rho, hp["rho_min"]), hp["rho_max"])
-            gp = loss_grad([w + rho * gi / (norm(g) + 1e-12) for w, gi in zip(ws, g)], x, y)[2]
-            gp_hat = [v / norm(gp) for v in gp]
-            c = dot(g, gp_hat)
-            u = [p - hp["alpha"] * (gi - c * h) for p, gi, h in zip(gp, g, gp_hat)]
-        elif name == "looksam":
-            if t % hp["k"] == 0:
-                gs = loss_grad([w + hp["rho"] * gi / (norm(g) + 1e-12) for w, gi in zip(ws, g)], x, y)[2]
-                g_v = [a - dot(gs, g) / dot(g, g) * b for a, b in zip(gs, g)]
-                u = gs
-            else:
-                u = [gi + hp["alpha"] * norm(g) / norm(g_v) * v for gi, v in zip(g, g_v)]
-        elif name == "saf":
-            stored = torch.empty(B, C, dtype=torch.float64)
-            stored[idx] = z.to(torch.float16).to(torch.float64)  # the buffer is half precision
-            past[t] = stored
-            if t > hp["e_start"]:
-                u = loss_grad(ws, x, y, target=past[t - hp["e_tilde"]][idx], lam=hp["lam"], tau=hp["tau"])[2]
-            else:
-                u = g
-        elif name == "mesa":
-            if t > hp["e_start"]:
-                u = loss_grad(ws, x, y, target=logits_of(teacher, x), lam=hp["lam"], tau=hp["tau"])[2]
-            else:
-                u = g
-        elif name == "esam":
-            # SWP: each tensor (param order W1, W2, b1, b2) kept with probability beta; eps = rho/beta g_S/||g_S||.
-            kept = [draws.random() < hp["beta"] for _ in ws]
-            g_s = [gi if k else torch.zeros_like(gi) for gi, k in zip(g, kept)]
-            eps = [hp["rho"] / hp["beta"] * gi / (norm(g_s) + 1e-12) for gi in g_s]
-            w_p = [w + e for w, e in zip(ws, eps)]
-            # SDS: the round(gamma B) samples whose loss rises most from w to w + eps.
-            rise = per_sample_loss(w_p, x, y) - per_sample_loss(ws, x, y)
-            k = math.floor(hp["gamma"] * B + 0.5)
-            sel = sorted(range(B), key=lambda i: -float(rise[i]))[:k]
-            u = loss_grad(w_p, x[sel], y[sel])[2]
-        elif name == "fsam":
-            ema = [hp["lmbda"] * m + (1 - hp["lmbda"]) * gi for m, gi in zip(ema, g)]
-            d = [gi - hp["sigma"] * m for gi, m in zip(g, ema)]
-            u = loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(ws, d)], x, y)[2]
-        elif name == "msam":
-            # v: the base optimizer's momentum as it stands before this step (SGD's buffer, Adam's m).
-            v = base_ref.buf if isinstance(base_ref, RefSGD) else base_ref.m
-            if v:
-                nv = norm(list(v.values()))
-                eps = [-hp["rho"] * v[i] / nv for i in range(4)]
-            else:
-                eps = [torch.zeros_like(w) for w in ws]
-            u = loss_grad([w + e for w, e in zip(ws, eps)], x, y)[2]
-            if isinstance(base_ref, RefSGD):
-                # SGD's L2 decay is taken at w + eps, where the gradient is (the authors' SGD code):
-                # d = g + wd (w + eps), written as u = g + wd eps for RefSGD's d = u + wd w.
-                u = [ui + wd * e for ui, wd, e in zip(u, wds, eps)]
+        u = REFERENCES[name](Step(t, x, y, idx, ws, z, g, s, wds, hp, base_ref, state))
         ws = base_ref.step(ws, u, lrs, wds)
-        # MESA's decay warms up: beta_t = min(beta, (1 + t) / (10 + t)) for the t-th update (docs/algorithms.md).
-        b = min(hp.get("beta", 0.0), (1 + t) / (10 + t))
-        teacher = [b * v + (1 - b) * w for v, w in zip(teacher, ws)]
     return ws
 
 
@@ -237,7 +306,9 @@ def ours(name: str, make_base, steps=STEPS, hp=None, seed=0):
     model = net(seed)
     base = make_base(groups_of(model))
     sched = torch.optim.lr_scheduler.LambdaLR(base, lambda t: 1.0 - DECAY * t)
-    method = optim.create(name, base, model=model, num_samples=B, num_classes=C, **{**HP[name], **(hp or {})})
+    method = optim.create(
+        name, base, model=model, num_samples=B, num_classes=C, **{**METHODS[name].small.hparams, **(hp or {})}
+    )
     for t in range(steps):
         x, y, idx = batch(t)
 
@@ -264,16 +335,8 @@ def test_multi_tensor_multi_group_multi_step_reference(name, base):
 
 
 # ----------------------------------------------------------------------------- rho = 0 is the base optimizer
-# ESAM with gamma < 1 is the base optimizer on the selected samples only, so rho = 0 needs gamma = 1 too.
-ZERO_RHO = {
-    "sam": {"rho": 0.0},
-    "asam": {"rho": 0.0},
-    "gsam": {"rho_max": 0.0, "rho_min": 0.0},
-    "looksam": {"rho": 0.0},
-    "esam": {"rho": 0.0, "gamma": 1.0},
-    "fsam": {"rho": 0.0},
-    "msam": {"rho": 0.0},
-}
+# Each entry's small.base_exactly: the knobs under which it is its base optimizer exactly.
+ZERO_RHO = {n: s.small.base_exactly for n, s in METHODS.items() if s.small.base_exactly is not None}
 PERTURBING = [n for n, s in METHODS.items() if s.two_pass or "rho" in s.hparams]
 
 

@@ -72,22 +72,10 @@ def test_every_method_steps_with_every_base_optimizer(name, helpers):
             assert all(o.perturbed_loss is None and o.rho is None for o in outs)
         if name in ("saf", "mesa"):
             assert outs[0].extra_loss is None and outs[2].extra_loss is not None  # active when epoch > e_start=1
-        assert method.passes_per_step == pytest.approx(
-            {
-                "none": 1,
-                "sam": 2,
-                "asam": 2,
-                "gsam": 2,
-                "looksam": 1.5,
-                "saf": 1,
-                "mesa": 4 / 3,
-                "esam": 1 + 1 / 3 + 0.5,
-                "fsam": 2,
-                "msam": 1,
-            }[name]
-        )
-        # ESAM with gamma < 1: pass 1, the no-grad selection forward, pass 2 on the selected half.
-        assert len(counter) == {"looksam": 5, "esam": 9}.get(name, 3 * (2 if spec.two_pass else 1))
+        # What the entry says three steps at its small settings give (ESAM with gamma < 1: pass 1, the no-grad
+        # selection forward, pass 2 on the selected half; LookSAM with k = 2: SAM on steps 0 and 2).
+        assert method.passes_per_step == pytest.approx(spec.small.passes_per_step)
+        assert len(counter) == spec.small.forwards
         assert method.extra_state_bytes() >= 0
 
 
@@ -234,6 +222,47 @@ def test_every_method_module_is_collected():
             declaring.append(module)
             assert module in _registry._MODULES, f"optim.{info.name} declares SPECS but is not in _registry._MODULES"
     assert {s.name for m in declaring for s in m.SPECS} == set(METHODS)
+
+
+def test_each_builder_reads_its_name_and_knobs_from_its_entry():
+    """The classes and factories name no method themselves: ``@registered`` gives each its entry (SAM, built by two
+    entries, picks by ``adaptive``), and a class or factory no entry names, or two name, is refused."""
+    from optim._specs import registered
+
+    for name, spec in METHODS.items():
+        target = getattr(spec.build, "func", spec.build)
+        if name in ("sam", "asam"):
+            assert not hasattr(target, "spec")
+            continue
+        assert target.spec is spec, name
+        if isinstance(target, type):
+            assert target.name == name
+
+    class Unnamed:
+        pass
+
+    with pytest.raises(TypeError, match=r"no entry in optim._specs.SPECS names it as builder, where exactly one must"):
+        registered(Unnamed)
+    with pytest.raises(TypeError, match=r"^@registered optim._sam.SAM: 'sam', 'asam' in optim._specs.SPECS"):
+        registered(optim.SAM)
+
+
+def test_an_entrys_small_run_sets_only_its_own_knobs():
+    from optim._knobs import Knob, SmallRun, method_spec
+
+    with pytest.raises(TypeError, match=r"^method 'x': small.hparams sets \['rh'\], which are not among its knobs"):
+        method_spec("x", description="", builder="", knobs=(Knob("rho", 0.1),), small=SmallRun({"rh": 0.2}))
+    with pytest.raises(TypeError, match=r"^method 'x': small.base_exactly sets \['r'\]"):
+        method_spec("x", description="", builder="", knobs=(Knob("rho", 0.1),), small=SmallRun(base_exactly={"r": 0}))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_small_run_passes_its_rules(name):
+    spec = METHODS[name]
+    spec.check_knobs(**{**spec.hparams, **spec.small.hparams})
+    if spec.small.base_exactly is not None:
+        spec.check_knobs(**{**spec.hparams, **spec.small.hparams, **spec.small.base_exactly})
+    assert spec.step_cost is None or 0 < spec.step_cost <= 1
 
 
 # ----------------------------------------------------------------------------- the shared keywords' one home
