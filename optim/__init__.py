@@ -22,5 +22,6 @@ __all__, __getattr__, __dir__ = exports(
         "_esam": ("ESAM",),
         "_fsam": ("FriendlySAM",),
         "_msam": ("MSAM",),
+        "_wsam": ("WSAM",),
     },
 )

@@ -22,3 +22,4 @@ from ._scope import check_scope as check_scope
 from ._trajectory import MESA as MESA
 from ._trajectory import SAF as SAF
 from ._trajectory import trajectory_kl as trajectory_kl
+from ._wsam import WSAM as WSAM

@@ -351,6 +351,32 @@ SPECS = (
         "H200, where a one-rounding nudge of the start moved eager by 2e-6 (not yet explained)",
         small=SmallRun({"rho": 0.1}, base_exactly={"rho": 0.0}),
     ),
+    method_spec(
+        "wsam",
+        description="WSAM (Yue et al. 2023): L + gamma/(1-gamma) (L_SAM - L); the sharpness step g_p - g "
+        "decoupled from the base optimizer (decouple=True) or added to its gradient.",
+        builder="._wsam:WSAM",
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob(
+                "gamma",
+                0.9,
+                Rule(
+                    "0 <= gamma < 1",
+                    lambda x: strict_number(x) and 0 <= x < 1,
+                    "pass the sharpness weight, e.g. gamma=0.9 (gamma=0.5 without decoupling is SAM, 0 the base "
+                    "optimizer)",
+                    convert=float,
+                ),
+            ),
+            Knob("decouple", True, FLAG),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun(
+            {"rho": 0.05, "gamma": 0.8, "decouple": True}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6
+        ),
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

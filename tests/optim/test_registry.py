@@ -17,7 +17,19 @@ NAMES = list(METHODS)
 
 
 def test_registry_lists_every_method():
-    assert method_names() == ("none", "sam", "asam", "gsam", "looksam", "saf", "mesa", "esam", "fsam", "msam")
+    assert method_names() == (
+        "none",
+        "sam",
+        "asam",
+        "gsam",
+        "looksam",
+        "saf",
+        "mesa",
+        "esam",
+        "fsam",
+        "msam",
+        "wsam",
+    )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
         assert spec.needs <= {"model", "num_samples", "num_classes"}

@@ -1,0 +1,106 @@
+"""The methods since 2023, each against a float64 hand formula, its reductions and a peer library where one ships it:
+WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import optim
+
+TOL = dict(rtol=0, atol=1e-12)
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def data(step):
+    g = torch.Generator().manual_seed(70 + step)
+    return torch.randn(8, 5, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g)
+
+
+def forward_of(model, x, y):
+    def forward(rows=None, reduction="mean"):
+        xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+        z = model(xs)
+        return F.cross_entropy(z, ys, reduction=reduction), z
+
+    return forward
+
+
+def grads(model, ws, x, y):
+    leaves = [w.detach().clone().requires_grad_(True) for w in ws]
+    z = torch.func.functional_call(model, dict(zip([n for n, _ in model.named_parameters()], leaves)), (x,))
+    return list(torch.autograd.grad(F.cross_entropy(z, y), leaves))
+
+
+def norm(vs):
+    return torch.sqrt(sum((v * v).sum() for v in vs))
+
+
+def train(name, model, steps, base=None, **hp):
+    base = base or torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    method = optim.create(name, base, model=model, **hp)
+    for t in range(steps):
+        x, y = data(t)
+        method.train_step(forward_of(model, x, y), inputs=x)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# ----------------------------------------------------------------------------- WSAM
+@pytest.mark.parametrize("decouple", [True, False])
+def test_wsam_first_steps_by_hand(decouple):
+    rho, gamma, lr, mu = 0.07, 0.8, 0.1, 0.9
+    alpha = gamma / (1 - gamma)
+    model = mlp()
+    ws = [p.detach().clone() for p in model.parameters()]
+    buf = None
+    for t in range(2):
+        x, y = data(t)
+        g = grads(model, ws, x, y)
+        gp = grads(model, [w + rho * gi / (norm(g) + 1e-12) for w, gi in zip(ws, g)], x, y)
+        s = [a - b for a, b in zip(gp, g)]
+        u = g if decouple else [gi + alpha * si for gi, si in zip(g, s)]
+        buf = u if buf is None else [mu * b + ui for b, ui in zip(buf, u)]
+        ws = [w - lr * b for w, b in zip(ws, buf)]
+        if decouple:  # the sharpness step outside the base optimizer's momentum
+            ws = [w - lr * alpha * si for w, si in zip(ws, s)]
+    got = train("wsam", mlp(), 2, rho=rho, gamma=gamma, decouple=decouple)
+    for a, b in zip(got, ws):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_wsam_reductions():
+    sam = train("sam", mlp(), 3, rho=0.05)
+    for a, b in zip(train("wsam", mlp(), 3, rho=0.05, gamma=0.5, decouple=False), sam):
+        torch.testing.assert_close(a, b, **TOL)
+    base = train("none", mlp(), 3)
+    for decouple in (True, False):
+        for hp in ({"rho": 0.0}, {"gamma": 0.0}):
+            for a, b in zip(train("wsam", mlp(), 3, decouple=decouple, **hp), base):
+                assert torch.equal(a, b), (decouple, hp)
+
+
+@pytest.mark.parametrize("decouple", [True, False])
+def test_wsam_matches_pytorch_optimizer(decouple):
+    from pytorch_optimizer import WSAM as PeerWSAM
+
+    ours = train("wsam", mlp(), 3, base=None, rho=0.05, gamma=0.9, decouple=decouple)
+    model = mlp()
+    peer = PeerWSAM(
+        model, model.parameters(), torch.optim.SGD, rho=0.05, gamma=0.9, decouple=decouple, lr=0.1, momentum=0.9
+    )
+    for t in range(3):
+        x, y = data(t)
+        F.cross_entropy(model(x), y).backward()
+        peer.first_step(zero_grad=True)
+        F.cross_entropy(model(x), y).backward()
+        peer.second_step(zero_grad=True)
+    # The peer's global gradient norm is a float32 number even for float64 gradients (its get_global_gradient_norm),
+    # so eps agrees to float32's rounding (2e-8 relative seen), not float64's.
+    for a, b in zip(ours, model.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-9)
