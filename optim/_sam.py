@@ -324,6 +324,10 @@ class SAM(TwoPass):
     replica's, under DDP) is split into groups of ``m`` samples, each group perturbed with its own
     gradient, and the update is the size-weighted mean of the groups' perturbed gradients; ``m=None`` or
     ``m >= batch`` is SAM (docs/algorithms.md, "m-sharpness").
+
+    ``gc=True`` is GCSAM (arXiv 2501.11584): pass 1's gradient of every tensor of two or more dimensions is
+    centralised (its mean over all but the first dimension subtracted) before ``eps`` is formed from it, so ``eps``
+    has norm ``rho`` along the centralised gradient (docs/algorithms.md, "GCSAM").
     """
 
     def __init__(
@@ -334,6 +338,7 @@ class SAM(TwoPass):
         adaptive: bool = False,
         eta: float = 0.01,
         m: int | None = None,
+        gc: bool = False,
         **common: Unpack[StepKeywords],
     ):
         super().__init__(
@@ -343,13 +348,24 @@ class SAM(TwoPass):
             eta=eta,
             **common,
         )
-        knobs = _SAM.check_knobs(rho=rho, m=m)
+        knobs = _SAM.check_knobs(rho=rho, m=m, gc=gc)
         check_m_sharpness(m, self.global_perturbation)
-        self.rho, self.m = knobs["rho"], knobs["m"]
+        self.rho, self.m, self.gc = knobs["rho"], knobs["m"], knobs["gc"]
         self.name = (_ASAM if self.adaptive else _SAM).name
 
     def _rho(self) -> float:
         return self.rho
+
+    @torch.no_grad()
+    def _direction(self) -> None:
+        if not self.gc:
+            return
+        # GCSAM: each weight tensor's gradient less its mean per output unit (dimension 0); biases and norms' 1-D
+        # tensors as they are. Only what eps is formed from: the update stays pass 2's gradient.
+        for p in self._params_with_grad():
+            g = p.grad
+            if g.dim() > 1 and self._in_scope(p):
+                g.sub_(g.mean(dim=tuple(range(1, g.dim())), keepdim=True))
 
     def train_step(
         self,

@@ -139,9 +139,14 @@ SPECS = (
     method_spec(
         "sam",
         description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
-        "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).",
+        "rho sign(g) (p=inf); m samples per perturbation (m-sharpness); gc=True centralises g first (GCSAM).",
         builder="._sam:SAM",
-        knobs=(Knob("rho", 0.05, RADIUS), Knob("p", 2, P_NORM), Knob("m", None, M_SHARPNESS)),
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob("p", 2, P_NORM),
+            Knob("m", None, M_SHARPNESS),
+            Knob("gc", False, FLAG),  # GCSAM: the gradient centralised before the ascent
+        ),
         two_pass=True,
         needs=("model",),
         step_cost=None,  # each card's own measured SAM figure (studies/cost.py CARD_FIGURES)

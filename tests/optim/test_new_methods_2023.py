@@ -104,3 +104,76 @@ def test_wsam_matches_pytorch_optimizer(decouple):
     # so eps agrees to float32's rounding (2e-8 relative seen), not float64's.
     for a, b in zip(ours, model.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- GCSAM: SAM's gc knob
+def conv_net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(3 * 2 * 2, 3)).double()
+
+
+def image_data(step):
+    g = torch.Generator().manual_seed(90 + step)
+    return torch.randn(8, 2, 4, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g)
+
+
+def centralised(g):
+    return g - g.mean(dim=tuple(range(1, g.dim())), keepdim=True) if g.dim() > 1 else g
+
+
+def gcsam_by_hand(model, steps, rho, p=2.0, lr=0.1):
+    ws = [q.detach().clone() for q in model.parameters()]
+    for t in range(steps):
+        x, y = image_data(t)
+        gc = [centralised(gi) for gi in grads(model, ws, x, y)]
+        eps = [rho * gi / (norm(gc) + 1e-12) for gi in gc] if p == 2 else [rho * torch.sign(gi) for gi in gc]
+        gp = grads(model, [w + e for w, e in zip(ws, eps)], x, y)
+        ws = [w - lr * gi for w, gi in zip(ws, gp)]
+    return ws
+
+
+def train_images(model, steps, **hp):
+    method = optim.create("sam", torch.optim.SGD(model.parameters(), lr=0.1), model=model, **hp)
+    for t in range(steps):
+        x, y = image_data(t)
+        method.train_step(forward_of(model, x, y), inputs=x)
+    return [q.detach().clone() for q in model.parameters()]
+
+
+@pytest.mark.parametrize("p", [2.0, float("inf")])
+def test_gcsam_centralises_each_weight_tensors_gradient_before_the_ascent(p):
+    got = train_images(conv_net(), 3, rho=0.05, p=p, gc=True)
+    want = gcsam_by_hand(conv_net(), 3, rho=0.05, p=p)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+    # The case tells GCSAM from SAM: centralising moves the result.
+    sam = train_images(conv_net(), 3, rho=0.05, p=p)
+    assert max((a - b).abs().max() for a, b in zip(got, sam)) > 1e-6
+
+
+def test_gcsam_with_rho_zero_is_the_base_optimizer():
+    for a, b in zip(train_images(conv_net(), 3, rho=0.0, gc=True), train_images(conv_net(), 3, rho=0.0)):
+        assert torch.equal(a, b)
+
+
+def test_gcsam_matches_pytorch_optimizer_sam_with_use_gc():
+    """pytorch_optimizer's SAM(use_gc=True) takes the norm of g before centralising it (its eps is
+    rho g_c / ||g||, shorter than rho); ours is rho g_c / ||g_c||, SAM's radius. One step with the peer's rho scaled
+    by ||g|| / ||g_c|| is the same step."""
+    from pytorch_optimizer import SAM as PeerSAM
+
+    rho = 0.05
+    model = conv_net()
+    x, y = image_data(0)
+    g = grads(model, list(model.parameters()), x, y)
+    ratio = float(norm([centralised(gi) for gi in g]) / norm(g))
+    assert ratio < 0.99  # the two normalisations differ in this case
+    peer = PeerSAM(model.parameters(), torch.optim.SGD, rho=rho / ratio, use_gc=True, lr=0.1)
+    F.cross_entropy(model(x), y).backward()
+    peer.first_step(zero_grad=True)
+    F.cross_entropy(model(x), y).backward()
+    peer.second_step(zero_grad=True)
+    ours = train_images(conv_net(), 1, rho=rho, gc=True)
+    # The peer's global norm is a float32 number (see the WSAM peer test).
+    for a, b in zip(ours, model.parameters()):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-9)

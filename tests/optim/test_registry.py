@@ -39,7 +39,12 @@ def test_registry_lists_every_method():
 
 def test_defaults_come_from_the_class_signatures():
     sig = inspect.signature(optim.SAM.__init__).parameters
-    assert METHODS["sam"].hparams == {"rho": sig["rho"].default, "p": sig["p"].default, "m": None}
+    assert METHODS["sam"].hparams == {
+        "rho": sig["rho"].default,
+        "p": sig["p"].default,
+        "m": None,
+        "gc": sig["gc"].default,
+    }
     assert METHODS["asam"].hparams == {"rho": 0.5, "eta": 0.01, "m": None}
     assert METHODS["gsam"].hparams["alpha"] == inspect.signature(optim.GSAM.__init__).parameters["alpha"].default
     assert METHODS["looksam"].hparams == {"rho": 0.1, "k": 5, "alpha": 0.7}
