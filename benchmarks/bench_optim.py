@@ -5,6 +5,7 @@
     python benchmarks/bench_optim.py --models resnet50 --methods esam,msam,fsam --markdown out.md
     python benchmarks/bench_optim.py --models vit_s4_b256,mixer_s4_b256,resnet18_cifar_b256 --methods none,sam \
         --compile                                          # eager vs compiled (CUDA graphs) steps, side by side
+    python benchmarks/bench_optim.py --methods sam,wsam,sam+p0.5,sam+every8,sam+norm   # issue 34's step kinds
 
 Every variant of one model shares the model's weights and is timed in the same process, interleaved
 round by round (the order rotates each round); each round's ratio to the fused-AdamW ``none`` step is
@@ -61,6 +62,18 @@ TARGETS = {
     "esam": 0.68,
     "fsam": 0.49,
     "msam": 0.95,
+    "wsam": 0.49,
+    # Issue 34: SS-SAM at p = 0.5; late-phase SAM's 12.5% of SAM steps over a whole trial (every 8th step costs the
+    # same per step on average); SAM-ON's scope at least as fast as SAM over every parameter.
+    "sam+p0.5": 0.66,
+    "sam+every8": 0.88,
+    "sam+norm": 0.495,
+}
+#: Variants of a registry method timed beside it: name -> (method, create()'s scope/schedule keywords).
+STEP_KINDS = {
+    "sam+p0.5": ("sam", {"schedule": {"probability": 0.5}}),
+    "sam+every8": ("sam", {"schedule": {"every": 8}}),
+    "sam+norm": ("sam", {"scope": "norm"}),
 }
 METHOD_HPARAMS = {
     "none": {},
@@ -73,6 +86,7 @@ METHOD_HPARAMS = {
     "esam": {"rho": 0.05, "beta": 0.6, "gamma": 0.5},
     "fsam": {"rho": 0.05, "sigma": 1.0, "lmbda": 0.6},
     "msam": {"rho": 0.3},
+    "wsam": {"rho": 0.05, "gamma": 0.9},
 }
 DEFAULT_STEPS = 40  # steps per timed block: see the module docstring
 ACTIVE_EPOCH = 6  # > e_start=5: SAF/MESA compute their loss (and MESA runs its teacher)
@@ -209,8 +223,15 @@ def build_variants(spec, model, device, methods, autocast, compiled=(), probes=N
     for name, net, forward, key in runs:
         before = _allocated(device)
         base = _fused_adamw(model.parameters(), device)
+        registered, kinds = STEP_KINDS.get(name, (name, {}))
         method = optim.create(
-            name, base, model=net, num_samples=SAF_SAMPLES, num_classes=spec.num_classes, **METHOD_HPARAMS[name]
+            registered,
+            base,
+            model=net,
+            num_samples=SAF_SAMPLES,
+            num_classes=spec.num_classes,
+            **kinds,
+            **METHOD_HPARAMS[registered],
         )
         if key != name:
             method.compile_modules(lambda module, p=plans[key[len(name) :]]: compile_module(module, p))
@@ -484,7 +505,11 @@ def main(argv=None):
     ap.add_argument(
         "--models", default=None, help="comma list of " + ", ".join(FULL) + " (quick: " + ", ".join(QUICK) + ")"
     )
-    ap.add_argument("--methods", default=",".join(optim.method_names()), help="comma list of registry names")
+    ap.add_argument(
+        "--methods",
+        default=",".join(optim.method_names()),
+        help="comma list of registry names, or the scope/schedule variants of STEP_KINDS",
+    )
     ap.add_argument(
         "--steps",
         type=int,
@@ -525,9 +550,9 @@ def main(argv=None):
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(specs)}")
     methods = args.methods.split(",")
-    bad = [m for m in methods if m not in optim.METHODS]
+    bad = [m for m in methods if m not in optim.METHODS and m not in STEP_KINDS]
     if bad:
-        ap.error(f"unknown method(s) {bad}; choose from {list(optim.METHODS)}")
+        ap.error(f"unknown method(s) {bad}; choose from {list(optim.METHODS) + list(STEP_KINDS)}")
     if "none" not in methods:
         methods = ["none"] + methods  # the reference
     from trainables.compiled import COMPILE_MODES

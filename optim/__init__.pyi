@@ -11,9 +11,15 @@ from ._msam import MSAM as MSAM
 from ._registry import METHODS as METHODS
 from ._registry import MethodSpec as MethodSpec
 from ._registry import check_hparams as check_hparams
+from ._registry import check_step_kinds as check_step_kinds
 from ._registry import create as create
 from ._registry import method_names as method_names
 from ._sam import SAM as SAM
+from ._schedule import Schedule as Schedule
+from ._schedule import check_schedule as check_schedule
+from ._scheduled import Scheduled as Scheduled
+from ._scope import check_scope as check_scope
 from ._trajectory import MESA as MESA
 from ._trajectory import SAF as SAF
 from ._trajectory import trajectory_kl as trajectory_kl
+from ._wsam import WSAM as WSAM

@@ -56,10 +56,14 @@ class ESAM(TwoPass):
         return self.rho / self.beta
 
     def _draw(self) -> list[torch.Tensor]:
-        """The trainable tensors left out of this step's perturbation (none when beta = 1)."""
+        """The trainable tensors left out of this step's perturbation: those outside the scope, and those of the
+        scope the draw leaves out (none when beta = 1). One draw per tensor in scope (docs/algorithms.md, "Scope")."""
+        outside = [p for p in self._params() if p.requires_grad and not self._in_scope(p)]
         if self.beta >= 1.0:
-            return []
-        return [p for p in self._params() if p.requires_grad and not self._random.random() < self.beta]
+            return outside
+        return outside + [
+            p for p in self._params() if p.requires_grad and self._in_scope(p) and not self._random.random() < self.beta
+        ]
 
     def _backward(self, loss: torch.Tensor) -> None:
         # Pass 1 with the left-out tensors frozen: when no drawn tensor reaches the loss (all left out, or only
@@ -123,6 +127,8 @@ class ESAM(TwoPass):
             extra_loss=None,
             rho=self._last_rho,
             skipped=skipped,
+            perturbed=True,
+            passes=self.passes_per_step,
         )
 
     @torch.no_grad()

@@ -53,7 +53,7 @@ class FriendlySAM(TwoPass):
 
     @torch.no_grad()
     def _direction(self) -> None:
-        params = self._params_with_grad()
+        params = [p for p in self._params_with_grad() if self._in_scope(p)]  # eps and m over the scope alone
         grads = [p.grad for p in params]
         keep = [self._buffer(self._g_now, p) for p in params]
         # m is kept in the units of the true gradient: under fp16 the gradients carry the loss scale, which

@@ -25,7 +25,16 @@ __all__ = [
 #: Context ``optim.create`` can hand to a method; a spec's ``needs`` is a subset of the first three. The rest, and
 #: ``model``, are ``Method.__init__``'s shared keywords (``optim.StepKeywords``; tests/optim/test_registry.py
 #: holds the two lists equal), named here without importing torch.
-CONTEXT = ("model", "num_samples", "num_classes", "grad_clip", "scaler", "global_perturbation", "accumulate")
+CONTEXT = (
+    "model",
+    "num_samples",
+    "num_classes",
+    "grad_clip",
+    "scaler",
+    "global_perturbation",
+    "accumulate",
+    "scope",
+)
 #: The shared keywords among them, read here rather than from ``Method.__init__`` so that this module never imports
 #: the classes' (test_registry.py holds CONTEXT to be these and the context only create() takes).
 SHARED = tuple(k for k in CONTEXT if k not in ("num_samples", "num_classes"))
@@ -169,6 +178,7 @@ class MethodSpec:
     two_pass: bool = False  # two forward+backward passes on (some) steps
     needs: frozenset[str] = frozenset()  # context create() must receive (not None)
     needs_momentum: bool = False  # the base optimizer must keep a momentum (Adam's betas, or SGD's momentum > 0)
+    perturbs: bool = False  # moves the weights to a perturbed point: takes a scope and a schedule
     builder: str = field(default="", repr=False)
     build_kwargs: Mapping[str, Any] = field(default_factory=dict, repr=False)
     step_cost: float | None = None
@@ -224,14 +234,15 @@ def method_spec(
     two_pass: bool = False,
     needs: Sequence[str] = (),
     needs_momentum: bool = False,
+    perturbs: bool | None = None,
     build_kwargs: Mapping[str, Any] | None = None,
     step_cost: float | None = None,
     compiled_differs: str = "",
     small: SmallRun | None = None,
 ) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
-    context that create() can pass, the small run's knobs among its own. tests/optim/test_knobs.py holds each knob's
-    default equal to the builder's."""
+    context that create() can pass, the small run's knobs among its own; ``perturbs`` defaults to ``two_pass``.
+    tests/optim/test_knobs.py holds each knob's default equal to the builder's."""
     names = [k.name for k in knobs]
     if len(set(names)) != len(names):
         raise TypeError(f"method {name!r}: knob names repeat: {names}")
@@ -254,6 +265,7 @@ def method_spec(
         two_pass=two_pass,
         needs=frozenset(needs),
         needs_momentum=needs_momentum,
+        perturbs=two_pass if perturbs is None else perturbs,
         builder=builder,
         build_kwargs=MappingProxyType(dict(build_kwargs or {})),
         step_cost=step_cost,

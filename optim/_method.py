@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ._knobs import check
+from ._scope import check_scope, resolve_scope
 from ._specs import registered
 
 __all__ = ["Forward", "Method", "StepKeywords", "StepOutput", "check"]
@@ -61,6 +62,10 @@ class StepOutput:
     extra_loss: torch.Tensor | None
     rho: float | None
     skipped: bool = False
+    #: The step moved the weights to a perturbed point (a scheduled method's plain steps, LookSAM's one-pass steps
+    #: and the one-pass methods did not), and the forward+backward passes it ran (ESAM: its average).
+    perturbed: bool = False
+    passes: float = 1.0
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -154,8 +159,9 @@ class _BNGuard:
 
 class StepKeywords(TypedDict, total=False):
     """The keywords every method's constructor takes besides its own knobs: the model being trained (the DDP
-    wrapper if any; BN protection and ``no_sync``), ``grad_clip``, the fp16 ``scaler``, ``global_perturbation``
-    and ``accumulate`` (micro-batches per step).
+    wrapper if any; BN protection and ``no_sync``), ``grad_clip``, the fp16 ``scaler``, ``global_perturbation``,
+    ``accumulate`` (micro-batches per step) and ``scope`` (which parameters a perturbing method moves: 'all', 'norm'
+    or include/exclude name patterns; docs/algorithms.md, "Scope").
 
     A subclass takes them as ``**common: Unpack[StepKeywords]`` and hands them on unread to
     ``super().__init__(base_optimizer, **common)``: their defaults and checks live in ``Method.__init__`` alone, and
@@ -167,6 +173,7 @@ class StepKeywords(TypedDict, total=False):
     scaler: torch.amp.GradScaler | None
     global_perturbation: bool
     accumulate: int
+    scope: str | dict
 
 
 def _shared_keywords() -> list[inspect.Parameter]:
@@ -186,6 +193,8 @@ class Method(abc.ABC):
     name: str = ""
     #: Two-pass methods need the model (BN protection, DDP no_sync): one rule for the classes and create().
     needs_model: bool = False
+    #: Whether the method moves the weights to a perturbed point (and so takes a ``scope`` other than 'all').
+    perturbs: bool = False
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's ``__init__(..., **common: Unpack[StepKeywords])`` is shown (``help()``, ``inspect.signature``)
@@ -209,6 +218,7 @@ class Method(abc.ABC):
         scaler: torch.amp.GradScaler | None = None,
         global_perturbation: bool = False,
         accumulate: int = 1,
+        scope: str | dict = "all",
     ):
         if not isinstance(base_optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -243,6 +253,19 @@ class Method(abc.ABC):
         self.global_perturbation = bool(global_perturbation)
         self.accumulate = accumulate
         self._bn = _BNGuard(model)
+        self.scope = check_scope(scope)
+        self._scope: frozenset[torch.Tensor] | None = None  # None: every parameter (scope 'all')
+        if self.scope != "all":
+            if not self.perturbs:
+                raise ValueError(
+                    f"scope must be 'all' for a method that does not perturb the weights, but got scope={scope!r} "
+                    f"for {type(self).__name__}; pass scope='all', or a perturbing method (sam, asam, gsam, ...)"
+                )
+            if not isinstance(model, nn.Module):
+                raise ValueError(
+                    f"scope={scope!r} names parameters of the model, but got model={model!r}; pass model=net"
+                )
+            self._scope = resolve_scope(self.scope, unwrap(model), self._params())
 
     # ----------------------------------------------------------------- the interface
     @abc.abstractmethod
@@ -405,6 +428,10 @@ class Method(abc.ABC):
 
     def _params_with_grad(self) -> list[torch.Tensor]:
         return [p for g in self.base_optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+    def _in_scope(self, p: torch.Tensor) -> bool:
+        """Whether the perturbation moves ``p`` (docs/algorithms.md, "Scope")."""
+        return self._scope is None or p in self._scope
 
     def _zero_grad(self) -> None:
         self.base_optimizer.zero_grad(set_to_none=True)

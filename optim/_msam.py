@@ -60,6 +60,8 @@ class MSAM(Method):
     ``v`` is the same on every replica, so the one pass is synced like a plain step.
     """
 
+    perturbs = True
+
     def __init__(
         self,
         base_optimizer: torch.optim.Optimizer,
@@ -88,7 +90,7 @@ class MSAM(Method):
         for group in self.base_optimizer.param_groups:
             wd = l2_decay(self.base_optimizer, group)
             for p in group["params"]:
-                if not p.requires_grad or p not in state:
+                if not p.requires_grad or p not in state or not self._in_scope(p):
                     continue
                 v = next((state[p][k] for k in MOMENTUM_KEYS if state[p].get(k) is not None), None)
                 if v is not None:
@@ -153,18 +155,27 @@ class MSAM(Method):
     ) -> StepOutput:
         self._zero_grad()
         self._perturb()
+        perturbed = bool(self._pairs)
         loss, logits, _, _ = self._pass(forward, local=False, n=batch_rows(inputs))
         self._restore()
         skipped = self._finish()
         self._decayed, self._scale = [], None
         self._zero_grad()
         # The one loss is taken at the perturbed point: it is the step's loss (there is no clean pass).
-        return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
+        return StepOutput(
+            loss=loss,
+            logits=logits,
+            perturbed_loss=None,
+            extra_loss=None,
+            rho=None,
+            skipped=skipped,
+            perturbed=perturbed,
+        )
 
     @property
     def passes_per_step(self) -> float:
         return 1.0
 
     def extra_state_bytes(self) -> int:
-        # The saved copy of w.
-        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
+        # The saved copy of w (the params in scope).
+        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad and self._in_scope(p))

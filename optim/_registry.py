@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import _specs
 from ._knobs import MethodSpec, check_m_sharpness, momentum_problem
+from ._schedule import ADAPTIVE_METHODS, Schedule, check_schedule
+from ._scope import check_scope
 
 if TYPE_CHECKING:
     import torch
@@ -60,13 +62,23 @@ def _entry(name: str, hparams: dict[str, Any]) -> MethodSpec:
 
 
 def check_hparams(
-    name: str, *, base: str, base_keeps_momentum: bool, global_perturbation: bool = False, **hparams: Any
+    name: str,
+    *,
+    base: str,
+    base_keeps_momentum: bool,
+    global_perturbation: bool = False,
+    scope: Any = "all",
+    schedule: Any = None,
+    epochs: int | None = None,
+    **hparams: Any,
 ) -> None:
     """Raise what ``create(name, <base optimizer>, **hparams)`` would raise about the method's knobs, without torch:
     the name, unknown knobs, each knob's rule and the rules between knobs (the unset ones at their defaults), and
     a base optimizer without the momentum the method needs. ``base``: the base optimizer's class name (AdamW, SGD);
     ``base_keeps_momentum``: whether it keeps one (Adam's betas, SGD's momentum > 0); ``global_perturbation``: the
-    trial's setting, which excludes m-sharpness."""
+    trial's setting, which excludes m-sharpness. ``scope`` and ``schedule`` are checked in their form and against
+    the method (a method that does not perturb takes neither); the scope's patterns are checked against the model
+    when it is built."""
     spec = _entry(name, hparams)
     knobs = {**spec.hparams, **hparams}
     spec.check_knobs(**knobs)
@@ -74,6 +86,36 @@ def check_hparams(
         check_m_sharpness(knobs["m"], global_perturbation)
     if spec.needs_momentum and not base_keeps_momentum:
         raise ValueError(momentum_problem(name, [0], base))
+    check_step_kinds(name, knobs, scope=scope, schedule=schedule, epochs=epochs)
+
+
+def check_step_kinds(name: str, knobs: Mapping[str, Any], *, scope: Any, schedule: Any, epochs: int | None) -> Schedule:
+    """The scope and the schedule of method ``name`` with its resolved ``knobs``, checked without torch: their form,
+    that the method perturbs if either is other than the default, and that an adaptive schedule's method computes the
+    clean gradient whole (``ADAPTIVE_METHODS``, no ``m``). Returns the schedule."""
+    spec = METHODS[name]
+    checked = check_scope(scope)
+    if checked != "all" and not spec.perturbs:
+        raise ValueError(
+            f"scope must be 'all' for {name}, which does not perturb the weights, but got scope={scope!r}; "
+            "pass scope='all', or a perturbing method ("
+            + ", ".join(s.name for s in METHODS.values() if s.perturbs)
+            + ")"
+        )
+    plan = check_schedule(schedule, epochs=epochs)
+    if not plan.always and not spec.perturbs:
+        raise ValueError(
+            f"schedule must be unset for {name}, which does not perturb the weights, but got schedule={schedule!r}; "
+            "drop it (SAF and MESA switch their loss on after e_start)"
+        )
+    if plan.adaptive_c is not None and (name not in ADAPTIVE_METHODS or knobs.get("m") is not None):
+        raise ValueError(
+            f"schedule.adaptive must be unset for {name}{' with m=' + str(knobs['m']) if knobs.get('m') else ''}, "
+            f"but got adaptive={schedule['adaptive']!r}: the gate looks at the step's clean gradient, which only "
+            f"{', '.join(ADAPTIVE_METHODS)} (without m) compute whole before perturbing; use start_epoch, every or "
+            "probability, or one of those methods"
+        )
+    return plan
 
 
 def create(
@@ -87,6 +129,9 @@ def create(
     scaler: torch.amp.GradScaler | None = None,
     global_perturbation: bool = False,
     accumulate: int = 1,
+    scope: Any = "all",
+    schedule: Any = None,
+    epochs: int | None = None,
     **hparams: Any,
 ) -> Method:
     """Build the registered method ``name`` around a ready ``base_optimizer``.
@@ -96,9 +141,13 @@ def create(
     (each pass accumulated over them). ``model``, ``grad_clip``, ``scaler``, ``global_perturbation`` and
     ``accumulate`` go on to ``Method.__init__`` (``optim.StepKeywords``), which checks them; the defaults here
     are its own (tests/optim/test_registry.py). ``hparams`` are the method's own knobs: one it does not take
-    raises ValueError listing the accepted ones.
+    raises ValueError listing the accepted ones. ``scope``: which parameters the perturbation moves ('all', 'norm',
+    or ``{'include': [...], 'exclude': [...]}`` name patterns, checked against the model). ``schedule``: which steps
+    perturb (``optim.Schedule`` or its mapping; ``epochs`` resolves a ``start_fraction``); the others are the base
+    optimizer's step, and the method comes back wrapped (``optim.Scheduled``) unless it perturbs at every step.
     """
     spec = _entry(name, hparams)
+    plan = check_step_kinds(name, {**spec.hparams, **hparams}, scope=scope, schedule=schedule, epochs=epochs)
     context = {
         "model": model,
         "num_samples": num_samples,
@@ -107,6 +156,7 @@ def create(
         "scaler": scaler,
         "global_perturbation": global_perturbation,
         "accumulate": accumulate,
+        "scope": scope,
     }
     missing = sorted(k for k in spec.needs if context[k] is None)
     if missing:
@@ -116,6 +166,11 @@ def create(
             + " to create()"
         )
     accepted = spec.accepts()
-    return spec.build(
+    method = spec.build(
         base_optimizer, **{**spec.hparams, **hparams}, **{k: v for k, v in context.items() if k in accepted}
     )
+    if plan.always:
+        return method
+    from ._scheduled import Scheduled
+
+    return Scheduled(method, plan)

@@ -45,6 +45,10 @@ class TwoPass(Method):
     _keep_g = False
     _local_pass2 = False
     needs_model = True
+    perturbs = True
+    #: Set by a Scheduled wrapper for an adaptive schedule: ``gate(||g||^2)`` after pass 1 says whether to perturb;
+    #: when it says no, the step is the base optimizer's with pass 1's gradient.
+    _gate: Callable[[float], bool] | None = None
 
     def __init__(
         self,
@@ -80,9 +84,11 @@ class TwoPass(Method):
         """Turn pass 1's gradient in ``p.grad`` into the direction eps is formed from (SAM: leave g)."""
 
     # ---------------------------------------------------------------- perturbation
-    def _plan(self) -> list[tuple[bool, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]]:
-        """Buckets of (adaptive, params, saved-w buffers, g buffers) for the params that have a gradient.
+    def _plan(self) -> list[tuple[bool, bool, list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]]:
+        """Buckets of (adaptive, in scope, params, saved-w buffers, g buffers) for the params that have a gradient.
 
+        Only the buckets in scope are perturbed (and hold saved-w buffers); the others are there for the g that
+        GSAM and LookSAM keep, whose combinations use every parameter's gradient (docs/algorithms.md, "Scope").
         Cached while the set of params with gradients is unchanged: the per-step cost on the host is a
         loop over the params, with no allocation (the step is often host-bound on small models).
         """
@@ -90,23 +96,25 @@ class TwoPass(Method):
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                if (
-                    p.grad is not None
-                ):  # no gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients")
-                    entries.append((p, adaptive))
-        key = [(id(p), a) for p, a in entries]
+                # No gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients").
+                if p.grad is not None and (self._keep_g or self._in_scope(p)):
+                    entries.append((p, adaptive, self._in_scope(p)))
+        key = [(id(p), a, s) for p, a, s in entries]
         if key == self._plan_key:
             return self._plan_cache
         buckets: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
-        for p, adaptive in entries:
-            b = buckets.setdefault((p.device, p.dtype, adaptive), ([], [], []))
+        for p, adaptive, scoped in entries:
+            b = buckets.setdefault((p.device, p.dtype, adaptive, scoped), ([], [], []))
             b[0].append(p)
-            b[1].append(self._buffer(self._saved, p))
+            if scoped:
+                b[1].append(self._buffer(self._saved, p))
             if self._keep_g:
                 b[2].append(self._buffer(self._gbuf, p))
         self._plan_key = key
-        self._plan_cache = [(k[2], ps, saved, g if self._keep_g else None) for k, (ps, saved, g) in buckets.items()]
-        self._g = {p: g for _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
+        self._plan_cache = [
+            (k[2], k[3], ps, saved, g if self._keep_g else None) for k, (ps, saved, g) in buckets.items()
+        ]
+        self._g = {p: g for _, _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
         return self._plan_cache
 
     @staticmethod
@@ -120,18 +128,20 @@ class TwoPass(Method):
     def _perturb(self, rho: float) -> None:
         """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` copies g (and ||g||).
 
-        eps is formed in place in the gradients (cleared right after) or, for ASAM, in the parameters once
-        w is saved: no allocation per step, only persistent buffers.
+        eps (its direction and its norm) runs over the parameters in scope alone; g and ||g|| over every parameter
+        with a gradient. eps is formed in place in the gradients (cleared right after) or, for ASAM, in the
+        parameters once w is saved: no allocation per step, only persistent buffers.
         """
         plan = self._plan()
-        grads = [[p.grad for p in ps] for _, ps, _, _ in plan]
         if self._keep_g:
-            for (_, _, _, gbuf), gs in zip(plan, grads):
-                torch._foreach_copy_(gbuf, gs)
-            self._g_norm = global_norm([g for gs in grads for g in gs])
+            for _, _, ps, _, gbuf in plan:
+                torch._foreach_copy_(gbuf, [p.grad for p in ps])
+            self._g_norm = global_norm([p.grad for _, _, ps, _, _ in plan for p in ps])
+        plan = [b for b in plan if b[1]]
+        grads = [[p.grad for p in ps] for _, _, ps, _, _ in plan]
         # w is saved first; an adaptive bucket then holds T = |w| + eta in the parameters themselves
         # (w is safe in the buffer), so eps = s T (T g) and w + eps take no extra buffer and fewer passes.
-        for (adaptive, ps, saved, _), gs in zip(plan, grads):
+        for (adaptive, _, ps, saved, _), gs in zip(plan, grads):
             torch._foreach_copy_(saved, ps)
             if adaptive:
                 torch._foreach_abs_(ps)
@@ -139,12 +149,12 @@ class TwoPass(Method):
                 if self.p == 2:
                     torch._foreach_mul_(gs, ps)  # T g, whose norm normalises eps
         if self.p == 2:
-            if self._keep_g and not any(a for a, _, _, _ in plan):
+            if self._keep_g and self._scope is None and not any(a for a, _, _, _, _ in plan):
                 norm = self._g_norm
             else:
                 norm = global_norm([g for gs in grads for g in gs])
             scale = rho / (norm + _EPS)
-        for (adaptive, ps, saved, _), gs in zip(plan, grads):
+        for (adaptive, _, ps, saved, _), gs in zip(plan, grads):
             if self.p == 2:
                 s = scale if gs[0].dtype == scale.dtype and gs[0].device == scale.device else scale.to(gs[0])
                 if adaptive:
@@ -163,7 +173,7 @@ class TwoPass(Method):
                 torch._foreach_add_(ps, saved)  # eps + w
             else:
                 torch._foreach_add_(ps, gs)  # w + eps
-        self._restore_pairs = [(ps, saved) for _, ps, saved, _ in plan]
+        self._restore_pairs = [(ps, saved) for _, _, ps, saved, _ in plan]
 
     @torch.no_grad()
     def _restore(self) -> None:
@@ -257,6 +267,8 @@ class TwoPass(Method):
         self._zero_grad()
         # Pass 1 is per-replica (DDP no_sync around forward AND backward) unless one global eps is asked for.
         loss, logits, _, _ = self._pass(forward, local=not self.global_perturbation, n=n)
+        if self._gate is not None and not self._gate(self._clean_sq_norm()):
+            return self._base_step_with_g(loss, logits)
         self.first_step()
         perturbed_loss, _, _, _ = self._pass(forward, local=self._local_pass2 and not self.global_perturbation, n=n)
         skipped = self.second_step()
@@ -267,15 +279,39 @@ class TwoPass(Method):
             extra_loss=None,
             rho=self._last_rho,
             skipped=skipped,
+            perturbed=True,
+            passes=2.0,
         )
+
+    @torch.no_grad()
+    def _clean_sq_norm(self) -> float:
+        """``||g||^2`` of pass 1's gradient over every parameter, in the true gradient's units, averaged over the
+        replicas of a per-replica pass 1 (so that every replica's gate decides alike); one host read."""
+        sq = global_norm([p.grad for p in self._params_with_grad()]).square()
+        if self.scaler is not None:
+            sq = sq / float(self.scaler.get_scale()) ** 2
+        if self._ddp() is not None and not self.global_perturbation:
+            sq = sq.reshape(1)
+            self._all_reduce_mean([sq])
+        return float(sq)
+
+    @torch.no_grad()
+    def _base_step_with_g(self, loss: torch.Tensor, logits: torch.Tensor) -> StepOutput:
+        """The base optimizer's step with pass 1's gradient (its all-reduce done here when pass 1 was per-replica):
+        on one process the step ``none`` takes, bit for bit."""
+        if not self.global_perturbation:
+            self._all_reduce_mean([p.grad for p in self._params_with_grad()])
+        skipped = self._finish()
+        self._zero_grad()
+        return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
 
     @property
     def passes_per_step(self) -> float:
         return 2.0
 
     def extra_state_bytes(self) -> int:
-        # The saved copy of w (all trainable params once the first step ran).
-        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
+        # The saved copy of w (the trainable params in scope once the first step ran).
+        return sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad and self._in_scope(p))
 
 
 class SAM(TwoPass):
@@ -288,6 +324,10 @@ class SAM(TwoPass):
     replica's, under DDP) is split into groups of ``m`` samples, each group perturbed with its own
     gradient, and the update is the size-weighted mean of the groups' perturbed gradients; ``m=None`` or
     ``m >= batch`` is SAM (docs/algorithms.md, "m-sharpness").
+
+    ``gc=True`` is GCSAM (arXiv 2501.11584): pass 1's gradient of every tensor of two or more dimensions is
+    centralised (its mean over all but the first dimension subtracted) before ``eps`` is formed from it, so ``eps``
+    has norm ``rho`` along the centralised gradient (docs/algorithms.md, "GCSAM").
     """
 
     def __init__(
@@ -298,6 +338,7 @@ class SAM(TwoPass):
         adaptive: bool = False,
         eta: float = 0.01,
         m: int | None = None,
+        gc: bool = False,
         **common: Unpack[StepKeywords],
     ):
         super().__init__(
@@ -307,13 +348,24 @@ class SAM(TwoPass):
             eta=eta,
             **common,
         )
-        knobs = _SAM.check_knobs(rho=rho, m=m)
+        knobs = _SAM.check_knobs(rho=rho, m=m, gc=gc)
         check_m_sharpness(m, self.global_perturbation)
-        self.rho, self.m = knobs["rho"], knobs["m"]
+        self.rho, self.m, self.gc = knobs["rho"], knobs["m"], knobs["gc"]
         self.name = (_ASAM if self.adaptive else _SAM).name
 
     def _rho(self) -> float:
         return self.rho
+
+    @torch.no_grad()
+    def _direction(self) -> None:
+        if not self.gc:
+            return
+        # GCSAM: each weight tensor's gradient less its mean per output unit (dimension 0); biases and norms' 1-D
+        # tensors as they are. Only what eps is formed from: the update stays pass 2's gradient.
+        for p in self._params_with_grad():
+            g = p.grad
+            if g.dim() > 1 and self._in_scope(p):
+                g.sub_(g.mean(dim=tuple(range(1, g.dim())), keepdim=True))
 
     def train_step(
         self,
@@ -375,4 +427,6 @@ class SAM(TwoPass):
             extra_loss=None,
             rho=self._last_rho,
             skipped=skipped,
+            perturbed=True,
+            passes=2.0,
         )

@@ -139,9 +139,14 @@ SPECS = (
     method_spec(
         "sam",
         description="SAM (Foret et al. 2021): update with the gradient at w + rho g/||g|| (p=2) or "
-        "rho sign(g) (p=inf); m samples per perturbation (m-sharpness).",
+        "rho sign(g) (p=inf); m samples per perturbation (m-sharpness); gc=True centralises g first (GCSAM).",
         builder="._sam:SAM",
-        knobs=(Knob("rho", 0.05, RADIUS), Knob("p", 2, P_NORM), Knob("m", None, M_SHARPNESS)),
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob("p", 2, P_NORM),
+            Knob("m", None, M_SHARPNESS),
+            Knob("gc", False, FLAG),  # GCSAM: the gradient centralised before the ascent
+        ),
         two_pass=True,
         needs=("model",),
         step_cost=None,  # each card's own measured SAM figure (studies/cost.py CARD_FIGURES)
@@ -345,10 +350,37 @@ SPECS = (
         builder="._msam:MSAM",
         knobs=(Knob("rho", 0.3, RADIUS),),
         needs_momentum=True,
+        perturbs=True,
         step_cost=0.986,
         compiled_differs="its compiled step (CUDA graphs) ended 0.26 relative from eager after 50 fp32 steps on an "
         "H200, where a one-rounding nudge of the start moved eager by 2e-6 (not yet explained)",
         small=SmallRun({"rho": 0.1}, base_exactly={"rho": 0.0}),
+    ),
+    method_spec(
+        "wsam",
+        description="WSAM (Yue et al. 2023): L + gamma/(1-gamma) (L_SAM - L); the sharpness step g_p - g "
+        "decoupled from the base optimizer (decouple=True) or added to its gradient.",
+        builder="._wsam:WSAM",
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob(
+                "gamma",
+                0.9,
+                Rule(
+                    "0 <= gamma < 1",
+                    lambda x: strict_number(x) and 0 <= x < 1,
+                    "pass the sharpness weight, e.g. gamma=0.9 (gamma=0.5 without decoupling is SAM, 0 the base "
+                    "optimizer)",
+                    convert=float,
+                ),
+            ),
+            Knob("decouple", True, FLAG),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun(
+            {"rho": 0.05, "gamma": 0.8, "decouple": True}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6
+        ),
     ),
 )
 

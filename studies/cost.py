@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from optim import METHODS
+from optim import METHODS, check_schedule
 from studies.spec import Cell, LoadedStudy
 
 __all__ = [
@@ -216,9 +216,13 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
             f"cell {label}: method {method!r} has no measured step cost (optim/_specs.py step_cost).",
             False,
         )
+    epochs = cfg.schedule.epochs
+    # optimizer.schedule: the share of steps the method runs (optim.Schedule.share); the others are `none`'s step.
+    on = check_schedule(cfg.optimizer.schedule, epochs=epochs).share(epochs)
+    if on < 1.0:
+        speed = 1.0 / (on / speed + (1.0 - on) / none)
     if data.augment == "strong":
         speed *= STRONG_AUGMENT_SHARE
-    epochs = cfg.schedule.epochs
     seen = (round(n_train * data.fraction) // data.batch_size) * data.batch_size  # the loop drops the last batch
     seconds = epochs * seen / speed
     if row.val:

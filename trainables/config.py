@@ -303,6 +303,18 @@ class OptimizerConfig(_Strict):
     )
     grad_clip: float | None = Field(None, gt=0.0, description="Clip the final update gradient to this norm.")
     global_perturbation: bool = Field(False, description="DDP: one global eps instead of per-replica eps.")
+    scope: str | dict[str, list[str]] = Field(
+        "all",
+        description="Which parameters a perturbing method perturbs (direction and norm over them alone; the update "
+        "still from every gradient): all; norm (the affine parameters of BatchNorm/LayerNorm/GroupNorm: SAM-ON); or "
+        "{include: [patterns], exclude: [patterns]} of parameter names (fnmatch), each checked against the model.",
+    )
+    schedule: dict[str, Any] | None = Field(
+        None,
+        description="Which steps perturb (None: every step); the others are the base optimizer's step: start_epoch "
+        "or start_fraction (late-phase SAM), every (k), probability (SS-SAM, seeded by train.seed), adaptive "
+        "{c, decay} (AE-SAM: when ||g||^2 >= its EMA mean + c EMA std).",
+    )
 
     @model_validator(mode="after")
     def _method_and_hparams(self) -> "OptimizerConfig":
@@ -327,7 +339,26 @@ class OptimizerConfig(_Strict):
         )
         if problem:
             raise ValueError(problem)
+        _check_step_kinds(self, epochs=None)
         return self
+
+
+def _check_step_kinds(cfg: "OptimizerConfig", *, epochs: int | None) -> None:
+    # optim's torch-free rules (optim._scope, optim._schedule), the one home of each: the forms, a method that does not
+    # perturb taking neither, the adaptive gate's methods; with the run's epochs, a start at or after its end.
+    import optim
+
+    try:
+        optim.check_step_kinds(
+            cfg.method,
+            {**optim.METHODS[cfg.method].hparams, **cfg.hparams},
+            scope=cfg.scope,
+            schedule=cfg.schedule,
+            epochs=epochs,
+        )
+    except ValueError as err:
+        field = "schedule" if str(err).startswith("schedule") else "scope"
+        raise ValueError(f"optimizer.{field}: {err}") from None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -505,6 +536,14 @@ class TrialConfig(_Strict):
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     geometry: GeometryConfig = Field(default_factory=GeometryConfig)
+
+    @model_validator(mode="after")
+    def _schedule_within_the_run(self) -> "TrialConfig":
+        # The optimizer section checked its schedule's form; a start (an epoch, or a fraction of schedule.epochs) is
+        # checked against the run's length here, where both are known.
+        if self.optimizer.schedule is not None:
+            _check_step_kinds(self.optimizer, epochs=self.schedule.epochs)
+        return self
 
     @classmethod
     def load(cls, data: "TrialConfig | dict[str, Any]") -> "TrialConfig":

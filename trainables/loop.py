@@ -394,7 +394,10 @@ def _train_epoch(
     model.train()
     sampler.set_epoch(epoch)
     # Sums stay on the device: reading them every step would stall the GPU.
-    sums = torch.zeros(6, dtype=torch.float64, device=device)  # loss, correct, seen, gap, gap_steps, 2h/rho^2
+    # loss, correct, seen, gap, gap_steps, 2h/rho^2, perturbed steps, passes (the last two host floats: no sync)
+    sums = torch.zeros(6, dtype=torch.float64, device=device)
+    perturbed_steps = passes = 0.0
+    steps = 0
     smoothing = cfg.train.label_smoothing
     check_every = cfg.train.divergence_check_every
     channels_last = _channels_last(cfg, device)
@@ -420,6 +423,9 @@ def _train_epoch(
             sums[4] += 1
             if out.rho:
                 sums[5] += 2.0 * gap / out.rho**2
+        perturbed_steps += out.perturbed
+        passes += out.passes
+        steps += 1
         if (step + 1) % check_every == 0:
             _check_finite(out.loss, d, epoch, step)
     if device.type == "cuda":
@@ -434,6 +440,9 @@ def _train_epoch(
         "train_acc": correct / seen,
         "images_per_sec": seen / elapsed,
         "epoch_time_s": elapsed,
+        # What the epoch's steps were (optimizer.schedule, LookSAM's one-pass steps): the same on every rank.
+        "perturbed_share": perturbed_steps / steps if steps else 0.0,
+        "passes_per_step": passes / steps if steps else 0.0,
     }
     if gap_steps:
         metrics["surrogate_gap"] = gap / gap_steps
@@ -690,19 +699,24 @@ def _build(
     with _refused_if_invalid("optimizer"):
         base = _base_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
-    # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr.
-    method = optim.create(
-        cfg.optimizer.method,
-        base,
-        model=net,
-        num_samples=bundle.num_train_full,
-        num_classes=bundle.num_classes,
-        grad_clip=cfg.optimizer.grad_clip,
-        scaler=scaler,
-        global_perturbation=cfg.optimizer.global_perturbation,
-        accumulate=cfg.data.accumulate,
-        **cfg.optimizer.hparams,
-    )
+    # The method is built before the scheduler so that lr_max-style defaults see the configured peak lr. Its scope's
+    # patterns meet the model here first: one that names no parameter refuses the trial before any step.
+    with _refused_if_invalid("optimizer.scope"):
+        method = optim.create(
+            cfg.optimizer.method,
+            base,
+            model=net,
+            num_samples=bundle.num_train_full,
+            num_classes=bundle.num_classes,
+            grad_clip=cfg.optimizer.grad_clip,
+            scaler=scaler,
+            global_perturbation=cfg.optimizer.global_perturbation,
+            accumulate=cfg.data.accumulate,
+            scope=cfg.optimizer.scope,
+            schedule=cfg.optimizer.schedule,
+            epochs=cfg.schedule.epochs,
+            **cfg.optimizer.hparams,
+        )
     if plan.enabled:
         method.compile_modules(lambda module: compiled_step.compile_module(module, plan))
     scheduler = _scheduler(base, cfg, len(train_loader))

@@ -10,6 +10,7 @@ __all__ = [
     "FIXED_PHASES",
     "FIXED_TIME",
     "SAM_METRICS",
+    "STEP_METRICS",
     "TRIAL_TIME",
     "VALIDATION_METRICS",
     "VALIDATION_SAMPLES",
@@ -22,6 +23,9 @@ VALIDATION_METRICS = ("val_loss", "val_acc", "val_top5")
 VALIDATION_SAMPLES = "val_samples"
 # Only where the method takes a second (perturbed) pass: SAM and its kin.
 SAM_METRICS = ("surrogate_gap", "sharpness_2h_rho2")
+# Every method, every epoch: the share of its steps that perturbed the weights (optimizer.schedule; LookSAM's k) and
+# the forward+backward passes per step they took, which a step's cost follows.
+STEP_METRICS = ("perturbed_share", "passes_per_step")
 # Seconds of one epoch's training pass (not its validation): what a trial's compute is counted from (analysis.compute).
 EPOCH_TIME = "epoch_time_s"
 # Logged once, when a trial ends (trainables.ray_train): the seconds from the trial function's start to its end, and
@@ -75,4 +79,5 @@ EPOCH_METRICS = (
     "best_val_acc",
     "best_epoch",
     *SAM_METRICS,
+    *STEP_METRICS,
 )

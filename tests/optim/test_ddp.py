@@ -179,6 +179,11 @@ def _worker(rank, out):
             "m_replica": _m_sharpness(rank, None, 6),  # per-replica perturbation: m = the replica's 6 samples
             "m_replica_set": _m_sharpness(rank, 6, 6),
             "m_split": _m_sharpness(rank, 3, 3),  # groups of 3 inside each replica
+            "sam_scope": _run_method(rank, "sam", False, steps=2, rho=0.05, scope="norm"),
+            "sam_adaptive": _run_method(
+                rank, "sam", False, steps=5, rho=0.05, schedule={"adaptive": {"c": 0.0, "decay": 0.5}}
+            ),
+            "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -260,7 +265,9 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
     assert not torch.allclose(ranks[0]["m_split"]["single"], ranks[0]["m_replica"]["single"])  # m matters
 
 
-@pytest.mark.parametrize("case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam"])
+@pytest.mark.parametrize(
+    "case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam", "sam_scope", "sam_adaptive", "gsam_every"]
+)
 def test_new_settings_keep_replicas_identical(ranks, case):
     _close(ranks[0][case]["params"], ranks[1][case]["params"])
     for s0, s1 in zip(ranks[0][case]["steps"], ranks[1][case]["steps"]):
@@ -273,3 +280,22 @@ def test_micro_batches_sync_once_per_synced_pass(ranks):
     for acc, plain in zip(ranks[0]["sam_accumulate"]["steps"], ranks[0]["sam"]["steps"]):
         assert acc["calls"] == plain["calls"] >= 1
     assert ranks[0]["sam_accumulate"]["manual"] == 0
+
+
+def test_a_scope_perturbs_only_its_parameters_on_each_replica(ranks):
+    # The model's BatchNorm weight and bias sit after the conv's 4*3*3*3 + 4 entries; eps is zero everywhere else,
+    # and per replica (each from its own gradient).
+    start = 4 * 3 * 3 * 3 + 4
+    for r in range(WORLD):
+        for step in ranks[r]["sam_scope"]["steps"]:
+            eps = step["eps"]
+            assert eps[start : start + 8].abs().min() > 0
+            assert torch.count_nonzero(eps[:start]) == 0 and torch.count_nonzero(eps[start + 8 :]) == 0
+    assert not torch.equal(ranks[0]["sam_scope"]["steps"][0]["eps"], ranks[1]["sam_scope"]["steps"][0]["eps"])
+
+
+def test_scheduled_replicas_take_the_same_kind_of_step(ranks):
+    # The adaptive gate decides on the replicas' mean ||g||^2, so every replica perturbs (two forwards) or not alike.
+    for case in ("sam_adaptive", "gsam_every"):
+        kinds = [[s["eps"] is not None for s in ranks[r][case]["steps"]] for r in range(WORLD)]
+        assert kinds[0] == kinds[1] and True in kinds[0] and False in kinds[0], (case, kinds)

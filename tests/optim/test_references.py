@@ -282,6 +282,18 @@ def _msam(st: Step):
     return u
 
 
+@by_the_book("wsam")
+def _wsam(st: Step):
+    hp, g = st.hp, st.g
+    alpha = hp["gamma"] / (1 - hp["gamma"])
+    gp = loss_grad([w + hp["rho"] * gi / (norm(g) + 1e-12) for w, gi in zip(st.ws, g)], st.x, st.y)[2]
+    sharp = [a - b for a, b in zip(gp, g)]
+    if not hp["decouple"]:
+        return [gi + alpha * si for gi, si in zip(g, sharp)]
+    st.state["after_step"] = lambda ws, lrs: [w - lr * alpha * si for w, lr, si in zip(ws, lrs, sharp)]
+    return g
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(
@@ -299,6 +311,8 @@ def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
         _, z, g = loss_grad(ws, x, y)
         u = REFERENCES[name](Step(t, x, y, idx, ws, z, g, s, wds, hp, base_ref, state))
         ws = base_ref.step(ws, u, lrs, wds)
+        if "after_step" in state:  # a step of the method's own after the base optimizer's (WSAM's decoupled one)
+            ws = state.pop("after_step")(ws, lrs)
     return ws
 
 

@@ -17,7 +17,19 @@ NAMES = list(METHODS)
 
 
 def test_registry_lists_every_method():
-    assert method_names() == ("none", "sam", "asam", "gsam", "looksam", "saf", "mesa", "esam", "fsam", "msam")
+    assert method_names() == (
+        "none",
+        "sam",
+        "asam",
+        "gsam",
+        "looksam",
+        "saf",
+        "mesa",
+        "esam",
+        "fsam",
+        "msam",
+        "wsam",
+    )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
         assert spec.needs <= {"model", "num_samples", "num_classes"}
@@ -27,7 +39,12 @@ def test_registry_lists_every_method():
 
 def test_defaults_come_from_the_class_signatures():
     sig = inspect.signature(optim.SAM.__init__).parameters
-    assert METHODS["sam"].hparams == {"rho": sig["rho"].default, "p": sig["p"].default, "m": None}
+    assert METHODS["sam"].hparams == {
+        "rho": sig["rho"].default,
+        "p": sig["p"].default,
+        "m": None,
+        "gc": sig["gc"].default,
+    }
     assert METHODS["asam"].hparams == {"rho": 0.5, "eta": 0.01, "m": None}
     assert METHODS["gsam"].hparams["alpha"] == inspect.signature(optim.GSAM.__init__).parameters["alpha"].default
     assert METHODS["looksam"].hparams == {"rho": 0.1, "k": 5, "alpha": 0.7}
@@ -286,7 +303,7 @@ def test_step_keywords_are_method_inits_keywords():
     assert (
         SHARED_NAMES
         == list(optim.StepKeywords.__annotations__)
-        == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate"]
+        == ["model", "grad_clip", "scaler", "global_perturbation", "accumulate", "scope"]
     )
     assert set(CONTEXT) == {"num_samples", "num_classes", *SHARED_NAMES}
     assert list(optim._knobs.SHARED) == SHARED_NAMES  # what MethodSpec.accepts reads, without importing the classes
@@ -344,7 +361,14 @@ def test_every_method_takes_the_shared_keywords_from_method_alone(name, helpers)
     base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     context = {"num_samples": helpers.NUM_SAMPLES, "num_classes": helpers.NUM_CLASSES}
     context = {k: v for k, v in context.items() if k in spec.accepts()}
-    given = {"model": model, "grad_clip": 0.5, "scaler": None, "global_perturbation": True, "accumulate": 2}
+    given = {
+        "model": model,
+        "grad_clip": 0.5,
+        "scaler": None,
+        "global_perturbation": True,
+        "accumulate": 2,
+        "scope": "all",
+    }
     method = spec.build(base, **spec.hparams, **context, **given)
     assert {k: getattr(method, k) for k in SHARED_NAMES} == given
     with pytest.raises(ValueError, match=r"^accumulate must satisfy accumulate >= 1 .* but got accumulate=0; "):

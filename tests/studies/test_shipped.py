@@ -15,10 +15,12 @@ EXPECTED = {
     "compute_matched",
     "data_scaling",
     "gsam_alpha",
+    "late_phase",
     "optimizer_cost",
     "quickstart",
     "rho_sensitivity",
     "saf_mesa_lambda",
+    "sam_on",
 }
 
 
