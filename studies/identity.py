@@ -102,7 +102,9 @@ def _rename_away(client, claim) -> None:
 
 
 # The driver claim's tags: who holds it. A claim is stale when its holder ran on this host and is gone.
-_HOST, _PID, _SINCE, _COMMAND, _STARTED = (f"sharpscale.driver.{k}" for k in ("host", "pid", "since", "command", "t"))
+_HOST, _PID, _SINCE, _COMMAND, _STARTED, _TOKEN = (
+    f"sharpscale.driver.{k}" for k in ("host", "pid", "since", "command", "t", "token")
+)
 
 
 def driver_claim_name(experiment: str, launch: int) -> str:
@@ -157,9 +159,9 @@ def driver_holder(client, experiment: str, launch: int) -> DriverHolder | None:
 
 
 def claim_driver(
-    client, experiment: str, launch: int, command: str, artifact_location: str | None = None
+    client, experiment: str, launch: int, command: str, token: str, artifact_location: str | None = None
 ) -> tuple[DriverHolder | None, DriverHolder | None]:
-    """Take the driver claim of `launch` for this process: (None, gone) when taken, `gone` the holder of a stale claim
+    """Take the driver claim of `launch` for this driver (`token`: its own, for `release_driver`): (None, gone) when taken, `gone` the holder of a stale claim
     that was taken over (its process on this host had ended without releasing it), else (holder, None): the claim
     another driver holds. Atomic as `claim_launch`: of two drivers claiming at once exactly one creates the name.
     """
@@ -173,6 +175,7 @@ def claim_driver(
         _COMMAND: command,
         _SINCE: dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         _STARTED: repr(now),
+        _TOKEN: token,
     }
     name, gone = driver_claim_name(experiment, launch), None
     for _ in range(3):
@@ -194,12 +197,11 @@ def claim_driver(
     return holder, None
 
 
-def release_driver(client, experiment: str, launch: int, *, anyone: bool = False) -> None:
-    """Give back this process's driver claim of `launch`, never another's (a claim taken over since is its holder's);
-    anyone: whoever holds it (`--take-over` of a driver known gone on another host)."""
+def release_driver(client, experiment: str, launch: int, token: str | None) -> None:
+    """Give back the driver claim of `launch` that `token`'s driver holds, never another's (a claim taken over since
+    is its new holder's); token None: whoever holds it (`--take-over` of a driver known gone on another host)."""
     claim = client.get_experiment_by_name(driver_claim_name(experiment, launch))
-    holder = None if claim is None else _holder(claim)
-    if claim is not None and (anyone or (holder is not None and holder.here and holder.pid == os.getpid())):
+    if claim is not None and (token is None or (claim.tags or {}).get(_TOKEN) == token):
         _rename_away(client, claim)
 
 

@@ -8,6 +8,7 @@ mark_interrupted, resume_target), each one MLflow operation on the runs of one l
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,7 @@ class Launch:
         self.opened: list[str] = []
         self.cell_runs: dict[str, str] = {}
         self.driving = False  # this call holds the launch's driver claim
+        self._token = uuid.uuid4().hex  # its claim's, so that only this call gives it back
 
     @property
     def study_run_id(self) -> str | None:
@@ -123,9 +125,11 @@ class Launch:
         if take_over:
             holder = identity.driver_holder(self.client, self.experiment_name, self.number)
             if holder is not None:
-                identity.release_driver(self.client, self.experiment_name, self.number, anyone=True)
+                identity.release_driver(self.client, self.experiment_name, self.number, None)
                 print(f"sharpscale: {command}: --take-over: took the claim of launch {self.number} from {holder}")
-        held, gone = identity.claim_driver(self.client, self.experiment_name, self.number, command, artifacts)
+        held, gone = identity.claim_driver(
+            self.client, self.experiment_name, self.number, command, self._token, artifacts
+        )
         if held is not None:
             raise StudyError(self.study.path, [self._held_message(command, held)])
         self.driving = True
@@ -261,7 +265,7 @@ class Launch:
 
     def release_driver(self) -> None:
         if self.driving:
-            retry_locked(identity.release_driver, self.client, self.experiment_name, self.number)
+            retry_locked(identity.release_driver, self.client, self.experiment_name, self.number, self._token)
             self.driving = False
 
 
