@@ -8,6 +8,7 @@ mark_interrupted, resume_target), each one MLflow operation on the runs of one l
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from trainables.naming import (
     NOTE_TAG,
     PARENT_RUN_TAG,
     REASON_TAG,
+    RESUMED_COMMIT_TAG,
     STATUS_TAG,
     STUDY_FILE_HASH_TAG,
     STUDY_FILE_TAG,
@@ -49,6 +51,7 @@ from trainables.tracking import NO_SPACE_REASON, retry_locked, tracking_client
 __all__ = [
     "INTERRUPTED_REASON",
     "Launch",
+    "store_locked",
     "choose_launch",
     "close_dangling",
     "experiment",
@@ -56,6 +59,15 @@ __all__ = [
     "parent_runs",
     "resume_target",
 ]
+
+
+def store_locked(uri: str, err: BaseException) -> str:
+    """The one line for an MLflow store that another writer holds locked past MLflow's own retries."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return (
+        f"tracking: the MLflow store {redact(uri)} is locked by another writer ({first}); nothing was recorded. "
+        f"Fix: let that writer finish (or stop it: `fuser` on the database file names it), then run the command again."
+    )
 
 
 class Launch:
@@ -85,6 +97,8 @@ class Launch:
         self.cell_runs: dict[str, str] = {}
         self.driving = False  # this call holds the launch's driver claim
         self._token = uuid.uuid4().hex  # its claim's, so that only this call gives it back
+        self.changed_commit: str | None = None  # a resume's commit, where it is not the launch's (note_commit)
+        self._since_ms = int(time.time() * 1000)
 
     @property
     def study_run_id(self) -> str | None:
@@ -164,6 +178,29 @@ class Launch:
         clause = f"{kind_filter('trial')} and tags.`{LAUNCH_TAG}` = '{self.number}'"
         return len(self.client.search_runs([self.experiment_id], filter_string=clause, max_results=10_000))
 
+    def note_commit(self, commit: str) -> None:
+        """A resume at another commit than the launch's: said, and recorded on the study run (RESUMED_COMMIT_TAG),
+        and, when this call closes, on every trial run it resumed or started (`closing_steps`)."""
+        before = self.previous.data.tags.get(GIT_COMMIT_TAG) if self.previous is not None else None
+        if not before or before == commit:
+            return
+        self.changed_commit = commit
+        print(
+            f"sharpscale: resume: the code changed since launch {self.number} began: it ran at commit {before}, this "
+            f"resume runs {commit}; the trials it runs record it ({RESUMED_COMMIT_TAG}).",
+            flush=True,
+        )
+        retry_locked(self.client.set_tag, self.previous.info.run_id, RESUMED_COMMIT_TAG, commit)
+
+    def _tag_resumed_trials(self) -> None:
+        """RESUMED_COMMIT_TAG on the trial runs of this launch that ran during this call (ended after it began)."""
+        for run in self.client.search_runs(
+            [self.experiment_id], filter_string=kind_filter("trial"), max_results=10_000
+        ):
+            ran_now = run.info.end_time is None or run.info.end_time >= self._since_ms
+            if launch_of(run) == self.number and ran_now and run.data.tags.get(GIT_COMMIT_TAG) != self.changed_commit:
+                retry_locked(self.client.set_tag, run.info.run_id, RESUMED_COMMIT_TAG, self.changed_commit)
+
     def describe(self) -> None:
         describe_experiment(self.client, self.experiment_id, self.study)
 
@@ -217,6 +254,8 @@ class Launch:
         if self.opened:
             client, experiment_id, cell_runs = self.client, self.experiment_id, self.cell_runs
             steps.append(lambda: close_dangling(client, experiment_id, cell_runs, interrupted=interrupted))
+            if self.changed_commit is not None:
+                steps.append(self._tag_resumed_trials)
             if interrupted_at is not None:
                 steps.append(lambda: self.mark_interrupted(interrupted_at))
             objective = self.study.spec.objective

@@ -22,8 +22,14 @@ from studies import identity
 from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
 from studies.cost import local_gpus
-from studies.launch import INTERRUPTED_REASON, Launch
-from studies.preflight import check_data_on_nodes, check_model_kwargs
+from studies.launch import INTERRUPTED_REASON, Launch, store_locked
+from studies.preflight import (
+    check_data_on_nodes,
+    check_local_devices,
+    check_model_kwargs,
+    check_state_paths,
+    check_trials_fit_the_data,
+)
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import rollup_callback, source_tags, trial_params
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
@@ -596,9 +602,14 @@ def run_study(
     _check_before_recording(study, address, num_cpus, real_trials=trainable is None)
     uri = resolve_tracking_uri(tracking_uri or study.spec.tracking.uri)
     _warn_split_records(address, uri)
-    target = Launch.open(
-        study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None, take_over=take_over
-    )
+    try:
+        target = Launch.open(
+            study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None, take_over=take_over
+        )
+    except Exception as err:
+        if "database is locked" not in str(err).lower():
+            raise
+        raise StudyError(study.path, [store_locked(uri, err)]) from None
     outcome: StudyOutcome | None = None
     primary: BaseException | None = None
     quiet, started_ray, created = contextlib.ExitStack(), False, None
@@ -608,6 +619,7 @@ def run_study(
         run_name = launch_name(target.experiment_name, target.number)
         previous_tags = target.previous.data.tags if target.previous is not None else None
         locations = state_locations(study, run_name, previous_tags)
+        check_state_paths(study, locations.storage, locations.optuna_storage)
         plan = _distributed_plan(study, locations, run_name)
         log_path = log_file(study, locations, run_name)
         # The first of the run's folder that this call creates: a study refused by the checks below leaves none behind.
@@ -623,6 +635,7 @@ def run_study(
         reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
         _check_cluster(study, locations, plan, address)
         commit = git_commit(study.path.parent)
+        target.note_commit(commit)
         _open_runs(study, target, commit, locations, experiment_dir, resume=resume)
         outcome = _tune(study, target, locations, plan, run_name, commit, restore, trainable)
         return outcome
@@ -688,9 +701,12 @@ def _check_before_recording(
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use
     elif not address:
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+        if real_trials:
+            check_local_devices(study)  # cuda asked of a local cluster on a machine without it
     else:
         check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
     if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_trials_fit_the_data(study)
         check_model_kwargs(study)
 
 
@@ -797,7 +813,7 @@ def _closing_steps(
         # steps below record is the last word.
         steps.append(ray.shutdown)
     steps += target.closing_steps(
-        status=_run_status(outcome, primary),
+        status=_run_status(outcome, primary, resumed=target.previous is not None),
         interrupted=interruption_reason(outcome, primary),
         interrupted_at=outcome.interrupted_at if outcome is not None else None,
         failed=primary is not None,
@@ -805,11 +821,12 @@ def _closing_steps(
     return steps
 
 
-def _run_status(outcome: StudyOutcome | None, primary: BaseException | None) -> str:
-    """The MLflow status the runs this call opened end with."""
+def _run_status(outcome: StudyOutcome | None, primary: BaseException | None, *, resumed: bool = False) -> str:
+    """The MLflow status the runs this call opened end with. A resume that failed before its trials ended (its
+    store, its searcher's database) leaves the launch as it found it: interrupted (KILLED), still resumable."""
     if outcome is not None:
         return "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
-    return "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
+    return "KILLED" if isinstance(primary, KeyboardInterrupt) or resumed else "FAILED"
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
