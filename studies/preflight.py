@@ -311,8 +311,9 @@ def _sqlite_problem(db: Path) -> str | None:
 
     if not db.exists():
         return None
-    if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK):
-        where = db if not os.access(db, os.W_OK) else db.parent
+    mount_read_only = bool(os.statvfs(db.parent).f_flag & os.ST_RDONLY)  # root's os.access ignores modes only
+    if mount_read_only or not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK):
+        where = db if not (mount_read_only or os.access(db, os.W_OK)) else db.parent
         return (
             f"cannot be written by user {getpass.getuser()} ({where} is read-only); the study's search records every "
             f"trial there. Fix: make it writable again (or mount it read-write), then run the command again."
