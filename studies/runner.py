@@ -774,7 +774,21 @@ def _check_tune_experiment(
         print(f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked")
     elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
         print(f"sharpscale: warning: {unchecked}", flush=True)
+    _check_searcher_state(study, experiment_dir)
     return True
+
+
+def _check_searcher_state(study: LoadedStudy, experiment_dir: str) -> None:
+    """The searcher's state Tune would hand to CellSearcher.restore (the newest searcher-state-*.pkl by name, as
+    Tune's Searcher.restore_from_dir picks it), read here first: refused inside Tune's restore, it would leave the
+    resume waiting for a second Ctrl-C instead of saying why in one line."""
+    if "://" in experiment_dir:
+        return
+    from studies.search import read_searcher_state
+
+    states = sorted(Path(experiment_dir).glob("searcher-state-*.pkl"))
+    if states:
+        read_searcher_state(str(states[-1]), {c.key for c in study.cells})
 
 
 def _open_runs(

@@ -148,3 +148,31 @@ def test_a_resume_at_another_commit_says_so_and_records_it(tmp_path, tracking_ur
         assert "code changed" not in capsys.readouterr().out
     finally:
         launch.release_driver()
+
+
+def test_a_planted_searcher_state_is_refused_before_ray_not_inside_tunes_restore(
+    tmp_path, tracking_uri, tiny_study, no_ray
+):
+    from trainables.errors import UserError
+
+    path = tiny_study(tmp_path, "planted")
+    _interrupted_launch(path, tracking_uri)
+    study = load_study(path, require_data=False)
+    client = tracking_client(tracking_uri)
+    exp_id = client.get_experiment_by_name("planted").experiment_id
+    (study_run,) = client.search_runs([exp_id], filter_string="tags.`sharpscale.kind` = 'study'")
+    folder = tmp_path / "runs" / "planted"
+    identity.write_launch_record(
+        str(folder), identity.launch_record(study, tracking_uri, exp_id, study_run.info.run_id, 1)
+    )
+    (folder / "tuner.pkl").write_bytes(b"settings")  # what Tuner.can_restore looks for; never read: refused first
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text('{"trials": []}')
+    identity.record_tune_state(client, study_run.info.run_id, str(folder))
+    (folder / "searcher-state-2026-01-01_00-00-00.pkl").write_text('{"format": "sharpscale.searcher/1"}')
+    with pytest.raises(UserError) as err:
+        run_study(path, tracking_uri=tracking_uri, resume=True)
+    text = str(err.value)
+    assert "searcher-state-2026-01-01_00-00-00.pkl is not the state of this study's searcher" in text, text
+    assert "Fix: restore the file" in text
+    assert _statuses(tracking_uri, "planted") == [("cell", "KILLED"), ("study", "KILLED")]
+    assert identity.driver_holder(client, "planted", 1) is None
