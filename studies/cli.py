@@ -210,6 +210,7 @@ def _cmd_run(args) -> int:
         overrides=_overrides(args),
         new_launch=getattr(args, "new_launch", False),
         trust_storage=getattr(args, "trust_storage", False),
+        take_over=getattr(args, "take_over", False),
     )
     try:
         _print_summary(study, outcome.tracking_uri, outcome)
@@ -834,6 +835,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="restore Tune's state files (which Tune unpickles) even where they are not the ones this launch recorded "
         "leaving (its driver was killed hard, or its node lost): only where no one else can write to the storage",
+    )
+    res.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take the launch's driver claim from the driver that holds it, on another host, known to be gone (its "
+        "machine lost); a driver that ended on this host is taken over without it",
     )
     res.set_defaults(func=_cmd_run, dry_run=False)
 

@@ -2,17 +2,24 @@
 
 A launch is the study file (its hash, with the --set overrides) run into one MLflow store: its study run, its Tune
 experiment and its Optuna studies. `run` claims the launch number atomically (a name the store holds at most once),
-so two runs started together never share one; it writes the launch's identity into the Tune experiment folder; and
-`resume` continues only the launch whose file, store and Tune experiment all agree, or says which one differs.
+so two runs started together never share one; every driver of a launch (`run`, each `resume`) holds its driver claim,
+another such name, while it runs, so that two never drive one launch at once; `run` writes the launch's identity into
+the Tune experiment folder; and `resume` continues only the launch whose file, store and Tune experiment all agree, or
+says which one differs.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import fnmatch
 import hashlib
 import json
+import os
+import socket
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
@@ -21,7 +28,12 @@ from trainables.secrets import redact
 
 __all__ = [
     "IDENTITY_FILE",
+    "DriverHolder",
     "LaunchTaken",
+    "claim_driver",
+    "driver_claim_name",
+    "driver_holder",
+    "release_driver",
     "check_fresh_experiment_dir",
     "check_launch_record",
     "check_tune_state",
@@ -77,11 +89,120 @@ def release_launch(client, experiment: str, launch: int) -> None:
     active experiments) and deleted again, under a name no claim uses.
     """
     claim = client.get_experiment_by_name(claim_name(experiment, launch))
-    if claim is None:
-        return
-    client.restore_experiment(claim.experiment_id)
+    if claim is not None:
+        _rename_away(client, claim)
+
+
+def _rename_away(client, claim) -> None:
+    """Free a claim's name: the store renames only active experiments, so restore, rename, delete again."""
+    if claim.lifecycle_stage == "deleted":
+        client.restore_experiment(claim.experiment_id)
     client.rename_experiment(claim.experiment_id, f"{claim.name}-released-{uuid.uuid4().hex[:12]}")
     client.delete_experiment(claim.experiment_id)
+
+
+# The driver claim's tags: who holds it. A claim is stale when its holder ran on this host and is gone.
+_HOST, _PID, _SINCE, _COMMAND, _STARTED, _TOKEN = (
+    f"sharpscale.driver.{k}" for k in ("host", "pid", "since", "command", "t", "token")
+)
+
+
+def driver_claim_name(experiment: str, launch: int) -> str:
+    """The MLflow experiment whose creation claims the driving of `launch` (held while a driver runs it)."""
+    return f".sharpscale-driver/{experiment}/launch-{launch}"
+
+
+@dataclass(frozen=True)
+class DriverHolder:
+    """The driver that holds a launch: its host, process id, the command, when it took the claim."""
+
+    host: str
+    pid: int
+    command: str
+    since: str  # UTC, ISO 8601, to the second
+    started: float  # the same instant as time.time(), to tell a reused process id from the holder
+
+    def __str__(self) -> str:
+        return f"`sharpscale {self.command}` (pid {self.pid} on host {self.host}, since {self.since})"
+
+    @property
+    def here(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def gone(self) -> bool:
+        """Whether the holder is known to have ended: it ran on this host and its process is dead (or its process id
+        now belongs to a process started after the claim). A holder on another host is never known gone here."""
+        if not self.here:
+            return False
+        import psutil
+
+        try:
+            return psutil.Process(self.pid).create_time() > self.started + 1.0
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
+
+def _holder(claim) -> DriverHolder | None:
+    tags = claim.tags or {}
+    try:
+        return DriverHolder(tags[_HOST], int(tags[_PID]), tags[_COMMAND], tags[_SINCE], float(tags[_STARTED]))
+    except (KeyError, ValueError):
+        return None
+
+
+def driver_holder(client, experiment: str, launch: int) -> DriverHolder | None:
+    """Who drives `launch` now (its claim's holder), or None when no driver holds it."""
+    claim = client.get_experiment_by_name(driver_claim_name(experiment, launch))
+    return None if claim is None else _holder(claim)
+
+
+def claim_driver(
+    client, experiment: str, launch: int, command: str, token: str, artifact_location: str | None = None
+) -> tuple[DriverHolder | None, DriverHolder | None]:
+    """Take the driver claim of `launch` for this driver (`token`: its own, for `release_driver`): (None, gone) when taken, `gone` the holder of a stale claim
+    that was taken over (its process on this host had ended without releasing it), else (holder, None): the claim
+    another driver holds. Atomic as `claim_launch`: of two drivers claiming at once exactly one creates the name.
+    """
+    from mlflow.exceptions import MlflowException
+
+    now = time.time()
+    tags = {
+        KIND_TAG: "driver_claim",
+        _HOST: socket.gethostname(),
+        _PID: str(os.getpid()),
+        _COMMAND: command,
+        _SINCE: dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        _STARTED: repr(now),
+        _TOKEN: token,
+    }
+    name, gone = driver_claim_name(experiment, launch), None
+    for _ in range(3):
+        try:
+            client.delete_experiment(client.create_experiment(name, artifact_location=artifact_location, tags=tags))
+            return None, gone
+        except MlflowException as err:
+            if not (err.error_code == "RESOURCE_ALREADY_EXISTS" or "already exists" in str(err).lower()):
+                raise
+        claim = client.get_experiment_by_name(name)
+        if claim is None:
+            continue  # released between the two calls
+        holder = _holder(claim)
+        if holder is not None and not holder.gone():
+            return holder, None
+        gone = holder
+        _rename_away(client, claim)  # of two drivers taking it over at once, the next create still admits one
+    holder = driver_holder(client, experiment, launch)
+    return holder, None
+
+
+def release_driver(client, experiment: str, launch: int, token: str | None) -> None:
+    """Give back the driver claim of `launch` that `token`'s driver holds, never another's (a claim taken over since
+    is its new holder's); token None: whoever holds it (`--take-over` of a driver known gone on another host)."""
+    claim = client.get_experiment_by_name(driver_claim_name(experiment, launch))
+    if claim is not None and (token is None or (claim.tags or {}).get(_TOKEN) == token):
+        _rename_away(client, claim)
 
 
 def _study_runs(client, experiment_id: str) -> list:

@@ -3,11 +3,13 @@ kwargs; or the study fails naming them."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
+from trainables.secrets import redact
 
 __all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "check_model_kwargs", "data_roots"]
 
@@ -234,3 +236,97 @@ def _torch_module():
     import torch
 
     return torch.nn.Module
+
+
+def check_trials_fit_the_data(study: LoadedStudy) -> None:
+    """Refuse, before Ray starts, a `model.kwargs.num_classes` that is not the data's number of classes where the data
+    fixes it (a registered dataset's, or the synthetic set's): every trial would fail on its first batch, or learn a
+    head whose extra classes never occur."""
+    from trainables.config import TrialConfig
+    from trainables.datasets import DATASETS
+
+    problems = {}
+    for cell in study.cells:
+        cfg = TrialConfig.load(cell.config)
+        asked = cfg.model.kwargs.get("num_classes")
+        spec = DATASETS.get(cfg.data.name)
+        classes = cfg.data.synthetic_classes if cfg.data.name == "synthetic" else (spec.num_classes if spec else None)
+        if asked is None or classes is None or asked == classes:
+            continue
+        problems.setdefault(
+            (asked, cfg.data.name),
+            f"model.kwargs.num_classes: {asked}, and {cfg.data.name} has {classes} classes (cell {cell.key or 'all'}). "
+            f"Fix: drop model.kwargs.num_classes (each model is built for its data's classes), or set it to {classes}.",
+        )
+    if problems:
+        raise StudyError(study.path, list(problems.values()))
+
+
+def check_local_devices(study: LoadedStudy) -> None:
+    """Refuse, before Ray starts, trials that ask for `train.device: cuda` from a local cluster on a machine without
+    a CUDA device: each would fail at its start, after the cluster came up."""
+    from trainables.config import TrialConfig
+
+    cells = [c.key or "all" for c in study.cells if TrialConfig.load(c.config).train.device == "cuda"]
+    if not cells:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    raise StudyError(
+        study.path,
+        [
+            f"train.device: cuda, and this machine has no CUDA device (torch {torch.__version__} sees none; cells: "
+            f"{'; '.join(cells[:3])}{' ...' if len(cells) > 3 else ''}). Fix: `train.device: auto` (CUDA where there is "
+            f"one, else the CPU) or cpu, or run on a cluster with GPU nodes (--address, resources.gpus_per_trial)."
+        ],
+    )
+
+
+def check_state_paths(study: LoadedStudy, storage: str, optuna_storage: str) -> None:
+    """Refuse, before Ray starts, state locations the study could not use: a path holding `{` or `}` (Optuna and Tune
+    read them as format fields), and a local Optuna database that is damaged or that this user cannot write (a
+    resume would fail after its runs were reopened)."""
+    problems = []
+    for field, value in (("storage", storage), ("optuna_storage", optuna_storage)):
+        if "{" in value or "}" in value:
+            problems.append(
+                f"{field}: {redact(value)!r} holds '{{' or '}}', which the libraries that write there read as format "
+                f"fields. Fix: a location without braces (--storage / --set {field}=...)."
+            )
+    if not problems and optuna_storage.startswith("sqlite:///"):
+        db = Path(optuna_storage[len("sqlite:///") :])
+        problem = _sqlite_problem(db)
+        if problem:
+            problems.append(f"optuna_storage: {db} {problem}")
+    if problems:
+        raise StudyError(study.path, problems)
+
+
+def _sqlite_problem(db: Path) -> str | None:
+    """Why the Optuna SQLite database `db` cannot serve a study (damaged, not writable), with the fix; None if it can
+    (or does not exist yet: it is made where its folder can be)."""
+    import sqlite3
+
+    if not db.exists():
+        return None
+    mount_read_only = bool(os.statvfs(db.parent).f_flag & os.ST_RDONLY)  # root's os.access ignores modes only
+    if mount_read_only or not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK):
+        where = db if not (mount_read_only or os.access(db, os.W_OK)) else db.parent
+        return (
+            f"cannot be written by user {getpass.getuser()} ({where} is read-only); the study's search records every "
+            f"trial there. Fix: make it writable again (or mount it read-write), then run the command again."
+        )
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as con:
+            con.execute("select count(*) from sqlite_master").fetchone()
+            ok = con.execute("pragma quick_check").fetchone()
+    except sqlite3.DatabaseError as err:
+        ok = (str(err),)
+    if ok and ok[0] != "ok":
+        return (
+            f"is damaged ({str(ok[0])[:200]}): Optuna cannot read this study's search from it. Fix: restore it from a "
+            f"backup; without one, `sharpscale run --new-launch` starts the search anew."
+        )
+    return None

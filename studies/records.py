@@ -1,77 +1,53 @@
-"""The study's MLflow record: its experiment, launch, study and cell runs, how they close, and how they read in the UI.
-
-Opened by `run` (experiment, choose_launch, parent_runs) or found by `resume` (resume_target), closed whatever ends the
-study (close_dangling, mark_interrupted, drop_lost_trials, release); read in the UI through the experiment's kind, note
-and opening view, trial names, source tags, and the roll-up of each cell's best trial onto its cell run, of the study's
-best onto the study run, and of the answer table into the descriptions.
+"""How a study's MLflow record reads: the experiment's kind, note and opening view, trial names, source tags, and the
+roll-up of each cell's best trial onto its cell run, of the study's best onto the study run, and of the answer table
+into the descriptions. The runs' life (opened, claimed, interrupted, closed) is studies.launch's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, UI_WORKFLOW, accuracy_se, best_key
-from studies import identity
-from studies.spec import Cell, LoadedStudy, StudyError
-from trainables.metrics import EVERY_EPOCH_METRIC, VALIDATION_SAMPLES
+from studies.spec import Cell, LoadedStudy
+from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
     BEST_CELL_TAG,
     BEST_RUN_ID_TAG,
     BEST_RUN_TAG,
     CELL_TAG,
     CONFIRM_STAGE,
-    GIT_COMMIT_TAG,
     KIND_TAG,
     LAUNCH_TAG,
-    NOTE_TAG,
     PARENT_RUN_TAG,
-    REASON_TAG,
     STAGE_TAG,
     STATUS_TAG,
     STUDY_FILE_HASH_TAG,
-    STUDY_FILE_TAG,
-    TRIAL_ID_TAG,
-    factor_tag,
     kind_filter,
-    study_run_name,
 )
-from trainables.tracking import NO_SPACE_REASON, _retry, filter_value, tracking_client
+from trainables.tracking import filter_value, retry_locked, tracking_client
 
 __all__ = [
     "EXPERIMENT_KIND",
     "EXPERIMENT_KIND_TAG",
-    "INTERRUPTED_REASON",
     "NUMBERING",
     "RESULTS_MARKER",
     "VIEW_KEY",
     "CellBest",
-    "Launch",
     "cell_end_time",
+    "cell_label",
     "cell_params",
-    "choose_launch",
-    "close_dangling",
-    "close_interrupted",
-    "closing_steps",
     "describe_experiment",
-    "drop_lost_trials",
-    "experiment",
     "find_run",
     "find_study_run",
     "launch_of",
-    "mark_interrupted",
-    "open_launch",
-    "parent_runs",
-    "release",
-    "resume_target",
     "results_table",
     "roll_up",
     "rollup_callback",
     "runs_page_path",
     "source_tags",
+    "study_tags",
     "trial_params",
     "trial_run_name",
     "view_state",
@@ -112,7 +88,7 @@ def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
     )
 
     objective = study.spec.objective
-    note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
+    note = retry_locked(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
     # A resumed (or relaunched) study keeps the answer it has until its roll-up writes the new one.
     previous = note.split(RESULTS_MARKER, 1)[0].strip() if RESULTS_MARKER in note else _NOT_YET
     tags = {
@@ -123,7 +99,7 @@ def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
         f"{_VIEW_TAG_PREFIX}{VIEW_KEY}": json.dumps(view_state(study)),
     }
     for key, value in tags.items():
-        _retry(client.set_experiment_tag, experiment_id, key, value)
+        retry_locked(client.set_experiment_tag, experiment_id, key, value)
 
 
 def _column(kind: str, key: str) -> str:
@@ -273,7 +249,7 @@ def _number(text: Any) -> float | None:
 def _cell_best(client, experiment_id: str, cell_run_id: str, cell: Cell, column: str, mode: str) -> CellBest:
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
 
-    runs = _retry(
+    runs = retry_locked(
         client.search_runs,
         [experiment_id],
         filter_string=f"tags.`mlflow.parentRunId` = '{cell_run_id}'",
@@ -306,7 +282,7 @@ def _log(client, run_id: str, values: dict[str, float], tags: dict[str, str], st
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, v, now, step) for k, v in values.items()]
-    _retry(client.log_batch, run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+    retry_locked(client.log_batch, run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
 
 
 def _count_metrics(counts: dict[str, int]) -> dict[str, float]:
@@ -387,7 +363,7 @@ def roll_up(
 def cell_end_time(client, experiment_id: str, cell_run_id: str) -> int | None:
     """When a cell run ends: when its last trial run ended (ms since the epoch), so the UI's duration of a cell is
     its own, not the study's; None (end now) while it has no trial or one is still open."""
-    trials = _retry(
+    trials = retry_locked(
         client.search_runs,
         [experiment_id],
         filter_string=f"tags.`{PARENT_RUN_TAG}` = '{cell_run_id}'",
@@ -486,12 +462,12 @@ def _describe_results(client, experiment_id, study_run_id, cells, bests, *, colu
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
     table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top)
-    note = _retry(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
-    _retry(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
+    note = retry_locked(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
+    retry_locked(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
     # The study run's description keeps its link to the HTML report (analysis.report), below the table.
-    run_note = _retry(client.get_run, study_run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
+    run_note = retry_locked(client.get_run, study_run_id).data.tags.get(MLFLOW_RUN_NOTE, "")
     report = run_note[run_note.index(REPORT_MARKER) :] if REPORT_MARKER in run_note else ""
-    _retry(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, f"{table}\n\n{report}".rstrip())
+    retry_locked(client.set_tag, study_run_id, MLFLOW_RUN_NOTE, f"{table}\n\n{report}".rstrip())
 
 
 def rollup_callback(
@@ -554,52 +530,7 @@ def rollup_callback(
     return RollUp()
 
 
-# The study's runs in the store: its experiment, launch, study and cell runs, and how they close.
-
-
-def experiment(client, name: str, artifact_location: Path, tracking_uri: str) -> str:
-    """The id of the experiment `name`: found (restored if deleted), or made, its artifacts in the server's own store
-    over HTTP, else under `artifact_location`."""
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
-    if tracking_uri.startswith(("http://", "https://")):
-        # The server's own artifact store (mlflow-artifacts:/): every node uploads over HTTP, none needs a shared disk.
-        return client.create_experiment(name)
-    artifact_location.mkdir(parents=True, exist_ok=True)
-    return client.create_experiment(name, artifact_location=artifact_location.resolve().as_uri())
-
-
-@dataclass(frozen=True)
-class Launch:
-    """The launch a call of `run` or `resume` records into: its store, its experiment, its number, the study run it
-    resumes (None: a new launch) and whether this call made the experiment (`release` may then delete it)."""
-
-    uri: str
-    client: Any
-    experiment_id: str
-    experiment_name: str
-    number: int
-    previous: Any = None
-    new_experiment: bool = False
-
-
-def open_launch(study: LoadedStudy, uri: str, *, resume: bool, new_launch: bool, explicit: bool) -> Launch:
-    """On resume, the launch this file ran, in the store it ran into (resume_target; the URI may differ from `uri`),
-    never a new store, experiment or launch; else the study's experiment at `uri` (made, or restored, here) and a
-    launch claimed for this call (choose_launch). explicit: `uri` was given for this call, not by the study file."""
-    name = study.experiment_name
-    if resume:
-        uri, client, experiment_id, previous = resume_target(study, uri, explicit=explicit)
-        return Launch(uri, client, experiment_id, name, launch_of(previous), previous)
-    client = tracking_client(uri)
-    before = client.get_experiment_by_name(name)
-    new_experiment = before is None or before.lifecycle_stage != "active"
-    experiment_id = experiment(client, name, Path(study.spec.tracking.artifact_location), uri)
-    number = choose_launch(client, experiment_id, study, name, uri, new_launch=new_launch)
-    return Launch(uri, client, experiment_id, name, number, new_experiment=new_experiment)
+# The study's runs as they read back: a study run of the file, the launch a run belongs to.
 
 
 def find_run(client, experiment_id: str, tags: dict[str, str]):
@@ -609,7 +540,7 @@ def find_run(client, experiment_id: str, tags: dict[str, str]):
     return runs[0] if runs else None
 
 
-def _study_tags(study: LoadedStudy) -> dict[str, str]:
+def study_tags(study: LoadedStudy) -> dict[str, str]:
     return {KIND_TAG: "study", STUDY_FILE_HASH_TAG: study.file_hash}
 
 
@@ -618,295 +549,6 @@ def launch_of(run) -> int:
     return int(run.data.tags.get(LAUNCH_TAG, "1"))
 
 
-def choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str, uri: str, *, new_launch: bool) -> int:
-    """The launch a new run of the study starts, claimed in the store (studies.identity.claim_launch): 1, or the next
-    one when asked for; refused when that would mix runs, or when a run started at the same moment claimed it."""
-    earlier = client.search_runs([experiment_id], filter_string=kind_filter("study"), max_results=10_000)
-    newest = max((launch_of(r) for r in earlier), default=0)
-    if earlier and not new_launch:
-        trials = len(client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000))
-        raise StudyError(
-            study.path,
-            [
-                f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
-                f"run(s)); a second run would mix its trials with those. Fix: `sharpscale resume {study.path}` to continue "
-                f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
-                f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
-                f"tracking.experiment to a new name."
-            ],
-        )
-    artifacts = None if uri.startswith(("http://", "https://")) else _artifact_uri(study)
-    for launch in range(newest + 1, newest + 1 + (100 if new_launch else 1)):
-        try:
-            identity.claim_launch(client, exp_name, launch, artifacts)
-            return launch
-        except identity.LaunchTaken:
-            continue
-    raise StudyError(
-        study.path,
-        [
-            f"run: launch {newest + 1} of MLflow experiment {exp_name!r} at {uri} was claimed by another `sharpscale "
-            f"run` of this study started at the same moment (or its runs were deleted since); two runs never share "
-            f"a launch. Fix: let that run go on (`sharpscale status {study.path}`; `sharpscale resume` if it was "
-            f"interrupted), or start one of your own with `sharpscale run --new-launch {study.path}`."
-        ],
-    )
-
-
-def _artifact_uri(study: LoadedStudy) -> str:
-    return Path(study.spec.tracking.artifact_location).resolve().as_uri()
-
-
 def find_study_run(client, experiment_id: str, study: LoadedStudy):
     """The newest study run of this file (and these overrides) in the experiment, or None."""
-    return find_run(client, experiment_id, _study_tags(study))
-
-
-def parent_runs(
-    client,
-    study: LoadedStudy,
-    experiment_id: str,
-    commit: str,
-    run,
-    state_tags: dict[str, str],
-    launch: int,
-    opened: list[str],
-    cell_runs: dict[str, str],
-) -> str:
-    """The study's run and one run per cell (into `cell_runs`); on resume (`run`: the study run found) they are
-    reopened, never duplicated. state_tags: where the study keeps its state (studies.runner.StateLocations.tags).
-    Each run id goes into `opened` as soon as it is RUNNING, for the caller to close."""
-    resume = run is not None
-    if run is None:
-        run = client.create_run(
-            experiment_id,
-            run_name=study_run_name(study.spec.name, launch),
-            tags={
-                **_study_tags(study),
-                LAUNCH_TAG: str(launch),
-                GIT_COMMIT_TAG: commit,
-                STUDY_FILE_TAG: str(study.path),
-                NOTE_TAG: study.spec.description,
-                **source_tags(study, commit),
-                **state_tags,
-            },
-        )
-        opened.append(run.info.run_id)
-        client.log_artifact(run.info.run_id, str(study.path))
-        if study.overrides:
-            client.log_dict(run.info.run_id, {"overrides": study.overrides, "smoke": study.smoke}, "overrides.yaml")
-    else:
-        for key, value in state_tags.items():
-            client.set_tag(run.info.run_id, key, value)
-        client.update_run(run.info.run_id, status="RUNNING")
-        opened.append(run.info.run_id)
-    study_run_id = run.info.run_id
-    for cell in study.cells:
-        tags = {KIND_TAG: "cell", CELL_TAG: cell.key, PARENT_RUN_TAG: study_run_id}
-        existing = find_run(client, experiment_id, tags) if resume else None
-        if existing is None:
-            existing = client.create_run(
-                experiment_id,
-                run_name=cell_label(cell),
-                tags={
-                    **tags,
-                    STUDY_FILE_HASH_TAG: study.file_hash,
-                    LAUNCH_TAG: str(launch),
-                    **source_tags(study, commit),
-                    **{factor_tag(k): v for k, v in cell.levels.items()},
-                },
-            )
-            _log_params(client, existing.info.run_id, cell_params(cell))
-        else:
-            client.update_run(existing.info.run_id, status="RUNNING")
-        opened.append(existing.info.run_id)
-        cell_runs[cell.key] = existing.info.run_id
-    return study_run_id
-
-
-def _log_params(client, run_id: str, params: dict[str, str]) -> None:
-    from mlflow.entities import Param
-
-    _retry(client.log_batch, run_id, params=[Param(k, v) for k, v in params.items()])
-
-
-def close_dangling(client, experiment_id: str, cell_runs: dict[str, str], *, interrupted: str | None) -> None:
-    """No trial run may stay RUNNING: one Ray stopped (ASHA) or killed never reached its own `finish`.
-
-    After a normal end (`interrupted` None) such a trial was stopped early on purpose; otherwise `interrupted` is
-    the reason the study stopped (studies.runner.interruption_reason), and `resume` reopens the trial.
-    """
-    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=10_000):
-        if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
-            continue
-        # A trial whose actor Ray reclaimed right after its last epoch did finish: its record says so.
-        epochs = int(run.data.params.get("schedule.epochs", 0))
-        # Validation may skip epochs (train.eval_every): the metric of every epoch says which ran.
-        logged = {m.step for m in client.get_metric_history(run.info.run_id, EVERY_EPOCH_METRIC)}
-        if epochs and logged >= set(range(epochs)):
-            status, mlflow_status = "finished", "FINISHED"
-        else:
-            status, mlflow_status = ("interrupted" if interrupted else "early_stopped"), "KILLED"
-        _retry(client.set_tag, run.info.run_id, STATUS_TAG, status)
-        if status == "interrupted":
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, interrupted)
-        _retry(client.set_terminated, run.info.run_id, status=mlflow_status)
-
-
-def closing_steps(
-    client,
-    uri: str,
-    experiment_id: str,
-    opened: list[str],
-    cell_runs: dict[str, str],
-    cells: list[Cell],
-    *,
-    column: str,
-    mode: str,
-    status: str,
-    interrupted: str | None,
-    interrupted_at: float | None,
-) -> list[Callable[[], Any]]:
-    """The steps, in order, that close the runs a call opened (`opened`, the study run first; each to be run whatever
-    the others do): no trial run left RUNNING (close_dangling, `interrupted` its reason), those the interrupt cut at
-    `interrupted_at` marked so, every cell rolled up once more, then each run ended with `status`."""
-    steps: list[Callable[[], Any]] = [
-        lambda: close_dangling(client, experiment_id, cell_runs, interrupted=interrupted),
-    ]
-    if interrupted_at is not None:
-        steps.append(lambda: mark_interrupted(client, experiment_id, cell_runs, interrupted_at))
-    # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
-    steps.append(
-        lambda: rollup_callback(
-            uri,
-            experiment_id,
-            opened[0],
-            cell_runs,
-            cells,
-            column=column,
-            mode=mode,
-        ).update()
-    )
-    # A cell run ends when its last trial did (its duration its own); the study run ends now.
-    cell_ids = set(cell_runs.values())
-    steps += [
-        lambda rid=rid: _retry(
-            client.set_terminated,
-            rid,
-            status=status,
-            end_time=cell_end_time(client, experiment_id, rid) if rid in cell_ids else None,
-        )
-        for rid in opened
-    ]
-    return steps
-
-
-INTERRUPTED_REASON = (
-    "the study was interrupted (Ctrl-C or SIGTERM) while this trial ran; `sharpscale resume` continues it"
-)
-
-
-def mark_interrupted(
-    client, experiment_id: str, cell_runs: dict[str, str], since: float, reason: str = INTERRUPTED_REASON
-) -> None:
-    """Trials that Tune stopped because of the interrupt end as `early_stopped` or `failed` in their own record:
-    say `interrupted` instead, so that nothing cut short by Ctrl-C looks stopped on purpose."""
-    since_ms = int(since * 1000)
-    for run in client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000):
-        if run.data.tags.get(PARENT_RUN_TAG) not in cell_runs.values():
-            continue
-        ended = run.info.end_time
-        if run.data.tags.get(REASON_TAG, "").startswith(NO_SPACE_REASON):
-            continue  # it ended itself on the full disk: Tune holds it ended, and `resume` does not run it again
-        if run.data.tags.get(STATUS_TAG) in ("early_stopped", "failed", "killed") and (
-            ended is None or ended >= since_ms
-        ):
-            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "interrupted")
-            # Its own reason named what stopped it as seen from the trial (Tune's stop): say why Tune stopped it.
-            _retry(client.set_tag, run.info.run_id, REASON_TAG, reason)
-            if run.info.status == "RUNNING":
-                _retry(client.set_terminated, run.info.run_id, status="KILLED")
-
-
-def drop_lost_trials(client, experiment_id: str, known: set[str], launch: int) -> None:
-    """Soft-delete the runs of trials that the interrupted driver started but never snapshotted.
-
-    Tune cannot resume a trial it has no record of; the searcher issues a new trial in its place. The lost
-    one's run is deleted from the active record (restorable with `mlflow runs restore`), so MLflow keeps
-    exactly one run per trial of the study.
-    """
-    for run in client.search_runs([experiment_id], filter_string=kind_filter("trial"), max_results=10_000):
-        if launch_of(run) == launch and run.data.tags.get(TRIAL_ID_TAG) not in known:
-            _retry(client.set_tag, run.info.run_id, STATUS_TAG, "lost")
-            if run.info.status == "RUNNING":
-                _retry(client.set_terminated, run.info.run_id, status="KILLED")
-            _retry(client.delete_run, run.info.run_id)
-
-
-def close_interrupted(searcher, client, experiment_id: str, cell_runs: dict[str, str], since: float) -> None:
-    """After Ctrl-C (or SIGTERM): the Optuna trials cut short are failed and marked for `resume` to continue them
-    under new trials with the same values; their MLflow runs say `interrupted`."""
-    searcher.fail_unfinished(interrupted=True)
-    mark_interrupted(client, experiment_id, cell_runs, since)
-
-
-def release(client, experiment_id: str, exp_name: str, launch: int, new_experiment: bool) -> None:
-    """Undo what `run` recorded before its first run: its launch claim, and the experiment when this call made it
-    and nothing else came to use it (no run, no later launch claimed by a run started beside it)."""
-    identity.release_launch(client, exp_name, launch)
-    if (
-        new_experiment
-        and not client.search_runs([experiment_id], max_results=1)
-        and client.get_experiment_by_name(identity.claim_name(exp_name, launch + 1)) is None
-    ):
-        client.delete_experiment(experiment_id)
-
-
-def resume_target(study: LoadedStudy, uri: str, *, explicit: bool):
-    """(uri, client, experiment id, study run) of the launch `resume` continues (studies.identity.resume_target).
-
-    A relative sqlite:/// tracking URI taken from the study file means a different store in each directory; when
-    the store here holds no launch of the study and the launch record in its Ray storage names an existing SQLite
-    store, that is the one the study ran into: resume uses it, and says so.
-    """
-    from trainables.tracking import sqlite_path
-
-    recorded = identity.find_recorded_store(study, study.storage)
-    other = recorded.get("tracking_uri") if recorded else None
-    if not explicit and other and other != uri and not _holds_study(uri, study):
-        db = sqlite_path(other)
-        if db is not None and db.is_file():
-            print(
-                f"sharpscale: resume: the study's tracking.uri {study.spec.tracking.uri} is relative to the directory "
-                f"a command runs in; launch {recorded.get('launch')} was recorded at {other}: resuming it there.",
-                flush=True,
-            )
-            uri = other
-    hint = (
-        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: `sharpscale resume {study.path} "
-        f"--tracking-uri {other}`, or run the command from the directory the study was started in."
-        if other and other != uri
-        else ""
-    )
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
-        identity.resume_target(None, None, study, uri, hint)  # refuses: nothing to resume in a store never made
-    client = tracking_client(uri)
-    exp = client.get_experiment_by_name(study.experiment_name)
-    experiment_id = exp.experiment_id if exp is not None and exp.lifecycle_stage == "active" else None
-    previous = identity.resume_target(client, experiment_id, study, uri, hint)
-    return uri, client, experiment_id, previous
-
-
-def _holds_study(uri: str, study: LoadedStudy) -> bool:
-    """Whether the MLflow store at `uri` exists and holds a study run of the study's experiment."""
-    from trainables.tracking import sqlite_path
-
-    db = sqlite_path(uri)
-    if db is not None and not db.is_file():
-        return False
-    client = tracking_client(uri)
-    exp = client.get_experiment_by_name(study.experiment_name)
-    return exp is not None and bool(
-        client.search_runs([exp.experiment_id], filter_string=kind_filter("study"), max_results=1)
-    )
+    return find_run(client, experiment_id, study_tags(study))

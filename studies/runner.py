@@ -22,23 +22,16 @@ from studies import identity
 from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
 from studies.cost import local_gpus
-from studies.preflight import check_data_on_nodes, check_model_kwargs
-from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
-from studies.records import (
-    INTERRUPTED_REASON,
-    Launch,
-    close_interrupted,
-    closing_steps,
-    describe_experiment,
-    drop_lost_trials,
-    mark_interrupted,
-    open_launch,
-    parent_runs,
-    release,
-    rollup_callback,
-    source_tags,
-    trial_params,
+from studies.launch import INTERRUPTED_REASON, Launch, store_locked
+from studies.preflight import (
+    check_data_on_nodes,
+    check_local_devices,
+    check_model_kwargs,
+    check_state_paths,
+    check_trials_fit_the_data,
 )
+from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
+from studies.records import rollup_callback, source_tags, trial_params
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import NoSpaceLeft, free_bytes, nearest_existing, no_space_at, shown
@@ -69,8 +62,8 @@ from trainables.tracking import (
     NO_SPACE_RESULT_KEY,
     REFUSED_RESULT_KEY,
     TrackingTarget,
-    _retry,
     resolve_tracking_uri,
+    retry_locked,
 )
 
 __all__ = [
@@ -268,12 +261,15 @@ def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, wha
 
 
 def _close_all(steps: list, primary: BaseException | None) -> None:
-    """Run every cleanup step even when some fail; a failure is a note on the error that ended the study (which
-    stays the one cause reported), or raised itself when the study had ended without error."""
+    """Run every cleanup step even when some fail or a stop interrupts one (`_stops_deferred`); a failure is a note
+    on the error that ended the study (which stays the one cause reported), or raised itself when the study had ended
+    without error. A step a stop cut short is skipped, not a failure of the study's records."""
     failures = []
     for step in steps:
         try:
             step()
+        except KeyboardInterrupt:
+            continue  # the next steps still close what this call opened
         except Exception as err:  # noqa: BLE001 - each step runs whatever the others did
             failures.append(err)
     if not failures:
@@ -530,6 +526,8 @@ def check_address(study: LoadedStudy, address: str) -> None:
 
 def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) -> bool:
     """_init_ray, with a failure to start or reach Ray said in one line instead of Ray's trace."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    before_term = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
         return _init_ray(address, num_cpus)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
@@ -544,6 +542,11 @@ def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) ->
             study.path,
             [f"ray: could not {where}: {type(err).__name__}: {first}. Fix: {fix}."],
         ) from None
+    finally:
+        if main_thread and before_term is not None:
+            # ray.init installs its own SIGTERM handler (sys.exit), which would end the driver mid-way, its runs left
+            # RUNNING; the study's own (a stop as Ctrl-C) stays.
+            signal.signal(signal.SIGTERM, before_term)
 
 
 def _sigterm_interrupts(run):
@@ -580,6 +583,7 @@ def run_study(
     new_launch: bool = False,
     trainable: Any = None,
     trust_storage: bool = False,
+    take_over: bool = False,
 ) -> StudyOutcome:
     """Validate the study file, run all of its trials on Ray Tune, record them in MLflow.
 
@@ -590,6 +594,7 @@ def run_study(
     experiment and Optuna studies, kept apart by analysis; without it such a run is refused (never mixed in).
     trust_storage: resume from Tune's state files even where they differ from what this launch recorded leaving
     (identity.check_tune_state): its driver was killed hard. Tune unpickles them.
+    take_over: take the launch's driver claim from whoever holds it (a driver on another host known to be gone).
     trainable: the Tune trainable each trial runs, given the payload dict built below; None: the real one
     (`trainables.ray_train.tune_trainable()`). benchmarks/sim_scale.py passes a stand-in without torch.
     """
@@ -597,51 +602,92 @@ def run_study(
     _check_before_recording(study, address, num_cpus, real_trials=trainable is None)
     uri = resolve_tracking_uri(tracking_uri or study.spec.tracking.uri)
     _warn_split_records(address, uri)
-    target = open_launch(study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None)
-    describe_experiment(target.client, target.experiment_id, study)
-    run_name = launch_name(target.experiment_name, target.number)
-    previous_tags = target.previous.data.tags if target.previous is not None else None
-    locations = state_locations(study, run_name, previous_tags)
-    plan = _distributed_plan(study, locations, run_name)
-
-    opened: list[str] = []  # MLflow runs this call set RUNNING: every way out closes them
-    cell_runs: dict[str, str] = {}
+    try:
+        target = Launch.open(
+            study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None, take_over=take_over
+        )
+    except Exception as err:
+        if "database is locked" not in str(err).lower():
+            raise
+        raise StudyError(study.path, [store_locked(uri, err)]) from None
     outcome: StudyOutcome | None = None
     primary: BaseException | None = None
-    quiet, started_ray = contextlib.ExitStack(), False
-    log_path = log_file(study, locations, run_name)
-    # The first of the run's folder that this call creates: a study refused by the checks below leaves none behind.
-    created = next((p for p in reversed(log_path.parents) if not p.exists()), None)
+    quiet, started_ray, created = contextlib.ExitStack(), False, None
+    locations: StateLocations | None = None
     try:
+        target.describe()
+        run_name = launch_name(target.experiment_name, target.number)
+        previous_tags = target.previous.data.tags if target.previous is not None else None
+        locations = state_locations(study, run_name, previous_tags)
+        check_state_paths(study, locations.storage, locations.optuna_storage)
+        plan = _distributed_plan(study, locations, run_name)
+        log_path = log_file(study, locations, run_name)
+        # The first of the run's folder that this call creates: a study refused by the checks below leaves none behind.
+        created = next((p for p in reversed(log_path.parents) if not p.exists()), None)
         # Ray's, Tune's and Optuna's chatter goes to a file; the terminal shows the live view of the cells.
         log = quiet.enter_context(quiet_libraries(log_path))
         experiment_dir = f"{locations.storage}/{run_name}"
         # Before Ray starts: what the driver reads from the storage needs no cluster, and a refused resume (a killed
         # driver's unrecorded Tune state, a launch record of another store) should not cost one.
-        _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
+        restore = _check_tune_experiment(study, target, experiment_dir, resume=resume, trust_storage=trust_storage)
         with stderr_to(log):
             started_ray = _start_ray(study, address, num_cpus)
         reroute_libraries()  # ray.init dropped the handlers quiet_libraries gave Ray's loggers
         _check_cluster(study, locations, plan, address)
         commit = git_commit(study.path.parent)
-        study_run_id = _open_runs(study, target, commit, locations, experiment_dir, opened, cell_runs, resume=resume)
-        outcome = _tune(study, target, locations, plan, run_name, commit, study_run_id, cell_runs, resume, trainable)
+        target.note_commit(commit)
+        _open_runs(study, target, commit, locations, experiment_dir, resume=resume)
+        outcome = _tune(study, target, locations, plan, run_name, commit, restore, trainable)
         return outcome
     except BaseException as err:
-        primary = _full_disk_error(study, locations, target.uri, err)
+        primary = _full_disk_error(study, locations, target.uri, err) if locations is not None else None
         if primary is not None:
             raise primary from None
         primary = err
         raise
     finally:
-        steps = _closing_steps(
-            study, target, opened, cell_runs, outcome, primary, started_ray=started_ray, resume=resume
-        )
-        steps.append(quiet.close)
-        if isinstance(primary, StudyError) and not opened and created is not None:
-            # Refused before any record or trial: nothing of this call stays on disk (its log neither).
-            steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
-        _close_all(steps, primary)
+        with _stops_deferred() as stops:
+            steps = _closing_steps(target, outcome, primary, started_ray=started_ray)
+            steps.append(quiet.close)
+            if isinstance(primary, StudyError) and not target.opened and created is not None:
+                # Refused before any record or trial: nothing of this call stays on disk (its log neither).
+                steps.append(lambda: shutil.rmtree(created, ignore_errors=True))
+            _close_all(steps, primary)
+        if stops and primary is None:
+            print(
+                "sharpscale: the stop came while the study was closing: its runs were closed as they ended first.",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+@contextlib.contextmanager
+def _stops_deferred():
+    """While a study closes: the first Ctrl-C (or SIGTERM) is noted and closing goes on, so that its runs are closed
+    as what ended them says; another one interrupts only the step under way (`_close_all` runs the next ones), for a
+    step that hangs (Ray's shutdown). Yields the signals seen."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def note(signum, frame) -> None:
+        seen.append(signum)
+        if len(seen) == 1:
+            print(
+                "\nsharpscale: closing the study's runs first (stop again to skip the step under way)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        raise KeyboardInterrupt
+
+    before = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield seen
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def _check_before_recording(
@@ -655,9 +701,12 @@ def _check_before_recording(
         check_cluster_resources(study)  # the caller's Ray connection, which the study will use
     elif not address:
         check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+        if real_trials:
+            check_local_devices(study)  # cuda asked of a local cluster on a machine without it
     else:
         check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
     if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_trials_fit_the_data(study)
         check_model_kwargs(study)
 
 
@@ -687,12 +736,13 @@ def _check_cluster(study: LoadedStudy, locations: StateLocations, plan: Distribu
 
 def _check_tune_experiment(
     study: LoadedStudy, target: Launch, experiment_dir: str, *, resume: bool, trust_storage: bool
-) -> None:
+) -> bool:
     """The Tune experiment folder: on resume, the one this launch left (its launch record, its state files, unless
-    trust_storage); on a fresh launch, none there yet (identity.check_fresh_experiment_dir)."""
+    trust_storage); on a fresh launch, none there yet (identity.check_fresh_experiment_dir). Returns whether Tune
+    restores its state (False: a new Tune experiment, also for a launch stopped before its Tune experiment began)."""
     if not resume:
         identity.check_fresh_experiment_dir(study, experiment_dir, target.uri)
-        return
+        return False
     from ray import tune
 
     previous = target.previous
@@ -703,6 +753,14 @@ def _check_tune_experiment(
     )
 
     if not tune.Tuner.can_restore(experiment_dir):
+        if identity.read_launch_record(experiment_dir) is not None and not target.trial_runs():
+            # Stopped after its runs were made and before Tune wrote its state: no trial ran, none is lost.
+            print(
+                f"sharpscale: resume: launch {target.number} was stopped before its first trial began; its trials "
+                f"start now.",
+                flush=True,
+            )
+            return False
         raise StudyError(
             study.path,
             [
@@ -716,38 +774,34 @@ def _check_tune_experiment(
         print(f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked")
     elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
         print(f"sharpscale: warning: {unchecked}", flush=True)
+    _check_searcher_state(study, experiment_dir)
+    return True
+
+
+def _check_searcher_state(study: LoadedStudy, experiment_dir: str) -> None:
+    """The searcher's state Tune would hand to CellSearcher.restore (the newest searcher-state-*.pkl by name, as
+    Tune's Searcher.restore_from_dir picks it), read here first: refused inside Tune's restore, it would leave the
+    resume waiting for a second Ctrl-C instead of saying why in one line."""
+    if "://" in experiment_dir:
+        return
+    from studies.search import read_searcher_state
+
+    states = sorted(Path(experiment_dir).glob("searcher-state-*.pkl"))
+    if states:
+        read_searcher_state(str(states[-1]), {c.key for c in study.cells})
 
 
 def _open_runs(
-    study: LoadedStudy,
-    target: Launch,
-    commit: str,
-    locations: StateLocations,
-    experiment_dir: str,
-    opened: list[str],
-    cell_runs: dict[str, str],
-    *,
-    resume: bool,
-) -> str:
-    """The study run and the cell runs (parent_runs, into `opened` and `cell_runs`), then, on a fresh launch, its
-    identity into the Tune experiment folder; returns the study run's id."""
-    study_run_id = parent_runs(
-        target.client,
-        study,
-        target.experiment_id,
-        commit,
-        target.previous,
-        locations.tags(),
-        target.number,
-        opened,
-        cell_runs,
-    )
+    study: LoadedStudy, target: Launch, commit: str, locations: StateLocations, experiment_dir: str, *, resume: bool
+) -> None:
+    """The study run and the cell runs (Launch.open_runs), then, on a fresh launch, its identity into the Tune
+    experiment folder."""
+    study_run_id = target.open_runs(commit, locations.tags())
     if not resume:
         identity.write_launch_record(
             experiment_dir,
             identity.launch_record(study, target.uri, target.experiment_id, study_run_id, target.number),
         )
-    return study_run_id
 
 
 def _full_disk_error(study: LoadedStudy, locations: StateLocations, uri: str, err: BaseException) -> NoSpaceLeft | None:
@@ -759,19 +813,11 @@ def _full_disk_error(study: LoadedStudy, locations: StateLocations, uri: str, er
 
 
 def _closing_steps(
-    study: LoadedStudy,
-    target: Launch,
-    opened: list[str],
-    cell_runs: dict[str, str],
-    outcome: StudyOutcome | None,
-    primary: BaseException | None,
-    *,
-    started_ray: bool,
-    resume: bool,
+    target: Launch, outcome: StudyOutcome | None, primary: BaseException | None, *, started_ray: bool
 ) -> list:
     """What ends a call of run_study, in order, whatever ended it (each step run by _close_all even when another
-    fails): Ray stopped (when this call started it), the runs this call opened closed (records.closing_steps), or,
-    stopped before any run, the launch it claimed released."""
+    fails): Ray stopped (when this call started it), then the launch's own (Launch.closing_steps: the runs this call
+    opened closed, or, stopped before any run, the launch it claimed released; its driver claim given back)."""
     steps = []
     if started_ray:
         import ray
@@ -780,37 +826,21 @@ def _closing_steps(
         # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
         # steps below record is the last word.
         steps.append(ray.shutdown)
-    if opened:
-        objective = study.spec.objective
-        steps += closing_steps(
-            target.client,
-            target.uri,
-            target.experiment_id,
-            opened,
-            cell_runs,
-            list(study.cells),
-            column=objective.column,
-            mode=objective.mode,
-            status=_run_status(outcome, primary),
-            interrupted=interruption_reason(outcome, primary),
-            interrupted_at=outcome.interrupted_at if outcome is not None else None,
-        )
-    if primary is not None and not opened and not resume:
-        # Stopped before any run (Ray could not start, say): the launch this call claimed, and the experiment
-        # it made, hold nothing; left behind, the claim would refuse the next `run` as a concurrent one.
-        steps.append(
-            lambda: release(
-                target.client, target.experiment_id, target.experiment_name, target.number, target.new_experiment
-            )
-        )
+    steps += target.closing_steps(
+        status=_run_status(outcome, primary, resumed=target.previous is not None),
+        interrupted=interruption_reason(outcome, primary),
+        interrupted_at=outcome.interrupted_at if outcome is not None else None,
+        failed=primary is not None,
+    )
     return steps
 
 
-def _run_status(outcome: StudyOutcome | None, primary: BaseException | None) -> str:
-    """The MLflow status the runs this call opened end with."""
+def _run_status(outcome: StudyOutcome | None, primary: BaseException | None, *, resumed: bool = False) -> str:
+    """The MLflow status the runs this call opened end with. A resume that failed before its trials ended (its
+    store, its searcher's database) leaves the launch as it found it: interrupted (KILLED), still resumable."""
     if outcome is not None:
         return "KILLED" if outcome.interrupted else ("FAILED" if outcome.nothing_ran else "FINISHED")
-    return "KILLED" if isinstance(primary, KeyboardInterrupt) else "FAILED"
+    return "KILLED" if isinstance(primary, KeyboardInterrupt) or resumed else "FAILED"
 
 
 def log_file(study: LoadedStudy, locations: StateLocations, run_name: str) -> Path:
@@ -904,14 +934,13 @@ def _tune(
     plan: DistributedPlan,
     run_name: str,
     commit: str,
-    study_run_id: str,
-    cell_runs: dict[str, str],
     resume: bool,
     trainable: Any,
 ) -> StudyOutcome:
     spec = study.spec
     client, uri, experiment_id = target.client, target.uri, target.experiment_id
     exp_name, launch = target.experiment_name, target.number
+    study_run_id, cell_runs = target.study_run_id, target.cell_runs
     from analysis.geometry.names import probe_plan
 
     logged_params = trial_params(study)
@@ -1042,9 +1071,7 @@ def _tune(
     except KeyboardInterrupt as err:
         # A second Ctrl-C: Tune gives up waiting for its trials. What the first one stopped is still recorded so.
         if progress.interrupted_at is not None:
-            _close_all(
-                [lambda: close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)], err
-            )
+            _close_all([lambda: target.close_interrupted(searcher, progress.interrupted_at)], err)
         raise
     finally:
         gpu_busy = busy.stop() if busy is not None else None
@@ -1065,7 +1092,7 @@ def _tune(
         _close_all(
             [
                 lambda: searcher.fail_unfinished(interrupted=True),  # notes in NO_SPACE what it could not record
-                lambda: mark_interrupted(client, experiment_id, cell_runs, since, reason),
+                lambda: target.mark_interrupted(since, reason),
             ],
             closing,
         )
@@ -1075,13 +1102,13 @@ def _tune(
         raise err
     interrupted = progress.interrupted_at is not None
     if interrupted:
-        close_interrupted(searcher, client, experiment_id, cell_runs, progress.interrupted_at)
+        target.close_interrupted(searcher, progress.interrupted_at)
     else:
         # Every trial has ended: an Optuna trial still RUNNING will never be told (Tune stopped it at the time
         # limit, or, resumed, its Tune trial had ended before a full disk let its end be recorded).
         searcher.fail_unfinished(interrupted=False)
     if resume:
-        drop_lost_trials(client, experiment_id, {Path(r.path).name for r in results}, launch)
+        target.drop_lost_trials({Path(r.path).name for r in results})
     trials = len(results)
     wall = time.perf_counter() - t0
     refused = sum(1 for r in results if r.error is None and (r.metrics or {}).get(REFUSED_RESULT_KEY))
@@ -1093,9 +1120,9 @@ def _tune(
         )
     share = training_share([_epoch_seconds(r) for r in results], plan, wall, cluster)
     if share is not None:
-        _retry(client.log_metric, study_run_id, share[0], share[1])
+        retry_locked(client.log_metric, study_run_id, share[0], share[1])
     if gpu_busy is not None:
-        _retry(client.log_metric, study_run_id, BUSY_METRIC, gpu_busy)
+        retry_locked(client.log_metric, study_run_id, BUSY_METRIC, gpu_busy)
     print(
         f"sharpscale: {trials} trials in {wall:.0f} s ({errored} errored"
         + (f", {refused} of them refused by their settings, not retried" if refused else "")

@@ -26,6 +26,7 @@ __all__ = [
     "LOG_FILE",
     "FACTOR_PREFIX",
     "GIT_COMMIT_TAG",
+    "RESUMED_COMMIT_TAG",
     "GPUS_PER_WORKER_PARAM",
     "KIND_TAG",
     "LAUNCH_TAG",
@@ -107,6 +108,9 @@ STUDY_FILE_TAG = tag("study_file")
 # The hash of the study file and its --set overrides: finds the study run of the same study again on resume.
 STUDY_FILE_HASH_TAG = tag("study_file_hash")
 GIT_COMMIT_TAG = tag("git_commit")
+# The commit a resume ran at, where it is not the launch's own (GIT_COMMIT_TAG): on its study run and on each trial
+# run it resumed or started.
+RESUMED_COMMIT_TAG = tag("resumed_commit")
 # Where the study run keeps its state, resolved: `resume` and `status` read them back from the study run.
 STORAGE_TAG = tag("storage")
 OPTUNA_STORAGE_TAG = tag("optuna_storage")

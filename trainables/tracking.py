@@ -29,6 +29,7 @@ __all__ = [
     "dataset_input",
     "filter_value",
     "resolve_tracking_uri",
+    "retry_locked",
     "tracking_client",
     "trial_runtime_env",
 ]
@@ -206,7 +207,8 @@ def _check_server_answers(uri: str) -> None:
         ) from None
 
 
-def _retry(fn, *args, attempts: int = 8, **kwargs):
+def retry_locked(fn, *args, attempts: int = 8, **kwargs):
+    """`fn(*args, **kwargs)`, tried again (with a growing pause) while the store says it is locked."""
     # Concurrent trials share one SQLite file; a writer can find it locked for a moment.
     delay = 0.2
     for i in range(attempts):
@@ -258,7 +260,7 @@ class TrialRecorder:
         self._client = tracking_client(target.tracking_uri)
         self.target = target
         self.wants_checkpoint = wants_checkpoint
-        existing = _retry(
+        existing = retry_locked(
             self._client.search_runs,
             [target.experiment_id],
             filter_string=f"tags.`{TRIAL_KEY_TAG}` = {filter_value(trial_key)}",
@@ -266,23 +268,23 @@ class TrialRecorder:
         )
         if existing:
             self.run_id = existing[0].info.run_id
-            _retry(self._client.update_run, self.run_id, status="RUNNING")
-            self._logged = {m.step for m in _retry(self._client.get_metric_history, self.run_id, _EPOCH_KEY)}
+            retry_locked(self._client.update_run, self.run_id, status="RUNNING")
+            self._logged = {m.step for m in retry_locked(self._client.get_metric_history, self.run_id, _EPOCH_KEY)}
             return
         self._logged: set[int] = set()
         tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: trial_key, STATUS_TAG: "running", **target.tags}
         if target.parent_run_id:
             tags[PARENT_RUN_TAG] = target.parent_run_id
-        run = _retry(self._client.create_run, target.experiment_id, run_name=run_name, tags=tags)
+        run = retry_locked(self._client.create_run, target.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params_list = [Param(k, _param_value(v)) for k, v in sorted(params.items())]
         for i in range(0, len(params_list), 100):  # MLflow's batch limit for params
-            _retry(self._client.log_batch, self.run_id, params=params_list[i : i + 100])
+            retry_locked(self._client.log_batch, self.run_id, params=params_list[i : i + 100])
 
     def set_tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
-        _retry(self._client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        retry_locked(self._client.log_batch, self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int | None = None) -> None:
         """One epoch's metrics at step=epoch, once: an epoch already recorded keeps its first record.
@@ -301,7 +303,7 @@ class TrialRecorder:
             for k, v in metrics.items()
             if k != "epoch" and isinstance(v, (int, float)) and math.isfinite(float(v))
         ]
-        _retry(self._client.log_batch, self.run_id, metrics=batch)
+        retry_locked(self._client.log_batch, self.run_id, metrics=batch)
         if any(m.key == _EPOCH_KEY for m in batch):
             self._logged.add(epoch)
 
@@ -311,7 +313,7 @@ class TrialRecorder:
 
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if math.isfinite(float(v))]
-        _retry(self._client.log_batch, self.run_id, metrics=batch)
+        retry_locked(self._client.log_batch, self.run_id, metrics=batch)
 
     def log_dataset(self, data: Mapping[str, Any]) -> None:
         """The trial's training set as an MLflow dataset input (the UI's Dataset column); `data`: its data config."""
@@ -321,13 +323,13 @@ class TrialRecorder:
         name, digest, source_type, source, profile = dataset_input(data)
         dataset = Dataset(name=name, digest=digest, source_type=source_type, source=source, profile=profile)
         inputs = [DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train")])]
-        _retry(self._client.log_inputs, self.run_id, datasets=inputs)
+        retry_locked(self._client.log_inputs, self.run_id, datasets=inputs)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        _retry(self._client.log_text, self.run_id, text, artifact_file)
+        retry_locked(self._client.log_text, self.run_id, text, artifact_file)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        _retry(self._client.log_artifact, self.run_id, str(path), artifact_path)
+        retry_locked(self._client.log_artifact, self.run_id, str(path), artifact_path)
 
     def finish(self, status: str, reason: str | None = None) -> None:
         """status: 'finished', 'early_stopped', 'failed', 'diverged', 'killed' or 'interrupted'; MLflow's status follows."""
@@ -341,7 +343,7 @@ class TrialRecorder:
             "killed": "KILLED",
             "interrupted": "KILLED",
         }.get(status, "FAILED")
-        _retry(self._client.set_terminated, self.run_id, status=mlflow_status)
+        retry_locked(self._client.set_terminated, self.run_id, status=mlflow_status)
 
 
 def dataset_input(data: Mapping[str, Any]) -> tuple[str, str, str, str, str]:

@@ -23,7 +23,7 @@ import pytest
 
 from studies import identity
 from studies.cli import EXIT_USAGE, main
-from studies.records import INTERRUPTED_REASON, choose_launch, experiment, parent_runs, resume_target
+from studies.launch import INTERRUPTED_REASON, choose_launch, experiment, parent_runs, resume_target
 from studies.runner import run_study, state_locations
 from studies.search import CellSearcher
 from studies.spec import StudyError, load_study
@@ -730,7 +730,7 @@ def test_a_config_refused_on_the_node_fails_the_trial_once_with_a_record(tmp_pat
 def test_the_trial_that_met_the_full_disk_stays_failed_and_the_ones_the_stop_cut_become_interrupted(tracking_uri):
     """The trial that met the full disk ended itself (Tune: TERMINATED, never run again by `resume`): its record
     stays failed. The trials the study's stop cut short are resumed, so theirs say interrupted."""
-    from studies.records import mark_interrupted
+    from studies.launch import mark_interrupted
     from trainables.naming import KIND_TAG, PARENT_RUN_TAG, STATUS_TAG
     from trainables.tracking import NO_SPACE_REASON
 

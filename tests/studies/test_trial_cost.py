@@ -233,7 +233,7 @@ def test_each_shipped_cost_comment_is_the_dry_runs_estimate(path):
 def test_a_trial_that_validated_every_other_epoch_and_ran_to_its_end_is_closed_as_finished(tracking_uri):
     from mlflow.entities import Metric, Param
 
-    from studies.records import close_dangling
+    from studies.launch import close_dangling
     from trainables.naming import PARENT_RUN_TAG, STATUS_TAG
 
     client = MlflowClient(tracking_uri)
