@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -53,6 +54,7 @@ from analysis.sweep import PLAIN_METHOD, knob_importance, plot_parallel_coordina
 from analysis.tables import (
     _markdown,
     geometry_correlation,
+    holm,
     method_pairs,
     rho_sensitivity,
     rho_transfer,
@@ -354,6 +356,9 @@ class _Report:
     shown: tuple[str, ...]  # the knob columns the per-cell tables show: rho, where the study has it
     fractions: list  # the compared runs' distinct data fractions
     ui_url: str  # the MLflow UI the trial links start with
+    # The report's findings: every (treatment, baseline) gain table, adjusted over the whole family (_gain_family);
+    # its first entry is the study's primary contrast. Nothing outside it is printed as significant.
+    family: dict = dataclasses.field(default_factory=dict)
 
     @property
     def scales_data(self) -> bool:
@@ -428,6 +433,8 @@ def _load_trials(study, experiment, metric: str, *, tracking_uri, smoke) -> pd.D
 
 def _write_sections(r: _Report) -> None:
     """Every section the records support, in report.md's order (write_report's docstring: what each needs)."""
+    r.family = _gain_family(r)
+    _findings_section(r)
     _summary_section(r)
     _study_section(r)
     if not r.confirm.empty:
@@ -435,9 +442,9 @@ def _write_sections(r: _Report) -> None:
     best_ids = _curves_section(r)
     if r.scales_data:
         _scaling_section(r)
-    elif not r.confirm.empty and r.seed_col is not None:
+    elif r.family:
         # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
-        for level, base in _pairs(r.compared, r.method):
+        for level, base in r.family:
             _gain_section(r, level, base)
     if _measured_geometry(r.runs):
         _geometry_section(r)
@@ -590,7 +597,8 @@ def _study_section(r: _Report) -> None:
     if not importance.empty:
         shown = importance.assign(above_chance=importance["above_chance"].map({True: "yes", False: "no"}))
         md = (
-            f"Each knob's share of the variance of {metric} over the study's {int(len(ok))} finished search trials "
+            _EXPLORATORY
+            + f"Each knob's share of the variance of {metric} over the study's {int(len(ok))} finished search trials "
             "(`analysis.sweep.knob_importance`): a factor's, the variance between its levels' means (every trial); a "
             "searched knob's, what its quantile bins explain within the cells that search it (their cell means "
             "removed; `within_share`: of the within-cell variance alone). Shares are each knob alone and need not add "
@@ -746,11 +754,12 @@ def _scaling_section(r: _Report) -> None:
         w.section("Power-law fits", fits_md)
     if seed is None:  # a gain pairs seeds
         return
-    pairs = _pairs(runs, r.method)
+    pairs = list(r.family) or _pairs(runs, r.method)
     if len(fractions) >= 4:
         _laws_section(r, table, pairs)
     for level, base in pairs:
-        _gain_section(r, level, base)
+        if (level, base) in r.family:
+            _gain_section(r, level, base)
         _multiplier_section(r, fits, level, base)
 
 
@@ -778,7 +787,8 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
         return
     mult = pd.DataFrame(rows)
     mult_md = (
-        f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
+        _EXPLORATORY
+        + f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
         "power-law fits above; the interval from the same fits' seed-level jackknife (none with one seed), each "
         "row's explanation saying which and its coverage measured by simulation "
         f"(docs/science.md). Numbers from: {r.source}.\n\n"
@@ -787,33 +797,168 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
     r.w.table(f"data_multiplier_{_slug(level)}", f"Data multiplier of {level}", mult_md, mult, index=False)
 
 
-def _gain_section(r: _Report, level: str, base: str) -> None:
-    """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed (sam_gain)."""
-    w, source, metric = r.w, r.source, r.metric
-    gain = sam_gain(
-        r.compared,
-        baseline=base,
-        treatment=level,
-        arch=r.arch,
-        method=r.method,
-        fraction=_FRACTION,
-        seed=r.seed_col,
-        metric=metric,
-        mode=r.mode,
+#: The family-wise error rate of the report's findings (Holm across the whole family of _gain_family).
+FAMILY_ALPHA = 0.05
+_EXPLORATORY = (
+    "**Exploratory** (outside the report's error-controlled family, see Findings: its intervals and tests are "
+    "per comparison, unadjusted, and nothing in it is a finding). "
+)
+
+
+def _gain_family(r: _Report) -> dict[tuple[str, str], pd.DataFrame]:
+    """Every paired gain the report prints (each sharpness-aware level over its plain partner, per arch and
+    fraction), adjusted as one family: `p_holm` is Holm across all of its tests, `significant` p_holm <
+    FAMILY_ALPHA, band_low/band_high the Bonferroni-simultaneous interval over the whole family, `detectable` the
+    gain each row's pairs find with sam_gain's power at the family's strictest level. The first entry is the
+    study's primary contrast (`_primary_first`). Empty where seeds cannot pair (no seed column, or one fraction
+    without confirm runs: the search trials of a cell are not seed replicates)."""
+    from scipy.stats import t as student
+
+    if r.seed_col is None or not (r.scales_data or not r.confirm.empty):
+        return {}
+    family = {}
+    for level, base in _primary_first(_pairs(r.compared, r.method)):
+        family[(level, base)] = sam_gain(
+            r.compared,
+            baseline=base,
+            treatment=level,
+            arch=r.arch,
+            method=r.method,
+            fraction=_FRACTION,
+            seed=r.seed_col,
+            metric=r.metric,
+            mode=r.mode,
+            confidence=1.0 - FAMILY_ALPHA,
+        )
+    if not family:
+        return {}
+    p = np.concatenate([g["p_value"].to_numpy(dtype="float64") for g in family.values()])
+    adjusted = holm(p)
+    m = max(int(np.isfinite(p).sum()), 1)
+    at = 0
+    for gain in family.values():
+        k = len(gain)
+        gain["p_holm"] = adjusted[at : at + k]
+        at += k
+        gain["significant"] = pd.array(
+            [pd.NA if math.isnan(v) else bool(v < FAMILY_ALPHA) for v in gain["p_holm"]], dtype="boolean"
+        )
+        n = gain["n_pairs"].to_numpy(dtype="float64")
+        se = gain["sd"].to_numpy(dtype="float64") / np.sqrt(np.maximum(n, 1))
+        df = np.maximum(n - 1, 1)
+        q = student.ppf(1 - FAMILY_ALPHA / (2 * m), df)
+        ok = n > 1
+        gain["band_low"] = np.where(ok, gain["gain"] - q * se, np.nan)
+        gain["band_high"] = np.where(ok, gain["gain"] + q * se, np.nan)
+        power = gain.attrs.get("power", 0.8)
+        gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
+        notes = []
+        for note, sig, d in zip(gain["note"], gain["significant"], gain["detectable"]):
+            kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
+            if sig is False and math.isfinite(d):
+                kept.append(f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power")
+            notes.append("; ".join(kept))
+        gain["note"] = notes
+        gain.attrs.update(family_size=m, family_alpha=FAMILY_ALPHA)
+    return family
+
+
+def _yes(flag) -> bool:
+    """A nullable `significant` entry as a verdict: True only where a test ran and rejected."""
+    return not pd.isna(flag) and bool(flag)
+
+
+def _primary_first(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The study's primary contrast first: the sharpness-aware level paired with the plain level that changes
+    nothing else (the shortest level names, e.g. sam over vanilla before sam_aug over aug), then the rest."""
+    return sorted(pairs, key=lambda p: (len(p[0]) + len(p[1]), p))
+
+
+def _chosen_knob(r: _Report, level: str, arch, fraction) -> str:
+    """The rho the `level` cell chose at (arch, fraction), from its compared runs (one value: the confirm runs'); ''
+    where it has none or several (a search without confirm runs)."""
+    if RHO not in r.compared.columns:
+        return ""
+    part = r.compared[(r.compared[r.method].astype(str) == level) & (r.compared[r.arch].astype(str) == str(arch))]
+    if _FRACTION in part.columns and r.scales_data:
+        part = part[pd.to_numeric(part[_FRACTION], errors="coerce") == float(fraction)]
+    values = pd.to_numeric(part[RHO], errors="coerce").dropna().unique()
+    return f", rho = {values[0]:.3g}" if len(values) == 1 else ""
+
+
+def _findings_section(r: _Report) -> None:
+    """The study's answer first: the primary contrast per arch (and fraction), then what the family found."""
+    if not r.family:
+        r.w.section(
+            "Findings",
+            "No error-controlled finding: the study has no paired comparison (seed-paired runs of a "
+            "sharpness-aware level and its plain partner). Every table below is descriptive or exploratory.",
+        )
+        return
+    (level, base), gain = next(iter(r.family.items()))
+    m = gain.attrs["family_size"]
+    tables = ", ".join(f"{t} over {b}" for t, b in r.family)
+    lines = []
+    for (arch, fraction), row in gain.iterrows():
+        where = f"{arch}" + (f" at fraction {fraction}" if r.scales_data else "")
+        value = row["gain"] * r.scale
+        if not math.isfinite(value):
+            lines.append(f"- {where}: no pair")
+            continue
+        lo, hi = row["band_low"] * r.scale, row["band_high"] * r.scale
+        span = f" [{lo:+.{r.digits}f}, {hi:+.{r.digits}f}]" if math.isfinite(lo) else " (no interval)"
+        verdict = "significant" if _yes(row["significant"]) else "not significant"
+        lines.append(
+            f"- {where}: {level} - {base} = {value:+.{r.digits}f}{' points' if r.unit else ''}{span}, "
+            f"{int(row['n_pairs'])} seed pairs{_chosen_knob(r, level, arch, fraction)}: {verdict}"
+        )
+    found = [
+        f"{t} over {b}, {a}" + (f" at {f}" if r.scales_data else "")
+        for (t, b), g in r.family.items()
+        for (a, f), sig in g["significant"].items()
+        if _yes(sig)
+    ]
+    md = (
+        f"Primary contrast (the study's question): the gain of {level} over {base} in {r.metric}, paired by seed, "
+        f"per arch{' and fraction' if r.scales_data else ''}; the knob each {level} cell chose on its search trials, "
+        f"the gain measured on: {r.source}. Intervals: simultaneous {1 - FAMILY_ALPHA:.0%} (Bonferroni over the "
+        f"family).\n\n" + "\n".join(lines) + "\n\n"
+        f"The family of findings: the {m} paired-gain tests of {tables} (every arch and fraction); its "
+        f"family-wise error rate is held at {FAMILY_ALPHA:.0%} by Holm's step-down across all of them (p_holm in the "
+        "gain tables; a step-down test, so it can reject where the simultaneous interval still touches 0). "
+        + (f"Significant: {'; '.join(found)}." if found else "No test of the family is significant.")
+        + " Every other test or interval in this report (scaling-law parameters, data multipliers, rho, compute, "
+        "knob importance) is exploratory: per comparison, unadjusted, never a finding."
     )
+    r.w.section("Findings", md)
+
+
+def _gain_section(r: _Report, level: str, base: str) -> None:
+    """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed, adjusted as part of the
+    report's family (_gain_family)."""
+    w, source, metric = r.w, r.source, r.metric
+    gain = r.family[(level, base)]
     slug = _slug(level)
+    m = gain.attrs["family_size"]
     gain_md = (
         f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
-        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that fraction; p_holm: "
-        "the paired t test's p-value, Holm-adjusted across the arch's fractions (`significant` below "
-        f"{1 - gain.attrs['confidence']:.2g}); band_low/band_high: a simultaneous band over all fractions "
-        f"(Bonferroni); detectable: the gain those pairs find with {gain.attrs['power']:.0%} power at the "
-        "family's level, from their sd (what a fraction without a significant gain rules out).\n\n"
-        + _markdown(_fmt(gain))
+        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that row alone (unadjusted); "
+        f"p_holm: the paired t test's p-value, Holm-adjusted across the report's whole family of {m} gain tests "
+        f"(every method pair, arch and fraction; `significant` below {FAMILY_ALPHA:.2g}); band_low/band_high: the "
+        f"interval simultaneous over that family (Bonferroni, what the plot draws); detectable: the gain those pairs "
+        f"find with {gain.attrs['power']:.0%} power at the family's strictest level, from their sd (what a row "
+        "without a significant gain rules out).\n\n" + _markdown(_fmt(gain))
     )
     w.text(f"gain_{slug}.md", gain_md)
     w.csv(f"gain_{slug}.csv", gain)
-    w.figure(f"gain_{slug}.png", plot_gain(gain))
+    w.figure(
+        f"gain_{slug}.png",
+        plot_gain(
+            gain,
+            interval=("band_low", "band_high"),
+            interval_label=f"{1 - FAMILY_ALPHA:.0%} simultaneous over the report's {m} gain tests (Bonferroni)",
+        ),
+    )
     w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
 
 
@@ -847,7 +992,8 @@ def _rho_section(r: _Report) -> None:
     if by:
         transfer = rho_transfer(result, fraction=by[0])
         transfer_md = (
-            "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
+            _EXPLORATORY
+            + "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
             "the slope of log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the "
             "slopes of the per-fraction bootstrap draws; a slope whose interval holds 0 is no evidence of a move), "
             "and whether the intervals of all fractions overlap (then the data cannot tell a moving rho from a "
@@ -949,7 +1095,8 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
             md = (
-                f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
+                _EXPLORATORY
+                + f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
                 "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
                 "influence; each side at least Student t on seeds - 1 df); "
@@ -1027,9 +1174,10 @@ def _compute_section(r: _Report) -> None:
         ]
         paired = [p for p in paired if not p.empty]
         if paired:
-            gains = pd.concat(paired)
+            # Outside the report's family: its p-values stay, its verdicts go (nothing exploratory is 'significant').
+            gains = pd.concat(paired).drop(columns=["significant"], errors="ignore")
             md += (
-                f"\n### Paired by seed\n\nEach method against each plain level of the same arch, paired by seed: "
+                f"\n### Paired by seed\n\n{_EXPLORATORY}Each method against each plain level of the same arch, paired by seed: "
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
                 "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
                 "with 80% power, cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
