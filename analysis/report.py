@@ -731,7 +731,7 @@ def _scaling_section(r: _Report) -> None:
     table = scaling_table(
         runs, arch=r.arch, method=r.method, fraction=_FRACTION, seed=seed, metric=r.metric, mode=r.mode
     )
-    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=r.digits, scale=r.scale)
+    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=r.digits, scale=r.scale, runs=_per_seed(r))
     w.text("scaling.md", md)
     w.csv("scaling.csv", table.long(), index=False)
     fits = fit_scaling_table(table, n_boot=r.n_boot, seed=r.boot_seed) if len(fractions) >= 3 else {}
@@ -1004,6 +1004,28 @@ def _rho_section(r: _Report) -> None:
         w.section("rho transfer across data", transfer_md)
 
 
+def _per_seed(r: _Report) -> str:
+    """What one seed's value in the compared tables is: its confirm run, or the best trial of its search."""
+    return "confirm-run" if not r.confirm.empty else "best-of-search"
+
+
+def _negative_floor_note(laws: pd.DataFrame) -> pd.DataFrame:
+    """A note on each row whose fitted floor E is below 0: an error floor under zero is unphysical, so the held-in
+    fractions do not identify it (the curve has not flattened); its E and the prediction rest on the form alone."""
+    if "E" not in laws.columns:
+        return laws
+    e = pd.to_numeric(laws["E"], errors="coerce")
+    bad = e < 0
+    if "note" not in laws.columns:
+        laws["note"] = ""
+    if bad.any():
+        why = "E < 0: an error floor below zero is unphysical; these fractions do not identify it"
+        laws.loc[bad, "note"] = [
+            why if not isinstance(n, str) or not n else f"{n}; {why}" for n in laws.loc[bad, "note"]
+        ]
+    return laws
+
+
 def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     """M4's eps0 for the study's dataset (one data.name) and metric; None where unknown."""
     names = runs["data.name"].dropna().astype(str).unique() if "data.name" in runs.columns else []
@@ -1031,7 +1053,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         frames.append(frame)
     if not frames:
         return
-    laws = pd.concat(frames, ignore_index=True).set_index(["arch", "method", "form"])
+    laws = _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
     show = [
         c
         for c in (
@@ -1062,7 +1084,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
     md = (
         "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, delta scaled to the "
         "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
-        f"best-of-search trial at the fractions below {heldout:g}, which is held out and predicted. "
+        f"{_per_seed(r)} trial at the fractions below {heldout:g}, which is held out and predicted. "
         f"Numbers from: {source}. Every number of a row comes from that one held-in fit: E, beta and the "
         "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
         "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "

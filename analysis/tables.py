@@ -197,12 +197,15 @@ class ScalingTable:
                 )
         return out
 
-    def to_markdown(self, *, digits: int = 3, scale: float = 1.0) -> str:
-        """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'."""
+    def to_markdown(self, *, digits: int = 3, scale: float = 1.0, runs: str = "best-of-search") -> str:
+        """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'.
+
+        runs: what each seed's value is, in words, for the caption: 'best-of-search' (the best search trial of
+        the seed) or 'confirm-run' (one confirm run a seed, at the cell's chosen knobs)."""
         frac_name = (self.columns.get("fraction") or "fraction").removeprefix("factor.")
         caption = (
-            f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = number of "
-            "seeds); sd is left out ('–') where n = 1."
+            f"{runs[:1].upper() + runs[1:]} {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = "
+            "number of seeds); sd is left out ('–') where n = 1."
         )
         counts = self.n.to_numpy().ravel()
         thin = int(((counts > 0) & (counts < FEW_SAMPLES)).sum())

@@ -66,6 +66,15 @@ def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_
     for title in ("Data multiplier of sam", "Scaling-law difference of sam over vanilla"):
         section = report[report.index(f"## {title}") :]
         assert section.split("\n\n", 2)[1].startswith("**Exploratory**"), title
+    # Labels name the runs they summarise: one confirm run a seed, not a best-of-search value.
+    assert (
+        "Confirm-run val_acc (max) by data.fraction" in report
+        and "best-of-search" not in report.split("## Per-cell")[0]
+    )
+    assert "every seed's confirm-run trial" in report
+    laws = pd.read_csv(out / "scaling_laws.csv")
+    negative = pd.to_numeric(laws.get("E"), errors="coerce") < 0
+    assert laws.loc[negative, "note"].str.contains("E < 0").all()
     assert sim.read_claims(out)["any"] == any(
         g["significant"].astype(str).str.lower().eq("true").any() for g in gains.values()
     )
