@@ -24,6 +24,8 @@ _HOMES = {
     "measure_checkpoint": "record",
     "measure_study": "record",
     "write_report": "report",
+    "headline": "tables",
+    "accuracy_interval": "runs",
     "confirm_summary": "runs",
     "load_curves": "runs",
     "load_runs": "runs",
@@ -104,9 +106,11 @@ __all__ = [
     "plot_parallel_coordinates",
     "split_stages",
     "summarize",
+    "accuracy_interval",
     "trial_compute",
     "unconfirmed_cells",
     "write_report",
+    "headline",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ imports on demand
@@ -123,6 +127,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
     from analysis.record import checkpointed_trials, log_geometry, measure_checkpoint, measure_study
     from analysis.report import write_report
     from analysis.runs import (
+        accuracy_interval,
         confirm_summary,
         load_curves,
         load_runs,
@@ -151,6 +156,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time __getattr__ im
         ScalingTable,
         best_of_search,
         geometry_correlation,
+        headline,
         method_pairs,
         rho_sensitivity,
         sam_gain,

@@ -52,13 +52,15 @@ from analysis.scaling import (
 )
 from analysis.sweep import PLAIN_METHOD, knob_importance, plot_parallel_coordinates, study_knobs
 from analysis.tables import (
+    FAMILY_ALPHA,
     _markdown,
+    _yes,
+    gain_family,
     geometry_correlation,
-    holm,
+    headline,
     method_pairs,
     rho_sensitivity,
     rho_transfer,
-    sam_gain,
     scaling_table,
 )
 from trainables.metrics import EPOCH_TIME
@@ -505,8 +507,10 @@ def _summary_section(r: _Report) -> None:
         search if any(c.startswith("factor.") for c in r.runs.columns) else search.assign(**{"factor.study": "all"})
     )
     summary = summarize(summary_runs, metric=r.metric, mode=r.mode, show=r.shown, label=statistic_label(r.metric))
+    answer = headline(r.runs, metric=r.metric, mode=r.mode)
     summary_md = (
-        f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
+        "".join(f"{line}\n\n" for line in answer)
+        + f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
         f"{r.search_source}.\n\n" + _markdown(_fmt(summary))
     )
     r.w.table("summary", "Per-cell summary of the search", summary_md, summary)
@@ -797,8 +801,6 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
     r.w.table(f"data_multiplier_{_slug(level)}", f"Data multiplier of {level}", mult_md, mult, index=False)
 
 
-#: The family-wise error rate of the report's findings (Holm across the whole family of _gain_family).
-FAMILY_ALPHA = 0.05
 _EXPLORATORY = (
     "**Exploratory** (outside the report's error-controlled family, see Findings: its intervals and tests are "
     "per comparison, unadjusted, and nothing in it is a finding). "
@@ -806,72 +808,21 @@ _EXPLORATORY = (
 
 
 def _gain_family(r: _Report) -> dict[tuple[str, str], pd.DataFrame]:
-    """Every paired gain the report prints (each sharpness-aware level over its plain partner, per arch and
-    fraction), adjusted as one family: `p_holm` is Holm across all of its tests, `significant` p_holm <
-    FAMILY_ALPHA, band_low/band_high the Bonferroni-simultaneous interval over the whole family, `detectable` the
-    gain each row's pairs find with sam_gain's power at the family's strictest level. The first entry is the
-    study's primary contrast (`_primary_first`). Empty where seeds cannot pair (no seed column, or one fraction
-    without confirm runs: the search trials of a cell are not seed replicates)."""
-    from scipy.stats import t as student
-
+    """The report's family of findings (analysis.tables.gain_family) on the compared runs; empty where seeds cannot
+    pair (no seed column, or one fraction without confirm runs: the search trials of a cell are not replicates)."""
     if r.seed_col is None or not (r.scales_data or not r.confirm.empty):
         return {}
-    family = {}
-    for level, base in _primary_first(_pairs(r.compared, r.method)):
-        family[(level, base)] = sam_gain(
-            r.compared,
-            baseline=base,
-            treatment=level,
-            arch=r.arch,
-            method=r.method,
-            fraction=_FRACTION,
-            seed=r.seed_col,
-            metric=r.metric,
-            mode=r.mode,
-            confidence=1.0 - FAMILY_ALPHA,
-        )
-    if not family:
-        return {}
-    p = np.concatenate([g["p_value"].to_numpy(dtype="float64") for g in family.values()])
-    adjusted = holm(p)
-    m = max(int(np.isfinite(p).sum()), 1)
-    at = 0
-    for gain in family.values():
-        k = len(gain)
-        gain["p_holm"] = adjusted[at : at + k]
-        at += k
-        gain["significant"] = pd.array(
-            [pd.NA if math.isnan(v) else bool(v < FAMILY_ALPHA) for v in gain["p_holm"]], dtype="boolean"
-        )
-        n = gain["n_pairs"].to_numpy(dtype="float64")
-        se = gain["sd"].to_numpy(dtype="float64") / np.sqrt(np.maximum(n, 1))
-        df = np.maximum(n - 1, 1)
-        q = student.ppf(1 - FAMILY_ALPHA / (2 * m), df)
-        ok = n > 1
-        gain["band_low"] = np.where(ok, gain["gain"] - q * se, np.nan)
-        gain["band_high"] = np.where(ok, gain["gain"] + q * se, np.nan)
-        power = gain.attrs.get("power", 0.8)
-        gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
-        notes = []
-        for note, sig, d in zip(gain["note"], gain["significant"], gain["detectable"]):
-            kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
-            if sig is False and math.isfinite(d):
-                kept.append(f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power")
-            notes.append("; ".join(kept))
-        gain["note"] = notes
-        gain.attrs.update(family_size=m, family_alpha=FAMILY_ALPHA)
-    return family
-
-
-def _yes(flag) -> bool:
-    """A nullable `significant` entry as a verdict: True only where a test ran and rejected."""
-    return not pd.isna(flag) and bool(flag)
-
-
-def _primary_first(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The study's primary contrast first: the sharpness-aware level paired with the plain level that changes
-    nothing else (the shortest level names, e.g. sam over vanilla before sam_aug over aug), then the rest."""
-    return sorted(pairs, key=lambda p: (len(p[0]) + len(p[1]), p))
+    return gain_family(
+        r.compared,
+        _pairs(r.compared, r.method),
+        arch=r.arch,
+        method=r.method,
+        fraction=_FRACTION,
+        seed=r.seed_col,
+        metric=r.metric,
+        mode=r.mode,
+        alpha=FAMILY_ALPHA,
+    )
 
 
 def _chosen_knob(r: _Report, level: str, arch, fraction) -> str:
