@@ -378,7 +378,7 @@ def _print_cost(runs, outcome) -> None:
 def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     import pandas as pd
 
-    from analysis import load_runs, summarize
+    from analysis import headline, load_runs, summarize
     from analysis.runs import SE_COLUMN
     from trainables.tracking import resolve_tracking_uri
 
@@ -391,6 +391,8 @@ def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     if _none_finished(runs, objective.column):
         print(f"  {_no_result_line(runs)}")
     else:
+        for line in headline(runs, metric=objective.column, mode=objective.mode):  # the study's answer first
+            print(f"  {line}")
         searched = tuple(sorted({p for c in study.cells for p in c.space}))
         table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
         with pd.option_context(

@@ -78,3 +78,29 @@ def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_
     assert sim.read_claims(out)["any"] == any(
         g["significant"].astype(str).str.lower().eq("true").any() for g in gains.values()
     )
+
+
+def test_headline_answers_the_question_per_arch_before_the_best_cell(tmp_path, study_store):
+    """A quickstart-shaped study (one seed a cell, no confirm): per arch the gain with each side's exact interval
+    and the chosen rho, the best cell one line below; no '± 0.000' at an accuracy of 1."""
+    from analysis import headline, load_runs
+    from trainables.naming import CELL_TAG
+    from trainables.tracking import TrialRecorder
+
+    uri, target, _ = study_store(tmp_path, "quick")
+    acc = {("vit", "adamw"): 0.80, ("vit", "sam"): 0.85, ("resnet", "adamw"): 1.0, ("resnet", "sam"): 0.99}
+    for (arch, method), value in acc.items():
+        cell = f"arch={arch},method={method}"
+        for i, rho in enumerate((0.02, 0.2) if method == "sam" else (None,)):
+            params = {"model.name": arch, "optimizer.method": "none" if method == "adamw" else "sam", "train.seed": 0}
+            if rho is not None:
+                params["optimizer.hparams.rho"] = rho
+            rec = TrialRecorder(target, trial_key=f"{cell}-{i}", run_name=f"{cell}-{i}", params=params)
+            rec.set_tags({"factor.arch": arch, "factor.method": method, CELL_TAG: cell})
+            rec.log_epoch({"val_acc": value - 0.1 * i, "val_samples": 359}, 0)
+            rec.finish("finished")
+    lines = headline(load_runs("quick", tracking_uri=uri))
+    assert lines[0].startswith("resnet: sam - adamw = -1.00 points") and "rho = 0.02" in lines[0]
+    assert "adamw 100.00 [98.98, 100.00]" in lines[0]  # Clopper-Pearson at 359 of 359, not ± 0
+    assert lines[1].startswith("vit: sam - adamw = +5.00 points")
+    assert lines[-1].startswith("Best cell: arch=resnet,method=adamw: val_acc 100.00 95% exact [98.98, 100.00]")
