@@ -278,14 +278,16 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         )
         _bars(ax, rho, mean, sd, color)
         best = result.best.loc[key if len(key) > 1 else key[0]]
+        # A hollow star behind the curve: the best level's own point (and its bar) stays visible through it.
         ax.plot(
             [best["best_rho"]],
             [best["best_mean"]],
             marker="*",
-            markersize=14,
-            color=color,
+            markersize=16,
+            markerfacecolor="none",
             markeredgecolor="black",
             linestyle="none",
+            zorder=1,
         )
         if math.isfinite(best["rho_low"]) and math.isfinite(best["rho_high"]) and best["rho_high"] > best["rho_low"]:
             ax.axvspan(best["rho_low"], best["rho_high"], color=color, alpha=0.12)
@@ -306,8 +308,13 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
             )
     name = result.param.rsplit(".", 1)[-1]
     _floor_spans(list(panels.values()), ceiling=1.0 if "acc" in result.metric else None)
+    # One x range for every panel (all levels of the study), so that the architectures' best rho compare by eye.
+    every = result.levels["rho"].to_numpy(dtype="float64")
+    every = every[np.isfinite(every) & (every > 0)]
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
+        if len(every) and every.max() > every.min():
+            ax.set_xlim(every.min() / 1.25, every.max() * 1.25)
         ax.set_title(f"arch: {arch}")
         ax.set_xlabel(f"{name} (log scale)")
         ax.set_ylabel(result.metric)
