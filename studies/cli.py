@@ -263,7 +263,7 @@ def _incomplete(args, when: str) -> str:
 def _cmd_status(args) -> int:
     import pandas as pd
 
-    from analysis import load_runs
+    from analysis import headline, load_runs
     from analysis.runs import ACCURACY_METRICS, SE_COLUMN, accuracy_se, best_trials, split_stages
     from studies.spec import load_study
     from trainables.metrics import VALIDATION_SAMPLES
@@ -303,6 +303,8 @@ def _cmd_status(args) -> int:
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
     print(_state_line(study, uri, name))
+    for line in headline(runs, metric=spec.objective.column, mode=spec.objective.mode):  # the answer so far
+        print(line)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string())
     return 0
