@@ -30,6 +30,7 @@ __all__, __getattr__, __dir__ = exports(
             "split_stages",
             "summarize",
             "unconfirmed_cells",
+            "accuracy_interval",
         ),
         "scaling": (
             "DataMultiplier",
@@ -60,6 +61,7 @@ __all__, __getattr__, __dir__ = exports(
             "holm",
             "rho_transfer",
             "sample_note",
+            "headline",
         ),
         "sweep": ("knob_importance", "plot_parallel_coordinates"),
     },

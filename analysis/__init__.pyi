@@ -17,6 +17,7 @@ from .record import log_geometry as log_geometry
 from .record import measure_checkpoint as measure_checkpoint
 from .record import measure_study as measure_study
 from .report import write_report as write_report
+from .runs import accuracy_interval as accuracy_interval
 from .runs import confirm_summary as confirm_summary
 from .runs import load_curves as load_curves
 from .runs import load_runs as load_runs
@@ -45,6 +46,7 @@ from .tables import ScalingTable as ScalingTable
 from .tables import best_of_search as best_of_search
 from .tables import format_cell as format_cell
 from .tables import geometry_correlation as geometry_correlation
+from .tables import headline as headline
 from .tables import holm as holm
 from .tables import method_pairs as method_pairs
 from .tables import rho_sensitivity as rho_sensitivity

@@ -193,12 +193,21 @@ def plot_error_vs_n(
     return _finish(fig, path)
 
 
-def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str | None = None) -> Figure:
+def plot_gain(
+    gain: pd.DataFrame,
+    *,
+    path: str | Path | None = None,
+    title: str | None = None,
+    interval: tuple[str, str] = ("ci_low", "ci_high"),
+    interval_label: str | None = None,
+) -> Figure:
     """The gain (treatment - baseline) against training-set fraction, colour = arch; n pairs beside each point.
 
-    The interval (sam_gain's Student-t over seed pairs) is drawn only where it exists (2+ seed pairs); a single pair is an open marker.
+    interval: the two columns its bars draw (default sam_gain's per-row Student-t over seed pairs; the report draws
+    its family's simultaneous band), interval_label what they are, in the title. Drawn only where it exists (2+
+    seed pairs); a single pair is an open marker.
     """
-    missing = [c for c in ("gain", "ci_low", "ci_high") if c not in gain.columns]
+    missing = [c for c in ("gain", *interval) if c not in gain.columns]
     if missing or gain.index.nlevels != 2:
         raise ValueError(
             f"gain must be the DataFrame of sam_gain (index arch, fraction; columns gain, ci_low, ci_high); missing {missing}"
@@ -212,8 +221,8 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
         order = np.argsort(x)
         x = x[order]
         y = part["gain"].to_numpy(dtype="float64")[order]
-        lo = part["ci_low"].to_numpy(dtype="float64")[order]
-        hi = part["ci_high"].to_numpy(dtype="float64")[order]
+        lo = part[interval[0]].to_numpy(dtype="float64")[order]
+        hi = part[interval[1]].to_numpy(dtype="float64")[order]
         pairs = part["n_pairs"].to_numpy()[order] if "n_pairs" in part.columns else np.full(len(x), 2)
         color = style.color(arch)
         ax.plot(x, y, color=color, linestyle="-", linewidth=1, label=f"{arch} ({_n_text(pairs)} seed pairs)")
@@ -231,7 +240,11 @@ def plot_gain(gain: pd.DataFrame, *, path: str | Path | None = None, title: str 
     metric = gain.attrs.get("metric", "metric")
     ax.set_ylabel(f"gain in {metric} ({treat} - {base})")
     conf = gain.attrs.get("confidence")
-    what = f"{int(round(conf * 100))}% Student-t interval over seed pairs" if conf else "interval over seed pairs"
+    what = interval_label or (
+        f"{int(round(conf * 100))}% Student-t interval over seed pairs, unadjusted"
+        if conf
+        else "interval over seed pairs"
+    )
     ax.set_title(title or f"Paired gain; bars: {what} (open: one pair, no interval)", fontsize=9)
     ax.legend(fontsize=7)
     return _finish(fig, path)
@@ -265,14 +278,16 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         )
         _bars(ax, rho, mean, sd, color)
         best = result.best.loc[key if len(key) > 1 else key[0]]
+        # A hollow star behind the curve: the best level's own point (and its bar) stays visible through it.
         ax.plot(
             [best["best_rho"]],
             [best["best_mean"]],
             marker="*",
-            markersize=14,
-            color=color,
+            markersize=16,
+            markerfacecolor="none",
             markeredgecolor="black",
             linestyle="none",
+            zorder=1,
         )
         if math.isfinite(best["rho_low"]) and math.isfinite(best["rho_high"]) and best["rho_high"] > best["rho_low"]:
             ax.axvspan(best["rho_low"], best["rho_high"], color=color, alpha=0.12)
@@ -293,8 +308,13 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
             )
     name = result.param.rsplit(".", 1)[-1]
     _floor_spans(list(panels.values()), ceiling=1.0 if "acc" in result.metric else None)
+    # One x range for every panel (all levels of the study), so that the architectures' best rho compare by eye.
+    every = result.levels["rho"].to_numpy(dtype="float64")
+    every = every[np.isfinite(every) & (every > 0)]
     for arch, ax in panels.items():
         _log_axis(ax.xaxis, ax.set_xscale)
+        if len(every) and every.max() > every.min():
+            ax.set_xlim(every.min() / 1.25, every.max() * 1.25)
         ax.set_title(f"arch: {arch}")
         ax.set_xlabel(f"{name} (log scale)")
         ax.set_ylabel(result.metric)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -51,12 +52,15 @@ from analysis.scaling import (
 )
 from analysis.sweep import PLAIN_METHOD, knob_importance, plot_parallel_coordinates, study_knobs
 from analysis.tables import (
+    FAMILY_ALPHA,
     _markdown,
+    _yes,
+    gain_family,
     geometry_correlation,
+    headline,
     method_pairs,
     rho_sensitivity,
     rho_transfer,
-    sam_gain,
     scaling_table,
 )
 from trainables.metrics import EPOCH_TIME
@@ -354,6 +358,9 @@ class _Report:
     shown: tuple[str, ...]  # the knob columns the per-cell tables show: rho, where the study has it
     fractions: list  # the compared runs' distinct data fractions
     ui_url: str  # the MLflow UI the trial links start with
+    # The report's findings: every (treatment, baseline) gain table, adjusted over the whole family (_gain_family);
+    # its first entry is the study's primary contrast. Nothing outside it is printed as significant.
+    family: dict = dataclasses.field(default_factory=dict)
 
     @property
     def scales_data(self) -> bool:
@@ -428,6 +435,8 @@ def _load_trials(study, experiment, metric: str, *, tracking_uri, smoke) -> pd.D
 
 def _write_sections(r: _Report) -> None:
     """Every section the records support, in report.md's order (write_report's docstring: what each needs)."""
+    r.family = _gain_family(r)
+    _findings_section(r)
     _summary_section(r)
     _study_section(r)
     if not r.confirm.empty:
@@ -435,9 +444,9 @@ def _write_sections(r: _Report) -> None:
     best_ids = _curves_section(r)
     if r.scales_data:
         _scaling_section(r)
-    elif not r.confirm.empty and r.seed_col is not None:
+    elif r.family:
         # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
-        for level, base in _pairs(r.compared, r.method):
+        for level, base in r.family:
             _gain_section(r, level, base)
     if _measured_geometry(r.runs):
         _geometry_section(r)
@@ -498,8 +507,10 @@ def _summary_section(r: _Report) -> None:
         search if any(c.startswith("factor.") for c in r.runs.columns) else search.assign(**{"factor.study": "all"})
     )
     summary = summarize(summary_runs, metric=r.metric, mode=r.mode, show=r.shown, label=statistic_label(r.metric))
+    answer = headline(r.runs, metric=r.metric, mode=r.mode)
     summary_md = (
-        f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
+        "".join(f"{line}\n\n" for line in answer)
+        + f"Best finished search trial per cell by {statistic_label(r.metric)}, {r.mode}. Numbers from: "
         f"{r.search_source}.\n\n" + _markdown(_fmt(summary))
     )
     r.w.table("summary", "Per-cell summary of the search", summary_md, summary)
@@ -590,7 +601,8 @@ def _study_section(r: _Report) -> None:
     if not importance.empty:
         shown = importance.assign(above_chance=importance["above_chance"].map({True: "yes", False: "no"}))
         md = (
-            f"Each knob's share of the variance of {metric} over the study's {int(len(ok))} finished search trials "
+            _EXPLORATORY
+            + f"Each knob's share of the variance of {metric} over the study's {int(len(ok))} finished search trials "
             "(`analysis.sweep.knob_importance`): a factor's, the variance between its levels' means (every trial); a "
             "searched knob's, what its quantile bins explain within the cells that search it (their cell means "
             "removed; `within_share`: of the within-cell variance alone). Shares are each knob alone and need not add "
@@ -723,7 +735,7 @@ def _scaling_section(r: _Report) -> None:
     table = scaling_table(
         runs, arch=r.arch, method=r.method, fraction=_FRACTION, seed=seed, metric=r.metric, mode=r.mode
     )
-    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=r.digits, scale=r.scale)
+    md = f"Numbers from: {source}.\n\n" + table.to_markdown(digits=r.digits, scale=r.scale, runs=_per_seed(r))
     w.text("scaling.md", md)
     w.csv("scaling.csv", table.long(), index=False)
     fits = fit_scaling_table(table, n_boot=r.n_boot, seed=r.boot_seed) if len(fractions) >= 3 else {}
@@ -746,11 +758,12 @@ def _scaling_section(r: _Report) -> None:
         w.section("Power-law fits", fits_md)
     if seed is None:  # a gain pairs seeds
         return
-    pairs = _pairs(runs, r.method)
+    pairs = list(r.family) or _pairs(runs, r.method)
     if len(fractions) >= 4:
         _laws_section(r, table, pairs)
     for level, base in pairs:
-        _gain_section(r, level, base)
+        if (level, base) in r.family:
+            _gain_section(r, level, base)
         _multiplier_section(r, fits, level, base)
 
 
@@ -778,7 +791,8 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
         return
     mult = pd.DataFrame(rows)
     mult_md = (
-        f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
+        _EXPLORATORY
+        + f"How many times more data {base} needs to match {level}'s fitted error at each fraction, from the "
         "power-law fits above; the interval from the same fits' seed-level jackknife (none with one seed), each "
         "row's explanation saying which and its coverage measured by simulation "
         f"(docs/science.md). Numbers from: {r.source}.\n\n"
@@ -787,33 +801,115 @@ def _multiplier_section(r: _Report, fits: dict, level: str, base: str) -> None:
     r.w.table(f"data_multiplier_{_slug(level)}", f"Data multiplier of {level}", mult_md, mult, index=False)
 
 
-def _gain_section(r: _Report, level: str, base: str) -> None:
-    """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed (sam_gain)."""
-    w, source, metric = r.w, r.source, r.metric
-    gain = sam_gain(
+_EXPLORATORY = (
+    "**Exploratory** (outside the report's error-controlled family, see Findings: its intervals and tests are "
+    "per comparison, unadjusted, and nothing in it is a finding). "
+)
+
+
+def _gain_family(r: _Report) -> dict[tuple[str, str], pd.DataFrame]:
+    """The report's family of findings (analysis.tables.gain_family) on the compared runs; empty where seeds cannot
+    pair (no seed column, or one fraction without confirm runs: the search trials of a cell are not replicates)."""
+    if r.seed_col is None or not (r.scales_data or not r.confirm.empty):
+        return {}
+    return gain_family(
         r.compared,
-        baseline=base,
-        treatment=level,
+        _pairs(r.compared, r.method),
         arch=r.arch,
         method=r.method,
         fraction=_FRACTION,
         seed=r.seed_col,
-        metric=metric,
+        metric=r.metric,
         mode=r.mode,
+        alpha=FAMILY_ALPHA,
     )
+
+
+def _chosen_knob(r: _Report, level: str, arch, fraction) -> str:
+    """The rho the `level` cell chose at (arch, fraction), from its compared runs (one value: the confirm runs'); ''
+    where it has none or several (a search without confirm runs)."""
+    if RHO not in r.compared.columns:
+        return ""
+    part = r.compared[(r.compared[r.method].astype(str) == level) & (r.compared[r.arch].astype(str) == str(arch))]
+    if _FRACTION in part.columns and r.scales_data:
+        part = part[pd.to_numeric(part[_FRACTION], errors="coerce") == float(fraction)]
+    values = pd.to_numeric(part[RHO], errors="coerce").dropna().unique()
+    return f", rho = {values[0]:.3g}" if len(values) == 1 else ""
+
+
+def _findings_section(r: _Report) -> None:
+    """The study's answer first: the primary contrast per arch (and fraction), then what the family found."""
+    if not r.family:
+        r.w.section(
+            "Findings",
+            "No error-controlled finding: the study has no paired comparison (seed-paired runs of a "
+            "sharpness-aware level and its plain partner). Every table below is descriptive or exploratory.",
+        )
+        return
+    (level, base), gain = next(iter(r.family.items()))
+    m = gain.attrs["family_size"]
+    tables = ", ".join(f"{t} over {b}" for t, b in r.family)
+    lines = []
+    for (arch, fraction), row in gain.iterrows():
+        where = f"{arch}" + (f" at fraction {fraction}" if r.scales_data else "")
+        value = row["gain"] * r.scale
+        if not math.isfinite(value):
+            lines.append(f"- {where}: no pair")
+            continue
+        lo, hi = row["band_low"] * r.scale, row["band_high"] * r.scale
+        span = f" [{lo:+.{r.digits}f}, {hi:+.{r.digits}f}]" if math.isfinite(lo) else " (no interval)"
+        verdict = "significant" if _yes(row["significant"]) else "not significant"
+        lines.append(
+            f"- {where}: {level} - {base} = {value:+.{r.digits}f}{' points' if r.unit else ''}{span}, "
+            f"{int(row['n_pairs'])} seed pairs{_chosen_knob(r, level, arch, fraction)}: {verdict}"
+        )
+    found = [
+        f"{t} over {b}, {a}" + (f" at {f}" if r.scales_data else "")
+        for (t, b), g in r.family.items()
+        for (a, f), sig in g["significant"].items()
+        if _yes(sig)
+    ]
+    md = (
+        f"Primary contrast (the study's question): the gain of {level} over {base} in {r.metric}, paired by seed, "
+        f"per arch{' and fraction' if r.scales_data else ''}; the knob each {level} cell chose on its search trials, "
+        f"the gain measured on: {r.source}. Intervals: simultaneous {1 - FAMILY_ALPHA:.0%} (Bonferroni over the "
+        f"family).\n\n" + "\n".join(lines) + "\n\n"
+        f"The family of findings: the {m} paired-gain tests of {tables} (every arch and fraction); its "
+        f"family-wise error rate is held at {FAMILY_ALPHA:.0%} by Holm's step-down across all of them (p_holm in the "
+        "gain tables; a step-down test, so it can reject where the simultaneous interval still touches 0). "
+        + (f"Significant: {'; '.join(found)}." if found else "No test of the family is significant.")
+        + " Every other test or interval in this report (scaling-law parameters, data multipliers, rho, compute, "
+        "knob importance) is exploratory: per comparison, unadjusted, never a finding."
+    )
+    r.w.section("Findings", md)
+
+
+def _gain_section(r: _Report, level: str, base: str) -> None:
+    """The gain of a sharpness-aware `level` over its plain partner `base`, paired by seed, adjusted as part of the
+    report's family (_gain_family)."""
+    w, source, metric = r.w, r.source, r.metric
+    gain = r.family[(level, base)]
     slug = _slug(level)
+    m = gain.attrs["family_size"]
     gain_md = (
         f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
-        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that fraction; p_holm: "
-        "the paired t test's p-value, Holm-adjusted across the arch's fractions (`significant` below "
-        f"{1 - gain.attrs['confidence']:.2g}); band_low/band_high: a simultaneous band over all fractions "
-        f"(Bonferroni); detectable: the gain those pairs find with {gain.attrs['power']:.0%} power at the "
-        "family's level, from their sd (what a fraction without a significant gain rules out).\n\n"
-        + _markdown(_fmt(gain))
+        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that row alone (unadjusted); "
+        f"p_holm: the paired t test's p-value, Holm-adjusted across the report's whole family of {m} gain tests "
+        f"(every method pair, arch and fraction; `significant` below {FAMILY_ALPHA:.2g}); band_low/band_high: the "
+        f"interval simultaneous over that family (Bonferroni, what the plot draws); detectable: the gain those pairs "
+        f"find with {gain.attrs['power']:.0%} power at the family's strictest level, from their sd (what a row "
+        "without a significant gain rules out).\n\n" + _markdown(_fmt(gain))
     )
     w.text(f"gain_{slug}.md", gain_md)
     w.csv(f"gain_{slug}.csv", gain)
-    w.figure(f"gain_{slug}.png", plot_gain(gain))
+    w.figure(
+        f"gain_{slug}.png",
+        plot_gain(
+            gain,
+            interval=("band_low", "band_high"),
+            interval_label=f"{1 - FAMILY_ALPHA:.0%} simultaneous over the report's {m} gain tests (Bonferroni)",
+        ),
+    )
     w.section(f"Gain of {level} over {base}", gain_md, f"gain_{slug}.png")
 
 
@@ -847,7 +943,8 @@ def _rho_section(r: _Report) -> None:
     if by:
         transfer = rho_transfer(result, fraction=by[0])
         transfer_md = (
-            "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
+            _EXPLORATORY
+            + "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
             "the slope of log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the "
             "slopes of the per-fraction bootstrap draws; a slope whose interval holds 0 is no evidence of a move), "
             "and whether the intervals of all fractions overlap (then the data cannot tell a moving rho from a "
@@ -856,6 +953,28 @@ def _rho_section(r: _Report) -> None:
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
         w.section("rho transfer across data", transfer_md)
+
+
+def _per_seed(r: _Report) -> str:
+    """What one seed's value in the compared tables is: its confirm run, or the best trial of its search."""
+    return "confirm-run" if not r.confirm.empty else "best-of-search"
+
+
+def _negative_floor_note(laws: pd.DataFrame) -> pd.DataFrame:
+    """A note on each row whose fitted floor E is below 0: an error floor under zero is unphysical, so the held-in
+    fractions do not identify it (the curve has not flattened); its E and the prediction rest on the form alone."""
+    if "E" not in laws.columns:
+        return laws
+    e = pd.to_numeric(laws["E"], errors="coerce")
+    bad = e < 0
+    if "note" not in laws.columns:
+        laws["note"] = ""
+    if bad.any():
+        why = "E < 0: an error floor below zero is unphysical; these fractions do not identify it"
+        laws.loc[bad, "note"] = [
+            why if not isinstance(n, str) or not n else f"{n}; {why}" for n in laws.loc[bad, "note"]
+        ]
+    return laws
 
 
 def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
@@ -885,7 +1004,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         frames.append(frame)
     if not frames:
         return
-    laws = pd.concat(frames, ignore_index=True).set_index(["arch", "method", "form"])
+    laws = _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
     show = [
         c
         for c in (
@@ -916,7 +1035,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
     md = (
         "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, delta scaled to the "
         "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
-        f"best-of-search trial at the fractions below {heldout:g}, which is held out and predicted. "
+        f"{_per_seed(r)} trial at the fractions below {heldout:g}, which is held out and predicted. "
         f"Numbers from: {source}. Every number of a row comes from that one held-in fit: E, beta and the "
         "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
         "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
@@ -949,7 +1068,8 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
             md = (
-                f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
+                _EXPLORATORY
+                + f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
                 "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
                 "influence; each side at least Student t on seeds - 1 df); "
@@ -1027,9 +1147,10 @@ def _compute_section(r: _Report) -> None:
         ]
         paired = [p for p in paired if not p.empty]
         if paired:
-            gains = pd.concat(paired)
+            # Outside the report's family: its p-values stay, its verdicts go (nothing exploratory is 'significant').
+            gains = pd.concat(paired).drop(columns=["significant"], errors="ignore")
             md += (
-                f"\n### Paired by seed\n\nEach method against each plain level of the same arch, paired by seed: "
+                f"\n### Paired by seed\n\n{_EXPLORATORY}Each method against each plain level of the same arch, paired by seed: "
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
                 "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
                 "with 80% power, cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal, Sequence, Union
 
+import numpy as np
 import pandas as pd
 
 from trainables.errors import UserError
@@ -30,6 +31,9 @@ __all__ = [
     "BEST_RULE",
     "REPORT_MARKER",
     "SE_COLUMN",
+    "CI_LOW",
+    "CI_HIGH",
+    "accuracy_interval",
     "STAGE_COLUMN",
     "StudyNotFound",
     "accuracy_se",
@@ -48,6 +52,8 @@ __all__ = [
 # Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
 ACCURACY_METRICS = ("val_acc", "best_val_acc", "val_top5")
 SE_COLUMN = "± SE"
+# summarize's exact 95% interval of an accuracy on its validation samples (accuracy_interval): honest at p = 1.
+CI_LOW, CI_HIGH = "95% low", "95% high"
 
 _TRIAL_FILTER = kind_filter("trial")
 # SAM's rho as a load_runs column (the trial config's path): the knob the tables and plots show by default.
@@ -113,6 +119,22 @@ def accuracy_se(p, n):
     """The binomial standard error of an accuracy `p` measured on `n` samples, sqrt(p (1 - p) / n): how far apart
     two cells' values must be before a run tells them apart."""
     return (p * (1 - p) / n) ** 0.5
+
+
+def accuracy_interval(p, n, confidence: float = 0.95):
+    """The exact (Clopper-Pearson) `confidence` interval of an accuracy `p` measured on `n` samples: (low, high),
+    arrays like p. It never collapses at p = 1 or 0 as the plug-in SE does (359 of 359 correct: [0.990, 1]), and
+    covers at least `confidence` of the time for every true accuracy (tests/analysis/test_runs.py simulates it)."""
+    from scipy.stats import beta
+
+    p, n = np.asarray(p, dtype="float64"), np.asarray(n, dtype="float64")
+    k = np.round(p * n)
+    tail = (1.0 - confidence) / 2.0
+    with np.errstate(invalid="ignore"):
+        low = np.where(k > 0, beta.ppf(tail, k, n - k + 1), 0.0)
+        high = np.where(k < n, beta.ppf(1.0 - tail, k + 1, n - k), 1.0)
+    bad = ~(np.isfinite(p) & np.isfinite(n) & (n > 0))
+    return np.where(bad, np.nan, low), np.where(bad, np.nan, high)
 
 
 def _experiment_name(study: str | Path, *, smoke: bool = False) -> str:
@@ -376,7 +398,8 @@ def summarize(
     A study without factors is one cell (index `cell`, the empty name); with no finished trial carrying the
     metric (every trial failed, or none ran) the table is empty: a normal outcome, not an error. For an accuracy,
     when the trials logged their validation sample count, columns `SE_COLUMN` (the binomial standard error of the
-    best value, sqrt(p (1 - p) / n)) and `val n` say how precisely each value is measured.
+    best value, sqrt(p (1 - p) / n)), `CI_LOW`/`CI_HIGH` (its exact 95% interval, `accuracy_interval`: the SE is 0 at
+    p = 1, the interval is not) and `val n` say how precisely each value is measured.
     """
     if runs.empty or metric not in runs.columns:
         return pd.DataFrame()
@@ -390,7 +413,8 @@ def summarize(
         # must be before this run tells them apart (a small validation set makes it points wide).
         n = chosen[VALIDATION_SAMPLES].astype("float64").to_numpy()
         p = best[metric].to_numpy(dtype=float)
-        best = best.assign(**{SE_COLUMN: accuracy_se(p, n), "val n": n.astype("int64")})
+        low, high = accuracy_interval(p, n)
+        best = best.assign(**{SE_COLUMN: accuracy_se(p, n), CI_LOW: low, CI_HIGH: high, "val n": n.astype("int64")})
     counts = runs.groupby(factors).size().rename("trials")
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]

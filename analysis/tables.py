@@ -17,7 +17,10 @@ __all__ = [
     "FewSamplesWarning",
     "RhoSensitivity",
     "ScalingTable",
+    "FAMILY_ALPHA",
     "best_of_search",
+    "gain_family",
+    "headline",
     "format_cell",
     "holm",
     "geometry_correlation",
@@ -197,12 +200,15 @@ class ScalingTable:
                 )
         return out
 
-    def to_markdown(self, *, digits: int = 3, scale: float = 1.0) -> str:
-        """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'."""
+    def to_markdown(self, *, digits: int = 3, scale: float = 1.0, runs: str = "best-of-search") -> str:
+        """A Markdown table: one row per (arch, method), one column per fraction, cells 'mean ± sd (n)'.
+
+        runs: what each seed's value is, in words, for the caption: 'best-of-search' (the best search trial of
+        the seed) or 'confirm-run' (one confirm run a seed, at the cell's chosen knobs)."""
         frac_name = (self.columns.get("fraction") or "fraction").removeprefix("factor.")
         caption = (
-            f"Best-of-search {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = number of "
-            "seeds); sd is left out ('–') where n = 1."
+            f"{runs[:1].upper() + runs[1:]} {self.metric} ({self.mode}) by {frac_name}: mean ± sd over seeds (n = "
+            "number of seeds); sd is left out ('–') where n = 1."
         )
         counts = self.n.to_numpy().ravel()
         thin = int(((counts > 0) & (counts < FEW_SAMPLES)).sum())
@@ -520,6 +526,87 @@ def sam_gain(
         baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, power=power, chosen_on=metric
     )
     return out
+
+
+#: The family-wise error rate of a report's findings (Holm across the whole family of gain_family).
+FAMILY_ALPHA = 0.05
+
+
+def gain_family(
+    runs: pd.DataFrame,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    arch: str = "factor.arch",
+    method: str = "factor.method",
+    fraction: str = "data.fraction",
+    seed: str = "train.seed",
+    metric: str = "val_acc",
+    mode: Mode = "max",
+    alpha: float = 0.05,
+) -> dict[tuple[str, str], pd.DataFrame]:
+    """Every paired gain the report prints (each sharpness-aware level over its plain partner, per arch and
+    fraction), adjusted as one family: `p_holm` is Holm across all of its tests, `significant` p_holm <
+    `alpha`, band_low/band_high the Bonferroni-simultaneous interval over the whole family, `detectable` the
+    gain each row's pairs find with sam_gain's power at the family's strictest level. The first entry is the
+    study's primary contrast (`_primary_first`). pairs: (treatment, baseline) levels (`method_pairs`)."""
+    from scipy.stats import t as student
+
+    family = {}
+    for level, base in _primary_first(list(pairs)):
+        family[(level, base)] = sam_gain(
+            runs,
+            baseline=base,
+            treatment=level,
+            arch=arch,
+            method=method,
+            fraction=fraction,
+            seed=seed,
+            metric=metric,
+            mode=mode,
+            confidence=1.0 - alpha,
+        )
+    if not family:
+        return {}
+    p = np.concatenate([g["p_value"].to_numpy(dtype="float64") for g in family.values()])
+    adjusted = holm(p)
+    m = max(int(np.isfinite(p).sum()), 1)
+    at = 0
+    for gain in family.values():
+        k = len(gain)
+        gain["p_holm"] = adjusted[at : at + k]
+        at += k
+        gain["significant"] = pd.array(
+            [pd.NA if math.isnan(v) else bool(v < alpha) for v in gain["p_holm"]], dtype="boolean"
+        )
+        n = gain["n_pairs"].to_numpy(dtype="float64")
+        se = gain["sd"].to_numpy(dtype="float64") / np.sqrt(np.maximum(n, 1))
+        df = np.maximum(n - 1, 1)
+        q = student.ppf(1 - alpha / (2 * m), df)
+        ok = n > 1
+        gain["band_low"] = np.where(ok, gain["gain"] - q * se, np.nan)
+        gain["band_high"] = np.where(ok, gain["gain"] + q * se, np.nan)
+        power = gain.attrs.get("power", 0.8)
+        gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
+        notes = []
+        for note, sig, d in zip(gain["note"], gain["significant"], gain["detectable"]):
+            kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
+            if sig is False and math.isfinite(d):
+                kept.append(f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power")
+            notes.append("; ".join(kept))
+        gain["note"] = notes
+        gain.attrs.update(family_size=m, family_alpha=alpha)
+    return family
+
+
+def _yes(flag) -> bool:
+    """A nullable `significant` entry as a verdict: True only where a test ran and rejected."""
+    return not pd.isna(flag) and bool(flag)
+
+
+def _primary_first(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The study's primary contrast first: the sharpness-aware level paired with the plain level that changes
+    nothing else (the shortest level names, e.g. sam over vanilla before sam_aug over aug), then the rest."""
+    return sorted(pairs, key=lambda p: (len(p[0]) + len(p[1]), p))
 
 
 def _isnum(v) -> bool:
@@ -881,3 +968,103 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         row["fractions"] = int(len(part))
         rows.append(row)
     return pd.DataFrame(rows).set_index(keys)
+
+
+# ------------------------------------------------------------------------------------------------ headline
+
+
+def _interval_text(p: float, n, scale: float, digits: int) -> str:
+    """An accuracy's exact 95% interval on its validation samples, in the headline's units; '' without n."""
+    from analysis.runs import accuracy_interval
+
+    if n is None or not math.isfinite(float(n)) or not math.isfinite(p):
+        return ""
+    low, high = accuracy_interval(p, float(n))
+    return f" [{float(low) * scale:.{digits}f}, {float(high) * scale:.{digits}f}]"
+
+
+def headline(runs: pd.DataFrame, *, metric: str = "val_acc", mode: Mode = "max") -> list[str]:
+    """The study's answer in a few lines, for every place that shows it first (the report, the CLI summary):
+    per arch (and fraction), the gain of the primary contrast's sharpness-aware level over its plain partner with
+    its interval, the rho it chose and the data that chose and measured it; then the best cell, one line below,
+    with the exact interval of its accuracy. `runs`: a load_runs frame (search and confirm trials)."""
+    from analysis.runs import ACCURACY_METRICS, measured_on, split_stages
+    from trainables.metrics import VALIDATION_SAMPLES
+
+    if runs.empty or metric not in runs.columns:
+        return []
+    search, confirm = split_stages(runs)
+    compared = confirm if not confirm.empty else search
+    arch = "factor.arch" if "factor.arch" in runs.columns else "model.name"
+    method = "factor.method" if "factor.method" in runs.columns else "optimizer.method"
+    percent = metric in ACCURACY_METRICS and mode == "max"
+    scale, digits, unit = (100.0, 2, " points") if percent else (1.0, 4, "")
+    lines = []
+    pairs = (
+        method_pairs(compared, method=method)
+        if {"optimizer.method", method, arch} <= set(compared.columns) and method != "optimizer.method"
+        else []
+    )
+    fractions = sorted(
+        pd.to_numeric(compared.get("data.fraction", pd.Series(dtype=float)), errors="coerce").dropna().unique()
+    )
+    paired = "train.seed" in compared.columns and (len(fractions) >= 2 or not confirm.empty)
+    if pairs and paired:
+        family = gain_family(compared, pairs, arch=arch, method=method, metric=metric, mode=mode)
+        (level, base), gain = next(iter(family.items()))
+        for (a, f), row in gain.iterrows():
+            where = f"{a}" + (f" at fraction {f}" if len(fractions) >= 2 else "")
+            if not math.isfinite(row["gain"]):
+                lines.append(f"{where}: {level} - {base}: no seed pair")
+                continue
+            span = (
+                f" [{row['band_low'] * scale:+.{digits}f}, {row['band_high'] * scale:+.{digits}f}]"
+                if math.isfinite(row["band_low"])
+                else " (no interval: 1 seed pair)"
+            )
+            rho = _chosen(compared, method, level, arch, a, f if len(fractions) >= 2 else None)
+            lines.append(
+                f"{where}: {level} - {base} = {row['gain'] * scale:+.{digits}f}{unit}{span} over "
+                f"{int(row['n_pairs'])} seed pairs{rho}; {'significant' if _yes(row['significant']) else 'not significant'}"
+                f" (95% simultaneous over the {gain.attrs['family_size']} gain tests, Holm)"
+            )
+        lines.append(f"(knobs chosen on the search trials; gains measured on: {measured_on(compared)})")
+    elif pairs:
+        level, base = _primary_first(pairs)[0]
+        best = best_trials(_ok(compared, metric), metric=metric, mode=mode, by=[arch, method])
+        for a in sorted(best[arch].dropna().astype(str).unique()):
+            side = {str(r[method]): r for _, r in best[best[arch].astype(str) == a].iterrows()}
+            if level not in side or base not in side:
+                continue
+            t, b = side[level], side[base]
+            n_t, n_b = t.get(VALIDATION_SAMPLES), b.get(VALIDATION_SAMPLES)
+            rho = f", rho = {float(t[RHO]):.3g}" if RHO in t and pd.notna(t[RHO]) else ""
+            lines.append(
+                f"{a}: {level} - {base} = {(t[metric] - b[metric]) * scale:+.{digits}f}{unit} (no interval for the "
+                f"gain: one run a side; {level} {t[metric] * scale:.{digits}f}{_interval_text(t[metric], n_t, scale, digits)}"
+                f"{rho}, {base} {b[metric] * scale:.{digits}f}{_interval_text(b[metric], n_b, scale, digits)})"
+            )
+        lines.append(f"(each side its cell's best trial, chosen and measured on: {measured_on(compared)})")
+    pool = _ok(search if not search.empty else compared, metric).assign(_all=0)
+    top = best_trials(pool, metric=metric, mode=mode, by=["_all"])
+    if len(top):
+        t = top.iloc[0]
+        n = t.get(VALIDATION_SAMPLES) if metric in ACCURACY_METRICS else None
+        rho = f", rho = {float(t[RHO]):.3g}" if RHO in t and pd.notna(t[RHO]) and float(t[RHO]) > 0 else ""
+        lines.append(
+            f"Best cell: {t['cell']}: {metric} {t[metric] * scale:.{digits}f}"
+            f"{_interval_text(t[metric], n, scale, digits) and ' 95% exact' + _interval_text(t[metric], n, scale, digits)}"
+            f"{rho} (the best of its search: chosen and scored on the same data)"
+        )
+    return lines
+
+
+def _chosen(runs, method, level, arch, a, fraction) -> str:
+    """', rho = x' where the `level` cell's compared runs at (arch, fraction) share one rho; else ''."""
+    if RHO not in runs.columns:
+        return ""
+    part = runs[(runs[method].astype(str) == level) & (runs[arch].astype(str) == str(a))]
+    if fraction is not None:
+        part = part[pd.to_numeric(part["data.fraction"], errors="coerce") == float(fraction)]
+    values = pd.to_numeric(part[RHO], errors="coerce").dropna().unique()
+    return f", rho = {values[0]:.3g}" if len(values) == 1 else ""

@@ -264,7 +264,7 @@ def _incomplete(args, when: str) -> str:
 def _cmd_status(args) -> int:
     import pandas as pd
 
-    from analysis import load_runs
+    from analysis import headline, load_runs
     from analysis.runs import ACCURACY_METRICS, SE_COLUMN, accuracy_se, best_trials, split_stages
     from studies.spec import load_study
     from trainables.metrics import VALIDATION_SAMPLES
@@ -304,6 +304,8 @@ def _cmd_status(args) -> int:
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
     print(_state_line(study, uri, name))
+    for line in headline(runs, metric=spec.objective.column, mode=spec.objective.mode):  # the answer so far
+        print(line)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string())
     return 0
@@ -379,7 +381,7 @@ def _print_cost(runs, outcome) -> None:
 def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     import pandas as pd
 
-    from analysis import load_runs, summarize
+    from analysis import headline, load_runs, summarize
     from analysis.runs import SE_COLUMN
     from trainables.tracking import resolve_tracking_uri
 
@@ -392,6 +394,8 @@ def _print_summary(study, tracking_uri: str, outcome=None) -> None:
     if _none_finished(runs, objective.column):
         print(f"  {_no_result_line(runs)}")
     else:
+        for line in headline(runs, metric=objective.column, mode=objective.mode):  # the study's answer first
+            print(f"  {line}")
         searched = tuple(sorted({p for c in study.cells for p in c.space}))
         table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
         with pd.option_context(

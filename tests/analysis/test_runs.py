@@ -206,3 +206,27 @@ def test_a_tie_goes_to_the_first_started_whatever_the_row_order_and_a_missing_st
         }
     ).iloc[rows]
     assert best_trials(frame, metric="val_acc")["run_id"].tolist() == ["c"]
+
+
+def test_accuracy_interval_covers_at_the_boundary_where_the_plug_in_se_is_zero():
+    """Coverage by simulation: the exact interval holds the true accuracy at least 95% of the time at every p,
+    p = 1 and its neighbours included, where the plug-in p +- 1.96 SE collapses to a point."""
+    import numpy as np
+
+    from analysis import accuracy_interval
+    from analysis.runs import accuracy_se
+
+    rng = np.random.default_rng(0)
+    low, high = accuracy_interval(1.0, 359)
+    assert low >= 0.989 and high == 1.0 and accuracy_se(1.0, 359) == 0.0
+    plug_in_missed = False
+    for n in (50, 359, 5000):
+        for p in (0.5, 0.9, 0.99, 0.999, 1.0):
+            k = rng.binomial(n, p, size=4000)
+            lo, hi = accuracy_interval(k / n, n)
+            coverage = float(np.mean((lo <= p) & (p <= hi)))
+            assert coverage >= 0.95 - 3 * (0.95 * 0.05 / 4000) ** 0.5, (n, p, coverage)
+            se = accuracy_se(k / n, n)
+            plug_in = float(np.mean(np.abs(k / n - p) <= 1.96 * se))
+            plug_in_missed |= plug_in < 0.9
+    assert plug_in_missed  # the boundary the exact interval is for: the plug-in SE misses it

@@ -1,0 +1,106 @@
+"""The report's findings are one error-controlled family: a small run of benchmarks/sim_report_null.py, read back."""
+
+import importlib.util
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import write_report
+from analysis.tables import holm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sim():
+    spec = importlib.util.spec_from_file_location("sim_report_null", ROOT / "benchmarks" / "sim_report_null.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The shipped data-scaling design, cut to what a test can afford: 2 archs, 2 method pairs, 4 fractions, 3 seeds.
+DESIGN = {
+    "name": "null_scaling",
+    "factors": {
+        "data.fraction": {f: {"data.fraction": float(f)} for f in ("0.1", "0.25", "0.5", "1.0")},
+        "arch": {"resnet": {"model.name": "resnet18"}, "vit": {"model.name": "vit_small_patch16_224"}},
+        "method": {
+            "vanilla": {"optimizer.method": "none", "data.augment": "basic"},
+            "sam": {"optimizer.method": "sam", "data.augment": "basic"},
+            "aug": {"optimizer.method": "none", "data.augment": "strong"},
+            "sam_aug": {"optimizer.method": "sam", "data.augment": "strong"},
+        },
+    },
+    "trials": 2,
+    "repeats": 1,
+    "confirm": 3,
+    "searched": True,
+}
+
+
+def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_mlflow_store):
+    sim = _sim()
+    template = tmp_path / "empty.db"
+    new_mlflow_store(template)
+    uri, name = sim.write_null_launch(tmp_path, DESIGN, np.random.default_rng(3), template)
+    out = tmp_path / "report"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(name, tracking_uri=uri, out_dir=out, log_to_mlflow=False, n_boot=100)
+    gains = {p.name: pd.read_csv(p) for p in sorted(out.glob("gain_*.csv"))}
+    assert set(gains) == {"gain_sam.csv", "gain_sam_aug.csv"}
+    # Holm across every gain row of every table (16 tests), recomputed from the printed p-values, not per arch.
+    p = np.concatenate([g["p_value"].to_numpy() for g in gains.values()])
+    assert len(p) == 16
+    np.testing.assert_allclose(np.concatenate([g["p_holm"].to_numpy() for g in gains.values()]), holm(p))
+    # Nothing outside the family carries a verdict.
+    for csv in out.glob("*.csv"):
+        if not csv.name.startswith("gain_"):
+            assert "significant" not in pd.read_csv(csv).columns, csv.name
+    report = (out / "report.md").read_text()
+    findings = report.index("## Findings")
+    assert findings < report.index("## Per-cell summary")  # the answer leads
+    assert "gain of sam over vanilla" in report[findings:] and "16 paired-gain tests" in report
+    for title in ("Data multiplier of sam", "Scaling-law difference of sam over vanilla"):
+        section = report[report.index(f"## {title}") :]
+        assert section.split("\n\n", 2)[1].startswith("**Exploratory**"), title
+    # Labels name the runs they summarise: one confirm run a seed, not a best-of-search value.
+    assert (
+        "Confirm-run val_acc (max) by data.fraction" in report
+        and "best-of-search" not in report.split("## Per-cell")[0]
+    )
+    assert "every seed's confirm-run trial" in report
+    laws = pd.read_csv(out / "scaling_laws.csv")
+    negative = pd.to_numeric(laws.get("E"), errors="coerce") < 0
+    assert laws.loc[negative, "note"].str.contains("E < 0").all()
+    assert sim.read_claims(out)["any"] == any(
+        g["significant"].astype(str).str.lower().eq("true").any() for g in gains.values()
+    )
+
+
+def test_headline_answers_the_question_per_arch_before_the_best_cell(tmp_path, study_store):
+    """A quickstart-shaped study (one seed a cell, no confirm): per arch the gain with each side's exact interval
+    and the chosen rho, the best cell one line below; no '± 0.000' at an accuracy of 1."""
+    from analysis import headline, load_runs
+    from trainables.naming import CELL_TAG
+    from trainables.tracking import TrialRecorder
+
+    uri, target, _ = study_store(tmp_path, "quick")
+    acc = {("vit", "adamw"): 0.80, ("vit", "sam"): 0.85, ("resnet", "adamw"): 1.0, ("resnet", "sam"): 0.99}
+    for (arch, method), value in acc.items():
+        cell = f"arch={arch},method={method}"
+        for i, rho in enumerate((0.02, 0.2) if method == "sam" else (None,)):
+            params = {"model.name": arch, "optimizer.method": "none" if method == "adamw" else "sam", "train.seed": 0}
+            if rho is not None:
+                params["optimizer.hparams.rho"] = rho
+            rec = TrialRecorder(target, trial_key=f"{cell}-{i}", run_name=f"{cell}-{i}", params=params)
+            rec.set_tags({"factor.arch": arch, "factor.method": method, CELL_TAG: cell})
+            rec.log_epoch({"val_acc": value - 0.1 * i, "val_samples": 359}, 0)
+            rec.finish("finished")
+    lines = headline(load_runs("quick", tracking_uri=uri))
+    assert lines[0].startswith("resnet: sam - adamw = -1.00 points") and "rho = 0.02" in lines[0]
+    assert "adamw 100.00 [98.98, 100.00]" in lines[0]  # Clopper-Pearson at 359 of 359, not ± 0
+    assert lines[1].startswith("vit: sam - adamw = +5.00 points")
+    assert lines[-1].startswith("Best cell: arch=resnet,method=adamw: val_acc 100.00 95% exact [98.98, 100.00]")
