@@ -54,13 +54,13 @@ ui: $(STAMP)
 	$(BIN)/sharpscale ui
 
 bench-optim: $(STAMP)
-	$(BIN)/python benchmarks/bench_optim.py
+	$(BIN)/python -m benchmarks.bench_optim
 
 bench-geometry: $(STAMP)
-	$(BIN)/python benchmarks/bench_geometry.py
+	$(BIN)/python -m benchmarks.bench_geometry
 
 bench-startup: $(STAMP)
-	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python -m benchmarks.bench_startup
 
 clean:
 	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs studies/sharpscale_runs

@@ -6,7 +6,7 @@ in studies/; a data root that exists is passed with --set so the cifar studies v
 gives each command's median wall and CPU seconds over the rounds and the median of its per-round ratios to the floor
 (on a machine others load, the CPU seconds and the ratios move least). Targets of issue 14 on the 2-core CPU machine: --help < 1 s, validate < 3 s.
 
-  python benchmarks/bench_startup.py [--repeats 5]
+  python -m benchmarks.bench_startup [--repeats 5]
 """
 
 from __future__ import annotations

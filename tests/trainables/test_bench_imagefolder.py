@@ -20,8 +20,8 @@ def test_quick_run_prints_every_asked_path(tmp_path):
             "none", "--skip", "decode cpu", "strong", "--no-pipeline", "--sm-busy", "pixels"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_imagefolder.py"), *argv],
-        cwd=tmp_path,
+        [sys.executable, "-m", "benchmarks.bench_imagefolder", *argv],
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

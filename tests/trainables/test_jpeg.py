@@ -261,16 +261,9 @@ def test_weighted_rand_augment_draws_without_replacement_at_timms_weights():
 def _reference():
     """benchmarks/jpeg_39f8b88.py: the device augmentation as of commit 39f8b88 (op by op, a copy per op), which
     the vectorised host side must reproduce to the bit, generator reads included."""
-    import importlib.util
-    import sys
+    from benchmarks import jpeg_39f8b88
 
-    spec = importlib.util.spec_from_file_location(
-        "jpeg_39f8b88", Path(__file__).parents[2] / "benchmarks" / "jpeg_39f8b88.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return jpeg_39f8b88
 
 
 def _mixed_batch(n: int, seed: int = 0):
