@@ -53,3 +53,34 @@ def test_readme_is_a_front_page_that_links_its_reference():
     pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert pages <= linked, f"docs pages the README does not link: {sorted(pages - linked)}"
     assert all((REPO / link).is_file() for link in linked), linked
+
+
+def _benchmarks_generator():
+    spec = importlib.util.spec_from_file_location("update_benchmarks", REPO / "docs" / "update_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCH = _benchmarks_generator()
+
+
+@pytest.mark.parametrize("name", BENCH.names())
+def test_benchmarks_page_tables_are_the_results_files(name):
+    text = BENCH.PAGE.read_text()
+    assert BENCH.block(text, name) is not None, f"docs/benchmarks.md has no block for benchmarks/results/{name}.csv"
+    assert BENCH.block(text, name) == BENCH.table(name), f"docs/benchmarks.md is stale: run {BENCH.REGENERATE}"
+
+
+def test_a_rerun_supersedes_the_figure_it_measures_on_its_card():
+    rows = [
+        {"card": "A", "figure": "x", "value": "1"},
+        {"card": "A", "figure": "y", "value": "2"},
+        {"card": "B", "figure": "x", "value": "3"},
+        {"card": "A", "figure": "x", "value": "4"},
+    ]
+    assert [(r["card"], r["figure"], r["value"]) for r in BENCH.current(rows)] == [
+        ("A", "x", "4"),
+        ("A", "y", "2"),
+        ("B", "x", "3"),
+    ]
