@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+# The whole benchmark script, end to end: a minute or more on 2 cores, so not in make test-fast.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
