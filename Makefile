@@ -1,4 +1,6 @@
-# The two commands of the README: `make demo` (the quickstart study) and `make test` (lint, then the test suite).
+# The two commands of the README: `make demo` (the quickstart study) and `make test` (lint, then the test suite);
+# `make test-fast`, the loop to live in while changing code: lint, then the tests that start no Ray cluster, no
+# server and no minutes-long file (the markers tests/conftest.py sets from what each test uses).
 # Both build .venv first; it is rebuilt only when pyproject.toml or constraints.txt change.
 PYTHON ?= python3.11
 VENV   := .venv
@@ -20,7 +22,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint install ui bench-optim bench-geometry bench-startup clean
+.PHONY: demo test test-fast lint install ui bench-optim bench-geometry bench-startup clean
 
 install: $(STAMP)
 
@@ -44,17 +46,21 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# Test by test (--dist load): no file here holds a fixture costly enough to keep its tests on one worker.
+test-fast: lint
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist load -m "not ray and not server and not slow"
+
 ui: $(STAMP)
 	$(BIN)/sharpscale ui
 
 bench-optim: $(STAMP)
-	$(BIN)/python benchmarks/bench_optim.py
+	$(BIN)/python -m benchmarks.bench_optim
 
 bench-geometry: $(STAMP)
-	$(BIN)/python benchmarks/bench_geometry.py
+	$(BIN)/python -m benchmarks.bench_geometry
 
 bench-startup: $(STAMP)
-	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python -m benchmarks.bench_startup
 
 clean:
 	rm -rf $(VENV) mlflow.db mlartifacts sharpscale_runs studies/sharpscale_runs

@@ -5,8 +5,8 @@ times `trainables.fit` on ViT-S/4 @32, batch 512, for each data path and method,
 that drift hits every path alike; each figure is the median over rounds of the median epoch after the first.
 Needs only torch, timm and pydantic (no Ray, Optuna or MLflow).
 
-  python benchmarks/bench_data.py                 # the issue's table on one GPU
-  python benchmarks/bench_data.py --quick         # tiny CPU smoke of the script itself, measures nothing
+  python -m benchmarks.bench_data                 # the issue's table on one GPU
+  python -m benchmarks.bench_data --quick         # tiny CPU smoke of the script itself, measures nothing
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ from __future__ import annotations
 import argparse
 import pickle
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from trainables import fit  # noqa: E402
+from trainables import fit
 
 # (label, data overrides, target ratio to synthetic with the same method)
 PATHS = [

@@ -19,16 +19,15 @@ Medians and minima over `--repeats` rounds, old and new interleaved, after a fir
 that old and new give equal bytes). On the CPU torch gets one thread (`--threads`): this project's CPU machine is
 shared, and more threads made the times swing several-fold.
 
-  python benchmarks/bench_device_augment.py                  # CPU: 256 at 224, 256 at 32, 32 at 32
-  python benchmarks/bench_device_augment.py --device cuda    # on a GPU
-  python benchmarks/bench_device_augment.py --quick          # a smoke run, measures nothing
+  python -m benchmarks.bench_device_augment                  # CPU: 256 at 224, 256 at 32, 32 at 32
+  python -m benchmarks.bench_device_augment --device cuda    # on a GPU
+  python -m benchmarks.bench_device_augment --quick          # a smoke run, measures nothing
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import statistics
 import sys
 import time
@@ -38,22 +37,19 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from trainables.datasets import rand_augment_hparams
+from trainables.jpeg import FolderBytes, Images
 
-from trainables.datasets import rand_augment_hparams  # noqa: E402
-from trainables.jpeg import FolderBytes, Images  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 
 
 def load_reference():
     """benchmarks/jpeg_39f8b88.py as a module (the old code, verbatim)."""
-    spec = importlib.util.spec_from_file_location("jpeg_39f8b88", REPO / "benchmarks" / "jpeg_39f8b88.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import jpeg_39f8b88
+
+    return jpeg_39f8b88
 
 
 def timm_rand_augment(size: int, config: str = "rand-m9-mstd0.5", interpolation: str = "bicubic"):

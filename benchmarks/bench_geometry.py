@@ -1,7 +1,7 @@
 """Benchmark: milliseconds of one Hessian-vector product against one gradient, per hvp_mode of analysis.geometry.
 
-    python benchmarks/bench_geometry.py --device cuda           # ViT-S/16, Mixer-B/16, ResNet-50, batch 64 fp32
-    python benchmarks/bench_geometry.py --quick --device cpu    # tiny models, a smoke run of a few seconds
+    python -m benchmarks.bench_geometry --device cuda           # ViT-S/16, Mixer-B/16, ResNet-50, batch 64 fp32
+    python -m benchmarks.bench_geometry --quick --device cpu    # tiny models, a smoke run of a few seconds
 
 Needs only torch, timm and analysis.geometry. Random images and labels; the model in eval mode (as the
 metrics default). "grad" is loss forward + backward with the model as timm builds it (fused attention on,
@@ -21,7 +21,7 @@ the bulk of the density, in brackets) on the same batch, same start vector and p
 "solver only" rows time Lanczos and SLQ with a free operator (a copy): their own reorthogonalisation, tridiagonal
 eigensolves and host syncs, which the whole measurements pay on top of the products.
 
-    python benchmarks/bench_geometry.py --device cuda --models vit_small_patch16_224   # the issue's case
+    python -m benchmarks.bench_geometry --device cuda --models vit_small_patch16_224   # the issue's case
 """
 
 from __future__ import annotations

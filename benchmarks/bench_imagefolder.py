@@ -11,10 +11,10 @@ model) and its GPU kernel time a batch (torch.profiler: the SM work that compete
 adds the same paths on the folder prepared at short side S (`trainables.prepare`, timed as it is written),
 `--pixels S` on its pixel form (nothing left to decode). Needs only torch, torchvision, timm and pydantic.
 
-  python benchmarks/bench_imagefolder.py                 # the issue's table on one GPU
-  python benchmarks/bench_imagefolder.py --prepared 256  # also the folder after `sharpscale data prepare`
-  python benchmarks/bench_imagefolder.py --pixels 256    # also its pixel form (`data prepare --form pixels`)
-  python benchmarks/bench_imagefolder.py --quick         # tiny CPU smoke of the script itself, measures nothing
+  python -m benchmarks.bench_imagefolder                 # the issue's table on one GPU
+  python -m benchmarks.bench_imagefolder --prepared 256  # also the folder after `sharpscale data prepare`
+  python -m benchmarks.bench_imagefolder --pixels 256    # also its pixel form (`data prepare --form pixels`)
+  python -m benchmarks.bench_imagefolder --quick         # tiny CPU smoke of the script itself, measures nothing
 """
 
 from __future__ import annotations
@@ -23,19 +23,16 @@ import argparse
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_data import config, images_per_sec  # noqa: E402  (this script's folder: sys.path[0])
-
-from trainables import fit  # noqa: E402
+from benchmarks.bench_data import config, images_per_sec
+from trainables import fit
 
 # (label, data overrides, {method: target ratio to synthetic with the same method}); issue 21's targets
 TARGETS_BASIC, TARGETS_STRONG = {"none": 0.90, "sam": 0.95}, {"none": 0.80}

@@ -17,7 +17,7 @@ says otherwise. The server's first request after it starts loads its handlers (s
 precedes the rounds, and its time is printed apart. Prints the median seconds of each reader and their ratios to load_runs over the
 server.
 
-    python benchmarks/bench_load_runs.py [--trials 1000] [--epochs 2] [--rounds 3] [--sample 100] [--workers N]
+    python -m benchmarks.bench_load_runs [--trials 1000] [--epochs 2] [--rounds 3] [--sample 100] [--workers N]
 """
 
 from __future__ import annotations
@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient

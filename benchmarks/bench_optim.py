@@ -1,9 +1,9 @@
 """Throughput and memory of every optim method's train_step relative to a fused-AdamW step (needs only torch, timm, optim).
 
-    python benchmarks/bench_optim.py                       # H100 targets, all models, bf16 autocast
-    python benchmarks/bench_optim.py --quick               # tiny models on CPU, < 1 min smoke check
-    python benchmarks/bench_optim.py --models resnet50 --methods esam,msam,fsam --markdown out.md
-    python benchmarks/bench_optim.py --models vit_s4_b256,mixer_s4_b256,resnet18_cifar_b256 --methods none,sam \
+    python -m benchmarks.bench_optim                       # H100 targets, all models, bf16 autocast
+    python -m benchmarks.bench_optim --quick               # tiny models on CPU, < 1 min smoke check
+    python -m benchmarks.bench_optim --models resnet50 --methods esam,msam,fsam --markdown out.md
+    python -m benchmarks.bench_optim --models vit_s4_b256,mixer_s4_b256,resnet18_cifar_b256 --methods none,sam \
         --compile                                          # eager vs compiled (CUDA graphs) steps, side by side
     python benchmarks/bench_optim.py --methods sam,wsam,sam+p0.5,sam+every8,sam+norm   # issue 34's step kinds
 

@@ -1,7 +1,7 @@
 """The real thing on real GPUs: a shipped study through Ray Tune + Optuna + MLflow, and a 2-GPU Ray Train trial.
 
-  python benchmarks/bench_ray_gpu.py study        # studies/rho_sensitivity.yaml, reduced, on fake CIFAR-10, 1 GPU a trial
-  python benchmarks/bench_ray_gpu.py ddp          # one trial: 2 Ray Train workers with NCCL vs the same trial in-process
+  python -m benchmarks.bench_ray_gpu study        # studies/rho_sensitivity.yaml, reduced, on fake CIFAR-10, 1 GPU a trial
+  python -m benchmarks.bench_ray_gpu ddp          # one trial: 2 Ray Train workers with NCCL vs the same trial in-process
 
 `study` runs the shipped file through the real runner (local Ray cluster, Tune, Optuna, MLflow on SQLite) with
 only its size reduced (epochs, training fraction, trials per cell) and prints what MLflow recorded per trial,
@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import yaml  # noqa: E402
-from bench_data import write_fake_cifar10  # noqa: E402
+import yaml  # noqa: E402  (after the quiet environment above, which Ray and MLflow read at import)
+
+from benchmarks.bench_data import write_fake_cifar10  # noqa: E402
 
 
 def cmd_study(args) -> None:

@@ -4,7 +4,7 @@ Runs on CPU (this project's 2-core machines). For E1 and E2 epochs of the same c
 `fit` and `fit_distributed` with one worker, interleaved, and reports Ray's fixed start-up cost (intercept) and
 its per-epoch overhead (slope difference), both from wall-clock medians.
 
-  python benchmarks/bench_ray_overhead.py [--repeats 3] [--epochs 1 4]
+  python -m benchmarks.bench_ray_overhead [--repeats 3] [--epochs 1 4]
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 CONFIG = {

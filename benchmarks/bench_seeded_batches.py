@@ -7,8 +7,8 @@ once; in the training process (no DataLoader workers) it also saves and restores
 reading the same batches with the same draws in the training process, round after round alternately, for each host
 form, and the seeding alone as a worker pays it. Needs only torch, timm and pydantic.
 
-  python benchmarks/bench_seeded_batches.py             # the table, about a minute on one CPU core
-  python benchmarks/bench_seeded_batches.py --quick     # a smoke run of the script itself, measures nothing
+  python -m benchmarks.bench_seeded_batches             # the table, about a minute on one CPU core
+  python -m benchmarks.bench_seeded_batches --quick     # a smoke run of the script itself, measures nothing
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_data, also when this file is loaded by path
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from bench_data import write_fake_cifar10  # noqa: E402
-
-from trainables.data import SeededBatch, _seeded_draws, load_dataset  # noqa: E402
+from benchmarks.bench_data import write_fake_cifar10
+from trainables.data import SeededBatch, _seeded_draws, load_dataset
 
 # (label, load_dataset arguments; "root" is filled in)
 FORMS = [

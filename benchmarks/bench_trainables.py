@@ -2,11 +2,11 @@
 
 Needs only torch, timm and pydantic (no Ray, Optuna or MLflow). Every ratio is taken side by side in one run.
 
-  python benchmarks/bench_trainables.py single            # fit vs bare forward/backward/step, 1 GPU
-  python benchmarks/bench_trainables.py ddp --gpus 2      # SAM per-replica vs global eps on 2 GPUs vs 1 GPU
-  python benchmarks/bench_trainables.py single --quick    # tiny CPU smoke of the script itself
-  python benchmarks/bench_trainables.py geometry          # a trial's in-trial geometry against its epoch, 1 GPU
-  python benchmarks/bench_trainables.py compile           # fit eager vs compiled (CUDA graphs); compile cache reuse
+  python -m benchmarks.bench_trainables single            # fit vs bare forward/backward/step, 1 GPU
+  python -m benchmarks.bench_trainables ddp --gpus 2      # SAM per-replica vs global eps on 2 GPUs vs 1 GPU
+  python -m benchmarks.bench_trainables single --quick    # tiny CPU smoke of the script itself
+  python -m benchmarks.bench_trainables geometry          # a trial's in-trial geometry against its epoch, 1 GPU
+  python -m benchmarks.bench_trainables compile           # fit eager vs compiled (CUDA graphs); compile cache reuse
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import timm
+import torch
+import torch.nn.functional as F
 
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from trainables.config import COMPILE_MODES, TRAIN_COMPILE_MODES  # noqa: E402
+from trainables.config import COMPILE_MODES, TRAIN_COMPILE_MODES
 
 MODELS = {
     "vit_s16": ("vit_small_patch16_224", {}, 224, 128),

@@ -11,8 +11,8 @@ a fresh interpreter: the cold cost of a trial process (imports of torch, timm an
 What it does not see: Ray's actor start and Tune's checkpoint copy to storage, MLflow's records (about 0.1 s a call on
 SQLite; trainables.ray_train logs each trial's fixed_time_s with them included).
 
-  python benchmarks/bench_trial_cost.py                      # on the GPU: the three models, none and SAM
-  python benchmarks/bench_trial_cost.py --quick              # tiny model, digits-sized, on CPU: the script only
+  python -m benchmarks.bench_trial_cost                      # on the GPU: the three models, none and SAM
+  python -m benchmarks.bench_trial_cost --quick              # tiny model, digits-sized, on CPU: the script only
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-import trainables.loop as loop  # noqa: E402
+import trainables.loop as loop
 
 MODELS = {
     "ResNet-18": {"name": "resnet18", "cifar_stem": True},
@@ -116,7 +114,7 @@ def main() -> None:
     p.add_argument("--geometry", action="store_true", help="also rho_sensitivity's measures after the last epoch")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
-    from bench_data import write_fake_cifar10
+    from benchmarks.bench_data import write_fake_cifar10
 
     device = "cpu" if args.quick else "cuda"
     models = QUICK if args.quick else {k: MODELS[k] for k in args.models}

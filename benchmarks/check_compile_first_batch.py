@@ -1,7 +1,7 @@
 """The compile on the first batch a trial trains, on a GPU: no batch read for it alone, no graph compiled after it.
 
-    python benchmarks/check_compile_first_batch.py           # CUDA, train.compile reduce-overhead (CUDA graphs)
-    python benchmarks/check_compile_first_batch.py --quick   # CPU, aot_eager backend: checks the script itself
+    python -m benchmarks.check_compile_first_batch           # CUDA, train.compile reduce-overhead (CUDA graphs)
+    python -m benchmarks.check_compile_first_batch --quick   # CPU, aot_eager backend: checks the script itself
 
 `trainables.loop` compiles (and records the CUDA graphs of) a compiled trial's step on the first batch of its first
 epoch, just before that batch's step, while the loader keeps reading: a persistent DataLoader's workers, and for the
@@ -25,12 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from trainables import compiled, fit, load_checkpoint, loop  # noqa: E402
+from trainables import compiled, fit, load_checkpoint, loop
 
 RESNET = {"name": "resnet18", "cifar_stem": True, "kwargs": {"layers": [1, 1, 1, 1], "channels": [16, 32, 32, 64]}}
 VIT = {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2}}

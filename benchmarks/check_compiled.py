@@ -1,7 +1,7 @@
 """Exactness of the compiled step on a GPU: every registered method, 50 steps, compiled (CUDA graphs) against eager.
 
-    python benchmarks/check_compiled.py            # CUDA, fp32 with TF32 off; exits 1 if any case disagrees
-    python benchmarks/check_compiled.py --quick    # CPU, aot_eager backend, 5 steps: checks the script itself
+    python -m benchmarks.check_compiled            # CUDA, fp32 with TF32 off; exits 1 if any case disagrees
+    python -m benchmarks.check_compiled --quick    # CPU, aot_eager backend, 5 steps: checks the script itself
 
 Each case trains two copies of one initial model on the same 50 batches, one through ``trainables.compiled``'s
 CompiledModule (``torch.compile`` with reduce-overhead's settings: CUDA graphs), one eager, and compares the final
@@ -18,16 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import timm
+import torch
+import torch.nn.functional as F
 
-import timm  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-import optim  # noqa: E402
-from trainables import compiled  # noqa: E402
+import optim
+from trainables import compiled
 
 TOLERANCE = 1e-4  # max |compiled - eager| / max |eager| over a tensor, after 50 steps
 HPARAMS = {

@@ -10,20 +10,19 @@ paired beta difference 0, the per-fraction gain 0), how often a true law "fails"
 `sam_gain` calls some fraction significant under no difference (family-wise), and the power at the effects
 `analysis.design.detectable_effects` says the design detects with 80% power. docs/science.md has the table:
 
-  PYTHONPATH=. python benchmarks/sim_coverage.py --studies 400 [--jobs 2]
+  PYTHONPATH=. python -m benchmarks.sim_coverage --studies 400 [--jobs 2]
 
 --power-laws measures instead the power-law fits' intervals (`fit_scaling_table`, `data_multiplier`): the
 seed-level jackknife-t against the old bootstrap over points, on runs whose noise is partly a seed's offset shared
 by its fractions (`--seed-share`); docs/science.md, "Power-law fits and the data multiplier", has that table:
 
-  PYTHONPATH=. python benchmarks/sim_coverage.py --power-laws --studies 200 --seeds 3 5 --seed-share 0 0.5 --noise 0.005
+  PYTHONPATH=. python -m benchmarks.sim_coverage --power-laws --studies 200 --seeds 3 5 --seed-share 0 0.5 --noise 0.005
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import warnings
@@ -32,11 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pandas as pd
 
-if __package__ in (None, ""):  # run as a script: the repository root on the path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from analysis.design import REFERENCE_LAW, detectable_effects  # noqa: E402
-from analysis.scaling import (  # noqa: E402
+from analysis.design import REFERENCE_LAW, detectable_effects
+from analysis.scaling import (
     BOOT_DRAWS,
     FloorNotIdentifiedWarning,
     data_multiplier,
@@ -49,7 +45,7 @@ from analysis.scaling import (  # noqa: E402
     saturating_bootstrap_t,
     table_points,
 )
-from analysis.tables import sam_gain, scaling_table  # noqa: E402
+from analysis.tables import sam_gain, scaling_table
 
 
 def shipped_fractions() -> tuple[float, ...]:

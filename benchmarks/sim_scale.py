@@ -11,7 +11,7 @@ Measured: trials/minute, driver CPU and memory, MLflow requests/s and HTTP error
 Optuna latency (the searcher's calls, timed in the driver), metrics lost (reported by trials vs stored in MLflow),
 MLflow runs not FINISHED, Optuna trials not COMPLETE. docs/scale.md has the results.
 
-  python benchmarks/sim_scale.py --trials 500 --concurrency 64 --epochs 3 --epoch-s 0.5 [--json out.json]
+  python -m benchmarks.sim_scale --trials 500 --concurrency 64 --epochs 3 --epoch-s 0.5 [--json out.json]
 """
 
 from __future__ import annotations

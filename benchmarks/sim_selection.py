@@ -17,7 +17,7 @@ Claims counted per study: "significant gain": some fraction's gain is significan
 smallest fraction's gain is significant and positive and larger than the largest fraction's. Target: at most 5%
 of studies for each under the confirm design. docs/science.md has the table.
 
-  python benchmarks/sim_selection.py [--studies 400] [--seeds 5] [--json out.json]
+  python -m benchmarks.sim_selection [--studies 400] [--seeds 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -25,18 +25,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from analysis.runs import split_stages  # noqa: E402
-from analysis.tables import sam_gain  # noqa: E402
-from trainables.naming import CONFIRM_STAGE, SEARCH_STAGE  # noqa: E402
+from analysis.runs import split_stages
+from analysis.tables import sam_gain
+from trainables.naming import CONFIRM_STAGE, SEARCH_STAGE
 
 FRACTIONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 E, B, BETA = 0.03, 0.02, 0.7

@@ -8,7 +8,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import contextlib
 import copy
+import inspect
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -74,12 +76,42 @@ def _asks_for_ray(item) -> bool:
     return "ray_cluster" in item.fixturenames  # directly or through a fixture of its own
 
 
+# What a test's own code starts, read from its source: a Ray cluster (a study run in-process or by the CLI, a
+# `ray start` node, `ray.init`) or a server process (the MLflow UI or server, optuna-dashboard). The session cluster
+# is seen through the fixture (`_asks_for_ray`); a file of _LONG_FILES / _LONG_FILES_WITHOUT_RAY is `slow` whole.
+_STARTS_RAY = ("run_study(", "ray.init(", '"ray", "start"', "ray start", '.run("run"', '.start("run"', '"resume"')
+_STARTS_SERVER = ('.start("ui"', '.start("dashboard"', '.start("server"', '"server", "--', "mlflow server")
+
+
+def _source(item) -> str:
+    try:
+        return inspect.getsource(item.function)
+    except (OSError, TypeError, AttributeError):  # a test without Python source of its own
+        return ""
+
+
+def _mark_by_use(items) -> None:
+    """The markers `make test-fast` deselects on (`-m "not ray and not server and not slow"`), from what each test
+    uses; a marker a test carries already (`@pytest.mark.ray`) stays."""
+    long_files = set(_LONG_FILES + _LONG_FILES_WITHOUT_RAY)
+    for item in items:
+        source = re.sub(r"\(\s+", "(", _source(item))  # a call's arguments may start on the next line
+        if _asks_for_ray(item) or any(s in source for s in _STARTS_RAY):
+            item.add_marker(pytest.mark.ray)
+        if any(s in source for s in _STARTS_SERVER) or any(name.endswith("server") for name in item.fixturenames):
+            item.add_marker(pytest.mark.server)
+        if _file(item) in long_files:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # marked before pytest's own hook deselects by `-m`
 def pytest_collection_modifyitems(config, items):
     missing = [path for path in _LONG_FILES + _LONG_FILES_WITHOUT_RAY if not (REPO / path).is_file()]
     if missing:  # a renamed file would silently lose its place
         raise pytest.UsageError(
             f"tests/conftest.py: _LONG_FILES / _LONG_FILES_WITHOUT_RAY name files that do not exist: {missing}"
         )
+    _mark_by_use(items)
     on_ray = {_file(item) for item in items if _asks_for_ray(item)}
     first = {path: i for i, path in enumerate(_LONG_FILES)}
     later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}

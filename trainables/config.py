@@ -140,7 +140,11 @@ class DataConfig(_Strict):
         None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once."
     )
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
-    augment: Literal["none", "basic", "strong"] = "basic"
+    augment: Literal["none", "basic", "strong"] = Field(
+        "basic",
+        description="Training augmentation: none; basic (random crop and horizontal flip); strong (basic, RandAugment "
+        "and mixup).",
+    )
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")
     fraction_seed: int = Field(0, ge=0, description="Seed of the subset; smaller fractions nest in larger ones.")
     batch_size: int = Field(64, ge=1, description="Global batch size (split evenly over data-parallel workers).")
@@ -150,7 +154,7 @@ class DataConfig(_Strict):
         description="Micro-batches each worker's share of the batch is split into: every pass of a step runs over them "
         "in turn and their gradients add up to the whole share's (one perturbation per accumulated gradient).",
     )
-    eval_batch_size: int = Field(512, ge=1)
+    eval_batch_size: int = Field(512, ge=1, description="Batch size of validation (no gradients are kept).")
     eval_split: Literal["all", "selection", "test"] = Field(
         "all",
         description="Which part of the validation set the trial is scored on: all of it; or one of its two fixed, "
@@ -292,11 +296,11 @@ class OptimizerConfig(_Strict):
     """The base optimizer and the sharpness-aware method wrapped around it."""
 
     method: str = Field("none", description="Registry name in optim.METHODS (none, sam, asam, gsam, ...).")
-    base: Literal["adamw", "sgd"] = "adamw"
+    base: Literal["adamw", "sgd"] = Field("adamw", description="The base optimizer the method wraps.")
     lr: float = Field(1e-3, gt=0.0, description="Peak learning rate of the base optimizer.")
     weight_decay: float = Field(0.05, ge=0.0, description="Decoupled for AdamW; never on 1-D tensors.")
     momentum: float = Field(0.9, ge=0.0, lt=1.0, description="SGD momentum.")
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's moment decay rates (beta1, beta2).")
     hparams: dict[str, float | int | bool] = Field(
         default_factory=dict,
         description="The method's own knobs (rho, alpha, k, lam, ...); unset ones keep optim's defaults.",
@@ -403,11 +407,15 @@ def _check_hparam_values(cfg: "OptimizerConfig") -> None:
 class ScheduleConfig(_Strict):
     """Epochs and the learning-rate schedule (timm's schedulers, stepped every update)."""
 
-    epochs: int = Field(10, ge=1)
-    sched: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_epochs: int = Field(0, ge=0)
-    warmup_lr: float = Field(1e-6, ge=0.0)
-    min_lr: float = Field(0.0, ge=0.0)
+    epochs: int = Field(10, ge=1, description="Epochs the trial trains (the schedule's length).")
+    sched: Literal["cosine", "linear", "constant"] = Field(
+        "cosine",
+        description="Per-step decay to min_lr after the warm-up, cosine or linear; constant: optimizer.lr throughout, "
+        "no warm-up.",
+    )
+    warmup_epochs: int = Field(0, ge=0, description="Epochs of linear warm-up from warmup_lr to optimizer.lr.")
+    warmup_lr: float = Field(1e-6, ge=0.0, description="Learning rate the warm-up starts from.")
+    min_lr: float = Field(0.0, ge=0.0, description="Learning rate the decay ends at (cosine and linear).")
 
     @model_validator(mode="after")
     def _warmup_fits(self) -> "ScheduleConfig":
@@ -422,13 +430,13 @@ class ScheduleConfig(_Strict):
 class TrainConfig(_Strict):
     """How the loop runs: seed, device, precision, loss options, checkpoints."""
 
-    seed: int = Field(0, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = Field(0, ge=0, description="Seeds the weights' initialisation, batch order, dropout and augmentation.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible, else CPU.")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA, fp32 on CPU."
     )
     channels_last: bool | None = Field(None, description="None: on for CUDA, off for CPU.")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="Label smoothing of the cross-entropy loss.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads per process; None leaves torch's choice.")
     checkpoint_every: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         1,

@@ -8,8 +8,6 @@ or one that grows as data shrinks, in few studies. docs/science.md has the full 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("sim_selection", REPO / "benchmarks" / "sim_selection.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sim_selection", module)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import sim_selection
+
+    return sim_selection
 
 
 sim = _load()

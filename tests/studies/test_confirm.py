@@ -260,15 +260,8 @@ def test_a_study_with_a_confirm_stage_end_to_end(ray_cluster, tmp_path, tracking
 
 
 def _frames():
-    import importlib.util
-    import sys
+    from benchmarks import sim_selection as sim
 
-    spec = importlib.util.spec_from_file_location(
-        "sim_selection", Path(__file__).resolve().parents[2] / "benchmarks" / "sim_selection.py"
-    )
-    sim = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sim_selection", sim)
-    spec.loader.exec_module(sim)
     return sim.simulate_runs("confirm", np.random.default_rng(0), seeds=3)
 
 

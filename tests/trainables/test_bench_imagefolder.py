@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
+
+# The whole benchmark script, end to end: a minute or more on 2 cores, so not in make test-fast.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,8 +24,8 @@ def test_quick_run_prints_every_asked_path(tmp_path):
             "none", "--skip", "decode cpu", "strong", "--no-pipeline", "--sm-busy", "pixels"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_imagefolder.py"), *argv],
-        cwd=tmp_path,
+        [sys.executable, "-m", "benchmarks.bench_imagefolder", *argv],
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+# The whole benchmark script, end to end: a minute or more on 2 cores, so not in make test-fast.
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_optim", REPO / "benchmarks" / "bench_optim.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_optim", module)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import bench_optim
+
+    return bench_optim
 
 
 def test_profile_prints_each_variant_and_the_compiled_parts(capsys, monkeypatch):

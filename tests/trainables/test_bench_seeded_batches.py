@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_quick_run_prints_a_row_for_each_form(capsys):
-    spec = importlib.util.spec_from_file_location(
-        "bench_seeded_batches", REPO / "benchmarks" / "bench_seeded_batches.py"
-    )
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, bench)
-    spec.loader.exec_module(bench)
+    from benchmarks import bench_seeded_batches as bench
+
     assert bench.main(["--quick"]) == 0
     out = capsys.readouterr().out
     rows = [ln.split(" | ") for ln in out.splitlines() if ln.startswith("| ") and not ln.startswith("| form")]

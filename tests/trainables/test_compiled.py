@@ -573,9 +573,9 @@ def test_the_compile_modes_have_one_list_and_the_benchmark_accepts_each():
     assert compiled.COMPILE_MODES is COMPILE_MODES and set(TRAIN_COMPILE_MODES) < set(COMPILE_MODES)
     for mode in ("auto", "off", *TRAIN_COMPILE_MODES):
         assert TrialConfig.load({"train": {"compile": mode}}).train.compile == mode
-    root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "bench_trainables.py"), "compile", "--modes", *COMPILE_MODES, "-h"],
+        [sys.executable, "-m", "benchmarks.bench_trainables", "compile", "--modes", *COMPILE_MODES, "-h"],
+        cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
         timeout=300,
