@@ -926,9 +926,6 @@ def _tune(
             "probe": PROBE_FACTORY,  # imported by the trial only when its geometry section names measures
             "plan": asdict(plan),
             "log_checkpoint": spec.tracking.log_checkpoint,
-            # Compiled steps of one architecture are compiled once per study storage (a path; a URI storage
-            # leaves each node its own per-host cache), whichever trial and node comes first.
-            "compile_cache": None if "://" in locations.storage else f"{locations.storage}/compile_cache",
             "cell": cell.key,
             "trial": apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0]),
             "sample": sample,

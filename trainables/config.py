@@ -420,8 +420,9 @@ class TrainConfig(_Strict):
     compile_cache: str | None = Field(
         None,
         description="Directory of torch's compile cache (Inductor's FX graph and kernel caches), shared by the "
-        "trials that name it; None: what the trial's driver sets (a study: <storage>/compile_cache), else torch's "
-        "per-host default.",
+        "trials that name it; it holds code the trials run, so it must be the trial user's own, mode 700, under "
+        "folders no other user can write (else the trial is refused). None: <tempdir>/sharpscale-compile-<uid> on "
+        "each node's own disk (trainables.compiled.use_cache_dir).",
     )
 
     def evaluates(self, epoch: int, epochs: int) -> bool:
