@@ -219,8 +219,8 @@ def _execute(
     checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that names
     the geometry probe's factory (`load_probe`; its "compile_cache" key, which launches before issue 36 wrote, is
     never read: the cache is node-local, trainables.compiled.use_cache_dir); started: `time.perf_counter()` when
-    the trial function began, from which its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now), FIXED_TIME's parts beside it
-    (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start, record_open).
+    the trial function began, from which its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now),
+    FIXED_TIME's parts beside it (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start, record_open).
     """
     timings = {} if timings is None else timings
     t_imports = time.perf_counter()
