@@ -505,6 +505,12 @@ def _cmd_ui(args) -> int:
         str(args.port),
         "--workers",
         str(args.workers),
+        # MLflow's own host patterns admit any name that begins like a private address (10.evil.example):
+        # the checks of `sharpscale server` instead (studies.server.allowed_hosts).
+        "--allowed-hosts",
+        ",".join(server_cli.allowed_hosts(args.allowed_host, bound=args.host)),
+        "--cors-allowed-origins",
+        ",".join(server_cli.allowed_origins(args.port, args.allowed_host)),
         # One line per request (hundreds a page view) is not the user's business, in the terminal or the log.
         "--uvicorn-opts",
         "--no-access-log",
@@ -577,7 +583,8 @@ def _cmd_dashboard(args) -> int:
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
     storage = state_locations(study, name, run.data.tags).optuna_storage
-    hosts = server_cli.allowed_hosts(args.allowed_host)  # the checks `sharpscale server` makes, --allowed-host too
+    # The hosts `sharpscale server` admits, --allowed-host too, matched as addresses and exact names.
+    hosts = server_cli.allowed_host_entries(args.allowed_host, bound=args.host)
     app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
     url = f"http://{args.host}:{args.port}"
     server_cli.warn_if_exposed("optuna-dashboard", args.host, args.port, "every trial", writes=args.allow_writes)
@@ -922,8 +929,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="a Host header to accept besides loopback, private addresses and this machine's names (repeatable); "
-        "others get 403",
+        help="a host name or address to accept in Host headers besides loopback and this machine's names and "
+        "addresses (repeatable; 'NAME:PORT' that port only, '*.DOMAIN' a domain's names); others get 403",
     )
     dash.add_argument(
         "--allow-writes",
@@ -961,6 +968,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="server processes (default 1: one person browsing is served by one; MLflow's own default, 4, starts "
         "four, each importing all of MLflow)",
+    )
+    ui.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name or address to accept in Host headers besides loopback and this machine's names and "
+        "addresses (repeatable; 'NAME:PORT' that port only, '*.DOMAIN' a domain's names); others get 403",
     )
     ui.set_defaults(func=_cmd_ui)
     return p

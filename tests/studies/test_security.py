@@ -160,3 +160,177 @@ def test_a_compile_cache_another_user_could_write_is_refused(case, rule, node_tm
         use_cache_dir(path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "unset-by-the-test"
     assert "Fix:" in str(err.value)
+
+
+# --- 2. DNS rebinding: names that begin like private addresses ---------------------------------------------------
+
+# Names an attacker may register and rebind to 127.0.0.1; MLflow's default patterns (10.*, 192.168.*, 172.16.*-
+# 172.31.*, fc00:*, fd00:*) admitted each of them by its text.
+REBINDING = [
+    "10.evil.example",
+    "192.168.evil.example",
+    "172.16.evil.example",
+    "172.31.1.evil.example",
+    "10.0.0.1.nip.io",
+]
+
+
+def _rebinding(port: int) -> list[str]:
+    return [*REBINDING, *(f"{name}:{port}" for name in REBINDING), "evil.example", f"localhost.evil.example:{port}"]
+
+
+def _status(port: int, host: str, method: str = "GET", path: str = "/", origin: str | None = None) -> int:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # loopback; the Host header says the rest
+    try:
+        headers = {"Host": host, **({"Origin": origin} if origin else {})}
+        if method != "GET":
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=b"{}" if method != "GET" else None, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_host_rule_parses_addresses_and_names_exactly():
+    from studies.server import allowed_host_entries, host_allowed
+
+    entries = allowed_host_entries(["10.0.0.5", "head-svc:8443", "*.svc.cluster.local", "fd00::7"])
+    for host in ["localhost", "localhost:5000", "127.0.0.1:5000", "[::1]:5000", "[0:0::1]", "10.0.0.5:80"]:
+        assert host_allowed(entries, host), host
+    for host in ["head-svc:8443", "a.svc.cluster.local:5000", "[fd00::7]:5000", "LOCALHOST"]:
+        assert host_allowed(entries, host), host
+    refused = [*_rebinding(5000), "10.0.0.6", "10.0.0.5.evil.example", "head-svc", "head-svc:80", "svc.cluster.local"]
+    refused += ["[fd00::8]", "127.0.0.1.evil.example", "2130706433", "", "local host", "localhost:80:80", "[::1"]
+    for host in refused:
+        assert not host_allowed(entries, host), host
+
+
+@pytest.mark.parametrize(
+    "origin, host, ok",
+    [
+        (None, "localhost:8080", True),  # no browser's request: no page made it
+        ("http://localhost:8080", "localhost:8080", True),
+        ("http://127.0.0.1:8080", "127.0.0.1:8080", True),
+        ("http://evil.example", "localhost:8080", False),
+        ("http://localhost:3000", "localhost:8080", False),  # another local server's page
+        ("null", "localhost:8080", False),
+        ("http://10.evil.example:8080", "localhost:8080", False),
+    ],
+)
+def test_a_write_is_accepted_only_from_the_servers_own_pages(origin, host, ok):
+    from studies.server import origin_allowed
+
+    assert origin_allowed(origin, host) is ok
+
+
+@pytest.mark.parametrize("entry", ["10.*", "192.168.*", "172.16.*", "fd00:*", "*.com", "*", "head*", "1?.0.0.1"])
+def test_an_allowed_host_pattern_that_admits_by_prefix_is_refused(entry):
+    from studies.server import ServerOptionError, allowed_host_entries
+
+    with pytest.raises(ServerOptionError, match="Fix:"):
+        allowed_host_entries([entry])
+
+
+def _recorded_study(where: Path, uri: str) -> tuple[Path, str]:
+    """The quickstart study as `sharpscale run` leaves it before any trial (its study run, Optuna storage and
+    one cell's Optuna study); returns (study file, Optuna storage)."""
+    import optuna
+
+    from studies import identity
+    from studies.records import choose_launch, experiment, parent_runs
+    from studies.runner import state_locations
+    from studies.spec import load_study
+    from trainables.naming import launch_name
+    from trainables.tracking import tracking_client
+
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "study.yaml"
+    path.write_text((REPO / "studies" / "quickstart.yaml").read_text())
+    study = load_study(path, require_data=False)
+    client = tracking_client(uri)
+    exp_id = experiment(client, study.experiment_name, where / "mlartifacts", uri)
+    launch = choose_launch(client, exp_id, study, study.experiment_name, uri, new_launch=False)
+    run_name = launch_name(study.experiment_name, launch)
+    locations = state_locations(study, run_name)
+    opened: list[str] = []
+    run_id = parent_runs(client, study, exp_id, "abc", None, locations.tags(), launch, opened, {})
+    identity.write_launch_record(
+        f"{locations.storage}/{run_name}", identity.launch_record(study, uri, exp_id, run_id, launch)
+    )
+    for rid in opened:
+        client.set_terminated(rid, status="KILLED")
+    storage = locations.optuna_storage
+    Path(storage[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    optuna.create_study(storage=storage, study_name="quickstart:sam")
+    return path, storage
+
+
+def _answering(port: int, host: str) -> int | None:
+    try:
+        return _status(port, host)
+    except OSError:
+        return None
+
+
+@pytest.mark.timeout(300)
+def test_dashboard_refuses_rebinding_names_and_writes_from_other_origins(tmp_path, tracking_uri, cli_process):
+    import optuna
+
+    from studies.server import free_port
+
+    path, storage = _recorded_study(tmp_path / "study", tracking_uri)
+    port = free_port()
+    proc = cli_process.start(
+        "dashboard", path, "--tracking-uri", tracking_uri, "--port", port, "--allow-writes", cwd=tmp_path
+    )
+    own = f"127.0.0.1:{port}"
+    cli_process.wait_for(proc, lambda: _answering(port, own), timeout=240, what="the dashboard answering")
+    assert _status(port, own, path="/api/studies") == 200
+    got = {host: _status(port, host, path="/api/studies") for host in _rebinding(port)}
+    assert got == dict.fromkeys(got, 403), got
+    for host in _rebinding(port):  # DELETE through a rebound name: refused, whatever its Origin
+        assert _status(port, host, "DELETE", "/api/studies/1", origin=f"http://{host}") == 403
+    # Addressed to this machine, but sent by another site's page (or a sandboxed one): no change either.
+    for origin in ["http://evil.example", "http://10.evil.example", f"http://localhost:{port + 1}", "null"]:
+        assert _status(port, own, "DELETE", "/api/studies/1", origin=origin) == 403, origin
+    assert optuna.get_all_study_names(storage) == ["quickstart:sam"]
+    # The dashboard's own page may (the write goes through, as --allow-writes says).
+    assert _status(port, own, "DELETE", "/api/studies/1", origin=f"http://{own}") in (200, 204)
+    assert optuna.get_all_study_names(storage) == []
+
+
+@pytest.mark.timeout(240)
+def test_ui_refuses_rebinding_names(tmp_path, tracking_uri, cli_process):
+    from studies.server import free_port
+
+    port = free_port()
+    proc = cli_process.start("ui", "--tracking-uri", tracking_uri, "--port", port)
+    own = f"127.0.0.1:{port}"
+    cli_process.wait_for(proc, lambda: _answering(port, own), timeout=180, what="the UI answering", every=1)
+    api = "/api/2.0/mlflow/experiments/search?max_results=1"
+    assert _status(port, own, path=api) == 200
+    assert _status(port, f"localhost:{port}", path=api) == 200
+    got = {host: _status(port, host, path=api) for host in _rebinding(port)}
+    assert got == dict.fromkeys(got, 403), got
+
+
+@pytest.mark.timeout(240)
+def test_server_refuses_rebinding_names(tmp_path, tracking_uri):
+    from studies.server import start_server
+
+    with start_server(
+        backend_store_uri=tracking_uri,
+        artifacts_destination=str(tmp_path / "art"),
+        log_path=tmp_path / "server.log",
+        timeout_s=180,
+        workers=1,
+    ) as (_, url):
+        port = int(url.rsplit(":", 1)[1])
+        api = "/api/2.0/mlflow/experiments/search?max_results=1"
+        assert _status(port, f"127.0.0.1:{port}", path=api) == 200
+        got = {host: _status(port, host, path=api) for host in _rebinding(port)}
+        assert got == dict.fromkeys(got, 403), got
