@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from studies.spec import LoadedStudy, StudyError
+from trainables.secrets import redact
 
 __all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "check_model_kwargs", "data_roots"]
 
@@ -164,7 +165,7 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
             f" and {len(where) - _SHOWN_NODES} more" if len(where) > _SHOWN_NODES else ""
         )
         node_word = "node" if len(where) == 1 else f"{len(where)} nodes"
-        problems.append(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}.")
+        problems.append(redact(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}."))
     raise StudyError(study.path, problems)
 
 

@@ -25,7 +25,7 @@ from typing import Iterator, Mapping, Sequence
 
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI
-from trainables.secrets import redact
+from trainables.secrets import credential_problem, redact
 
 __all__ = [
     "DEFAULT_ADMIN_USERNAME",
@@ -459,6 +459,10 @@ def mlflow_server_command(
 
     check_port_and_workers(port, workers)
     _check_extra_args(extra_args, os.environ if environ is None else environ)
+    # The command line is visible to every local user (ps): no credential on it; the clients read their own files.
+    for flag, value in (("--backend-store-uri", backend_store_uri), ("--artifacts-destination", artifacts_destination)):
+        if problem := credential_problem(flag, value):
+            raise ServerOptionError(problem)
     cmd = [
         sys.executable,
         "-m",

@@ -139,6 +139,17 @@ class DataConfig(_Strict):
     root: str | None = Field(
         None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once."
     )
+
+    @field_validator("root")
+    @classmethod
+    def _no_credentials(cls, root: str | None) -> str | None:
+        # Printed by the preflight, an MLflow param and part of every trial's payload: no key or token in it.
+        from trainables.secrets import credential_problem
+
+        if root is not None and (problem := credential_problem("data.root", root)):
+            raise ValueError(problem)
+        return root
+
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = "basic"
     fraction: float = Field(1.0, gt=0.0, le=1.0, description="Class-stratified share of the training set.")

@@ -73,6 +73,11 @@ _LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
 class FetchError(UserError):
     """A dataset cannot be fetched, checked, unpacked or uploaded; the message names the value, the rule and the fix."""
 
+    def __init__(self, message: str):
+        from trainables.secrets import redact
+
+        super().__init__(redact(message))  # an echoed --url or --to never shows its credentials
+
 
 def expected_layout(name: str) -> str:
     """The layout a data root of dataset `name` must have, in words ('' for datasets that need no root)."""
@@ -228,7 +233,12 @@ def fetch_dataset(
     Either way `to` is then what `data.root` names. `url` and `md5` override the official ones (mirrors).
     Returns `to` as data.root should say it; raises FetchError naming the value, the rule and the fix.
     """
+    from trainables.secrets import credential_problem
+
     archive = _archive(name)
+    for flag, value in (("--url", url), ("--to", str(to))):
+        if value and (problem := credential_problem(flag, value)):
+            raise FetchError(problem)
     url = url or archive.url
     md5 = (md5 or archive.md5).strip().lower()
     if not re.fullmatch(r"[0-9a-f]{32}", md5):

@@ -334,3 +334,93 @@ def test_server_refuses_rebinding_names(tmp_path, tracking_uri):
         assert _status(port, f"127.0.0.1:{port}", path=api) == 200
         got = {host: _status(port, host, path=api) for host in _rebinding(port)}
         assert got == dict.fromkeys(got, 403), got
+
+
+# --- 3. Credentials in every form: refused at the door, never echoed ---------------------------------------------
+
+SECRET = "hunter2xyz"
+CREDENTIAL_CASES = [
+    ("query-password", ["--set", f"optuna_storage=postgresql://admin@db/optuna?password={SECRET}"], "PGPASSWORD"),
+    ("data-root-userinfo", ["--set", f"data.root=s3://AKIAKEY:{SECRET}@bucket/cifar10"], "credentials file"),
+    ("storage-query", ["--storage", f"s3://bucket/runs?secret_key={SECRET}"], "credentials file"),
+    ("storage-sig", ["--storage", f"gs://bucket/runs?X-Goog-Signature={SECRET}"], "credentials file"),
+    ("tracking-token", ["--set", f"tracking.uri=http://{SECRET}@127.0.0.1:5000"], "MLFLOW_TRACKING_TOKEN"),
+]
+
+
+@pytest.mark.parametrize("extra, fix", [c[1:] for c in CREDENTIAL_CASES], ids=[c[0] for c in CREDENTIAL_CASES])
+def test_validate_refuses_a_credential_in_any_form_without_showing_it(extra, fix, tmp_path, monkeypatch, capsys):
+    from studies.cli import EXIT_USAGE, main
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "study.yaml"
+    path.write_text((REPO / "studies" / "quickstart.yaml").read_text())
+    assert main(["validate", str(path), *extra]) == EXIT_USAGE
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+    assert "carries" in out.err and fix in out.err and "***" in out.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]
+
+
+@pytest.mark.parametrize(
+    "argv, fix",
+    [
+        (["export", "--tracking-uri", f"http://{SECRET}@127.0.0.1:9", "DEST"], "MLFLOW_TRACKING_TOKEN"),
+        (["ui", "--tracking-uri", f"http://{SECRET}@127.0.0.1:9"], "MLFLOW_TRACKING_TOKEN"),
+        (["data", "fetch", "cifar10", "--to", "DEST", "--url", f"http://u:{SECRET}@127.0.0.1:9/c.tar.gz"], "drop it"),
+        (["data", "fetch", "cifar10", "--to", f"s3://bucket/data?access_key={SECRET}"], "drop it"),
+        (["server", "--backend-store-uri", f"postgresql://u:{SECRET}@db/mlflow"], "PGPASSWORD"),
+        (["server", "--backend-store-uri", f"postgresql://u@db/mlflow?password={SECRET}"], "PGPASSWORD"),
+    ],
+    ids=["export-token", "ui-token", "fetch-url", "fetch-to", "server-userinfo", "server-query"],
+)
+def test_the_commands_refuse_a_credential_without_showing_or_passing_it(argv, fix, tmp_path, monkeypatch, capsys):
+    from studies import server
+    from studies.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    started = []
+    monkeypatch.setattr(server, "run_in_process_group", lambda cmd, **kw: started.append(cmd) or 0)
+    argv = [str(tmp_path / "dest") if a == "DEST" else a for a in argv]
+    assert main(argv) == 2
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
+    assert "carries" in out.err and fix in out.err
+    assert started == [] and not (tmp_path / "dest").exists()  # no child given it, nothing fetched
+
+
+def test_one_redaction_hides_every_form():
+    from trainables.secrets import redact
+
+    cases = {
+        f"postgresql://admin@db/x?password={SECRET}&sslmode=require": "postgresql://admin@db/x?password=***&sslmode=require",
+        f"http://{SECRET}@host:5000/api": "http://***@host:5000/api",
+        f"s3://KEY:{SECRET}@bucket/k": "s3://KEY:***@bucket/k",
+        f"https://acct.blob/c?sv=2024&sig={SECRET}": "https://acct.blob/c?sv=2024&sig=***",
+        f"s3://b/r?X-Amz-Credential={SECRET}&X-Amz-Security-Token={SECRET}": "s3://b/r?X-Amz-Credential=***&X-Amz-Security-Token=***",
+        f"gs://b/r?token={SECRET} and db://u@h/x?sslkey=/k": "gs://b/r?token=*** and db://u@h/x?sslkey=/k",
+        "postgresql://bob@db/x sqlite:////tmp/m.db http://h:5000": "postgresql://bob@db/x sqlite:////tmp/m.db http://h:5000",
+    }
+    for text, hidden in cases.items():
+        assert redact(text) == hidden, text
+
+
+def test_a_user_at_host_uri_reaches_its_server(tmp_path):
+    # The reachability check connects without the user info (urllib took it for part of the host): any HTTP answer.
+    import http.server
+    import threading
+
+    from trainables.tracking import _check_server_answers
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            _check_server_answers(f"http://bob@127.0.0.1:{httpd.server_address[1]}")
+            _check_server_answers(f"http://bob:pw@127.0.0.1:{httpd.server_address[1]}")
+        finally:
+            httpd.shutdown()
+    from trainables.secrets import without_userinfo
+
+    assert without_userinfo("http://bob:pw@h:5000/p?q=1") == "http://h:5000/p?q=1"
+    assert without_userinfo("postgresql://bob@db/x") == "postgresql://db/x"
