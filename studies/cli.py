@@ -487,6 +487,7 @@ def _cmd_ui(args) -> int:
     server_cli.check_port_and_workers(args.port, args.workers)
     # `mlflow ui` has no login and takes writes (rename, tag, delete runs) from whoever reaches it.
     server_cli.warn_if_exposed("the MLflow UI", args.host, args.port, "every run and artifact", writes=True)
+    server_cli.check_bindable(args.host, args.port, "the MLflow UI")
     log_path = ui_log_path(uri)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -570,6 +571,8 @@ def _cmd_dashboard(args) -> int:
             "sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr
         )
         return 2
+    server_cli.check_port_and_workers(args.port, None)
+    server_cli.check_bindable(args.host, args.port, "optuna-dashboard")
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = _read_uri(args, spec)

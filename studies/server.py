@@ -40,6 +40,7 @@ __all__ = [
     "allowed_hosts",
     "allowed_origins",
     "auth_database_uri",
+    "check_bindable",
     "free_port",
     "guard_wsgi",
     "from_args",
@@ -673,6 +674,8 @@ def serve(
     (`--serve-artifacts`) to `artifacts_destination`: a directory here, or s3://, gs://, ... URIs. Requests must be
     addressed to a name of `allowed_hosts(allowed_host)`. With `auth`, every request needs a login.
     """
+    check_port_and_workers(port, workers)
+    check_bindable(host, port, "the MLflow server")
     with _prepared(
         backend_store_uri=backend_store_uri,
         artifacts_destination=artifacts_destination,
@@ -728,6 +731,40 @@ def check_port_and_workers(port: int, workers: int | None) -> None:
         raise ServerOptionError(
             f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for the command's default."
         )
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """ServerOptionError, naming the cause and the fix, when `what` (a server of ours) could not listen on
+    host:port: a port another process holds, an address that is not this machine's, a name that resolves to none.
+    Checked before the server starts: MLflow's and uvicorn's own failure to bind exits 0, saying nothing."""
+    import errno
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ServerOptionError(
+            f"--host {host!r}: {what} cannot listen there, the name resolves to no address ({err}). Fix: give an "
+            f"address of this machine, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)."
+        ) from None
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: a TIME_WAIT port is free
+            sock.bind(address)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise ServerOptionError(
+                f"--port {port}: {what} cannot listen on {host}:{port}, another process holds that port. Fix: stop "
+                f"it, or give another --port (e.g. --port {free_port(host if _address(host) else '127.0.0.1')})."
+            ) from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise ServerOptionError(
+                f"--host {host!r}: {what} cannot listen there, it is not an address of this machine. Fix: give one "
+                f"of its addresses, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)."
+            ) from None
+        raise ServerOptionError(
+            f"--host {host!r} --port {port}: {what} cannot listen there ({err.strerror}). Fix: a port of 1024 or "
+            f"more, on an address of this machine."
+        ) from None
 
 
 def pids_in_groups(groups: set[int], *, live: bool = False) -> dict[int, str]:

@@ -424,3 +424,41 @@ def test_a_user_at_host_uri_reaches_its_server(tmp_path):
 
     assert without_userinfo("http://bob:pw@h:5000/p?q=1") == "http://h:5000/p?q=1"
     assert without_userinfo("postgresql://bob@db/x") == "postgresql://db/x"
+
+
+# --- 9. Servers that cannot listen say why and exit non-zero -----------------------------------------------------
+
+
+@pytest.fixture
+def busy_port():
+    """A port held by a listening socket for the test's length."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "argv, cause",
+    [
+        (["ui", "--port", "BUSY"], "another process holds that port"),
+        (["ui", "--host", "192.0.2.7"], "not an address of this machine"),  # TEST-NET-1: never this machine's
+        (["server", "--port", "BUSY"], "another process holds that port"),
+        (["server", "--host", "192.0.2.7"], "not an address of this machine"),
+        (["dashboard", "STUDY", "--port", "70000"], "port <= 65535"),
+        (["dashboard", "STUDY", "--port", "BUSY"], "another process holds that port"),
+    ],
+    ids=["ui-busy", "ui-foreign", "server-busy", "server-foreign", "dashboard-70000", "dashboard-busy"],
+)
+def test_a_server_that_cannot_listen_exits_non_zero_with_the_cause(argv, cause, busy_port, tmp_path, cli_process):
+    path = tmp_path / "study.yaml"
+    path.write_text((REPO / "studies" / "quickstart.yaml").read_text())
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = [str(busy_port) if a == "BUSY" else str(path) if a == "STUDY" else a for a in argv]
+    store = ["--backend-store-uri", uri] if argv[0] == "server" else ["--tracking-uri", uri]
+    done = cli_process.run(*argv, *store, cwd=tmp_path, timeout=200)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert cause in done.stderr and "Fix:" in done.stderr and "Traceback" not in done.stderr, done.stderr
