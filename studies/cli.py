@@ -492,6 +492,7 @@ def _cmd_ui(args) -> int:
     server_cli.check_port_and_workers(args.port, args.workers)
     # `mlflow ui` has no login and takes writes (rename, tag, delete runs) from whoever reaches it.
     server_cli.warn_if_exposed("the MLflow UI", args.host, args.port, "every run and artifact", writes=True)
+    server_cli.check_bindable(args.host, args.port, "the MLflow UI")
     log_path = ui_log_path(uri)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
@@ -510,6 +511,12 @@ def _cmd_ui(args) -> int:
         str(args.port),
         "--workers",
         str(args.workers),
+        # MLflow's own host patterns admit any name that begins like a private address (10.evil.example):
+        # the checks of `sharpscale server` instead (studies.server.allowed_hosts).
+        "--allowed-hosts",
+        ",".join(server_cli.allowed_hosts(args.allowed_host, bound=args.host)),
+        "--cors-allowed-origins",
+        ",".join(server_cli.allowed_origins(args.port, args.allowed_host)),
         # One line per request (hundreds a page view) is not the user's business, in the terminal or the log.
         "--uvicorn-opts",
         "--no-access-log",
@@ -569,6 +576,8 @@ def _cmd_dashboard(args) -> int:
             "sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard", file=sys.stderr
         )
         return 2
+    server_cli.check_port_and_workers(args.port, None)
+    server_cli.check_bindable(args.host, args.port, "optuna-dashboard")
     study = load_study(args.study, smoke=args.smoke, overrides=_overrides(args), require_data=False)
     spec = study.spec
     uri = _read_uri(args, spec)
@@ -582,7 +591,8 @@ def _cmd_dashboard(args) -> int:
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
     storage = state_locations(study, name, run.data.tags).optuna_storage
-    hosts = server_cli.allowed_hosts(args.allowed_host)  # the checks `sharpscale server` makes, --allowed-host too
+    # The hosts `sharpscale server` admits, --allowed-host too, matched as addresses and exact names.
+    hosts = server_cli.allowed_host_entries(args.allowed_host, bound=args.host)
     app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
     url = f"http://{args.host}:{args.port}"
     server_cli.warn_if_exposed("optuna-dashboard", args.host, args.port, "every trial", writes=args.allow_writes)
@@ -933,8 +943,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="a Host header to accept besides loopback, private addresses and this machine's names (repeatable); "
-        "others get 403",
+        help="a host name or address to accept in Host headers besides loopback and this machine's names and "
+        "addresses (repeatable; 'NAME:PORT' that port only, '*.DOMAIN' a domain's names); others get 403",
     )
     dash.add_argument(
         "--allow-writes",
@@ -972,6 +982,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="server processes (default 1: one person browsing is served by one; MLflow's own default, 4, starts "
         "four, each importing all of MLflow)",
+    )
+    ui.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name or address to accept in Host headers besides loopback and this machine's names and "
+        "addresses (repeatable; 'NAME:PORT' that port only, '*.DOMAIN' a domain's names); others get 403",
     )
     ui.set_defaults(func=_cmd_ui)
     return p

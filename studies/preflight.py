@@ -166,7 +166,7 @@ def check_data_on_nodes(study: LoadedStudy, *, timeout_s: float = NODE_CHECK_TIM
             f" and {len(where) - _SHOWN_NODES} more" if len(where) > _SHOWN_NODES else ""
         )
         node_word = "node" if len(where) == 1 else f"{len(where)} nodes"
-        problems.append(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}.")
+        problems.append(redact(f"data.root {root!r} on {node_word} {shown}: {reason}. Fix: {fix}."))
     raise StudyError(study.path, problems)
 
 

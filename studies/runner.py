@@ -957,9 +957,6 @@ def _tune(
             "probe": probe_plan(trial),
             "plan": asdict(plan),
             "log_checkpoint": spec.tracking.log_checkpoint,
-            # Compiled steps of one architecture are compiled once per study storage (a path; a URI storage
-            # leaves each node its own per-host cache), whichever trial and node comes first.
-            "compile_cache": None if "://" in locations.storage else f"{locations.storage}/compile_cache",
             "cell": cell.key,
             "trial": trial,
             "sample": sample,

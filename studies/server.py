@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fnmatch
 import ipaddress
 import os
 import re
@@ -26,7 +25,7 @@ from typing import Iterator, Mapping, Sequence
 
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI
-from trainables.secrets import redact
+from trainables.secrets import credential_problem, redact
 
 __all__ = [
     "DEFAULT_ADMIN_USERNAME",
@@ -36,13 +35,18 @@ __all__ = [
     "ServerError",
     "ServerOptionError",
     "add_arguments",
+    "LOOPBACK_HOSTS",
+    "allowed_host_entries",
     "allowed_hosts",
     "allowed_origins",
     "auth_database_uri",
+    "check_bindable",
     "free_port",
     "guard_wsgi",
     "from_args",
     "group_alive",
+    "host_allowed",
+    "origin_allowed",
     "is_loopback",
     "warn_if_exposed",
     "mlflow_server_command",
@@ -89,7 +93,6 @@ _OWNED_ENV = {
     "MLFLOW_SERVER_CORS_ALLOWED_ORIGINS": "--allowed-origin ORIGIN",
     "MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE": "--allowed-host NAME for each name clients use",
 }
-_PROBE_HOST = "sharpscale-probe.invalid"  # a name no allowed-host pattern may match: it would admit any host
 
 
 class ServerError(RuntimeError):
@@ -144,22 +147,95 @@ def warn_if_exposed(what: str, host: str, port: int, holds: str, *, writes: bool
 WRITE_METHODS = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
 
-def guard_wsgi(app, hosts: Sequence[str], *, writes: bool):
-    """`app` (a WSGI application) answering only requests addressed to `hosts` (patterns as `allowed_hosts`
-    makes them: a page on another site that rebinds its name to this machine sends its own name, and gets 403),
-    and, unless `writes`, refusing every request that would change something (405): nothing authenticates them."""
-    from mlflow.server.security_utils import is_allowed_host_header
+def _split_host_header(header: str) -> tuple[str, str] | None:
+    """(host, port) of a Host header or an origin's netloc (`name`, `name:port`, `[v6]`, `[v6]:port`), lowercased,
+    or None when it is none of these."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        host, sep, rest = header[1:].partition("]")
+        if not sep or (rest and not re.fullmatch(r":[0-9]{1,5}", rest)):
+            return None
+        return host, rest[1:]
+    host, sep, port = header.partition(":")
+    if sep and not re.fullmatch(r"[0-9]{1,5}", port):
+        return None
+    return host, port
 
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
+
+
+def _entry_split(entry: str) -> tuple[str, str] | None:
+    # An IPv6 address may come unbracketed (own_host_names, --allowed-host): no port then.
+    return (entry.strip("[]").lower(), "") if _address(entry) is not None else _split_host_header(entry)
+
+
+def host_allowed(entries: Sequence[str], header: str) -> bool:
+    """Whether a request addressed to `header` (its Host header) reaches a server that answers `entries` (as
+    `allowed_host_entries` makes them). An IP literal is parsed and compared as an address, never as text (so
+    `10.evil.example`, a name an attacker may rebind to this machine, is no address of a private network); a name
+    must equal an entry, or end in the suffix of a `*.domain` entry; an entry with a port admits that port only."""
+    split = _split_host_header(header)
+    if split is None or not split[0]:
+        return False
+    host, port = split
+    address = _address(host)
+    if address is None and (":" in host or not re.fullmatch(r"[a-z0-9._-]+", host)):
+        return False
+    for entry in entries:
+        own = _entry_split(entry)
+        if own is None or (own[1] and own[1] != port):
+            continue
+        name = own[0]
+        if address is not None:
+            if _address(name) == address:
+                return True
+        elif name == host.rstrip(".") or (name.startswith("*.") and host.endswith(name[1:])):
+            return True
+    return False
+
+
+def origin_allowed(header: str | None, host: str) -> bool:
+    """Whether a state-changing request with Origin `header` may go to a server reached as `host` (its Host
+    header, already admitted): only from the server's own pages (same scheme-less host and port). No Origin: not
+    a browser's request (browsers send one with every write), so no page of another site made it."""
+    if header is None:
+        return True
+    match = re.fullmatch(r"https?://([^/\s]+)", header.strip().lower())
+    if match is None:  # "null" (a sandboxed page, a file), a path, a malformed value
+        return False
+    origin, asked = _split_host_header(match.group(1)), _split_host_header(host)
+    if origin is None or asked is None:
+        return False
+    same_host = origin[0] == asked[0] or (_address(origin[0]) is not None and _address(origin[0]) == _address(asked[0]))
+    return same_host and (origin[1] or "80") == (asked[1] or "80")
+
+
+def guard_wsgi(app, hosts: Sequence[str], *, writes: bool):
+    """`app` (a WSGI application) answering only requests addressed to `hosts` (entries as `allowed_host_entries`
+    makes them, matched by `host_allowed`: a page on another site that rebinds its name to this machine sends its
+    own name, and gets 403), and, unless `writes`, refusing every request that would change something (405):
+    nothing authenticates them. With `writes`, a change is accepted only from this server's own pages (its Origin:
+    `origin_allowed`), so another site's page open in the user's browser cannot make one."""
     allowed = list(hosts)
 
     def guarded(environ, start_response):
         host = environ.get("HTTP_HOST", "")
-        if not is_allowed_host_header(allowed, host):
+        if not host_allowed(allowed, host):
             start_response("403 Forbidden", [("Content-Type", "text/plain")])
             return [f"Host {host!r} is not allowed (possible DNS rebinding); add it with --allowed-host.\n".encode()]
-        if not writes and environ.get("REQUEST_METHOD", "GET").upper() in WRITE_METHODS:
-            start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
-            return [b"Read-only: this server was started without --allow-writes.\n"]
+        if environ.get("REQUEST_METHOD", "GET").upper() in WRITE_METHODS:
+            if not writes:
+                start_response("405 Method Not Allowed", [("Content-Type", "text/plain"), ("Allow", "GET, HEAD")])
+                return [b"Read-only: this server was started without --allow-writes.\n"]
+            origin = environ.get("HTTP_ORIGIN")
+            if not origin_allowed(origin, host):
+                start_response("403 Forbidden", [("Content-Type", "text/plain")])
+                return [f"Origin {origin!r} may not change this server's data (another site's page).\n".encode()]
         return app(environ, start_response)
 
     return guarded
@@ -197,32 +273,50 @@ def _host_patterns(entry: str) -> list[str]:
     return [entry] if _has_port(entry) else [entry, f"{entry}:*"]
 
 
+# An --allowed-host entry: an address (IPv6 bracketed or not), a name, or `*.` and a domain of two labels or more,
+# each with an optional port. No other wildcard: `10.*` would admit `10.evil.example`, a name anyone may register
+# and rebind to this machine; `*.com` every site.
+_NAME = r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*"
+_ENTRY = re.compile(rf"(\*\.)?(?P<name>{_NAME})(:[0-9]{{1,5}})?")
+
+# What a client on this machine writes in a Host header (any port): loopback's names and addresses, and 0.0.0.0,
+# which browsers send to this machine.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+
 def _check_allowed_host(entry: str) -> str:
     field = "--allowed-host"
-    if not entry or re.search(r"[\s,/]", entry):
+    value = entry.strip().lower()
+    split = _entry_split(value)
+    if split is not None and _address(split[0]) is not None:
+        return value
+    match = _ENTRY.fullmatch(value)
+    if match is None or (value.startswith("*.") and "." not in match.group("name")):
         raise ServerOptionError(
-            f"{field}: a host name, an address or a pattern without spaces, commas or slashes (one name per option) "
-            f"must be given, got {entry!r}. Fix: e.g. {field} mlflow.internal {field} raycluster-head-svc"
+            f"{field}: one host name, one address, or '*.' and a domain of two labels or more, each with an "
+            f"optional :PORT, must be given (no other wildcard: a pattern such as '10.*' admits a name like "
+            f"'10.evil.example' that anyone can point at this machine; no spaces, commas, slashes or '*' alone), got "
+            f"{entry!r}. Fix: e.g. {field} mlflow.internal {field} 10.0.0.5 {field} '*.svc.cluster.local'"
         )
-    if any(
-        fnmatch.fnmatch(probe, p) for p in _host_patterns(entry.lower()) for probe in (_PROBE_HOST, f"{_PROBE_HOST}:80")
-    ):
-        raise ServerOptionError(
-            f"{field}: a pattern must not admit every host (that switches MLflow's DNS-rebinding check off), got "
-            f"{entry!r}. Fix: name the hosts clients use, e.g. {field} '*.svc.cluster.local'"
-        )
-    return entry.lower()
+    return value
 
 
-def allowed_hosts(extra: Sequence[str] = ()) -> list[str]:
-    """The Host headers `sharpscale server` admits: MLflow's defaults (localhost on any port, private addresses),
-    this machine's names and addresses (`own_host_names`), and `extra` (the `--allowed-host` names), each as
-    MLflow matches it. Never `*`: a request addressed to any other name gets 403."""
-    # Not in MLflow's documented API; tests/cluster/test_server.py pins what it returns.
-    from mlflow.server.security_utils import get_default_allowed_hosts
+def allowed_host_entries(extra: Sequence[str] = (), bound: str | None = None) -> list[str]:
+    """The hosts a server here answers: loopback (LOOPBACK_HOSTS), this machine's names and addresses
+    (`own_host_names`), the name it is bound to (`bound`, when a name), and `extra` (the `--allowed-host` values,
+    checked). Private networks are admitted through their addresses, as this machine's own or as named, never by a
+    text prefix."""
+    bound_name = [bound.lower()] if bound and _address(bound) is None else []
+    entries = [*LOOPBACK_HOSTS, *own_host_names(), *bound_name, *(_check_allowed_host(e) for e in extra)]
+    return list(dict.fromkeys(entries))
 
-    patterns = list(get_default_allowed_hosts())
-    for entry in [*own_host_names(), *(_check_allowed_host(e) for e in extra)]:
+
+def allowed_hosts(extra: Sequence[str] = (), bound: str | None = None) -> list[str]:
+    """`allowed_host_entries` as MLflow's host check matches Host headers (`--allowed-hosts`): each exactly, or by
+    fnmatch where it holds `*` (a name's port, a `*.domain` entry). MLflow's own defaults are left out: their
+    `10.*`, `192.168.*`, `172.16.*`... admit any name that begins so. Never `*`: any other name gets 403."""
+    patterns: list[str] = []
+    for entry in allowed_host_entries(extra, bound):
         patterns += _host_patterns(entry)
     return list(dict.fromkeys(patterns))
 
@@ -366,6 +460,10 @@ def mlflow_server_command(
 
     check_port_and_workers(port, workers)
     _check_extra_args(extra_args, os.environ if environ is None else environ)
+    # The command line is visible to every local user (ps): no credential on it; the clients read their own files.
+    for flag, value in (("--backend-store-uri", backend_store_uri), ("--artifacts-destination", artifacts_destination)):
+        if problem := credential_problem(flag, value):
+            raise ServerOptionError(problem)
     cmd = [
         sys.executable,
         "-m",
@@ -381,7 +479,7 @@ def mlflow_server_command(
         "--port",
         str(port),
         "--allowed-hosts",
-        ",".join(allowed_hosts(allowed_host)),
+        ",".join(allowed_hosts(allowed_host, bound=host)),
         "--cors-allowed-origins",
         ",".join(allowed_origins(port, allowed_host, allowed_origin)),
     ]
@@ -576,6 +674,8 @@ def serve(
     (`--serve-artifacts`) to `artifacts_destination`: a directory here, or s3://, gs://, ... URIs. Requests must be
     addressed to a name of `allowed_hosts(allowed_host)`. With `auth`, every request needs a login.
     """
+    check_port_and_workers(port, workers)
+    check_bindable(host, port, "the MLflow server")
     with _prepared(
         backend_store_uri=backend_store_uri,
         artifacts_destination=artifacts_destination,
@@ -631,6 +731,40 @@ def check_port_and_workers(port: int, workers: int | None) -> None:
         raise ServerOptionError(
             f"workers: workers >= 1 must hold, got workers={workers}. Fix: omit it for the command's default."
         )
+
+
+def check_bindable(host: str, port: int, what: str) -> None:
+    """ServerOptionError, naming the cause and the fix, when `what` (a server of ours) could not listen on
+    host:port: a port another process holds, an address that is not this machine's, a name that resolves to none.
+    Checked before the server starts: MLflow's and uvicorn's own failure to bind exits 0, saying nothing."""
+    import errno
+
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as err:
+        raise ServerOptionError(
+            f"--host {host!r}: {what} cannot listen there, the name resolves to no address ({err}). Fix: give an "
+            f"address of this machine, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)."
+        ) from None
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: a TIME_WAIT port is free
+            sock.bind(address)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            raise ServerOptionError(
+                f"--port {port}: {what} cannot listen on {host}:{port}, another process holds that port. Fix: stop "
+                f"it, or give another --port (e.g. --port {free_port(host if _address(host) else '127.0.0.1')})."
+            ) from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise ServerOptionError(
+                f"--host {host!r}: {what} cannot listen there, it is not an address of this machine. Fix: give one "
+                f"of its addresses, e.g. --host 127.0.0.1 (or 0.0.0.0 for every interface)."
+            ) from None
+        raise ServerOptionError(
+            f"--host {host!r} --port {port}: {what} cannot listen there ({err.strerror}). Fix: a port of 1024 or "
+            f"more, on an address of this machine."
+        ) from None
 
 
 def pids_in_groups(groups: set[int], *, live: bool = False) -> dict[int, str]:
@@ -760,9 +894,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help="also accept requests addressed to NAME (with any port, unless NAME:PORT), e.g. a KubeRay Service name "
-        "or a DNS alias; fnmatch patterns such as '*.svc.cluster.local' work; repeatable. Always accepted: "
-        "this machine's host name, FQDN and interface addresses, localhost and private addresses; others get 403",
+        help="also accept requests addressed to NAME (with any port, unless NAME:PORT), e.g. a KubeRay Service name, "
+        "a DNS alias, an address clients reach this machine by (a NAT's, a proxy's), or '*.svc.cluster.local'; "
+        "repeatable. Always accepted: this machine's host name, FQDN and interface addresses and loopback; others "
+        "(another private address too) get 403",
     )
     parser.add_argument(
         "--allowed-origin",

@@ -21,7 +21,7 @@ from trainables.errors import UserError, shown
 from trainables.metrics import EPOCH_METRICS
 from trainables.naming import DEFAULT_ARTIFACT_ROOT, DEFAULT_TRACKING_URI, experiment_name
 from trainables.ray_train import KEEP_CHECKPOINTS
-from trainables.secrets import password_problem
+from trainables.secrets import credential_problem
 from trainables.staging import is_uri
 from trainables.tracking import BEST_EPOCH_METRICS
 
@@ -370,7 +370,7 @@ class Study(_Strict):
             ("storage", self.storage),
             ("optuna_storage", self.optuna_storage),
         ):
-            if uri is not None and (problem := password_problem(field, uri)):
+            if uri is not None and (problem := credential_problem(field, uri)):
                 problems.append(problem)
         for key, dom in self.search.items():
             if isinstance(dom, (LogUniform, Uniform, IntRange)) and not dom.low < dom.high:

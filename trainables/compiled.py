@@ -1,6 +1,7 @@
 """The compiled training step: which trials compile (resolve_compile), the module every pass runs through
-(CompiledModule), its warm-up timed apart from training (warm_up), the shared cache of compiled artefacts
-(use_cache_dir), and what a finished trial's compiles leave in its process (release)."""
+(CompiledModule), its warm-up timed apart from training (warm_up), where the compiled artefacts are cached (a
+node-local folder private to the trial's user: use_cache_dir), and what a finished trial's compiles leave in its
+process (release)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ __all__ = [
     "COMPILE_MODES",
     "COMPILED_METRIC",
     "COMPILE_TIME_METRIC",
+    "CACHE_DIR_MODE",
     "CompilePlan",
     "CompiledModule",
     "compile_module",
+    "default_cache_dir",
     "resolve_compile",
     "unwrap",
     "CompileFallbackWarning",
@@ -214,14 +217,73 @@ def resolve_compile(cfg, device: torch.device, world: int = 1) -> CompilePlan:
     return CompilePlan(want, f"train.compile: {want}")
 
 
-def use_cache_dir(path: str | os.PathLike | None) -> Path | None:
+# The compile caches hold code: Inductor unpickles its FX-graph and AOTAutograd entries and imports the modules it
+# compiled, Triton loads its kernels. Whoever can write the cache runs code in every trial that reads it, so it lives
+# on the node's own disk, in a folder only the trial's user can write (never the study's shared storage), and a
+# folder anyone else could have written to is refused rather than read.
+CACHE_DIR_MODE = 0o700
+
+
+def default_cache_dir() -> Path:
+    """The node-local compile cache of this user: `<tempdir>/sharpscale-compile-<uid>` (TMPDIR moves it)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"sharpscale-compile-{os.getuid()}"
+
+
+def _cache_dir_problem(where: Path, field: str) -> str | None:
+    """Why `where` may not hold this process's compile cache (another user owns or can write it or a folder above
+    it), or None."""
+    import stat
+
+    uid = os.getuid()
+    st = where.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{field}: {where} is not a directory. Fix: name a directory of your own, or remove {where}."
+    if st.st_uid != uid:
+        return (
+            f"{field}: {where} is owned by uid {st.st_uid}, not by this trial's user (uid {uid}); the compile cache "
+            f"holds code every compiled trial runs, so it must be the trial user's own. Fix: remove {where} (or set "
+            f"train.compile_cache to a directory of your own on the node's disk, mode 700)."
+        )
+    if st.st_mode & 0o077:
+        return (
+            f"{field}: {where} has mode {stat.S_IMODE(st.st_mode):o}; the compile cache holds code every compiled "
+            f"trial runs, so no other user may read or write it (mode 700). Fix: chmod 700 {where} once you know "
+            f"nothing in it was planted, or remove it."
+        )
+    for parent in where.parents:
+        pst = parent.stat()
+        shared = pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX  # sticky (/tmp): no one renames our folder
+        if pst.st_uid not in (0, uid) or shared:
+            return (
+                f"{field}: {where} lies in {parent} (owner uid {pst.st_uid}, mode {stat.S_IMODE(pst.st_mode):o}), "
+                f"where another user could replace the cache folder; the compile cache holds code every compiled "
+                f"trial runs. Fix: set train.compile_cache to a directory under folders only you (or root) can "
+                f"write, on the node's own disk."
+            )
+    return None
+
+
+def use_cache_dir(path: str | os.PathLike | None) -> Path:
     """Point torch's compile caches (Inductor's FX graph cache, AOTAutograd's cache and the Triton kernels) at
-    `path`, so every trial that names it reuses what an earlier one compiled for the same graph. Must run before this
-    process compiles anything; None leaves torch's per-host default. Returns the directory."""
-    if path is None:
-        return None
-    where = Path(path).expanduser().resolve()
-    where.mkdir(parents=True, exist_ok=True)
+    `path`, or with None at this user's node-local default (default_cache_dir), so that the trials of this node
+    reuse what an earlier one compiled for the same graph. Must run before this process compiles anything. The
+    folder is made mode 700; one owned or writable by another user (or under a folder another user can write) is
+    refused (TrialRefused), since what the cache holds runs as code. Returns the directory."""
+    from trainables.errors import TrialRefused
+
+    field = "train.compile_cache" if path is not None else "the compile cache"
+    where = (default_cache_dir() if path is None else Path(path).expanduser()).resolve()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(mode=CACHE_DIR_MODE)
+        os.chmod(where, CACHE_DIR_MODE)  # mkdir's mode passes through the umask
+    except FileExistsError:
+        pass
+    problem = _cache_dir_problem(where, field)
+    if problem is not None:
+        raise TrialRefused(problem)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(where)
     os.environ["TRITON_CACHE_DIR"] = str(where / "triton")
     return where

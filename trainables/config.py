@@ -139,6 +139,17 @@ class DataConfig(_Strict):
     root: str | None = Field(
         None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once."
     )
+
+    @field_validator("root")
+    @classmethod
+    def _no_credentials(cls, root: str | None) -> str | None:
+        # Printed by the preflight, an MLflow param and part of every trial's payload: no key or token in it.
+        from trainables.secrets import credential_problem
+
+        if root is not None and (problem := credential_problem("data.root", root)):
+            raise ValueError(problem)
+        return root
+
     img_size: int | None = Field(None, ge=4, description="Input resolution; None keeps the dataset's own.")
     augment: Literal["none", "basic", "strong"] = Field(
         "basic",
@@ -464,8 +475,9 @@ class TrainConfig(_Strict):
     compile_cache: str | None = Field(
         None,
         description="Directory of torch's compile cache (Inductor's FX graph and kernel caches), shared by the "
-        "trials that name it; None: what the trial's driver sets (a study: <storage>/compile_cache), else torch's "
-        "per-host default.",
+        "trials that name it; it holds code the trials run, so it must be the trial user's own, mode 700, under "
+        "folders no other user can write (else the trial is refused). None: <tempdir>/sharpscale-compile-<uid> on "
+        "each node's own disk (trainables.compiled.use_cache_dir).",
     )
 
     def evaluates(self, epoch: int, epochs: int) -> bool:

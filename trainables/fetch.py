@@ -33,6 +33,11 @@ ARCHIVES: dict[str, Archive] = {name: spec.archive for name, spec in DATASETS.it
 class FetchError(UserError):
     """A dataset cannot be fetched, checked, unpacked or uploaded; the message names the value, the rule and the fix."""
 
+    def __init__(self, message: str):
+        from trainables.secrets import redact
+
+        super().__init__(redact(message))  # an echoed --url or --to never shows its credentials
+
 
 def _kinds(root: str | Path, paths: list[str]) -> dict[str, str | None]:
     """'file', 'dir' or None for each relative path under a local root or a URI root."""
@@ -177,7 +182,12 @@ def fetch_dataset(
     Either way `to` is then what `data.root` names. `url` and `md5` override the official ones (mirrors).
     Returns `to` as data.root should say it; raises FetchError naming the value, the rule and the fix.
     """
+    from trainables.secrets import credential_problem
+
     archive = _archive(name)
+    for flag, value in (("--url", url), ("--to", str(to))):
+        if value and (problem := credential_problem(flag, value)):
+            raise FetchError(problem)
     url = url or archive.url
     md5 = (md5 or archive.md5).strip().lower()
     if not re.fullmatch(r"[0-9a-f]{32}", md5):

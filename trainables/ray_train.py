@@ -219,21 +219,18 @@ def _execute(
 
     sink/checkpoint_cls: `tune.report`/`tune.Checkpoint` or `ray.train.report`/`ray.train.Checkpoint`;
     checkpoint: the one to resume from, or None; report_resumed: see `fit`; probe_from: the payload that holds
-    the geometry probe's plan (`load_probe`) and the study's compile cache (key "compile_cache", used where the
-    trial's train.compile_cache is unset); started: `time.perf_counter()` when the trial function began, from which
-    its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now), FIXED_TIME's parts beside it
-    (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start, record_open).
+    the geometry probe's plan (`load_probe`; its "compile_cache" key, which launches before issue 36 wrote, is never
+    read: the cache is node-local, trainables.compiled.use_cache_dir); started: `time.perf_counter()` when the trial
+    function began, from which its TRIAL_TIME and FIXED_TIME are recorded at its end (default: now), FIXED_TIME's
+    parts beside it (trainables.metrics.FIXED_PHASES); timings: the parts timed before this call (start,
+    record_open).
     """
     timings = {} if timings is None else timings
     t_imports = time.perf_counter()
-    from trainables.compiled import release, use_cache_dir
+    from trainables.compiled import release
     from trainables.loop import TrialDiverged, TrialStopped, fit
 
     timings["imports"] = timings.get("imports", 0.0) + time.perf_counter() - t_imports
-
-    cache = (probe_from or {}).get("compile_cache")
-    if cache and cfg.train.compile_cache is None:
-        use_cache_dir(cache)
 
     run_id = recorder.run_id if recorder is not None else None
     started = time.perf_counter() if started is None else started

@@ -43,7 +43,13 @@ _verified: dict[Path, tuple] = {}
 
 
 class StagingError(UserError):
-    """A data root URI cannot be opened or copied; the message names the URI, the reason and the fix."""
+    """A data root URI cannot be opened or copied; the message names the URI (its credentials redacted), the
+    reason and the fix."""
+
+    def __init__(self, message: str):
+        from trainables.secrets import redact
+
+        super().__init__(redact(message))
 
 
 def is_uri(root: object) -> bool:

@@ -106,9 +106,9 @@ def trial_runtime_env(environ: Mapping[str, str] | None = None) -> dict[str, Any
 def check_tracking_uri(uri: str) -> str:
     """`uri` when MLflow can record to it (a scheme of TRACKING_SCHEMES), else a UserError naming the fix."""
     from trainables.errors import UserError, shown
-    from trainables.secrets import password_problem, redact
+    from trainables.secrets import credential_problem, redact
 
-    if problem := password_problem("tracking URI", uri):
+    if problem := credential_problem("tracking URI", uri):
         raise UserError(problem)
     scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
     if scheme not in TRACKING_SCHEMES:
@@ -192,10 +192,11 @@ def _check_server_answers(uri: str) -> None:
     import urllib.request
 
     from trainables.errors import UserError
-    from trainables.secrets import redact
+    from trainables.secrets import redact, without_userinfo
 
     try:
-        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=SERVER_CONNECT_TIMEOUT_S):
+        # Without the user info, which urllib would take for part of the host (any answer will do: no login).
+        with urllib.request.urlopen(without_userinfo(uri).rstrip("/") + "/health", timeout=SERVER_CONNECT_TIMEOUT_S):
             return
     except urllib.error.HTTPError:
         return

@@ -62,6 +62,7 @@ def test_auth_passes_the_password_to_mlflow_only_and_never_prints_it(tmp_path, m
         return 0
 
     monkeypatch.setattr(server, "run_in_process_group", fake_run)
+    monkeypatch.setattr(server, "check_bindable", lambda *args: None)  # port 5000 may be another's on this machine
     monkeypatch.delenv("MLFLOW_AUTH_ADMIN_PASSWORD", raising=False)
     monkeypatch.delenv("MLFLOW_FLASK_SERVER_SECRET_KEY", raising=False)
     password = "correct-horse-battery-staple"

@@ -93,10 +93,15 @@ def test_is_loopback(host, loopback):
 def test_serve_warns_loudly_off_loopback_and_never_prints_a_password(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(server, "run_in_process_group", lambda cmd, **kw: seen.append(cmd) or 0)
-    assert server.serve(host="0.0.0.0", backend_store_uri="postgresql://u:hunter2@db/mlflow") == 0
+    monkeypatch.setattr(server, "check_bindable", lambda *args: None)  # port 5000 may be another's on this machine
+    # A password in the URI is refused before anything starts (issue 36: on the command line, `ps` showed it).
+    with pytest.raises(ServerOptionError, match="PGPASSWORD") as err:
+        server.serve(host="0.0.0.0", backend_store_uri="postgresql://u:hunter2@db/mlflow")
+    out = capsys.readouterr()
+    assert "hunter2" not in str(err.value) + out.out + out.err and not seen
+    assert server.serve(host="0.0.0.0", backend_store_uri="postgresql://u@db/mlflow") == 0
     out = capsys.readouterr()
     assert "WARNING" in out.err and "requires no login" in out.err and "--auth" in out.err and "0.0.0.0:5000" in out.err
-    assert "hunter2" not in out.out + out.err
     assert _opt(seen[0], "--host") == "0.0.0.0"
 
     assert server.serve(host="127.0.0.1") == 0
@@ -141,20 +146,17 @@ def test_cli_options_and_passthrough(monkeypatch):
     ]
 
 
-def test_allowed_hosts_are_mlflows_defaults_plus_this_machines_names():
-    from mlflow.server.security_utils import (
-        get_default_allowed_hosts,  # not MLflow's documented API: pinned here
-    )
-
-    defaults = get_default_allowed_hosts()
-    assert {"localhost", "localhost:*", "127.0.0.1:*", "10.*", "192.168.*", "172.16.*"} <= set(defaults)
+def test_allowed_hosts_are_loopback_and_this_machines_names_never_a_prefix():
+    # MLflow's defaults (issue 36): their `10.*`, `192.168.*`, `172.16.*`... admit `10.evil.example`.
     hosts = allowed_hosts(["head-svc", "mlflow.internal:8443", "*.svc.cluster.local"])
-    assert hosts[: len(defaults)] == defaults and "*" not in hosts
+    assert "*" not in hosts and not {"10.*", "192.168.*", "172.16.*", "fc00:*", "fd00:*"} & set(hosts)
+    assert all(h.endswith(":*") or "*" not in h or h.startswith("*.") for h in hosts), hosts
     names = own_host_names()
     assert {socket.gethostname().lower(), socket.getfqdn().lower(), "localhost", "127.0.0.1"} <= set(names)
     for name in names:
         assert name in hosts or f"[{name}]" in hosts  # every address of every interface, IPv6 bracketed
-    assert {"head-svc", "head-svc:*", "mlflow.internal:8443", "*.svc.cluster.local:*"} <= set(hosts)
+    assert {"localhost", "localhost:*", "127.0.0.1:*", "[::1]", "head-svc", "head-svc:*"} <= set(hosts)
+    assert {"mlflow.internal:8443", "*.svc.cluster.local:*"} <= set(hosts)
     assert "mlflow.internal" not in hosts  # a name given with its port admits that port only
 
 
@@ -165,6 +167,10 @@ def test_allowed_hosts_are_mlflows_defaults_plus_this_machines_names():
         ({"allowed_host": ["*:*"]}, "--allowed-host"),
         ({"allowed_host": ["a,b"]}, "--allowed-host"),
         ({"allowed_host": ["http://head:5000"]}, "--allowed-host"),
+        ({"allowed_host": ["10.*"]}, "--allowed-host"),
+        ({"allowed_host": ["192.168.*"]}, "--allowed-host"),
+        ({"allowed_host": ["*.com"]}, "--allowed-host"),
+        ({"allowed_host": ["head*"]}, "--allowed-host"),
         ({"allowed_origin": ["*"]}, "--allowed-origin"),
         ({"allowed_origin": ["https://x.example/path"]}, "--allowed-origin"),
         ({"extra_args": ["--allowed-hosts", "*"]}, "--allowed-host NAME"),

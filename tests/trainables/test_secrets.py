@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trainables.secrets import REDACTED, password_problem, redact
+from trainables.secrets import REDACTED, credential_problem, redact
 
 # The pattern redact used before: right, but tried from every letter of a long word (quadratic in its length).
 _PLAIN = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<secret>[^/\s]*)@")
@@ -48,8 +48,8 @@ def test_redact_is_linear_in_the_texts_length(text):
     assert redacted == text.removesuffix("p@h") + f"{REDACTED}@h"
 
 
-def test_password_problem_shows_the_uri_without_its_password():
-    problem = password_problem("optuna_storage", "postgresql://u:hunter2@db/optuna")
+def test_credential_problem_shows_the_uri_without_its_password():
+    problem = credential_problem("optuna_storage", "postgresql://u:hunter2@db/optuna")
     assert "hunter2" not in problem and "postgresql://u:***@db/optuna" in problem
     assert "Fix: drop it from the URI (postgresql://u@db/optuna)" in problem
-    assert password_problem("optuna_storage", "postgresql://u@db/optuna") is None
+    assert credential_problem("optuna_storage", "postgresql://u@db/optuna") is None
