@@ -27,6 +27,7 @@ import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -52,8 +53,7 @@ def shipped_fractions() -> tuple[float, ...]:
     """The fractions of studies/data_scaling.yaml: the simulated studies are the design that ships."""
     from studies.spec import load_study
 
-    study = load_study(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "studies",
-                                    "data_scaling.yaml"), require_data=False)  # fmt: skip
+    study = load_study(Path(__file__).resolve().parents[1] / "studies" / "data_scaling.yaml", require_data=False)
     return tuple(sorted({float(c.config.get("data", {}).get("fraction", 1.0)) for c in study.cells}))
 
 
