@@ -132,7 +132,7 @@ def _gpu_study(tmp_path, cells: dict, epochs=10, gpus=1.0, trials=2) -> str:
 
 def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_path, capsys):
     from studies.cli import main
-    from studies.cost import CARD_FIGURES, REFERENCE_CARD
+    from studies.cost import CARD_FIGURES, REFERENCE_CARD, two_sig
 
     resnet = {"model.name": "resnet18", "model.cifar_stem": True}
     path = _gpu_study(
@@ -149,7 +149,7 @@ def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_pat
     row = next(r for r in CARD_FIGURES if r.card == REFERENCE_CARD and r.model == "resnet18" and r.batch_size == 256)
     seen = (50_000 // 256) * 256
     hours = 2 * 10 * seen * (1 / row.train_none + 1 / row.train_sam) * 0.5 / 3600  # 2 trials a cell, half a GPU each
-    assert f"Estimated cost: {hours:.1f} GPU-hours on {REFERENCE_CARD}" in out
+    assert f"Estimated cost: {two_sig(hours)} GPU-hours on {REFERENCE_CARD}" in out  # 2 significant figures
     assert "No estimate for cell arch=unmeasured: no measured figure of resnet50" in out
 
 
