@@ -94,7 +94,10 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     assert client.get_run(ok).info.run_name.endswith(" #0")
     # Each cell run ends when its last trial ended (its duration its own), not when the study closed.
     exp = client.get_run(ok).info.experiment_id
-    study_end = client.search_runs([exp], filter_string=kind_filter("study"))[0].info.end_time
+    study_run = client.search_runs([exp], filter_string=kind_filter("study"))[0]
+    study_end = study_run.info.end_time
+    # Every run records its wall beside the estimate (a CPU study's: no GPU-hours row, so its wall alone).
+    assert study_run.data.metrics["wall_h"] > 0 and "estimate.wall_h" not in study_run.data.metrics
     cells = client.search_runs([exp], filter_string=kind_filter("cell"))
     assert len(cells) == 3
     for cell in cells:
