@@ -19,6 +19,8 @@ __all__ = [
     "Estimate",
     "estimate_study",
     "local_gpus",
+    "two_sig",
+    "waves",
 ]
 
 
@@ -46,6 +48,8 @@ class CardFigures:
     compiled_none: float | None = None
     compiled_sam: float | None = None
     compile_s: float | None = None
+    geometry_s: float | None = None  # seconds of one Hessian-vector product per measurement image (see GEOMETRY)
+    startup_s: float | None = None  # the study's seconds from launch to its first trial's first kernel
 
 
 # Every figure an estimate reads. The first rows: the shipped path through the CLI (studies/rho_sensitivity.yaml's
@@ -70,12 +74,16 @@ CARD_FIGURES: tuple[CardFigures, ...] = (
     # on one NVIDIA H200, 3 trials sharing it, eager (docs/benchmarks.md, issue 21 part 2, session 7). compiled_*,
     # compile_s: `bench_trainables.py compile` on one NVIDIA H200, each model's `none` and SAM trials in one process
     # (docs/benchmarks.md "the step at the GPU's speed": "Through trainables.fit"), compile_s the `none` trial's cold one.
+    # geometry_s: rho_sensitivity's lambda_max + hessian_trace (max_iter 20 + trace_samples 32 = 52 HVPs over 2 x 128
+    # images) took 2-5 s a ResNet-18 trial and 8-24 s a ViT-S/4 or Mixer-S/4 one on one NVIDIA H200 sharing the card
+    # (docs/benchmarks.md), the middle of each range over 52 x 256 image-HVPs. startup_s: that study through the CLI
+    # ran about 50 s before its first kernel (issue 38, item 3).
     CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 0.83, 0.165,
-                61_050, 31_164, 23.4),
+                61_050, 31_164, 23.4, 3.5 / (52 * 256), 50.0),
     CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 0.66, 0.325,
-                24_877, 12_540, 25.0),
+                24_877, 12_540, 25.0, 16.0 / (52 * 256), 50.0),
     CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 0.84, 0.29,
-                28_950, 14_523, 26.5),
+                28_950, 14_523, 26.5, 16.0 / (52 * 256), 50.0),
 )  # fmt: skip
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
@@ -92,7 +100,15 @@ class CellCost:
     gpu_hours: float  # of all its trials, training (+ validation where measured) x the GPUs each holds
     compiles: bool = False  # its trials' step compiles on a GPU (train.compile)
     compiled: bool = False  # costed at the compiled step's speed, its compile included (the card's row has them)
-    geometry: bool = False  # its trials take geometry measures, which the estimate does not count
+    geometry: bool = False  # its trials take geometry measures
+    # One trial's seconds by part (training, validation, geometry, compile, fixed, checkpoints), each from a row;
+    # a part the row has no figure for is absent (and named in Estimate.missing).
+    trial_parts: tuple[tuple[str, float], ...] = ()
+    missing: tuple[str, ...] = ()
+
+    @property
+    def trial_s(self) -> float:
+        return sum(s for _, s in self.trial_parts)
 
 
 @dataclass(frozen=True)
@@ -105,10 +121,45 @@ class Estimate:
     cells: tuple[CellCost, ...]
     problems: tuple[str, ...]
     validation_counted: bool
+    slots: int | None = None  # trials at once (max_concurrent_trials, else the cluster's GPUs over a trial's)
+    startup_s: float | None = None  # the card's measured start-up before the first kernel
 
     @property
     def gpu_hours(self) -> float:
         return sum(c.gpu_hours for c in self.cells)
+
+    def _trials(self) -> list[float]:
+        return [c.trial_s for c in self.cells for _ in range(c.trials)]
+
+    @property
+    def wall_h(self) -> float | None:
+        """Hours from launch to the last trial's end: the start-up, then the trials in waves of `slots` (the
+        critical path); None without a known slot count."""
+        if not self.slots or not self.cells:
+            return None
+        return ((self.startup_s or 0.0) + waves(self._trials(), self.slots)) / 3600
+
+    def wall_parts(self) -> dict[str, float]:
+        """The wall hours by part: each trial part summed over the trials and spread over the slots, the start-up,
+        and the tail (the last wave's trials running on fewer slots than the cluster has)."""
+        if not self.slots or not self.cells:
+            return {}
+        parts: dict[str, float] = {}
+        if self.startup_s:
+            parts["start-up"] = self.startup_s / 3600
+        for c in self.cells:
+            for name, sec in c.trial_parts:
+                parts[name] = parts.get(name, 0.0) + c.trials * sec / self.slots / 3600
+        trials = self._trials()
+        parts["tail of the last trials"] = (waves(trials, self.slots) - sum(trials) / self.slots) / 3600
+        return parts
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(sorted({m for c in self.cells for m in c.missing} | ({"start-up"} - self._has_startup())))
+
+    def _has_startup(self) -> set[str]:
+        return {"start-up"} if self.startup_s else set()
 
     def lines(self) -> list[str]:
         """What the dry run prints."""
@@ -123,7 +174,7 @@ class Estimate:
                 else f"training epochs only{step}"
             )
             out.append(
-                f"Estimated cost: {self.gpu_hours:.1f} GPU-hours on {self.card} ({counted}; each trial at its full "
+                f"Estimated cost: {two_sig(self.gpu_hours)} GPU-hours on {self.card} ({counted}; each trial at its full "
                 f"epochs, so an upper bound where ASHA stops trials early; figures: studies/cost.py CARD_FIGURES)."
             )
             if not self.validation_counted:
@@ -139,7 +190,7 @@ class Estimate:
                     f"{len(self.cells)} cells compile theirs (train.compile): on the cards measured both ways the "
                     f"compiled step trained {low:.1f}-{high:.1f}x as fast, so their training part is an upper bound."
                 )
-            if any(c.geometry for c in self.cells):
+            if any("geometry" in c.missing for c in self.cells):
                 out.append(
                     "  Geometry measures are not in it: on an NVIDIA H200, rho_sensitivity's lambda_max and tr(H) took "
                     "2-5 s a ResNet-18 trial and 8-24 s a ViT-S/4 or Mixer-S/4 one, sharing the card (docs/benchmarks.md)."
@@ -149,10 +200,18 @@ class Estimate:
                     f"  This cluster's card, {self.cluster_card}, has no measured row: the estimate assumes the "
                     f"{self.card}'s speed."
                 )
-            if self.gpus:
+            wall = self.wall_h
+            if wall is not None:
+                parts = ", ".join(f"{name} {two_sig(h)}" for name, h in self.wall_parts().items())
                 out.append(
-                    f"  On this cluster's {self.gpus} GPU(s): at least {self.gpu_hours / self.gpus:.1f} hours of wall "
-                    f"time, if trials keep every GPU busy."
+                    (f"  On this cluster's {self.gpus} GPU(s): " if self.gpus else "  ")
+                    + f"wall time {two_sig(wall)} h on {self.slots} trial(s) at once ({parts}; hours)."
+                    + (f" Not counted, no measured row: {', '.join(self.missing)}." if self.missing else "")
+                )
+            elif self.gpus:
+                out.append(
+                    f"  On this cluster's {self.gpus} GPU(s): at least {two_sig(self.gpu_hours / self.gpus)} hours of "
+                    f"wall time, if trials keep every GPU busy."
                 )
             elif self.gpus == 0:
                 out.append("  This machine has no GPU: run it on a GPU cluster (--address; docs/cluster.md).")
@@ -224,13 +283,24 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
     if data.augment == "strong":
         speed *= STRONG_AUGMENT_SHARE
     seen = (round(n_train * data.fraction) // data.batch_size) * data.batch_size  # the loop drops the last batch
-    seconds = epochs * seen / speed
+    parts = {"training": epochs * seen / speed}
+    missing = []
     if row.val:
-        seconds += sum(cfg.train.evaluates(e, epochs) for e in range(epochs)) * n_val / row.val
+        parts["validation"] = sum(cfg.train.evaluates(e, epochs) for e in range(epochs)) * n_val / row.val
+    else:
+        missing.append("validation")
+    if cfg.geometry.enabled:
+        if row.geometry_s:
+            parts["geometry"] = geometry_image_hvps(cfg.geometry, epochs) * row.geometry_s
+        else:
+            missing.append("geometry")
     if row.fixed_s:
-        seconds += row.fixed_s
+        parts["data load and model build"] = row.fixed_s
     if compiled and row.compile_s:  # cold; a trial that finds the study's compile cache warm pays 4-6 s
-        seconds += row.compile_s
+        parts["compile"] = row.compile_s
+    elif compiles and not compiled:
+        missing.append("compile")
+    seconds = sum(parts.values())
     if row.checkpoint_s:
         every = cfg.train.checkpoint_every
         if every == "auto":  # the first and the last epoch, and one each CHECKPOINT_AUTO_RATIO checkpoints' time
@@ -239,10 +309,44 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
             count = min(epochs, 2 + math.floor(seconds / (CHECKPOINT_AUTO_RATIO * row.checkpoint_s)))
         else:
             count = sum(e == epochs - 1 or (e + 1) % every == 0 for e in range(epochs))
-        seconds += count * row.checkpoint_s
+        parts["checkpoints"] = count * row.checkpoint_s
+    # Geometry enters the GPU-hours only where the row measured it (the shipped Cost comments are of the reference
+    # card, which has no geometry figure).
+    seconds = sum(parts.values())
     # Every trial the cell runs: its search and its confirm stage (Cell.planned), all alike in cost.
     hours = cell.planned * seconds * workers_gpus / 3600
-    return CellCost(label, cell.planned, hours, compiles, compiled, cfg.geometry.enabled), None, bool(row.val)
+    cost = CellCost(
+        label, cell.planned, hours, compiles, compiled, cfg.geometry.enabled, tuple(parts.items()), tuple(missing)
+    )
+    return cost, None, bool(row.val)
+
+
+def geometry_image_hvps(geometry, epochs: int) -> int:
+    """Hessian-vector products x measurement images of one trial's geometry: each measurement takes max_iter HVPs
+    for lambda_max (an upper bound: Lanczos may stop at tol) and trace_samples for hessian_trace, over batches x
+    batch_size images; measured after the last epoch and after every `every`-th one."""
+    hvps = {"lambda_max": geometry.max_iter, "hessian_trace": geometry.trace_samples, "blockwise": geometry.max_iter}
+    per = sum(hvps.get(m, 1) for m in geometry.measures) * geometry.batches * geometry.batch_size
+    times = 1 + (sum((e + 1) % geometry.every == 0 for e in range(epochs - 1)) if geometry.every else 0)
+    return per * times
+
+
+def waves(trial_seconds: list[float], slots: int) -> float:
+    """Seconds until the last trial ends when trials start in order, each on the first slot that frees (Tune fills
+    `slots` concurrent trials so): the critical path, not the total over the slots."""
+    import heapq
+
+    free = [0.0] * max(1, slots)
+    for s in trial_seconds:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free)
+
+
+def two_sig(x: float) -> str:
+    """x in two significant figures (0.184 -> 0.18, 1234 -> 1200), never rounded to zero."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    return f"{float(f'{x:.2g}'):g}" if abs(x) < 1e15 else f"{x:.2g}"
 
 
 def compiled_speedup() -> tuple[float, float]:
@@ -303,4 +407,33 @@ def estimate_study(study: LoadedStudy, *, gpus: int | None = None, cluster_card:
             validation = validation and counted
         if problem is not None:
             problems.append(problem)
-    return Estimate(card, cluster_card, gpus, tuple(cells), tuple(problems), validation and bool(cells))
+    slots = res.max_concurrent_trials
+    if gpus:
+        fit = max(1, math.floor(gpus / (res.gpus_per_trial * res.workers_per_trial) + 1e-9))
+        slots = min(slots, fit) if slots else fit
+    startup = next((r.startup_s for r in CARD_FIGURES if r.card == card and r.startup_s), None)
+    return Estimate(card, cluster_card, gpus, tuple(cells), tuple(problems), validation and bool(cells), slots, startup)
+
+
+ESTIMATE_METRIC = "estimate.wall_h"  # on the study's parent run, beside the actual WALL_METRIC
+WALL_METRIC = "wall_h"
+
+
+def record_estimate(log, study: LoadedStudy, wall_s: float, cluster: dict[str, float]) -> str:
+    """Log the study's actual wall hours and the dry run's estimate of them for this cluster through `log(key,
+    value)`, so every run checks the estimate; returns the closing line that prints both and their ratio."""
+    actual = wall_s / 3600
+    log(WALL_METRIC, actual)
+    try:
+        gpus = int(cluster.get("GPU", 0)) or None
+        estimate = estimate_study(study, gpus=gpus, cluster_card=local_gpus()[1] if gpus else None)
+    except Exception as err:  # an estimate that cannot be made must not cost the study its close
+        return f"sharpscale: wall {two_sig(actual)} h; no estimate ({type(err).__name__}: {str(err)[:200]})"
+    if estimate.wall_h is None:
+        why = estimate.problems[0] if estimate.problems else "no slot count known"
+        return f"sharpscale: wall {two_sig(actual)} h; no estimate ({why})"
+    log(ESTIMATE_METRIC, estimate.wall_h)
+    return (
+        f"sharpscale: wall {two_sig(actual)} h, estimated {two_sig(estimate.wall_h)} h "
+        f"(actual/estimate {two_sig(actual / estimate.wall_h)})"
+    )

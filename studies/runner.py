@@ -21,7 +21,7 @@ from ray.tune.stopper import Stopper
 from studies import identity
 from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
-from studies.cost import local_gpus
+from studies.cost import local_gpus, record_estimate
 from studies.launch import INTERRUPTED_REASON, Launch, store_locked
 from studies.preflight import (
     check_data_on_nodes,
@@ -1120,6 +1120,7 @@ def _tune(
         retry_locked(client.log_metric, study_run_id, share[0], share[1])
     if gpu_busy is not None:
         retry_locked(client.log_metric, study_run_id, BUSY_METRIC, gpu_busy)
+    print(record_estimate(lambda k, v: retry_locked(client.log_metric, study_run_id, k, v), study, wall, cluster))
     print(
         f"sharpscale: {trials} trials in {wall:.0f} s ({errored} errored"
         + (f", {refused} of them refused by their settings, not retried" if refused else "")

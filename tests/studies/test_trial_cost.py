@@ -94,7 +94,10 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     assert client.get_run(ok).info.run_name.endswith(" #0")
     # Each cell run ends when its last trial ended (its duration its own), not when the study closed.
     exp = client.get_run(ok).info.experiment_id
-    study_end = client.search_runs([exp], filter_string=kind_filter("study"))[0].info.end_time
+    study_run = client.search_runs([exp], filter_string=kind_filter("study"))[0]
+    study_end = study_run.info.end_time
+    # Every run records its wall beside the estimate (a CPU study's: no GPU-hours row, so its wall alone).
+    assert study_run.data.metrics["wall_h"] > 0 and "estimate.wall_h" not in study_run.data.metrics
     cells = client.search_runs([exp], filter_string=kind_filter("cell"))
     assert len(cells) == 3
     for cell in cells:
@@ -132,7 +135,7 @@ def _gpu_study(tmp_path, cells: dict, epochs=10, gpus=1.0, trials=2) -> str:
 
 def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_path, capsys):
     from studies.cli import main
-    from studies.cost import CARD_FIGURES, REFERENCE_CARD
+    from studies.cost import CARD_FIGURES, REFERENCE_CARD, two_sig
 
     resnet = {"model.name": "resnet18", "model.cifar_stem": True}
     path = _gpu_study(
@@ -149,7 +152,7 @@ def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_pat
     row = next(r for r in CARD_FIGURES if r.card == REFERENCE_CARD and r.model == "resnet18" and r.batch_size == 256)
     seen = (50_000 // 256) * 256
     hours = 2 * 10 * seen * (1 / row.train_none + 1 / row.train_sam) * 0.5 / 3600  # 2 trials a cell, half a GPU each
-    assert f"Estimated cost: {hours:.1f} GPU-hours on {REFERENCE_CARD}" in out
+    assert f"Estimated cost: {two_sig(hours)} GPU-hours on {REFERENCE_CARD}" in out  # 2 significant figures
     assert "No estimate for cell arch=unmeasured: no measured figure of resnet50" in out
 
 
