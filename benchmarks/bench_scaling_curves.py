@@ -15,10 +15,11 @@ prediction solves its implicit equation by bisection on (eps_inf, eps_0). sharps
 `analysis.scaling.fit_law`'s ("saturating", the default; "broken"; "m4" with the same eps_0), fitted as the
 report fits them (Huber loss, delta scaled to the residuals).
 
-  PYTHONPATH=. python benchmarks/bench_scaling_curves.py [--data ../shared/data/scaling-benchmark] [--limit N]
+  python -m benchmarks.bench_scaling_curves [--data ../shared/data/scaling-benchmark] [--limit N]
 
-prints the RMSE per curve and per domain (median, mean, wins) and appends one CSV row per (curve, estimator) to
-benchmarks/results/scaling_curves.csv with the machine, versions, commit, date and command.
+prints the RMSE per curve and per domain (median, mean, wins), appends one CSV row per (curve, estimator) to
+benchmarks/results/scaling_curves/per_curve.csv with the machine, versions, commit, date and command, and the
+per-domain medians and win shares to benchmarks/results/scaling_curves.csv (docs/benchmarks.md's table).
 """
 
 from __future__ import annotations
@@ -37,14 +38,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-if __package__ in (None, ""):  # run as a script: the repository root on the path
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from analysis.scaling import fit_law  # noqa: E402
+from analysis.scaling import fit_law
+from benchmarks import results
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "scaling-benchmark"
-RESULTS = REPO / "benchmarks" / "results" / "scaling_curves.csv"
+RESULTS = REPO / "benchmarks" / "results" / "scaling_curves" / "per_curve.csv"
 PAPER = ("M1", "M2", "M3", "M4")
 SHARPSCALE = ("saturating", "broken", "m4")
 #: Classes of the few-shot tasks: the random-guessing error 1 - 1/classes is M4's eps_0 (the paper fixes it there).
@@ -241,6 +240,20 @@ def write_rows(scores: pd.DataFrame, estimators, path: Path = RESULTS) -> None:
                 writer.writerow([row["domain"], row["task"], row["model"], name, f"{row[name]:.6g}", *env.values()])
 
 
+def summary_rows(table: pd.DataFrame) -> list[dict]:
+    """The summary as benchmarks.results rows: per domain and estimator, the median log RMSE and the win share."""
+    rows = []
+    for _, r in table.iterrows():
+        where = f"{r['domain']} ({r['curves']} curves), {r['estimator']}"
+        rows.append({"figure": f"median log RMSE, {where}", "value": f"{r['median']:.4g}"})
+        rows.append({"figure": f"share of curves best, {where}", "value": f"{r['wins']:.3g}"})
+    return rows
+
+
+def write_summary(table: pd.DataFrame) -> None:
+    results.append("scaling_curves", summary_rows(table), device="CPU (no accelerator needed)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA, help="folder with benchmark.vision.csv, benchmark.lang.csv")
@@ -258,7 +271,8 @@ def main(argv=None) -> int:
     print(summary(scores, estimators).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not args.no_write:
         write_rows(scores, estimators)
-        print(f"\nappended {len(scores) * len(estimators)} rows to {RESULTS}")
+        write_summary(summary(scores, estimators))
+        print(f"\nappended {len(scores) * len(estimators)} rows to {RESULTS} and the summary to scaling_curves.csv")
     return 0
 
 
