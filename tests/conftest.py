@@ -55,6 +55,8 @@ _LONG_FILES = (
     "tests/studies/test_state.py",
     "tests/studies/test_schedulers.py",
     "tests/trainables/test_tune_resume.py",
+    "tests/studies/test_stops.py",
+    "tests/studies/test_claims.py",
 )
 # The long files that start no Ray cluster (seconds a test, a minute or two a file). They run after every file that
 # asks for the session's Ray cluster (`ray_cluster`), so that each worker stops its cluster before them instead of

@@ -61,6 +61,7 @@ def _python(code: str, *args: str, tmpdir: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # two CPU compiles of a model (a minute or two), out of `make test-fast`
 @pytest.mark.timeout(900)
 def test_a_planted_compile_cache_entry_in_the_study_storage_is_never_loaded(tiny_model, tmp_path):
     storage = tmp_path / "storage"
