@@ -585,7 +585,7 @@ def _cmd_dashboard(args) -> int:
     from studies.runner import state_locations
     from studies.search import open_optuna_storage
     from studies.spec import load_study
-    from trainables.tracking import tracking_client
+    from trainables.tracking import sqlite_path, tracking_client
 
     try:
         import optuna_dashboard
@@ -598,9 +598,12 @@ def _cmd_dashboard(args) -> int:
     spec = study.spec
     uri = _read_uri(args, spec)
     name = study.experiment_name
-    client = tracking_client(uri, create=False)
-    exp = client.get_experiment_by_name(name)
-    run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
+    db = sqlite_path(uri)
+    run = None
+    if db is None or db.is_file():  # no store file: no study run, and none is created by looking
+        client = tracking_client(uri, create=False)
+        exp = client.get_experiment_by_name(name)
+        run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
     if run is None:
         raise UserError(
             f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
