@@ -504,7 +504,7 @@ def _cmd_ui(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # MLflow's and SQLAlchemy's deprecations: for the log, not the user
         page = _ui_page(uri, args.study, args.smoke)  # a missing store or study is said before any server starts
-    _keep_writes_inside(uri)  # the UI serves (and takes) artifacts where the store records them
+    _keep_writes_inside(uri, refuse=False)  # the UI serves (and takes) artifacts where the store records them
     cmd = [
         sys.executable,
         "-m",
@@ -634,7 +634,7 @@ def _cmd_dashboard(args) -> int:
     return 0
 
 
-def _keep_writes_inside(uri: str) -> None:
+def _keep_writes_inside(uri: str, *, refuse: bool = True) -> None:
     """Before a command writes to a copied or moved store through MLflow: its artifact locations where it now is,
     or one line saying it points outside itself (MLflow would recreate the original's folders there)."""
     from studies.export import ARTIFACTS_DIR, adopt_moved_store, locations_outside
@@ -645,7 +645,7 @@ def _keep_writes_inside(uri: str) -> None:
             f"sharpscale: note: the store was moved; {moved} artifact location(s) now point into its {ARTIFACTS_DIR}/"
         )
     outside = locations_outside(uri)
-    if outside:
+    if outside and refuse:  # the UI (refuse=False) still shows every run and metric, and prints only its address
         raise UserError(
             f"tracking URI: the store {uri} points outside itself: {len(outside)} artifact location(s) such as "
             f"{outside[0]} are gone and not in its {ARTIFACTS_DIR}/. Fix: copy the original's {ARTIFACTS_DIR}/ "

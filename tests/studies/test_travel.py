@@ -141,3 +141,17 @@ def test_a_moved_export_carries_its_optuna_database_and_study_file(tmp_path, new
     ) as r:
         assert r.read().decode() == "kept with the trial"
     assert _files(tmp_path, outside=store) == before
+
+
+def test_every_trial_link_in_the_study_description_lands_on_the_model_training_side(tracking_uri):
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    from analysis.runs import UI_WORKFLOW
+    from tests.studies.test_study_page import _recorded_study
+
+    _, exp, _, _ = _recorded_study(tracking_uri)
+    description = MlflowClient(tracking_uri).get_experiment(exp).tags["mlflow.note.content"]
+    links = re.findall(r"\]\((#/experiments/[^)]*)\)", description)
+    assert links and all(link.endswith(f"?{UI_WORKFLOW}") for link in links), links
