@@ -304,11 +304,23 @@ def _cmd_status(args) -> int:
     launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
     print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
     print(_state_line(study, uri, name))
+    _say_if_outside(uri)
     for line in headline(runs, metric=spec.objective.column, mode=spec.objective.mode):  # the answer so far
         print(line)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format):
         print(table.to_string())
     return 0
+
+
+def _say_if_outside(uri: str) -> None:
+    from studies.export import ARTIFACTS_DIR, locations_outside
+
+    outside = locations_outside(uri)
+    if outside:
+        print(
+            f"Note: the store points outside itself: {len(outside)} artifact location(s) such as {outside[0]} are "
+            f"gone and not in its {ARTIFACTS_DIR}/. Fix: copy the original's {ARTIFACTS_DIR}/ beside its mlflow.db."
+        )
 
 
 def _state_line(study, uri: str, name: str) -> str:
@@ -498,6 +510,7 @@ def _cmd_ui(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # MLflow's and SQLAlchemy's deprecations: for the log, not the user
         page = _ui_page(uri, args.study, args.smoke)  # a missing store or study is said before any server starts
+    _keep_writes_inside(uri, refuse=False)  # the UI serves (and takes) artifacts where the store records them
     cmd = [
         sys.executable,
         "-m",
@@ -561,13 +574,30 @@ def _say_when_answering(url: str, message: str, *, path: str = "/health", timeou
     threading.Thread(target=poll, name="sharpscale-ui-ready", daemon=True).start()
 
 
+def _travelled_optuna(uri: str, storage: str, writes: bool) -> str:
+    """The study run's SQLite Optuna database as this store has it (where recorded, else where `export` put it in
+    the store), opened read-only unless writes are allowed; a missing one is one line, never an empty new database."""
+    from studies.export import OPTUNA_DIR, travelled_path
+
+    if not storage.startswith("sqlite:///"):
+        return storage
+    path = travelled_path(uri, storage[len("sqlite:///") :], OPTUNA_DIR)
+    if path is None:
+        raise UserError(
+            f"Optuna storage {storage}: no such database, and the store {uri} holds none in its {OPTUNA_DIR}/ (the "
+            f"store points outside itself). Fix: copy that database into {OPTUNA_DIR}/ beside the store, or "
+            f"`sharpscale export` the original store, which carries it."
+        )
+    return f"sqlite:///{path}" if writes else f"sqlite:///{path.as_uri()}?mode=ro&uri=true"
+
+
 def _cmd_dashboard(args) -> int:
     """optuna-dashboard over the Optuna storage the study's newest run recorded (else the one its file names)."""
     from studies.records import find_study_run
     from studies.runner import state_locations
     from studies.search import open_optuna_storage
     from studies.spec import load_study
-    from trainables.tracking import tracking_client
+    from trainables.tracking import sqlite_path, tracking_client
 
     try:
         import optuna_dashboard
@@ -582,15 +612,18 @@ def _cmd_dashboard(args) -> int:
     spec = study.spec
     uri = _read_uri(args, spec)
     name = study.experiment_name
-    client = tracking_client(uri)
-    exp = client.get_experiment_by_name(name)
-    run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
+    db = sqlite_path(uri)
+    run = None
+    if db is None or db.is_file():  # no store file: no study run, and none is created by looking
+        client = tracking_client(uri, create=False)
+        exp = client.get_experiment_by_name(name)
+        run = find_study_run(client, exp.experiment_id, study) if exp is not None else None
     if run is None:
         raise UserError(
             f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
             f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
         )
-    storage = state_locations(study, name, run.data.tags).optuna_storage
+    storage = _travelled_optuna(uri, state_locations(study, name, run.data.tags).optuna_storage, args.allow_writes)
     # The hosts `sharpscale server` admits, --allowed-host too, matched as addresses and exact names.
     hosts = server_cli.allowed_host_entries(args.allowed_host, bound=args.host)
     app = server_cli.guard_wsgi(optuna_dashboard.wsgi(open_optuna_storage(storage)), hosts, writes=args.allow_writes)
@@ -616,6 +649,25 @@ def _cmd_dashboard(args) -> int:
     return 0
 
 
+def _keep_writes_inside(uri: str, *, refuse: bool = True) -> None:
+    """Before a command writes to a copied or moved store through MLflow: its artifact locations where it now is,
+    or one line saying it points outside itself (MLflow would recreate the original's folders there)."""
+    from studies.export import ARTIFACTS_DIR, adopt_moved_store, locations_outside
+
+    moved = adopt_moved_store(uri)
+    if moved:
+        print(
+            f"sharpscale: note: the store was moved; {moved} artifact location(s) now point into its {ARTIFACTS_DIR}/"
+        )
+    outside = locations_outside(uri)
+    if outside and refuse:  # the UI (refuse=False) still shows every run and metric, and prints only its address
+        raise UserError(
+            f"tracking URI: the store {uri} points outside itself: {len(outside)} artifact location(s) such as "
+            f"{outside[0]} are gone and not in its {ARTIFACTS_DIR}/. Fix: copy the original's {ARTIFACTS_DIR}/ "
+            f"beside it (or `sharpscale export` the original), or pass --no-mlflow."
+        )
+
+
 def _cmd_report(args) -> int:
     from analysis import load_runs
     from analysis.report import write_report
@@ -625,6 +677,8 @@ def _cmd_report(args) -> int:
     spec = study.spec
     uri = _read_uri(args, spec)
     name = study.experiment_name
+    if not args.no_mlflow:
+        _keep_writes_inside(uri)
     runs = load_runs(name, tracking_uri=uri)
     if _none_finished(runs, spec.objective.metric):
         # A normal outcome of a study (not yet run, or every trial failed): said plainly, no empty tables written.

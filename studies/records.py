@@ -389,7 +389,7 @@ def _se_text(best: CellBest, column: str) -> str:
 
 def _link(experiment_id: str, best: CellBest) -> str:
     name = (best.run_name or best.run_id or "").replace("|", "/").replace("[", "(").replace("]", ")")
-    return f"[{name}](#/experiments/{experiment_id}/runs/{best.run_id})"
+    return f"[{name}](#/experiments/{experiment_id}/runs/{best.run_id}?{_WORKFLOW})"  # lands on the model-training side
 
 
 def results_table(

@@ -73,7 +73,7 @@ def test_the_answer_table_is_the_experiments_description_and_ties_go_to_the_firs
     sam_row = next(line for line in table.splitlines() if line.startswith("| **vit/sam**"))
     # 0.9 on 360 samples: SE sqrt(0.9 * 0.1 / 360) = 0.0158; the tie at 0.9 goes to the trial that started first.
     assert "| **0.9000** | 0.016 | rho=0.05 | 3/4 |" in sam_row
-    assert f"[sam-first](#/experiments/{exp}/runs/{first})" in sam_row
+    assert f"[sam-first](#/experiments/{exp}/runs/{first}?workflowType=machine_learning)" in sam_row
     assert "| vit/adamw | 0.8500 | 0.019 | – | 1/1 |" in table
     assert client.get_run(study_run).data.tags["mlflow.note.content"] == table.strip()
     assert client.get_run(study_run).data.metrics["best.rho"] == 0.05  # the roll-up names the same trial
