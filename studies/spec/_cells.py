@@ -185,7 +185,44 @@ def _known_path(path: str) -> bool:
 def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
-    problems: list[str] = _factor_problems(spec)
+    problems = _factor_problems(spec) + _path_problems(spec, owners)
+    if problems:
+        return [], problems
+    factor_levels, problems = _planned_levels(spec, smoke)
+    if problems:
+        return [], problems
+    merged = _merged_trees(spec, factor_levels, owners, problems)
+    cells: list[Cell] = []
+    missing_roots: dict[str, list[str]] = {}
+    geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell
+    # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
+    shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
+    for levels, tree in merged:
+        key = ",".join(f"{f}={lv}" for f, lv in levels.items())
+        if smoke:
+            # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
+            # run that passed an invalid section would leave the real run to fail on it).
+            try:
+                TrialConfig.load(tree)
+            except ConfigError as err:
+                problems.extend(f"{f'cell {key}' if key else 'the study'}: {p}" for p in err.problems)
+                continue
+            tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
+        elif require_data and (problem := _missing_root(tree)):
+            missing_roots.setdefault(problem, []).append(key or "all")
+        cell = _cell(spec, key, levels, tree, owners, smoke, problems, geometry_cells)
+        if cell is not None:
+            cells.append(cell)
+    for problem, where in [*missing_roots.items(), *geometry_cells.items()]:
+        listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
+        problems.append(f"{problem} (cells: {listed})")
+    problems += _study_wide_problems(spec, cells, owners, smoke)
+    return cells, _dedupe(problems)
+
+
+def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
+    """Search keys and level paths that name no trial config path nor method knob."""
+    problems: list[str] = []
     for key in spec.search:
         if "." in key and not _known_path(key):
             problems.append(
@@ -210,9 +247,11 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                         f"factors.{fname}.{level}.{path}: not a trial config path nor a method knob ({SEARCH_SHORTHANDS}). "
                         f"Fix: check its spelling."
                     )
-    if problems:
-        return [], problems
+    return problems
 
+
+def _planned_levels(spec: Study, smoke: bool) -> tuple[list[tuple[str, dict[str, dict[str, Any]]]], list[str]]:
+    """The factors' levels the cells combine (those --smoke keeps, under it), or the problems that stop it."""
     factor_levels = [(f, _levels(f, s)) for f, s in spec.factors.items()]
     if (cells_planned := math.prod(len(levels) for _, levels in factor_levels)) > MAX_TRIALS:
         return [], [
@@ -225,9 +264,16 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         factor_levels, smoke_problems = _smoke_levels(spec, factor_levels)
         if smoke_problems:
             return [], smoke_problems
-    cells: list[Cell] = []
-    missing_roots: dict[str, list[str]] = {}
-    geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell
+    return factor_levels, []
+
+
+def _merged_trees(
+    spec: Study,
+    factor_levels: list[tuple[str, dict[str, dict[str, Any]]]],
+    owners: dict[str, set[str]],
+    problems: list[str],
+) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    """Each combination of levels as (levels, the base with its levels' overrides merged in)."""
     combos = itertools.product(*[list(levels.items()) for _, levels in factor_levels]) if factor_levels else [()]
     merged: list[tuple[dict[str, str], dict[str, Any]]] = []
     for combo in combos:
@@ -240,7 +286,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 knobs.update({k: v for k, v in overrides.items() if _is_knob(k, owners)})
                 tree = deep_merge(tree, _overrides_to_tree(paths))
             # A bare knob of a level (`rho: 0.1` on an architecture) reaches only the cells whose method takes it.
-            method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
+            method = _method_of(tree)
             for knob, value in knobs.items():
                 if method in owners[knob]:
                     set_path(tree, f"optimizer.hparams.{knob}", value)
@@ -248,60 +294,69 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
             continue
         merged.append((levels, tree))
-    # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
-    shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
-    for levels, tree in merged:
-        if smoke:
-            # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
-            # run that passed an invalid section would leave the real run to fail on it).
-            try:
-                TrialConfig.load(tree)
-            except ConfigError as err:
-                key = ",".join(f"{f}={lv}" for f, lv in levels.items())
-                problems.extend(f"{f'cell {key}' if key else 'the study'}: {p}" for p in err.problems)
-                continue
-            tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
-        elif require_data and (problem := _missing_root(tree)):
-            missing_roots.setdefault(problem, []).append(",".join(f"{f}={lv}" for f, lv in levels.items()) or "all")
-        key = ",".join(f"{f}={lv}" for f, lv in levels.items())
-        label = f"cell {key}" if key else "the study"
-        if spec.confirm is not None:
-            problems.extend(_confirm_problems(spec.confirm, tree, label))
-            # The search scores on the selection half; the confirm runs on the other (studies.confirm).
-            tree = deep_merge(tree, {"data": {"eval_split": "selection"}})
-        method = tree.get("optimizer", {}).get("method", TrialConfig().optimizer.method)
-        space: dict[str, Domain] = {}
-        for skey, dom in spec.search.items():
-            path = _resolve_search_key(skey, owners)
-            if path.startswith("optimizer.hparams.") and method not in owners.get(path.rsplit(".", 1)[1], set()):
-                continue  # conditional: rho only where the method has a rho
-            space[path] = dom
-        try:
-            for problem in _geometry_problems(TrialConfig.load(tree)):  # said once, with the cells it is in
-                geometry_cells.setdefault(problem, []).append(key or "all")
-            for path, dom in space.items():
-                for probe in _domain_probes(dom):
-                    probe_tree = copy.deepcopy(tree)
-                    try:
-                        set_path(probe_tree, path, probe)
-                        TrialConfig.load(probe_tree)
-                    except ConfigError as err:
-                        problems.extend(f"search.{path} = {shown(probe)} in {label}: {p.strip()}" for p in err.problems)
-                    except ValueError as err:
-                        problems.append(f"search.{path} in {label}: {err}. Fix: search a value, not inside one.")
-        except ConfigError as err:
-            problems.extend(f"{label}: {p}" for p in err.problems)
-            continue
-        trials, problem = _cell_trials(spec.budget, space, label)
-        if problem:
-            problems.append(problem)
-        if smoke:
-            trials = min(trials, spec.smoke_form.trials_per_cell) if space else 1
-        confirm = 0
-        if spec.confirm is not None:
-            confirm = min(spec.confirm.seeds, spec.smoke_form.confirm_seeds) if smoke else spec.confirm.seeds
-            trials = trials if space else 0  # nothing to choose: the confirm seeds are the cell's trials
-        cells.append(Cell(key=key, levels=levels, config=tree, space=space, trials=trials, confirm=confirm))
+    return merged
+
+
+def _method_of(tree: dict[str, Any]) -> Any:
+    """The method a cell's tree names; a section that is no mapping is the cell's validation's to report."""
+    section = tree.get("optimizer")
+    return section.get("method", TrialConfig().optimizer.method) if isinstance(section, dict) else None
+
+
+def _cell(
+    spec: Study,
+    key: str,
+    levels: dict[str, str],
+    tree: dict[str, Any],
+    owners: dict[str, set[str]],
+    smoke: bool,
+    problems: list[str],
+    geometry_cells: dict[str, list[str]],
+) -> Cell | None:
+    """One cell: its config validated at every search bound, and its trials; None when its config is invalid."""
+    label = f"cell {key}" if key else "the study"
+    if spec.confirm is not None:
+        problems.extend(_confirm_problems(spec.confirm, tree, label))
+        # The search scores on the selection half; the confirm runs on the other (studies.confirm).
+        tree = deep_merge(tree, {"data": {"eval_split": "selection"}})
+    method = _method_of(tree)
+    space: dict[str, Domain] = {}
+    for skey, dom in spec.search.items():
+        path = _resolve_search_key(skey, owners)
+        if path.startswith("optimizer.hparams.") and method not in owners.get(path.rsplit(".", 1)[1], set()):
+            continue  # conditional: rho only where the method has a rho
+        space[path] = dom
+    try:
+        for problem in _geometry_problems(TrialConfig.load(tree)):  # said once, with the cells it is in
+            geometry_cells.setdefault(problem, []).append(key or "all")
+        for path, dom in space.items():
+            for probe in _domain_probes(dom):
+                probe_tree = copy.deepcopy(tree)
+                try:
+                    set_path(probe_tree, path, probe)
+                    TrialConfig.load(probe_tree)
+                except ConfigError as err:
+                    problems.extend(f"search.{path} = {shown(probe)} in {label}: {p.strip()}" for p in err.problems)
+                except ValueError as err:
+                    problems.append(f"search.{path} in {label}: {err}. Fix: search a value, not inside one.")
+    except ConfigError as err:
+        problems.extend(f"{label}: {p}" for p in err.problems)
+        return None
+    trials, problem = _cell_trials(spec.budget, space, label)
+    if problem:
+        problems.append(problem)
+    if smoke:
+        trials = min(trials, spec.smoke_form.trials_per_cell) if space else 1
+    confirm = 0
+    if spec.confirm is not None:
+        confirm = min(spec.confirm.seeds, spec.smoke_form.confirm_seeds) if smoke else spec.confirm.seeds
+        trials = trials if space else 0  # nothing to choose: the confirm seeds are the cell's trials
+    return Cell(key=key, levels=levels, config=tree, space=space, trials=trials, confirm=confirm)
+
+
+def _study_wide_problems(spec: Study, cells: list[Cell], owners: dict[str, set[str]], smoke: bool) -> list[str]:
+    """The trials planned in all, and level knobs or search keys that reach no cell."""
+    problems: list[str] = []
     total = sum(c.planned for c in cells)
     if total > MAX_TRIALS:
         sizes = sorted(((c.planned, c.key or "all") for c in cells), reverse=True)[:2]
@@ -310,9 +365,6 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             f"{', '.join(f'{k} with {n}' for n, k in sizes)}; a grid over an int range has one trial per value). "
             f"Fix: narrow the ranges, use a choice of values, or sampler tpe with trials_per_cell."
         )
-    for problem, where in [*missing_roots.items(), *geometry_cells.items()]:
-        listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
-        problems.append(f"{problem} (cells: {listed})")
     # A knob of a level, or a search parameter, that applies to no cell is almost always a typo or a forgotten factor.
     for fname, fspec in spec.factors.items():
         for level, overrides in _levels(fname, fspec).items():
@@ -333,7 +385,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
                 f"search.{skey}: applies to no cell (no cell's method takes it). "
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
-    return cells, _dedupe(problems)
+    return problems
 
 
 def _confirm_problems(confirm: Confirm, tree: dict[str, Any], label: str) -> list[str]:
