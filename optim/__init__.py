@@ -23,5 +23,6 @@ __all__, __getattr__, __dir__ = exports(
         "_fsam": ("FriendlySAM",),
         "_msam": ("MSAM",),
         "_wsam": ("WSAM",),
+        "_sampa": ("SAMPa",),
     },
 )

@@ -15,6 +15,7 @@ from ._registry import check_step_kinds as check_step_kinds
 from ._registry import create as create
 from ._registry import method_names as method_names
 from ._sam import SAM as SAM
+from ._sampa import SAMPa as SAMPa
 from ._schedule import Schedule as Schedule
 from ._schedule import check_schedule as check_schedule
 from ._scheduled import Scheduled as Scheduled
