@@ -184,6 +184,7 @@ def _worker(rank, out):
                 rank, "sam", False, steps=5, rho=0.05, schedule={"adaptive": {"c": 0.0, "decay": 0.5}}
             ),
             "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
+            "sampa": _run_method(rank, "sampa", False, steps=3, rho=0.05, lmbda=0.3),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -266,7 +267,8 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam", "sam_scope", "sam_adaptive", "gsam_every"]
+    "case",
+    ["sam_accumulate", "esam", "esam_global", "fsam", "msam", "sam_scope", "sam_adaptive", "gsam_every", "sampa"],
 )
 def test_new_settings_keep_replicas_identical(ranks, case):
     _close(ranks[0][case]["params"], ranks[1][case]["params"])
@@ -299,3 +301,15 @@ def test_scheduled_replicas_take_the_same_kind_of_step(ranks):
     for case in ("sam_adaptive", "gsam_every"):
         kinds = [[s["eps"] is not None for s in ranks[r][case]["steps"]] for r in range(WORLD)]
         assert kinds[0] == kinds[1] and True in kinds[0] and False in kinds[0], (case, kinds)
+
+
+def test_sampa_syncs_both_passes(ranks):
+    """SAMPa on one replica computing both gradients: DDP averages each pass (so d, and with it the perturbation and
+    the optimistic point, is the same on every replica), and nothing is all-reduced by hand."""
+    for r in ranks:
+        assert r["sampa"]["manual"] == 0
+        steps = r["sampa"]["steps"]
+        assert steps[0]["calls"] == 2 * steps[0]["pass1_calls"] > 0
+        assert all(s["calls"] == steps[0]["calls"] for s in steps)
+    for s0, s1 in zip(ranks[0]["sampa"]["steps"][1:], ranks[1]["sampa"]["steps"][1:]):
+        _close(s0["eps"], s1["eps"])
