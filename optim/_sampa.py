@@ -34,15 +34,42 @@ class SAMPa(Method):
         base_optimizer: torch.optim.Optimizer,
         rho: float = 0.1,
         lmbda: float = 0.2,
+        parallel: bool = False,
         **common: Unpack[StepKeywords],
     ):
         super().__init__(base_optimizer, **common)
-        knobs = self.spec.check_knobs(rho=rho, lmbda=lmbda)
-        self.rho, self.lmbda = knobs["rho"], knobs["lmbda"]
+        knobs = self.spec.check_knobs(rho=rho, lmbda=lmbda, parallel=parallel)
+        self.rho, self.lmbda, self.parallel = knobs["rho"], knobs["lmbda"], knobs["parallel"]
+        if self.parallel:
+            self._check_no_scaler_nor_micro_batches()
+        self._ranks_checked = False
         self._d: dict[torch.Tensor, torch.Tensor] = {}  # param -> grad f(y_t), true units
         self._next: dict[torch.Tensor, torch.Tensor] = {}  # param -> grad f(y_{t+1}) of this step, until committed
         self._g: dict[torch.Tensor, torch.Tensor] = {}  # param -> grad f(x~) of this step
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> x
+
+    def _check_two_ranks(self) -> None:
+        """At the first step, before its passes: the world size is the run's, which the torch-free check of the
+        knobs cannot see, and a model may be wrapped in DDP after the method is built."""
+        import torch.distributed as dist
+
+        ddp = self._ddp()
+        world = dist.get_world_size(ddp.process_group) if ddp is not None else 1
+        if world != 2:
+            raise ValueError(
+                f"sampa: parallel=True computes the step's two gradients on two data-parallel ranks, one each, so it "
+                f"needs a DistributedDataParallel model on exactly 2 ranks, but got {world} rank(s); run it on 2 "
+                "data-parallel workers or pass parallel=False"
+            )
+        self._ranks_checked = True
+
+    def _check_no_scaler_nor_micro_batches(self) -> None:
+        if self.scaler is not None or self.accumulate != 1:
+            raise ValueError(
+                f"sampa: parallel=True takes neither an fp16 GradScaler nor micro-batches yet, but got "
+                f"scaler={'set' if self.scaler is not None else None}, accumulate={self.accumulate}; use bf16 and "
+                "accumulate=1, or parallel=False"
+            )
 
     @staticmethod
     def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
@@ -113,6 +140,10 @@ class SAMPa(Method):
         epoch: int = 0,
     ) -> StepOutput:
         n = batch_rows(inputs)
+        if self.parallel:
+            if not self._ranks_checked:
+                self._check_two_ranks()
+            return self._two_rank_step(forward, n)
         params = self._trainable()
         self._zero_grad()
         self._save(params)
@@ -163,9 +194,59 @@ class SAMPa(Method):
             passes=2.0,
         )
 
+    def _two_rank_step(self, forward: Forward, n: int | None) -> StepOutput:
+        """Rank 0 takes grad f(x~) on its batch, rank 1 grad f(y') on its own, at once; one all-reduce of a buffer
+        with a row per rank (the other row zero, so the sum is each gradient exactly) gives both ranks both, and
+        each takes the same step from them."""
+        import torch.distributed as dist
+
+        group = self._ddp().process_group
+        rank = dist.get_rank(group)
+        params = self._trainable()
+        self._zero_grad()
+        self._save(params)
+        perturbed = self.rho != 0.0 and any(p in self._d and self._in_scope(p) for p in params)
+        if rank == 0:
+            self._to_perturbed()
+        else:
+            self._to_optimistic()
+        loss, logits, _, _ = self._pass(forward, local=True, n=n)
+        with torch.no_grad():
+            self._restore(params)
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            g = [self._buffer(self._g, p) for p in params]
+            nxt = [self._buffer(self._next, p) for p in params]
+            for gs, ns, mine in group_by_device_dtype(g, nxt, grads):
+                sizes = [t.numel() for t in mine]
+                rows = torch.zeros(2, sum(sizes), dtype=mine[0].dtype, device=mine[0].device)
+                rows[rank] = torch.cat([t.reshape(-1) for t in mine])
+                dist.all_reduce(rows, group=group)
+                torch._foreach_copy_(gs, [c.view_as(t) for c, t in zip(rows[0].split(sizes), mine)])
+                torch._foreach_copy_(ns, [c.view_as(t) for c, t in zip(rows[1].split(sizes), mine)])
+            if self.lmbda != 0.0:
+                for gs, ns in group_by_device_dtype(g, nxt):
+                    torch._foreach_mul_(gs, 1.0 - self.lmbda)
+                    torch._foreach_add_(gs, ns, alpha=self.lmbda)
+            for p, gi in zip(params, g):
+                p.grad = gi
+            self._g = {}
+        skipped = self._finish()
+        self._zero_grad()
+        self._d, self._next = {p: self._next[p] for p in params}, self._d
+        return StepOutput(
+            loss=loss,
+            logits=logits,
+            perturbed_loss=None,
+            extra_loss=None,
+            rho=self.rho if perturbed else None,
+            skipped=skipped,
+            perturbed=perturbed,
+            passes=1.0,
+        )
+
     @property
     def passes_per_step(self) -> float:
-        return 2.0
+        return 1.0 if self.parallel else 2.0  # per rank: the two-rank form's ranks take one pass each
 
     def _method_state(self) -> dict:
         index = {p: i for i, p in enumerate(self._params())}

@@ -399,6 +399,7 @@ SPECS = (
                     convert=float,
                 ),
             ),
+            Knob("parallel", False, FLAG),
         ),
         perturbs=True,
         needs=("model",),

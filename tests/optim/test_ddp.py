@@ -157,6 +157,36 @@ def _m_sharpness(rank, m_ddp, m_single, steps=2):
     return out
 
 
+def _sampa_two_ranks(rank, steps=3):
+    """SAMPa's two-rank form (rank 0 takes grad f(x~), rank 1 grad f(y')) fed the same batch on both ranks, as the
+    official code is, and SAMPa on one process on that batch: the final parameters of each."""
+    out = {}
+    for label, parallel in (("two_ranks", True), ("single", False)):
+        model = _model()
+        net = nn.parallel.DistributedDataParallel(model) if parallel else model
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        method = optim.create("sampa", base, model=net, rho=0.05, lmbda=0.3, parallel=parallel)
+        for step in range(steps):
+            x, y = _batch(0, step)
+
+            def forward(rows=None, reduction="mean", x=x, y=y, net=net):
+                logits = net(x)
+                return F.cross_entropy(logits, y, reduction=reduction), logits
+
+            method.train_step(forward, inputs=x)
+        out[label] = _flat([p.detach() for p in model.parameters()]).clone()
+    lone = _model()
+    method = optim.create("sampa", torch.optim.SGD(lone.parameters(), lr=0.1), model=lone, parallel=True)
+    before = _flat([p.detach() for p in lone.parameters()]).clone()
+    x, y = _batch(0, 0)
+    try:
+        method.train_step(lambda rows=None, reduction="mean": (F.cross_entropy(lone(x), y), lone(x)), inputs=x)
+    except ValueError as e:
+        assert torch.equal(_flat([p.detach() for p in lone.parameters()]), before)  # refused before any pass
+        out["one_rank_error"] = str(e)
+    return out
+
+
 def _worker(rank, out):
     torch.set_num_threads(1)
     # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
@@ -185,6 +215,7 @@ def _worker(rank, out):
             ),
             "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
             "sampa": _run_method(rank, "sampa", False, steps=3, rho=0.05, lmbda=0.3),
+            "sampa_two_ranks": _sampa_two_ranks(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -313,3 +344,12 @@ def test_sampa_syncs_both_passes(ranks):
         assert all(s["calls"] == steps[0]["calls"] for s in steps)
     for s0, s1 in zip(ranks[0]["sampa"]["steps"][1:], ranks[1]["sampa"]["steps"][1:]):
         _close(s0["eps"], s1["eps"])
+
+
+def test_sampa_two_ranks_is_the_one_device_step(ranks):
+    """Each rank computes one of the step's two gradients and one all-reduce hands both to both: on the same batch
+    the trajectory is one process's SAMPa, and both ranks hold the same weights."""
+    for r in ranks:
+        _close(r["sampa_two_ranks"]["two_ranks"], r["sampa_two_ranks"]["single"])
+        assert "exactly 2 ranks, but got 1" in r["sampa_two_ranks"]["one_rank_error"]
+    assert torch.equal(ranks[0]["sampa_two_ranks"]["two_ranks"], ranks[1]["sampa_two_ranks"]["two_ranks"])
