@@ -23,4 +23,5 @@ from ._scope import check_scope as check_scope
 from ._trajectory import MESA as MESA
 from ._trajectory import SAF as SAF
 from ._trajectory import trajectory_kl as trajectory_kl
+from ._vasso import VaSSO as VaSSO
 from ._wsam import WSAM as WSAM

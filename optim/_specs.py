@@ -407,6 +407,28 @@ SPECS = (
             {"rho": 0.05, "lmbda": 0.3}, base_exactly={"rho": 0.0, "lmbda": 0.0}, passes_per_step=2.0, forwards=6
         ),
     ),
+    method_spec(
+        "vasso",
+        description="VaSSO (Li & Giannakis 2023): SAM perturbed along d_t = (1-theta) d_{t-1} + theta g_t, an EMA "
+        "of the stochastic gradients.",
+        builder="._vasso:VaSSO",
+        knobs=(
+            Knob("rho", 0.1, RADIUS),
+            Knob(
+                "theta",
+                0.4,
+                Rule(
+                    "0 <= theta <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass the EMA weight of the new gradient, e.g. theta=0.4 (1 is SAM)",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun({"rho": 0.05, "theta": 0.4}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6),
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

@@ -215,6 +215,7 @@ def _worker(rank, out):
             ),
             "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
             "sampa": _run_method(rank, "sampa", False, steps=3, rho=0.05, lmbda=0.3),
+            "vasso": _run_method(rank, "vasso", False, steps=3, rho=0.05, theta=0.4),
             "sampa_two_ranks": _sampa_two_ranks(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
@@ -299,7 +300,18 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
 
 @pytest.mark.parametrize(
     "case",
-    ["sam_accumulate", "esam", "esam_global", "fsam", "msam", "sam_scope", "sam_adaptive", "gsam_every", "sampa"],
+    [
+        "sam_accumulate",
+        "esam",
+        "esam_global",
+        "fsam",
+        "msam",
+        "sam_scope",
+        "sam_adaptive",
+        "gsam_every",
+        "sampa",
+        "vasso",
+    ],
 )
 def test_new_settings_keep_replicas_identical(ranks, case):
     _close(ranks[0][case]["params"], ranks[1][case]["params"])

@@ -1,5 +1,6 @@
 """The methods since 2023, each against a float64 hand formula, its reductions and a peer library where one ships it:
-WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent), SAMPa (Xie et al. 2024)."""
+WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent), SAMPa (Xie et al. 2024), VaSSO (Li &
+Giannakis 2023)."""
 
 from __future__ import annotations
 
@@ -260,3 +261,34 @@ def test_sampa_resumes_exactly():
         resumed.train_step(forward_of(model, x, y), inputs=x)
     for a, b in zip(model.parameters(), whole):
         assert torch.equal(a.detach(), b)
+
+
+# ----------------------------------------------------------------------------- VaSSO
+def test_vasso_first_steps_by_hand():
+    """Three steps written out: d_0 = g_0, d_t = (1 - theta) d_{t-1} + theta g_t, the update gradient at
+    w + rho d_t / (||d_t|| + 1e-12), SGD with momentum."""
+    rho, theta, lr, mu = 0.07, 0.3, 0.1, 0.9
+    model = mlp()
+    ws = [p.detach().clone() for p in model.parameters()]
+    buf = d = None
+    for t in range(3):
+        x, y = data(t)
+        g = grads(model, ws, x, y)
+        d = g if d is None else [(1 - theta) * a + theta * b for a, b in zip(d, g)]
+        u = grads(model, [w + rho * di / (norm(d) + 1e-12) for w, di in zip(ws, d)], x, y)
+        buf = u if buf is None else [mu * b + ui for b, ui in zip(buf, u)]
+        ws = [w - lr * b for w, b in zip(ws, buf)]
+    got = train("vasso", mlp(), 3, rho=rho, theta=theta)
+    for a, b in zip(got, ws):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_vasso_reductions():
+    """theta = 1 is SAM (d_t = g_t); rho = 0 the base optimizer, bit for bit; theta < 1 is neither."""
+    sam = train("sam", mlp(), 3, rho=0.05)
+    for a, b in zip(train("vasso", mlp(), 3, rho=0.05, theta=1.0), sam):
+        assert torch.equal(a, b)
+    base = train("none", mlp(), 3)
+    for a, b in zip(train("vasso", mlp(), 3, rho=0.0, theta=0.4), base):
+        assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(train("vasso", mlp(), 3, rho=0.05, theta=0.4), sam))

@@ -308,6 +308,15 @@ def _sampa(st: Step):
     return [(1 - hp["lmbda"]) * a + hp["lmbda"] * b for a, b in zip(g, gy)]
 
 
+@by_the_book("vasso")
+def _vasso(st: Step):
+    # d_0 = g_0, then d_t = (1 - theta) d_{t-1} + theta g_t; SAM's ascent along d_t.
+    hp, g = st.hp, st.g
+    d = st.state.get("d")
+    d = st.state["d"] = g if d is None else [(1 - hp["theta"]) * a + hp["theta"] * b for a, b in zip(d, g)]
+    return loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(st.ws, d)], st.x, st.y)[2]
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(

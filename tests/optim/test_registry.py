@@ -30,6 +30,7 @@ def test_registry_lists_every_method():
         "msam",
         "wsam",
         "sampa",
+        "vasso",
     )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
