@@ -1,4 +1,4 @@
-"""sharpscale's optimisation methods (SAM and its GCSAM knob, ASAM, GSAM, LookSAM, SAF, MESA, ESAM, F-SAM, MSAM, WSAM), their scope and schedule, behind one step interface; pure PyTorch."""
+"""sharpscale's optimisation methods (SAM and its GCSAM knob, ASAM, GSAM, LookSAM, SAF, MESA, ESAM, F-SAM, MSAM, WSAM, SAMPa, VaSSO), their scope and schedule, behind one step interface; pure PyTorch."""
 
 from __future__ import annotations
 
@@ -23,5 +23,7 @@ __all__, __getattr__, __dir__ = exports(
         "_fsam": ("FriendlySAM",),
         "_msam": ("MSAM",),
         "_wsam": ("WSAM",),
+        "_sampa": ("SAMPa",),
+        "_vasso": ("VaSSO",),
     },
 )

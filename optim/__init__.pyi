@@ -15,6 +15,7 @@ from ._registry import check_step_kinds as check_step_kinds
 from ._registry import create as create
 from ._registry import method_names as method_names
 from ._sam import SAM as SAM
+from ._sampa import SAMPa as SAMPa
 from ._schedule import Schedule as Schedule
 from ._schedule import check_schedule as check_schedule
 from ._scheduled import Scheduled as Scheduled
@@ -22,4 +23,5 @@ from ._scope import check_scope as check_scope
 from ._trajectory import MESA as MESA
 from ._trajectory import SAF as SAF
 from ._trajectory import trajectory_kl as trajectory_kl
+from ._vasso import VaSSO as VaSSO
 from ._wsam import WSAM as WSAM

@@ -382,6 +382,53 @@ SPECS = (
             {"rho": 0.05, "gamma": 0.8, "decouple": True}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6
         ),
     ),
+    method_spec(
+        "sampa",
+        description="SAMPa (Xie et al. 2024): SAM perturbed along the gradient at y = x - lr d of the previous step, "
+        "so the step's two gradients are independent; (1-lmbda) g(x~) + lmbda g(y).",
+        builder="._sampa:SAMPa",
+        knobs=(
+            Knob("rho", 0.1, RADIUS),
+            Knob(
+                "lmbda",
+                0.2,
+                Rule(
+                    "0 <= lmbda <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass the weight of the optimistic gradient, e.g. lmbda=0.2 (the paper's SAMPa-0.2; 0 is SAMPa-0)",
+                    convert=float,
+                ),
+            ),
+            Knob("parallel", False, FLAG),
+        ),
+        perturbs=True,
+        needs=("model",),
+        small=SmallRun(
+            {"rho": 0.05, "lmbda": 0.3}, base_exactly={"rho": 0.0, "lmbda": 0.0}, passes_per_step=2.0, forwards=6
+        ),
+    ),
+    method_spec(
+        "vasso",
+        description="VaSSO (Li & Giannakis 2023): SAM perturbed along d_t = (1-theta) d_{t-1} + theta g_t, an EMA "
+        "of the stochastic gradients.",
+        builder="._vasso:VaSSO",
+        knobs=(
+            Knob("rho", 0.1, RADIUS),
+            Knob(
+                "theta",
+                0.4,
+                Rule(
+                    "0 <= theta <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass the EMA weight of the new gradient, e.g. theta=0.4 (1 is SAM)",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun({"rho": 0.05, "theta": 0.4}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6),
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

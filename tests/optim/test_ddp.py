@@ -157,6 +157,36 @@ def _m_sharpness(rank, m_ddp, m_single, steps=2):
     return out
 
 
+def _sampa_two_ranks(rank, steps=3):
+    """SAMPa's two-rank form (rank 0 takes grad f(x~), rank 1 grad f(y')) fed the same batch on both ranks, as the
+    official code is, and SAMPa on one process on that batch: the final parameters of each."""
+    out = {}
+    for label, parallel in (("two_ranks", True), ("single", False)):
+        model = _model()
+        net = nn.parallel.DistributedDataParallel(model) if parallel else model
+        base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        method = optim.create("sampa", base, model=net, rho=0.05, lmbda=0.3, parallel=parallel)
+        for step in range(steps):
+            x, y = _batch(0, step)
+
+            def forward(rows=None, reduction="mean", x=x, y=y, net=net):
+                logits = net(x)
+                return F.cross_entropy(logits, y, reduction=reduction), logits
+
+            method.train_step(forward, inputs=x)
+        out[label] = _flat([p.detach() for p in model.parameters()]).clone()
+    lone = _model()
+    method = optim.create("sampa", torch.optim.SGD(lone.parameters(), lr=0.1), model=lone, parallel=True)
+    before = _flat([p.detach() for p in lone.parameters()]).clone()
+    x, y = _batch(0, 0)
+    try:
+        method.train_step(lambda rows=None, reduction="mean": (F.cross_entropy(lone(x), y), lone(x)), inputs=x)
+    except ValueError as e:
+        assert torch.equal(_flat([p.detach() for p in lone.parameters()]), before)  # refused before any pass
+        out["one_rank_error"] = str(e)
+    return out
+
+
 def _worker(rank, out):
     torch.set_num_threads(1)
     # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
@@ -184,6 +214,9 @@ def _worker(rank, out):
                 rank, "sam", False, steps=5, rho=0.05, schedule={"adaptive": {"c": 0.0, "decay": 0.5}}
             ),
             "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
+            "sampa": _run_method(rank, "sampa", False, steps=3, rho=0.05, lmbda=0.3),
+            "vasso": _run_method(rank, "vasso", False, steps=3, rho=0.05, theta=0.4),
+            "sampa_two_ranks": _sampa_two_ranks(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -266,7 +299,19 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
 
 
 @pytest.mark.parametrize(
-    "case", ["sam_accumulate", "esam", "esam_global", "fsam", "msam", "sam_scope", "sam_adaptive", "gsam_every"]
+    "case",
+    [
+        "sam_accumulate",
+        "esam",
+        "esam_global",
+        "fsam",
+        "msam",
+        "sam_scope",
+        "sam_adaptive",
+        "gsam_every",
+        "sampa",
+        "vasso",
+    ],
 )
 def test_new_settings_keep_replicas_identical(ranks, case):
     _close(ranks[0][case]["params"], ranks[1][case]["params"])
@@ -299,3 +344,24 @@ def test_scheduled_replicas_take_the_same_kind_of_step(ranks):
     for case in ("sam_adaptive", "gsam_every"):
         kinds = [[s["eps"] is not None for s in ranks[r][case]["steps"]] for r in range(WORLD)]
         assert kinds[0] == kinds[1] and True in kinds[0] and False in kinds[0], (case, kinds)
+
+
+def test_sampa_syncs_both_passes(ranks):
+    """SAMPa on one replica computing both gradients: DDP averages each pass (so d, and with it the perturbation and
+    the optimistic point, is the same on every replica), and nothing is all-reduced by hand."""
+    for r in ranks:
+        assert r["sampa"]["manual"] == 0
+        steps = r["sampa"]["steps"]
+        assert steps[0]["calls"] == 2 * steps[0]["pass1_calls"] > 0
+        assert all(s["calls"] == steps[0]["calls"] for s in steps)
+    for s0, s1 in zip(ranks[0]["sampa"]["steps"][1:], ranks[1]["sampa"]["steps"][1:]):
+        _close(s0["eps"], s1["eps"])
+
+
+def test_sampa_two_ranks_is_the_one_device_step(ranks):
+    """Each rank computes one of the step's two gradients and one all-reduce hands both to both: on the same batch
+    the trajectory is one process's SAMPa, and both ranks hold the same weights."""
+    for r in ranks:
+        _close(r["sampa_two_ranks"]["two_ranks"], r["sampa_two_ranks"]["single"])
+        assert "exactly 2 ranks, but got 1" in r["sampa_two_ranks"]["one_rank_error"]
+    assert torch.equal(ranks[0]["sampa_two_ranks"]["two_ranks"], ranks[1]["sampa_two_ranks"]["two_ranks"])

@@ -1,5 +1,6 @@
 """The methods since 2023, each against a float64 hand formula, its reductions and a peer library where one ships it:
-WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent)."""
+WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent), SAMPa (Xie et al. 2024), VaSSO (Li &
+Giannakis 2023)."""
 
 from __future__ import annotations
 
@@ -177,3 +178,117 @@ def test_gcsam_matches_pytorch_optimizer_sam_with_use_gc():
     # The peer's global norm is a float32 number (see the WSAM peer test).
     for a, b in zip(ours, model.parameters()):
         torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-9)
+
+
+# ----------------------------------------------------------------------------- SAMPa
+class Quadratic(nn.Module):
+    """f(u, v) = 1/2 [u; v]^T A [u; v] - b^T [u; v]: gradient A w - b, known in closed form."""
+
+    A = torch.tensor([[3.0, 0.5, 0.0], [0.5, 1.0, -0.2], [0.0, -0.2, 2.0]], dtype=torch.float64)
+    b = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+
+    def __init__(self):
+        super().__init__()
+        self.u = nn.Parameter(torch.tensor([0.4, -0.3], dtype=torch.float64))
+        self.v = nn.Parameter(torch.tensor([1.2], dtype=torch.float64))
+
+    def forward(self):
+        w = torch.cat([self.u, self.v])
+        return 0.5 * w @ self.A @ w - self.b @ w
+
+
+def quadratic_grad(w):
+    return Quadratic.A @ w - Quadratic.b
+
+
+def sampa_on_quadratic(steps, **hp):
+    model = Quadratic()
+    base = torch.optim.SGD([{"params": [model.u], "lr": 0.1}, {"params": [model.v], "lr": 0.05}], lr=0.1)
+    method = optim.create("sampa", base, model=model, **hp)
+
+    def forward(rows=None, reduction="mean"):
+        loss = model()
+        return loss, loss.reshape(1, 1)
+
+    outs = [method.train_step(forward) for _ in range(steps)]
+    return torch.cat([model.u.detach(), model.v.detach()]), outs
+
+
+def test_sampa_on_a_quadratic_by_hand():
+    """Three steps of the paper's equations written out: x~ = x + rho d/||d||, y' = x - lr d, x <- x - lr ((1 - lmbda)
+    grad(x~) + lmbda grad(y')), d <- grad(y'); no d on the first step (x~ = y' = x); lr per param group."""
+    rho, lmbda = 0.2, 0.3
+    lr = torch.tensor([0.1, 0.1, 0.05], dtype=torch.float64)
+    x = torch.tensor([0.4, -0.3, 1.2], dtype=torch.float64)
+    d = None
+    for _ in range(3):
+        xt = x if d is None else x + rho * d / (d.norm() + 1e-12)
+        y = x if d is None else x - lr * d
+        d = quadratic_grad(y)
+        x = x - lr * ((1 - lmbda) * quadratic_grad(xt) + lmbda * d)
+    got, outs = sampa_on_quadratic(3, rho=rho, lmbda=lmbda)
+    torch.testing.assert_close(got, x, **TOL)
+    assert [o.perturbed for o in outs] == [False, True, True]
+    assert all(o.passes == 2.0 for o in outs)
+
+
+def test_sampa_reductions():
+    """rho = 0 and lmbda = 0 is the base optimizer bit for bit; lmbda = 0 alone is SAM along the last step's
+    optimistic gradient, so it is not the base optimizer."""
+    base = train("none", mlp(), 3)
+    for a, b in zip(train("sampa", mlp(), 3, rho=0.0, lmbda=0.0), base):
+        assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(train("sampa", mlp(), 3, rho=0.0, lmbda=0.5), base))
+    assert not all(torch.equal(a, b) for a, b in zip(train("sampa", mlp(), 3, rho=0.05, lmbda=0.0), base))
+
+
+def test_sampa_resumes_exactly():
+    """d, the gradient at y kept between steps, is in the method's state: a run stopped after step 2 and resumed in a
+    fresh object continues bit for bit."""
+    whole = train("sampa", mlp(), 4, rho=0.05, lmbda=0.2)
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    method = optim.create("sampa", base, model=model, rho=0.05, lmbda=0.2)
+    for t in range(2):
+        x, y = data(t)
+        method.train_step(forward_of(model, x, y), inputs=x)
+    state = method.state_dict()
+    base2 = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    resumed = optim.create("sampa", base2, model=model, rho=0.05, lmbda=0.2)
+    resumed.load_state_dict(state)
+    for t in range(2, 4):
+        x, y = data(t)
+        resumed.train_step(forward_of(model, x, y), inputs=x)
+    for a, b in zip(model.parameters(), whole):
+        assert torch.equal(a.detach(), b)
+
+
+# ----------------------------------------------------------------------------- VaSSO
+def test_vasso_first_steps_by_hand():
+    """Three steps written out: d_0 = g_0, d_t = (1 - theta) d_{t-1} + theta g_t, the update gradient at
+    w + rho d_t / (||d_t|| + 1e-12), SGD with momentum."""
+    rho, theta, lr, mu = 0.07, 0.3, 0.1, 0.9
+    model = mlp()
+    ws = [p.detach().clone() for p in model.parameters()]
+    buf = d = None
+    for t in range(3):
+        x, y = data(t)
+        g = grads(model, ws, x, y)
+        d = g if d is None else [(1 - theta) * a + theta * b for a, b in zip(d, g)]
+        u = grads(model, [w + rho * di / (norm(d) + 1e-12) for w, di in zip(ws, d)], x, y)
+        buf = u if buf is None else [mu * b + ui for b, ui in zip(buf, u)]
+        ws = [w - lr * b for w, b in zip(ws, buf)]
+    got = train("vasso", mlp(), 3, rho=rho, theta=theta)
+    for a, b in zip(got, ws):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_vasso_reductions():
+    """theta = 1 is SAM (d_t = g_t); rho = 0 the base optimizer, bit for bit; theta < 1 is neither."""
+    sam = train("sam", mlp(), 3, rho=0.05)
+    for a, b in zip(train("vasso", mlp(), 3, rho=0.05, theta=1.0), sam):
+        assert torch.equal(a, b)
+    base = train("none", mlp(), 3)
+    for a, b in zip(train("vasso", mlp(), 3, rho=0.0, theta=0.4), base):
+        assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(train("vasso", mlp(), 3, rho=0.05, theta=0.4), sam))

@@ -294,6 +294,29 @@ def _wsam(st: Step):
     return g
 
 
+@by_the_book("sampa")
+def _sampa(st: Step):
+    # d: grad f(y_t) of the previous step (none on the first: x~ = y = x); y' = x - lr_t d, both on this batch.
+    hp, d = st.hp, st.state.get("d")
+    lrs = [LR[GROUP_OF[i]] * st.s for i in range(4)]
+    if d is None:
+        g, gy = st.g, st.g
+    else:
+        g = loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(st.ws, d)], st.x, st.y)[2]
+        gy = loss_grad([w - lr * di for w, lr, di in zip(st.ws, lrs, d)], st.x, st.y)[2]
+    st.state["d"] = gy
+    return [(1 - hp["lmbda"]) * a + hp["lmbda"] * b for a, b in zip(g, gy)]
+
+
+@by_the_book("vasso")
+def _vasso(st: Step):
+    # d_0 = g_0, then d_t = (1 - theta) d_{t-1} + theta g_t; SAM's ascent along d_t.
+    hp, g = st.hp, st.g
+    d = st.state.get("d")
+    d = st.state["d"] = g if d is None else [(1 - hp["theta"]) * a + hp["theta"] * b for a, b in zip(d, g)]
+    return loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(st.ws, d)], st.x, st.y)[2]
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(

@@ -29,6 +29,8 @@ def test_registry_lists_every_method():
         "fsam",
         "msam",
         "wsam",
+        "sampa",
+        "vasso",
     )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
