@@ -120,16 +120,12 @@ class SAMPa(Method):
                 torch._foreach_add_(pb, db, alpha=-lr)
 
     @torch.no_grad()
-    def _take_grads(self, store: dict) -> list[torch.Tensor]:
-        """Copy ``p.grad`` (zero where missing) into ``store`` and clear the gradients; returns the params."""
-        params = [p for p in self._trainable() if p.grad is not None]
-        for p in params:
-            torch._foreach_copy_([self._buffer(store, p)], [p.grad])
-        for p in self._trainable():
-            if p.grad is None and p in store:
-                store[p].zero_()
+    def _take_grads(self, store: dict, params: list[torch.Tensor]) -> None:
+        """Copy ``p.grad`` of ``params`` (every one has a gradient by now) into ``store``; clear the gradients."""
+        kept = [self._buffer(store, p) for p in params]
+        for ks, gs in group_by_device_dtype(kept, [p.grad for p in params]):
+            torch._foreach_copy_(ks, gs)
         self._zero_grad()
-        return params
 
     def train_step(
         self,
@@ -155,7 +151,7 @@ class SAMPa(Method):
             for p in params:
                 if p.grad is None:  # missing gradients count as zero (docs/algorithms.md, "Missing gradients")
                     p.grad = torch.zeros_like(p)
-            self._take_grads(self._g)
+            self._take_grads(self._g, params)
             self._restore(params)
             self._to_optimistic()
         self._pass(forward, local=False, n=n)
@@ -165,7 +161,7 @@ class SAMPa(Method):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
             found2 = self._nonfinite()
-            self._take_grads(self._next)
+            self._take_grads(self._next, params)
             self._restore(params)
             g = [self._g[p] for p in params]
             nxt = [self._next[p] for p in params]
