@@ -10,6 +10,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis import scaling
 from analysis.geometry.names import METRIC_PREFIX
 from analysis.runs import RHO, best_key, best_trials
 
@@ -392,7 +393,7 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: str) -> None:
     """Add `p_holm` (Holm within each family of `groups`) and `significant` to a table of gains with `p_value`,
-    `detectable` and `note` columns, and say on every null row the effect the design could have detected.
+    `band_low` / `band_high` and `note` columns, and say on every null row what its interval excludes.
 
     `significant` is a nullable boolean: NA where the row has no p-value (fewer than 2 pairs: no test)."""
     out["p_holm"] = np.nan
@@ -403,15 +404,17 @@ def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: 
     out["significant"] = pd.array(
         [pd.NA if math.isnan(p) else bool(p < alpha) for p in out["p_holm"].astype("float64")], dtype="boolean"
     )
-    quiet = (~out["significant"]).fillna(False).astype(bool) & out["detectable"].notna()
+    quiet = (~out["significant"]).fillna(False).astype(bool) & out["band_low"].notna()
     out.loc[quiet, "note"] = [
-        "; ".join(
-            filter(
-                None, [n, f"no {what} detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"]
-            )
-        )
-        for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
+        "; ".join(filter(None, [n, _excludes(what, lo, hi)]))
+        for n, lo, hi in zip(out.loc[quiet, "note"], out.loc[quiet, "band_low"], out.loc[quiet, "band_high"])
     ]
+
+
+def _excludes(what: str, low: float, high: float) -> str:
+    """What a null row's family-wide interval rules out: the absence of an effect is told by the interval (or a
+    TOST against a margin, analysis.scaling.tost), not by a post-hoc power computed from the observed sd."""
+    return f"no {what} detected: the family-wide interval excludes gains below {low:.3g} and above {high:.3g}"
 
 
 def sam_gain(
@@ -471,17 +474,13 @@ def sam_gain(
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
-        k = len(diffs)
-        mean = float(diffs.mean()) if k else math.nan
+        test = scaling.paired_t(diffs, confidence=confidence, family=family[a])
+        k, mean, se = test.n, test.mean, test.se
         sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
-        se = sd / math.sqrt(k) if k > 1 else math.nan
-        lo = hi = band_lo = band_hi = pval = mde = math.nan
+        lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
+        mde = math.nan
         if k > 1:
-            m = family[a]
-            lo, hi = (mean + s * student.ppf(1 - alpha / 2, k - 1) * se for s in (-1, 1))
-            band_lo, band_hi = (mean + s * student.ppf(1 - alpha / (2 * m), k - 1) * se for s in (-1, 1))
-            pval = float(2 * student.sf(abs(mean) / se, k - 1)) if se > 0 else (0.0 if mean != 0 else 1.0)
-            mde = float((student.ppf(1 - alpha / (2 * m), k - 1) + student.ppf(power, k - 1)) * se)
+            mde = float((student.ppf(1 - alpha / (2 * family[a]), k - 1) + student.ppf(power, k - 1)) * se)
         rows.append(
             {
                 "arch": a,
@@ -588,10 +587,10 @@ def gain_family(
         power = gain.attrs.get("power", 0.8)
         gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
         notes = []
-        for note, sig, d in zip(gain["note"], gain["significant"], gain["detectable"]):
+        for note, sig, lo, hi in zip(gain["note"], gain["significant"], gain["band_low"], gain["band_high"]):
             kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
-            if sig is False and math.isfinite(d):
-                kept.append(f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power")
+            if sig is False and math.isfinite(lo):
+                kept.append(_excludes("gain", lo, hi))
             notes.append("; ".join(kept))
         gain["note"] = notes
         gain.attrs.update(family_size=m, family_alpha=alpha)
