@@ -42,6 +42,7 @@ from analysis.runs import (
     unconfirmed_cells,
 )
 from analysis.scaling import (
+    CONDITIONS,
     chance_error,
     data_multiplier,
     fit_scaling_table,
@@ -896,9 +897,12 @@ def _gain_section(r: _Report, level: str, base: str) -> None:
         f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that row alone (unadjusted); "
         f"p_holm: the paired t test's p-value, Holm-adjusted across the report's whole family of {m} gain tests "
         f"(every method pair, arch and fraction; `significant` below {FAMILY_ALPHA:.2g}); band_low/band_high: the "
-        f"interval simultaneous over that family (Bonferroni, what the plot draws); detectable: the gain those pairs "
-        f"find with {gain.attrs['power']:.0%} power at the family's strictest level, from their sd (what a row "
-        "without a significant gain rules out).\n\n" + _markdown(_fmt(gain))
+        f"interval simultaneous over that family (Bonferroni, what the plot draws); a row without a significant "
+        "gain says in its note what that interval excludes (no post-hoc power: what the design could detect is "
+        "stated before the runs, analysis/design.py). "
+        + _conditions(gain)
+        + "\n\n"
+        + _markdown(_fmt(gain.drop(columns=["detectable"], errors="ignore")))
     )
     w.text(f"gain_{slug}.md", gain_md)
     w.csv(f"gain_{slug}.csv", gain)
@@ -934,7 +938,7 @@ def _rho_section(r: _Report) -> None:
         n_boot=max(r.n_boot, 100),
         boot_seed=r.boot_seed,
     )
-    md = f"Numbers from: {source}.\n\n" + result.to_markdown()
+    md = _EXPLORATORY + f"Numbers from: {source}.\n\n" + result.to_markdown()
     w.text("rho_sensitivity.md", md)
     w.csv("rho_levels.csv", result.levels, index=False)
     w.csv("rho_best.csv", result.best)
@@ -943,12 +947,13 @@ def _rho_section(r: _Report) -> None:
     if by:
         transfer = rho_transfer(result, fraction=by[0])
         transfer_md = (
-            _EXPLORATORY
-            + "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
-            "the slope of log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the "
-            "slopes of the per-fraction bootstrap draws; a slope whose interval holds 0 is no evidence of a move), "
-            "and whether the intervals of all fractions overlap (then the data cannot tell a moving rho from a "
-            f"fixed one). Numbers from: {source}.\n\n" + _markdown(_fmt(transfer))
+            _EXPLORATORY + "Does the best rho move with the amount of data? Best rho per fraction [the ends of its "
+            f"{result.confidence:.0%} confidence set for the best level, calibrated at ties], the slope of "
+            "log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the slope's range over "
+            "every choice of a level from each fraction's confidence set, the sets taken at 1 - alpha / fractions "
+            "so that they cover jointly: a conservative projection; a slope whose interval holds 0 is no evidence "
+            "of a move), and whether the sets of all fractions overlap (then the data cannot tell a moving rho "
+            f"from a fixed one). Numbers from: {source}.\n\n" + _markdown(_fmt(transfer))
         )
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
@@ -981,6 +986,12 @@ def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     """M4's eps0 for the study's dataset (one data.name) and metric; None where unknown."""
     names = runs["data.name"].dropna().astype(str).unique() if "data.name" in runs.columns else []
     return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
+
+
+def _conditions(frame: pd.DataFrame) -> str:
+    """What a frame's seed-level intervals condition on (its attrs["conditions"]), said beside them."""
+    said = frame.attrs.get("conditions") or CONDITIONS
+    return f"The intervals are {said}."
 
 
 def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
@@ -1025,7 +1036,8 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
             "pi_low",
             "pi_high",
             "consistent",
-            "check_detectable",
+            "check_low",
+            "check_high",
             "supported",
             "note",
         )
@@ -1041,9 +1053,12 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
         "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
         "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
-        "mean over its seeds, `consistent` whether the observed mean is inside it, `check_detectable` "
-        "the misprediction these seeds find with 80% power (what a consistent check rules out). A form is named "
-        "better only where its held-out error is smaller by more than that difference's own noise.\n\n"
+        "mean over its seeds, `consistent` whether the observed mean is inside it; `check_low`/`check_high` the "
+        "95% interval of `check`: the mispredictions these seeds do not exclude (what a consistent check rules out "
+        "is what lies outside it). A form is named better only where its held-out error is smaller by more than "
+        "that difference's own noise. "
+        + _conditions(laws)
+        + "\n\n"
         + _markdown(_fmt(laws[show]))
         + ("\n" + verdicts + "\n" if verdicts else "")
     )
@@ -1072,8 +1087,11 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
                 + f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
                 "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
-                "influence; each side at least Student t on seeds - 1 df); "
-                "detectable: the |diff| this design finds with 80% power (what a null result rules out).\n\n"
+                "influence; each side at least Student t on seeds - 1 df); identified: whether both fits pin the "
+                "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
+                "range); where the interval holds 0, the note says what it excludes. "
+                + _conditions(frame)
+                + "\n\n"
                 + _markdown(_fmt(frame))
             )
             w.table(f"law_difference_{_slug(level)}", f"Scaling-law difference of {level} over {base}", md, frame)

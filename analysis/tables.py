@@ -589,7 +589,8 @@ def gain_family(
         notes = []
         for note, sig, lo, hi in zip(gain["note"], gain["significant"], gain["band_low"], gain["band_high"]):
             kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
-            if sig is False and math.isfinite(lo):
+            # `sig` is numpy's bool (never `is False`) or NA where no test ran.
+            if sig is not pd.NA and not sig and math.isfinite(lo):
                 kept.append(_excludes("gain", lo, hi))
             notes.append("; ".join(kept))
         gain["note"] = notes
@@ -624,10 +625,12 @@ class RhoSensitivity:
     """Accuracy against rho per group (arch, plus `by`), the best rho of each group and its bootstrap interval.
 
     levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
-    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
+    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho,
+    best_mean, rho_low, rho_high (the confidence set's lowest and highest level), best_set (its levels), n_trials,
     and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
     draws: per group (the tuple of its index values in `best`), the best rho of each bootstrap resample (NaN
-    where the group's levels hold single trials): rho_transfer's slope interval pairs them across fractions.
+    where the group's levels hold single trials). samples: per group, (its levels, each level's metric values):
+    rho_transfer's sets at the fractions' joint level.
     """
 
     levels: pd.DataFrame
@@ -637,6 +640,7 @@ class RhoSensitivity:
     mode: str
     confidence: float
     draws: dict = field(default_factory=dict, repr=False)
+    samples: dict = field(default_factory=dict, repr=False)
 
     def to_markdown(self, *, digits: int = 3) -> str:
         lv = self.levels.copy()
@@ -660,8 +664,10 @@ class RhoSensitivity:
             f"share of bootstrap resamples (of the group's trials) in which the level is best, '–' where no level of "
             f"the group was repeated. Best level: the best mean; a tie goes to the level of the trial that started "
             f"first.\n\n{a}\nBest "
-            f"{self.param} per group, with the {pct}% bootstrap interval of the best level ('–' where no level was "
-            f"repeated: single trials give no interval; see note).\n\n{b}"
+            f"{self.param} per group, with the {pct}% confidence set for the best level (best_set: the levels no "
+            f"other beats by more than a Bonferroni one-sided Welch t, so it holds the truly best level with "
+            f"probability >= {pct}%, ties included; rho_low/rho_high its ends; '–' where a level has a single trial: "
+            f"no spread, no set; see note).\n\n{b}"
         )
 
 
@@ -698,13 +704,16 @@ def rho_sensitivity(
     value as its own level (a grid search, or one level per trial of a continuous search); bins=k puts
     the group's trials into k equal-width bins of log(rho), each level placed at the geometric mean of
     its trials' rho. Best rho: the level with the best mean metric; among equal means, the level holding the
-    trial that `analysis.runs.BEST_RULE` ranks first (one trial a level: the best trial's level). Its interval: resample the group's
-    trials with replacement `n_boot` times (seeded), recompute the level means (levels not drawn drop
-    out) and take the best level of each resample; rho_low / rho_high are the lower and upper
-    `confidence` percentiles of those best levels (always levels that exist), p_best each level's share.
+    trial that `analysis.runs.BEST_RULE` ranks first (one trial a level: the best trial's level). Its interval:
+    the confidence set for the best level (`analysis.sweep.best_level_set`: the levels no other beats by more
+    than a Bonferroni one-sided Welch t, calibrated at ties), `best_set` its levels, rho_low / rho_high its
+    lowest and highest (NaN where a level has a single trial). p_best: each level's share of the best level over
+    `n_boot` resamples of the group's trials (seeded): descriptive, not an interval.
     baseline: a level of `method` (or the optimizer it runs, e.g. 'none') whose mean metric is shown as
     the rho = 0 reference.
     """
+    from analysis.sweep import best_level_set
+
     _check_mode(mode)
     _check_n_boot(n_boot)
     _check_confidence(confidence)
@@ -728,6 +737,7 @@ def rho_sensitivity(
     tail = (1.0 - confidence) / 2.0
     level_rows, best_rows = [], []
     draws_by_group: dict[tuple, np.ndarray] = {}
+    samples_by_group: dict[tuple, tuple] = {}
     base_means = None
     if baseline is not None:
         if method is None:
@@ -793,6 +803,13 @@ def rho_sensitivity(
         else:
             note = ""
         draws_by_group[key] = best_rhos
+        # The interval printed is the confidence set for the best level (calibrated at ties, where the bootstrap's
+        # argmax drops levels exactly as good): rho_low / rho_high are its lowest and highest levels.
+        per_level = [values[codes == i] for i in range(k)]
+        samples_by_group[key] = (level_rho, per_level)
+        chosen = best_level_set(level_rho, per_level, mode=mode, confidence=confidence)["set"]
+        rho_low, rho_high = (min(chosen), max(chosen)) if chosen else (math.nan, math.nan)
+        best_set = ", ".join(f"{v:.4g}" for v in chosen) if chosen else "–"
         for i in range(k):
             level_rows.append(
                 {
@@ -810,6 +827,7 @@ def rho_sensitivity(
             "best_mean": float(means[best]),
             "rho_low": rho_low,
             "rho_high": rho_high,
+            "best_set": best_set,
             "levels": k,
             "n_trials": int(len(values)),
             "note": note,
@@ -829,6 +847,7 @@ def rho_sensitivity(
         mode=mode,
         confidence=confidence,
         draws=draws_by_group,
+        samples=samples_by_group,
     )
 
 
@@ -920,12 +939,14 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
     """Does the best rho move with the amount of data? From a rho_sensitivity split by fraction (by=(fraction,)).
 
     One row per (arch, method): the best rho at each fraction with its interval (as columns rho@<f>), the slope
-    of log10(best rho) on log10(fraction) by least squares with its interval (slope_low, slope_high: percentiles
-    of the slopes of rho_sensitivity's bootstrap draws, each fraction's trials resampled independently, draw i
-    of every fraction taken together), and `overlap`: whether the best-rho intervals of all fractions share a
+    of log10(best rho) on log10(fraction) by least squares with its interval (slope_low, slope_high:
+    `analysis.sweep.transfer_slope`, the slope's range over every choice of a level from each fraction's
+    confidence set for its best rho, the sets at 1 - alpha / fractions so that they cover jointly), and `overlap`: whether the best-rho intervals of all fractions share a
     common value. A slope whose interval holds 0 is no evidence that the best rho moves (note says so). Groups
     without intervals (single trials per level) have no slope interval and overlap NaN, and say so in `note`.
     """
+    from analysis.sweep import best_level_set, transfer_slope
+
     name = fraction.removeprefix("factor.")
     names = list(result.best.index.names)
     if name not in names:
@@ -934,7 +955,6 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         )
     best = result.best.reset_index()
     keys = [n for n in names if n != name]
-    tail = (1.0 - result.confidence) / 2.0
     rows = []
     for key, part in best.groupby(keys, sort=True):
         key = key if isinstance(key, tuple) else (key,)
@@ -947,11 +967,16 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         x, y = np.log10(part["_f"].to_numpy(dtype="float64")), np.log10(part["best_rho"].to_numpy(dtype="float64"))
         fits = len(np.unique(x)) >= 2
         row["slope"] = float(_slopes(x, y[None, :])[0]) if fits else math.nan
-        draws = [result.draws.get(tuple(r[n] for n in names)) for _, r in part.iterrows()]
         row["slope_low"] = row["slope_high"] = math.nan
-        if fits and all(d is not None and np.all(np.isfinite(d)) for d in draws):
-            slopes = _slopes(x, np.log10(np.column_stack(draws)))
-            row["slope_low"], row["slope_high"] = (float(v) for v in np.quantile(slopes, [tail, 1 - tail]))
+        samples = [result.samples.get(tuple(r[n] for n in names)) for _, r in part.iterrows()]
+        if fits and all(smp is not None for smp in samples):
+            # Each fraction's set at 1 - alpha / F, so that all cover at once and the projected slope interval
+            # holds at `confidence` (transfer_slope).
+            joint = 1.0 - (1.0 - result.confidence) / len(samples)
+            sets = [best_level_set(lv, vals, mode=result.mode, confidence=joint)["set"] for lv, vals in samples]
+            slope = transfer_slope(part["_f"].to_numpy(dtype="float64"), part["best_rho"].to_numpy(), sets)
+            # The slope from the same weights as its interval, so that rounding cannot put it outside.
+            row["slope"], row["slope_low"], row["slope_high"] = slope["slope"], slope["low"], slope["high"]
         lows, highs = part["rho_low"].to_numpy(dtype="float64"), part["rho_high"].to_numpy(dtype="float64")
         notes = []
         if np.isfinite(lows).all() and np.isfinite(highs).all():

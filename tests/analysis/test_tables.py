@@ -431,6 +431,33 @@ def test_rho_sensitivity_picks_each_architectures_best_rho(store):
     assert len(binned.levels[binned.levels["arch"] == "vit"]) == 3
 
 
+def test_the_best_rhos_interval_is_the_confidence_set_calibrated_at_ties(store):
+    from analysis.runs import RHO
+    from analysis.sweep import best_level_set
+
+    runs = load_runs("rho", tracking_uri=store[0])
+    result = rho_sensitivity(runs, n_boot=500)
+    from analysis.tables import _ok
+
+    done = _ok(runs, "val_acc")
+    done = done[pd.to_numeric(done[RHO], errors="coerce") > 0]
+    for (arch, method), row in result.best.iterrows():
+        part = done[(done["factor.arch"] == arch) & (done["factor.method"] == method)]
+        rho = pd.to_numeric(part[RHO])
+        levels = sorted(rho.unique())
+        expected = best_level_set(levels, [part.loc[rho == v, "val_acc"].to_numpy() for v in levels])["set"]
+        assert (row["rho_low"], row["rho_high"]) == (min(expected), max(expected)), (arch, method)
+        assert row["best_set"] == ", ".join(f"{v:.4g}" for v in expected)
+    # Two levels exactly as good: both stay in the set (a bootstrap of the argmax drops one in ~40% of such studies).
+    tie = done[(done["factor.arch"] == "vit") & (done["factor.method"] == "sam")].copy()
+    rho = pd.to_numeric(tie[RHO])
+    top = rho == 0.2
+    twin = tie[top].assign(**{RHO: 0.5, "run_id": tie.loc[top, "run_id"] + "-twin"})
+    tied = rho_sensitivity(pd.concat([tie[rho != 0.5], twin], ignore_index=True), n_boot=200).best.iloc[0]
+    assert tied["rho_low"] <= 0.2 and tied["rho_high"] >= 0.5 and "0.2" in tied["best_set"]
+    assert "confidence set for the best level" in result.to_markdown()
+
+
 def test_rho_sensitivity_on_the_scaling_study_splits_by_fraction(runs):
     result = rho_sensitivity(runs, by=("data.fraction",), baseline="none", n_boot=200)
     assert result.best.loc[("vit", "sam", 0.5), "best_rho"] == 0.2
