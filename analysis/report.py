@@ -48,6 +48,7 @@ from analysis.scaling import (
     fit_scaling_table,
     fits_frame,
     law_extrapolation,
+    law_parameters,
     paired_law_difference,
     table_points,
 )
@@ -743,7 +744,7 @@ def _scaling_section(r: _Report) -> None:
     w.figure("scaling.png", plot_error_vs_n(table, fits))
     w.section(f"Data scaling{r.unit}", md, "scaling.png")
     if fits:
-        frame = fits_frame(fits)
+        frame = _one_beta(fits_frame(fits), table, seed is not None, r.boot_seed)
         fits_md = (
             f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
@@ -751,8 +752,17 @@ def _scaling_section(r: _Report) -> None:
             "which, and its coverage measured by simulation, benchmarks/sim_coverage.py --power-laws: docs/science.md): "
             "with 2+ seeds the delete-one-seed jackknife with Student's t on seeds - 1 df, the seed being the "
             "independent unit; with one seed none (its offset, shared by its points, cannot be resampled); without "
-            "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. The saturating law's seed-level bootstrap-t intervals are in the scaling-law "
-            "section.\n\n" + _markdown(_fmt(frame))
+            "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. "
+            + (
+                "One exponent a series: with seeds, the fit's b is not printed; `beta` [beta_low, beta_high] is "
+                "the exponent of the same form L(n) = E + B n^-beta fitted on every seed's point in log space "
+                "(analysis.scaling.law_parameters: seed-level bootstrap-t, no interval where not identified), the "
+                "beta the scaling-law sections use. " + _conditions(frame)
+                if "beta" in frame.columns
+                else ""
+            )
+            + "\n\n"
+            + _markdown(_fmt(frame))
         )
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
@@ -986,6 +996,32 @@ def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     """M4's eps0 for the study's dataset (one data.name) and metric; None where unknown."""
     names = runs["data.name"].dropna().astype(str).unique() if "data.name" in runs.columns else []
     return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
+
+
+def _one_beta(frame: pd.DataFrame, table, seeded: bool, boot_seed: int) -> pd.DataFrame:
+    """The power-law table with law_parameters' beta in place of fit_power_law's b: two exponents of one series
+    with different intervals in one report read as two findings (issue 32). Without seeds there is no
+    seed-level beta, and b stays."""
+    if not seeded or frame.empty:
+        return frame
+    betas = []
+    for arch, method in frame.index:
+        n, err, seeds = table_points(table, arch, method)
+        row = {"beta": math.nan, "beta_low": math.nan, "beta_high": math.nan}
+        if len(np.unique(seeds)) >= 2 and len(np.unique(n)) >= 3 and not np.all(err == 0):
+            par = law_parameters(n, err, seeds, boot_seed=boot_seed)
+            row = {
+                "beta": par.loc["beta", "estimate"],
+                "beta_low": par.loc["beta", "low"],
+                "beta_high": par.loc["beta", "high"],
+            }
+        betas.append(row)
+    out = frame.drop(columns=["b", "b_low", "b_high"])
+    at = list(out.columns).index("a_high") + 1 if "a_high" in out.columns else 0
+    for i, col in enumerate(("beta", "beta_low", "beta_high")):
+        out.insert(at + i, col, [b[col] for b in betas])
+    out.attrs["conditions"] = CONDITIONS  # law_parameters' intervals: over seeds, as every other here
+    return out
 
 
 def _conditions(frame: pd.DataFrame) -> str:

@@ -82,6 +82,10 @@ def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_
         caption = report[report.index(f"## {title}") :].split("\n|", 1)[0]
         assert CONDITIONS in caption, title
     assert "`check_low`/`check_high`" in report and "identified:" in report
+    # One exponent a series: the power-law table prints law_parameters' beta, not fit_power_law's b.
+    fits = pd.read_csv(out / "scaling_fits.csv")
+    assert {"beta", "beta_low", "beta_high"} <= set(fits.columns) and not {"b", "b_low", "b_high"} & set(fits.columns)
+    assert "rho sensitivity" not in report or "confidence set for the best level" in report
     laws = pd.read_csv(out / "scaling_laws.csv")
     negative = pd.to_numeric(laws.get("E"), errors="coerce") < 0
     assert laws.loc[negative, "note"].str.contains("E < 0").all()
