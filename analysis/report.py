@@ -1202,12 +1202,12 @@ def _compute_section(r: _Report) -> None:
         paired = [p for p in paired if not p.empty]
         if paired:
             # Outside the report's family: its p-values stay, its verdicts go (nothing exploratory is 'significant').
-            gains = pd.concat(paired).drop(columns=["significant"], errors="ignore")
+            gains = pd.concat(paired).drop(columns=["significant", "detectable"], errors="ignore")
             md += (
                 f"\n### Paired by seed\n\n{_EXPLORATORY}Each method against each plain level of the same arch, paired by seed: "
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
-                "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
-                "with 80% power, cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
+                "Holm-adjusted across the methods compared with one baseline (a null row's note says what its "
+                "interval excludes), cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)

@@ -393,7 +393,8 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: str) -> None:
     """Add `p_holm` (Holm within each family of `groups`) and `significant` to a table of gains with `p_value`,
-    `band_low` / `band_high` and `note` columns, and say on every null row what its interval excludes.
+    `band_low` / `band_high` (or `ci_low` / `ci_high`) and `note` columns, and say on every null row what its
+    interval excludes.
 
     `significant` is a nullable boolean: NA where the row has no p-value (fewer than 2 pairs: no test)."""
     out["p_holm"] = np.nan
@@ -404,17 +405,21 @@ def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: 
     out["significant"] = pd.array(
         [pd.NA if math.isnan(p) else bool(p < alpha) for p in out["p_holm"].astype("float64")], dtype="boolean"
     )
-    quiet = (~out["significant"]).fillna(False).astype(bool) & out["band_low"].notna()
+    # The family-wide band where the table has one (sam_gain), else the row's own interval (compute_matched_gains).
+    low, high, which = (
+        ("band_low", "band_high", "family-wide") if "band_low" in out.columns else ("ci_low", "ci_high", "")
+    )
+    quiet = (~out["significant"]).fillna(False).astype(bool) & out[low].notna()
     out.loc[quiet, "note"] = [
-        "; ".join(filter(None, [n, _excludes(what, lo, hi)]))
-        for n, lo, hi in zip(out.loc[quiet, "note"], out.loc[quiet, "band_low"], out.loc[quiet, "band_high"])
+        "; ".join(filter(None, [n, _excludes(what, lo, hi, which)]))
+        for n, lo, hi in zip(out.loc[quiet, "note"], out.loc[quiet, low], out.loc[quiet, high])
     ]
 
 
-def _excludes(what: str, low: float, high: float) -> str:
-    """What a null row's family-wide interval rules out: the absence of an effect is told by the interval (or a
-    TOST against a margin, analysis.scaling.tost), not by a post-hoc power computed from the observed sd."""
-    return f"no {what} detected: the family-wide interval excludes gains below {low:.3g} and above {high:.3g}"
+def _excludes(what: str, low: float, high: float, which: str = "family-wide") -> str:
+    """What a null row's interval rules out: the absence of an effect is told by the interval (or a TOST against
+    a margin, analysis.scaling.tost), not by a post-hoc power computed from the observed sd."""
+    return f"no {what} detected: the {which + ' ' if which else ''}interval excludes gains below {low:.3g} and above {high:.3g}"
 
 
 def sam_gain(
