@@ -42,11 +42,13 @@ from analysis.runs import (
     unconfirmed_cells,
 )
 from analysis.scaling import (
+    CONDITIONS,
     chance_error,
     data_multiplier,
     fit_scaling_table,
     fits_frame,
     law_extrapolation,
+    law_parameters,
     paired_law_difference,
     table_points,
 )
@@ -742,7 +744,7 @@ def _scaling_section(r: _Report) -> None:
     w.figure("scaling.png", plot_error_vs_n(table, fits))
     w.section(f"Data scaling{r.unit}", md, "scaling.png")
     if fits:
-        frame = fits_frame(fits)
+        frame = _one_beta(fits_frame(fits), table, seed is not None, r.boot_seed)
         fits_md = (
             f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
@@ -750,8 +752,17 @@ def _scaling_section(r: _Report) -> None:
             "which, and its coverage measured by simulation, benchmarks/sim_coverage.py --power-laws: docs/science.md): "
             "with 2+ seeds the delete-one-seed jackknife with Student's t on seeds - 1 df, the seed being the "
             "independent unit; with one seed none (its offset, shared by its points, cannot be resampled); without "
-            "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. The saturating law's seed-level bootstrap-t intervals are in the scaling-law "
-            "section.\n\n" + _markdown(_fmt(frame))
+            "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. "
+            + (
+                "One exponent a series: with seeds, the fit's b is not printed; `beta` [beta_low, beta_high] is "
+                "the exponent of the same form L(n) = E + B n^-beta fitted on every seed's point in log space "
+                "(analysis.scaling.law_parameters: seed-level bootstrap-t, no interval where not identified), the "
+                "beta the scaling-law sections use. " + _conditions(frame)
+                if "beta" in frame.columns
+                else ""
+            )
+            + "\n\n"
+            + _markdown(_fmt(frame))
         )
         w.text("scaling_fits.md", fits_md)
         w.csv("scaling_fits.csv", frame)
@@ -896,9 +907,12 @@ def _gain_section(r: _Report, level: str, base: str) -> None:
         f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that row alone (unadjusted); "
         f"p_holm: the paired t test's p-value, Holm-adjusted across the report's whole family of {m} gain tests "
         f"(every method pair, arch and fraction; `significant` below {FAMILY_ALPHA:.2g}); band_low/band_high: the "
-        f"interval simultaneous over that family (Bonferroni, what the plot draws); detectable: the gain those pairs "
-        f"find with {gain.attrs['power']:.0%} power at the family's strictest level, from their sd (what a row "
-        "without a significant gain rules out).\n\n" + _markdown(_fmt(gain))
+        f"interval simultaneous over that family (Bonferroni, what the plot draws); a row without a significant "
+        "gain says in its note what that interval excludes (no post-hoc power: what the design could detect is "
+        "stated before the runs, analysis/design.py). "
+        + _conditions(gain)
+        + "\n\n"
+        + _markdown(_fmt(gain.drop(columns=["detectable"], errors="ignore")))
     )
     w.text(f"gain_{slug}.md", gain_md)
     w.csv(f"gain_{slug}.csv", gain)
@@ -934,7 +948,7 @@ def _rho_section(r: _Report) -> None:
         n_boot=max(r.n_boot, 100),
         boot_seed=r.boot_seed,
     )
-    md = f"Numbers from: {source}.\n\n" + result.to_markdown()
+    md = _EXPLORATORY + f"Numbers from: {source}.\n\n" + result.to_markdown()
     w.text("rho_sensitivity.md", md)
     w.csv("rho_levels.csv", result.levels, index=False)
     w.csv("rho_best.csv", result.best)
@@ -943,12 +957,13 @@ def _rho_section(r: _Report) -> None:
     if by:
         transfer = rho_transfer(result, fraction=by[0])
         transfer_md = (
-            _EXPLORATORY
-            + "Does the best rho move with the amount of data? Best rho per fraction [its bootstrap interval], "
-            "the slope of log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the "
-            "slopes of the per-fraction bootstrap draws; a slope whose interval holds 0 is no evidence of a move), "
-            "and whether the intervals of all fractions overlap (then the data cannot tell a moving rho from a "
-            f"fixed one). Numbers from: {source}.\n\n" + _markdown(_fmt(transfer))
+            _EXPLORATORY + "Does the best rho move with the amount of data? Best rho per fraction [the ends of its "
+            f"{result.confidence:.0%} confidence set for the best level, calibrated at ties], the slope of "
+            "log10(best rho) on log10(fraction) with its interval (slope_low, slope_high: the slope's range over "
+            "every choice of a level from each fraction's confidence set, the sets taken at 1 - alpha / fractions "
+            "so that they cover jointly: a conservative projection; a slope whose interval holds 0 is no evidence "
+            "of a move), and whether the sets of all fractions overlap (then the data cannot tell a moving rho "
+            f"from a fixed one). Numbers from: {source}.\n\n" + _markdown(_fmt(transfer))
         )
         w.text("rho_transfer.md", transfer_md)
         w.csv("rho_transfer.csv", transfer)
@@ -981,6 +996,38 @@ def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     """M4's eps0 for the study's dataset (one data.name) and metric; None where unknown."""
     names = runs["data.name"].dropna().astype(str).unique() if "data.name" in runs.columns else []
     return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
+
+
+def _one_beta(frame: pd.DataFrame, table, seeded: bool, boot_seed: int) -> pd.DataFrame:
+    """The power-law table with law_parameters' beta in place of fit_power_law's b: two exponents of one series
+    with different intervals in one report read as two findings (issue 32). Without seeds there is no
+    seed-level beta, and b stays."""
+    if not seeded or frame.empty:
+        return frame
+    betas = []
+    for arch, method in frame.index:
+        n, err, seeds = table_points(table, arch, method)
+        row = {"beta": math.nan, "beta_low": math.nan, "beta_high": math.nan}
+        if len(np.unique(seeds)) >= 2 and len(np.unique(n)) >= 3 and not np.all(err == 0):
+            par = law_parameters(n, err, seeds, boot_seed=boot_seed)
+            row = {
+                "beta": par.loc["beta", "estimate"],
+                "beta_low": par.loc["beta", "low"],
+                "beta_high": par.loc["beta", "high"],
+            }
+        betas.append(row)
+    out = frame.drop(columns=["b", "b_low", "b_high"])
+    at = list(out.columns).index("a_high") + 1 if "a_high" in out.columns else 0
+    for i, col in enumerate(("beta", "beta_low", "beta_high")):
+        out.insert(at + i, col, [b[col] for b in betas])
+    out.attrs["conditions"] = CONDITIONS  # law_parameters' intervals: over seeds, as every other here
+    return out
+
+
+def _conditions(frame: pd.DataFrame) -> str:
+    """What a frame's seed-level intervals condition on (its attrs["conditions"]), said beside them."""
+    said = frame.attrs.get("conditions") or CONDITIONS
+    return f"The intervals are {said}."
 
 
 def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
@@ -1025,7 +1072,8 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
             "pi_low",
             "pi_high",
             "consistent",
-            "check_detectable",
+            "check_low",
+            "check_high",
             "supported",
             "note",
         )
@@ -1041,9 +1089,12 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
         "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
         "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
-        "mean over its seeds, `consistent` whether the observed mean is inside it, `check_detectable` "
-        "the misprediction these seeds find with 80% power (what a consistent check rules out). A form is named "
-        "better only where its held-out error is smaller by more than that difference's own noise.\n\n"
+        "mean over its seeds, `consistent` whether the observed mean is inside it; `check_low`/`check_high` the "
+        "95% interval of `check`: the mispredictions these seeds do not exclude (what a consistent check rules out "
+        "is what lies outside it). A form is named better only where its held-out error is smaller by more than "
+        "that difference's own noise. "
+        + _conditions(laws)
+        + "\n\n"
         + _markdown(_fmt(laws[show]))
         + ("\n" + verdicts + "\n" if verdicts else "")
     )
@@ -1072,8 +1123,11 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
                 + f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
                 f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
                 "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
-                "influence; each side at least Student t on seeds - 1 df); "
-                "detectable: the |diff| this design finds with 80% power (what a null result rules out).\n\n"
+                "influence; each side at least Student t on seeds - 1 df); identified: whether both fits pin the "
+                "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
+                "range); where the interval holds 0, the note says what it excludes. "
+                + _conditions(frame)
+                + "\n\n"
                 + _markdown(_fmt(frame))
             )
             w.table(f"law_difference_{_slug(level)}", f"Scaling-law difference of {level} over {base}", md, frame)
@@ -1148,12 +1202,12 @@ def _compute_section(r: _Report) -> None:
         paired = [p for p in paired if not p.empty]
         if paired:
             # Outside the report's family: its p-values stay, its verdicts go (nothing exploratory is 'significant').
-            gains = pd.concat(paired).drop(columns=["significant"], errors="ignore")
+            gains = pd.concat(paired).drop(columns=["significant", "detectable"], errors="ignore")
             md += (
                 f"\n### Paired by seed\n\n{_EXPLORATORY}Each method against each plain level of the same arch, paired by seed: "
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
-                "Holm-adjusted across the methods compared with one baseline, detectable the gain the pairs find "
-                "with 80% power, cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
+                "Holm-adjusted across the methods compared with one baseline (a null row's note says what its "
+                "interval excludes), cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)

@@ -440,5 +440,9 @@ def transfer_slope(fractions: Sequence[float], best: Sequence[float], sets: Sequ
     hi_y = np.array([math.log10(max(s)) for s in sets])
     low = float(np.where(w > 0, w * lo_y, w * hi_y).sum())
     high = float(np.where(w > 0, w * hi_y, w * lo_y).sum())
+    # Where each best level lies in its set the slope is inside the projection; summed in another order, rounding
+    # could put it a few ulps outside.
+    if all(min(s) <= b <= max(s) for s, b in zip(sets, best)):
+        low, high = min(low, slope), max(high, slope)
     note = "the interval holds 0: no evidence that the best level moves with the data" if low <= 0 <= high else ""
     return {"slope": slope, "low": low, "high": high, "note": note}

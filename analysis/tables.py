@@ -10,6 +10,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis import scaling
 from analysis.geometry.names import METRIC_PREFIX
 from analysis.runs import RHO, best_key, best_trials
 
@@ -392,7 +393,8 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 
 def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: str) -> None:
     """Add `p_holm` (Holm within each family of `groups`) and `significant` to a table of gains with `p_value`,
-    `detectable` and `note` columns, and say on every null row the effect the design could have detected.
+    `band_low` / `band_high` (or `ci_low` / `ci_high`) and `note` columns, and say on every null row what its
+    interval excludes.
 
     `significant` is a nullable boolean: NA where the row has no p-value (fewer than 2 pairs: no test)."""
     out["p_holm"] = np.nan
@@ -403,15 +405,21 @@ def holm_across(out: pd.DataFrame, groups, *, alpha: float, power: float, what: 
     out["significant"] = pd.array(
         [pd.NA if math.isnan(p) else bool(p < alpha) for p in out["p_holm"].astype("float64")], dtype="boolean"
     )
-    quiet = (~out["significant"]).fillna(False).astype(bool) & out["detectable"].notna()
+    # The family-wide band where the table has one (sam_gain), else the row's own interval (compute_matched_gains).
+    low, high, which = (
+        ("band_low", "band_high", "family-wide") if "band_low" in out.columns else ("ci_low", "ci_high", "")
+    )
+    quiet = (~out["significant"]).fillna(False).astype(bool) & out[low].notna()
     out.loc[quiet, "note"] = [
-        "; ".join(
-            filter(
-                None, [n, f"no {what} detected: a true gain of {d:.3g} or more would be found with {power:.0%} power"]
-            )
-        )
-        for n, d in zip(out.loc[quiet, "note"], out.loc[quiet, "detectable"])
+        "; ".join(filter(None, [n, _excludes(what, lo, hi, which)]))
+        for n, lo, hi in zip(out.loc[quiet, "note"], out.loc[quiet, low], out.loc[quiet, high])
     ]
+
+
+def _excludes(what: str, low: float, high: float, which: str = "family-wide") -> str:
+    """What a null row's interval rules out: the absence of an effect is told by the interval (or a TOST against
+    a margin, analysis.scaling.tost), not by a post-hoc power computed from the observed sd."""
+    return f"no {what} detected: the {which + ' ' if which else ''}interval excludes gains below {low:.3g} and above {high:.3g}"
 
 
 def sam_gain(
@@ -471,17 +479,13 @@ def sam_gain(
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
-        k = len(diffs)
-        mean = float(diffs.mean()) if k else math.nan
+        test = scaling.paired_t(diffs, confidence=confidence, family=family[a])
+        k, mean, se = test.n, test.mean, test.se
         sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
-        se = sd / math.sqrt(k) if k > 1 else math.nan
-        lo = hi = band_lo = band_hi = pval = mde = math.nan
+        lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
+        mde = math.nan
         if k > 1:
-            m = family[a]
-            lo, hi = (mean + s * student.ppf(1 - alpha / 2, k - 1) * se for s in (-1, 1))
-            band_lo, band_hi = (mean + s * student.ppf(1 - alpha / (2 * m), k - 1) * se for s in (-1, 1))
-            pval = float(2 * student.sf(abs(mean) / se, k - 1)) if se > 0 else (0.0 if mean != 0 else 1.0)
-            mde = float((student.ppf(1 - alpha / (2 * m), k - 1) + student.ppf(power, k - 1)) * se)
+            mde = float((student.ppf(1 - alpha / (2 * family[a]), k - 1) + student.ppf(power, k - 1)) * se)
         rows.append(
             {
                 "arch": a,
@@ -588,10 +592,11 @@ def gain_family(
         power = gain.attrs.get("power", 0.8)
         gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
         notes = []
-        for note, sig, d in zip(gain["note"], gain["significant"], gain["detectable"]):
+        for note, sig, lo, hi in zip(gain["note"], gain["significant"], gain["band_low"], gain["band_high"]):
             kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]
-            if sig is False and math.isfinite(d):
-                kept.append(f"no gain detected: a true gain of {d:.3g} or more would be found with {power:.0%} power")
+            # `sig` is numpy's bool (never `is False`) or NA where no test ran.
+            if sig is not pd.NA and not sig and math.isfinite(lo):
+                kept.append(_excludes("gain", lo, hi))
             notes.append("; ".join(kept))
         gain["note"] = notes
         gain.attrs.update(family_size=m, family_alpha=alpha)
@@ -625,10 +630,12 @@ class RhoSensitivity:
     """Accuracy against rho per group (arch, plus `by`), the best rho of each group and its bootstrap interval.
 
     levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
-    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho, best_mean, rho_low, rho_high, n_trials,
+    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho,
+    best_mean, rho_low, rho_high (the confidence set's lowest and highest level), best_set (its levels), n_trials,
     and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
     draws: per group (the tuple of its index values in `best`), the best rho of each bootstrap resample (NaN
-    where the group's levels hold single trials): rho_transfer's slope interval pairs them across fractions.
+    where the group's levels hold single trials). samples: per group, (its levels, each level's metric values):
+    rho_transfer's sets at the fractions' joint level.
     """
 
     levels: pd.DataFrame
@@ -638,6 +645,7 @@ class RhoSensitivity:
     mode: str
     confidence: float
     draws: dict = field(default_factory=dict, repr=False)
+    samples: dict = field(default_factory=dict, repr=False)
 
     def to_markdown(self, *, digits: int = 3) -> str:
         lv = self.levels.copy()
@@ -661,8 +669,10 @@ class RhoSensitivity:
             f"share of bootstrap resamples (of the group's trials) in which the level is best, '–' where no level of "
             f"the group was repeated. Best level: the best mean; a tie goes to the level of the trial that started "
             f"first.\n\n{a}\nBest "
-            f"{self.param} per group, with the {pct}% bootstrap interval of the best level ('–' where no level was "
-            f"repeated: single trials give no interval; see note).\n\n{b}"
+            f"{self.param} per group, with the {pct}% confidence set for the best level (best_set: the levels no "
+            f"other beats by more than a Bonferroni one-sided Welch t, so it holds the truly best level with "
+            f"probability >= {pct}%, ties included; rho_low/rho_high its ends; '–' where a level has a single trial: "
+            f"no spread, no set; see note).\n\n{b}"
         )
 
 
@@ -699,13 +709,16 @@ def rho_sensitivity(
     value as its own level (a grid search, or one level per trial of a continuous search); bins=k puts
     the group's trials into k equal-width bins of log(rho), each level placed at the geometric mean of
     its trials' rho. Best rho: the level with the best mean metric; among equal means, the level holding the
-    trial that `analysis.runs.BEST_RULE` ranks first (one trial a level: the best trial's level). Its interval: resample the group's
-    trials with replacement `n_boot` times (seeded), recompute the level means (levels not drawn drop
-    out) and take the best level of each resample; rho_low / rho_high are the lower and upper
-    `confidence` percentiles of those best levels (always levels that exist), p_best each level's share.
+    trial that `analysis.runs.BEST_RULE` ranks first (one trial a level: the best trial's level). Its interval:
+    the confidence set for the best level (`analysis.sweep.best_level_set`: the levels no other beats by more
+    than a Bonferroni one-sided Welch t, calibrated at ties), `best_set` its levels, rho_low / rho_high its
+    lowest and highest (NaN where a level has a single trial). p_best: each level's share of the best level over
+    `n_boot` resamples of the group's trials (seeded): descriptive, not an interval.
     baseline: a level of `method` (or the optimizer it runs, e.g. 'none') whose mean metric is shown as
     the rho = 0 reference.
     """
+    from analysis.sweep import best_level_set
+
     _check_mode(mode)
     _check_n_boot(n_boot)
     _check_confidence(confidence)
@@ -729,6 +742,7 @@ def rho_sensitivity(
     tail = (1.0 - confidence) / 2.0
     level_rows, best_rows = [], []
     draws_by_group: dict[tuple, np.ndarray] = {}
+    samples_by_group: dict[tuple, tuple] = {}
     base_means = None
     if baseline is not None:
         if method is None:
@@ -794,6 +808,13 @@ def rho_sensitivity(
         else:
             note = ""
         draws_by_group[key] = best_rhos
+        # The interval printed is the confidence set for the best level (calibrated at ties, where the bootstrap's
+        # argmax drops levels exactly as good): rho_low / rho_high are its lowest and highest levels.
+        per_level = [values[codes == i] for i in range(k)]
+        samples_by_group[key] = (level_rho, per_level)
+        chosen = best_level_set(level_rho, per_level, mode=mode, confidence=confidence)["set"]
+        rho_low, rho_high = (min(chosen), max(chosen)) if chosen else (math.nan, math.nan)
+        best_set = ", ".join(f"{v:.4g}" for v in chosen) if chosen else "–"
         for i in range(k):
             level_rows.append(
                 {
@@ -811,6 +832,7 @@ def rho_sensitivity(
             "best_mean": float(means[best]),
             "rho_low": rho_low,
             "rho_high": rho_high,
+            "best_set": best_set,
             "levels": k,
             "n_trials": int(len(values)),
             "note": note,
@@ -830,6 +852,7 @@ def rho_sensitivity(
         mode=mode,
         confidence=confidence,
         draws=draws_by_group,
+        samples=samples_by_group,
     )
 
 
@@ -921,12 +944,14 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
     """Does the best rho move with the amount of data? From a rho_sensitivity split by fraction (by=(fraction,)).
 
     One row per (arch, method): the best rho at each fraction with its interval (as columns rho@<f>), the slope
-    of log10(best rho) on log10(fraction) by least squares with its interval (slope_low, slope_high: percentiles
-    of the slopes of rho_sensitivity's bootstrap draws, each fraction's trials resampled independently, draw i
-    of every fraction taken together), and `overlap`: whether the best-rho intervals of all fractions share a
+    of log10(best rho) on log10(fraction) by least squares with its interval (slope_low, slope_high:
+    `analysis.sweep.transfer_slope`, the slope's range over every choice of a level from each fraction's
+    confidence set for its best rho, the sets at 1 - alpha / fractions so that they cover jointly), and `overlap`: whether the best-rho intervals of all fractions share a
     common value. A slope whose interval holds 0 is no evidence that the best rho moves (note says so). Groups
     without intervals (single trials per level) have no slope interval and overlap NaN, and say so in `note`.
     """
+    from analysis.sweep import best_level_set, transfer_slope
+
     name = fraction.removeprefix("factor.")
     names = list(result.best.index.names)
     if name not in names:
@@ -935,7 +960,6 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         )
     best = result.best.reset_index()
     keys = [n for n in names if n != name]
-    tail = (1.0 - result.confidence) / 2.0
     rows = []
     for key, part in best.groupby(keys, sort=True):
         key = key if isinstance(key, tuple) else (key,)
@@ -948,11 +972,16 @@ def rho_transfer(result: RhoSensitivity, *, fraction: str = "data.fraction") -> 
         x, y = np.log10(part["_f"].to_numpy(dtype="float64")), np.log10(part["best_rho"].to_numpy(dtype="float64"))
         fits = len(np.unique(x)) >= 2
         row["slope"] = float(_slopes(x, y[None, :])[0]) if fits else math.nan
-        draws = [result.draws.get(tuple(r[n] for n in names)) for _, r in part.iterrows()]
         row["slope_low"] = row["slope_high"] = math.nan
-        if fits and all(d is not None and np.all(np.isfinite(d)) for d in draws):
-            slopes = _slopes(x, np.log10(np.column_stack(draws)))
-            row["slope_low"], row["slope_high"] = (float(v) for v in np.quantile(slopes, [tail, 1 - tail]))
+        samples = [result.samples.get(tuple(r[n] for n in names)) for _, r in part.iterrows()]
+        if fits and all(smp is not None for smp in samples):
+            # Each fraction's set at 1 - alpha / F, so that all cover at once and the projected slope interval
+            # holds at `confidence` (transfer_slope).
+            joint = 1.0 - (1.0 - result.confidence) / len(samples)
+            sets = [best_level_set(lv, vals, mode=result.mode, confidence=joint)["set"] for lv, vals in samples]
+            slope = transfer_slope(part["_f"].to_numpy(dtype="float64"), part["best_rho"].to_numpy(), sets)
+            # The slope from the same weights as its interval, so that rounding cannot put it outside.
+            row["slope"], row["slope_low"], row["slope_high"] = slope["slope"], slope["low"], slope["high"]
         lows, highs = part["rho_low"].to_numpy(dtype="float64"), part["rho_high"].to_numpy(dtype="float64")
         notes = []
         if np.isfinite(lows).all() and np.isfinite(highs).all():

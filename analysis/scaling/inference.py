@@ -58,6 +58,10 @@ def _t_interval(estimate: float, jack: np.ndarray, q: float, log: bool) -> tuple
         return math.nan, math.nan, math.nan
     if log:
         se = float(jackknife_se(np.log(jack)[:, None])[0])
+        # Off a flat curve log B's leave-one-out values spread past exp's range: not identified, no interval (an
+        # OverflowError here once stopped a whole report).
+        if not (math.isfinite(se) and q * se < 700.0):
+            return math.nan, math.nan, se
         return estimate * math.exp(-q * se), estimate * math.exp(q * se), se
     se = float(jackknife_se(np.asarray(jack)[:, None])[0])
     return estimate - q * se, estimate + q * se, se

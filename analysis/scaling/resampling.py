@@ -253,7 +253,10 @@ def saturating_bootstrap_t(
         lo, hi, s, _ = _t_star_interval(float(value[0]), se, t_star, confidence, len(order) - 1)
         if k == "logB":
             with np.errstate(over="ignore"):  # a bound of log B past ~709 (a flat curve's beta at its edge) is inf
-                out["B"] = tuple(float(np.exp(v)) for v in (float(value[0]), lo, hi)) + (s,)
+                b, b_lo, b_hi = (float(np.exp(v)) for v in (float(value[0]), lo, hi))
+            if not (math.isfinite(b_lo) and math.isfinite(b_hi)):  # not identified: no interval, not [x, inf]
+                b_lo = b_hi = math.nan
+            out["B"] = (b, b_lo, b_hi, s)
         else:
             out[k] = (float(value[0]), lo, hi, s)
     if heldout is not None and observed is not None and len(observed):

@@ -72,6 +72,20 @@ def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_
         and "best-of-search" not in report.split("## Per-cell")[0]
     )
     assert "every seed's confirm-run trial" in report
+    # No post-hoc power anywhere: a null is told by what its interval excludes; captions name the printed columns,
+    # and the seed-level intervals say what they condition on.
+    assert "would be found" not in report and "80% power" not in report and "detectable" not in report
+    assert "excludes gains below" in report
+    from analysis.scaling import CONDITIONS
+
+    for title in ("Scaling laws checked by extrapolation", "Scaling-law difference of sam over vanilla"):
+        caption = report[report.index(f"## {title}") :].split("\n|", 1)[0]
+        assert CONDITIONS in caption, title
+    assert "`check_low`/`check_high`" in report and "identified:" in report
+    # One exponent a series: the power-law table prints law_parameters' beta, not fit_power_law's b.
+    fits = pd.read_csv(out / "scaling_fits.csv")
+    assert {"beta", "beta_low", "beta_high"} <= set(fits.columns) and not {"b", "b_low", "b_high"} & set(fits.columns)
+    assert "rho sensitivity" not in report or "confidence set for the best level" in report
     laws = pd.read_csv(out / "scaling_laws.csv")
     negative = pd.to_numeric(laws.get("E"), errors="coerce") < 0
     assert laws.loc[negative, "note"].str.contains("E < 0").all()

@@ -310,3 +310,15 @@ def test_every_seed_level_table_says_what_its_intervals_condition_on():
         paired_law_difference(n, err, err_b, seeds),
     ):
         assert frame.attrs["conditions"] == CONDITIONS and "test images" in CONDITIONS
+
+
+def test_an_interval_past_floats_range_is_no_interval_not_an_overflow():
+    # A flat curve's log B: leave-one-seed-out values 1e-200 .. 1e100 (B at the edge of its range). The log-scale
+    # interval once raised OverflowError (math.exp) and stopped write_report; now: not identified, no interval.
+    from analysis.scaling.inference import _t_interval
+
+    low, high, se = _t_interval(1e-13, np.array([1e-13, 1e-200, 1e100]), 4.3, True)
+    assert np.isnan(low) and np.isnan(high) and se > 100
+    assert _t_interval(2.0, np.array([1.9, 2.0, 2.1]), 4.3, True)[0] == pytest.approx(
+        2.0 * np.exp(-4.3 * 0.0577), rel=0.01
+    )

@@ -245,7 +245,8 @@ def test_sam_gain_pairs_by_seed_with_a_t_interval_around_the_true_gain(runs):
                 continue
             assert row["n_pairs"] == 3 and row["note"] in (
                 "",
-                f"no gain detected: a true gain of {row['detectable']:.3g} or more would be found with 80% power",
+                f"no gain detected: the family-wide interval excludes gains below {row['band_low']:.3g} "
+                f"and above {row['band_high']:.3g}",
             )
             # Paired differences: offsets (0 - -0.01, -0.01 - 0, 0.01 - 0.01) = (+0.01, -0.01, 0).
             assert row["gain"] == pytest.approx(true_gain, abs=1e-12)
@@ -258,12 +259,29 @@ def test_sam_gain_pairs_by_seed_with_a_t_interval_around_the_true_gain(runs):
             assert row["band_high"] - row["band_low"] == pytest.approx(2 * t.ppf(1 - 0.025 / 4, 2) * 0.01 / np.sqrt(3))
             assert row["p_holm"] >= row["p_value"] and row["significant"] == (row["p_holm"] < 0.05)
             if not row["significant"]:
-                assert row["detectable"] > half and "would be found with 80% power" in row["note"]
+                # What a null says is what its interval excludes, not a post-hoc power from the observed sd.
+                assert row["detectable"] > half and "excludes gains below" in row["note"]
+                assert "power" not in row["note"]
     again = sam_gain(runs[runs["factor.arch"] == "vit"], baseline="adamw", treatment="sam")
     assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # no draws: reproducible
     one = sam_gain(runs[runs["train.seed"].astype(int) == 0])
     assert (one["n_pairs"] == 1).all() and one["ci_low"].isna().all() and one["ci_high"].isna().all()
     assert set(one["note"]) == {"1 of seed pairs: no interval"} and not one["significant"].any()
+
+
+def test_sam_gain_takes_its_test_from_the_one_paired_t(runs, monkeypatch):
+    import analysis.scaling
+
+    seen = []
+    real = analysis.scaling.paired_t
+
+    def spy(diffs, **kw):
+        seen.append(len(diffs))
+        return real(diffs, **kw)
+
+    monkeypatch.setattr(analysis.scaling, "paired_t", spy)
+    gain = sam_gain(runs, baseline="none", treatment="sam")
+    assert sorted(seen) == sorted(gain["n_pairs"].tolist())
 
 
 def test_significant_is_blank_where_no_test_can_be_run(runs):
@@ -411,6 +429,33 @@ def test_rho_sensitivity_picks_each_architectures_best_rho(store):
     assert vit["p_best"].sum() == pytest.approx(1.0) and vit["p_best"].idxmax() == 0.2
     binned = rho_sensitivity(runs, bins=3, n_boot=500)
     assert len(binned.levels[binned.levels["arch"] == "vit"]) == 3
+
+
+def test_the_best_rhos_interval_is_the_confidence_set_calibrated_at_ties(store):
+    from analysis.runs import RHO
+    from analysis.sweep import best_level_set
+
+    runs = load_runs("rho", tracking_uri=store[0])
+    result = rho_sensitivity(runs, n_boot=500)
+    from analysis.tables import _ok
+
+    done = _ok(runs, "val_acc")
+    done = done[pd.to_numeric(done[RHO], errors="coerce") > 0]
+    for (arch, method), row in result.best.iterrows():
+        part = done[(done["factor.arch"] == arch) & (done["factor.method"] == method)]
+        rho = pd.to_numeric(part[RHO])
+        levels = sorted(rho.unique())
+        expected = best_level_set(levels, [part.loc[rho == v, "val_acc"].to_numpy() for v in levels])["set"]
+        assert (row["rho_low"], row["rho_high"]) == (min(expected), max(expected)), (arch, method)
+        assert row["best_set"] == ", ".join(f"{v:.4g}" for v in expected)
+    # Two levels exactly as good: both stay in the set (a bootstrap of the argmax drops one in ~40% of such studies).
+    tie = done[(done["factor.arch"] == "vit") & (done["factor.method"] == "sam")].copy()
+    rho = pd.to_numeric(tie[RHO])
+    top = rho == 0.2
+    twin = tie[top].assign(**{RHO: 0.5, "run_id": tie.loc[top, "run_id"] + "-twin"})
+    tied = rho_sensitivity(pd.concat([tie[rho != 0.5], twin], ignore_index=True), n_boot=200).best.iloc[0]
+    assert tied["rho_low"] <= 0.2 and tied["rho_high"] >= 0.5 and "0.2" in tied["best_set"]
+    assert "confidence set for the best level" in result.to_markdown()
 
 
 def test_rho_sensitivity_on_the_scaling_study_splits_by_fraction(runs):
