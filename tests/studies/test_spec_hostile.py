@@ -25,3 +25,24 @@ def test_a_level_setting_a_section_to_a_value_is_refused_not_crashed(tmp_path, f
         load_study(write(tmp_path, {"name": "t", "base": {"data": {"name": "digits"}}, "factors": factors}))
     text = str(err.value)
     assert "optimizer: Input should be a valid dictionary" in text and shown in text
+
+
+def test_level_names_that_join_into_one_cell_key_are_refused(tmp_path):
+    # Before: (a=x, b=y,b=z) and (a=x,b=y, b=z) both keyed "a=x,b=y,b=z": 4 cells planned, 3 run.
+    factors = {
+        "a": {"x": {"train.seed": 1}, "x,b=y": {"train.seed": 2}},
+        "b": {"y,b=z": {"data.fraction": 0.5}, "z": {"data.fraction": 0.25}},
+    }
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, {"name": "t", "base": {"data": {"name": "digits"}}, "factors": factors}))
+    text = str(err.value)
+    assert "cell keys must be distinct" in text and "'a=x,b=y,b=z'" in text and "Fix: rename" in text
+
+
+def test_two_levels_giving_one_config_are_refused_naming_both(tmp_path):
+    study = {"name": "t", "base": {"data": {"name": "digits"}}, "factors": {"data.fraction": [1, 1.0, 0.5]}}
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, study))
+    text = str(err.value)
+    assert "cells data.fraction=1 and data.fraction=1.0 resolve to the same config" in text
+    assert "Fix: drop one" in text
