@@ -293,6 +293,30 @@ def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
                         f"factors.{fname}.{level}.{path}: not a trial config path nor a method knob ({SEARCH_SHORTHANDS}). "
                         f"Fix: check its spelling."
                     )
+            problems += _searched_by_level(spec, f"factors.{fname}.{level}", overrides, owners)
+    return problems
+
+
+def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v)]
+    return [(prefix, value)]
+
+
+def _searched_by_level(spec: Study, where: str, overrides: dict[str, Any], owners: dict[str, set[str]]) -> list[str]:
+    """Paths a level sets that the search also sets: in every trial the sampled value replaces the level's, so
+    the level's value is never run (a bare knob of each means optimizer.hparams.<knob>)."""
+    searched = {_resolve_search_key(k, owners): k for k in spec.search}
+    problems = []
+    for path, value in overrides.items():
+        for leaf, leaf_value in _leaves(_resolve_search_key(str(path), owners), value):
+            for target, skey in searched.items():
+                if leaf == target or target.startswith(leaf + ".") or leaf.startswith(target + "."):
+                    problems.append(
+                        f"{where}.{path}: a level may not set what the search samples, and it sets {leaf} "
+                        f"({shown(leaf_value)}) while search.{skey} samples {target}, so the search would silently "
+                        f"replace the level's value. Fix: drop it from the level, or drop search.{skey}."
+                    )
     return problems
 
 

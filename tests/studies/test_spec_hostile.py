@@ -46,3 +46,21 @@ def test_two_levels_giving_one_config_are_refused_naming_both(tmp_path):
     text = str(err.value)
     assert "cells data.fraction=1 and data.fraction=1.0 resolve to the same config" in text
     assert "Fix: drop one" in text
+
+
+@pytest.mark.parametrize(
+    "level", [{"rho": 0.5}, {"optimizer.hparams.rho": 0.5}, {"optimizer": {"hparams": {"rho": 0.5}}}]
+)
+def test_a_level_setting_a_searched_knob_is_refused(tmp_path, level):
+    # Before: validated, and every trial ran the searched rho, never the level's 0.5.
+    study = {
+        "name": "t",
+        "base": {"data": {"name": "digits"}, "optimizer": {"method": "sam"}},
+        "factors": {"f": {"big": level, "plain": {}}},
+        "search": {"rho": {"type": "loguniform", "low": 0.01, "high": 0.1}},
+    }
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, study))
+    text = str(err.value)
+    assert "a level may not set what the search samples" in text and "optimizer.hparams.rho (0.5)" in text
+    assert "search.rho" in text and "Fix: drop it from the level" in text
