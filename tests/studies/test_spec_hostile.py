@@ -64,3 +64,23 @@ def test_a_level_setting_a_searched_knob_is_refused(tmp_path, level):
     text = str(err.value)
     assert "a level may not set what the search samples" in text and "optimizer.hparams.rho (0.5)" in text
     assert "search.rho" in text and "Fix: drop it from the level" in text
+
+
+def test_resources_finer_than_ray_places_are_refused_together(tmp_path):
+    # Before: validated, then Ray refused each trial's request after it started (tracebacks, a trial RUNNING).
+    study = {
+        "name": "t",
+        "base": {"data": {"name": "digits"}},
+        "resources": {"cpus_per_trial": 1.0e-9, "gpus_per_trial": 1.0e-9, "custom": {"node_a": 1.0e-9}},
+    }
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, study))
+    text = str(err.value)
+    for field in ("resources.cpus_per_trial", "resources.gpus_per_trial", "resources.custom.node_a"):
+        assert f"{field}: a resource Ray can place is 0 or at least 0.0001" in text
+    assert "got 1e-09" in text and "Fix: ask for e.g. 0.01" in text
+
+
+def test_the_smallest_ray_unit_is_accepted(tmp_path):
+    study = {"name": "t", "base": {"data": {"name": "digits"}}, "resources": {"cpus_per_trial": 0.0001}}
+    assert load_study(write(tmp_path, study)).spec.resources.cpus_per_trial == 0.0001
