@@ -84,3 +84,38 @@ def test_resources_finer_than_ray_places_are_refused_together(tmp_path):
 def test_the_smallest_ray_unit_is_accepted(tmp_path):
     study = {"name": "t", "base": {"data": {"name": "digits"}}, "resources": {"cpus_per_trial": 0.0001}}
     assert load_study(write(tmp_path, study)).spec.resources.cpus_per_trial == 0.0001
+
+
+MERGE_LIST = """\
+name: t
+defaults:
+  short: &short {lr: 0.1, epochs: 2}
+  long: &long {lr: 0.5, epochs: 9, weight_decay: 0.001}
+base:
+  data: {name: digits}
+  optimizer:
+    <<: [*short, *long]
+"""
+
+
+def test_a_merge_list_lets_the_first_map_win(tmp_path):
+    # Before: PyYAML de-duplicated merged keys by object identity, so the last map's lr (0.5) won; YAML's merge
+    # rule says the first listed map wins.
+    from studies.spec._yaml import parse_yaml
+
+    tree = parse_yaml(MERGE_LIST, "study.yaml")
+    assert tree["base"]["optimizer"] == {"lr": 0.1, "epochs": 2, "weight_decay": 0.001}
+    own = parse_yaml("a: &a {lr: 0.1}\nb: &b {lr: 0.5}\nc: {<<: [*a, *b], lr: 0.7}\n", "study.yaml")
+    assert own["c"] == {"lr": 0.7}  # the mapping's own key wins over every merged one
+
+
+def test_two_merge_keys_are_refused_with_a_form_that_reads_as_said():
+    from studies.spec._yaml import parse_yaml
+
+    text = "a: &a {lr: 0.1}\nb: &b {lr: 0.5}\nc:\n  <<: *a\n  <<: *b\n"
+    with pytest.raises(ValueError) as err:
+        parse_yaml(text, "study.yaml")
+    message = str(err.value)
+    assert "`<<: [*a, *b]` (where two of them set one key, the first listed wins)" in message
+    recommended = parse_yaml("a: &a {lr: 0.1}\nb: &b {lr: 0.5}\nc: {<<: [*a, *b]}\n", "study.yaml")
+    assert recommended["c"] == {"lr": 0.1}
