@@ -193,8 +193,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     if problems:
         return [], problems
     merged = _merged_trees(spec, factor_levels, owners, problems)
-    if shared := _shared_keys(merged):
-        return [], shared
+    problems += _shared_keys(merged)  # said with the cells' own problems, all at once
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
     geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell

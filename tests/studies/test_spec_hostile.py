@@ -119,3 +119,10 @@ def test_two_merge_keys_are_refused_with_a_form_that_reads_as_said():
     assert "`<<: [*a, *b]` (where two of them set one key, the first listed wins)" in message
     recommended = parse_yaml("a: &a {lr: 0.1}\nb: &b {lr: 0.5}\nc: {<<: [*a, *b]}\n", "study.yaml")
     assert recommended["c"] == {"lr": 0.1}
+
+
+def test_a_shared_key_is_reported_with_the_cells_own_problems(tmp_path):
+    factors = {"a": {"x": {"train.seed": 1}, "x,b=y": {"train.seed": 2}}, "b": {"y,b=z": {}, "z": {"data.fraction": 2}}}
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, {"name": "t", "base": {"data": {"name": "digits"}}, "factors": factors}))
+    assert "cell keys must be distinct" in str(err.value) and "data.fraction" in str(err.value)
