@@ -93,17 +93,58 @@ class Prepared:
     classes: list[str]  # the class names, label order (the pixel form has no class folders to list them)
 
 
-def _images(split_dir: Path, classes: list[str] | None = None) -> tuple[list[str], list[tuple[Path, Path, int]]]:
-    """The class names and (source file, path relative to the split, label) of every image torchvision's ImageFolder
-    would list, in its order; `classes` (the train split's) numbers the labels of another split."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+def _images(
+    split_dir: Path, classes: list[str] | None = None
+) -> tuple[list[str], list[tuple[Path, Path, int]], list[tuple[Path, str]]]:
+    """The class names, (source file, path relative to the split, label) of every image torchvision's ImageFolder
+    would list, in its order, and (path, why) of each listed name that is no regular file; `classes` (the train
+    split's) numbers the labels of another split.
+
+    Unlike ImageFolder's walk, each real directory is entered once and each real file listed once: a link loop was
+    walked some 40 levels deep (a class multiplied 41-fold), and a FIFO named like an image blocked its reader."""
+    import stat
+
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
     found, class_to_idx = find_classes(str(split_dir))
     if classes is not None:
         class_to_idx = {c: i for i, c in enumerate(classes)}
         found = [c for c in found if c in class_to_idx]
-    samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
-    return found, [(Path(p), Path(p).relative_to(split_dir), t) for p, t in samples]
+    samples: list[tuple[Path, Path, int]] = []
+    not_files: list[tuple[Path, str]] = []
+    files_seen: set[str] = set()
+    for name in sorted(class_to_idx):
+        if not (split_dir / name).is_dir():
+            continue
+        for root, _, names in sorted(_walk_once(split_dir / name)):
+            for fname in sorted(names):
+                path = Path(root) / fname
+                if not fname.lower().endswith(IMG_EXTENSIONS):
+                    continue
+                try:
+                    mode = path.stat().st_mode
+                except OSError as err:
+                    not_files.append((path, f"cannot be read ({err.strerror}; a broken link?)"))
+                    continue
+                if not stat.S_ISREG(mode):
+                    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+                    not_files.append((path, f"is {kind}, not a regular file, so it was not opened"))
+                elif (real := os.path.realpath(path)) not in files_seen:
+                    files_seen.add(real)
+                    samples.append((path, path.relative_to(split_dir), class_to_idx[name]))
+    return found, samples, not_files
+
+
+def _walk_once(top: Path):
+    """os.walk following links, entering each real directory once."""
+    entered: set[str] = set()
+    for root, dirs, names in os.walk(top, followlinks=True):
+        real = os.path.realpath(root)
+        if real in entered:
+            dirs[:] = []  # a link back to a directory already walked (a loop, or a second name for it)
+            continue
+        entered.add(real)
+        yield root, dirs, names
 
 
 def prepare_problems(
@@ -422,12 +463,16 @@ def _listing(source: Path, form: str) -> tuple[list[str], dict[str, list[tuple[P
     problems: list[str] = []
     layout = fetch.expected_layout("imagefolder")
     try:
-        classes, train = _images(source / "train")
-        val_classes, _ = _images(source / "val")
-        _, val = _images(source / "val", classes)
+        classes, train, not_train = _images(source / "train")
+        val_classes, _, _ = _images(source / "val")
+        _, val, not_val = _images(source / "val", classes)
     except FileNotFoundError as err:  # torchvision's: a split without class folders
         return [], {}, [f"SOURCE '{source}': {err}. Fix: name a folder laid out as {layout}."]
     listing = {"train": train, "val": val}
+    problems += [
+        f"'{path}' {why}. Fix: remove it from SOURCE, or put the image file itself there."
+        for path, why in [*not_train, *not_val]
+    ]
     if set(val_classes) != set(classes):
         only_train, only_val = sorted(set(classes) - set(val_classes)), sorted(set(val_classes) - set(classes))
         problems.append(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import re
 from pathlib import Path
@@ -192,13 +193,14 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     if problems:
         return [], problems
     merged = _merged_trees(spec, factor_levels, owners, problems)
+    problems += _shared_keys(merged)  # said with the cells' own problems, all at once
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
     geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell
     # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
     shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
     for levels, tree in merged:
-        key = ",".join(f"{f}={lv}" for f, lv in levels.items())
+        key = _cell_key(levels)
         if smoke:
             # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
             # run that passed an invalid section would leave the real run to fail on it).
@@ -213,11 +215,54 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
         cell = _cell(spec, key, levels, tree, owners, smoke, problems, geometry_cells)
         if cell is not None:
             cells.append(cell)
+    if not smoke:  # the smoke form replaces data and model, so cells apart only there are one under it
+        problems += _identical_cells(cells)
     for problem, where in [*missing_roots.items(), *geometry_cells.items()]:
         listed = "; ".join(where[:4]) + (f"; and {len(where) - 4} more" if len(where) > 4 else "")
         problems.append(f"{problem} (cells: {listed})")
     problems += _study_wide_problems(spec, cells, owners, smoke)
     return cells, _dedupe(problems)
+
+
+def _cell_key(levels: dict[str, str]) -> str:
+    return ",".join(f"{f}={lv}" for f, lv in levels.items())
+
+
+def _shared_keys(merged: list[tuple[dict[str, str], dict[str, Any]]]) -> list[str]:
+    """Combinations of levels whose names join into one cell key (names holding `,` or `=`): the runner keys
+    cells, MLflow runs and Optuna studies by it, so one cell would silently stand for both."""
+    first: dict[str, dict[str, str]] = {}
+    problems = []
+    for levels, _ in merged:
+        key = _cell_key(levels)
+        if key in first:
+            problems.append(
+                f"factors: cell keys must be distinct (they name each cell's runs and Optuna study), and the levels "
+                f"{shown(first[key])} and {shown(levels)} both give the key {shown(key)}. Fix: rename the factors "
+                f"or levels so that none holds ',' or '='."
+            )
+        else:
+            first[key] = levels
+    return problems
+
+
+def _identical_cells(cells: list[Cell]) -> list[str]:
+    """Cells whose validated configs and search spaces are equal (`data.fraction: [1, 1.0]`): they would run the
+    same thing twice, and the analysis would compare them as if they differed."""
+    seen: dict[str, Cell] = {}
+    problems = []
+    for cell in cells:
+        config = TrialConfig.load(cell.config).model_dump(mode="json")
+        space = {path: dom.model_dump(mode="json") for path, dom in cell.space.items()}
+        resolved = json.dumps([config, space], sort_keys=True, default=str)
+        if (other := seen.get(resolved)) is not None:
+            problems.append(
+                f"factors: cells must differ in their resolved config, and cells {other.key} and {cell.key} resolve to "
+                f"the same config and search (e.g. levels 1 and 1.0 of one number). Fix: drop one of the levels."
+            )
+        else:
+            seen[resolved] = cell
+    return problems
 
 
 def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
@@ -246,6 +291,30 @@ def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
                     problems.append(
                         f"factors.{fname}.{level}.{path}: not a trial config path nor a method knob ({SEARCH_SHORTHANDS}). "
                         f"Fix: check its spelling."
+                    )
+            problems += _searched_by_level(spec, f"factors.{fname}.{level}", overrides, owners)
+    return problems
+
+
+def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v)]
+    return [(prefix, value)]
+
+
+def _searched_by_level(spec: Study, where: str, overrides: dict[str, Any], owners: dict[str, set[str]]) -> list[str]:
+    """Paths a level sets that the search also sets: in every trial the sampled value replaces the level's, so
+    the level's value is never run (a bare knob of each means optimizer.hparams.<knob>)."""
+    searched = {_resolve_search_key(k, owners): k for k in spec.search}
+    problems = []
+    for path, value in overrides.items():
+        for leaf, leaf_value in _leaves(_resolve_search_key(str(path), owners), value):
+            for target, skey in searched.items():
+                if leaf == target or target.startswith(leaf + ".") or leaf.startswith(target + "."):
+                    problems.append(
+                        f"{where}.{path}: a level may not set what the search samples, and it sets {leaf} "
+                        f"({shown(leaf_value)}) while search.{skey} samples {target}, so the search would silently "
+                        f"replace the level's value. Fix: drop it from the level, or drop search.{skey}."
                     )
     return problems
 

@@ -170,6 +170,35 @@ class Resources(_Strict):
     )
     max_failures: int = Field(2, ge=0, description="Retries of a trial whose worker died (from its checkpoint).")
 
+    @field_validator("cpus_per_trial", "gpus_per_trial")
+    @classmethod
+    def _ray_unit(cls, value: float, info) -> float:
+        if (problem := _ray_quantity_problem(f"resources.{info.field_name}", value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("custom")
+    @classmethod
+    def _ray_units(cls, value: dict[str, float]) -> dict[str, float]:
+        problems = [p for k, q in value.items() if (p := _ray_quantity_problem(f"resources.custom.{k}", q))]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return value
+
+
+# Ray counts resources in units of 1/10000 and refuses a request finer than one unit, but only once the trials are
+# placed, after Ray started (a traceback per trial, an Optuna trial left RUNNING): checked here instead.
+RAY_RESOURCE_UNIT = 0.0001
+
+
+def _ray_quantity_problem(field: str, value: float) -> str | None:
+    if value == 0 or value >= RAY_RESOURCE_UNIT:
+        return None
+    return (
+        f"{field}: a resource Ray can place is 0 or at least {RAY_RESOURCE_UNIT} (Ray counts in units of "
+        f"{RAY_RESOURCE_UNIT}), got {shown(value)}. Fix: ask for e.g. 0.01, or 1 (a whole CPU or GPU)."
+    )
+
 
 # A study's name and its experiment's name become file and directory names under `storage` (Ray's results, the
 # Optuna database, the report folder): one path component, nothing that climbs out or starts elsewhere.

@@ -45,13 +45,54 @@ class _StudyLoader(yaml.SafeLoader):
             )
         return value
 
+    def flatten_mapping(self, node):
+        """Merge keys by the YAML rule: the mapping's own keys win, then the first merged map naming a key.
+
+        PyYAML de-duplicates merged keys by the identity of their text objects, so with keys of more than one
+        character the last map of `<<: [*a, *b]` won where the rule says the first does."""
+        merged: dict[Any, tuple[Any, Any]] = {}
+        own = []
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.tag == "tag:yaml.org,2002:value":
+                    key_node.tag = "tag:yaml.org,2002:str"
+                own.append((key_node, value_node))
+                continue
+            sources = [value_node] if isinstance(value_node, yaml.MappingNode) else value_node.value
+            if not isinstance(value_node, (yaml.MappingNode, yaml.SequenceNode)) or not all(
+                isinstance(source, yaml.MappingNode) for source in sources
+            ):
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "a merge key `<<:` takes a mapping or a list of mappings (`<<: [*a, *b]`)",
+                    value_node.start_mark,
+                )
+            for source in sources:
+                self.flatten_mapping(source)
+                effective = {self._merge_identity(k): (k, v) for k, v in source.value}  # its own last key wins
+                for identity, pair in effective.items():
+                    merged.setdefault(identity, pair)
+        node.value = [*merged.values(), *own]
+
+    def _merge_identity(self, key_node) -> Any:
+        if isinstance(key_node, yaml.ScalarNode):
+            key = self.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+                return ("key", key)
+            except TypeError:
+                pass
+        return ("node", id(key_node))
+
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
             merges = [k for k, _ in node.value if k.tag == "tag:yaml.org,2002:merge"]
             if len(merges) > 1:
                 self.surprises.append(
-                    f"line {merges[1].start_mark.line + 1}: {len(merges)} `<<:` merge keys in one mapping; only one is "
-                    f"applied and the others are silently dropped. Fix: one merge key with a list, `<<: [*a, *b]`."
+                    f"line {merges[1].start_mark.line + 1}: {len(merges)} `<<:` merge keys in one mapping, where YAML allows "
+                    f"one (a key is given once; readers differ on the others). Fix: one merge key with a list, `<<: [*a, *b]` "
+                    f"(where two of them set one key, the first listed wins)."
                 )
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:

@@ -584,3 +584,40 @@ def test_a_version_2_jpeg_folder_still_loads(tmp_path):
     (tmp_path / "out" / MANIFEST).write_text(json.dumps({**manifest, "version": 2}))
     bundle = load_dataset("imagefolder", root=tmp_path / "out", img_size=16, augment="none", decode="cpu")
     assert bundle.classes == ("cat", "dog") and len(bundle.val) == 2
+
+
+def test_a_link_loop_lists_each_real_image_once(tmp_path):
+    # Before: os.walk followed train/cat/loop -> train/cat some 40 levels deep, and the class came out 41-fold.
+    src = _folder(tmp_path / "src", per_class=2)
+    (src / "train" / "cat" / "loop").symlink_to(src / "train" / "cat", target_is_directory=True)
+    (src / "train" / "dog" / "again.jpg").symlink_to(src / "train" / "dog" / "0.jpg")
+    prepared = prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+    assert prepared.files == {"train": 4, "val": 4}
+    assert sorted(p.name for p in (tmp_path / "out" / "train" / "cat").rglob("*.jpg")) == ["0.jpg", "1.jpg"]
+
+
+def test_a_fifo_named_like_an_image_is_listed_never_opened(tmp_path):
+    # Before: the FIFO was opened as an image and the run blocked on it for ever.
+    import os
+    import threading
+
+    src = _folder(tmp_path / "src", per_class=1)
+    os.mkfifo(src / "train" / "cat" / "x.jpg")
+    (src / "val" / "dog" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    outcome: list[BaseException] = []
+
+    def prepare():
+        try:
+            prepare_folder(src, tmp_path / "out", short_side=16, workers=1)
+        except BaseException as err:  # the test reads it below, whatever it is
+            outcome.append(err)
+
+    worker = threading.Thread(target=prepare, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "prepare blocked on the FIFO"
+    assert len(outcome) == 1 and isinstance(outcome[0], PrepareError)
+    text = str(outcome[0])
+    assert f"'{src / 'train' / 'cat' / 'x.jpg'}' is a FIFO, not a regular file, so it was not opened" in text
+    assert f"'{src / 'val' / 'dog' / 'gone.jpg'}' cannot be read" in text and "Fix: remove it from SOURCE" in text
+    assert not (tmp_path / "out").exists()
