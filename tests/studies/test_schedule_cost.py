@@ -8,7 +8,7 @@ from tests.studies.test_trial_cost import _gpu_study
 
 def test_a_scheduled_cells_hours_mix_the_methods_step_and_the_base_step(tmp_path, capsys):
     from studies.cli import main
-    from studies.cost import CARD_FIGURES, REFERENCE_CARD
+    from studies.cost import CARD_FIGURES, REFERENCE_CARD, two_sig
 
     resnet = {"model.name": "resnet18", "model.cifar_stem": True}
     # Late-phase SAM from epoch 80 of 100 (0.2 of the steps), and SS-SAM at p = 0.5 with every other step (0.25).
@@ -24,5 +24,5 @@ def test_a_scheduled_cells_hours_mix_the_methods_step_and_the_base_step(tmp_path
         out = capsys.readouterr().out
         hours = 10 * 100 * seen * (share / row.train_sam + (1 - share) / row.train_none) / 3600
         full, plain = (10 * 100 * seen / speed / 3600 for speed in (row.train_sam, row.train_none))
-        assert f"{plain:.1f}" != f"{hours:.1f}" != f"{full:.1f}"  # the case tells the three apart
-        assert f"Estimated cost: {hours:.1f} GPU-hours" in out, (name, out)
+        assert two_sig(plain) != two_sig(hours) != two_sig(full)  # the case tells the three apart
+        assert f"Estimated cost: {two_sig(hours)} GPU-hours" in out, (name, out)

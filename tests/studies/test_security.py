@@ -242,7 +242,7 @@ def _recorded_study(where: Path, uri: str) -> tuple[Path, str]:
     import optuna
 
     from studies import identity
-    from studies.records import choose_launch, experiment, parent_runs
+    from studies.launch import choose_launch, experiment, parent_runs
     from studies.runner import state_locations
     from studies.spec import load_study
     from trainables.naming import launch_name
