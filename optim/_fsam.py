@@ -89,12 +89,7 @@ class FriendlySAM(TwoPass):
         return 3 * super().extra_state_bytes()
 
     def _method_state(self) -> dict:
-        index = {p: i for i, p in enumerate(self._params())}
-        return {"m": {index[p]: t.detach().clone() for p, t in self._m.items()}}
+        return {"m": self._indexed(self._m)}
 
     def _load_method_state(self, state: dict) -> None:
-        params = self._params()
-        self._m = {}
-        for i, t in state.get("m", {}).items():
-            p = params[int(i)]
-            self._m[p] = t.to(device=p.device, dtype=p.dtype).clone()
+        self._m = self._by_param(state.get("m", {}))

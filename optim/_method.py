@@ -326,6 +326,17 @@ class Method(abc.ABC):
     def _load_method_state(self, state: dict) -> None:
         pass
 
+    def _indexed(self, buffers: dict) -> dict:
+        """Per-parameter tensors keyed by the parameter's index in `_params()`: how a checkpoint stores them."""
+        index = {p: i for i, p in enumerate(self._params())}
+        return {index[p]: t.detach().clone() for p, t in buffers.items()}
+
+    def _by_param(self, saved: dict) -> dict:
+        """`_indexed`'s inverse: each saved tensor back on its parameter's device and dtype."""
+        params = self._params()
+        return {params[int(i)]: t.to(device=params[int(i)].device, dtype=params[int(i)].dtype).clone()
+                for i, t in saved.items()}  # fmt: skip
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, base={type(self.base_optimizer).__name__})"
 

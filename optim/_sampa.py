@@ -245,15 +245,10 @@ class SAMPa(Method):
         return 1.0 if self.parallel else 2.0  # per rank: the two-rank form's ranks take one pass each
 
     def _method_state(self) -> dict:
-        index = {p: i for i, p in enumerate(self._params())}
-        return {"d": {index[p]: t.detach().clone() for p, t in self._d.items()}}
+        return {"d": self._indexed(self._d)}
 
     def _load_method_state(self, state: dict) -> None:
-        params = self._params()
-        self._d = {}
-        for i, t in state.get("d", {}).items():
-            p = params[int(i)]
-            self._d[p] = t.to(device=p.device, dtype=p.dtype).clone()
+        self._d = self._by_param(state.get("d", {}))
 
     def extra_state_bytes(self) -> int:
         # Saved x, d, this step's d' and g (g then becomes p.grad).

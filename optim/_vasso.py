@@ -64,15 +64,10 @@ class VaSSO(TwoPass):
         return skipped
 
     def _method_state(self) -> dict:
-        index = {p: i for i, p in enumerate(self._params())}
-        return {"d": {index[p]: t.detach().clone() for p, t in self._d.items()}}
+        return {"d": self._indexed(self._d)}
 
     def _load_method_state(self, state: dict) -> None:
-        params = self._params()
-        self._d = {}
-        for i, t in state.get("d", {}).items():
-            p = params[int(i)]
-            self._d[p] = t.to(device=p.device, dtype=p.dtype).clone()
+        self._d = self._by_param(state.get("d", {}))
 
     def extra_state_bytes(self) -> int:
         # Saved w, d, and this step's d held until the step is taken.
