@@ -73,12 +73,14 @@ TARGETS = {
     "sam+p0.5": 0.66,
     "sam+every8": 0.88,
     "sam+norm": 0.495,
+    "sam+gc": 0.49,
 }
 #: Variants of a registry method timed beside it: name -> (method, create()'s scope/schedule keywords).
 STEP_KINDS = {
     "sam+p0.5": ("sam", {"schedule": {"probability": 0.5}}),
     "sam+every8": ("sam", {"schedule": {"every": 8}}),
     "sam+norm": ("sam", {"scope": "norm"}),
+    "sam+gc": ("sam", {"gc": True}),
 }
 METHOD_HPARAMS = {
     "none": {},
@@ -174,7 +176,7 @@ def _suffix(mode):
     return "@compiled" if mode == "reduce-overhead" else f"@{mode}"
 
 
-def build_variants(spec, model, device, methods, autocast, compiled=(), probes=None):
+def build_variants(spec, model, device, methods, autocast, compiled=(), probes=None, compiled_only=False):
     """The timed variants of one model, plus each method compiled in each torch.compile mode of ``compiled``; with
     ``probes`` (a dict) and ``compiled``, also fills it with the first mode's compiled step's parts, untimed, for --profile: the compiled forward+backward alone, and it plus a bare fused-AdamW step
     (what optim's ``none`` adds beyond that is the method's own host work)."""
@@ -201,7 +203,9 @@ def build_variants(spec, model, device, methods, autocast, compiled=(), probes=N
         forward()[0].backward()
         model.zero_grad(set_to_none=True)
     variants = {}
-    runs = [(name, model, forward, name) for name in methods]
+    # --compiled-only: the methods are timed compiled alone, each against the compiled fused-AdamW step (the
+    # issue-34 targets are compiled against compiled); the eager plain step stays to show what compiling buys.
+    runs = [(name, model, forward, name) for name in (["none"] if compiled_only else methods)]
     plans = {}
     for mode in compiled or ():
         from trainables.compiled import CompilePlan, compile_module
@@ -252,7 +256,15 @@ def build_variants(spec, model, device, methods, autocast, compiled=(), probes=N
         v = Variant(
             key,
             lambda m=method, e=epoch, f=forward: m.train_step(f, inputs=x, indices=idx, epoch=e),
-            base_ratio_to=name if key != name else "mesa_floor" if name == "mesa" else "none",
+            base_ratio_to=(
+                f"none{key[len(name) :]}"
+                if compiled_only and key != name and name != "none"
+                else name
+                if key != name
+                else "mesa_floor"
+                if name == "mesa"
+                else "none"
+            ),
         )
         t0 = time.perf_counter()
         v.step()  # allocate optimizer state, saved w, buffers; a compiled variant's first step compiles
@@ -352,7 +364,9 @@ def probe(key, v, device, steps, top=6):
             )
 
 
-def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compiled=(), profiled=False):
+def bench_model(
+    spec, device, methods, steps, repeats, warmup, autocast, compiled=(), profiled=False, compiled_only=False
+):
     torch.manual_seed(0)
     if spec.timm_name == "MlpMixer":
         model = timm.models.MlpMixer(num_classes=spec.num_classes, **spec.kwargs).to(device)
@@ -368,7 +382,7 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
     model.train()
     numel = sum(p.numel() for p in model.parameters())
     probes = {} if profiled else None
-    variants = build_variants(spec, model, device, methods, autocast, compiled, probes)
+    variants = build_variants(spec, model, device, methods, autocast, compiled, probes, compiled_only)
     for v in variants.values():
         for _ in range(warmup):
             v.step()
@@ -429,7 +443,7 @@ def bench_model(spec, device, methods, steps, repeats, warmup, autocast, compile
         measured = None
         if v.measured_bytes is not None and none_bytes is not None and k in methods:
             measured = (v.measured_bytes - none_bytes) / numel
-        target = COMPILED_TARGET if "@" in k else TARGETS.get(k)
+        target = _target(k, compiled_only)
         ratio = statistics.median(ratios[k])
         rows.append(
             {
@@ -461,6 +475,35 @@ def _fmt(v, spec):
     if isinstance(v, float) and math.isnan(v):
         return "nan"
     return format(v, spec)
+
+
+def _target(key, compiled_only):
+    """A variant's target: a method's own, or, for a compiled one against its eager self, COMPILED_TARGET."""
+    name = key.split("@", 1)[0]
+    if "@" not in key:
+        return TARGETS.get(key)
+    return TARGETS.get(name) if compiled_only and name != "none" else COMPILED_TARGET
+
+
+def record(rows, steps, repeats):
+    """Each variant's ratio as a row of the `optim` question (benchmarks/results/optim.csv)."""
+    from benchmarks import results
+
+    out = []
+    for r in rows:
+        if r["ratio_to"] == "-":
+            continue
+        lo, hi = r["spread"]
+        target = "" if r["target"] is None else f"; target >= {r['target']}"
+        out.append(
+            {
+                "figure": f"{r['model']} {r['variant']} / {r['ratio_to']}",
+                "value": f"{r['ratio']:.3f}",
+                "unit": "x",
+                "note": f"rounds {lo:.3f}-{hi:.3f}, {steps} steps x {repeats}, {r['img_s']:.0f} img/s{target}",
+            }
+        )
+    return results.append("optim", out)
 
 
 def table(rows, numels):
@@ -538,6 +581,17 @@ def main(argv=None):
         "<method>@compiled, another mode <method>@<mode>), e.g. reduce-overhead,max-autotune",
     )
     ap.add_argument(
+        "--compiled-only",
+        action="store_true",
+        help="with --compile, time each method compiled only, its ratio to the compiled fused-AdamW step (the "
+        "eager plain step stays, to show what compiling buys); targets as for eager",
+    )
+    ap.add_argument(
+        "--record",
+        action="store_true",
+        help="also append every ratio as a row of benchmarks/results/optim.csv (docs/update_benchmarks.py)",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="also print where each variant's step time goes (wall, host issue and GPU kernel ms per step, host syncs, "
@@ -565,6 +619,8 @@ def main(argv=None):
     from trainables.compiled import COMPILE_MODES
 
     modes = args.compile_modes.split(",") if args.compile else []
+    if args.compiled_only and not modes:
+        ap.error("--compiled-only needs --compile (it times the compiled steps alone)")
     if any(m not in COMPILE_MODES for m in modes):
         ap.error(f"unknown --compile-modes {[m for m in modes if m not in COMPILE_MODES]}; choose from {COMPILE_MODES}")
     if device.type == "cuda":
@@ -587,7 +643,9 @@ def main(argv=None):
     rows, numels = [], {}
     for name in names:
         t0 = time.perf_counter()
-        r, numel = bench_model(specs[name], device, methods, steps, repeats, warmup, autocast, modes, args.profile)
+        r, numel = bench_model(
+            specs[name], device, methods, steps, repeats, warmup, autocast, modes, args.profile, args.compiled_only
+        )
         rows += r
         numels[name] = numel
         print(f"# {name}: {time.perf_counter() - t0:.1f}s", flush=True)
@@ -603,6 +661,8 @@ def main(argv=None):
             "measured (torch.cuda.memory_allocated after the first step, minus the plain step's).\n\n"
         )
         Path(args.markdown).write_text(header + out + "\n")
+    if args.record:
+        print(f"# appended to {record(rows, steps, repeats)}")
     missed = [r for r in rows if r["ok"] is False]
     if missed and device.type == "cuda":
         print(

@@ -32,7 +32,14 @@ def versions() -> str:
 
 
 def commit() -> str:
-    """The checkout's commit (with `+dirty` when it has changes), or `unknown` outside git."""
+    """The checkout's commit (with `+dirty` when it has changes), or `unknown` outside git.
+
+    A copy of the tree without its git folder (a lent GPU machine) names it in SHARPSCALE_BENCH_COMMIT.
+    """
+    import os
+
+    if os.environ.get("SHARPSCALE_BENCH_COMMIT"):
+        return os.environ["SHARPSCALE_BENCH_COMMIT"]
     repo = RESULTS.parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
