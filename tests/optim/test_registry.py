@@ -31,6 +31,8 @@ def test_registry_lists_every_method():
         "wsam",
         "sampa",
         "vasso",
+        "rwp",
+        "gam",
     )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
