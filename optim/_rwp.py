@@ -69,6 +69,10 @@ class RWP(Method):
         return {k: g.get_state() for k, g in self._gens.items()}
 
     def _set_gen_states(self, states: dict[str, torch.Tensor]) -> None:
+        """The generators as ``states`` has them; one made since (first drawn on a skipped step) is dropped, to be
+        made again, freshly seeded, when next drawn on."""
+        for key in set(self._gens) - set(states):
+            del self._gens[key]
         for key, state in states.items():
             self._gen(torch.device(key)).set_state(state)
 
