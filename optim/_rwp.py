@@ -29,8 +29,8 @@ class RWP(Method):
     ``lmbda = 0`` is the base optimizer exactly (no draw, one pass); ``eta = 0`` is m-RWP (no adaptation).
     ``m``: one draw per group of ``m`` samples, each group's ``g_p`` from its own ``eps`` (docs/algorithms.md,
     "m-sharpness"). The draws come from a generator of the method's own per device, seeded with
-    ``torch.initial_seed()`` when built (replicas draw alike; the model's random streams untouched), one
-    ``randn`` per tensor in the base optimizer's order. BatchNorm statistics are the clean pass's (the perturbed
+    ``torch.initial_seed()`` when built (replicas draw alike; the model's random streams untouched): per (device,
+    dtype), one ``randn`` of all its tensors' elements, split into them in the base optimizer's order. BatchNorm statistics are the clean pass's (the perturbed
     pass's when ``lmbda = 1``). A missing gradient counts as zero. An fp16 overflow in either pass skips the step,
     keeps ``F`` and puts the generator back. Under DDP both passes are synced by DDP (one draw for all replicas).
     """
@@ -55,6 +55,7 @@ class RWP(Method):
         self._seed = torch.initial_seed()
         self._gens: dict[str, torch.Generator] = {}
         self._fisher: dict[torch.Tensor, torch.Tensor] = {}  # param -> F, true units
+        self._shrink: dict[torch.Tensor, torch.Tensor] = {}  # param -> 1 / sqrt(1 + eta F) as the draw reads it
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
 
     # ---------------------------------------------------------------- the draw
@@ -81,28 +82,42 @@ class RWP(Method):
 
     @torch.no_grad()
     def _perturb(self, params: list[torch.Tensor]) -> None:
-        """Save ``w``, then ``w <- w + eps`` with one draw per tensor, in order."""
+        """Save ``w``, then ``w <- w + eps``: per (device, dtype), in the base optimizer's order, one ``randn`` of all
+        its tensors' elements, split into them; each tensor's scale from its current norms and ``F``'s shrink."""
+        saved = []
         for p in params:
             buf = self._saved.get(p)
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
                 buf = self._saved[p] = torch.empty_like(p)
-            buf.copy_(p)
-        for p in params:
-            z = torch.randn(p.shape, generator=self._gen(p.device), dtype=p.dtype, device=p.device)
-            acc = torch.float64 if p.dtype == torch.float64 else torch.float32
-            f = self._fisher.get(p) if self.eta != 0.0 else None
-            if p.dim() >= 2:
-                # Filter-wise: each row of dimension 0 gets the std of its own norm (the authors' code).
-                rows = p.reshape(p.shape[0], -1)
-                std = self.sigma * torch.linalg.vector_norm(rows, dim=1, keepdim=True, dtype=acc)
-                if f is not None:
-                    std = std / torch.sqrt(1.0 + self.eta * f.reshape(p.shape[0], -1).sum(dim=1, keepdim=True))
-                p.add_((z.reshape(p.shape[0], -1) * std.to(p.dtype)).reshape(p.shape))
-            else:
-                std = self.sigma * torch.linalg.vector_norm(p, dtype=acc)
-                if f is not None:
-                    std = std / torch.sqrt(1.0 + self.eta * f)
-                p.add_(z * std.to(p.dtype))
+            saved.append(buf)
+        for ps, ss in group_by_device_dtype(params, saved):
+            torch._foreach_copy_(ss, ps)
+            flat = torch.randn(sum(p.numel() for p in ps), generator=self._gen(ps[0].device), dtype=ps[0].dtype,
+                               device=ps[0].device)  # fmt: skip
+            acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
+            vectors = [p for p in ps if p.dim() < 2]
+            whole = dict(zip(vectors, torch._foreach_norm(vectors, 2, dtype=acc))) if vectors else {}
+            for p, z in zip(ps, flat.split([p.numel() for p in ps])):
+                shrink = self._shrink.get(p)
+                if p.dim() >= 2:
+                    # Filter-wise: each slice along dimension 0 gets the scale of its own norm (the authors' code).
+                    std = torch.linalg.vector_norm(p, dim=tuple(range(1, p.dim())), keepdim=True, dtype=acc)
+                else:
+                    std = whole[p]
+                if shrink is not None:
+                    std = std * shrink  # 1 / sqrt(1 + eta F), per filter or per element
+                # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout.
+                p.addcmul_(z.view(p.shape), std.to(p.dtype), value=self.sigma)
+
+    @torch.no_grad()
+    def _shrinks(self, fisher: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+        """``1 / sqrt(1 + eta F)`` as the draws read it: ``F`` summed over each row of a matrix, element-wise for a
+        vector (shaped to broadcast against the parameter); computed once per step taken, not per draw."""
+        out = {}
+        for p, f in fisher.items():
+            summed = f.sum(dim=tuple(range(1, f.dim())), keepdim=True) if f.dim() >= 2 else f
+            out[p] = torch.rsqrt(summed * self.eta + 1.0)
+        return out
 
     @torch.no_grad()
     def _restore(self, params: list[torch.Tensor]) -> None:
@@ -195,7 +210,7 @@ class RWP(Method):
         if skipped:  # the run continues as if the step never happened
             self._set_gen_states(drawn_from)
         elif fisher is not None:
-            self._fisher = fisher
+            self._fisher, self._shrink = fisher, self._shrinks(fisher)
         return StepOutput(
             loss=loss,
             logits=logits,
@@ -227,6 +242,7 @@ class RWP(Method):
 
     def _load_method_state(self, state: dict) -> None:
         self._fisher = self._by_param(state.get("fisher", {}))
+        self._shrink = self._shrinks(self._fisher) if self.eta != 0.0 else {}
         self._set_gen_states(state.get("generators", {}))
 
     def extra_state_bytes(self) -> int:

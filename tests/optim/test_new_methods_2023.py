@@ -341,7 +341,8 @@ def train_lsq(name, steps, counter=None, seed=7, **hp):
 def test_marwp_first_steps_by_hand(m):
     """Three steps of m-ARWP written out: per group of m samples (the whole batch when m is None) a draw
     eps_W = z sigma ||W_i|| / sqrt(1 + eta sum_j F_W,ij) row by row and eps_c = z sigma ||c|| / sqrt(1 + eta F_c),
-    z one float64 randn per tensor (W, then c) from a generator seeded with torch.initial_seed(); the update
+    z one float64 randn of W's and c's elements, split in that order, from a generator seeded with
+    torch.initial_seed(); the update
     lmbda g(w + eps) + (1 - lmbda) g(w), then F <- beta F + g_p^2, with plain SGD."""
     sigma, lmbda, eta, beta, lr = 0.2, 0.3, 0.5, 0.9, 0.1
     torch.manual_seed(7)
@@ -355,8 +356,8 @@ def test_marwp_first_steps_by_hand(m):
         pW, pc = torch.zeros_like(W), torch.zeros_like(c)
         groups = [slice(0, 8)] if m is None else [slice(0, 4), slice(4, 8)]
         for rows in groups:
-            zW = torch.randn(W.shape, generator=gen, dtype=torch.float64)
-            zc = torch.randn(c.shape, generator=gen, dtype=torch.float64)
+            zW, zc = torch.randn(15, generator=gen, dtype=torch.float64).split([12, 3])
+            zW = zW.view(3, 4)
             eW = zW * sigma * W.norm(dim=1, keepdim=True) / torch.sqrt(1 + eta * FW.sum(dim=1, keepdim=True))
             ec = zc * sigma * c.norm() / torch.sqrt(1 + eta * Fc)
             aW, ac = lsq_grad(W + eW, c + ec, x[rows], y[rows])

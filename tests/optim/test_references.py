@@ -319,15 +319,16 @@ def _vasso(st: Step):
 
 @by_the_book("rwp")
 def _rwp(st: Step):
-    # eps: one float64 randn per tensor in param order (W1, W2, b1, b2) from a generator seeded with
-    # torch.initial_seed() (0 after net(seed=0)); std sigma ||row|| for a matrix, sigma ||b|| for a vector, each divided
-    # by sqrt(1 + eta F) (F summed over the row of a matrix); F <- beta F + g_p^2 after the step.
+    # eps: one float64 randn of all 4 tensors' elements, split in param order (W1, W2, b1, b2), from a generator
+    # seeded with torch.initial_seed() (0 after net(seed=0)); std sigma ||row|| for a matrix, sigma ||b|| for a vector,
+    # each divided by sqrt(1 + eta F) (F summed over the row of a matrix); F <- beta F + g_p^2 after the step.
     hp = st.hp
     gen = st.state.setdefault("gen", torch.Generator().manual_seed(0))
     fisher = st.state.get("F")
+    flat = torch.randn(sum(w.numel() for w in st.ws), generator=gen, dtype=torch.float64)
     eps = []
-    for i, w in enumerate(st.ws):
-        z = torch.randn(w.shape, generator=gen, dtype=torch.float64)
+    for i, (w, z) in enumerate(zip(st.ws, flat.split([w.numel() for w in st.ws]))):
+        z = z.view(w.shape)
         if w.dim() == 2:
             std = hp["sigma"] * w.norm(dim=1, keepdim=True)
             if fisher is not None:
