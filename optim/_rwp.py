@@ -226,12 +226,15 @@ class RWP(Method):
     def _next_fisher(self, gp: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
         """``beta F + g_p^2`` over the parameters in scope, in true units (the loss scale divided out)."""
         inv = 1.0 if self.scaler is None else 1.0 / float(self.scaler.get_scale())
-        out = {}
-        for p in self._moved():
-            sq = (gp[p] * inv).square() if inv != 1.0 else gp[p].square()
-            f = self._fisher.get(p)
-            out[p] = sq if f is None else sq.add_(f, alpha=self.beta)
-        return out
+        moved = self._moved()
+        if not moved:
+            return {}
+        sq = torch._foreach_mul([gp[p] for p in moved], inv)  # unscaled before squaring: no overflow
+        torch._foreach_mul_(sq, sq)
+        with_f = [(s, self._fisher[p]) for p, s in zip(moved, sq) if p in self._fisher]
+        if with_f:
+            torch._foreach_add_([s for s, _ in with_f], [f for _, f in with_f], alpha=self.beta)
+        return dict(zip(moved, sq))
 
     @property
     def passes_per_step(self) -> float:
