@@ -7,6 +7,7 @@
         --compile                                          # eager vs compiled (CUDA graphs) steps, side by side
     python benchmarks/bench_optim.py --methods sam,wsam,sam+p0.5,sam+every8,sam+norm   # issue 34's step kinds
     python benchmarks/bench_optim.py --methods sam,sampa,vasso                        # SAMPa (its two passes in turn), VaSSO
+    python -m benchmarks.bench_optim --models vit_s4_b256,resnet18_cifar_b256 --methods none,sam,rwp,gam --compile
 
 Every variant of one model shares the model's weights and is timed in the same process, interleaved
 round by round (the order rotates each round); each round's ratio to the fused-AdamW ``none`` step is
@@ -68,6 +69,9 @@ TARGETS = {
     # two-rank form's (not provided yet).
     "sampa": 0.49,
     "vasso": 0.49,
+    # Issue 34: m-ARWP's two gradients one after the other (SAM's two-pass target); GAM's four passes.
+    "rwp": 0.49,
+    "gam": 0.245,
     # Issue 34: SS-SAM at p = 0.5; late-phase SAM's 12.5% of SAM steps over a whole trial (every 8th step costs the
     # same per step on average); SAM-ON's scope at least as fast as SAM over every parameter.
     "sam+p0.5": 0.66,
@@ -242,7 +246,7 @@ def build_variants(spec, model, device, methods, autocast, compiled=(), probes=N
             num_samples=SAF_SAMPLES,
             num_classes=spec.num_classes,
             **kinds,
-            **METHOD_HPARAMS[registered],
+            **METHOD_HPARAMS.get(registered, {}),  # a method not listed runs at its registry defaults
         )
         if key != name:
             method.compile_modules(lambda module, p=plans[key[len(name) :]]: compile_module(module, p))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import os
 import re
 import subprocess
@@ -44,7 +45,8 @@ def methods_table() -> str:
     rows = ["| name | method | knobs (defaults) | passes per step | needs |", "| --- | --- | --- | --- | --- |"]
     for name, spec in optim.METHODS.items():
         knobs = ", ".join(f"`{k}={v!r}`" for k, v in spec.hparams.items()) or "-"
-        passes = "2" if spec.two_pass else "1"  # two on some steps only for LookSAM, on a share of the batch for ESAM
+        # The most a step takes: two on some steps only for LookSAM, on a share of the batch for ESAM; GAM's four.
+        passes = str(max(2, math.ceil(spec.small.passes_per_step))) if spec.two_pass else "1"
         needs = ", ".join(f"`{n}`" for n in sorted(spec.needs)) or "-"
         description = spec.description.replace("|", "\\|")
         rows.append(f"| `{name}` | {description} | {knobs} | {passes} | {needs} |")

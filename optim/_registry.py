@@ -44,12 +44,31 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
 
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``b`` is ``a`` with one letter left out, added, changed, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1 and a[diff[0]] == b[diff[1]]
+                                  and a[diff[1]] == b[diff[0]])  # fmt: skip
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def _closest(name: str) -> list[str]:
+    """The names one typo away (a swap counts as one: 'gasm' is 'gsam' as much as 'gam'), in registry order; else
+    difflib's closest."""
+    near = [n for n in METHODS if _one_edit(name, n)]
+    return near or difflib.get_close_matches(name, METHODS, n=1)
+
+
 def _entry(name: str, hparams: dict[str, Any]) -> MethodSpec:
     """The registry entry ``name``, once ``hparams`` are all its knobs; else the ValueError saying what to fix."""
     spec = METHODS.get(name) if isinstance(name, str) else None
     if spec is None:
-        close = difflib.get_close_matches(str(name), METHODS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
+        close = _closest(str(name))
+        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         raise ValueError(f"unknown method {name!r}: valid names are {', '.join(METHODS)}{hint}")
     unknown = sorted(set(hparams) - set(spec.hparams))
     if unknown:

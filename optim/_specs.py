@@ -429,6 +429,112 @@ SPECS = (
         needs=("model",),
         small=SmallRun({"rho": 0.05, "theta": 0.4}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6),
     ),
+    method_spec(
+        "rwp",
+        description="RWP / m-ARWP (Li et al. 2024): lmbda g(w + eps) + (1-lmbda) g(w), eps a random filter-normalised "
+        "draw whose variance shrinks by 1/(1 + eta F), F a running sum of squared gradients; eta=0 is m-RWP, "
+        "lmbda=1 RWP (one pass).",
+        builder="._rwp:RWP",
+        knobs=(
+            Knob(
+                "sigma",
+                0.015,
+                Rule(
+                    "0 <= sigma < inf",
+                    lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+                    "pass the noise's standard deviation relative to each filter's norm, e.g. sigma=0.015",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "lmbda",
+                0.5,
+                Rule(
+                    "0 <= lmbda <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass the weight of the perturbed gradient, e.g. lmbda=0.5 (1 is RWP, 0 the base optimizer)",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "eta",
+                0.1,
+                Rule(
+                    "0 <= eta < inf",
+                    lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+                    "pass the adaptation's strength, e.g. eta=0.1 (eta=0 is m-RWP, no adaptation)",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "beta",
+                0.99,
+                Rule(
+                    "0 <= beta < 1",
+                    lambda x: strict_number(x) and 0 <= x < 1,
+                    "pass the decay of the running sum of squared gradients, e.g. beta=0.99",
+                    convert=float,
+                ),
+            ),
+            Knob("m", None, M_SHARPNESS),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun(
+            {"sigma": 0.05, "lmbda": 0.5, "eta": 0.1, "beta": 0.9},
+            base_exactly={"lmbda": 0.0},
+            passes_per_step=2.0,
+            forwards=6,
+        ),
+    ),
+    method_spec(
+        "gam",
+        description="GAM (Zhang et al. 2023), first-order flatness, the authors' four-pass form: "
+        "alpha g1 + (1-alpha) g3 less gamma times the part of g0 + (1-beta) g2 orthogonal to it.",
+        builder="._gam:GAM",
+        knobs=(
+            Knob("rho", 0.2, RADIUS),
+            Knob("rho_prime", 0.03, RADIUS),
+            Knob(
+                "alpha",
+                0.1,
+                Rule(
+                    "0 <= alpha <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass the weight of g1 (the gradient at the SAM point) in the update, e.g. alpha=0.1",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "beta",
+                0.1,
+                Rule(
+                    "0 <= beta <= 1",
+                    lambda x: strict_number(x) and 0 <= x <= 1,
+                    "pass beta with g0 + (1 - beta) g2 the direction whose orthogonal part is removed, e.g. beta=0.1",
+                    convert=float,
+                ),
+            ),
+            Knob(
+                "gamma",
+                0.05,
+                Rule(
+                    "0 <= gamma < inf",
+                    lambda x: strict_number(x) and math.isfinite(x) and x >= 0,
+                    "pass the weight of the orthogonal part removed, e.g. gamma=0.05 (0 removes none)",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun(
+            {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.3, "beta": 0.4, "gamma": 0.5},
+            base_exactly={"rho_prime": 0.0, "alpha": 1.0, "gamma": 0.0},
+            passes_per_step=4.0,
+            forwards=12,
+        ),
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

@@ -216,6 +216,9 @@ def _worker(rank, out):
             "gsam_every": _run_method(rank, "gsam", False, steps=4, schedule={"every": 2}),
             "sampa": _run_method(rank, "sampa", False, steps=3, rho=0.05, lmbda=0.3),
             "vasso": _run_method(rank, "vasso", False, steps=3, rho=0.05, theta=0.4),
+            "rwp": _run_method(rank, "rwp", False, steps=3, sigma=0.05, lmbda=0.5, eta=0.1, beta=0.9),
+            "rwp_m": _run_method(rank, "rwp", False, steps=3, sigma=0.05, lmbda=0.5, eta=0.1, beta=0.9, m=2),
+            "gam": _run_method(rank, "gam", False, steps=3, rho=0.2, rho_prime=0.05, alpha=0.3, beta=0.4, gamma=0.5),
             "sampa_two_ranks": _sampa_two_ranks(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
@@ -311,6 +314,9 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
         "gsam_every",
         "sampa",
         "vasso",
+        "rwp",
+        "rwp_m",
+        "gam",
     ],
 )
 def test_new_settings_keep_replicas_identical(ranks, case):

@@ -1,6 +1,6 @@
 """The methods since 2023, each against a float64 hand formula, its reductions and a peer library where one ships it:
 WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent), SAMPa (Xie et al. 2024), VaSSO (Li &
-Giannakis 2023)."""
+Giannakis 2023), RWP / m-ARWP (Li et al. 2024), GAM (Zhang et al. 2023)."""
 
 from __future__ import annotations
 
@@ -292,3 +292,146 @@ def test_vasso_reductions():
     for a, b in zip(train("vasso", mlp(), 3, rho=0.0, theta=0.4), base):
         assert torch.equal(a, b)
     assert not all(torch.equal(a, b) for a, b in zip(train("vasso", mlp(), 3, rho=0.05, theta=0.4), sam))
+
+
+# ----------------------------------------------------------------------------- RWP / m-ARWP and GAM
+class LeastSquares(nn.Module):
+    """``mean_i 0.5 ||W x_i + c - y_i||^2``: a matrix (filters are its rows) and a vector, gradients in closed form."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(11)
+        self.W = nn.Parameter(torch.randn(3, 4, generator=g, dtype=torch.float64))
+        self.c = nn.Parameter(torch.randn(3, generator=g, dtype=torch.float64))
+
+    def forward(self, x):
+        return x @ self.W.T + self.c
+
+
+def lsq_data(step, n=8):
+    g = torch.Generator().manual_seed(90 + step)
+    return torch.randn(n, 4, generator=g, dtype=torch.float64), torch.randn(n, 3, generator=g, dtype=torch.float64)
+
+
+def lsq_grad(W, c, x, y):
+    r = x @ W.T + c - y
+    return r.T @ x / x.shape[0], r.mean(0)
+
+
+def train_lsq(name, steps, counter=None, seed=7, **hp):
+    torch.manual_seed(seed)  # the methods' own generators start from torch.initial_seed()
+    model = LeastSquares()
+    method = optim.create(name, torch.optim.SGD(model.parameters(), lr=0.1), model=model, **hp)
+    outs = []
+    for t in range(steps):
+        x, y = lsq_data(t)
+
+        def forward(rows=None, reduction="mean", x=x, y=y):
+            if counter is not None:
+                counter.append(1)
+            xs, ys = (x, y) if rows is None else (x[rows], y[rows])
+            per = 0.5 * ((model(xs) - ys) ** 2).sum(1)
+            return (per if reduction == "none" else per.mean()), model(xs)
+
+        outs.append(method.train_step(forward, inputs=x))
+    return model.W.detach().clone(), model.c.detach().clone(), outs
+
+
+@pytest.mark.parametrize("m", [None, 4])
+def test_marwp_first_steps_by_hand(m):
+    """Three steps of m-ARWP written out: per group of m samples (the whole batch when m is None) a draw
+    eps_W = z sigma ||W_i|| / sqrt(1 + eta sum_j F_W,ij) row by row and eps_c = z sigma ||c|| / sqrt(1 + eta F_c),
+    z one float64 randn of W's and c's elements, split in that order, from a generator seeded with
+    torch.initial_seed(); the update
+    lmbda g(w + eps) + (1 - lmbda) g(w), then F <- beta F + g_p^2, with plain SGD."""
+    sigma, lmbda, eta, beta, lr = 0.2, 0.3, 0.5, 0.9, 0.1
+    torch.manual_seed(7)
+    ref = LeastSquares()
+    W, c = ref.W.detach().clone(), ref.c.detach().clone()
+    gen = torch.Generator().manual_seed(7)
+    FW, Fc = torch.zeros_like(W), torch.zeros_like(c)
+    for t in range(3):
+        x, y = lsq_data(t)
+        gW, gc = lsq_grad(W, c, x, y)
+        pW, pc = torch.zeros_like(W), torch.zeros_like(c)
+        groups = [slice(0, 8)] if m is None else [slice(0, 4), slice(4, 8)]
+        for rows in groups:
+            zW, zc = torch.randn(15, generator=gen, dtype=torch.float64).split([12, 3])
+            zW = zW.view(3, 4)
+            eW = zW * sigma * W.norm(dim=1, keepdim=True) / torch.sqrt(1 + eta * FW.sum(dim=1, keepdim=True))
+            ec = zc * sigma * c.norm() / torch.sqrt(1 + eta * Fc)
+            aW, ac = lsq_grad(W + eW, c + ec, x[rows], y[rows])
+            pW, pc = pW + aW / len(groups), pc + ac / len(groups)
+        FW, Fc = beta * FW + pW**2, beta * Fc + pc**2
+        W = W - lr * (lmbda * pW + (1 - lmbda) * gW)
+        c = c - lr * (lmbda * pc + (1 - lmbda) * gc)
+    counter = []
+    gotW, gotc, outs = train_lsq("rwp", 3, counter, sigma=sigma, lmbda=lmbda, eta=eta, beta=beta, m=m)
+    torch.testing.assert_close(gotW, W, **TOL)
+    torch.testing.assert_close(gotc, c, **TOL)
+    assert len(counter) == 3 * (1 + len(groups)) and all(o.perturbed and o.passes == 2.0 for o in outs)
+
+
+def test_rwp_reductions_and_its_own_random_stream():
+    """lmbda = 0 is the base optimizer bit for bit, in one pass; lmbda = 1 is plain RWP in one pass (the perturbed
+    gradient alone); eta changes the draws' scale only once F is non-zero (the first step is m-RWP's); the draws leave
+    torch's global stream where the base optimizer leaves it; another seed draws otherwise."""
+    counter = []
+    base = train_lsq("none", 3)
+    zero = train_lsq("rwp", 3, counter, lmbda=0.0)
+    assert torch.equal(zero[0], base[0]) and torch.equal(zero[1], base[1]) and len(counter) == 3
+    assert all(o.passes == 1.0 for o in zero[2])
+    counter.clear()
+    plain = train_lsq("rwp", 3, counter, lmbda=1.0, eta=0.0, sigma=0.2)
+    assert len(counter) == 3 and not torch.equal(plain[0], base[0])
+    one_rwp, one_arwp = train_lsq("rwp", 1, eta=0.0), train_lsq("rwp", 1, eta=5.0)
+    assert torch.equal(one_rwp[0], one_arwp[0])
+    assert not torch.equal(train_lsq("rwp", 2, eta=0.0)[0], train_lsq("rwp", 2, eta=5.0)[0])
+    train_lsq("rwp", 2, seed=3)
+    after_rwp = torch.rand(3)
+    train_lsq("none", 2, seed=3)
+    assert torch.equal(after_rwp, torch.rand(3))
+    assert not torch.equal(train_lsq("rwp", 2, seed=3)[0], train_lsq("rwp", 2, seed=4)[0])
+
+
+def test_gam_first_steps_by_hand():
+    """Three steps of the authors' four passes written out on the least-squares model: g1 at w + rho' g0/||g0||,
+    w2 = w + rho (g1 - g0)/||g1 - g0||, g2 at w2, g3 at w2 + rho' g2/||g2|| (each ||.|| + 1e-12); h = alpha g1 +
+    (1 - alpha) g3, p = g0 + (1 - beta) g2, update h - gamma (p - <p, h>/||h||^2 h), plain SGD."""
+    rho, rho_prime, alpha, beta, gamma, lr = 0.3, 0.05, 0.2, 0.4, 0.6, 0.1
+    torch.manual_seed(7)
+    ref = LeastSquares()
+    w = [ref.W.detach().clone(), ref.c.detach().clone()]
+
+    def along(base, u, r):
+        return [a + r * b / (norm(u) + 1e-12) for a, b in zip(base, u)]
+
+    for t in range(3):
+        x, y = lsq_data(t)
+        g0 = list(lsq_grad(*w, x, y))
+        g1 = list(lsq_grad(*along(w, g0, rho_prime), x, y))
+        w2 = along(w, [a - b for a, b in zip(g1, g0)], rho)
+        g2 = list(lsq_grad(*w2, x, y))
+        g3 = list(lsq_grad(*along(w2, g2, rho_prime), x, y))
+        h = [alpha * a + (1 - alpha) * b for a, b in zip(g1, g3)]
+        p = [a + (1 - beta) * b for a, b in zip(g0, g2)]
+        c = sum((a * b).sum() for a, b in zip(p, h)) / sum((a * a).sum() for a in h)
+        w = [wi - lr * (hi - gamma * (pi - c * hi)) for wi, hi, pi in zip(w, h, p)]
+    counter = []
+    gotW, gotc, outs = train_lsq("gam", 3, counter, rho=rho, rho_prime=rho_prime, alpha=alpha, beta=beta, gamma=gamma)
+    torch.testing.assert_close(gotW, w[0], **TOL)
+    torch.testing.assert_close(gotc, w[1], **TOL)
+    assert len(counter) == 12 and all(o.passes == 4.0 and o.rho == rho_prime for o in outs)
+
+
+def test_gam_reductions():
+    """alpha = 1 and gamma = 0 is SAM at radius rho' (the update is g1), bit for bit; with rho' = 0 too, the base
+    optimizer; gamma > 0 or alpha < 1 is neither."""
+    sam = train("sam", mlp(), 3, rho=0.05)
+    for a, b in zip(train("gam", mlp(), 3, rho_prime=0.05, alpha=1.0, gamma=0.0), sam):
+        assert torch.equal(a, b)
+    base = train("none", mlp(), 3)
+    for a, b in zip(train("gam", mlp(), 3, rho_prime=0.0, alpha=1.0, gamma=0.0), base):
+        assert torch.equal(a, b)
+    for hp in ({"rho_prime": 0.05, "alpha": 1.0, "gamma": 0.1}, {"rho_prime": 0.05, "alpha": 0.5, "gamma": 0.0}):
+        assert not all(torch.equal(a, b) for a, b in zip(train("gam", mlp(), 3, **hp), sam))

@@ -317,6 +317,54 @@ def _vasso(st: Step):
     return loss_grad([w + hp["rho"] * di / (norm(d) + 1e-12) for w, di in zip(st.ws, d)], st.x, st.y)[2]
 
 
+@by_the_book("rwp")
+def _rwp(st: Step):
+    # eps: one float64 randn of all 4 tensors' elements, split in param order (W1, W2, b1, b2), from a generator
+    # seeded with torch.initial_seed() (0 after net(seed=0)); std sigma ||row|| for a matrix, sigma ||b|| for a vector,
+    # each divided by sqrt(1 + eta F) (F summed over the row of a matrix); F <- beta F + g_p^2 after the step.
+    hp = st.hp
+    gen = st.state.setdefault("gen", torch.Generator().manual_seed(0))
+    fisher = st.state.get("F")
+    flat = torch.randn(sum(w.numel() for w in st.ws), generator=gen, dtype=torch.float64)
+    eps = []
+    for i, (w, z) in enumerate(zip(st.ws, flat.split([w.numel() for w in st.ws]))):
+        z = z.view(w.shape)
+        if w.dim() == 2:
+            std = hp["sigma"] * w.norm(dim=1, keepdim=True)
+            if fisher is not None:
+                std = std / torch.sqrt(1 + hp["eta"] * fisher[i].sum(dim=1, keepdim=True))
+        else:
+            std = hp["sigma"] * w.norm()
+            if fisher is not None:
+                std = std / torch.sqrt(1 + hp["eta"] * fisher[i])
+        eps.append(z * std)
+    gp = loss_grad([w + e for w, e in zip(st.ws, eps)], st.x, st.y)[2]
+    st.state["F"] = [q * q if fisher is None else hp["beta"] * f + q * q for f, q in zip(fisher or gp, gp)]
+    return [hp["lmbda"] * a + (1 - hp["lmbda"]) * b for a, b in zip(gp, st.g)]
+
+
+@by_the_book("gam")
+def _gam(st: Step):
+    # The authors' four passes: g1 at SAM's point of radius rho', w2 along g1 - g0 (radius rho), g3 at SAM's point
+    # of w2; h = alpha g1 + (1 - alpha) g3 less gamma times p = g0 + (1 - beta) g2's part orthogonal to h.
+    hp, g0, ws = st.hp, st.g, st.ws
+
+    def at(vs):
+        return loss_grad(vs, st.x, st.y)[2]
+
+    def along(base, u, r):
+        return [w + r * ui / (norm(u) + 1e-12) for w, ui in zip(base, u)]
+
+    g1 = at(along(ws, g0, hp["rho_prime"]))
+    w2 = along(ws, [a - b for a, b in zip(g1, g0)], hp["rho"])
+    g2 = at(w2)
+    g3 = at(along(w2, g2, hp["rho_prime"]))
+    h = [hp["alpha"] * a + (1 - hp["alpha"]) * b for a, b in zip(g1, g3)]
+    p = [a + (1 - hp["beta"]) * b for a, b in zip(g0, g2)]
+    c = dot(p, h) / dot(h, h)
+    return [hi - hp["gamma"] * (pi - c * hi) for hi, pi in zip(h, p)]
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(

@@ -31,6 +31,8 @@ def test_registry_lists_every_method():
         "wsam",
         "sampa",
         "vasso",
+        "rwp",
+        "gam",
     )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
@@ -118,6 +120,15 @@ def test_unknown_name_lists_valid_names_and_closest():
         match=r"unknown method 'gasm'.*none, sam, asam, gsam, looksam, saf, mesa, esam, fsam, msam.*did you mean 'gsam'",
     ):
         create("gasm", base)
+
+
+def test_every_name_one_typo_away_is_suggested():
+    # A swap of neighbours is one typo, as a letter left out is: 'gasm' may be GSAM or GAM, so both are named.
+    base = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    with pytest.raises(ValueError, match=r"did you mean 'gsam' or 'gam'\?$"):
+        create("gasm", base)
+    with pytest.raises(ValueError, match=r"did you mean 'rwp'\?$"):
+        create("rpw", base)
 
 
 def test_unknown_hparam_lists_accepted_ones(helpers):

@@ -1,0 +1,255 @@
+"""RWP and m-ARWP (Li et al., TMLR 2024): the gradient at a random, filter-normalised weight perturbation mixed with the
+clean gradient, the perturbation's variance shrunk where past gradients were large; the two gradients independent."""
+
+from __future__ import annotations
+
+from typing import Unpack
+
+import torch
+
+from ._knobs import check_m_sharpness
+from ._method import Forward, Method, StepKeywords, StepOutput, batch_rows, group_by_device_dtype
+from ._specs import registered
+
+__all__ = ["RWP"]
+
+
+@registered
+class RWP(Method):
+    """m-ARWP (docs/algorithms.md, "RWP and m-ARWP"). One step on batch B, with ``F`` the running sum of squared
+    perturbed gradients (zero at the start):
+
+    - ``g = grad L(w; B)``, the clean gradient (skipped when ``lmbda = 1``: plain RWP, one pass);
+    - ``eps ~ N(0, diag(s^2))`` with, for each filter ``i`` (row of dimension 0) of a tensor of two or more
+      dimensions, ``s = sigma ||w_i|| / sqrt(1 + eta sum_i F)``, and for a 1-D tensor ``s = sigma ||w|| /
+      sqrt(1 + eta F)`` (element-wise), over the trainable parameters in scope;
+    - ``g_p = grad L(w + eps; B)``, ``w`` restored exactly, ``F <- beta F + g_p^2``;
+    - the base optimizer steps with ``lmbda g_p + (1 - lmbda) g``.
+
+    ``lmbda = 0`` is the base optimizer exactly (no draw, one pass); ``eta = 0`` is m-RWP (no adaptation).
+    ``m``: one draw per group of ``m`` samples, each group's ``g_p`` from its own ``eps`` (docs/algorithms.md,
+    "m-sharpness"). The draws come from a generator of the method's own per device, seeded with
+    ``torch.initial_seed()`` when built (replicas draw alike; the model's random streams untouched): per (device,
+    dtype), one ``randn`` of all its tensors' elements, split into them in the base optimizer's order. BatchNorm statistics are the clean pass's (the perturbed
+    pass's when ``lmbda = 1``). A missing gradient counts as zero. An fp16 overflow in either pass skips the step,
+    keeps ``F`` and puts the generator back. Under DDP both passes are synced by DDP (one draw for all replicas).
+    """
+
+    perturbs = True
+    needs_model = True
+
+    def __init__(
+        self,
+        base_optimizer: torch.optim.Optimizer,
+        sigma: float = 0.015,
+        lmbda: float = 0.5,
+        eta: float = 0.1,
+        beta: float = 0.99,
+        m: int | None = None,
+        **common: Unpack[StepKeywords],
+    ):
+        super().__init__(base_optimizer, **common)
+        knobs = self.spec.check_knobs(sigma=sigma, lmbda=lmbda, eta=eta, beta=beta, m=m)
+        check_m_sharpness(m, self.global_perturbation)
+        self.sigma, self.lmbda, self.eta, self.beta, self.m = (knobs[k] for k in ("sigma", "lmbda", "eta", "beta", "m"))
+        self._seed = torch.initial_seed()
+        self._gens: dict[str, torch.Generator] = {}
+        self._fisher: dict[torch.Tensor, torch.Tensor] = {}  # param -> F, true units
+        self._shrink: dict[torch.Tensor, torch.Tensor] = {}  # param -> 1 / sqrt(1 + eta F) as the draw reads it
+        self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
+
+    # ---------------------------------------------------------------- the draw
+    def _gen(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        gen = self._gens.get(key)
+        if gen is None:
+            gen = self._gens[key] = torch.Generator(device=device).manual_seed(self._seed)
+        return gen
+
+    def _gen_states(self) -> dict[str, torch.Tensor]:
+        return {k: g.get_state() for k, g in self._gens.items()}
+
+    def _set_gen_states(self, states: dict[str, torch.Tensor]) -> None:
+        """The generators as ``states`` has them; one made since (first drawn on a skipped step) is dropped, to be
+        made again, freshly seeded, when next drawn on."""
+        for key in set(self._gens) - set(states):
+            del self._gens[key]
+        for key, state in states.items():
+            self._gen(torch.device(key)).set_state(state)
+
+    def _moved(self) -> list[torch.Tensor]:
+        return [p for p in self._params() if p.requires_grad and self._in_scope(p)]
+
+    @torch.no_grad()
+    def _perturb(self, params: list[torch.Tensor]) -> None:
+        """Save ``w``, then ``w <- w + eps``: per (device, dtype), in the base optimizer's order, one ``randn`` of all
+        its tensors' elements, split into them; each tensor's scale from its current norms and ``F``'s shrink."""
+        saved = []
+        for p in params:
+            buf = self._saved.get(p)
+            if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
+                buf = self._saved[p] = torch.empty_like(p)
+            saved.append(buf)
+        for ps, ss in group_by_device_dtype(params, saved):
+            torch._foreach_copy_(ss, ps)
+            flat = torch.randn(sum(p.numel() for p in ps), generator=self._gen(ps[0].device), dtype=ps[0].dtype,
+                               device=ps[0].device)  # fmt: skip
+            acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
+            vectors = [p for p in ps if p.dim() < 2]
+            whole = dict(zip(vectors, torch._foreach_norm(vectors, 2, dtype=acc))) if vectors else {}
+            for p, z in zip(ps, flat.split([p.numel() for p in ps])):
+                shrink = self._shrink.get(p)
+                if p.dim() >= 2:
+                    # Filter-wise: each slice along dimension 0 gets the scale of its own norm (the authors' code).
+                    std = torch.linalg.vector_norm(p, dim=tuple(range(1, p.dim())), keepdim=True, dtype=acc)
+                else:
+                    std = whole[p]
+                if shrink is not None:
+                    std = std * shrink  # 1 / sqrt(1 + eta F), per filter or per element
+                # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout.
+                p.addcmul_(z.view(p.shape), std.to(p.dtype), value=self.sigma)
+
+    @torch.no_grad()
+    def _shrinks(self, fisher: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+        """``1 / sqrt(1 + eta F)`` as the draws read it: ``F`` summed over each row of a matrix, element-wise for a
+        vector (shaped to broadcast against the parameter); computed once per step taken, not per draw."""
+        out = {}
+        for p, f in fisher.items():
+            summed = f.sum(dim=tuple(range(1, f.dim())), keepdim=True) if f.dim() >= 2 else f
+            out[p] = torch.rsqrt(summed * self.eta + 1.0)
+        return out
+
+    @torch.no_grad()
+    def _restore(self, params: list[torch.Tensor]) -> None:
+        for ps, ss in group_by_device_dtype(params, [self._saved[p] for p in params]):
+            torch._foreach_copy_(ps, ss)  # exact: the values of w come back
+
+    # ---------------------------------------------------------------- the step
+    def _take(self, params: list[torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+        """The gradients of ``params`` (a missing one as zero), handed over without a copy; ``p.grad`` cleared."""
+        out = {p: p.grad if p.grad is not None else torch.zeros_like(p) for p in params}
+        self._zero_grad()
+        return out
+
+    def _perturbed_pass(self, forward: Forward, n: int | None, moved: list[torch.Tensor]):
+        """``g_p`` into ``p.grad``: one draw and pass over the batch, or (m-sharpness) one per group of ``m`` rows,
+        each group's pass per replica and their gradients weighted by size, then one all-reduce of the sum.
+        Returns the perturbed pass's (mean loss, logits)."""
+        if self.m is None or n is None or self.m >= n:
+            self._perturb(moved)
+            loss, logits, _, _ = self._pass(forward, local=False, n=n)
+            self._restore(moved)
+            return loss, logits
+        acc: dict[torch.Tensor, torch.Tensor] = {}
+        losses, logits_out = [], []
+        for start in range(0, n, self.m):
+            rows = slice(start, min(start + self.m, n))
+            weight = (rows.stop - rows.start) / n
+            self._perturb(moved)
+            loss, logits, _, _ = self._pass(forward, local=True, rows=rows)
+            self._restore(moved)
+            with torch.no_grad():
+                for p in self._params_with_grad():
+                    acc[p] = p.grad.mul_(weight) if p not in acc else acc[p].add_(p.grad, alpha=weight)
+            self._zero_grad()
+            losses.append(loss * weight)
+            logits_out.append(logits)
+        for p, g in acc.items():
+            p.grad = g
+        with torch.no_grad():
+            self._all_reduce_mean(list(acc.values()))
+        return torch.stack(losses).sum(), torch.cat(logits_out)
+
+    def train_step(
+        self,
+        forward: Forward,
+        *,
+        inputs: torch.Tensor | None = None,
+        indices: torch.Tensor | None = None,
+        epoch: int = 0,
+    ) -> StepOutput:
+        n = batch_rows(inputs)
+        if self.m is not None and n is None:
+            raise ValueError(
+                f"{self.name} with m={self.m}: inputs= must be the batch tensor, to split it into groups of m "
+                "samples; pass train_step(forward, inputs=x, ...)"
+            )
+        if self.lmbda == 0.0:  # the clean gradient alone: the base optimizer's step
+            loss, logits, _, skipped = self._one_pass_step(forward, inputs)
+            return StepOutput(loss=loss, logits=logits, perturbed_loss=None, extra_loss=None, rho=None, skipped=skipped)
+        params = [p for p in self._params() if p.requires_grad]
+        moved = self._moved()
+        drawn_from = self._gen_states()
+        self._zero_grad()
+        clean: dict[torch.Tensor, torch.Tensor] = {}
+        found = None
+        if self.lmbda < 1.0:
+            loss, logits, _, _ = self._pass(forward, local=False, n=n)
+            found = self._nonfinite()
+            self._bn.snapshot()
+            clean = self._take(params)
+        perturbed_loss, perturbed_logits = self._perturbed_pass(forward, n, moved)
+        if self.lmbda < 1.0:
+            self._bn.restore()
+        else:  # plain RWP: the perturbed pass is the step's only one
+            loss, logits = perturbed_loss, perturbed_logits
+        with torch.no_grad():
+            found2 = self._nonfinite()
+            found = found2 if found is None else (found if found2 is None else found + found2)
+            gp = self._take(params)
+            fisher = self._next_fisher(gp) if self.eta != 0.0 else None
+            if self.lmbda < 1.0:
+                for gs, cs in group_by_device_dtype([gp[p] for p in params], [clean[p] for p in params]):
+                    torch._foreach_mul_(gs, self.lmbda)
+                    torch._foreach_add_(gs, cs, alpha=1.0 - self.lmbda)  # lmbda g_p + (1 - lmbda) g
+            for p in params:
+                p.grad = gp[p]
+            clean = {}
+        skipped = self._finish(found)
+        self._zero_grad()
+        if skipped:  # the run continues as if the step never happened
+            self._set_gen_states(drawn_from)
+        elif fisher is not None:
+            self._fisher, self._shrink = fisher, self._shrinks(fisher)
+        return StepOutput(
+            loss=loss,
+            logits=logits,
+            perturbed_loss=None,  # a random draw: no surrogate gap of an ascent step
+            extra_loss=None,
+            rho=None,
+            skipped=skipped,
+            perturbed=True,
+            passes=self.passes_per_step,
+        )
+
+    @torch.no_grad()
+    def _next_fisher(self, gp: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
+        """``beta F + g_p^2`` over the parameters in scope, in true units (the loss scale divided out)."""
+        inv = 1.0 if self.scaler is None else 1.0 / float(self.scaler.get_scale())
+        moved = self._moved()
+        if not moved:
+            return {}
+        sq = torch._foreach_mul([gp[p] for p in moved], inv)  # unscaled before squaring: no overflow
+        torch._foreach_mul_(sq, sq)
+        with_f = [(s, self._fisher[p]) for p, s in zip(moved, sq) if p in self._fisher]
+        if with_f:
+            torch._foreach_add_([s for s, _ in with_f], [f for _, f in with_f], alpha=self.beta)
+        return dict(zip(moved, sq))
+
+    @property
+    def passes_per_step(self) -> float:
+        return 2.0 if 0.0 < self.lmbda < 1.0 else 1.0
+
+    def _method_state(self) -> dict:
+        return {"fisher": self._indexed(self._fisher), "generators": self._gen_states()}
+
+    def _load_method_state(self, state: dict) -> None:
+        self._fisher = self._by_param(state.get("fisher", {}))
+        self._shrink = self._shrinks(self._fisher) if self.eta != 0.0 else {}
+        self._set_gen_states(state.get("generators", {}))
+
+    def extra_state_bytes(self) -> int:
+        size = sum(p.numel() * p.element_size() for p in self._moved())
+        trainable = sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
+        # Saved w; the clean gradient kept over the perturbed pass; F and the next F (eta > 0).
+        return size + (trainable if 0.0 < self.lmbda < 1.0 else 0) + (2 * size if self.eta != 0.0 else 0)
