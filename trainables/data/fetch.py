@@ -1,4 +1,4 @@
-"""Fetching a dataset's official archive (its URL, md5 and layout: the registry's, trainables.datasets): download,
+"""Fetching a dataset's official archive (its URL, md5 and layout: the registry's, trainables.data.registry): download,
 md5 check, safe unpacking, upload to a URI; and the check that a data root holds a dataset's layout."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from trainables.datasets import DATASETS, Archive, expected_layout
+from trainables.data.registry import DATASETS, Archive, expected_layout
+from trainables.data.staging import StagingError, is_uri, open_uri
 from trainables.errors import UserError
-from trainables.staging import StagingError, is_uri, open_uri
 
 __all__ = ["ARCHIVES", "Archive", "FetchError", "expected_layout", "fetch_dataset", "layout_problem"]
 
@@ -26,7 +26,7 @@ _CHUNK = 1 << 20
 _DOWNLOAD_TIMEOUT_S = 60
 
 
-#: Each dataset's official archive: the registry's (trainables.datasets), for the datasets that have one.
+#: Each dataset's official archive: the registry's (trainables.data.registry), for the datasets that have one.
 ARCHIVES: dict[str, Archive] = {name: spec.archive for name, spec in DATASETS.items() if spec.archive is not None}
 
 
@@ -53,7 +53,7 @@ def _kinds(root: str | Path, paths: list[str]) -> dict[str, str | None]:
 
 
 def layout_problem(name: str, root: str | Path) -> str | None:
-    """None when `root` (a local path or a URI) holds dataset `name`'s files where trainables.data looks, else why not.
+    """None when `root` (a local path or a URI) holds dataset `name`'s files where its loader looks, else why not.
 
     Only names are checked, not contents: a quick check a node can run before any trial.
     """
@@ -226,7 +226,7 @@ def fetch_dataset(
         absent = [f for f in archive.files if not (folder / f).is_file()]
         if absent:
             raise FetchError(
-                f"archive: has no {archive.folder}/{{{', '.join(absent)}}}, which trainables.data reads. "
+                f"archive: has no {archive.folder}/{{{', '.join(absent)}}}, which its loader reads. "
                 f"Fix: --url must name the python-version {name} archive ({archive.url})."
             )
         if remote:
