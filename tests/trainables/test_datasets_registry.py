@@ -37,26 +37,8 @@ def _fake_cifar(name):
     return write
 
 
-def _fake_stripes(root: Path, write_fake_cifar) -> Path:
-    rng = np.random.default_rng(0)
-    split = {}
-    for part, n in (("train", 8), ("val", 4)):
-        y = np.arange(n) % 2
-        x = np.where(y[:, None, None] == 0, np.arange(8)[None, :, None] % 2, np.arange(8)[None, None, :] % 2)
-        split[f"{part}_x"] = (x * 255 - rng.integers(0, 9, x.shape)).clip(0, 255).astype(np.uint8)
-        split[f"{part}_y"] = y
-    root.mkdir(parents=True)
-    np.savez(root / "stripes.npz", **split)
-    return root
-
-
 #: A tiny root of each dataset that needs one, in its registered layout: a new dataset with a root adds its fake here.
-FAKE_ROOTS = {
-    "cifar10": _fake_cifar("cifar10"),
-    "cifar100": _fake_cifar("cifar100"),
-    "imagefolder": _fake_imagefolder,
-    "stripes": _fake_stripes,
-}
+FAKE_ROOTS = {"cifar10": _fake_cifar("cifar10"), "cifar100": _fake_cifar("cifar100"), "imagefolder": _fake_imagefolder}
 
 
 def _root(name: str, tmp_path: Path, write_fake_cifar) -> Path | None:
