@@ -37,8 +37,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainables.datasets import rand_augment_hparams
-from trainables.jpeg import FolderBytes, Images
+from trainables.data.crops import Images
+from trainables.data.folders import FolderBytes
+from trainables.data.registry import rand_augment_hparams
 
 REPO = Path(__file__).resolve().parents[1]
 

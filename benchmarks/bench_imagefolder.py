@@ -8,7 +8,7 @@ synthetic data, `data.decode: cpu` (PIL in DataLoader workers, timm's transforms
 augmentation, with the default worker count. Paths and methods are interleaved round by round; each figure is
 the median over rounds of the median epoch after the first. Before the fits it times the device path alone (no
 model) and its GPU kernel time a batch (torch.profiler: the SM work that competes with the step). `--prepared S`
-adds the same paths on the folder prepared at short side S (`trainables.prepare`, timed as it is written),
+adds the same paths on the folder prepared at short side S (`trainables.data.prepare`, timed as it is written),
 `--pixels S` on its pixel form (nothing left to decode). Needs only torch, torchvision, timm and pydantic.
 
   python -m benchmarks.bench_imagefolder                 # the table on one GPU
@@ -305,7 +305,7 @@ def main() -> None:
         roots: dict[str | None, Path] = {None: root}
         for form, sides in (("jpeg", args.prepared), ("pixels", args.pixels)):
             for side in sides:
-                from trainables.prepare import prepare_folder
+                from trainables.data.prepare import prepare_folder
 
                 where = roots[f"{form}{side}"] = root.parent / f"{root.name}-{form}-{side}"
                 if not (where / "train").is_dir():
@@ -339,7 +339,7 @@ def main() -> None:
         results: dict[tuple[str, str, str], list[float]] = {}
 
         def timed_config(data: dict, method: str, model: dict) -> dict:
-            from trainables.jpeg import FolderPixels
+            from trainables.data.folders import FolderPixels
 
             data = dict(data)
             FolderPixels.use_slots = not data.pop(COPYING, False)  # read when fit builds its loaders

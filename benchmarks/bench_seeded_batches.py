@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 from benchmarks.bench_data import write_fake_cifar10
-from trainables.data import SeededBatch, _seeded_draws, load_dataset
+from trainables.data import SeededBatch, load_dataset
+from trainables.data.seeds import _seeded_draws
 
 # (label, load_dataset arguments; "root" is filled in)
 FORMS = [

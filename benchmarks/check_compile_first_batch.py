@@ -37,7 +37,7 @@ VIT = {"name": "vit_tiny_patch16_224", "kwargs": {"patch_size": 4, "embed_dim": 
 def _pixel_folder(root: Path, per_class: int) -> Path:
     from PIL import Image
 
-    from trainables.prepare import prepare_folder
+    from trainables.data.prepare import prepare_folder
 
     rng = np.random.default_rng(0)
     for split in ("train", "val"):

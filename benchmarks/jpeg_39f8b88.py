@@ -1,4 +1,4 @@
-"""The device augmentation of trainables.jpeg as of commit 39f8b88, kept verbatim as the reference that
+"""The device augmentation of trainables/jpeg.py (now trainables/data/) as of commit 39f8b88, kept verbatim as the reference that
 bench_device_augment.py times against and tests/trainables/test_jpeg.py pins bit-equality to (not used by training)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainables.jpeg import Images, device_rand_augment_problem, random_resized_crop_boxes
+from trainables.data.crops import Images, random_resized_crop_boxes
+from trainables.data.rand_augment import device_rand_augment_problem
 
 
 def crop_resize(images: Images, boxes: torch.Tensor, size: int) -> torch.Tensor:

@@ -65,7 +65,7 @@ def probe_config(config: dict[str, Any], *, device: str, steps: int) -> dict[str
     """The cell's trial config as a short throughput probe: its model, method, batch and image size, on synthetic
     data held on the device (the data path is not what is measured), two epochs of `steps` steps, no geometry."""
     from trainables.config import TrialConfig
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     cfg = TrialConfig.load(config)
     data = cfg.data

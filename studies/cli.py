@@ -755,7 +755,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_data_fetch(args) -> int:
-    from trainables.fetch import fetch_dataset
+    from trainables.data.fetch import fetch_dataset
 
     where = fetch_dataset(args.dataset, args.to, url=args.url, md5=args.md5, log=lambda msg: print(msg, flush=True))
     print(f"Use it with: --set data.root={where}   (or data.root: {where} in the study file)")
@@ -763,7 +763,7 @@ def _cmd_data_fetch(args) -> int:
 
 
 def _cmd_data_prepare(args) -> int:
-    from trainables.prepare import MANIFEST, default_short_side, prepare_folder
+    from trainables.data.prepare import MANIFEST, default_short_side, prepare_folder
 
     short_side = args.short_side if args.short_side is not None else default_short_side(args.img_size)
     done = prepare_folder(
@@ -787,8 +787,8 @@ def _cmd_data_prepare(args) -> int:
 
 
 def _add_data(sub) -> None:
-    from trainables.prepare import DEFAULT_QUALITY, FORMS
-    from trainables.prepare import MANIFEST as MANIFEST_NAME
+    from trainables.data.prepare import DEFAULT_QUALITY, FORMS
+    from trainables.data.prepare import MANIFEST as MANIFEST_NAME
 
     data = sub.add_parser("data", help="put datasets where every node of a cluster reads them")
     data_sub = data.add_subparsers(dest="data_command", required=True)

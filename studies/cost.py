@@ -234,7 +234,7 @@ def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
 
 def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
     from trainables.config import TrialConfig
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     cfg = TrialConfig.load(cell.config)
     data, method = cfg.data, cfg.optimizer.method
@@ -245,7 +245,7 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
     if spec.split_sizes is None:
         return (
             None,
-            f"cell {label}: dataset {data.name!r} has no known split sizes (trainables/datasets.py DATASETS).",
+            f"cell {label}: dataset {data.name!r} has no known split sizes (trainables/data/registry.py DATASETS).",
             False,
         )
     n_train, n_val = spec.split_sizes

@@ -32,7 +32,7 @@ def data_roots(study: LoadedStudy) -> list[tuple[str, str]]:
 
 
 def _fix_for(name: str, root: str) -> str:
-    from trainables.fetch import ARCHIVES
+    from trainables.data.fetch import ARCHIVES
 
     if name in ARCHIVES:
         return f"`sharpscale data fetch {name} --to {root}` puts it there"
@@ -41,8 +41,8 @@ def _fix_for(name: str, root: str) -> str:
 
 def _root_problem(name: str, root: str) -> tuple[str, str] | None:
     """(reason, fix) when this node cannot read data root `root` of dataset `name`, else None."""
-    from trainables.fetch import layout_problem
-    from trainables.staging import StagingError, cache_path, is_staged, is_uri, open_uri
+    from trainables.data.fetch import layout_problem
+    from trainables.data.staging import StagingError, cache_path, is_staged, is_uri, open_uri
 
     if is_uri(root):
         if is_staged(root):
@@ -243,7 +243,7 @@ def check_trials_fit_the_data(study: LoadedStudy) -> None:
     fixes it (a registered dataset's, or the synthetic set's): every trial would fail on its first batch, or learn a
     head whose extra classes never occur."""
     from trainables.config import TrialConfig
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     problems = {}
     for cell in study.cells:

@@ -8,10 +8,10 @@ from .config import OptimizerConfig as OptimizerConfig
 from .config import ScheduleConfig as ScheduleConfig
 from .config import TrainConfig as TrainConfig
 from .config import TrialConfig as TrialConfig
-from .data import DataBundle as DataBundle
-from .data import fixed_batches as fixed_batches
-from .data import fraction_indices as fraction_indices
-from .data import load_dataset as load_dataset
+from .data.bundle import DataBundle as DataBundle
+from .data.load import fixed_batches as fixed_batches
+from .data.load import load_dataset as load_dataset
+from .data.seeds import fraction_indices as fraction_indices
 from .loop import TrialDiverged as TrialDiverged
 from .loop import evaluate as evaluate
 from .loop import fit as fit

@@ -133,9 +133,9 @@ class ModelConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    """Which dataset (a name in `trainables.datasets.DATASETS`), which fraction of its training set, how it is fed."""
+    """Which dataset (a name in `trainables.data.DATASETS`), which fraction of its training set, how it is fed."""
 
-    name: str = Field("digits", description="Registry name in trainables.datasets.DATASETS (digits, cifar10, ...).")
+    name: str = Field("digits", description="Registry name in trainables.data.DATASETS (digits, cifar10, ...).")
     root: str | None = Field(
         None, description="Directory holding the dataset, or a URI (s3://, gs://, file://) each node stages once."
     )
@@ -202,7 +202,7 @@ class DataConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from trainables.datasets import DATASETS
+        from trainables.data.registry import DATASETS
 
         if name not in DATASETS:
             close = difflib.get_close_matches(name, list(DATASETS), n=1)
@@ -222,7 +222,7 @@ class DataConfig(_Strict):
 
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
-        from trainables.datasets import (
+        from trainables.data.registry import (
             DATASETS,
             device_rand_augment_problem,
             expected_layout,

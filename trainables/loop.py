@@ -24,7 +24,9 @@ from torch.utils.data import DataLoader, Sampler
 import optim
 from trainables import compiled as compiled_step
 from trainables.config import CHECKPOINT_AUTO_RATIO, TrialConfig
-from trainables.data import DataBundle, SeededBatch, batch_seeds, epoch_seed, eval_positions, load_dataset
+from trainables.data.bundle import DataBundle
+from trainables.data.load import load_dataset
+from trainables.data.seeds import SeededBatch, batch_seeds, epoch_seed, eval_positions
 from trainables.errors import TrialRefused, UserError, shown
 from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
@@ -959,7 +961,7 @@ def _keep_final(trial: _Trial, path: Path) -> None:
 
 def _geometry_batches(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
     """The fixed measurement set of `cfg.geometry` on rank 0 (None elsewhere, and when geometry is off)."""
-    from trainables.data import fixed_batches
+    from trainables.data.load import fixed_batches
 
     g = cfg.geometry
     if not g.enabled:

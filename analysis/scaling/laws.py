@@ -384,7 +384,7 @@ def chance_error(dataset: str | None, metric: str, *, mode: str = "max") -> floa
     1 - 1/classes for an accuracy (an error rate: 0.9 on CIFAR-10), log(classes) for a cross-entropy loss;
     None where the registry does not know the classes (imagefolder, synthetic) or the metric is neither.
     """
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     spec = DATASETS.get(str(dataset)) if dataset is not None else None
     classes = getattr(spec, "num_classes", None)

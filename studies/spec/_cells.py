@@ -27,8 +27,8 @@ from studies.spec._schema import (
 )
 from studies.spec._smoke import _epochs, _positive_int, _smoke_levels, _smoke_tree
 from trainables.config import ConfigError, TrialConfig
+from trainables.data.staging import is_uri
 from trainables.errors import shown
-from trainables.staging import is_uri
 
 
 # Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.

@@ -55,30 +55,55 @@ def test_a_name_with_two_homes_is_refused():
         lazy.exports("pkg", {"a": ("geometry",)}, modules=("geometry",))
 
 
-def _imports(package: str) -> dict[str, set[str]]:
-    """Each module of ``package`` (its files, not subpackages) -> the modules of it that it imports anywhere: at the
-    top, inside a function, or for type checkers only."""
+def _imports(package: str, *, deep: bool) -> dict[str, set[str]]:
+    """Each module of ``package`` (``deep``: its subpackages' too, ``data.registry``, a subpackage's ``__init__`` as
+    ``data``) -> the modules of it that it imports anywhere: at the top, inside a function, or for type checkers
+    only. A name imported from a lazily exporting package counts as an import of the module that defines it."""
     folder = Path(importlib.import_module(package).__file__).parent
-    modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    names = {}
+    for path in folder.rglob("*.py") if deep else folder.glob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts:
+            names[".".join(parts)] = path
+    homes = {}  # a lazily exporting (sub)package's public names -> the modules defining them
+    for module in [package, *(f"{package}.{m}" for m in names if names[m].name == "__init__.py")]:
+        getter = getattr(importlib.import_module(module), "__getattr__", None)
+        for name, home in getattr(getter, "homes", {}).items():
+            homes[f"{module}.{name}"] = f"{module}.{home}"
+
+    def within(absolute: str) -> str | None:
+        """``absolute`` (a dotted module path) as a module of ``package``, or None when it is not one."""
+        while absolute.startswith(f"{package}."):
+            if absolute[len(package) + 1 :] in names:
+                return absolute[len(package) + 1 :]
+            absolute = absolute.rpartition(".")[0]  # a name inside a module: the module
+        return None
+
     graph: dict[str, set[str]] = {}
-    for module in modules:
+    for module, path in names.items():
+        own = f"{package}.{module}" if path.name == "__init__.py" else f"{package}.{module}".rpartition(".")[0]
         found = set()
-        for node in ast.walk(ast.parse((folder / f"{module}.py").read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                absolute = node.module if not node.level else f"{package}.{node.module or ''}".rstrip(".")
-                if absolute == package:
-                    found |= {a.name for a in node.names}
-                elif absolute and absolute.startswith(f"{package}."):
-                    found.add(absolute.split(".")[1])
+                base = own.rsplit(".", node.level - 1)[0] if node.level else ""
+                source = ".".join(p for p in (base, node.module) if p)
+                for alias in node.names:
+                    target = homes.get(f"{source}.{alias.name}", f"{source}.{alias.name}")
+                    found.add(within(target))
             elif isinstance(node, ast.Import):
-                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{package}.")}
-        graph[module] = (found & modules) - {module}
+                found |= {within(a.name) for a in node.names}
+        graph[module] = found - {None, module}
     return graph
 
 
-@pytest.mark.parametrize("package", ["optim", "trainables", "analysis", "studies"])
-def test_no_import_circle_among_a_packages_modules(package):
-    graph = _imports(package)
+# Subpackages walked too (trainables.data, studies.spec), but analysis's: analysis.geometry.names reads the probe
+# class that imports it back (issue 33's item 4 hands the probe over as an object instead).
+@pytest.mark.parametrize(
+    ("package", "deep"), [("optim", True), ("trainables", True), ("analysis", False), ("studies", True)]
+)
+def test_no_import_circle_among_a_packages_modules(package, deep):
+    graph = _imports(package, deep=deep)
     for start in graph:
         path, seen = [start], set()
         stack = [(start, iter(sorted(graph[start])))]

@@ -305,8 +305,8 @@ def test_every_user_error_is_one_class():
     from studies.server import ServerOptionError
     from studies.spec import StudyError
     from trainables.config import ConfigError
-    from trainables.fetch import FetchError
-    from trainables.staging import StagingError
+    from trainables.data.fetch import FetchError
+    from trainables.data.staging import StagingError
 
     for cls in (StudyError, ConfigError, FetchError, StagingError, ServerOptionError, StudyNotFound):
         assert issubclass(cls, UserError), cls

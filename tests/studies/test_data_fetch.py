@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from studies.cli import main
-from trainables import staging
-from trainables.data import load_dataset
-from trainables.fetch import ARCHIVES, FetchError, fetch_dataset, layout_problem
+from trainables.data import load_dataset, staging
+from trainables.data.fetch import ARCHIVES, FetchError, fetch_dataset, layout_problem
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

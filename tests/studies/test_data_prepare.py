@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from studies.cli import EXIT_USAGE, main
-from trainables.prepare import default_short_side, read_manifest
+from trainables.data.prepare import default_short_side, read_manifest
 
 
 def _folder(root: Path) -> Path:

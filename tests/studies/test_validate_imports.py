@@ -20,7 +20,7 @@ def test_validating_every_shipped_study_imports_no_torch(tmp_path, fresh_python)
 
 
 def test_building_the_clis_parser_imports_no_archive_or_network_code(fresh_python):
-    # Every command builds the whole parser: `data prepare`'s help reads trainables.prepare's constants, which must
-    # not bring tarfile or multiprocessing (trainables.fetch, the worker pool) into each command's start.
+    # Every command builds the whole parser: `data prepare`'s help reads trainables.data.prepare's constants, which must
+    # not bring tarfile or multiprocessing (trainables.data.fetch, the worker pool) into each command's start.
     code = "from studies.cli import build_parser\nbuild_parser()\n"
-    fresh_python(code, not_imported=("tarfile", "multiprocessing", "trainables.fetch"))
+    fresh_python(code, not_imported=("tarfile", "multiprocessing", "trainables.data.fetch"))

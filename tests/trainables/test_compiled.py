@@ -207,11 +207,11 @@ def test_a_failed_warm_up_leaves_no_temporary_checkpoint_folder(tiny_model, tmp_
 
 
 def _pixel_folder(root):
-    """A tiny image folder prepared in the pixel form: the trial reads it through the slot ring (trainables.jpeg)."""
+    """A tiny image folder prepared in the pixel form: the trial reads it through the slot ring (trainables.data.slots)."""
     import numpy as np
     from PIL import Image
 
-    from trainables.prepare import prepare_folder
+    from trainables.data.prepare import prepare_folder
 
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
@@ -237,7 +237,7 @@ def test_the_compile_reads_no_batch_of_its_own_and_the_trial_trains_as_the_eager
     persistent loader's workers also drew augmentations for, and whose slots the pixel loader held until the next
     pass), and the compiled trial trains on what the eager one does, bit for bit (aot_eager), workers or not."""
     from trainables import loop
-    from trainables.jpeg import _SlotRing
+    from trainables.data.slots import _SlotRing
 
     handed, held = [], []
     batches_of = loop._GlobalBatchSampler.__iter__

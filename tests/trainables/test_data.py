@@ -1,4 +1,4 @@
-"""Tests for trainables.data: fraction subsets, index semantics, dataset layouts and their errors."""
+"""Tests for trainables.data (the bundle, seeds and dataset modules): fraction subsets, index semantics, dataset layouts and their errors."""
 
 from __future__ import annotations
 
@@ -119,12 +119,12 @@ def test_digits_are_read_as_scikit_learns_load_digits_gives_them():
 
     from sklearn.datasets import load_digits
 
-    from trainables.data import digits_raw
+    from trainables.data.digits import digits_raw
 
     pixels, labels = digits_raw()
     raw = load_digits()
     assert pixels.shape == (1797, 64) and np.array_equal(pixels, raw.data) and np.array_equal(labels, raw.target)
-    code = "import sys; from trainables.data import digits_raw; digits_raw(); print('sklearn' in sys.modules)"
+    code = "import sys; from trainables.data.digits import digits_raw; digits_raw(); print('sklearn' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

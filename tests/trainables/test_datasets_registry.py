@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainables import datasets
-from trainables.datasets import DATASETS, rand_augment_problem
+from trainables.data import registry
+from trainables.data.registry import DATASETS, rand_augment_problem
 
 NAMES = list(DATASETS)
 
@@ -59,7 +59,7 @@ def test_every_entry_names_a_public_loader(name):
     assert spec.name == name and spec.description
     module, _, attr = spec.loader.partition(":")
     assert module and attr and not attr.startswith("_"), f"{name}: loader {spec.loader!r} is not 'module:public_name'"
-    assert callable(spec.load) and spec.load is getattr(importlib.import_module(module, "trainables"), attr)
+    assert callable(spec.load) and spec.load is getattr(importlib.import_module(module, "trainables.data"), attr)
     assert data.DATASETS is DATASETS  # one registry, re-exported where the loaders live
 
 
@@ -85,7 +85,7 @@ def test_the_loaded_bundle_is_what_the_entry_says(name, tmp_path, write_fake_cif
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_root_layout_is_the_entrys(name, tmp_path, write_fake_cifar):
-    from trainables.fetch import ARCHIVES, expected_layout, layout_problem
+    from trainables.data.fetch import ARCHIVES, expected_layout, layout_problem
 
     spec = DATASETS[name]
     assert (spec.root_layout is not None) == spec.needs_root
@@ -112,11 +112,11 @@ def test_timm_auto_augment_still_loads_alone(fresh_python):
     # release moves that file or gives it imports from timm, this fails: the check then falls back to the ordinary
     # import (correct, seconds slower), and _timm_rand_augment's comment and this pin need a look.
     code = (
-        "from trainables import datasets\n"
-        "module = datasets._load_alone()\n"
+        "from trainables.data import registry\n"
+        "module = registry._load_alone()\n"
         "assert module is not None, 'timm/data/auto_augment.py is missing or no longer loads on its own'\n"
-        "assert module.rand_augment_transform.__module__ == datasets._AUTO_AUGMENT\n"
-        "assert datasets.rand_augment_problem('rand-m9-mstd0.5') is None\n"
+        "assert module.rand_augment_transform.__module__ == registry._AUTO_AUGMENT\n"
+        "assert registry.rand_augment_problem('rand-m9-mstd0.5') is None\n"
     )
     fresh_python(code, not_imported=("torch", "timm"), timeout=60)
 
@@ -140,7 +140,7 @@ STRINGS = [
 def test_the_lone_parser_judges_as_timm_does(config):
     from timm.data.auto_augment import rand_augment_transform
 
-    alone = datasets._load_alone()
+    alone = registry._load_alone()
     hparams = dict(translate_const=14, img_mean=(128, 128, 128))
 
     def verdict(fn):
@@ -157,7 +157,7 @@ def test_the_lone_parser_judges_as_timm_does(config):
 @pytest.mark.parametrize("fraction", [1.0, 0.5, 0.1, 0.045, 0.01])
 def test_registered_class_sizes_give_the_loaded_subset_size(fraction):
     # The config rules size a fraction's subset from the registry, before any data is loaded: the registry's digits
-    # class sizes must be those of the split trainables.data loads, and subset_size what fraction_indices keeps.
+    # class sizes must be those of the split trainables.data.digits loads, and subset_size what fraction_indices keeps.
     from trainables.data import load_dataset
 
     bundle = load_dataset("digits", fraction=fraction, batch_size=1)

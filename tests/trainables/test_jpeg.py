@@ -1,4 +1,4 @@
-"""The device path of image folders (trainables.jpeg), run on CPU tensors: the host path's crop boxes, flip rate,
+"""The device path of image folders (trainables.data: crops, rand_augment, folders), run on CPU tensors: the host path's crop boxes, flip rate,
 eval crop and RandAugment ops and draws, seeded, through `trainables.fit`, and `data.decode`'s rules."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from scipy.stats import binomtest, ks_2samp
 from trainables import fit
 from trainables.config import ConfigError, TrialConfig
 from trainables.data import load_dataset
-from trainables.datasets import DEVICE_RAND_OPS, rand_augment_hparams
-from trainables.jpeg import DeviceRandAugment, apply_op, level_args, random_resized_crop_boxes
+from trainables.data.crops import random_resized_crop_boxes
+from trainables.data.rand_augment import DeviceRandAugment, apply_op, level_args
+from trainables.data.registry import DEVICE_RAND_OPS, rand_augment_hparams
 from trainables.metrics import VALIDATION_SAMPLES
 
 CPU = torch.device("cpu")
@@ -281,7 +282,7 @@ def _digest(x: torch.Tensor) -> str:
 
 
 def _mixed_batch(n: int, seed: int = 0):
-    from trainables.jpeg import Images
+    from trainables.data.crops import Images
 
     rng = np.random.default_rng(seed)
     sizes = [(int(h), int(w)) for h, w in rng.choice([(40, 40), (40, 52), (48, 36), (37, 61)], n)]
@@ -306,7 +307,7 @@ def _mixed_batch(n: int, seed: int = 0):
 def test_transform_gives_the_bytes_and_draws_of_commit_39f8b88(config, interpolation, ops):
     from timm.data.auto_augment import rand_augment_transform
 
-    from trainables.jpeg import FolderBytes
+    from trainables.data.folders import FolderBytes
 
     old = _golden()["transform"][f"{config}|{interpolation}|{'all' if ops else None}"]
     size, n = 24, 96
@@ -347,7 +348,7 @@ def test_level_args_and_apply_op_are_those_of_commit_39f8b88(name):
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 def test_to_all_hands_back_each_tensor_from_one_copy(device):
-    from trainables.jpeg import _to_all
+    from trainables.data.crops import _to_all
 
     host = [
         torch.arange(3),
@@ -369,7 +370,7 @@ def test_roi_align_operator_is_torchvisions_public_function():
     # operator's argument order (a torchvision that reorders them fails here).
     from torchvision.ops import roi_align
 
-    from trainables.jpeg import _roi_align
+    from trainables.data.crops import _roi_align
 
     planes = torch.rand(3, 3, 37, 50, generator=torch.Generator().manual_seed(0)) * 255
     rois = torch.tensor([[0, 1.0, 2.0, 41.0, 30.0], [1, 0.0, 0.0, 50.0, 37.0], [2, 7.5, 3.25, 20.0, 36.0]])

@@ -250,7 +250,7 @@ def _data_of(form: str, root: Path, write_fake_cifar) -> dict:
                 "batch_size": 8, "eval_batch_size": 6}  # fmt: skip
     folder = _images(root / "src")
     if name == "pixels":
-        from trainables.prepare import prepare_folder
+        from trainables.data.prepare import prepare_folder
 
         prepare_folder(folder, root / "px", short_side=20, workers=1, form="pixels")
         folder = root / "px"

@@ -1,4 +1,4 @@
-"""The prepared form of an image folder (trainables.prepare, `sharpscale data prepare`) on tiny folders the tests
+"""The prepared form of an image folder (trainables.data.prepare, `sharpscale data prepare`) on tiny folders the tests
 write: its sizes follow torchvision's Resize, its eval crops match the original's, it loads as an image folder, and
 every refusal comes before anything is written."""
 
@@ -17,9 +17,8 @@ from scipy.stats import ks_2samp
 
 from trainables import fit
 from trainables.data import load_dataset
-from trainables.jpeg import random_resized_crop_boxes
-from trainables.metrics import VALIDATION_SAMPLES
-from trainables.prepare import (
+from trainables.data.crops import random_resized_crop_boxes
+from trainables.data.prepare import (
     INDEX_FILE,
     MANIFEST,
     PIXELS_FILE,
@@ -30,6 +29,7 @@ from trainables.prepare import (
     read_manifest,
     resized_size,
 )
+from trainables.metrics import VALIDATION_SAMPLES
 
 CPU = torch.device("cpu")
 
@@ -351,7 +351,7 @@ def test_the_device_loader_hands_on_batches_in_the_samplers_order(tmp_path, work
 
 def _default_path(split, sampler, workers):
     # FolderBytes' loader on the same split: workers collate each batch and hand it over in shared memory.
-    from trainables.jpeg import FolderBytes
+    from trainables.data.folders import FolderBytes
 
     return FolderBytes.device_loader(
         split, sampler, CPU, num_workers=workers, pin_memory=False, persistent_workers=False
@@ -366,7 +366,7 @@ def test_the_slot_ring_hands_on_the_default_paths_batches_over_epochs_and_broken
     """Workers reading straight into the ring's slots give the batches the default path gives, epoch after epoch
     with persistent workers, after a pass left half-read (its slots reclaimed), and with slots too small for some
     batches (slots of a mean batch: the larger ones come in their spill)."""
-    from trainables.jpeg import _SlotRing
+    from trainables.data.slots import _SlotRing
 
     if not spread:
         monkeypatch.setattr(_SlotRing, "SIZE_MARGIN", 1.0)
@@ -415,8 +415,8 @@ def test_slots_larger_than_the_free_shared_memory_are_refused_with_the_fix(tmp_p
     """A full tmpfs faults a worker's write (SIGBUS) instead of refusing it: the ring checks the room first."""
     import shutil
 
+    from trainables.data.slots import _check_shared_memory
     from trainables.errors import TrialRefused
-    from trainables.jpeg import _check_shared_memory
 
     free = shutil.disk_usage(tmp_path).free
     _check_shared_memory(2, 2**20, where=str(tmp_path))

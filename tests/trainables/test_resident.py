@@ -162,8 +162,8 @@ def test_host_crop_by_slicing_equals_torchvision_pixel_for_pixel(fake_cifar10, t
     from PIL import Image
     from torchvision import transforms as T
 
-    from trainables.data import _rand_augment
-    from trainables.datasets import DATASETS
+    from trainables.data.cifar import _rand_augment
+    from trainables.data.registry import DATASETS
 
     b = load_dataset("cifar10", root=tmp_path, augment=augment, device_resident=False)
     steps = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()]

@@ -1,4 +1,4 @@
-"""trainables.staging: a URI data root staged once per node, locked, atomic and verified; a local path used in place."""
+"""trainables.data.staging: a URI data root staged once per node, locked, atomic and verified; a local path used in place."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainables import staging
-from trainables.data import load_dataset
-from trainables.staging import (
+from trainables.data import load_dataset, staging
+from trainables.data.staging import (
     MANIFEST,
     StagingError,
     cache_dir,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
-import trainables.data
+import trainables.data.cifar
+import trainables.data.load
 import trainables.loop
 from trainables import ConfigError, TrialConfig, fit
 from trainables.data import fixed_batches, load_dataset
@@ -104,14 +105,14 @@ def test_the_measurement_set_from_the_trials_own_bundle_equals_a_fresh_unaugment
 
 def test_a_trial_with_geometry_loads_its_dataset_once(tiny_model, monkeypatch):
     loads = []
-    real = trainables.data.load_dataset
+    real = trainables.data.load.load_dataset
 
     def counted(*args, **kwargs):
         loads.append(args)
         return real(*args, **kwargs)
 
     # A spy on the one loader: both the loop's call and fixed_batches' would go through it.
-    monkeypatch.setattr(trainables.data, "load_dataset", counted)
+    monkeypatch.setattr(trainables.data.load, "load_dataset", counted)
     monkeypatch.setattr(trainables.loop, "load_dataset", counted)
     cfg = {**_config(tiny_model, epochs=1), "geometry": {"measures": ["probe_metric"], "batches": 2, "batch_size": 16}}
     taken = []
@@ -170,9 +171,9 @@ def test_settings_only_the_built_trial_can_check_are_refused_before_training(cas
 def test_a_process_reads_the_cifar_files_once_and_again_when_they_change(fake_cifar10, tmp_path, monkeypatch):
     # Tune runs trial after trial in one actor process: the pickles are read once, while they stay the same files.
     reads = []
-    real = trainables.data._read_cifar_batch
-    monkeypatch.setattr(trainables.data, "_CIFAR_CACHE", {})
-    monkeypatch.setattr(trainables.data, "_read_cifar_batch", lambda *a: reads.append(a[1].name) or real(*a))
+    real = trainables.data.cifar._read_cifar_batch
+    monkeypatch.setattr(trainables.data.cifar, "_CIFAR_CACHE", {})
+    monkeypatch.setattr(trainables.data.cifar, "_read_cifar_batch", lambda *a: reads.append(a[1].name) or real(*a))
     first = load_dataset("cifar10", root=tmp_path, augment="basic", device_resident=True)
     assert sorted(reads) == ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"] + [
         "test_batch"
@@ -182,11 +183,11 @@ def test_a_process_reads_the_cifar_files_once_and_again_when_they_change(fake_ci
     assert reads == []
     assert torch.equal(again.val[3][0], first.val[3][0]) and again.val[3][1] == first.val[3][1]
     # Shared by every bundle, so read-only: no trial can alter a later one's data.
-    _, train_x, train_y, *_ = next(iter(trainables.data._CIFAR_CACHE.values()))
+    _, train_x, train_y, *_ = next(iter(trainables.data.cifar._CIFAR_CACHE.values()))
     assert not train_x.flags.writeable and not train_y.flags.writeable
     # A file written again (another size here) is read again, with its new contents.
     batch = fake_cifar10["folder"] / "test_batch"
-    relabelled = trainables.data._read_pickle("cifar10", batch)
+    relabelled = trainables.data.cifar._read_pickle("cifar10", batch)
     relabelled = {k.encode(): v for k, v in relabelled.items()}
     relabelled[b"labels"] = [(int(v) + 1) % 10 for v in relabelled[b"labels"]] + [0]
     relabelled[b"data"] = np.concatenate([relabelled[b"data"], relabelled[b"data"][:1]])

@@ -69,8 +69,8 @@ class DatasetSpec:
     """One registered dataset: every fact about it that the config rules, the cost estimate, the fetch and the
     loaders read, and how to load it.
 
-    ``loader`` is ``"module:attribute"`` of the load function inside ``trainables`` (importing torch), imported
-    only when a dataset is loaded: ``load(cfg, root, train_indices_for, resident)`` gives the bundle; ``root`` is
+    ``loader`` is ``"module:attribute"`` of the load function, the module relative to ``trainables.data`` (one
+    module per dataset, importing torch), imported only when a dataset is loaded: ``load(cfg, root, train_indices_for, resident)`` gives the bundle; ``root`` is
     the local directory (None when the dataset needs none), ``train_indices_for(labels)`` the fraction subset,
     ``resident`` whether to build the device-resident form.
     """
@@ -124,28 +124,28 @@ class DatasetSpec:
 
     @property
     def load(self) -> Callable[..., Any]:
-        """The load function (importing its module, and torch, on first use): a trainables.data.Loader."""
+        """The load function (importing its module, and torch, on first use): a trainables.data.load.Loader."""
         module, _, attr = self.loader.partition(":")
         return getattr(importlib.import_module(module, __package__), attr)
 
 
 _CIFAR_PICKLES = "the official python-version pickles"
 
-# Adding a dataset: its loader (trainables.data) and one entry below; the config rules, `--dry-run`'s estimate,
-# `sharpscale data fetch`, the pre-run root check and the loaders read it, and tests/trainables/
-# test_datasets_registry.py runs every entry.
+# Adding a dataset: its module in trainables/data/ (a `load` function) and one entry below; the config rules,
+# `--dry-run`'s estimate, `sharpscale data fetch`, the pre-run root check and the loaders read it, and
+# tests/trainables/test_datasets_registry.py runs every entry (a dataset with a root adds a fake of it there).
 DATASETS: dict[str, DatasetSpec] = {
     spec.name: spec
     for spec in (
         DatasetSpec(
             "digits",
             "scikit-learn's 8x8 digits, embedded: fixed stratified 80/20 train/val split",
-            ".data:load_digits",
+            ".digits:load",
             needs_root=False,
             default_size=8,
             device_resident=True,
             num_classes=10,
-            # 1,438 train and 359 val images (trainables.data's fixed split); pinned against the loaded split by a
+            # 1,438 train and 359 val images (trainables.data.digits' fixed split); pinned against the loaded split by a
             # test. Normalised by the training split's own mean and std.
             train_class_sizes=(142, 146, 142, 146, 145, 146, 145, 143, 139, 144),
             val_size=359,
@@ -153,7 +153,7 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec(
             "cifar10",
             "CIFAR-10, the python-version pickles; val is the test batch",
-            ".data:load_cifar",
+            ".cifar:load",
             needs_root=True,
             default_size=32,
             device_resident=True,
@@ -181,7 +181,7 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec(
             "cifar100",
             "CIFAR-100 (fine labels), the python-version pickles; val is the test set",
-            ".data:load_cifar",
+            ".cifar:load",
             needs_root=True,
             default_size=32,
             device_resident=True,
@@ -203,7 +203,7 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec(
             "imagefolder",
             "any train/val tree of class folders (ImageNet-style), decoded per sample",
-            ".data:load_imagefolder",
+            ".imagefolder:load",
             needs_root=True,
             default_size=224,
             device_decode=True,
@@ -218,7 +218,7 @@ DATASETS: dict[str, DatasetSpec] = {
         DatasetSpec(
             "synthetic",
             "random images for throughput measurements; no augmentation",
-            ".data:load_synthetic",
+            ".synthetic:load",
             needs_root=False,
             default_size=32,
             mean=(0.0, 0.0, 0.0),
@@ -266,7 +266,7 @@ def rand_augment_problem(config: object) -> str | None:
     return None
 
 
-# timm's RandAugment ops that trainables.jpeg applies in batches on the device (every op of timm's default and
+# timm's RandAugment ops that trainables.data.rand_augment applies in batches on the device (every op of timm's default and
 # 'increasing' RandAugment sets); a RandAugment string using any other op is decoded and augmented on the host.
 DEVICE_RAND_OPS = frozenset(
     {
@@ -326,7 +326,7 @@ def _timm_rand_augment() -> Callable[..., Any]:
     ``__init__``, which imports torch (seconds): a study file's check loads that one file on its own. Where timm
     has moved it or gained imports, the ordinary import serves (correct, only slower);
     tests/trainables/test_datasets_registry.py pins that the file still loads alone and is timm's own function.
-    Only checks use it: a training transform comes from timm itself (trainables.data), so its classes pickle by
+    Only checks use it: a training transform comes from timm itself (the dataset modules), so its classes pickle by
     timm's module name into any data-loader worker.
     """
     if "timm" in sys.modules:  # already paid for: timm's own module object

@@ -63,7 +63,8 @@ class PrepareError(UserError):
 def default_short_side(img_size: int) -> int:
     """The shorter side timm's eval transform resizes to before its central crop (floor(img_size / crop_pct): 256 for
     224): at this size the prepared eval images are what the eval transform makes of the originals, resized once."""
-    from trainables.jpeg import eval_resize_size  # torch's import only when asked: the CLI builds its help without it
+    # torch's import only when asked: the CLI builds its help without it
+    from trainables.data.crops import eval_resize_size
 
     return eval_resize_size(img_size)
 
@@ -164,7 +165,7 @@ def prepare_problems(
             f"'{stale}' is what an interrupted `data prepare` to --to '{dest}' left (a killed run cannot remove "
             f"it), and may hold many GB. Fix: remove it (rm -r '{stale}'), unless a run to '{dest}' is still going."
         )
-    from trainables.fetch import expected_layout  # here: the CLI builds its help from this module's constants
+    from trainables.data.fetch import expected_layout  # here: the CLI builds its help from this module's constants
 
     layout = expected_layout("imagefolder")
     if not source.is_dir():
@@ -458,7 +459,7 @@ def prepare_folder(
 
 def _listing(source: Path, form: str) -> tuple[list[str], dict[str, list[tuple[Path, Path, int]]], list[str]]:
     """The train split's classes, every split's images, and the problems of that listing for `form`."""
-    from trainables import fetch  # here, not at the top: see prepare_problems
+    from trainables.data import fetch  # here, not at the top: see prepare_problems
 
     problems: list[str] = []
     layout = fetch.expected_layout("imagefolder")

@@ -1,4 +1,4 @@
-"""Fetching a dataset's official archive (its URL, md5 and layout: the registry's, trainables.datasets): download,
+"""Fetching a dataset's official archive (its URL, md5 and layout: the registry's, trainables.data.registry): download,
 md5 check, safe unpacking, upload to a URI; and the check that a data root holds a dataset's layout."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from trainables.datasets import DATASETS, Archive, expected_layout
+from trainables.data.registry import DATASETS, Archive, expected_layout
+from trainables.data.staging import StagingError, is_uri, open_uri
 from trainables.errors import UserError
-from trainables.staging import StagingError, is_uri, open_uri
 
 __all__ = ["ARCHIVES", "Archive", "FetchError", "expected_layout", "fetch_dataset", "layout_problem"]
 
@@ -26,7 +26,7 @@ _CHUNK = 1 << 20
 _DOWNLOAD_TIMEOUT_S = 60
 
 
-#: Each dataset's official archive: the registry's (trainables.datasets), for the datasets that have one.
+#: Each dataset's official archive: the registry's (trainables.data.registry), for the datasets that have one.
 ARCHIVES: dict[str, Archive] = {name: spec.archive for name, spec in DATASETS.items() if spec.archive is not None}
 
 
@@ -53,7 +53,7 @@ def _kinds(root: str | Path, paths: list[str]) -> dict[str, str | None]:
 
 
 def layout_problem(name: str, root: str | Path) -> str | None:
-    """None when `root` (a local path or a URI) holds dataset `name`'s files where trainables.data looks, else why not.
+    """None when `root` (a local path or a URI) holds dataset `name`'s files where its loader looks, else why not.
 
     Only names are checked, not contents: a quick check a node can run before any trial.
     """
@@ -182,53 +182,15 @@ def fetch_dataset(
     Either way `to` is then what `data.root` names. `url` and `md5` override the official ones (mirrors).
     Returns `to` as data.root should say it; raises FetchError naming the value, the rule and the fix.
     """
-    from trainables.secrets import credential_problem
-
     archive = _archive(name)
-    for flag, value in (("--url", url), ("--to", str(to))):
-        if value and (problem := credential_problem(flag, value)):
-            raise FetchError(problem)
-    url = url or archive.url
-    md5 = (md5 or archive.md5).strip().lower()
-    if not re.fullmatch(r"[0-9a-f]{32}", md5):
-        raise FetchError(f"--md5: must be 32 hexadecimal digits, got {md5!r}. Fix: copy the mirror's md5 whole.")
+    url, md5 = _source(archive, url, md5, to)
     say = log or (lambda _msg: None)
     to = str(to)
     remote = is_uri(to)
-    if remote:
-        try:
-            open_uri(to)  # an unknown scheme fails now, not after the download
-        except StagingError as exc:
-            raise FetchError(f"--to: {exc}") from None
-        where, scratch_parent = to.rstrip("/"), None
-    else:
-        local = Path(to).expanduser()
-        if local.exists() and not local.is_dir():
-            raise FetchError(
-                f"--to {to!r}: is a file, not a directory. Fix: name a directory (it is created if absent)."
-            )
-        local.mkdir(parents=True, exist_ok=True)
-        # Unpacked beside its destination, so that putting it in place is one rename on one filesystem.
-        where, scratch_parent = str(local.resolve()), local
+    where, scratch_parent = _destination(to, remote)
     with tempfile.TemporaryDirectory(prefix=".sharpscale-fetch-", dir=scratch_parent) as scratch:
         scratch = Path(scratch)
-        say(f"downloading {url}")
-        got = _download(name, url, scratch / "archive.tar.gz")
-        if got != md5:
-            raise FetchError(
-                f"md5: the archive from {url} has md5 {got}, expected {md5}. Fix: the download is corrupt or not the "
-                f"official {name} python-version archive; run again, or fetch from the official URL "
-                f"({archive.url}); pass --md5 only for a mirror you trust whose archive differs."
-            )
-        say(f"md5 {got} matches; unpacking")
-        _extract(name, scratch / "archive.tar.gz", scratch / "unpacked")
-        folder = scratch / "unpacked" / archive.folder
-        absent = [f for f in archive.files if not (folder / f).is_file()]
-        if absent:
-            raise FetchError(
-                f"archive: has no {archive.folder}/{{{', '.join(absent)}}}, which trainables.data reads. "
-                f"Fix: --url must name the python-version {name} archive ({archive.url})."
-            )
+        folder = _unpacked(name, archive, url, md5, scratch, say)
         if remote:
             say(f"uploading {archive.folder} to {where}")
             try:
@@ -244,3 +206,57 @@ def fetch_dataset(
             os.rename(folder, final)
     say(f"{name} is at {where}/{archive.folder}")
     return where
+
+
+def _source(archive: Archive, url: str | None, md5: str | None, to: str | os.PathLike) -> tuple[str, str]:
+    """The archive's URL and md5 (a mirror's, else the official ones), checked: no credentials in --url or --to,
+    an md5 of 32 hex digits."""
+    from trainables.secrets import credential_problem
+
+    for flag, value in (("--url", url), ("--to", str(to))):
+        if value and (problem := credential_problem(flag, value)):
+            raise FetchError(problem)
+    md5 = (md5 or archive.md5).strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{32}", md5):
+        raise FetchError(f"--md5: must be 32 hexadecimal digits, got {md5!r}. Fix: copy the mirror's md5 whole.")
+    return url or archive.url, md5
+
+
+def _destination(to: str, remote: bool) -> tuple[str, Path | None]:
+    """Where the folder goes (a URI whose scheme opens, or a local directory, made if absent), and the local
+    directory to unpack in (None: a temporary one, for an upload)."""
+    if remote:
+        try:
+            open_uri(to)  # an unknown scheme fails now, not after the download
+        except StagingError as exc:
+            raise FetchError(f"--to: {exc}") from None
+        return to.rstrip("/"), None
+    local = Path(to).expanduser()
+    if local.exists() and not local.is_dir():
+        raise FetchError(f"--to {to!r}: is a file, not a directory. Fix: name a directory (it is created if absent).")
+    local.mkdir(parents=True, exist_ok=True)
+    # Unpacked beside its destination, so that putting it in place is one rename on one filesystem.
+    return str(local.resolve()), local
+
+
+def _unpacked(name: str, archive: Archive, url: str, md5: str, scratch: Path, say: Callable[[str], None]) -> Path:
+    """The archive downloaded into `scratch`, its md5 checked, unpacked safely: the folder holding every file the
+    loader reads."""
+    say(f"downloading {url}")
+    got = _download(name, url, scratch / "archive.tar.gz")
+    if got != md5:
+        raise FetchError(
+            f"md5: the archive from {url} has md5 {got}, expected {md5}. Fix: the download is corrupt or not the "
+            f"official {name} python-version archive; run again, or fetch from the official URL "
+            f"({archive.url}); pass --md5 only for a mirror you trust whose archive differs."
+        )
+    say(f"md5 {got} matches; unpacking")
+    _extract(name, scratch / "archive.tar.gz", scratch / "unpacked")
+    folder = scratch / "unpacked" / archive.folder
+    absent = [f for f in archive.files if not (folder / f).is_file()]
+    if absent:
+        raise FetchError(
+            f"archive: has no {archive.folder}/{{{', '.join(absent)}}}, which its loader reads. "
+            f"Fix: --url must name the python-version {name} archive ({archive.url})."
+        )
+    return folder
