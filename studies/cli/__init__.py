@@ -1080,7 +1080,3 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\nsharpscale: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-if __name__ == "__main__":
-    sys.exit(main())
