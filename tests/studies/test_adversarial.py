@@ -357,11 +357,11 @@ def test_report_and_status_of_a_study_without_results(statuses, tmp_path, monkey
 
 
 def test_summary_of_an_all_failed_study(tmp_path, capsys, new_mlflow_store):
-    from studies.cli import _print_summary
+    from studies.cli.summary import print_summary
     from studies.spec import load_study
 
     study, uri = _study_in_store(tmp_path, "allfailed", ["failed", "failed"], new_mlflow_store)
-    _print_summary(load_study(study, require_data=False), uri)
+    print_summary(load_study(study, require_data=False), uri)
     assert "no trial finished with a result (2 failed)" in capsys.readouterr().out
 
 
@@ -611,12 +611,12 @@ def test_a_failure_after_the_runs_exist_closes_them_and_names_its_cause(
 def test_main_turns_an_interruption_or_a_machine_error_into_one_line(
     raised, status, says, tmp_path, monkeypatch, capsys
 ):
-    from studies import cli
+    from studies.cli.study import Run
 
-    def fail(args):
+    def fail(self, args):
         raise raised
 
-    monkeypatch.setattr(cli, "_cmd_run", fail)  # build_parser binds the command when main runs
+    monkeypatch.setattr(Run, "take_action", fail)  # main calls the parsed command's method when it runs
     study = _write(tmp_path, None)
     assert main(["run", str(study), "--storage", str(tmp_path / "runs")]) == status
     err = capsys.readouterr().err

@@ -91,7 +91,7 @@ def test_ui_address_is_printed_once_it_answers(capsys):
     import threading
     import time
 
-    from studies.cli import _say_when_answering
+    from studies.cli.servers import _say_when_answering
     from studies.server import free_port
 
     port = free_port()
@@ -116,12 +116,13 @@ def test_the_quiet_environment_lasts_for_the_command_only(monkeypatch, tmp_path)
     import os
 
     from studies import cli
+    from studies.cli.study import Validate
 
     for key in cli.QUIET_ENV:
         monkeypatch.delenv(key, raising=False)
     seen = {}
     monkeypatch.setattr(
-        cli, "_cmd_validate", lambda args: seen.update({k: os.environ.get(k) for k in cli.QUIET_ENV}) or 0
+        Validate, "take_action", lambda self, args: seen.update({k: os.environ.get(k) for k in cli.QUIET_ENV}) or 0
     )
     assert cli.main(["validate", str(tmp_path / "study.yaml")]) == 0
     assert seen == cli.QUIET_ENV  # Ray and MLflow started by the command see it
@@ -155,7 +156,7 @@ def test_the_readmes_next_commands_are_what_make_demo_prints(monkeypatch):
     import importlib.util
     import re
 
-    from studies import cli
+    from studies.cli import base
 
     make = (REPO / "Makefile").read_text()
     venv_bin = re.search(r"^BIN\s*:=\s*\$\(VENV\)/bin", make, re.MULTILINE) and re.search(
@@ -172,5 +173,5 @@ def test_the_readmes_next_commands_are_what_make_demo_prints(monkeypatch):
     nexts = block.split("Next:", 1)[1].split("```", 1)[0].strip("\n").splitlines()
     assert len(nexts) == 3 and all(line.startswith(f"  {prog} ") for line in nexts), nexts
     assert f"{prog} ui" in readme.split(module.END, 1)[1]  # the prose after the block says the same
-    monkeypatch.setattr(cli.sys, "argv", [str(Path.cwd() / prog)])
-    assert cli._prog() == prog
+    monkeypatch.setattr(base.sys, "argv", [str(Path.cwd() / prog)])
+    assert base.prog() == prog

@@ -348,8 +348,9 @@ def test_status_over_a_store_nothing_can_use(tmp_path, tracking_uri, monkeypatch
 
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError], ids=["ctrl-c", "exception"])
 def test_a_failure_while_printing_the_summary_is_one_line_and_not_zero(failure, tmp_path, monkeypatch, capsys):
-    from studies import cli, runner
+    from studies import runner
     from studies.cli import EXIT_ERRORS, EXIT_INTERRUPTED
+    from studies.cli import summary as printed
 
     # The study itself ended and closed its runs (run_study returned); only the summary after it fails.
     monkeypatch.setattr(runner, "run_study", lambda *a, **k: runner.StudyOutcome("1", "r", "sqlite:///x", 3, 0))
@@ -357,7 +358,7 @@ def test_a_failure_while_printing_the_summary_is_one_line_and_not_zero(failure, 
     def summary(*args):
         raise failure("boom")
 
-    monkeypatch.setattr(cli, "_print_summary", summary)
+    monkeypatch.setattr(printed, "print_summary", summary)
     rc = main(["run", str(_study_file(tmp_path))])
     assert rc == (EXIT_INTERRUPTED if failure is KeyboardInterrupt else EXIT_ERRORS)
     err = capsys.readouterr().err
