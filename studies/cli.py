@@ -94,6 +94,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _place(flag: str):
+    """An argparse type for a flag naming a path or URI: refused when empty or holding a shell variable."""
+
+    def check(text: str) -> str:
+        from studies.spec import location_problem
+
+        if problem := location_problem(flag, text):
+            raise argparse.ArgumentTypeError(problem.split(": ", 1)[1])
+        return text
+
+    return check
+
+
 def _study_options() -> argparse.ArgumentParser:
     """Options shared by every command that reads a study file."""
     from studies.spec import SETTABLE_FIELDS
@@ -105,10 +118,13 @@ def _study_options() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         default=[],
         help="override a trial config path for every cell (--set data.root=/data/cifar10) or a study setting "
-        f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable",
+        f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable. A mapping merges key by key "
+        "into the file's (--set budget={seed: 1} keeps its other budget keys; model.kwargs is replaced whole), so "
+        "a --set changes only what it names; clear a key with KEY=null",
     )
     parent.add_argument(
         "--storage",
+        type=_place("--storage"),
         default=None,
         metavar="PATH_OR_URI",
         help="Ray's results and checkpoints (and, by default, Optuna's database beside them) for this run, instead of "
@@ -124,6 +140,7 @@ def _tracking_option() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--tracking-uri",
+        type=_place("--tracking-uri"),
         default=None,
         help=f"MLflow tracking URI (default: the study's tracking.uri, {DEFAULT_TRACKING_URI}); sqlite:///, http(s):// "
         "or a database URL",
@@ -979,6 +996,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("dest", metavar="DEST", help="the folder to write (new or empty)")
     exp.add_argument(
         "--tracking-uri",
+        type=_place("--tracking-uri"),
         default=DEFAULT_TRACKING_URI,
         help=f"the store to copy: an sqlite:/// file or a path (default: {DEFAULT_TRACKING_URI})",
     )
@@ -1025,6 +1043,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--smoke", action="store_true", help="open the study's --smoke runs")
     ui.add_argument(
         "--tracking-uri",
+        type=_place("--tracking-uri"),
         default=DEFAULT_TRACKING_URI,
         help=f"the MLflow store to browse: an sqlite:/// file, a path, or an http(s):// server (default: {DEFAULT_TRACKING_URI})",
     )
