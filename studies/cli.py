@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from studies import server as server_cli
+from studies.shell import shell_command
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_TRACKING_URI, LOG_FILE, REASON_TAG
 
@@ -235,7 +236,7 @@ def _cmd_run(args) -> int:
         what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"failed ({type(err).__name__}: {err})"
         print(
             f"\nsharpscale: the study's runs are recorded and closed ({outcome.trials} trials); printing its summary "
-            f"{what}. `{_prog()} status {args.study}` shows it.",
+            f"{what}. `{shell_command(_prog(), 'status', args.study)}` shows it.",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else EXIT_ERRORS
@@ -266,15 +267,17 @@ def _cmd_run(args) -> int:
 
 def _incomplete(args, when: str) -> str:
     """What an interrupted study tells its user: it is incomplete, and the command that finishes it."""
-    resume = [_prog(), "resume", args.study, *(f"--set {s}" for s in getattr(args, "set", None) or [])]
+    resume = [_prog(), "resume", args.study]
+    for item in getattr(args, "set", None) or []:
+        resume += ["--set", item]
     for flag in ("storage", "tracking_uri", "address"):
         if getattr(args, flag, None):
-            resume.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+            resume += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if getattr(args, "smoke", False):
         resume.append("--smoke")
     return (
         f"sharpscale: study interrupted {when}: it is INCOMPLETE (its MLflow runs are marked KILLED, interrupted "
-        f"trials 'interrupted'). Finish it with:\n  {' '.join(resume)}"
+        f"trials 'interrupted'). Finish it with:\n  {shell_command(*resume)}"
     )
 
 
@@ -369,7 +372,7 @@ def _state_line(study, uri: str, name: str) -> str:
             "KILLED": "INTERRUPTED (incomplete)",
             "FAILED": "FAILED (incomplete)",
         }.get(run.info.status, run.info.status)
-        state = f"Study run: {word}; `{_prog()} resume {study.path}` finishes it.\n{state}"
+        state = f"Study run: {word}; `{shell_command(_prog(), 'resume', study.path)}` finishes it.\n{state}"
     return state
 
 
@@ -439,12 +442,13 @@ def _print_summary(study, tracking_uri: str, outcome=None) -> None:
             )
     _print_cost(runs, outcome)
     default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
-    uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
-    study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
+    uri_opt = "" if default_uri else f" {shell_command('--tracking-uri', tracking_uri)}"
+    study_arg = shell_command(*(["--smoke"] if smoke else []), _shown_path(study.path))
     print(f"\nRecorded in MLflow at {tracking_uri}, experiment {name!r}. Next:")
-    print(f"  {_prog()} ui{uri_opt}            the study's page: its answer, then every trial best first")
-    print(f"  {_prog()} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
-    print(f"  {_prog()} status {study_arg}{uri_opt}   trials per cell and status")
+    prog = shell_command(_prog())
+    print(f"  {prog} ui{uri_opt}            the study's page: its answer, then every trial best first")
+    print(f"  {prog} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
+    print(f"  {prog} status {study_arg}{uri_opt}   trials per cell and status")
 
 
 def _shown_path(path: Path) -> str:
@@ -638,7 +642,8 @@ def _cmd_dashboard(args) -> int:
     if run is None:
         raise UserError(
             f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
-            f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
+            f"(`{shell_command('sharpscale', 'run', *(['--smoke'] if args.smoke else []), args.study)}`), or give its "
+            f"--tracking-uri."
         )
     storage = _travelled_optuna(uri, state_locations(study, name, run.data.tags).optuna_storage, args.allow_writes)
     # The hosts `sharpscale server` admits, --allowed-host too, matched as addresses and exact names.
@@ -766,7 +771,7 @@ def _cmd_export(args) -> int:
     done = export_store(args.tracking_uri, args.dest)
     print(
         f"Exported {done.experiments} experiment(s), {done.runs} run(s) and {done.folders} artifact folder(s) to "
-        f"{args.dest}. Use it from anywhere with --tracking-uri {done.tracking_uri}"
+        f"{args.dest}. Use it from anywhere with {shell_command('--tracking-uri', done.tracking_uri)}"
     )
     return 0
 

@@ -8,6 +8,7 @@ import getpass
 import os
 from pathlib import Path
 
+from studies.shell import shell_command
 from studies.spec import LoadedStudy, StudyError
 from trainables.secrets import redact
 
@@ -35,7 +36,7 @@ def _fix_for(name: str, root: str) -> str:
     from trainables.fetch import ARCHIVES
 
     if name in ARCHIVES:
-        return f"`sharpscale data fetch {name} --to {root}` puts it there"
+        return f"`{shell_command('sharpscale', 'data', 'fetch', name, '--to', root)}` puts it there"
     return "copy the dataset's folder there"
 
 

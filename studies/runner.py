@@ -33,6 +33,7 @@ from studies.preflight import (
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import rollup_callback, source_tags, trial_params
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
+from studies.shell import shell_command
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import NoSpaceLeft, free_bytes, nearest_existing, no_space_at, shown
 from trainables.metrics import EPOCH_TIME, VALIDATION_METRICS
@@ -255,7 +256,7 @@ def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, wha
         where = "a disk the study writes to"
     return NoSpaceLeft(
         f"no space left on {where}: {'; '.join(what)}. The study stopped; its runs and trials are closed as interrupted where "
-        f"their store could still record it. Fix: free space on that disk, then `sharpscale resume {study.path}` "
+        f"their store could still record it. Fix: free space on that disk, then `{shell_command('sharpscale', 'resume', study.path)}` "
         f"continues the study."
     )
 

@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 
 from studies import identity
 from studies.cli import EXIT_USAGE, main
-from studies.launch import INTERRUPTED_REASON, choose_launch, experiment, parent_runs, resume_target
+from studies.launch import INTERRUPTED_REASON, Launch, choose_launch, experiment, parent_runs, resume_target
 from studies.runner import run_study, state_locations
 from studies.search import CellSearcher
 from studies.spec import StudyError, load_study
@@ -819,3 +820,73 @@ def test_resume_reads_back_only_the_tune_state_this_launch_recorded(tmp_path, tr
 
     assert "restored unchecked" in identity.check_tune_state(study, str(folder), None)  # a launch from before
     assert "not checked" in identity.check_tune_state(study, "s3://bucket/exp", recorded)
+
+
+# --- issue 36, item 11: a refusal changes nothing; commands printed to be pasted ---------------------------------
+
+
+def test_a_refused_run_leaves_a_deleted_experiment_deleted(tmp_path, tracking_uri, monkeypatch):
+    """`run` restored the deleted experiment, then refused the run (launch 1 exists): the refusal changed the store.
+    The folder's name holds a quote and a space: every command the refusal prints pastes as one word."""
+    path = _study_file(tmp_path / "it's a study")
+    monkeypatch.chdir(path.parent)
+    _record_launch(path, tracking_uri)
+    client = tracking_client(tracking_uri)
+    exp_id = client.get_experiment_by_name("quickstart").experiment_id
+    client.delete_experiment(exp_id)
+    with pytest.raises(StudyError) as err:
+        run_study(path, tracking_uri=tracking_uri)
+    assert "already holds launch 1" in str(err.value)
+    assert client.get_experiment(exp_id).lifecycle_stage == "deleted"
+    quoted = shlex.quote(str(path))
+    assert f"`sharpscale resume {quoted}`" in str(err.value) and f"`sharpscale run --new-launch {quoted}`" in str(
+        err.value
+    )
+    assert shlex.split(f"sharpscale resume {quoted}") == ["sharpscale", "resume", str(path)]
+
+
+def test_a_new_launch_given_back_deletes_the_restored_experiment_again(tmp_path, tracking_uri, monkeypatch):
+    path = _study_file(tmp_path / "study")
+    monkeypatch.chdir(path.parent)
+    run_id, _ = _record_launch(path, tracking_uri)
+    client = tracking_client(tracking_uri)
+    exp_id = client.get_experiment_by_name("quickstart").experiment_id
+    client.delete_experiment(exp_id)
+    deleted_with_it = client.get_run(run_id).info.lifecycle_stage  # MLflow deletes an experiment's runs with it
+    target = Launch.open(
+        load_study(path, require_data=False), tracking_uri, resume=False, new_launch=True, explicit=True
+    )
+    assert target.number == 2 and client.get_experiment(exp_id).lifecycle_stage == "active"
+    target.release()  # what a run refused before its first run does (Launch.closing_steps)
+    target.release_driver()
+    assert client.get_experiment(exp_id).lifecycle_stage == "deleted"
+    assert client.get_run(run_id).info.lifecycle_stage == deleted_with_it  # its launch 1 as it was
+
+
+def test_the_resume_line_quotes_what_a_shell_would_split(monkeypatch):
+    import argparse
+
+    from studies.cli import _incomplete
+
+    monkeypatch.setattr(sys, "argv", ["sharpscale"])
+    args = argparse.Namespace(
+        study="my 'study'.yaml",
+        set=["data.root=/data/my cifar", "budget={seed: 1}"],
+        storage="/runs/it's here",
+        tracking_uri="sqlite:////tmp/a b/mlflow.db",
+        address=None,
+        smoke=True,
+    )
+    line = _incomplete(args, "after 1 of 2 trials").rsplit("\n  ", 1)[1]
+    assert shlex.split(line)[2:] == [
+        "my 'study'.yaml",
+        "--set",
+        "data.root=/data/my cifar",
+        "--set",
+        "budget={seed: 1}",
+        "--storage",
+        "/runs/it's here",
+        "--tracking-uri",
+        "sqlite:////tmp/a b/mlflow.db",
+        "--smoke",
+    ]
