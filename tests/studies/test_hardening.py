@@ -890,3 +890,57 @@ def test_the_resume_line_quotes_what_a_shell_would_split(monkeypatch):
         "sqlite:////tmp/a b/mlflow.db",
         "--smoke",
     ]
+
+
+@pytest.mark.timeout(300)
+def test_ray_failing_to_start_says_its_cause_and_the_fix_for_it(tmp_path, tracking_uri):
+    """A real Ray failure: a temporary directory whose path is too long for Ray's sockets. Before: its fix was
+    "check free memory and /tmp space", which cannot help."""
+    path = _study_file(tmp_path / "study")
+    long_tmp = tmp_path / ("t" * 120)
+    long_tmp.mkdir()
+    failed = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=path.parent,
+        env={**os.environ, "RAY_TMPDIR": str(long_tmp)},
+    )
+    assert failed.returncode == EXIT_USAGE, failed.stderr[-2000:]
+    line = next(x for x in failed.stderr.splitlines() if "ray: could not start a local Ray cluster" in x)
+    assert "AF_UNIX path length cannot exceed 107 bytes" in line
+    assert "Fix: the path of Ray's temporary directory is too long" in line and "RAY_TMPDIR=/tmp" in line
+    assert "free memory" not in line
+
+
+def _raised(message: str, cause: BaseException | None = None) -> BaseException:
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        except BaseException as inner:
+            raise RuntimeError(message) from inner
+        raise RuntimeError(message)
+    except RuntimeError as err:
+        return err
+
+
+def test_a_ray_start_failure_names_the_last_meaningful_line_of_its_cause():
+    from studies.preflight import ray_start_problem
+
+    # Ray's failure text opens with where it failed and ends with why; the cause raised under it says why too.
+    err = _raised(
+        'Failed to start the raylet.\n\nTraceback (most recent call last):\n  File "node.py", line 3\n'
+        "OSError: [Errno 28] No space left on device\n-----\n"
+    )
+    line = ray_start_problem(err, None)
+    assert "RuntimeError: OSError: [Errno 28] No space left on device." in line, line
+    assert "Fix: free space on the disk of Ray's temporary directory" in line and "RAY_TMPDIR" in line
+    chained = _raised("Failed to connect to the cluster.", ConnectionError("Ray version mismatch: 2.9 vs 2.40"))
+    line = ray_start_problem(chained, "10.0.0.1:6379")
+    assert line.startswith(
+        "ray: could not reach the Ray cluster at 10.0.0.1:6379: ConnectionError: Ray version mismatch"
+    )
+    assert "Fix: install on this machine the Ray and Python versions the cluster runs" in line
+    assert "drop --address" in ray_start_problem(_raised("Timed out."), "10.0.0.1:6379")
