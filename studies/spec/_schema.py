@@ -425,7 +425,8 @@ _SHOWN_VARIABLES = ("HOME", "USER")
 def location_problem(field: str, value: str) -> str | None:
     """A path or URI of where state or data lives that is empty or holds a shell variable, said in one line."""
     if not value.strip():
-        example = "sqlite:////abs/path/mlflow.db" if "tracking" in field else "/mnt/shared/sharpscale_runs"
+        examples = {"tracking": "sqlite:////abs/path/mlflow.db", "data": "/data/cifar10"}
+        example = next((e for k, e in examples.items() if k in field), "/mnt/shared/sharpscale_runs")
         return (
             f"{field}: must name a directory or URI, got the empty text {shown(value)}, which would mean the current "
             f"directory (or the default) without a word. Fix: give the place, e.g. {example}, or leave the setting "
