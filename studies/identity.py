@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from studies.shell import shell_command
 from studies.spec import LoadedStudy, StudyError
 from trainables.naming import KIND_TAG, LAUNCH_TAG, STUDY_FILE_HASH_TAG, TUNE_STATE_TAG, kind_filter, launch_name
 from trainables.secrets import redact
@@ -244,7 +245,7 @@ def resume_target(client, experiment_id: str | None, study: LoadedStudy, uri: st
                 + (
                     hint
                     or f" Fix: give the store it ran with (--tracking-uri; a relative sqlite:/// path is relative to "
-                    f"the directory `run` started in), or start it with `sharpscale run {study.path}`."
+                    f"the directory `run` started in), or start it with `{shell_command('sharpscale', 'run', study.path)}`."
                 )
             ],
         )
@@ -259,7 +260,7 @@ def resume_target(client, experiment_id: str | None, study: LoadedStudy, uri: st
                 f"hash {recorded}, now {study.file_hash}.{_what_changed(client, newest, study)} Resuming would "
                 f"continue the old configuration under the edited file. Fix: restore the file (and the same --set "
                 f"options) to resume launch {launch}, or run the edited study as launch {launch + 1}: "
-                f"`sharpscale run --new-launch {study.path}`."
+                f"`{shell_command('sharpscale', 'run', '--new-launch', study.path)}`."
             ],
         )
     return newest
@@ -324,8 +325,8 @@ def check_launch_record(study: LoadedStudy, experiment_dir: str, expected: dict)
         [
             f"resume: the Tune experiment {experiment_dir} belongs to another launch than the one recorded at "
             f"{expected['tracking_uri']} ({'; '.join(differs)}; its store: {record.get('tracking_uri')}). Fix: "
-            f"resume with the store it ran with (--tracking-uri {record.get('tracking_uri')}), or start anew with "
-            f"`sharpscale run --new-launch {study.path}`."
+            f"resume with the store it ran with (`{shell_command('--tracking-uri', str(record.get('tracking_uri')))}`), or start anew with "
+            f"`{shell_command('sharpscale', 'run', '--new-launch', study.path)}`."
         ],
     )
 
@@ -341,7 +342,7 @@ def check_fresh_experiment_dir(study: LoadedStudy, experiment_dir: str, uri: str
             f"run: the Ray storage folder {experiment_dir} already holds launch {record.get('launch')} of this study, "
             f"recorded in the MLflow store {record.get('tracking_uri')} (this run records at {redact(uri)}); two "
             f"launches would share one Tune experiment and one Optuna search. Fix: use that store "
-            f"(--tracking-uri {record.get('tracking_uri')}), or give this run its own --storage."
+            f"(`{shell_command('--tracking-uri', str(record.get('tracking_uri')))}`), or give this run its own --storage."
         ],
     )
 
@@ -426,8 +427,8 @@ def check_tune_state(study: LoadedStudy, experiment_dir: str, recorded: str | No
     newest = max(fnmatch.filter(current, NEWEST_STATES[0]), default=None)
     fix = (
         f"Fix: if this launch's driver was killed hard (its last state was never recorded) and no one else can write "
-        f"there, `sharpscale resume --trust-storage {study.path}`; otherwise start anew with `sharpscale run "
-        f"--new-launch {study.path}`"
+        f"there, `{shell_command('sharpscale', 'resume', '--trust-storage', study.path)}`; otherwise start anew with "
+        f"`{shell_command('sharpscale', 'run', '--new-launch', study.path)}`"
     )
     if changed:
         raise StudyError(
@@ -447,7 +448,7 @@ def check_tune_state(study: LoadedStudy, experiment_dir: str, recorded: str | No
                 [
                     f"resume: Tune's state {Path(experiment_dir) / newest} is cut short (written while its disk was "
                     f"full?): Tune would start this launch's trials over and lose the ones it ran. Fix: start anew "
-                    f"with `sharpscale run --new-launch {study.path}`."
+                    f"with `{shell_command('sharpscale', 'run', '--new-launch', study.path)}`."
                 ],
             ) from None
     return None

@@ -26,6 +26,7 @@ from studies.records import (
     source_tags,
     study_tags,
 )
+from studies.shell import shell_command
 from studies.spec import LoadedStudy, StudyError
 from trainables.metrics import EVERY_EPOCH_METRIC
 from trainables.naming import (
@@ -93,6 +94,7 @@ class Launch:
         self.number = number
         self.previous = previous
         self.new_experiment = new_experiment
+        self.restored = False  # the experiment was deleted, and restored by this call (release deletes it again)
         self.opened: list[str] = []
         self.cell_runs: dict[str, str] = {}
         self.driving = False  # this call holds the launch's driver claim
@@ -122,8 +124,14 @@ class Launch:
         before = client.get_experiment_by_name(name)
         new_experiment = before is None or before.lifecycle_stage != "active"
         experiment_id = experiment(client, name, Path(study.spec.tracking.artifact_location), uri)
-        number = choose_launch(client, experiment_id, study, name, uri, new_launch=new_launch)
+        try:
+            number = choose_launch(client, experiment_id, study, name, uri, new_launch=new_launch)
+        except BaseException:
+            if before is not None and before.lifecycle_stage == "deleted":
+                client.delete_experiment(experiment_id)  # a refused run changes nothing in the store: deleted again
+            raise
         launch = cls(study, uri, client, experiment_id, number, new_experiment=new_experiment)
+        launch.restored = before is not None and before.lifecycle_stage == "deleted"
         try:
             launch.claim("run", take_over=take_over)
         except BaseException:
@@ -164,13 +172,13 @@ class Launch:
         lost = (
             ""
             if holder.here
-            else f" If that process is gone (its machine lost), `sharpscale resume --take-over {path}` takes the claim."
+            else f" If that process is gone (its machine lost), `{shell_command('sharpscale', 'resume', '--take-over', path)}` takes the claim."
         )
         return (
             f"{command}: launch {self.number} of study {self.experiment_name!r} at {redact(self.uri)} is being driven by "
             f"{holder}; two drivers of one launch would run its trials twice and mix their records. Fix: let it run "
-            f"(`sharpscale status {path}` shows its progress), or stop it first ({where}) and then "
-            f"`sharpscale resume {path}`.{lost}"
+            f"(`{shell_command('sharpscale', 'status', path)}` shows its progress), or stop it first ({where}) and then "
+            f"`{shell_command('sharpscale', 'resume', path)}`.{lost}"
         )
 
     def trial_runs(self) -> int:
@@ -295,9 +303,10 @@ class Launch:
         and nothing else came to use it (no run, no later launch claimed by a run started beside it)."""
         client, name = self.client, self.experiment_name
         identity.release_launch(client, name, self.number)
+        # A restored experiment had runs of its own before it was deleted: deleted again whatever it holds.
         if (
             self.new_experiment
-            and not client.search_runs([self.experiment_id], max_results=1)
+            and (self.restored or not client.search_runs([self.experiment_id], max_results=1))
             and client.get_experiment_by_name(identity.claim_name(name, self.number + 1)) is None
         ):
             client.delete_experiment(self.experiment_id)
@@ -341,8 +350,8 @@ def choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str,
             study.path,
             [
                 f"run: MLflow experiment {exp_name!r} at {uri} already holds launch {newest} of this study ({trials} trial "
-                f"run(s)); a second run would mix its trials with those.{driven} Fix: `sharpscale resume {study.path}` to continue "
-                f"it, `sharpscale run --new-launch {study.path}` to start launch {newest + 1} (status, report and "
+                f"run(s)); a second run would mix its trials with those.{driven} Fix: `{shell_command('sharpscale', 'resume', study.path)}` to continue "
+                f"it, `{shell_command('sharpscale', 'run', '--new-launch', study.path)}` to start launch {newest + 1} (status, report and "
                 f"load_runs show the newest launch; load_runs(..., launch='all') shows every one), or set "
                 f"tracking.experiment to a new name."
             ],
@@ -359,8 +368,8 @@ def choose_launch(client, experiment_id: str, study: LoadedStudy, exp_name: str,
         [
             f"run: launch {newest + 1} of MLflow experiment {exp_name!r} at {uri} was claimed by another `sharpscale "
             f"run` of this study started at the same moment (or its runs were deleted since); two runs never share "
-            f"a launch. Fix: let that run go on (`sharpscale status {study.path}`; `sharpscale resume` if it was "
-            f"interrupted), or start one of your own with `sharpscale run --new-launch {study.path}`."
+            f"a launch. Fix: let that run go on (`{shell_command('sharpscale', 'status', study.path)}`; `sharpscale resume` if it was "
+            f"interrupted), or start one of your own with `{shell_command('sharpscale', 'run', '--new-launch', study.path)}`."
         ],
     )
 
@@ -503,8 +512,8 @@ def resume_target(study: LoadedStudy, uri: str, *, explicit: bool):
             )
             uri = other
     hint = (
-        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: `sharpscale resume {study.path} "
-        f"--tracking-uri {other}`, or run the command from the directory the study was started in."
+        f" Its launch {recorded.get('launch')} was recorded at {other}. Fix: "
+        f"`{shell_command('sharpscale', 'resume', study.path, '--tracking-uri', other)}`, or run the command from the directory the study was started in."
         if other and other != uri
         else ""
     )

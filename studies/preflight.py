@@ -8,6 +8,7 @@ import getpass
 import os
 from pathlib import Path
 
+from studies.shell import shell_command
 from studies.spec import LoadedStudy, StudyError
 from trainables.secrets import redact
 
@@ -35,7 +36,7 @@ def _fix_for(name: str, root: str) -> str:
     from trainables.data.fetch import ARCHIVES
 
     if name in ARCHIVES:
-        return f"`sharpscale data fetch {name} --to {root}` puts it there"
+        return f"`{shell_command('sharpscale', 'data', 'fetch', name, '--to', root)}` puts it there"
     return "copy the dataset's folder there"
 
 
@@ -330,3 +331,77 @@ def _sqlite_problem(db: Path) -> str | None:
             f"backup; without one, `sharpscale run --new-launch` starts the search anew."
         )
     return None
+
+
+# What Ray's start-up failures say, and the fix each needs: (words of the cause, lower case; the fix).
+_RAY_START_FIXES = (
+    (
+        ("af_unix path", "path length cannot exceed"),
+        "the path of Ray's temporary directory is too long for its sockets (at most 107 bytes): run with a short "
+        "one, e.g. RAY_TMPDIR=/tmp",
+    ),
+    (
+        ("no space left",),
+        "free space on the disk of Ray's temporary directory (`df -h /tmp`), or set RAY_TMPDIR to "
+        "a directory on a disk with room",
+    ),
+    (
+        ("permission denied", "read-only file system"),
+        "let Ray write its temporary directory: set RAY_TMPDIR to a directory of your own",
+    ),
+    (
+        ("address already in use",),
+        "another process holds a port Ray needs: `ray stop` if it is a Ray of yours, or run where the port is free",
+    ),
+    (
+        ("/dev/shm", "object store", "out of memory", "cannot allocate memory"),
+        "free memory (Ray's object store "
+        "takes a share of it, in /dev/shm), or run fewer trials at once with --num-cpus",
+    ),
+    (
+        ("version mismatch", "version of ray", "python version"),
+        "install on this machine the Ray and Python versions the cluster runs (`ray --version` there)",
+    ),
+    (
+        ("could not find any running ray instance",),
+        "no Ray cluster runs on this node: start one (`ray start "
+        "--head`), give its head's address, or drop --address to run here",
+    ),
+)
+# Lines of a traceback or of Ray's framing that say nothing about the cause.
+_FRAMING = ("traceback (most recent call last)", 'file "', "during handling of", "the above exception")
+
+
+def _cause_line(err: BaseException) -> str:
+    """The last meaningful line of `err`'s innermost cause (Ray's error text says where it failed first, why last)."""
+    chain, seen = [], set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        chain.append(err)  # `err` first, its innermost cause last: Ray's outer errors say where, their causes why
+        err = err.__cause__ or err.__context__
+    lines = [
+        (type(e).__name__, line.strip())
+        for e in chain
+        for line in str(e).splitlines()
+        if line.strip().strip("-=^~*. ") and not line.strip().lower().startswith(_FRAMING)
+    ]
+    if not lines:
+        return type(chain[-1]).__name__ if chain else "unknown error"
+    kind, line = lines[-1]
+    return f"{kind}: {line[:300]}"
+
+
+def ray_start_problem(err: BaseException, address: str | None) -> str:
+    """Ray's failure to start (or to reach a cluster) as one line: its cause's last meaningful line, and the fix
+    that cause needs; the generic fix only where the cause is none of the known ones."""
+    cause = _cause_line(err)
+    text = "\n".join(str(e) for e in (err, err.__cause__, err.__context__) if e is not None).lower()
+    fix = next((fix for words, fix in _RAY_START_FIXES if any(w in text for w in words)), None)
+    if fix is None:
+        fix = (
+            "check the address (`ray status --address ...` on that cluster), or drop --address to run here"
+            if address
+            else "`ray start --head` shows Ray's own error; check free memory and /tmp space, or try --num-cpus"
+        )
+    where = f"reach the Ray cluster at {address}" if address else "start a local Ray cluster"
+    return f"ray: could not {where}: {cause}. Fix: {fix}."

@@ -29,10 +29,12 @@ from studies.preflight import (
     check_model_kwargs,
     check_state_paths,
     check_trials_fit_the_data,
+    ray_start_problem,
 )
 from studies.progress import LiveView, quiet_libraries, reroute_libraries, stderr_to
 from studies.records import rollup_callback, source_tags, trial_params
 from studies.search import NO_SPACE, CellSearcher, apply_sample, note_no_space
+from studies.shell import shell_command
 from studies.spec import DEFAULT_STORAGE, Cell, LoadedStudy, StudyError, load_study, storage_is_shared
 from trainables.errors import NoSpaceLeft, free_bytes, nearest_existing, no_space_at, shown
 from trainables.metrics import EPOCH_TIME, VALIDATION_METRICS
@@ -255,7 +257,7 @@ def _no_space_error(study: LoadedStudy, locations: StateLocations, uri: str, wha
         where = "a disk the study writes to"
     return NoSpaceLeft(
         f"no space left on {where}: {'; '.join(what)}. The study stopped; its runs and trials are closed as interrupted where "
-        f"their store could still record it. Fix: free space on that disk, then `sharpscale resume {study.path}` "
+        f"their store could still record it. Fix: free space on that disk, then `{shell_command('sharpscale', 'resume', study.path)}` "
         f"continues the study."
     )
 
@@ -531,17 +533,7 @@ def _start_ray(study: LoadedStudy, address: str | None, num_cpus: int | None) ->
     try:
         return _init_ray(address, num_cpus)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError, ...
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-        where = f"reach the Ray cluster at {address}" if address else "start a local Ray cluster"
-        fix = (
-            "check the address (`ray status --address ...` on that cluster), or drop --address to run here"
-            if address
-            else "check free memory and /tmp space (`ray start --head` shows Ray's own error), or --num-cpus"
-        )
-        raise StudyError(
-            study.path,
-            [f"ray: could not {where}: {type(err).__name__}: {first}. Fix: {fix}."],
-        ) from None
+        raise StudyError(study.path, [ray_start_problem(err, address)]) from None
     finally:
         if main_thread and before_term is not None:
             # ray.init installs its own SIGTERM handler (sys.exit), which would end the driver mid-way, its runs left

@@ -71,6 +71,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def place(flag: str):
+    """An argparse type for a flag naming a path or URI: refused when empty or holding a shell variable."""
+
+    def check(text: str) -> str:
+        from studies.spec import location_problem
+
+        if problem := location_problem(flag, text):
+            raise argparse.ArgumentTypeError(problem.split(": ", 1)[1])
+        return text
+
+    return check
+
+
 def study_options() -> argparse.ArgumentParser:
     """Options shared by every command that reads a study file."""
     from studies.spec import SETTABLE_FIELDS
@@ -82,10 +95,13 @@ def study_options() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         default=[],
         help="override a trial config path for every cell (--set data.root=/data/cifar10) or a study setting "
-        f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable",
+        f"({', '.join(SETTABLE_FIELDS)}; e.g. --set checkpoints.keep=3); repeatable. A mapping merges key by key "
+        "into the file's (--set budget={seed: 1} keeps its other budget keys; model.kwargs is replaced whole), so "
+        "a --set changes only what it names; clear a key with KEY=null",
     )
     parent.add_argument(
         "--storage",
+        type=place("--storage"),
         default=None,
         metavar="PATH_OR_URI",
         help="Ray's results and checkpoints (and, by default, Optuna's database beside them) for this run, instead of "
@@ -101,6 +117,7 @@ def tracking_option() -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False)
     parent.add_argument(
         "--tracking-uri",
+        type=place("--tracking-uri"),
         default=None,
         help=f"MLflow tracking URI (default: the study's tracking.uri, {DEFAULT_TRACKING_URI}); sqlite:///, http(s):// "
         "or a database URL",

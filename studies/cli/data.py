@@ -9,7 +9,7 @@ from pathlib import Path
 from studies.cli.base import Command, positive_int
 
 # Light constants only (tested by test_validate_imports): the archive and worker-pool code is imported by the action.
-from trainables.prepare import DEFAULT_QUALITY, FORMS, MANIFEST
+from trainables.data.prepare import DEFAULT_QUALITY, FORMS, MANIFEST
 
 
 class DataFetch(Command):
@@ -33,7 +33,7 @@ class DataFetch(Command):
         )
 
     def take_action(self, args) -> int:
-        from trainables.fetch import fetch_dataset
+        from trainables.data.fetch import fetch_dataset
 
         where = fetch_dataset(args.dataset, args.to, url=args.url, md5=args.md5, log=lambda msg: print(msg, flush=True))
         print(f"Use it with: --set data.root={where}   (or data.root: {where} in the study file)")
@@ -97,7 +97,7 @@ class DataPrepare(Command):
         )
 
     def take_action(self, args) -> int:
-        from trainables.prepare import default_short_side, prepare_folder
+        from trainables.data.prepare import default_short_side, prepare_folder
 
         short_side = args.short_side if args.short_side is not None else default_short_side(args.img_size)
         done = prepare_folder(

@@ -7,8 +7,9 @@ import argparse
 import warnings
 from pathlib import Path
 
-from studies.cli.base import Command, overrides, prog, read_uri, study_options, tracking_option
+from studies.cli.base import Command, overrides, place, prog, read_uri, study_options, tracking_option
 from studies.cli.summary import no_result_line, none_finished
+from studies.shell import shell_command
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_TRACKING_URI
 
@@ -144,6 +145,7 @@ class Export(Command):
         parser.add_argument("dest", metavar="DEST", help="the folder to write (new or empty)")
         parser.add_argument(
             "--tracking-uri",
+            type=place("--tracking-uri"),
             default=DEFAULT_TRACKING_URI,
             help=f"the store to copy: an sqlite:/// file or a path (default: {DEFAULT_TRACKING_URI})",
         )
@@ -154,7 +156,7 @@ class Export(Command):
         done = export_store(args.tracking_uri, args.dest)
         print(
             f"Exported {done.experiments} experiment(s), {done.runs} run(s) and {done.folders} artifact folder(s) to "
-            f"{args.dest}. Use it from anywhere with --tracking-uri {done.tracking_uri}"
+            f"{args.dest}. Use it from anywhere with {shell_command('--tracking-uri', done.tracking_uri)}"
         )
         return 0
 
@@ -199,7 +201,7 @@ def _state_line(study, uri: str, name: str) -> str:
             "KILLED": "INTERRUPTED (incomplete)",
             "FAILED": "FAILED (incomplete)",
         }.get(run.info.status, run.info.status)
-        state = f"Study run: {word}; `{prog()} resume {study.path}` finishes it.\n{state}"
+        state = f"Study run: {word}; `{shell_command(prog(), 'resume', study.path)}` finishes it.\n{state}"
     return state
 
 

@@ -9,8 +9,9 @@ import warnings
 from pathlib import Path
 
 from studies import server as server_cli
-from studies.cli.base import Command, overrides, read_uri, study_options, tracking_option
+from studies.cli.base import Command, overrides, place, read_uri, study_options, tracking_option
 from studies.cli.results import keep_writes_inside
+from studies.shell import shell_command
 from trainables.errors import UserError
 from trainables.naming import DEFAULT_TRACKING_URI, LOG_FILE
 
@@ -101,7 +102,8 @@ class Dashboard(Command):
         if run is None:
             raise UserError(
                 f"study {name!r}: no study run recorded at {uri}, so no Optuna storage to show. Fix: run it first "
-                f"(`sharpscale run {'--smoke ' if args.smoke else ''}{args.study}`), or give its --tracking-uri."
+                f"(`{shell_command('sharpscale', 'run', *(['--smoke'] if args.smoke else []), args.study)}`), or give "
+                "its --tracking-uri."
             )
         return _travelled_optuna(uri, state_locations(study, name, run.data.tags).optuna_storage, args.allow_writes)
 
@@ -127,6 +129,7 @@ class UI(Command):
         parser.add_argument("--smoke", action="store_true", help="open the study's --smoke runs")
         parser.add_argument(
             "--tracking-uri",
+            type=place("--tracking-uri"),
             default=DEFAULT_TRACKING_URI,
             help=f"the MLflow store to browse: an sqlite:/// file, a path, or an http(s):// server (default: {DEFAULT_TRACKING_URI})",
         )

@@ -18,6 +18,7 @@ from studies.cli.base import (
     study_options,
     tracking_option,
 )
+from studies.shell import shell_command
 from trainables.errors import UserError
 from trainables.naming import REASON_TAG
 
@@ -94,7 +95,7 @@ class Run(Command):
             what = "interrupted" if isinstance(err, KeyboardInterrupt) else f"failed ({type(err).__name__}: {err})"
             print(
                 f"\nsharpscale: the study's runs are recorded and closed ({outcome.trials} trials); printing its summary "
-                f"{what}. `{prog()} status {args.study}` shows it.",
+                f"{what}. `{shell_command(prog(), 'status', args.study)}` shows it.",
                 file=sys.stderr,
             )
             return EXIT_INTERRUPTED if isinstance(err, KeyboardInterrupt) else EXIT_ERRORS
@@ -245,13 +246,15 @@ def _print_estimate(study, args) -> None:
 
 def incomplete(args, when: str) -> str:
     """What an interrupted study tells its user: it is incomplete, and the command that finishes it."""
-    resume = [prog(), "resume", args.study, *(f"--set {s}" for s in getattr(args, "set", None) or [])]
+    resume = [prog(), "resume", args.study]
+    for item in getattr(args, "set", None) or []:
+        resume += ["--set", item]
     for flag in ("storage", "tracking_uri", "address"):
         if getattr(args, flag, None):
-            resume.append(f"--{flag.replace('_', '-')} {getattr(args, flag)}")
+            resume += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
     if getattr(args, "smoke", False):
         resume.append("--smoke")
     return (
         f"sharpscale: study interrupted {when}: it is INCOMPLETE (its MLflow runs are marked KILLED, interrupted "
-        f"trials 'interrupted'). Finish it with:\n  {' '.join(resume)}"
+        f"trials 'interrupted'). Finish it with:\n  {shell_command(*resume)}"
     )

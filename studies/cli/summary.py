@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from studies.cli.base import prog
+from studies.shell import shell_command
 from trainables.naming import DEFAULT_TRACKING_URI, REASON_TAG
 
 
@@ -75,12 +76,13 @@ def print_summary(study, tracking_uri: str, outcome=None) -> None:
             )
     _print_cost(runs, outcome)
     default_uri = tracking_uri == resolve_tracking_uri(DEFAULT_TRACKING_URI)
-    uri_opt = "" if default_uri else f" --tracking-uri {tracking_uri}"
-    study_arg = f"{'--smoke ' if smoke else ''}{_shown_path(study.path)}"
+    uri_opt = "" if default_uri else f" {shell_command('--tracking-uri', tracking_uri)}"
+    study_arg = shell_command(*(["--smoke"] if smoke else []), _shown_path(study.path))
     print(f"\nRecorded in MLflow at {tracking_uri}, experiment {name!r}. Next:")
-    print(f"  {prog()} ui{uri_opt}            the study's page: its answer, then every trial best first")
-    print(f"  {prog()} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
-    print(f"  {prog()} status {study_arg}{uri_opt}   trials per cell and status")
+    cmd = shell_command(prog())
+    print(f"  {cmd} ui{uri_opt}            the study's page: its answer, then every trial best first")
+    print(f"  {cmd} report {study_arg}{uri_opt}   tables and plots under reports/{name}")
+    print(f"  {cmd} status {study_arg}{uri_opt}   trials per cell and status")
 
 
 def _shown_path(path: Path) -> str:

@@ -23,9 +23,10 @@ from studies.spec._schema import (
     Study,
     _repeated,
     deep_merge,
+    location_problem,
     set_path,
 )
-from studies.spec._smoke import _epochs, _positive_int, _smoke_levels, _smoke_tree
+from studies.spec._smoke import _epochs, _positive_int, _smoke_levels, _smoke_tree, smoke_set_note
 from trainables.config import ConfigError, TrialConfig
 from trainables.data.staging import is_uri
 from trainables.errors import shown
@@ -201,6 +202,8 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
     for levels, tree in merged:
         key = _cell_key(levels)
+        for problem in _trial_location_problems(tree):  # the file's own paths, which --smoke replaces
+            missing_roots.setdefault(problem, []).append(key or "all")
         if smoke:
             # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
             # run that passed an invalid section would leave the real run to fail on it).
@@ -212,7 +215,10 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
             tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
         elif require_data and (problem := _missing_root(tree)):
             missing_roots.setdefault(problem, []).append(key or "all")
+        before = len(problems)
         cell = _cell(spec, key, levels, tree, owners, smoke, problems, geometry_cells)
+        if smoke:
+            problems[before:] = [smoke_set_note(p, tree, spec.smoke) for p in problems[before:]]
         if cell is not None:
             cells.append(cell)
     if not smoke:  # the smoke form replaces data and model, so cells apart only there are one under it
@@ -510,12 +516,26 @@ def _dedupe(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+# The trial config's paths, checked as the study's own are (schema.location_problem).
+_TRIAL_LOCATIONS = ("data.root", "train.compile_cache")
+
+
+def _trial_location_problems(tree: dict[str, Any]) -> list[str]:
+    problems = []
+    for path in _TRIAL_LOCATIONS:
+        section, field = path.split(".")
+        value = tree.get(section, {}).get(field) if isinstance(tree.get(section), dict) else None
+        if isinstance(value, str) and (problem := location_problem(path, value)):
+            problems.append(problem)
+    return problems
+
+
 def _missing_root(tree: dict[str, Any]) -> str | None:
     data = tree.get("data")
     root = data.get("root") if isinstance(data, dict) else None
     # A URI is read on the nodes, not here: the runner's preflight checks it on each of them. Not a string: the
     # cell's own validation says so.
-    if not isinstance(root, str) or is_uri(root) or Path(root).expanduser().exists():
+    if not isinstance(root, str) or is_uri(root) or location_problem("", root) or Path(root).expanduser().exists():
         return None
     return (
         f"data.root: the directory must exist, got {shown(root)}. Fix: point it at the dataset "

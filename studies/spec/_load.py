@@ -19,7 +19,7 @@ from studies.spec._cells import (
     _resolve_search_key,
     expand,
 )
-from studies.spec._schema import SETTABLE_FIELDS, LoadedStudy, Study, StudyError, set_path
+from studies.spec._schema import SETTABLE_FIELDS, LoadedStudy, Study, StudyError, deep_merge, set_path
 from studies.spec._yaml import parse_yaml, read_study_text
 from trainables.config import format_validation_error
 from trainables.errors import shown
@@ -47,6 +47,21 @@ def _number_problems(tree: Any, prefix: str = "") -> list[str]:
             f"Fix: a smaller number."
         )
     return problems
+
+
+def _set_merged(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """A --set of `dotted`: a mapping merges key by key into the one the file gives there (`--set budget={seed: 1}`
+    keeps the file's trials_per_cell), as a factor's levels merge into base: a --set names what it changes, and a
+    whole map replaced by a partial one would reset its other keys to their defaults without a word. A key is
+    cleared by setting it (`budget.asha=null`); model.kwargs is replaced whole, as everywhere (deep_merge)."""
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    current = node.get(parts[-1]) if isinstance(node, dict) else None
+    if isinstance(value, dict) and isinstance(current, dict):
+        value = deep_merge({parts[-1]: current}, {parts[-1]: value})[parts[-1]]
+    set_path(tree, dotted, value)
 
 
 def _fixed_by_study(spec: Study, key: str) -> str | None:
@@ -79,13 +94,13 @@ def load_study(
     except ValueError as err:
         raise StudyError(path, str(err).split("\n")) from None
     if not isinstance(raw, dict):
-        raise StudyError(path, [f"top level: must be a mapping of study fields, got {type(raw).__name__}."])
+        raise StudyError(path, [_not_a_mapping(raw)])
     bad = []
     for key, value in (overrides or {}).items():
         root = key.split(".", 1)[0]
         if root in SETTABLE_FIELDS:
             try:
-                set_path(raw, key, value)
+                _set_merged(raw, key, value)
             except ValueError:
                 bad.append(f"--set {key}: {root!r} takes a value, not fields. Fix: --set {root}=VALUE.")
         elif root in Study.model_fields:
@@ -105,14 +120,14 @@ def load_study(
             )
         elif isinstance(base := raw.setdefault("base", {}), dict):
             try:
-                set_path(base, key, value)
+                _set_merged(base, key, value)
             except ValueError:
                 bad.append(f"--set {key}: the file sets a value above it in base, not a section. Fix: set that value.")
     bad += _number_problems(raw)
-    try:
-        spec = Study.model_validate(raw)
-    except ValidationError as err:
-        raise StudyError(path, bad + _study_errors(err)) from None
+    spec, schema_problems = _validated(raw)
+    bad += schema_problems
+    if spec is None:
+        raise StudyError(path, bad)
     for key in overrides or {}:
         if key.split(".", 1)[0] not in Study.model_fields and (owner := _fixed_by_study(spec, key)):
             bad.append(
@@ -125,6 +140,19 @@ def load_study(
     return LoadedStudy(
         spec=spec, path=path.resolve(), text=text, cells=tuple(cells), smoke=smoke, overrides=dict(overrides or {})
     )
+
+
+def _not_a_mapping(raw: Any) -> str:
+    """The top level of a file that holds no study fields: empty, or one value or list instead of a mapping."""
+    examples = Path(__file__).resolve().parents[1]  # the shipped studies live beside studies/spec
+    minimal = "`name: my-study` and `base: {data: {name: digits}}` on two lines"
+    where = (
+        f"Fix: write at least {minimal}; complete examples: {examples}/*.yaml (e.g. {examples / 'quickstart.yaml'})."
+    )
+    if raw is None:
+        return f"study file: is empty (nothing but blanks or comments), and a study needs at least a name. {where}"
+    kind = {list: "a list", str: "a line of text"}.get(type(raw), f"the single value {shown(raw)}")
+    return f"top level: must be a mapping of study fields (name:, base:, factors:, ...), got {kind}. {where}"
 
 
 def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
@@ -158,6 +186,43 @@ def parse_overrides(items: list[str], where: str | Path) -> dict[str, Any]:
     if problems:
         raise StudyError(where, problems)
     return out
+
+
+# Study fields the cells do not depend on: one of them refused, the cells are still expanded (with its default) so
+# that their problems are listed with its own, not one fix at a time. The rest (base, factors, search, smoke) shape
+# the cells, which could then report what is no problem of the file.
+_BESIDE_CELLS = {
+    "name",
+    "description",
+    "objective",
+    "budget",
+    "resources",
+    "tracking",
+    "storage",
+    "shared_mounts",
+    "optuna_storage",
+    "checkpoints",
+    "confirm",
+    "smoke_form",
+}
+
+
+def _validated(raw: dict[str, Any]) -> tuple[Study | None, list[str]]:
+    """The study as validated, and its problems; the study is None when the cells cannot be expanded reliably."""
+    collected: list[str] = []
+    try:
+        return Study.model_validate(raw, context={"problems": collected}), collected
+    except ValidationError as err:
+        problems = _study_errors(err)
+        failed = {e["loc"][0] for e in err.errors() if e["loc"]}
+    if not failed or not failed <= _BESIDE_CELLS:
+        return None, problems
+    rest = {k: v for k, v in raw.items() if k not in failed} | ({"name": "study"} if "name" in failed else {})
+    try:
+        spec = Study.model_validate(rest, context={"problems": collected})
+    except ValidationError:
+        return None, problems
+    return spec, problems + collected
 
 
 def _study_errors(err: ValidationError) -> list[str]:

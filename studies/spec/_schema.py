@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from trainables.errors import UserError, shown
 from trainables.metrics import EPOCH_METRICS
@@ -341,7 +342,8 @@ class Study(_Strict):
     @field_validator("shared_mounts")
     @classmethod
     def _mounts_absolute(cls, mounts: list[str]) -> list[str]:
-        relative = [m for m in mounts if not Path(m).expanduser().is_absolute()]
+        # An empty entry or one holding a variable is said by location_problem, with its own fix.
+        relative = [m for m in mounts if not location_problem("", m) and not Path(m).expanduser().is_absolute()]
         if relative:
             raise ValueError(
                 f"shared_mounts: every entry must be an absolute directory that all nodes mount, got {relative}. "
@@ -368,15 +370,19 @@ class Study(_Strict):
         return spec
 
     @model_validator(mode="after")
-    def _ranges(self) -> "Study":
+    def _ranges(self, info: ValidationInfo) -> "Study":
         problems = []
-        for field, uri in (
+        locations = (
             ("tracking.uri", self.tracking.uri),
             ("storage", self.storage),
             ("optuna_storage", self.optuna_storage),
-        ):
+        )
+        for field, uri in locations:
             if uri is not None and (problem := credential_problem(field, uri)):
                 problems.append(problem)
+        places = [*locations, ("tracking.artifact_location", self.tracking.artifact_location)]
+        places += [(f"shared_mounts.{i}", mount) for i, mount in enumerate(self.shared_mounts)]
+        problems += [p for field, value in places if value is not None and (p := location_problem(field, value))]
         for key, dom in self.search.items():
             if isinstance(dom, (LogUniform, Uniform, IntRange)) and not dom.low < dom.high:
                 problems.append(
@@ -401,9 +407,42 @@ class Study(_Strict):
                 "confirm: a confirm stage needs every confirm trial trained to its end, and budget.asha would stop "
                 "some early (ranked against the search trials). Fix: drop budget.asha, or the confirm section."
             )
-        if problems:
+        collect = info.context.get("problems") if isinstance(info.context, dict) else None
+        if problems and collect is not None:
+            collect.extend(problems)  # load_study goes on to the cells, to list their problems with these
+        elif problems:
             raise ValueError("\n".join(problems))
         return self
+
+
+# `$HOME`, `${SCRATCH}`: a shell's variables, which nothing here expands (the file is no shell script) and which
+# differ from node to node on a cluster, so a path holding one would name another place on each.
+_VARIABLE = re.compile(r"\$(\{[^}]*\}?|[A-Za-z_][A-Za-z0-9_]*)")
+# Written out in the fix only for these: another variable's value may be a secret.
+_SHOWN_VARIABLES = ("HOME", "USER")
+
+
+def location_problem(field: str, value: str) -> str | None:
+    """A path or URI of where state or data lives that is empty or holds a shell variable, said in one line."""
+    if not value.strip():
+        examples = {"tracking": "sqlite:////abs/path/mlflow.db", "data": "/data/cifar10"}
+        example = next((e for k, e in examples.items() if k in field), "/mnt/shared/sharpscale_runs")
+        return (
+            f"{field}: must name a directory or URI, got the empty text {shown(value)}, which would mean the current "
+            f"directory (or the default) without a word. Fix: give the place, e.g. {example}, or leave the setting "
+            f"out for its default."
+        )
+    if (found := _VARIABLE.search(value)) is None:
+        return None
+    written = value
+    for name in _SHOWN_VARIABLES:
+        if name in os.environ:
+            written = re.sub(rf"\$(\{{{name}\}}|{name}(?![A-Za-z0-9_]))", lambda _m: os.environ[name], written)
+    example = f" (here: {shown(written)})" if not _VARIABLE.search(written) else ""
+    return (
+        f"{field}: a path is used as written, and {found.group(0)} in {shown(value)} is a shell variable that is not "
+        f"expanded (on a cluster it may differ from node to node). Fix: write the path out{example}."
+    )
 
 
 def _is_uri(value: str) -> bool:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from studies.spec._schema import Study, deep_merge
 from trainables.config import TrialConfig
+from trainables.errors import shown
 
 
 def _smoke_levels(
@@ -91,3 +93,39 @@ def _smoke_tree(tree: dict[str, Any], extra: dict[str, Any], shortest: Any = Non
     if shortest is not None and isinstance(out.get("schedule"), dict):
         out["schedule"]["epochs"] = smoke_epochs(_epochs(tree), shortest, _epochs(out))
     return out
+
+
+def _leaf_paths(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out += _leaf_paths(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def smoke_set_note(problem: str, tree: dict[str, Any], extra: dict[str, Any]) -> str:
+    """`problem` of a cell under --smoke, with a word where it names a value the smoke form set (its batch, its
+    model) rather than the file: the fix is then the file's `smoke:` section, which --smoke applies last."""
+    own = set(_leaf_paths(extra))  # what the file's smoke section sets is the file's own
+    family = {leaf for tiny in _SMOKE_MODELS.values() for leaf in _leaf_paths({"model": tiny})}
+    named = [
+        path
+        for path in [*_leaf_paths(_SMOKE), *sorted(family)]
+        if path not in own and re.search(rf"(?<![\w.]){re.escape(path)}(?!\w)", problem)
+    ]
+    if not named:
+        return problem
+    notes = []
+    for path in named:
+        node: Any = tree
+        for part in path.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        notes.append(f"{path}={shown(node)}")
+    first = named[0].split(".")
+    example = "".join(f"{{{part}: " for part in first) + "VALUE" + "}" * len(first)
+    return (
+        f"{problem} (under --smoke: --smoke set {', '.join(notes)}, the smoke form's own value, not the file's. "
+        f"Fix for --smoke: set it in the file's smoke section, which --smoke applies over its own: smoke: {example}.)"
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +194,36 @@ def parse_yaml(text: str, where: str) -> Any:
         loader.dispose()
 
 
+def _not_a_file_problem(path: Path) -> str | None:
+    """What stands at `path` when it is no regular file, said from its stat alone: a FIFO is never opened (reading
+    one blocks until some writer comes)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."
+    except OSError as err:
+        return f"study file: cannot be looked at ({err.strerror}, at {path.absolute()}). Fix: check the path and its permissions."
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        inside = sorted(p.name for p in path.glob("*.yaml") if p.is_file())[:3]
+        hint = f", e.g. {path / inside[0]} (it holds {', '.join(inside)})" if inside else ""
+        return f"study file: {path} is a directory, not a study file. Fix: give the YAML file of the study{hint}."
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "a special file")
+    return (
+        f"study file: {path} is {kind}, not a regular file, and is not read (a pipe would block until written to). "
+        f"Fix: save the study to a file and give its path."
+    )
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
 def read_study_text(path: Path) -> str:
     """The study file's text: at most MAX_STUDY_FILE_BYTES of UTF-8; a StudyError says what else it is."""
     try:
@@ -213,8 +244,8 @@ def read_study_text(path: Path) -> str:
                 f"study file: {resolved} is a system file (under /{resolved.parts[1]}), not a study. Fix: check the path."
             ],
         )
-    if not path.is_file():
-        raise StudyError(path, [f"study file: does not exist (looked at {path.resolve()}). Fix: check the path."])
+    if (problem := _not_a_file_problem(path)) is not None:
+        raise StudyError(path, [problem])
     try:
         with path.open("rb") as f:
             data = f.read(MAX_STUDY_FILE_BYTES + 1)

@@ -175,3 +175,25 @@ def test_the_readmes_next_commands_are_what_make_demo_prints(monkeypatch):
     assert f"{prog} ui" in readme.split(module.END, 1)[1]  # the prose after the block says the same
     monkeypatch.setattr(base.sys, "argv", [str(Path.cwd() / prog)])
     assert base.prog() == prog
+
+
+def test_an_empty_or_variable_location_flag_is_refused_before_anything_runs(tmp_path, capsys):
+    # Before: --tracking-uri '' fell back to the study's tracking.uri, and --storage '' made the study's own
+    # folder its storage, without a word.
+    import pytest
+
+    from studies.cli import main
+
+    study = str(REPO / "studies" / "quickstart.yaml")
+    for argv, flag in [
+        (["status", study, "--tracking-uri", ""], "--tracking-uri"),
+        (["validate", study, "--storage", " "], "--storage"),
+        (["ui", "--tracking-uri", ""], "--tracking-uri"),
+        (["run", "--dry-run", study, "--storage", "$SCRATCH/runs"], "--storage"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {flag}:" in err and "Fix:" in err, err
+        assert "must name a directory or URI" in err or "is a shell variable that is not expanded" in err

@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 
 from studies import identity
 from studies.cli import EXIT_USAGE, main
-from studies.launch import INTERRUPTED_REASON, choose_launch, experiment, parent_runs, resume_target
+from studies.launch import INTERRUPTED_REASON, Launch, choose_launch, experiment, parent_runs, resume_target
 from studies.runner import run_study, state_locations
 from studies.search import CellSearcher
 from studies.spec import StudyError, load_study
@@ -820,3 +821,127 @@ def test_resume_reads_back_only_the_tune_state_this_launch_recorded(tmp_path, tr
 
     assert "restored unchecked" in identity.check_tune_state(study, str(folder), None)  # a launch from before
     assert "not checked" in identity.check_tune_state(study, "s3://bucket/exp", recorded)
+
+
+# --- issue 36, item 11: a refusal changes nothing; commands printed to be pasted ---------------------------------
+
+
+def test_a_refused_run_leaves_a_deleted_experiment_deleted(tmp_path, tracking_uri, monkeypatch):
+    """`run` restored the deleted experiment, then refused the run (launch 1 exists): the refusal changed the store.
+    The folder's name holds a quote and a space: every command the refusal prints pastes as one word."""
+    path = _study_file(tmp_path / "it's a study")
+    monkeypatch.chdir(path.parent)
+    _record_launch(path, tracking_uri)
+    client = tracking_client(tracking_uri)
+    exp_id = client.get_experiment_by_name("quickstart").experiment_id
+    client.delete_experiment(exp_id)
+    with pytest.raises(StudyError) as err:
+        run_study(path, tracking_uri=tracking_uri)
+    assert "already holds launch 1" in str(err.value)
+    assert client.get_experiment(exp_id).lifecycle_stage == "deleted"
+    quoted = shlex.quote(str(path))
+    assert f"`sharpscale resume {quoted}`" in str(err.value) and f"`sharpscale run --new-launch {quoted}`" in str(
+        err.value
+    )
+    assert shlex.split(f"sharpscale resume {quoted}") == ["sharpscale", "resume", str(path)]
+
+
+def test_a_new_launch_given_back_deletes_the_restored_experiment_again(tmp_path, tracking_uri, monkeypatch):
+    path = _study_file(tmp_path / "study")
+    monkeypatch.chdir(path.parent)
+    run_id, _ = _record_launch(path, tracking_uri)
+    client = tracking_client(tracking_uri)
+    exp_id = client.get_experiment_by_name("quickstart").experiment_id
+    client.delete_experiment(exp_id)
+    deleted_with_it = client.get_run(run_id).info.lifecycle_stage  # MLflow deletes an experiment's runs with it
+    target = Launch.open(
+        load_study(path, require_data=False), tracking_uri, resume=False, new_launch=True, explicit=True
+    )
+    assert target.number == 2 and client.get_experiment(exp_id).lifecycle_stage == "active"
+    target.release()  # what a run refused before its first run does (Launch.closing_steps)
+    target.release_driver()
+    assert client.get_experiment(exp_id).lifecycle_stage == "deleted"
+    assert client.get_run(run_id).info.lifecycle_stage == deleted_with_it  # its launch 1 as it was
+
+
+def test_the_resume_line_quotes_what_a_shell_would_split(monkeypatch):
+    import argparse
+
+    from studies.cli import _incomplete
+
+    monkeypatch.setattr(sys, "argv", ["sharpscale"])
+    args = argparse.Namespace(
+        study="my 'study'.yaml",
+        set=["data.root=/data/my cifar", "budget={seed: 1}"],
+        storage="/runs/it's here",
+        tracking_uri="sqlite:////tmp/a b/mlflow.db",
+        address=None,
+        smoke=True,
+    )
+    line = _incomplete(args, "after 1 of 2 trials").rsplit("\n  ", 1)[1]
+    assert shlex.split(line)[2:] == [
+        "my 'study'.yaml",
+        "--set",
+        "data.root=/data/my cifar",
+        "--set",
+        "budget={seed: 1}",
+        "--storage",
+        "/runs/it's here",
+        "--tracking-uri",
+        "sqlite:////tmp/a b/mlflow.db",
+        "--smoke",
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_ray_failing_to_start_says_its_cause_and_the_fix_for_it(tmp_path, tracking_uri):
+    """A real Ray failure: a temporary directory whose path is too long for Ray's sockets. Before: its fix was
+    "check free memory and /tmp space", which cannot help."""
+    path = _study_file(tmp_path / "study")
+    long_tmp = tmp_path / ("t" * 120)
+    long_tmp.mkdir()
+    failed = subprocess.run(
+        [sys.executable, "-m", "studies.cli", "run", str(path), "--tracking-uri", tracking_uri, "--num-cpus", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=path.parent,
+        env={**os.environ, "RAY_TMPDIR": str(long_tmp)},
+    )
+    assert failed.returncode == EXIT_USAGE, failed.stderr[-2000:]
+    line = next(x for x in failed.stderr.splitlines() if "ray: could not start a local Ray cluster" in x)
+    assert "AF_UNIX path length cannot exceed 107 bytes" in line
+    assert "Fix: the path of Ray's temporary directory is too long" in line and "RAY_TMPDIR=/tmp" in line
+    assert "free memory" not in line
+
+
+def _raised(message: str, cause: BaseException | None = None) -> BaseException:
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        except BaseException as inner:
+            raise RuntimeError(message) from inner
+        raise RuntimeError(message)
+    except RuntimeError as err:
+        return err
+
+
+def test_a_ray_start_failure_names_the_last_meaningful_line_of_its_cause():
+    from studies.preflight import ray_start_problem
+
+    # Ray's failure text opens with where it failed and ends with why; the cause raised under it says why too.
+    err = _raised(
+        'Failed to start the raylet.\n\nTraceback (most recent call last):\n  File "node.py", line 3\n'
+        "OSError: [Errno 28] No space left on device\n-----\n"
+    )
+    line = ray_start_problem(err, None)
+    assert "RuntimeError: OSError: [Errno 28] No space left on device." in line, line
+    assert "Fix: free space on the disk of Ray's temporary directory" in line and "RAY_TMPDIR" in line
+    chained = _raised("Failed to connect to the cluster.", ConnectionError("Ray version mismatch: 2.9 vs 2.40"))
+    line = ray_start_problem(chained, "10.0.0.1:6379")
+    assert line.startswith(
+        "ray: could not reach the Ray cluster at 10.0.0.1:6379: ConnectionError: Ray version mismatch"
+    )
+    assert "Fix: install on this machine the Ray and Python versions the cluster runs" in line
+    assert "drop --address" in ray_start_problem(_raised("Timed out."), "10.0.0.1:6379")
