@@ -72,6 +72,9 @@ TARGETS = {
     # Issue 34: m-ARWP's two gradients one after the other (SAM's two-pass target); GAM's four passes.
     "rwp": 0.49,
     "gam": 0.245,
+    # Lookbehind-SAM at the registry defaults (k = 5): k + 1 = 6 passes and 5 base steps per step, so SAM's
+    # per-pass efficiency (0.495 for two) gives 0.99 / 6 = 0.165; 0.16 leaves room for the five AdamW steps.
+    "lookbehind": 0.16,
     # Issue 34: SS-SAM at p = 0.5; late-phase SAM's 12.5% of SAM steps over a whole trial (every 8th step costs the
     # same per step on average); SAM-ON's scope at least as fast as SAM over every parameter.
     "sam+p0.5": 0.66,

@@ -146,6 +146,7 @@ class SmallRun:
     ``passes_per_step`` and ``forwards``: what tests/optim/test_registry.py's three steps of batch 8 at ``hparams``
     give (``Method.passes_per_step``; the calls of ``forward``). ``defaults_in``: ``"module:attribute"`` whose
     signature holds the knobs' defaults, where the builder is a factory that takes them without defaults.
+    ``base_steps``: the base optimizer's steps per ``train_step`` (Lookbehind-SAM's k; 1 for every other method).
     """
 
     hparams: Mapping[str, Any] = field(default_factory=dict)
@@ -154,6 +155,7 @@ class SmallRun:
     passes_per_step: float = 1.0
     forwards: int = 3
     defaults_in: str = ""
+    base_steps: int = 1
 
 
 @dataclass(frozen=True)

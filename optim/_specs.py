@@ -535,6 +535,43 @@ SPECS = (
             forwards=12,
         ),
     ),
+    method_spec(
+        "lookbehind",
+        description="Lookbehind-SAM (Mordido et al. 2024): k SAM ascent steps chained from the slow weights, each "
+        "perturbed gradient a base step of the fast weights, then slow <- alpha fast + (1-alpha) slow; k+1 passes.",
+        builder="._lookbehind:LookbehindSAM",
+        knobs=(
+            Knob("rho", 0.05, RADIUS),
+            Knob(
+                "k",
+                5,
+                Rule(
+                    "k >= 1 (an integer)",
+                    lambda x: integer(x) and x >= 1,
+                    "pass the number of ascent steps per update, e.g. k=5 (k=1 with alpha=1 is SAM)",
+                ),
+            ),
+            Knob(
+                "alpha",
+                0.5,
+                Rule(
+                    "0 < alpha <= 1",
+                    lambda x: strict_number(x) and 0 < x <= 1,
+                    "pass the slow weights' step toward the fast ones, e.g. alpha=0.5 (1 keeps the fast weights)",
+                    convert=float,
+                ),
+            ),
+        ),
+        two_pass=True,
+        needs=("model",),
+        small=SmallRun(
+            {"rho": 0.1, "k": 2, "alpha": 0.6},
+            base_exactly={"rho": 0.0, "k": 1, "alpha": 1.0},
+            passes_per_step=3.0,
+            forwards=9,
+            base_steps=2,
+        ),
+    ),
 )
 
 #: name -> entry, for the classes' own checks.

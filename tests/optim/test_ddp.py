@@ -219,6 +219,8 @@ def _worker(rank, out):
             "rwp": _run_method(rank, "rwp", False, steps=3, sigma=0.05, lmbda=0.5, eta=0.1, beta=0.9),
             "rwp_m": _run_method(rank, "rwp", False, steps=3, sigma=0.05, lmbda=0.5, eta=0.1, beta=0.9, m=2),
             "gam": _run_method(rank, "gam", False, steps=3, rho=0.2, rho_prime=0.05, alpha=0.3, beta=0.4, gamma=0.5),
+            "lookbehind": _run_method(rank, "lookbehind", False, steps=2, rho=0.05, k=2, alpha=0.5),
+            "lookbehind_global": _run_method(rank, "lookbehind", True, steps=2, rho=0.05, k=2, alpha=0.5),
             "sampa_two_ranks": _sampa_two_ranks(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
@@ -317,6 +319,8 @@ def test_ddp_m_sharpness_equals_the_single_process_m_split(ranks, case):
         "rwp",
         "rwp_m",
         "gam",
+        "lookbehind",
+        "lookbehind_global",
     ],
 )
 def test_new_settings_keep_replicas_identical(ranks, case):

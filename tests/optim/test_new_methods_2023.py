@@ -1,6 +1,7 @@
 """The methods since 2023, each against a float64 hand formula, its reductions and a peer library where one ships it:
 WSAM (Yue et al. 2023), GCSAM (gradient centralisation before the ascent), SAMPa (Xie et al. 2024), VaSSO (Li &
-Giannakis 2023), RWP / m-ARWP (Li et al. 2024), GAM (Zhang et al. 2023)."""
+Giannakis 2023), RWP / m-ARWP (Li et al. 2024), GAM (Zhang et al. 2023),
+Lookbehind-SAM (Mordido et al. 2024)."""
 
 from __future__ import annotations
 
@@ -435,3 +436,49 @@ def test_gam_reductions():
         assert torch.equal(a, b)
     for hp in ({"rho_prime": 0.05, "alpha": 1.0, "gamma": 0.1}, {"rho_prime": 0.05, "alpha": 0.5, "gamma": 0.0}):
         assert not all(torch.equal(a, b) for a, b in zip(train("gam", mlp(), 3, **hp), sam))
+
+
+# ----------------------------------------------------------------------------- Lookbehind-SAM
+def test_lookbehind_first_steps_by_hand():
+    """Three updates of Lookbehind-SAM written out on the least-squares model with plain SGD: from the slow weights
+    theta, u_0 = phi_0 = theta; for i = 1..k, u_i = u_{i-1} + rho g(u_{i-1})/(||g(u_{i-1})|| + 1e-12) (the chain goes
+    on from the previous perturbed point) and phi_i = phi_{i-1} - lr g(u_i); then theta <- alpha phi_k + (1 - alpha)
+    theta. k + 1 forwards per update."""
+    rho, k, alpha, lr = 0.3, 3, 0.6, 0.1
+    torch.manual_seed(7)
+    ref = LeastSquares()
+    theta = [ref.W.detach().clone(), ref.c.detach().clone()]
+    for t in range(3):
+        x, y = lsq_data(t)
+        point, fast = list(theta), list(theta)
+        g = list(lsq_grad(*point, x, y))
+        for _ in range(k):
+            point = [u + rho * gi / (norm(g) + 1e-12) for u, gi in zip(point, g)]
+            g = list(lsq_grad(*point, x, y))
+            fast = [f - lr * gi for f, gi in zip(fast, g)]
+        theta = [alpha * f + (1 - alpha) * s for f, s in zip(fast, theta)]
+    counter = []
+    gotW, gotc, outs = train_lsq("lookbehind", 3, counter, rho=rho, k=k, alpha=alpha)
+    torch.testing.assert_close(gotW, theta[0], **TOL)
+    torch.testing.assert_close(gotc, theta[1], **TOL)
+    assert len(counter) == 3 * (k + 1) and all(o.perturbed and o.passes == k + 1 and o.rho == rho for o in outs)
+
+
+def test_lookbehind_reductions():
+    """k = 1 and alpha = 1 is SAM bit for bit (momentum SGD); with rho = 0 too, the base optimizer; k = 2 or alpha < 1
+    is neither. With rho = 0 every gradient is the slow weights' own, so k steps of the base optimizer with it."""
+    sam = train("sam", mlp(), 3, rho=0.05)
+    for a, b in zip(train("lookbehind", mlp(), 3, rho=0.05, k=1, alpha=1.0), sam):
+        assert torch.equal(a, b)
+    base = train("none", mlp(), 3)
+    for a, b in zip(train("lookbehind", mlp(), 3, rho=0.0, k=1, alpha=1.0), base):
+        assert torch.equal(a, b)
+    for hp in ({"k": 2, "alpha": 1.0}, {"k": 1, "alpha": 0.5}):
+        assert not all(torch.equal(a, b) for a, b in zip(train("lookbehind", mlp(), 3, rho=0.05, **hp), sam))
+    model = mlp()
+    w = [p.detach().clone() for p in model.parameters()]
+    x, y = data(0)
+    g = grads(model, w, x, y)
+    moved = train("lookbehind", model, 1, base=torch.optim.SGD(model.parameters(), lr=0.1), rho=0.0, k=3, alpha=0.5)
+    for a, wi, gi in zip(moved, w, g):
+        torch.testing.assert_close(a, wi - 0.5 * 3 * 0.1 * gi, rtol=0, atol=1e-14)

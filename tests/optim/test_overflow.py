@@ -1,5 +1,6 @@
 """fp16 overflow in either pass skips the whole step for fused and non-fused bases alike: weights, base-optimizer
-state and method state untouched, the scale backed off once, and training continues as if the step never ran."""
+state and method state untouched, the scale backed off once, and training continues as if the step never ran;
+Lookbehind-SAM's overflow late in its chain, which keeps the inner steps before it."""
 
 from __future__ import annotations
 
@@ -175,3 +176,19 @@ def test_state_dict_carries_the_scaler():
     _, method2, scaler2 = build("sam", "adamw")
     method2.load_state_dict(state)
     assert scaler2.get_scale() == INIT_SCALE / 2 and scaler2.state_dict() == scaler.state_dict()
+
+
+@pytest.mark.parametrize("base", list(BASES))
+def test_overflow_late_in_the_lookbehind_chain_keeps_the_steps_before_it(base):
+    """docs/algorithms.md, "Lookbehind-SAM": an overflow in pass 3 of k = 2 (the gradient of inner step 2) skips
+    that inner step and ends the chain; inner step 1 stands, so the update is k = 1's (the same bits, base state
+    included), the step is not reported skipped and the scale backs off once."""
+    model, method, scaler = build("lookbehind", base)
+    out = step(method, model, 0, bad_call=3)
+    assert not out.skipped and scaler.get_scale() == INIT_SCALE / 2
+    model1, method1, _ = build("lookbehind", base)
+    method1.k = 1  # the same knobs otherwise (SmallRun's k = 2)
+    step(method1, model1, 0)
+    assert_same(tensors_of(model.state_dict()), tensors_of(model1.state_dict()))
+    assert_same(without_scaler(method.state_dict()), without_scaler(method1.state_dict()))
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), mlp().parameters()))

@@ -365,6 +365,22 @@ def _gam(st: Step):
     return [hi - hp["gamma"] * (pi - c * hi) for hi, pi in zip(h, p)]
 
 
+@by_the_book("lookbehind")
+def _lookbehind(st: Step):
+    # k base steps of the fast weights, each with the gradient at the next point of the ascent chain from the slow
+    # weights; the slow weights then move alpha of the way to the fast ones (after_step), the base reference's own
+    # step given no gradient (it leaves every weight and its state alone).
+    hp, lrs = st.hp, [LR[GROUP_OF[i]] * st.s for i in range(4)]
+    point, fast, g = list(st.ws), list(st.ws), st.g
+    for _ in range(hp["k"]):
+        point = [u + hp["rho"] * gi / (norm(g) + 1e-12) for u, gi in zip(point, g)]
+        g = loss_grad(point, st.x, st.y)[2]
+        fast = st.base_ref.step(fast, g, lrs, st.wds)
+    slow = st.ws
+    st.state["after_step"] = lambda ws, lrs: [hp["alpha"] * f + (1 - hp["alpha"]) * s for f, s in zip(fast, slow)]
+    return [None] * 4
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(

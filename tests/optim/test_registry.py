@@ -33,6 +33,7 @@ def test_registry_lists_every_method():
         "vasso",
         "rwp",
         "gam",
+        "lookbehind",
     )
     for name, spec in METHODS.items():
         assert isinstance(spec, MethodSpec) and spec.name == name and spec.description
