@@ -13,7 +13,7 @@ from analysis.scaling.inference import detectable
 __all__ = [
     "DEFAULT_NOISE",
     "REFERENCE_LAW",
-    "SCORED_IMAGES",
+    "REFERENCE_DATASET",
     "Detectable",
     "binomial_floor",
     "detectable_effects",
@@ -27,15 +27,27 @@ REFERENCE_LAW: Mapping[str, float] = {"E": 0.03, "B": 0.02, "beta": 0.7}
 #: Seed noise assumed when none is given: the sd of one run's accuracy across seeds, 0.5 points (issue 22's range
 #: on CIFAR-10 is 0.2-1).
 DEFAULT_NOISE = 0.005
-#: Test images one run's reported accuracy is scored on: the confirm stage's half of a 10,000-image test set
-#: (CIFAR-10/100; studies/confirm.py splits it). Its binomial sd is a floor under any run's noise.
-SCORED_IMAGES = 5000
+#: The dataset the reference statements assume (the shipped data-scaling study's): its registry entry says how many
+#: test images one confirm run is scored on.
+REFERENCE_DATASET = "cifar10"
 
 
-def binomial_floor(images: int = SCORED_IMAGES, accuracy: float = 0.5) -> float:
+def scored_images(dataset: str = REFERENCE_DATASET, split: str = "test") -> int | None:
+    """Test images one run's reported accuracy is scored on: the `split` of `dataset`'s validation set, from the
+    registry (trainables.datasets: the confirm stage scores on the 'test' half, studies/confirm.py; 5,000 images of
+    CIFAR-10's 10,000). Its binomial sd is a floor under any run's noise. None where the data decide its size."""
+    from trainables.datasets import DATASETS
+
+    spec = DATASETS.get(str(dataset))
+    return spec.scored_images(split) if spec is not None else None
+
+
+def binomial_floor(images: int | None = None, accuracy: float = 0.5) -> float:
     """The sd of an accuracy measured on `images` test images, sqrt(p (1 - p) / images): at p = 0.5 (the default,
     the largest it can be) 0.71 points for 5,000 images. ViT and Mixer cells at 10% of CIFAR-10 sit near it
-    (0.67-0.69), above the 0.5-point reference seed noise: a statement of power from 0.5 alone claims too much."""
+    (0.67-0.69), above the 0.5-point reference seed noise: a statement of power from 0.5 alone claims too much.
+    images None: the reference dataset's scored half (`scored_images`)."""
+    images = scored_images() if images is None else images
     if not (images >= 1 and 0.0 <= accuracy <= 1.0):
         raise ValueError(f"images must be >= 1 and accuracy in [0, 1], got {images!r}, {accuracy!r}")
     return math.sqrt(accuracy * (1.0 - accuracy) / images)
@@ -145,12 +157,13 @@ def detectable_effects(
     law: Mapping[str, float] = REFERENCE_LAW,
     confidence: float = 0.95,
     power: float = 0.8,
-    images: int | None = SCORED_IMAGES,
+    images: int | None | str = "reference",
 ) -> Detectable:
     """The smallest paired gain and beta difference found with `power`, before the run (not from its data).
 
     The noise per run is the larger of `noise` (seed noise) and the binomial floor of `images` test images at
-    50% accuracy (`binomial_floor`; None: seed noise alone). gain: the paired t test on `seeds` pairs at level
+    50% accuracy (`binomial_floor`; "reference": the reference dataset's scored half, `scored_images`; None: seed
+    noise alone). gain: the paired t test on `seeds` pairs at level
     (1 - confidence) / fractions (Holm's first step), the pair's difference having sd sqrt(2) noise; the power
     by quadrature (`analysis.scaling.power_t`), exact for normal noise. beta_up / beta_down: the same on the
     difference of two laws' betas, each law's se from its log-space fit over every fraction at its own beta
@@ -166,6 +179,8 @@ def detectable_effects(
         raise ValueError(f"fractions must be positive training fractions, got {fractions}")
     if not (noise > 0 and math.isfinite(noise)):
         raise ValueError(f"noise must be the sd of one run's accuracy across seeds (> 0, e.g. 0.005), got {noise!r}")
+    if images == "reference":
+        images = scored_images()
     floor = binomial_floor(images) if images else 0.0
     used = max(noise, floor)
     gain = detectable(
@@ -190,23 +205,29 @@ def detectable_effects(
     )
 
 
-def _design(study) -> tuple[int, list[float], int]:
-    """(seeds, fractions, methods) of a loaded study: seeds from its confirm stage where it has one (the runs the
-    report compares), else the train.seed levels of its cells; fractions and methods from each cell's config."""
-    seeds, fractions, methods = set(), set(), set()
-    for cell in study.cells:
-        seeds.add(cell.config.get("train", {}).get("seed"))
-        fractions.add(float(cell.config.get("data", {}).get("fraction", 1.0)))
-        methods.add(str(cell.config.get("optimizer", {}).get("method")))
+def _design(study) -> tuple[int, list[float], int, int | None]:
+    """(seeds, fractions, methods, scored images) of a loaded study: seeds from its confirm stage where it has one
+    (the runs the report compares), else the train.seed levels of its cells; fractions and methods from each
+    cell's config; the images one compared run is scored on from the registry (`scored_images`: the 'test' half
+    for confirm runs, else the cells' data.eval_split), None where the data decide or the cells' datasets differ."""
+    seeds, fractions, methods, scored = set(), set(), set(), set()
     confirm = getattr(study.spec, "confirm", None)
-    return (confirm.seeds if confirm is not None else len(seeds)), sorted(fractions), len(methods)
+    for cell in study.cells:
+        data = cell.config.get("data", {})
+        seeds.add(cell.config.get("train", {}).get("seed"))
+        fractions.add(float(data.get("fraction", 1.0)))
+        methods.add(str(cell.config.get("optimizer", {}).get("method")))
+        split = "test" if confirm is not None else str(data.get("eval_split", "all"))
+        scored.add(scored_images(str(data.get("name")), split))
+    images = scored.pop() if len(scored) == 1 else None
+    return (confirm.seeds if confirm is not None else len(seeds)), sorted(fractions), len(methods), images
 
 
 def study_detectable(study, noise: float = DEFAULT_NOISE) -> str | None:
     """What a loaded study's design can detect, in one sentence (`sharpscale run --dry-run` prints it).
 
     None where the study compares no methods; with one seed, says that no comparison has an interval."""
-    seeds, fractions, methods = _design(study)
+    seeds, fractions, methods, images = _design(study)
     if methods < 2:
         return None
     if seeds < 2:
@@ -214,20 +235,21 @@ def study_detectable(study, noise: float = DEFAULT_NOISE) -> str | None:
             "One seed per cell: no comparison between methods has an interval or any power; add seeds (train.seed "
             "levels, or confirm: {seeds: 5}) before spending GPU-hours."
         )
-    return detectable_effects(seeds, fractions, noise).describe()
+    return detectable_effects(seeds, fractions, noise, images=images).describe()
 
 
 def header_statement(study, noise: float = DEFAULT_NOISE) -> str:
     """The `# Detects:` sentence of a shipped study file's header (tests/analysis/test_design.py keeps them equal)."""
-    seeds, fractions, methods = _design(study)
+    seeds, fractions, methods, images = _design(study)
     if methods < 2:
         return "Detects: no paired comparison (one method)."
     if seeds < 2:
         return "Detects: nothing between methods (one seed per cell: no interval); add seeds to compare."
-    d = detectable_effects(seeds, fractions, noise)
+    d = detectable_effects(seeds, fractions, noise, images=images)
+    floor = f"the binomial floor of {images:,} test images {d.floor * 100:.2g}" if images else "no binomial floor known"
     text = (
-        f"Detects (80% power, {d.noise * 100:.2g} points of noise per run: seed noise {noise * 100:.2g}, the binomial "
-        f"floor of {SCORED_IMAGES:,} test images {d.floor * 100:.2g}): a paired gain of {d.gain * 100:.2g} points"
+        f"Detects (80% power, {d.noise * 100:.2g} points of noise per run: seed noise {noise * 100:.2g}, {floor}): "
+        f"a paired gain of {d.gain * 100:.2g} points"
     )
     if len(fractions) > 1:
         text += f" at one of {len(fractions)} fractions"

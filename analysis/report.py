@@ -45,6 +45,7 @@ from analysis.scaling import (
     CONDITIONS,
     chance_error,
     data_multiplier,
+    default_form,
     fit_scaling_table,
     fits_frame,
     law_extrapolation,
@@ -744,7 +745,8 @@ def _scaling_section(r: _Report) -> None:
     w.figure("scaling.png", plot_error_vs_n(table, fits))
     w.section(f"Data scaling{r.unit}", md, "scaling.png")
     if fits:
-        frame = _one_beta(fits_frame(fits), table, seed is not None, r.boot_seed)
+        form, eps0, form_note = _law_form(r)
+        frame = _one_beta(fits_frame(fits), table, seed is not None, r.boot_seed, form=form, eps0=eps0)
         fits_md = (
             f"Numbers from: {source}. "
             "Power laws err(n) = a n^-b + c on 1 - metric (or the metric when minimised) per (arch, method), "
@@ -755,9 +757,9 @@ def _scaling_section(r: _Report) -> None:
             "seeds a residual bootstrap over points, which ignores that a seed's points are correlated. "
             + (
                 "One exponent a series: with seeds, the fit's b is not printed; `beta` [beta_low, beta_high] is "
-                "the exponent of the same form L(n) = E + B n^-beta fitted on every seed's point in log space "
-                "(analysis.scaling.law_parameters: seed-level bootstrap-t, no interval where not identified), the "
-                "beta the scaling-law sections use. " + _conditions(frame)
+                f"the exponent of the law form {form} ({_FORM_EQUATION[form]}) fitted on every seed's point in log "
+                f"space (analysis.scaling.law_parameters: {_FORM_INTERVAL[form]}, no interval where not "
+                f"identified), the beta the scaling-law sections use. {form_note} " + _conditions(frame)
                 if "beta" in frame.columns
                 else ""
             )
@@ -998,7 +1000,47 @@ def _chance(runs: pd.DataFrame, metric: str, mode: str) -> float | None:
     return chance_error(names[0], metric, mode=mode) if len(names) == 1 else None
 
 
-def _one_beta(frame: pd.DataFrame, table, seeded: bool, boot_seed: int) -> pd.DataFrame:
+# How each law form reads and how law_parameters / paired_law_difference give its intervals, said in the captions.
+_FORM_EQUATION = {
+    "saturating": "L(n) = E + B n^-beta",
+    "m4": "(L - E) / (eps0 - L)^alpha = B n^-beta, eps0 the error of a model that learned nothing",
+    "broken": "L(n) = E + B n^-beta (1 + n/n_break)^-beta2",
+}
+_FORM_INTERVAL = {
+    "saturating": "seed-level parametric bootstrap-t, 2,000 draws, each side at least Student t on seeds - 1 df",
+    "m4": "delete-one-seed jackknife, Student t on seeds - 1 df; its coverage is not measured by simulation",
+    "broken": "delete-one-seed jackknife, Student t on seeds - 1 df; its coverage is not measured by simulation",
+}
+
+
+def _law_form(r: _Report) -> tuple[str, float | None, str]:
+    """(form, eps0, why) of the report's law tables: `default_form` of the study's eps0 (_chance) and the
+    fractions below the held-out largest one, so that the form checked by extrapolation is the one compared."""
+    eps0 = _chance(r.compared, r.metric, r.mode)
+    held_in = len(r.fractions) - 1
+    form = default_form(eps0, held_in)
+    if form == "m4":
+        why = (
+            f"The form is M4 (eps0 = {eps0:.4g}): on the published vision learning curves it extrapolates with a "
+            "median log RMSE of 0.027 against the saturating form's 0.071 (docs/benchmarks.md)."
+        )
+    elif eps0 is None:
+        why = (
+            "The form is E + B n^-beta: M4, which extrapolates better on the published learning curves "
+            "(docs/benchmarks.md), needs the error of a model that learned nothing, unknown for this dataset/metric."
+        )
+    else:
+        why = (
+            f"The form is E + B n^-beta: M4, which extrapolates better on the published learning curves "
+            f"(docs/benchmarks.md), has 4 parameters and needs 5 fractions below the held-out one; this design has "
+            f"{held_in}."
+        )
+    return form, eps0, why
+
+
+def _one_beta(
+    frame: pd.DataFrame, table, seeded: bool, boot_seed: int, *, form: str = "saturating", eps0: float | None = None
+) -> pd.DataFrame:
     """The power-law table with law_parameters' beta in place of fit_power_law's b: two exponents of one series
     with different intervals in one report read as two findings (issue 32). Without seeds there is no
     seed-level beta, and b stays."""
@@ -1009,7 +1051,7 @@ def _one_beta(frame: pd.DataFrame, table, seeded: bool, boot_seed: int) -> pd.Da
         n, err, seeds = table_points(table, arch, method)
         row = {"beta": math.nan, "beta_low": math.nan, "beta_high": math.nan}
         if len(np.unique(seeds)) >= 2 and len(np.unique(n)) >= 3 and not np.all(err == 0):
-            par = law_parameters(n, err, seeds, boot_seed=boot_seed)
+            par = law_parameters(n, err, seeds, form=form, eps0=eps0 if form == "m4" else None, boot_seed=boot_seed)
             row = {
                 "beta": par.loc["beta", "estimate"],
                 "beta_low": par.loc["beta", "low"],
@@ -1035,6 +1077,7 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
     w, source = r.w, r.source
     # The largest fraction is held out and predicted; eps0: M4's error of a model that learned nothing (_chance).
     heldout, eps0 = float(max(r.fractions)), _chance(r.compared, r.metric, r.mode)
+    form, _, form_note = _law_form(r)
     frames = []
     for arch, method in table.mean.index:
         n, err, seeds = table_points(table, arch, method)
@@ -1108,22 +1151,26 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
             nb, eb, sb = table_points(table, arch, base)
             tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
             keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
-            if len({k[0] for k in keep}) < 4:
+            if len({k[0] for k in keep}) < (5 if form == "m4" else 4):  # one more n than the form's parameters
                 continue
             f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
             if np.all(e_t == 0) or np.all(e_b == 0):
                 continue
-            diff = paired_law_difference(f, e_t, e_b, s_).reset_index()
+            diff = paired_law_difference(f, e_t, e_b, s_, form=form, eps0=eps0 if form == "m4" else None).reset_index()
             diff.insert(0, "arch", arch)
             rows.append(diff)
         if rows:
             frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
             md = (
-                _EXPLORATORY
-                + f"{level} - {base} in each parameter of L(n) = E + B n^-beta (error), fitted on every fraction, "
-                f"paired by seed. Numbers from: {source}. diff_low/diff_high: 95% interval (seed-level parametric "
-                "bootstrap-t of the difference, 2,000 draws refitting both laws, studentised by the paired seeds' "
-                "influence; each side at least Student t on seeds - 1 df); identified: whether both fits pin the "
+                _EXPLORATORY + f"{level} - {base} in each parameter of {_FORM_EQUATION[form]} (error), fitted on every "
+                f"fraction, paired by seed. {form_note} Numbers from: {source}. diff_low/diff_high: 95% interval "
+                + (
+                    "(seed-level parametric bootstrap-t of the difference, 2,000 draws refitting both laws, "
+                    "studentised by the paired seeds' influence; each side at least Student t on seeds - 1 df); "
+                    if form == "saturating"
+                    else f"({_FORM_INTERVAL[form]}, each leave-one-out refitting both laws without the same seed); "
+                )
+                + "identified: whether both fits pin the "
                 "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
                 "range); where the interval holds 0, the note says what it excludes. "
                 + _conditions(frame)

@@ -12,8 +12,9 @@ RMSE of log predictions (natural log). The estimators, written from the paper's 
 
 each fitted by least squares on log eps from several starts (c < 0, alpha >= 0, eps_inf in [0, min eps)); M4's
 prediction solves its implicit equation by bisection on (eps_inf, eps_0). sharpscale's forms are
-`analysis.scaling.fit_law`'s ("saturating", the default; "broken"; "m4" with the same eps_0), fitted as the
-report fits them (Huber loss, delta scaled to the residuals).
+`analysis.scaling.fit_law`'s ("saturating"; "broken"; "m4" with the same eps_0; "default", the form fit_law picks
+given eps_0: analysis.scaling.default_form), fitted as the report fits them (Huber loss, delta scaled to the
+residuals).
 
   python -m benchmarks.bench_scaling_curves [--data ../shared/data/scaling-benchmark] [--limit N]
 
@@ -45,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "scaling-benchmark"
 RESULTS = REPO / "benchmarks" / "results" / "scaling_curves" / "per_curve.csv"
 PAPER = ("M1", "M2", "M3", "M4")
-SHARPSCALE = ("saturating", "broken", "m4")
+SHARPSCALE = ("saturating", "broken", "m4", "default")
 #: Classes of the few-shot tasks: the random-guessing error 1 - 1/classes is M4's eps_0 (the paper fixes it there).
 CLASSES = {"bird": 200, "c": 100, "cal": 101, "inet": 1000}
 
@@ -141,10 +142,14 @@ def fit_paper(name: str, x: np.ndarray, loss: np.ndarray, eps0: float):
 
 
 def fit_sharpscale(form: str, x: np.ndarray, loss: np.ndarray, eps0: float):
-    """Fit one of sharpscale's forms as the report does; returns predict(x) -> loss."""
+    """Fit one of sharpscale's forms as the report does ("default": the form fit_law picks given eps0,
+    analysis.scaling.default_form); returns predict(x) -> loss."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        law = fit_law(x, loss, form=form, eps0=eps0 if form == "m4" else None)
+        if form == "default":
+            law = fit_law(x, loss, eps0=eps0)
+        else:
+            law = fit_law(x, loss, form=form, eps0=eps0 if form == "m4" else None)
     return law.predict
 
 

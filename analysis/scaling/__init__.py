@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from analysis.scaling.extrapolation import law_extrapolation, law_parameters, paired_law_difference, table_points
 from analysis.scaling.inference import CONDITIONS, TTest, detectable, jackknife_se, paired_t, power_t, t_quantile, tost
-from analysis.scaling.laws import HUBER_SDS, LAW_FORMS, LawFit, chance_error, fit_law, robust_delta
+from analysis.scaling.laws import HUBER_SDS, LAW_FORMS, LawFit, chance_error, default_form, fit_law, robust_delta
 from analysis.scaling.power_law import (
     POWER_LAW_COVERAGE,
     DataMultiplier,
@@ -33,6 +33,7 @@ __all__ = [
     "chance_error",
     "data_multiplier",
     "detectable",
+    "default_form",
     "fit_law",
     "fit_power_law",
     "fit_scaling_table",

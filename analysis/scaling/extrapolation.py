@@ -17,7 +17,7 @@ from analysis.scaling.inference import (
     jackknife_se,
     t_quantile,
 )
-from analysis.scaling.laws import _LAW_PARAMS, LAW_FORMS, LawForm, fit_law
+from analysis.scaling.laws import _LAW_PARAMS, LAW_FORMS, LawForm, default_form, fit_law
 from analysis.scaling.resampling import saturating_bootstrap_t
 
 
@@ -289,7 +289,7 @@ def law_parameters(
     err,
     seeds,
     *,
-    form: LawForm = "saturating",
+    form: LawForm | None = None,
     confidence: float = 0.95,
     eps0: float | None = None,
     boot_seed: int = 0,
@@ -297,11 +297,13 @@ def law_parameters(
     """One form fitted on every point, with each parameter's interval over seeds (the saturating form: seed-level
     bootstrap-t, `saturating_bootstrap_t`; the others: jackknife-t): param, estimate, low, high, se (on the log
     scale for B), n_seeds, note. A parameter the points do not pin down (`LawFit.unidentified`) has no interval;
-    a negative E says it is unphysical (`unphysical`)."""
+    a negative E says it is unphysical (`unphysical`). form None: `default_form` (M4 where eps0 is known and 5+
+    distinct n hold it, else saturating); attrs["form"] names the one fitted."""
     import pandas as pd
 
     _check_confidence(confidence)
     n, err, seeds = _check_seeded(n, err, seeds)
+    form = default_form(eps0, len(np.unique(n))) if form is None else form
     fit = fit_law(n, err, form=form, eps0=eps0)
     n_seeds = len(np.unique(seeds))
     q = t_quantile(confidence, n_seeds - 1)
@@ -341,6 +343,7 @@ def law_parameters(
         )
     out = pd.DataFrame(rows).set_index("param")
     out.attrs["conditions"] = CONDITIONS
+    out.attrs["form"] = form
     return out
 
 
@@ -382,7 +385,7 @@ def paired_law_difference(
     err_baseline,
     seeds,
     *,
-    form: LawForm = "saturating",
+    form: LawForm | None = None,
     confidence: float = 0.95,
     power: float = 0.8,
     huber_delta: float | None = None,
@@ -400,7 +403,8 @@ def paired_law_difference(
     and beta of a flat or one-point curve) is `identified` False with no interval and no p-value: its "difference"
     is between two edges. Where the interval holds 0 the note says what it excludes (absence told by the
     interval, not by post-hoc power; `power` is accepted for old callers and unused). Needs one more distinct n
-    than the form has parameters.
+    than the form has parameters. form None: `default_form` (M4 where eps0 is known and 5+ distinct n hold it,
+    else saturating); attrs["form"] names the one fitted.
     """
     import pandas as pd
 
@@ -409,6 +413,7 @@ def paired_law_difference(
     err_b = np.asarray(err_baseline, dtype="float64").ravel()
     if len(err_b) != len(n):
         raise ValueError(f"err_baseline must pair with err_treatment point by point, got {len(err_b)} and {len(err_t)}")
+    form = default_form(eps0, len(np.unique(n))) if form is None else form
     k = len(_LAW_PARAMS.get(form, ()))
     if len(np.unique(n)) < k + 1:
         raise ValueError(
@@ -446,4 +451,5 @@ def paired_law_difference(
         out.append(_difference_row(p, ft, fb, n, (lo, hi, se), n_seeds, why if not jack else ""))
     frame = pd.DataFrame(out).set_index("param")
     frame.attrs["conditions"] = CONDITIONS
+    frame.attrs["form"] = form
     return frame

@@ -95,3 +95,17 @@ def test_dry_run_prints_what_the_design_detects(capsys):
     out = capsys.readouterr().out
     statement = study_detectable(load_study(study, require_data=False))
     assert f"Design: {statement}" in out and "beta difference" in statement
+
+
+def test_scored_images_come_from_the_registry_as_the_evaluation_split_draws_them():
+    from analysis.design import binomial_floor, scored_images
+    from trainables.data import eval_positions
+    from trainables.datasets import DATASETS
+
+    for name, spec in DATASETS.items():
+        if spec.val_size is None:
+            assert scored_images(name) is None
+            continue
+        for split in ("all", "selection", "test"):
+            assert scored_images(name, split) == len(eval_positions(spec.val_size, split)), (name, split)
+    assert scored_images("cifar10") == 5000 and binomial_floor() == pytest.approx(binomial_floor(5000))

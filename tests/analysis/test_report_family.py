@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from analysis import write_report
 from analysis.tables import holm
@@ -118,3 +119,18 @@ def test_headline_answers_the_question_per_arch_before_the_best_cell(tmp_path, s
     assert "adamw 100.00 [98.98, 100.00]" in lines[0]  # Clopper-Pearson at 359 of 359, not ± 0
     assert lines[1].startswith("vit: sam - adamw = +5.00 points")
     assert lines[-1].startswith("Best cell: arch=resnet,method=adamw: val_acc 100.00 95% exact [98.98, 100.00]")
+
+
+def test_the_reports_law_form_is_m4_only_where_the_design_can_check_it():
+    from types import SimpleNamespace
+
+    from analysis.report import _law_form
+
+    runs = pd.DataFrame({"data.name": ["cifar10"] * 2})
+    shipped = SimpleNamespace(compared=runs, metric="val_acc", mode="max", fractions=[0.05, 0.1, 0.25, 0.5, 1.0])
+    form, eps0, why = _law_form(shipped)  # data_scaling.yaml: 4 fractions below the held-out 1.0
+    assert form == "saturating" and eps0 == pytest.approx(0.9) and "needs 5 fractions" in why and "has 4" in why
+    six = SimpleNamespace(**{**vars(shipped), "fractions": [0.025, *shipped.fractions]})
+    assert _law_form(six)[0] == "m4"
+    unknown = SimpleNamespace(**{**vars(six), "compared": pd.DataFrame({"data.name": ["imagefolder"]})})
+    assert _law_form(unknown)[0] == "saturating" and "unknown" in _law_form(unknown)[2]

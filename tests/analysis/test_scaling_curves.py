@@ -41,7 +41,8 @@ def test_m4_from_the_equations_reproduces_table_3_within_10_percent(curves, task
 
 def test_sharpscales_m4_form_extrapolates_a_vision_curve_as_well_as_m4(curves):
     key = ("IC", "inet_10", "ViT/B/16")
-    scores = score_curve(curves[key], chance_loss("IC", "inet_10"), estimators=(*PAPER, "saturating", "m4"))
+    scores = score_curve(curves[key], chance_loss("IC", "inet_10"), estimators=(*PAPER, "saturating", "m4", "default"))
     assert scores["m4"] <= 1.05 * scores["M4"] and scores["M4"] < scores["M1"]
+    assert scores["default"] == scores["m4"]  # given eps_0 and its many points, the default form is M4
     # Few-shot error falls from near chance: the saturating form (M2's shape) cannot bend there.
     assert scores["saturating"] > 2 * scores["M4"]

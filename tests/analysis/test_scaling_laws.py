@@ -322,3 +322,19 @@ def test_an_interval_past_floats_range_is_no_interval_not_an_overflow():
     assert _t_interval(2.0, np.array([1.9, 2.0, 2.1]), 4.3, True)[0] == pytest.approx(
         2.0 * np.exp(-4.3 * 0.0577), rel=0.01
     )
+
+
+def test_the_default_form_is_m4_where_eps0_and_five_fractions_hold_it():
+    from analysis.scaling import default_form, law_parameters
+
+    assert default_form(0.9, 5) == "m4"
+    assert default_form(0.9, 4) == "saturating"  # 4 parameters through 4 n: nothing left to check it by
+    assert default_form(None, 9) == "saturating"  # no error of a model that learned nothing: M4 cannot be fitted
+    n = np.geomspace(0.025, 1.0, 6)
+    err = 0.9 - (0.9 - 0.05) / (1 + (n / 0.05) ** -1.2)  # a curve that bends from near chance
+    assert fit_law(n, err, eps0=0.9).form == "m4" and fit_law(n[:4], err[:4], eps0=0.9).form == "saturating"
+    assert fit_law(n, err).form == "saturating"
+    seeds = np.repeat(np.arange(3), len(n))
+    rng = np.random.default_rng(0)
+    noisy = np.tile(err, 3) * np.exp(rng.normal(0, 0.02, 3 * len(n)))
+    assert law_parameters(np.tile(n, 3), noisy, seeds, eps0=0.9).attrs["form"] == "m4"

@@ -116,6 +116,18 @@ class DatasetSpec:
         """What its data root must hold: its archive's folder, or its own layout; None for a dataset without one."""
         return self.archive.layout if self.archive is not None else self.layout
 
+    def scored_images(self, split: str = "test") -> int | None:
+        """Validation images one evaluation on `split` scores (DataConfig.eval_split): all of them, or one of the two
+        halves trainables.data.eval_positions draws ('test' takes the odd one out); None where the data decide."""
+        if self.val_size is None:
+            return None
+        if split == "all":
+            return self.val_size
+        if split not in ("selection", "test"):
+            raise ValueError(f"eval_split must be 'all', 'selection' or 'test', got {split!r}")
+        half = self.val_size // 2
+        return half if split == "selection" else self.val_size - half
+
     def subset_size(self, fraction: float) -> int | None:
         """Samples in this dataset's class-stratified `fraction` subset (None where the class sizes are unknown)."""
         if self.train_class_sizes is None:
