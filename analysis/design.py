@@ -34,9 +34,9 @@ REFERENCE_DATASET = "cifar10"
 
 def scored_images(dataset: str = REFERENCE_DATASET, split: str = "test") -> int | None:
     """Test images one run's reported accuracy is scored on: the `split` of `dataset`'s validation set, from the
-    registry (trainables.datasets: the confirm stage scores on the 'test' half, studies/confirm.py; 5,000 images of
+    registry (trainables.data.registry: the confirm stage scores on the 'test' half, studies/confirm.py; 5,000 images of
     CIFAR-10's 10,000). Its binomial sd is a floor under any run's noise. None where the data decide its size."""
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     spec = DATASETS.get(str(dataset))
     return spec.scored_images(split) if spec is not None else None

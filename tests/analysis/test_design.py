@@ -100,7 +100,7 @@ def test_dry_run_prints_what_the_design_detects(capsys):
 def test_scored_images_come_from_the_registry_as_the_evaluation_split_draws_them():
     from analysis.design import binomial_floor, scored_images
     from trainables.data import eval_positions
-    from trainables.datasets import DATASETS
+    from trainables.data.registry import DATASETS
 
     for name, spec in DATASETS.items():
         if spec.val_size is None:
