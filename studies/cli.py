@@ -142,11 +142,14 @@ def _cluster_options() -> argparse.ArgumentParser:
     return parent
 
 
-def _read_uri(args, spec) -> str:
-    """The tracking URI a read-only command reads: checked, absolute, and never created."""
+def _read_uri(args, spec=None) -> str:
+    """The tracking URI a read-only command reads: checked, absolute, and never created. Kept on `args` as the store
+    the command reads, which `main` names when another writer holds it locked."""
     from trainables.tracking import check_tracking_uri, resolve_tracking_uri
 
-    return check_tracking_uri(resolve_tracking_uri(args.tracking_uri or spec.tracking.uri))
+    given = args.tracking_uri if spec is None else args.tracking_uri or spec.tracking.uri
+    args.store_read = check_tracking_uri(resolve_tracking_uri(given))
+    return args.store_read
 
 
 def _cmd_validate(args) -> int:
@@ -498,9 +501,7 @@ def ui_log_path(uri: str) -> Path:
 
 
 def _cmd_ui(args) -> int:
-    from trainables.tracking import check_tracking_uri, resolve_tracking_uri
-
-    uri = check_tracking_uri(resolve_tracking_uri(args.tracking_uri))
+    uri = _read_uri(args)
     server_cli.check_port_and_workers(args.port, args.workers)
     # `mlflow ui` has no login and takes writes (rename, tag, delete runs) from whoever reaches it.
     server_cli.warn_if_exposed("the MLflow UI", args.host, args.port, "every run and artifact", writes=True)
@@ -746,6 +747,7 @@ def _cmd_calibrate(args) -> int:
 def _cmd_export(args) -> int:
     from studies.export import export_store
 
+    args.store_read = args.tracking_uri  # what `main` names if another writer holds it locked
     done = export_store(args.tracking_uri, args.dest)
     print(
         f"Exported {done.experiments} experiment(s), {done.runs} run(s) and {done.folders} artifact folder(s) to "
@@ -1080,6 +1082,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\nsharpscale: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as err:
+        from studies.launch import store_is_locked, store_locked
+
+        store = getattr(args, "store_read", None)  # set by _read_uri: the store a read-only command reads
+        if store is None or not store_is_locked(err):
+            raise
+        # Another writer holds it past SQLite's and MLflow's waits: the one line `run` gives, not a traceback.
+        print(
+            f"sharpscale: error: {store_locked(store, err, outcome=f'`{args.command}` stopped there')}", file=sys.stderr
+        )
+        return EXIT_ERRORS
 
 
 if __name__ == "__main__":

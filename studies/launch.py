@@ -51,6 +51,7 @@ from trainables.tracking import NO_SPACE_REASON, retry_locked, tracking_client
 __all__ = [
     "INTERRUPTED_REASON",
     "Launch",
+    "store_is_locked",
     "store_locked",
     "choose_launch",
     "close_dangling",
@@ -61,11 +62,18 @@ __all__ = [
 ]
 
 
-def store_locked(uri: str, err: BaseException) -> str:
-    """The one line for an MLflow store that another writer holds locked past MLflow's own retries."""
+def store_is_locked(err: BaseException) -> bool:
+    """`err` says an SQLite store was locked by another writer past the waits of SQLite and MLflow (retry_locked
+    retries on any "locked"; this names the case where retrying stopped helping)."""
+    return "database is locked" in str(err).lower()
+
+
+def store_locked(uri: str, err: BaseException, *, outcome: str = "nothing was recorded") -> str:
+    """The one line for an MLflow store that another writer holds locked past MLflow's own retries; outcome: what the
+    command that met it left undone (a `run` recorded nothing, a `status` read nothing)."""
     first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return (
-        f"tracking: the MLflow store {redact(uri)} is locked by another writer ({first}); nothing was recorded. "
+        f"tracking: the MLflow store {redact(uri)} is locked by another writer ({first}); {outcome}. "
         f"Fix: let that writer finish (or stop it: `fuser` on the database file names it), then run the command again."
     )
 

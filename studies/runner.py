@@ -22,7 +22,7 @@ from studies import identity
 from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
 from studies.cost import local_gpus, record_estimate
-from studies.launch import INTERRUPTED_REASON, Launch, store_locked
+from studies.launch import INTERRUPTED_REASON, Launch, store_is_locked, store_locked
 from studies.preflight import (
     check_data_on_nodes,
     check_local_devices,
@@ -607,7 +607,7 @@ def run_study(
             study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None, take_over=take_over
         )
     except Exception as err:
-        if "database is locked" not in str(err).lower():
+        if not store_is_locked(err):
             raise
         raise StudyError(study.path, [store_locked(uri, err)]) from None
     outcome: StudyOutcome | None = None

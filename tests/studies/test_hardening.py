@@ -819,3 +819,76 @@ def test_resume_reads_back_only_the_tune_state_this_launch_recorded(tmp_path, tr
 
     assert "restored unchecked" in identity.check_tune_state(study, str(folder), None)  # a launch from before
     assert "not checked" in identity.check_tune_state(study, "s3://bucket/exp", recorded)
+
+
+# --- Issue 36: a store another writer holds, read by the commands that only read it -----------------------------
+
+
+def _files(*folders: Path) -> set[str]:
+    return {str(p) for f in folders for p in f.rglob("*")}
+
+
+def _read_commands(path: Path, uri: str, tmp_path: Path) -> dict[str, list[str]]:
+    from studies.server import free_port
+
+    return {
+        "status": ["status", str(path), "--tracking-uri", uri],
+        "report": ["report", str(path), "--tracking-uri", uri, "--out", str(tmp_path / "report")],
+        "dashboard": ["dashboard", str(path), "--tracking-uri", uri, "--port", str(free_port())],
+        "ui": ["ui", "--tracking-uri", uri, "--port", str(free_port())],
+        "export": ["export", "--tracking-uri", uri, str(tmp_path / "exported")],
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("command", ["status", "report", "dashboard", "ui", "export"])
+def test_a_store_locked_by_another_writer_is_one_line_for_the_reading_commands(
+    command, tmp_path, tracking_uri, monkeypatch, capsys
+):
+    """A connection in BEGIN EXCLUSIVE on mlflow.db: each command that reads it ends in the one line `run` gives
+    (studies.launch.store_locked), non-zero, and leaves no file behind (no lock file, no half export)."""
+    import sqlite3
+    import threading
+
+    from studies.cli import EXIT_ERRORS
+
+    path = _study_file(tmp_path / "study")
+    monkeypatch.chdir(tmp_path / "study")
+    db = tracking_uri.removeprefix("sqlite:///")
+    argv = _read_commands(path, tracking_uri, tmp_path)[command]
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        con = sqlite3.connect(db, timeout=1, isolation_level=None)
+        con.execute("begin exclusive")
+        held.set()
+        release.wait(timeout=600)
+        con.execute("rollback")
+        con.close()
+
+    before = _files(tmp_path)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(timeout=60)
+        code = main(argv)
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    err = capsys.readouterr().err
+    assert code == EXIT_ERRORS, err
+    assert f"the MLflow store {tracking_uri} is locked by another writer" in err, err
+    assert f"`{command}` stopped there. Fix: let that writer finish" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert _files(tmp_path) == before
+
+
+def test_status_over_a_free_store_creates_no_file(tmp_path, tracking_uri, monkeypatch, capsys):
+    """A read-only command takes the store's creation lock only where a creator made it: no mlflow.db.lock left."""
+    path = _study_file(tmp_path / "study")
+    _record_launch(path, tracking_uri)
+    Path(tracking_uri.removeprefix("sqlite:///") + ".lock").unlink()  # as in a copied or exported store
+    monkeypatch.chdir(tmp_path / "study")
+    before = _files(tmp_path)
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0, capsys.readouterr().err
+    assert _files(tmp_path) == before
