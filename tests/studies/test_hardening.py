@@ -892,3 +892,12 @@ def test_status_over_a_free_store_creates_no_file(tmp_path, tracking_uri, monkey
     before = _files(tmp_path)
     assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0, capsys.readouterr().err
     assert _files(tmp_path) == before
+
+
+def test_a_misspelt_model_kwarg_is_refused_by_validate(tmp_path, tiny_study, tiny_model, capsys):
+    """Caught by `validate` (torch-free: the keys each family takes are pinned in trainables.families), not at `run`."""
+    path = tiny_study(tmp_path, "typo", base={"model": tiny_model("vit", drop_path_rat=0.1)})
+    assert main(["validate", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "model.kwargs.drop_path_rat: timm's vit_tiny_patch16_224 takes no argument 'drop_path_rat'." in err, err
+    assert "Did you mean drop_path_rate?" in err and "Got drop_path_rat: 0.1;" in err and "Traceback" not in err, err
