@@ -123,3 +123,46 @@ def test_sigterm_before_the_first_trial_then_two_resumes_at_once(tmp_path, tiny_
     assert ("study", "FINISHED", None) in runs and ("cell", "FINISHED", None) in runs, runs
     states = [s for (s,) in _sql(optuna_db, "select state from trials")]
     assert states == ["COMPLETE"], states
+
+
+def _image_folder(root: Path, per_class: int) -> Path:
+    """train/ and val/ of two classes of distinct large JPEGs, slow enough to resize that a stop finds work left."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.linspace(0, 255, 1200, dtype=np.uint8)
+    for split in ("train", "val"):
+        for c, name in enumerate(("cat", "dog")):
+            (root / split / name).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = np.stack(
+                    [np.add.outer(ramp, ramp) + i, np.tile(ramp, (1200, 1)), np.full((1200, 1200), c)], -1
+                )
+                Image.fromarray(pixels.astype(np.uint8)).save(root / split / name / f"{i}.jpg", quality=90)
+    return root
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_of_data_prepare_ends_its_workers_and_removes_its_staging(tmp_path, cli_process):
+    """SIGTERM while the workers write: as Ctrl-C, one line, exit 130, no process left, no staging folder; the same
+    prepare then works."""
+    src = _image_folder(tmp_path / "src", per_class=24)
+    out = tmp_path / "out"
+    argv = ("data", "prepare", src, "--to", out, "--short-side", "32", "--workers", "2")
+    driver = cli_process.start(*argv, cwd=tmp_path)
+
+    def writing() -> list[Path]:
+        return [p for p in tmp_path.glob(".out.preparing-*") if any(p.rglob("*.jpg"))]
+
+    (staging,) = cli_process.wait_for(driver, writing, timeout=300, what="the first prepared image")
+    workers = subprocess.run(["pgrep", "-P", str(driver.pid)], capture_output=True, text=True).stdout.split()
+    assert workers, "prepare --workers 2 started no worker process"
+    driver.send_signal(signal.SIGTERM)
+    said, _ = driver.communicate(timeout=120)
+    assert driver.returncode == EXIT_INTERRUPTED, said[-3000:]
+    assert said.strip().splitlines()[-1] == "sharpscale: interrupted" and "Traceback" not in said, said[-3000:]
+    assert _no_process_left(driver.pid), "the stopped prepare left worker processes"
+    assert not staging.exists() and not out.exists()
+    again = cli_process.run(*argv, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (out / "sharpscale-prepared.json").is_file() and not list(tmp_path.glob(".out.preparing-*"))
