@@ -431,11 +431,14 @@ def parent_runs(
                     **{factor_tag(k): v for k, v in cell.levels.items()},
                 },
             )
+            # Closed by the caller from here on: a stop while its params are written must not leave it RUNNING.
+            opened.append(existing.info.run_id)
+            cell_runs[cell.key] = existing.info.run_id
             _log_params(client, existing.info.run_id, cell_params(cell))
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
-        opened.append(existing.info.run_id)
-        cell_runs[cell.key] = existing.info.run_id
+            opened.append(existing.info.run_id)
+            cell_runs[cell.key] = existing.info.run_id
     return study_run_id
 
 

@@ -901,3 +901,27 @@ def test_a_misspelt_model_kwarg_is_refused_by_validate(tmp_path, tiny_study, tin
     err = capsys.readouterr().err
     assert "model.kwargs.drop_path_rat: timm's vit_tiny_patch16_224 takes no argument 'drop_path_rat'." in err, err
     assert "Did you mean drop_path_rate?" in err and "Got drop_path_rat: 0.1;" in err and "Traceback" not in err, err
+
+
+def test_a_stop_while_a_cell_run_is_written_leaves_it_for_the_caller_to_close(tmp_path, tracking_uri, monkeypatch):
+    """Ctrl-C between a cell run's creation (RUNNING) and its params: the run is in `opened` already, so the closing
+    steps end it (it stayed RUNNING, found by test_stops' Ctrl-C test as the cell left open)."""
+    from studies import launch as launch_module
+
+    path = _study_file(tmp_path / "study")
+    study = load_study(path, require_data=False)
+    client = tracking_client(tracking_uri)
+    exp_id = experiment(client, study.experiment_name, path.parent / "mlartifacts", tracking_uri)
+    number = choose_launch(client, exp_id, study, study.experiment_name, tracking_uri, new_launch=False)
+    locations = state_locations(study, launch_name(study.experiment_name, number))
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch_module, "_log_params", stopped)
+    opened, cell_runs = [], {}
+    with pytest.raises(KeyboardInterrupt):
+        parent_runs(client, study, exp_id, "abc", None, locations.tags(), number, opened, cell_runs)
+    running = client.search_runs([exp_id], "attributes.status = 'RUNNING'")
+    assert {r.info.run_id for r in running} == set(opened) and len(opened) == 2
+    assert list(cell_runs.values()) == opened[1:]
