@@ -825,7 +825,7 @@ def _closing_steps(
         # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
         # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
         # steps below record is the last word.
-        steps.append(ray.shutdown)
+        steps.append(_gated(ray.shutdown))
     steps += target.closing_steps(
         status=_run_status(outcome, primary, resumed=target.previous is not None),
         interrupted=interruption_reason(outcome, primary),
@@ -833,6 +833,26 @@ def _closing_steps(
         failed=primary is not None,
     )
     return steps
+
+
+# Tests only: a folder where a closing run, about to stop Ray, writes `closing` and then waits for a file `go`, so that a
+# test stops it at that step, as at a Ray shutdown that hangs, without racing it (tests/studies/test_stops.py).
+CLOSING_GATE_ENV = "SHARPSCALE_TEST_CLOSING_GATE"
+
+
+def _gated(step):
+    """`step`, preceded by the wait at CLOSING_GATE_ENV's folder where that is set (a test's); else `step` itself."""
+    gate = os.environ.get(CLOSING_GATE_ENV)
+    if not gate:
+        return step
+
+    def gated() -> None:
+        Path(gate, "closing").touch()
+        while not Path(gate, "go").exists():
+            time.sleep(0.05)  # a stop interrupts it as it would the step
+        step()
+
+    return gated
 
 
 def _run_status(outcome: StudyOutcome | None, primary: BaseException | None, *, resumed: bool = False) -> str:
