@@ -925,3 +925,12 @@ def test_a_stop_while_a_cell_run_is_written_leaves_it_for_the_caller_to_close(tm
     running = client.search_runs([exp_id], "attributes.status = 'RUNNING'")
     assert {r.info.run_id for r in running} == set(opened) and len(opened) == 2
     assert list(cell_runs.values()) == opened[1:]
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:1/#access_token=hunter2", "https://h/p?a=1#token=hunter2"])
+def test_a_token_in_a_uri_fragment_is_refused_and_hidden(uri, tmp_path, monkeypatch, capsys):
+    path = _study_file(tmp_path / "study")
+    assert redact(uri).endswith("token=***")
+    assert main(["status", str(path), "--tracking-uri", uri]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "carries a secret" in err and SECRET not in err, err
