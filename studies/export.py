@@ -5,8 +5,10 @@ gone (MLflow records absolute `file://` locations: a plain copy of mlflow.db sti
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -95,6 +97,22 @@ def _moved_rows(db: sqlite3.Connection, store: Path) -> tuple[list[tuple], list[
 
 def _read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)  # reading never creates a file
+
+
+def _copy_store(source: Path, target: Path) -> None:
+    """A consistent copy of the SQLite file `source` at `target`, even while another process writes to it; a
+    "database is locked" error once another writer has held it for STORE_LOCK_WAIT_S."""
+    from trainables.tracking import STORE_LOCK_WAIT_S
+
+    deadline = time.monotonic() + STORE_LOCK_WAIT_S
+
+    def give_up_when_held(status: int, remaining: int, pages: int) -> None:
+        # sqlite3's backup retries a source that stays locked forever; an error from here ends it.
+        if status in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) and time.monotonic() > deadline:
+            raise sqlite3.OperationalError("database is locked")
+
+    with _read_only(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst, progress=give_up_when_held, sleep=0.25)
 
 
 def locations_outside(tracking_uri: str) -> list[str]:
@@ -190,10 +208,17 @@ def export_store(tracking_uri: str, dest: str | Path) -> Exported:
     dest = Path(dest).expanduser().resolve()
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"DEST: an empty or new folder must be given, got {dest}, which holds files. Fix: another one.")
+    made = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
     target = dest / STORE_FILE
-    with _read_only(source) as src, sqlite3.connect(target) as dst:
-        src.backup(dst)  # a consistent copy, even while another process writes
+    try:
+        _copy_store(source, target)
+    except sqlite3.Error:
+        target.unlink(missing_ok=True)  # no half copy: an export into the same folder works once the store is free
+        if made:
+            with contextlib.suppress(OSError):
+                dest.rmdir()
+        raise
     folders = 0
     with sqlite3.connect(target) as db:
         experiments = db.execute("SELECT experiment_id, artifact_location FROM experiments").fetchall()

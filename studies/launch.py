@@ -52,6 +52,7 @@ from trainables.tracking import NO_SPACE_REASON, retry_locked, tracking_client
 __all__ = [
     "INTERRUPTED_REASON",
     "Launch",
+    "store_is_locked",
     "store_locked",
     "choose_launch",
     "close_dangling",
@@ -62,11 +63,18 @@ __all__ = [
 ]
 
 
-def store_locked(uri: str, err: BaseException) -> str:
-    """The one line for an MLflow store that another writer holds locked past MLflow's own retries."""
+def store_is_locked(err: BaseException) -> bool:
+    """`err` says an SQLite store was locked by another writer past the waits of SQLite and MLflow (retry_locked
+    retries on any "locked"; this names the case where retrying stopped helping)."""
+    return "database is locked" in str(err).lower()
+
+
+def store_locked(uri: str, err: BaseException, *, outcome: str = "nothing was recorded") -> str:
+    """The one line for an MLflow store that another writer holds locked past MLflow's own retries; outcome: what the
+    command that met it left undone (a `run` recorded nothing, a `status` read nothing)."""
     first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
     return (
-        f"tracking: the MLflow store {redact(uri)} is locked by another writer ({first}); nothing was recorded. "
+        f"tracking: the MLflow store {redact(uri)} is locked by another writer ({first}); {outcome}. "
         f"Fix: let that writer finish (or stop it: `fuser` on the database file names it), then run the command again."
     )
 
@@ -432,11 +440,14 @@ def parent_runs(
                     **{factor_tag(k): v for k, v in cell.levels.items()},
                 },
             )
+            # Closed by the caller from here on: a stop while its params are written must not leave it RUNNING.
+            opened.append(existing.info.run_id)
+            cell_runs[cell.key] = existing.info.run_id
             _log_params(client, existing.info.run_id, cell_params(cell))
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
-        opened.append(existing.info.run_id)
-        cell_runs[cell.key] = existing.info.run_id
+            opened.append(existing.info.run_id)
+            cell_runs[cell.key] = existing.info.run_id
     return study_run_id
 
 

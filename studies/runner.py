@@ -22,7 +22,7 @@ from studies import identity
 from studies.busy import BUSY_METRIC, GpuBusySampler
 from studies.confirm import confirm_config
 from studies.cost import local_gpus, record_estimate
-from studies.launch import INTERRUPTED_REASON, Launch, store_locked
+from studies.launch import INTERRUPTED_REASON, Launch, store_is_locked, store_locked
 from studies.preflight import (
     check_data_on_nodes,
     check_local_devices,
@@ -599,7 +599,7 @@ def run_study(
             study, uri, resume=resume, new_launch=new_launch, explicit=tracking_uri is not None, take_over=take_over
         )
     except Exception as err:
-        if "database is locked" not in str(err).lower():
+        if not store_is_locked(err):
             raise
         raise StudyError(study.path, [store_locked(uri, err)]) from None
     outcome: StudyOutcome | None = None
@@ -817,7 +817,7 @@ def _closing_steps(
         # First: once the local cluster is down no trial can still write its own end (a trial Tune stopped at
         # the interrupt records `early_stopped` from its actor, possibly after fit() returned), so what the
         # steps below record is the last word.
-        steps.append(ray.shutdown)
+        steps.append(_gated(ray.shutdown))
     steps += target.closing_steps(
         status=_run_status(outcome, primary, resumed=target.previous is not None),
         interrupted=interruption_reason(outcome, primary),
@@ -825,6 +825,26 @@ def _closing_steps(
         failed=primary is not None,
     )
     return steps
+
+
+# Tests only: a folder where a closing run, about to stop Ray, writes `closing` and then waits for a file `go`, so that a
+# test stops it at that step, as at a Ray shutdown that hangs, without racing it (tests/studies/test_stops.py).
+CLOSING_GATE_ENV = "SHARPSCALE_TEST_CLOSING_GATE"
+
+
+def _gated(step):
+    """`step`, preceded by the wait at CLOSING_GATE_ENV's folder where that is set (a test's); else `step` itself."""
+    gate = os.environ.get(CLOSING_GATE_ENV)
+    if not gate:
+        return step
+
+    def gated() -> None:
+        Path(gate, "closing").touch()
+        while not Path(gate, "go").exists():
+            time.sleep(0.05)  # a stop interrupts it as it would the step
+        step()
+
+    return gated
 
 
 def _run_status(outcome: StudyOutcome | None, primary: BaseException | None, *, resumed: bool = False) -> str:

@@ -23,8 +23,9 @@ _USERINFO = re.compile(
 # http(s)://NAME@host: HTTP has no user name without a password, so NAME is a token (a bearer token, an API key as
 # the user, as some proxies take it). Other schemes' bare user names (postgresql://bob@db) are names, shown.
 _HTTP_USER = re.compile(r"(?<![A-Za-z0-9+.-])(?P<head>https?://)(?P<user>[^/@:\s?#]+)@", re.IGNORECASE)
-# A query parameter anywhere in a text: ?name=value or &name=value (or ;), the value up to the next separator.
-_QUERY = re.compile(r"(?P<sep>[?&;])(?P<name>[A-Za-z0-9_.-]{1,64})=(?P<value>[^&;\s'\"#]*)")
+# A query parameter anywhere in a text: ?name=value or &name=value (or ;, or #name=value: a fragment, as OAuth
+# implicit flows pass access_token), the value up to the next separator.
+_QUERY = re.compile(r"(?P<sep>[?&;#])(?P<name>[A-Za-z0-9_.-]{1,64})=(?P<value>[^&;\s'\"#]*)")
 # Query keys that hold a secret: databases' password (password, sslpassword, passwd, pwd), clouds' signed URLs
 # (sig, signature, X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token, Azure's SAS `sig`), keys and tokens
 # (secret_key, access_key, api_key, account_key, token, auth). A key file's path (sslkey) is no secret.

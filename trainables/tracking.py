@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -156,11 +157,14 @@ def tracking_client(tracking_uri: str, *, create: bool = True):
         )
     from filelock import FileLock, Timeout
 
-    db.parent.mkdir(parents=True, exist_ok=True)
     lock = str(db) + ".lock"
+    if create:
+        db.parent.mkdir(parents=True, exist_ok=True)
     # Held only while a store's tables are created: a command that creates nothing waits a little, then says so.
+    # It takes the lock only where one exists (a creator makes it before the file), so it leaves no file behind.
+    held = FileLock(lock, timeout=300 if create else STORE_LOCK_WAIT_S)
     try:
-        with FileLock(lock, timeout=300 if create else STORE_LOCK_WAIT_S):
+        with held if create or Path(lock).exists() else contextlib.nullcontext():
             client = MlflowClient(tracking_uri=tracking_uri)
             client.search_experiments(max_results=1)  # the store is open: its schema created and migrated if needed
     except Timeout:

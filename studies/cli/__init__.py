@@ -128,3 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\nsharpscale: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as err:
+        from studies.launch import store_is_locked, store_locked
+
+        store = getattr(args, "store_read", None)  # set by read_uri: the store a read-only command reads
+        if store is None or not store_is_locked(err):
+            raise
+        # Another writer holds it past SQLite's and MLflow's waits: the one line `run` gives, not a traceback.
+        print(
+            f"sharpscale: error: {store_locked(store, err, outcome=f'`{args.command}` stopped there')}", file=sys.stderr
+        )
+        return EXIT_ERRORS

@@ -150,11 +150,14 @@ def overrides(args) -> dict:
     return out
 
 
-def read_uri(args, spec) -> str:
-    """The tracking URI a read-only command reads: checked, absolute, and never created."""
+def read_uri(args, spec=None) -> str:
+    """The tracking URI a read-only command reads: checked, absolute, and never created. Kept on `args` as the store
+    the command reads, which `main` names when another writer holds it locked."""
     from trainables.tracking import check_tracking_uri, resolve_tracking_uri
 
-    return check_tracking_uri(resolve_tracking_uri(args.tracking_uri or spec.tracking.uri))
+    given = args.tracking_uri if spec is None else args.tracking_uri or spec.tracking.uri
+    args.store_read = check_tracking_uri(resolve_tracking_uri(given))
+    return args.store_read
 
 
 def prog() -> str:

@@ -153,6 +153,7 @@ class Export(Command):
     def take_action(self, args) -> int:
         from studies.export import export_store
 
+        args.store_read = args.tracking_uri  # what `main` names if another writer holds it locked
         done = export_store(args.tracking_uri, args.dest)
         print(
             f"Exported {done.experiments} experiment(s), {done.runs} run(s) and {done.folders} artifact folder(s) to "

@@ -145,9 +145,7 @@ class UI(Command):
         parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME", help=_ALLOWED_HOST_HELP)
 
     def take_action(self, args) -> int:
-        from trainables.tracking import check_tracking_uri, resolve_tracking_uri
-
-        uri = check_tracking_uri(resolve_tracking_uri(args.tracking_uri))
+        uri = read_uri(args)
         server_cli.check_port_and_workers(args.port, args.workers)
         # `mlflow ui` has no login and takes writes (rename, tag, delete runs) from whoever reaches it.
         server_cli.warn_if_exposed("the MLflow UI", args.host, args.port, "every run and artifact", writes=True)

@@ -27,9 +27,10 @@ from studies.spec._schema import (
     set_path,
 )
 from studies.spec._smoke import _epochs, _positive_int, _smoke_levels, _smoke_tree, smoke_set_note
-from trainables.config import ConfigError, TrialConfig
+from trainables.config import FILE_LOADING_KWARGS, ConfigError, TrialConfig
 from trainables.data.staging import is_uri
 from trainables.errors import shown
+from trainables.families import kwargs_problem
 
 
 # Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.
@@ -197,7 +198,7 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     problems += _shared_keys(merged)  # said with the cells' own problems, all at once
     cells: list[Cell] = []
     missing_roots: dict[str, list[str]] = {}
-    geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry would otherwise repeat for every cell
+    geometry_cells: dict[str, list[str]] = {}  # a problem of base.geometry (or model.kwargs) said once, not per cell
     # The smoke form's reference; an epochs value that is no positive integer is the cell's validation's to report.
     shortest = min((e for _, tree in merged if _positive_int(e := _epochs(tree))), default=None)
     for levels, tree in merged:
@@ -402,7 +403,12 @@ def _cell(
             continue  # conditional: rho only where the method has a rho
         space[path] = dom
     try:
-        for problem in _geometry_problems(TrialConfig.load(tree)):  # said once, with the cells it is in
+        config = TrialConfig.load(tree)
+        for problem in _geometry_problems(config):  # said once, with the cells it is in
+            geometry_cells.setdefault(problem, []).append(key or "all")
+        # A key timm would refuse at the build (studies.preflight, with torch), caught here without it.
+        ours = {k: v for k, v in config.model.kwargs.items() if k not in FILE_LOADING_KWARGS}  # their own rule's
+        if problem := kwargs_problem(config.model.name, ours):
             geometry_cells.setdefault(problem, []).append(key or "all")
         for path, dom in space.items():
             for probe in _domain_probes(dom):

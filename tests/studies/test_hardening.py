@@ -867,7 +867,7 @@ def test_a_new_launch_given_back_deletes_the_restored_experiment_again(tmp_path,
 def test_the_resume_line_quotes_what_a_shell_would_split(monkeypatch):
     import argparse
 
-    from studies.cli import _incomplete
+    from studies.cli.study import incomplete
 
     monkeypatch.setattr(sys, "argv", ["sharpscale"])
     args = argparse.Namespace(
@@ -878,7 +878,7 @@ def test_the_resume_line_quotes_what_a_shell_would_split(monkeypatch):
         address=None,
         smoke=True,
     )
-    line = _incomplete(args, "after 1 of 2 trials").rsplit("\n  ", 1)[1]
+    line = incomplete(args, "after 1 of 2 trials").rsplit("\n  ", 1)[1]
     assert shlex.split(line)[2:] == [
         "my 'study'.yaml",
         "--set",
@@ -945,3 +945,118 @@ def test_a_ray_start_failure_names_the_last_meaningful_line_of_its_cause():
     )
     assert "Fix: install on this machine the Ray and Python versions the cluster runs" in line
     assert "drop --address" in ray_start_problem(_raised("Timed out."), "10.0.0.1:6379")
+
+
+# --- Issue 36: a store another writer holds, read by the commands that only read it -----------------------------
+
+
+def _files(*folders: Path) -> set[str]:
+    return {str(p) for f in folders for p in f.rglob("*")}
+
+
+def _read_commands(path: Path, uri: str, tmp_path: Path) -> dict[str, list[str]]:
+    from studies.server import free_port
+
+    return {
+        "status": ["status", str(path), "--tracking-uri", uri],
+        "report": ["report", str(path), "--tracking-uri", uri, "--out", str(tmp_path / "report")],
+        "dashboard": ["dashboard", str(path), "--tracking-uri", uri, "--port", str(free_port())],
+        "ui": ["ui", "--tracking-uri", uri, "--port", str(free_port())],
+        "export": ["export", "--tracking-uri", uri, str(tmp_path / "exported")],
+    }
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("command", ["status", "report", "dashboard", "ui", "export"])
+def test_a_store_locked_by_another_writer_is_one_line_for_the_reading_commands(
+    command, tmp_path, tracking_uri, monkeypatch, capsys
+):
+    """A connection in BEGIN EXCLUSIVE on mlflow.db: each command that reads it ends in the one line `run` gives
+    (studies.launch.store_locked), non-zero, and leaves no file behind (no lock file, no half export)."""
+    import sqlite3
+    import threading
+
+    from studies.cli import EXIT_ERRORS
+
+    path = _study_file(tmp_path / "study")
+    monkeypatch.chdir(tmp_path / "study")
+    db = tracking_uri.removeprefix("sqlite:///")
+    argv = _read_commands(path, tracking_uri, tmp_path)[command]
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        con = sqlite3.connect(db, timeout=1, isolation_level=None)
+        con.execute("begin exclusive")
+        held.set()
+        release.wait(timeout=600)
+        con.execute("rollback")
+        con.close()
+
+    before = _files(tmp_path)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(timeout=60)
+        code = main(argv)
+    finally:
+        release.set()
+        thread.join(timeout=60)
+    err = capsys.readouterr().err
+    assert code == EXIT_ERRORS, err
+    assert f"the MLflow store {tracking_uri} is locked by another writer" in err, err
+    assert f"`{command}` stopped there. Fix: let that writer finish" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert _files(tmp_path) == before
+
+
+def test_status_over_a_free_store_creates_no_file(tmp_path, tracking_uri, monkeypatch, capsys):
+    """A read-only command takes the store's creation lock only where a creator made it: no mlflow.db.lock left."""
+    path = _study_file(tmp_path / "study")
+    _record_launch(path, tracking_uri)
+    Path(tracking_uri.removeprefix("sqlite:///") + ".lock").unlink()  # as in a copied or exported store
+    monkeypatch.chdir(tmp_path / "study")
+    before = _files(tmp_path)
+    assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0, capsys.readouterr().err
+    assert _files(tmp_path) == before
+
+
+def test_a_misspelt_model_kwarg_is_refused_by_validate(tmp_path, tiny_study, tiny_model, capsys):
+    """Caught by `validate` (torch-free: the keys each family takes are pinned in trainables.families), not at `run`."""
+    path = tiny_study(tmp_path, "typo", base={"model": tiny_model("vit", drop_path_rat=0.1)})
+    assert main(["validate", str(path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "model.kwargs.drop_path_rat: timm's vit_tiny_patch16_224 takes no argument 'drop_path_rat'." in err, err
+    assert "Did you mean drop_path_rate?" in err and "Got drop_path_rat: 0.1;" in err and "Traceback" not in err, err
+
+
+def test_a_stop_while_a_cell_run_is_written_leaves_it_for_the_caller_to_close(tmp_path, tracking_uri, monkeypatch):
+    """Ctrl-C between a cell run's creation (RUNNING) and its params: the run is in `opened` already, so the closing
+    steps end it (it stayed RUNNING, found by test_stops' Ctrl-C test as the cell left open)."""
+    from studies import launch as launch_module
+
+    path = _study_file(tmp_path / "study")
+    study = load_study(path, require_data=False)
+    client = tracking_client(tracking_uri)
+    exp_id = experiment(client, study.experiment_name, path.parent / "mlartifacts", tracking_uri)
+    number = choose_launch(client, exp_id, study, study.experiment_name, tracking_uri, new_launch=False)
+    locations = state_locations(study, launch_name(study.experiment_name, number))
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch_module, "_log_params", stopped)
+    opened, cell_runs = [], {}
+    with pytest.raises(KeyboardInterrupt):
+        parent_runs(client, study, exp_id, "abc", None, locations.tags(), number, opened, cell_runs)
+    running = client.search_runs([exp_id], "attributes.status = 'RUNNING'")
+    assert {r.info.run_id for r in running} == set(opened) and len(opened) == 2
+    assert list(cell_runs.values()) == opened[1:]
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:1/#access_token=hunter2", "https://h/p?a=1#token=hunter2"])
+def test_a_token_in_a_uri_fragment_is_refused_and_hidden(uri, tmp_path, monkeypatch, capsys):
+    path = _study_file(tmp_path / "study")
+    assert redact(uri).endswith("token=***")
+    assert main(["status", str(path), "--tracking-uri", uri]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "carries a secret" in err and SECRET not in err, err

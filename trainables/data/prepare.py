@@ -9,6 +9,8 @@ import datetime
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -287,14 +289,45 @@ def _pixels_one(job: tuple[str, str, int, int, int]) -> tuple[int, int, int, int
     return data_before, len(data), h * w, new_h * new_w, (new_h, new_w) != (h, w), False
 
 
+def _worker_start() -> None:
+    # A worker forked inside _sigterm_interrupts would turn the SIGTERM that ends it into a caught exception.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _run_jobs(fn, jobs: list, workers: int) -> list:
-    """`fn` over `jobs` in order, in `workers` processes (in this one for 1)."""
+    """`fn` over `jobs` in order, in `workers` processes (in this one for 1). A stop ends the workers with it."""
     if workers == 1 or len(jobs) < 2:
         return [fn(j) for j in jobs]
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=_worker_start)
+    try:
         return list(pool.map(fn, jobs, chunksize=max(1, min(64, len(jobs) // (4 * workers)))))
+    except BaseException:
+        # SIGTERM reaches this process alone (Ctrl-C reaches the workers too): without this they would go on
+        # writing into a staging folder being removed, orphaned. The executor has no public way to end them.
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raised as KeyboardInterrupt while preparing (main thread only), so it cleans up as Ctrl-C does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _unreadable_error(unreadable: list[tuple[str, str]]) -> PrepareError:
@@ -407,6 +440,12 @@ def prepare_folder(
     t0 = time.perf_counter()
     staging = dest.parent / f".{dest.name}.preparing-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
+    with _sigterm_interrupts():
+        return _prepare_into(staging, dest, source, form, listing, classes, short_side, quality, workers, log, t0)
+
+
+def _prepare_into(staging, dest, source, form, listing, classes, short_side, quality, workers, log, t0) -> Prepared:
+    """prepare_folder's writing: into `staging`, renamed to `dest` at the end; `staging` removed whatever stops it."""
     try:
         for split in _SPLITS:
             (staging / split).mkdir(parents=True, exist_ok=True)
