@@ -1196,11 +1196,6 @@ def _gain_sections(r: _Report) -> None:
         _gain_section(r, level, base)
 
 
-def _cells_count_section(r: _Report) -> None:
-    counts = r.runs.groupby("cell").size().rename("trials").to_frame()
-    r.w.table("cells_count", "Trials per cell", _markdown(counts), counts)
-
-
 @dataclass(frozen=True)
 class Section:
     """One section of the report: the function that writes it (given the _Report), the files it writes where the
@@ -1250,7 +1245,6 @@ SECTIONS: tuple[Section, ...] = (
         "confirm runs: per cell, mean ± SE over its confirm seeds and the chosen knob (`confirm_summary`)",
         lambda r: not r.confirm.empty,
     ),
-    Section("cells_count", _cells_count_section, ("cells_count.md", "cells_count.csv"), "descriptive", "always"),
     Section("curves", _curves_section, ("curves.png",), "descriptive", "histories: each cell's best trial's curves"),
     Section(
         "scaling",
