@@ -454,10 +454,11 @@ def parent_runs(
                     **{factor_tag(k): v for k, v in cell.levels.items()},
                 },
             )
+            opened.append(existing.info.run_id)  # before its params: a stop while they are logged closes it too
             _log_params(client, existing.info.run_id, cell_params(cell))
         else:
             client.update_run(existing.info.run_id, status="RUNNING")
-        opened.append(existing.info.run_id)
+            opened.append(existing.info.run_id)
         cell_runs[cell.key] = existing.info.run_id
     return study_run_id
 
