@@ -9,6 +9,7 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -280,22 +281,10 @@ def write_report(
     """Write every table and plot the study's records support into out_dir; log them to its study run under report/.
 
     study: its name (MLflow experiment) or YAML file, as for load_runs; smoke: its --smoke runs, likewise. metric / mode: default to the study
-    file's objective, else val_acc / max. What is written, decided from the columns present:
-      - always: summary.md/.csv (best search trial per cell, `summarize`), curves.png (per-epoch curves of each
-        cell's best trial) when histories exist, report.md, an index of everything with the notes, and report.html,
-        the same as one self-contained page (tables as HTML, plots embedded: `report_html`);
-      - confirm runs: confirm.md/.csv (per cell, mean ± SE over its confirm seeds and the chosen knob,
-        `confirm_summary`); with one fraction, gain_<level>.md/.csv per sharpness-aware level, paired by seed;
-      - more than one data.fraction: scaling.md/.csv (Table 5 shape), scaling.png (log-log error vs
-        fraction), with 3+ fractions scaling_fits.md/.csv (power laws) and per treatment data_multiplier_<level>.md/.csv;
-        for each sharpness-aware level and its plain partner (`method_pairs`: SAM with Vanilla, SAM + AUG
-        with AUG): gain_<level>.md/.csv and gain_<level>.png;
-      - geometry/* columns (a study's geometry: section, or analysis.log_geometry): geometry_tau.md/.csv, Kendall's
-        tau with the gap; sharpness.png when trials measured lambda_max at several epochs (geometry.every);
-      - rho searched (2+ distinct positive optimizer.hparams.rho): rho_sensitivity.md, rho_levels.csv,
-        rho_best.csv, rho_sensitivity.png (split by fraction when the study has several).
-      - one data fraction, epoch times logged, and 2+ methods or 2+ epoch counts: compute_matched.md/.csv (per
-        arch: each method's epochs, training compute mean ± SE, objective mean ± SE, n) and compute_frontier.png.
+    file's objective, else val_acc / max. What is written, decided from the columns present, is SECTIONS's (listed
+    below, one line per section: report.md's order, what it needs, its files; {level}: once per sharpness-aware
+    level of the family), and always report.md, an index of everything with the notes, and report.html, the same as
+    one self-contained page (tables as HTML, plots embedded: `report_html`).
     Every table says which data its numbers come from (`measured_on`). A study with a confirm stage
     (studies.confirm) compares its cells on the confirm runs only: fresh seeds at each cell's chosen knobs, scored on
     the validation set's held-out half; its search trials (the selection half) feed the summary of the search, the
@@ -364,6 +353,7 @@ class _Report:
     # The report's findings: every (treatment, baseline) gain table, adjusted over the whole family (_gain_family);
     # its first entry is the study's primary contrast. Nothing outside it is printed as significant.
     family: dict = dataclasses.field(default_factory=dict)
+    best_ids: list = dataclasses.field(default_factory=list)  # each cell's best trial (_curves_section)
 
     @property
     def scales_data(self) -> bool:
@@ -437,27 +427,11 @@ def _load_trials(study, experiment, metric: str, *, tracking_uri, smoke) -> pd.D
 
 
 def _write_sections(r: _Report) -> None:
-    """Every section the records support, in report.md's order (write_report's docstring: what each needs)."""
+    """Every section the records support, in report.md's order: the entries of SECTIONS whose `applies` holds."""
     r.family = _gain_family(r)
-    _findings_section(r)
-    _summary_section(r)
-    _study_section(r)
-    if not r.confirm.empty:
-        _confirm_section(r)
-    best_ids = _curves_section(r)
-    if r.scales_data:
-        _scaling_section(r)
-    elif r.family:
-        # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
-        for level, base in r.family:
-            _gain_section(r, level, base)
-    if _measured_geometry(r.runs):
-        _geometry_section(r)
-    _sharpness_section(r, best_ids)
-    if len(_distinct(r.search, RHO, positive=True)) >= 2:
-        _rho_section(r)
-    if not r.scales_data and _compares_compute(r.compared, r.method):
-        _compute_section(r)
+    for section in SECTIONS:
+        if section.applies(r):
+            section.write(r)
 
 
 def _noted(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
@@ -536,9 +510,9 @@ def _confirm_section(r: _Report) -> None:
     r.w.table("confirm", "Per-cell confirm runs (what the comparisons below use)", confirm_md, chosen)
 
 
-def _curves_section(r: _Report) -> list[str]:
-    """Per-epoch curves of each cell's best trial; returns those trials' run ids (the sharpness plot's too)."""
-    best_ids = _best_run_ids(r.search if not r.search.empty else r.compared, r.metric, r.mode)
+def _curves_section(r: _Report) -> None:
+    """Per-epoch curves of each cell's best trial; those trials' run ids kept for the sharpness plot (r.best_ids)."""
+    best_ids = r.best_ids = _best_run_ids(r.search if not r.search.empty else r.compared, r.metric, r.mode)
     if best_ids:
         curves = load_curves(
             r.study,
@@ -554,7 +528,6 @@ def _curves_section(r: _Report) -> list[str]:
                 "Per-epoch curves of each cell's best trial, its searched knob at the end of each curve.",
                 "curves.png",
             )
-    return best_ids
 
 
 def _measured_geometry(runs: pd.DataFrame) -> bool:
@@ -681,9 +654,9 @@ def _link_report(client, experiment_id: str, run_id: str) -> None:
 _SHARPNESS = METRIC_PREFIX + "lambda_max"
 
 
-def _sharpness_section(r: _Report, best_ids: list[str]) -> None:
+def _sharpness_section(r: _Report) -> None:
     """lambda_max during training of each cell's best trial, against SGD's edge of stability (plot_sharpness)."""
-    runs = r.runs
+    runs, best_ids = r.runs, r.best_ids
     if _SHARPNESS not in runs.columns or not best_ids:
         return
     measured = set(runs.loc[pd.to_numeric(runs[_SHARPNESS], errors="coerce").notna(), "run_id"])
@@ -1262,3 +1235,147 @@ def _compute_section(r: _Report) -> None:
     w.csv("compute_matched.csv", table)
     w.figure("compute_frontier.png", plot_compute_frontier(table))
     w.section("Accuracy against compute", md, "compute_frontier.png")
+
+
+def _gain_sections(r: _Report) -> None:
+    # One fraction: the confirm runs still pair by seed, so each sharpness-aware level's gain is stated.
+    for level, base in r.family:
+        _gain_section(r, level, base)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the report: the function that writes it (given the _Report), the files it writes where the
+    records support them ({level}: once per sharpness-aware level of the family, as _slug names it), whether its
+    numbers are the report's findings (the error-controlled family), exploratory (per comparison, unadjusted) or
+    descriptive, which of its files carry the family's verdicts (`findings`: only those may say "significant"),
+    what it needs (said in write_report's docstring), and when it applies."""
+
+    name: str
+    write: Callable[[_Report], None]
+    files: tuple[str, ...]
+    kind: Literal["finding", "exploratory", "descriptive"]
+    needs: str
+    applies: Callable[[_Report], bool] = lambda r: True
+    findings: tuple[str, ...] = ()
+
+    def names(self, levels: Iterable[str] = (), *, findings: bool = False) -> set[str]:
+        """Its file names (findings: only those of `findings`), each {level} spelled out for every one of `levels`."""
+        slugs = [_slug(level) for level in levels]
+        files = self.findings if findings else self.files
+        return {f.format(level=s) for f in files for s in (slugs if "{level}" in f else [""])}
+
+
+#: The report's sections in report.md's order; a new table is its function and one entry here.
+SECTIONS: tuple[Section, ...] = (
+    Section("findings", _findings_section, (), "finding", "always: the primary contrast and the family's tests"),
+    Section("summary", _summary_section, ("summary.md", "summary.csv"), "descriptive", "always (`summarize`)"),
+    Section(
+        "study",
+        _study_section,
+        (
+            "parallel_coordinates.png",
+            "parallel_coordinates.svg",
+            "knob_importance.md",
+            "knob_importance.csv",
+            "trials.md",
+            "trials.csv",
+        ),
+        "exploratory",
+        "always: every trial, its knobs and links; knob importance where knobs were searched",
+    ),
+    Section(
+        "confirm",
+        _confirm_section,
+        ("confirm.md", "confirm.csv"),
+        "descriptive",
+        "confirm runs: per cell, mean ± SE over its confirm seeds and the chosen knob (`confirm_summary`)",
+        lambda r: not r.confirm.empty,
+    ),
+    Section("curves", _curves_section, ("curves.png",), "descriptive", "histories: each cell's best trial's curves"),
+    Section(
+        "scaling",
+        _scaling_section,
+        (
+            "scaling.md",
+            "scaling.csv",
+            "scaling.png",
+            "scaling_fits.md",
+            "scaling_fits.csv",
+            "scaling_laws.md",
+            "scaling_laws.csv",
+            "law_difference_{level}.md",
+            "law_difference_{level}.csv",
+            "gain_{level}.md",
+            "gain_{level}.csv",
+            "gain_{level}.png",
+            "data_multiplier_{level}.md",
+            "data_multiplier_{level}.csv",
+        ),
+        "exploratory",
+        "2+ data fractions: Table 5's shape, log-log error against the fraction, with 3+ fractions the power laws, "
+        "their extrapolation and the data multipliers (exploratory), and each level's gain over its plain partner "
+        "(`method_pairs`; the family's findings)",
+        lambda r: r.scales_data,
+        findings=("gain_{level}.md", "gain_{level}.csv", "gain_{level}.png"),
+    ),
+    Section(
+        "gain",
+        _gain_sections,
+        ("gain_{level}.md", "gain_{level}.csv", "gain_{level}.png"),
+        "finding",
+        "one data fraction and seed-paired confirm runs: each level's gain over its plain partner",
+        lambda r: not r.scales_data and bool(r.family),
+        findings=("gain_{level}.md", "gain_{level}.csv", "gain_{level}.png"),
+    ),
+    Section(
+        "geometry",
+        _geometry_section,
+        ("geometry_tau.md", "geometry_tau.csv"),
+        "exploratory",
+        "geometry/* columns (a study's geometry: section, or analysis.log_geometry): Kendall's tau with the gap",
+        lambda r: _measured_geometry(r.runs),
+    ),
+    Section(
+        "sharpness",
+        _sharpness_section,
+        ("sharpness.png",),
+        "descriptive",
+        "lambda_max measured at several epochs (geometry.every)",
+    ),
+    Section(
+        "rho",
+        _rho_section,
+        (
+            "rho_sensitivity.md",
+            "rho_levels.csv",
+            "rho_best.csv",
+            "rho_sensitivity.png",
+            "rho_transfer.md",
+            "rho_transfer.csv",
+        ),
+        "exploratory",
+        "rho searched (2+ distinct positive optimizer.hparams.rho), split by fraction where the study has several",
+        lambda r: len(_distinct(r.search, RHO, positive=True)) >= 2,
+    ),
+    Section(
+        "compute",
+        _compute_section,
+        ("compute_matched.md", "compute_matched.csv", "compute_matched_gains.csv", "compute_frontier.png"),
+        "exploratory",
+        "one data fraction, epoch times logged, and 2+ methods or 2+ epoch counts: per arch each method's epochs, "
+        "training compute and objective (mean ± SE, n)",
+        lambda r: not r.scales_data and _compares_compute(r.compared, r.method),
+    ),
+)
+
+#: The pages every report writes besides its sections (_write_pages).
+PAGES = ("report.md", HTML_REPORT)
+
+
+def _sections_doc() -> str:
+    lines = [f"      - {s.name} ({s.kind}): {s.needs}; {', '.join(s.files) or 'report.md only'}." for s in SECTIONS]
+    return "\n    Sections (SECTIONS):\n" + "\n".join(lines) + "\n"
+
+
+write_report.__doc__ = (write_report.__doc__ or "") + _sections_doc()

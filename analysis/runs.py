@@ -45,6 +45,7 @@ __all__ = [
     "load_runs",
     "measured_on",
     "split_stages",
+    "status_table",
     "summarize",
     "unconfirmed_cells",
 ]
@@ -419,6 +420,45 @@ def summarize(
     out = best.set_index(factors).join(counts)
     out.index.names = [f.removeprefix(FACTOR_PREFIX) for f in factors]
     return out.rename(columns={metric: f"best {label or metric}"})
+
+
+def status_table(
+    runs: pd.DataFrame,
+    planned: dict[str, int],
+    *,
+    metric: str,
+    mode: Literal["max", "min"],
+    label: str,
+    knobs: Sequence[str] = (),
+) -> pd.DataFrame:
+    """`sharpscale status`'s table: per cell (planned: cell key -> planned trials) its trials by status, its best
+    search trial's `metric` (`label` names it) with its SE where it is an accuracy, and that trial's `knobs`; numbers
+    as the summary prints them, '-' where a cell has none yet."""
+    planned_col = pd.Series(planned, name="planned")
+    if runs.empty:
+        counts = pd.DataFrame(index=planned_col.index)
+    else:
+        counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
+        # The best trial of each cell and its knobs, as the summary, the report and the MLflow roll-ups name it.
+        search, _ = split_stages(runs)  # a cell's best is its search's (confirm trials are scored held-out)
+        chosen = best_trials(search, metric=metric, mode=mode, by=["cell"]).set_index("cell")
+        if not chosen.empty:
+            counts[f"best {label}"] = chosen[metric]
+            if metric in ACCURACY_METRICS and VALIDATION_SAMPLES in chosen.columns:
+                # Beside the value, how precisely it is measured: the summary's and the study page's SE.
+                counts[SE_COLUMN] = accuracy_se(
+                    chosen[metric].astype("float64"), chosen[VALIDATION_SAMPLES].astype("float64")
+                )
+            for knob in dict.fromkeys(knobs):
+                if knob in chosen.columns:
+                    counts[f"best {knob.rsplit('.', 1)[-1]}"] = chosen[knob]
+    table = counts.join(planned_col, how="right")
+    counted = [c for c in table.columns if not str(c).startswith("best ") and c != SE_COLUMN]
+    table[counted] = table[counted].fillna(0)
+    for col in table.columns:
+        if pd.api.types.is_float_dtype(table[col]):
+            table[col] = table[col].map(lambda v: "-" if pd.isna(v) else f"{v:.4g}")
+    return table.fillna("-")
 
 
 def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

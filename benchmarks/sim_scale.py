@@ -518,7 +518,7 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
     """Start the cluster and the server, run the study through `run_study`, measure, stop everything."""
     import psutil
 
-    from studies import runner
+    from studies import runner, tuning
     from studies.server import pids_in_groups, pids_naming, start_server
 
     need = args.concurrency * WORKER_MB / 1024 + 3
@@ -577,10 +577,10 @@ def simulate(args: argparse.Namespace, workdir: Path) -> dict:
                 "mlflow_server": lambda: set(pids_in_groups({server.pid})),
                 "ray_nodes": cluster.processes,
             }
-            timed = _timed_searcher(runner.CellSearcher, times)
+            timed = _timed_searcher(tuning.CellSearcher, times)
             from unittest import mock
 
-            with Sampler(groups) as sampler, mock.patch.object(runner, "CellSearcher", timed):
+            with Sampler(groups) as sampler, mock.patch.object(tuning, "CellSearcher", timed):
                 t1, t1_epoch_ms = time.monotonic(), time.time() * 1e3
                 outcome = runner.run_study(study_path, address=cluster.address, tracking_uri=url, trainable=trainable)
                 wall = time.monotonic() - t1

@@ -53,6 +53,7 @@ __all__ = [
     "INTERRUPTED_REASON",
     "Launch",
     "store_is_locked",
+    "close_all",
     "store_locked",
     "choose_launch",
     "close_dangling",
@@ -234,6 +235,27 @@ class Launch:
             self.cell_runs,
         )
 
+    def rollup(self):
+        """The Tune callback that rolls this launch's cells up into their cell runs and the study run
+        (records.rollup_callback); `.update()` rolls every cell up at once."""
+        objective = self.study.spec.objective
+        return rollup_callback(
+            self.uri,
+            self.experiment_id,
+            self.study_run_id,
+            self.cell_runs,
+            list(self.study.cells),
+            column=objective.column,
+            mode=objective.mode,
+        )
+
+    def record_tune_state(self, experiment_dir: str) -> None:
+        """The digests of Tune's state under `experiment_dir` on the study run, for `resume` to check."""
+        identity.record_tune_state(self.client, self.study_run_id, experiment_dir)
+
+    def log_study_metric(self, key: str, value: float) -> None:
+        retry_locked(self.client.log_metric, self.study_run_id, key, value)
+
     def mark_interrupted(self, since: float, reason: str = None) -> None:
         mark_interrupted(self.client, self.experiment_id, self.cell_runs, since, reason or INTERRUPTED_REASON)
 
@@ -274,19 +296,8 @@ class Launch:
                 steps.append(self._tag_resumed_trials)
             if interrupted_at is not None:
                 steps.append(lambda: self.mark_interrupted(interrupted_at))
-            objective = self.study.spec.objective
             # Every cell once more: the trials closed just above, and a resumed run's earlier ones.
-            steps.append(
-                lambda: rollup_callback(
-                    self.uri,
-                    experiment_id,
-                    self.opened[0],
-                    cell_runs,
-                    list(self.study.cells),
-                    column=objective.column,
-                    mode=objective.mode,
-                ).update()
-            )
+            steps.append(lambda: self.rollup().update())
             # A cell run ends when its last trial did (its duration its own); the study run ends now.
             cell_ids = set(cell_runs.values())
             steps += [
@@ -323,6 +334,26 @@ class Launch:
         if self.driving:
             retry_locked(identity.release_driver, self.client, self.experiment_name, self.number, self._token)
             self.driving = False
+
+
+def close_all(steps: list, primary: BaseException | None) -> None:
+    """Run every closing step even when some fail or a stop interrupts one (studies.runner's `_stops_deferred`); a
+    failure is a note on the error that ended the study (which stays the one cause reported), or raised itself when
+    the study had ended without error. A step a stop cut short is skipped, not a failure of the study's records."""
+    failures = []
+    for step in steps:
+        try:
+            step()
+        except KeyboardInterrupt:
+            continue  # the next steps still close what this call opened
+        except Exception as err:  # noqa: BLE001 - each step runs whatever the others did
+            failures.append(err)
+    if not failures:
+        return
+    if primary is None:
+        raise failures[0]
+    for err in failures:
+        primary.add_note(f"(while closing the study's runs afterwards: {type(err).__name__}: {str(err)[:300]})")
 
 
 INTERRUPTED_REASON = (

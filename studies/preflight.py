@@ -1,18 +1,48 @@
-"""Before any trial: every node that can host one reads every data root of the study, and timm takes every model's
-kwargs; or the study fails naming them."""
+"""Before any trial, every check a study run makes (or the study fails naming what to fix): before anything is
+recorded, the address, resources and devices this machine or cluster offers and the models' kwargs; then the state
+locations and the Tune experiment a resume restores; once Ray is up, the cluster's storage, its nodes' resources and
+every node's data roots."""
 
 from __future__ import annotations
 
 import contextlib
 import getpass
 import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from studies import identity
 from studies.shell import shell_command
 from studies.spec import LoadedStudy, StudyError
+from trainables.errors import shown
+from trainables.naming import TUNE_STATE_TAG
 from trainables.secrets import redact
 
-__all__ = ["NODE_CHECK_TIMEOUT_S", "check_data_on_nodes", "check_model_kwargs", "data_roots"]
+if TYPE_CHECKING:
+    from studies.launch import Launch
+    from studies.locations import StateLocations
+    from trainables.ray_train import DistributedPlan
+
+__all__ = [
+    "ADDRESS_PROBE_S",
+    "AUTOSCALER_CONFIG",
+    "NODE_CHECK_TIMEOUT_S",
+    "check_address",
+    "check_before_recording",
+    "check_cluster",
+    "check_cluster_resources",
+    "check_cluster_storage",
+    "check_data_on_nodes",
+    "check_local_devices",
+    "check_local_resources",
+    "check_model_kwargs",
+    "check_state_paths",
+    "check_trials_fit_the_data",
+    "check_tune_experiment",
+    "data_roots",
+    "ensure_local_dirs",
+]
 
 NODE_CHECK_TIMEOUT_S = 120.0
 _GUIDE = "docs/cluster.md, 'Data on every node'"
@@ -405,3 +435,266 @@ def ray_start_problem(err: BaseException, address: str | None) -> str:
         )
     where = f"reach the Ray cluster at {address}" if address else "start a local Ray cluster"
     return f"ray: could not {where}: {cause}. Fix: {fix}."
+
+
+def _trials_leave_this_node(plan: DistributedPlan) -> bool:
+    """Whether the connected cluster runs trials on nodes other than this driver's: it has several (alive)
+    nodes, or this node cannot host one trial (a head that offers no CPU/GPU; the autoscaler adds the workers)."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    if len(alive) > 1:
+        return True
+    here = ray.get_runtime_context().get_node_id()
+    offers = next((n.get("Resources", {}) for n in alive if n.get("NodeID") == here), {})
+    needs = {"CPU": plan.cpus_per_worker, "GPU": plan.gpus_per_worker, **plan.custom}
+    return any(offers.get(name, 0.0) < amount for name, amount in needs.items() if amount > 0)
+
+
+def check_cluster_storage(
+    study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, *, connected: bool
+) -> None:
+    """Refuse, before any trial, state that the cluster's other nodes cannot reach or that dies with this node.
+
+    connected: the driver joined an existing cluster (--address); a cluster it started itself is this node alone.
+    """
+    import ray
+
+    nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+    if not (nodes > 1 or (connected and _trials_leave_this_node(plan))):
+        return
+    where = f"the Ray cluster runs trials on other nodes than this driver's ({nodes} node(s) alive now)"
+    problems = []
+    if not locations.shared:
+        mounts = study.spec.shared_mounts
+        problems.append(
+            f"storage: a path on this node, got {shown(locations.storage)}, and {where}: the first checkpoint written on "
+            f'another node would fail ("Unable to set up cluster storage"). Fix: use storage that every node '
+            f"reaches: a path on an NFS/EFS mount seen at the same place on every node, listed in shared_mounts "
+            f"(e.g. --storage /mnt/shared/sharpscale_runs with `shared_mounts: [/mnt/shared]` in the study file"
+            f"{'; listed now: ' + ', '.join(mounts) if mounts else ''}), or a bucket: --storage s3://BUCKET/sharpscale_runs "
+            f"or gs://BUCKET/sharpscale_runs (docs/cluster.md)."
+        )
+    elif locations.optuna_default and "://" in locations.storage:
+        problems.append(
+            f"optuna_storage: required when storage is a URI ({locations.storage}) and {where}: its default, "
+            f"{locations.optuna_storage}, is a file on this node only, lost with its container. Fix: set "
+            f"optuna_storage in the study file or with --set optuna_storage=..., e.g. "
+            f"journal:///mnt/shared/sharpscale_runs/{study.spec.name}.optuna.journal on an NFS mount, or an RDB URL "
+            f"such as postgresql://USER@HOST:5432/optuna."
+        )
+    if problems:
+        raise StudyError(study.path, problems)
+
+
+def ensure_local_dirs(study: LoadedStudy, locations: StateLocations) -> None:
+    """Create the local directories the study writes to, or say why not (before any trial starts)."""
+    paths = [] if "://" in locations.storage else [("storage", Path(locations.storage))]
+    if locations.optuna_storage.startswith("sqlite:///"):
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("sqlite:///") :]).parent))
+    elif locations.optuna_storage.startswith("journal:///"):
+        paths.append(("optuna_storage", Path(locations.optuna_storage[len("journal://") :]).parent))
+    problems = []
+    for field, path in paths:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            problems.append(
+                f"{field}: cannot create the directory {path} ({err.strerror}). Fix: mount the storage it names on this "
+                f"node, or choose another one for this run, e.g. --storage ~/sharpscale_runs."
+            )
+    if problems:
+        raise StudyError(study.path, problems)
+
+
+# How long `run --address` waits for the cluster's port to accept a connection before saying nothing listens there:
+# Ray itself retries a dead address for minutes, silently.
+ADDRESS_PROBE_S = 5.0
+
+
+def check_address(study: LoadedStudy, address: str) -> None:
+    """Refuse at once an --address HOST:PORT (or ray://HOST:PORT) where nothing accepts a connection, before any
+    record is made; 'auto' and other forms are left to Ray."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host or "/" in target:
+        return
+    host = host.strip("[]")  # [::1]:6379
+    try:
+        with socket.create_connection((host, int(port)), timeout=ADDRESS_PROBE_S):
+            return
+    except OSError as err:
+        why = "timed out" if isinstance(err, TimeoutError) else (err.strerror or type(err).__name__)
+    raise StudyError(
+        study.path,
+        [
+            f"--address {address}: nothing answers at {host}:{port} ({why} within {ADDRESS_PROBE_S:g} s). Fix: start "
+            f"the cluster (`ray start --head` on {host}) or give its head's address (`ray status` there prints it), "
+            f"or drop --address to run on this machine."
+        ],
+    )
+
+
+def check_before_recording(study: LoadedStudy, address: str | None, num_cpus: int | None, *, real_trials: bool) -> None:
+    """Refuse, before anything is recorded or Ray starts, a study whose trials could never run here. The cheap
+    checks first: building the models imports torch and timm (seconds), which a refusal of the address or the
+    resources need not wait for."""
+    ray_mod = sys.modules.get("ray")
+    if ray_mod is not None and ray_mod.is_initialized():
+        check_cluster_resources(study)  # the caller's Ray connection, which the study will use
+    elif not address:
+        check_local_resources(study, num_cpus)  # before Ray starts: a trial this machine cannot host waits forever
+        if real_trials:
+            check_local_devices(study)  # cuda asked of a local cluster on a machine without it
+    else:
+        check_address(study, address)  # before anything is recorded: a dead address would claim a launch, then wait
+    if real_trials:  # the real trials build timm models: a kwargs typo would fail each, each retried
+        check_trials_fit_the_data(study)
+        check_model_kwargs(study)
+
+
+def check_cluster(study: LoadedStudy, locations: StateLocations, plan: DistributedPlan, address: str | None) -> None:
+    """Once Ray is up: every problem with the cluster, where the state goes and the data surfaces here, before any
+    MLflow run or trial exists."""
+    if address:
+        check_cluster_resources(study)
+    check_cluster_storage(study, locations, plan, connected=bool(address))
+    ensure_local_dirs(study, locations)
+    check_data_on_nodes(study)  # a node that cannot read the data fails the study here
+
+
+def check_tune_experiment(
+    study: LoadedStudy, target: Launch, experiment_dir: str, *, resume: bool, trust_storage: bool
+) -> bool:
+    """The Tune experiment folder: on resume, the one this launch left (its launch record, its state files, unless
+    trust_storage); on a fresh launch, none there yet (identity.check_fresh_experiment_dir). Returns whether Tune
+    restores its state (False: a new Tune experiment, also for a launch stopped before its Tune experiment began)."""
+    if not resume:
+        identity.check_fresh_experiment_dir(study, experiment_dir, target.uri)
+        return False
+    from ray import tune
+
+    previous = target.previous
+    identity.check_launch_record(
+        study,
+        experiment_dir,
+        identity.launch_record(study, target.uri, target.experiment_id, previous.info.run_id, target.number),
+    )
+
+    if not tune.Tuner.can_restore(experiment_dir):
+        if identity.read_launch_record(experiment_dir) is not None and not target.trial_runs():
+            # Stopped after its runs were made and before Tune wrote its state: no trial ran, none is lost.
+            print(
+                f"sharpscale: resume: launch {target.number} was stopped before its first trial began; its trials "
+                f"start now.",
+                flush=True,
+            )
+            return False
+        raise StudyError(
+            study.path,
+            [
+                f"resume: no interrupted run of this study under {experiment_dir}. "
+                f"Fix: start it with `sharpscale run`, or give the storage it ran with (--storage)."
+            ],
+        )
+    # Tuner.restore unpickles Tune's files from the storage: only the ones this launch left there.
+    recorded = previous.data.tags.get(TUNE_STATE_TAG)
+    if trust_storage:
+        print(f"sharpscale: warning: --trust-storage: Tune's state under {experiment_dir} is restored unchecked")
+    elif unchecked := identity.check_tune_state(study, experiment_dir, recorded):
+        print(f"sharpscale: warning: {unchecked}", flush=True)
+    _check_searcher_state(study, experiment_dir)
+    return True
+
+
+def _check_searcher_state(study: LoadedStudy, experiment_dir: str) -> None:
+    """The searcher's state Tune would hand to CellSearcher.restore (the newest searcher-state-*.pkl by name, as
+    Tune's Searcher.restore_from_dir picks it), read here first: refused inside Tune's restore, it would leave the
+    resume waiting for a second Ctrl-C instead of saying why in one line."""
+    if "://" in experiment_dir:
+        return
+    from studies.search import read_searcher_state
+
+    states = sorted(Path(experiment_dir).glob("searcher-state-*.pkl"))
+    if states:
+        read_searcher_state(str(states[-1]), {c.key for c in study.cells})
+
+
+def _node_problem(request: dict[str, float], offers: list[tuple[str, dict[str, float]]], where: str) -> str | None:
+    """Why no node of `offers` ([(name, resources)]) can host one trial worker asking `request`, or None."""
+    wanted = {k: v for k, v in request.items() if v > 0}
+    if not offers or any(all(res.get(k, 0.0) >= v for k, v in wanted.items()) for _, res in offers):
+        return None
+    short = sorted({k for k, v in wanted.items() if all(res.get(k, 0.0) < v for _, res in offers)})
+    largest = {k: max(res.get(k, 0.0) for _, res in offers) for k in wanted}
+    asked = ", ".join(f"{k}={v:g}" for k, v in wanted.items())
+    has = ", ".join(f"{k}={largest[k]:g}" for k in wanted)
+    names = {"CPU": "resources.cpus_per_trial", "GPU": "resources.gpus_per_trial"}
+    fields = ", ".join(names.get(k, f"resources.custom.{k}") for k in short) or "resources"
+    return (
+        f"{fields}: each trial (each worker) asks {asked}, and no node of {where} can ever give it (the most any "
+        f"node has: {has}); Tune would wait forever. Fix: ask for at most that, or run on a cluster with such nodes "
+        f"(--address)."
+    )
+
+
+def check_local_resources(study: LoadedStudy, num_cpus: int | None) -> None:
+    """Refuse, before Ray starts, a trial that the local cluster this machine would start cannot host."""
+    res = study.resources
+    # Ray counts the CPUs this process may run on (a container's or a taskset's share), not the machine's.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = float(num_cpus if num_cpus is not None else usable)
+    offers = {"CPU": cpus, "GPU": float(_local_gpus()) if res.gpus_per_trial > 0 else 0.0}
+    request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
+    if problem := _node_problem(request, [("this machine", offers)], "the local Ray cluster (this machine)"):
+        raise StudyError(study.path, [problem])
+
+
+def _local_gpus() -> int:
+    # Only asked when a trial wants a GPU; torch is what the trials use to see them.
+    import torch
+
+    return torch.cuda.device_count()
+
+
+# Where the Ray cluster launcher (`ray up`) leaves the cluster's config on the head, for its autoscaler to read.
+AUTOSCALER_CONFIG = "~/ray_bootstrap_config.yaml"
+
+
+def check_cluster_resources(study: LoadedStudy, autoscaler_config: str | Path = AUTOSCALER_CONFIG) -> None:
+    """Refuse a trial (worker) that no node of the connected cluster, and no node type its autoscaler may add
+    (the launcher's config on this head), can host. Without that config (KubeRay, a hand-started cluster) the
+    autoscaler's node types are unknown here: then only a warning, since it may add a node that fits."""
+    import ray
+
+    res = study.resources
+    request = {"CPU": res.cpus_per_trial, "GPU": res.gpus_per_trial, **res.custom}
+    offers = [(n.get("NodeManagerAddress", "?"), n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+    types = _autoscaler_node_types(Path(autoscaler_config).expanduser())
+    if types is not None:
+        if problem := _node_problem(request, offers + types, "the cluster (its nodes and its autoscaler's node types)"):
+            raise StudyError(study.path, [problem])
+    elif problem := _node_problem(request, offers, "the cluster now"):
+        print(
+            f"sharpscale: warning: {problem.replace('Tune would wait forever', 'unless its autoscaler adds a node type that fits, Tune waits forever')}",
+            flush=True,
+        )
+
+
+def _autoscaler_node_types(config: Path) -> list[tuple[str, dict[str, float]]] | None:
+    """(type name, resources) of each node type the launcher's config declares, or None without a readable one."""
+    import yaml
+
+    try:
+        types = (yaml.safe_load(config.read_text()) or {}).get("available_node_types") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    out = []
+    for name, spec in types.items():
+        resources = spec.get("resources") if isinstance(spec, dict) else None
+        if not isinstance(resources, dict):
+            return None  # the launcher detects this type's resources itself: they are not known here
+        out.append((f"node type {name}", {k: float(v) for k, v in resources.items() if isinstance(v, (int, float))}))
+    return out or None

@@ -26,9 +26,8 @@ class Status(Command):
         import pandas as pd
 
         from analysis import headline, load_runs
-        from analysis.runs import ACCURACY_METRICS, SE_COLUMN, accuracy_se, best_trials, split_stages
+        from analysis.runs import status_table
         from studies.spec import load_study
-        from trainables.metrics import VALIDATION_SAMPLES
 
         # Reads the file and MLflow only: the data need not be on this machine.
         study = load_study(args.study, smoke=args.smoke, overrides=overrides(args), require_data=False)
@@ -36,32 +35,14 @@ class Status(Command):
         uri = read_uri(args, spec)
         name = study.experiment_name
         runs = load_runs(name, tracking_uri=uri)
-        planned = pd.Series({c.key: c.planned for c in study.cells}, name="planned")
-        if runs.empty:
-            counts = pd.DataFrame(index=planned.index)
-        else:
-            counts = runs.pivot_table(index="cell", columns="status", values="run_id", aggfunc="count", fill_value=0)
-            # The best trial of each cell and its knobs, as the summary, the report and the MLflow roll-ups name it.
-            column = spec.objective.column
-            search, _ = split_stages(runs)  # a cell's best is its search's (confirm trials are scored held-out)
-            chosen = best_trials(search, metric=column, mode=spec.objective.mode, by=["cell"]).set_index("cell")
-            if not chosen.empty:
-                counts[f"best {spec.objective.label}"] = chosen[column]
-                if column in ACCURACY_METRICS and VALIDATION_SAMPLES in chosen.columns:
-                    # Beside the value, how precisely it is measured: the summary's and the study page's SE.
-                    counts[SE_COLUMN] = accuracy_se(
-                        chosen[column].astype("float64"), chosen[VALIDATION_SAMPLES].astype("float64")
-                    )
-                for knob in dict.fromkeys(p for c in study.cells for p in c.space):
-                    if knob in chosen.columns:
-                        counts[f"best {knob.rsplit('.', 1)[-1]}"] = chosen[knob]
-        table = counts.join(planned, how="right")
-        counted = [c for c in table.columns if not str(c).startswith("best ") and c != SE_COLUMN]
-        table[counted] = table[counted].fillna(0)
-        for col in table.columns:  # numbers as the summary prints them, '-' where a cell has none yet
-            if pd.api.types.is_float_dtype(table[col]):
-                table[col] = table[col].map(lambda v: "-" if pd.isna(v) else f"{v:.4g}")
-        table = table.fillna("-")
+        table = status_table(
+            runs,
+            {c.key: c.planned for c in study.cells},
+            metric=spec.objective.column,
+            mode=spec.objective.mode,
+            label=spec.objective.label,
+            knobs=[p for c in study.cells for p in c.space],
+        )
         launch = f", launch {runs['launch'].iloc[0]}" if not runs.empty else ""
         print(f"{name}{launch}: {len(runs)} of {study.total_trials} trials recorded at {uri}")
         print(_state_line(study, uri, name))

@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 _CHECKS = r"""
 import json, sys
 import ray
-from studies.runner import check_cluster_storage, state_locations
+from studies.preflight import check_cluster_storage
+from studies.runner import state_locations
 from studies.spec import StudyError, load_study
 from trainables.ray_train import DistributedPlan
 

@@ -405,7 +405,7 @@ def test_concurrent_first_use_of_a_store(tmp_path):
 
 
 def test_closing_failures_never_hide_the_cause():
-    from studies.runner import _close_all
+    from studies.launch import close_all
 
     closed = []
 
@@ -413,11 +413,11 @@ def test_closing_failures_never_hide_the_cause():
         raise OSError(28, "No space left on device")
 
     cause = RuntimeError("the real cause")
-    _close_all([full_disk, lambda: closed.append(1), full_disk, lambda: closed.append(2)], cause)
+    close_all([full_disk, lambda: closed.append(1), full_disk, lambda: closed.append(2)], cause)
     assert closed == [1, 2]  # every step ran
     assert any("No space left" in n for n in cause.__notes__)
     with pytest.raises(OSError, match="No space left"):
-        _close_all([full_disk, lambda: closed.append(3)], None)
+        close_all([full_disk, lambda: closed.append(3)], None)
     assert closed == [1, 2, 3]
 
 
@@ -636,7 +636,7 @@ def test_main_turns_an_interruption_or_a_machine_error_into_one_line(
     ids=["a-node-type-fits", "no-node-type-fits", "types-unknown", "no-launcher-config"],
 )
 def test_a_trial_no_node_of_a_cluster_can_host(node_types, outcome, ray_cluster, tmp_path, capsys):
-    from studies.runner import check_cluster_resources
+    from studies.preflight import check_cluster_resources
     from studies.spec import StudyError, load_study
 
     study = load_study(_write(tmp_path, _edit(("cpus_per_trial: 1", "cpus_per_trial: 64"))), require_data=False)

@@ -197,7 +197,7 @@ def test_the_runner_reroutes_the_library_logs_after_starting_ray():
 
     from studies import runner
 
-    source = inspect.getsource(runner.run_study)
+    source = inspect.getsource(runner.StudyCall.start_cluster)
     assert source.index("reroute_libraries()") > source.index("_start_ray(study, address, num_cpus)")
 
 

@@ -76,7 +76,7 @@ def test_asha_never_stops_a_result_the_trial_marks_as_its_last_epoch():
 
     from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-    from studies.runner import FinishingASHA
+    from studies.tuning import FinishingASHA
     from trainables.tracking import LAST_EPOCH_RESULT_KEY
 
     def decisions(scheduler_cls, epochs: int, marked: bool = True) -> list[str]:

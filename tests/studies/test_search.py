@@ -14,7 +14,6 @@ import numpy as np
 import optuna
 import pytest
 
-from studies.runner import _max_concurrent_trials
 from studies.search import (
     CELL_ATTR,
     MLFLOW_RUN_ATTR,
@@ -27,6 +26,7 @@ from studies.search import (
     startup_trials,
 )
 from studies.spec import Budget, Cell, Choice, LogUniform, load_study
+from studies.tuning import _max_concurrent_trials
 from trainables.ray_train import DistributedPlan
 
 STUDIES = sorted((Path(__file__).resolve().parents[2] / "studies").glob("*.yaml"))

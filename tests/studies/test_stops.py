@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from studies.cli import EXIT_INTERRUPTED, EXIT_USAGE
-from studies.runner import CLOSING_GATE_ENV, _close_all, _stops_deferred
+from studies.launch import close_all
+from studies.runner import CLOSING_GATE_ENV, _stops_deferred
 
 
 def test_a_stop_while_closing_skips_only_the_step_under_way():
@@ -19,10 +20,10 @@ def test_a_stop_while_closing_skips_only_the_step_under_way():
     def shutdown_cut_by_ctrl_c():
         raise KeyboardInterrupt
 
-    _close_all([shutdown_cut_by_ctrl_c, lambda: closed.append("runs"), lambda: closed.append("claim")], None)
+    close_all([shutdown_cut_by_ctrl_c, lambda: closed.append("runs"), lambda: closed.append("claim")], None)
     assert closed == ["runs", "claim"]
     cause = KeyboardInterrupt()
-    _close_all([shutdown_cut_by_ctrl_c, lambda: closed.append("again")], cause)
+    close_all([shutdown_cut_by_ctrl_c, lambda: closed.append("again")], cause)
     assert closed[-1] == "again" and not getattr(cause, "__notes__", None)
 
 

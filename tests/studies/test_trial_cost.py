@@ -174,7 +174,7 @@ def test_the_recommended_count_is_the_largest_whose_every_added_trial_pays(aggre
 
 
 def test_the_training_share_is_training_device_seconds_over_held_device_seconds():
-    from studies.runner import TRAINING_SHARE_METRICS, training_share
+    from studies.tuning import TRAINING_SHARE_METRICS, training_share
     from trainables.ray_train import DistributedPlan
 
     plan = DistributedPlan(workers=1, cpus_per_worker=4, gpus_per_worker=0.5)
@@ -293,22 +293,22 @@ def test_the_busy_fraction_is_the_mean_utilisation_the_sampler_read(tmp_path):
 
 def test_the_sampler_reads_the_gpus_this_node_gives_its_trials_and_only_where_it_sees_them_all(monkeypatch):
     import studies.busy
-    import studies.runner
+    import studies.tuning
     from studies.busy import nvidia_smi_command
     from trainables.ray_train import DistributedPlan
 
     monkeypatch.setattr(studies.busy.shutil, "which", lambda name: None)
     assert nvidia_smi_command({}) is None
-    assert studies.runner._busy_sampler(DistributedPlan(gpus_per_worker=1), {"GPU": 1}) is None  # no nvidia-smi
+    assert studies.tuning._busy_sampler(DistributedPlan(gpus_per_worker=1), {"GPU": 1}) is None  # no nvidia-smi
     monkeypatch.setattr(studies.busy.shutil, "which", lambda name: f"/usr/bin/{name}")
     command = nvidia_smi_command({"CUDA_VISIBLE_DEVICES": "2,3"}, interval_ms=250)
     assert command[:2] == ["/usr/bin/nvidia-smi", "--id=2,3"] and "-lms=250" in command
     assert "--id" not in " ".join(nvidia_smi_command({}))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     gpu = DistributedPlan(gpus_per_worker=0.5)
-    assert studies.runner._busy_sampler(DistributedPlan(), {"CPU": 8}) is None  # trials on CPUs: nothing to sample
-    assert studies.runner._busy_sampler(gpu, {"GPU": 2}).command == nvidia_smi_command()
-    assert studies.runner._busy_sampler(gpu, {"GPU": 4}) is None  # two GPUs elsewhere would go unsampled
+    assert studies.tuning._busy_sampler(DistributedPlan(), {"CPU": 8}) is None  # trials on CPUs: nothing to sample
+    assert studies.tuning._busy_sampler(gpu, {"GPU": 2}).command == nvidia_smi_command()
+    assert studies.tuning._busy_sampler(gpu, {"GPU": 4}) is None  # two GPUs elsewhere would go unsampled
 
 
 def test_an_auto_checkpoint_cadence_is_costed_as_the_first_the_last_and_one_each_ratio_of_its_cost(tmp_path):
