@@ -58,6 +58,8 @@ class LookSAM(TwoPass):
         self._gv_buf: dict[torch.Tensor, torch.Tensor] = {}
         self._gv_norm: torch.Tensor | None = None
         self._pending: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor] | None = None
+        # _reuse's (the g_v dict they were built from, its (params, g_v) lists per device and dtype).
+        self._gv_groups: tuple[dict, list] | None = None
 
     def _rho(self) -> float:
         return self.rho
@@ -118,16 +120,20 @@ class LookSAM(TwoPass):
         if not self._gv:
             return
         coef = self.alpha * global_norm([p.grad for p in self._params_with_grad()]) / nonzero(self._gv_norm)
-        grads, dirs = [], []
-        for p, v in self._gv.items():
-            if p.grad is None:
-                if not p.requires_grad:
+        if self._gv_groups is None or self._gv_groups[0] is not self._gv:
+            # Grouped once per stored g_v (it changes every k steps at most), not on every one-pass step.
+            self._gv_groups = (self._gv, group_by_device_dtype(list(self._gv), list(self._gv.values())))
+        for ps, dirs in self._gv_groups[1]:
+            grads = [p.grad for p in ps]
+            if any(g is None for g in grads):
+                kept = [(p, v) for p, v in zip(ps, dirs) if p.grad is not None or p.requires_grad]
+                for p, _ in kept:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                grads, dirs = [p.grad for p, _ in kept], [v for _, v in kept]
+                if not grads:
                     continue
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-            dirs.append(v)
-        for gg, gv in group_by_device_dtype(grads, dirs):
-            torch._foreach_add_(gg, torch._foreach_mul(gv, coef.to(device=gv[0].device, dtype=gv[0].dtype)))
+            torch._foreach_add_(grads, torch._foreach_mul(dirs, coef.to(device=dirs[0].device, dtype=dirs[0].dtype)))
 
     def train_step(
         self,

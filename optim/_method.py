@@ -117,39 +117,54 @@ class _BNGuard:
 
     docs/algorithms.md ("BatchNorm"): the running statistics after a step equal those of pass 1 alone. Setting momentum=0
     is not enough (``num_batches_tracked`` still moves, and momentum=None means a cumulative average),
-    so the buffers are copied back exactly. Buffers are re-read every step: ``model.to()`` replaces them.
+    so the buffers are copied back exactly. ``model.to()`` replaces the buffers: each step checks that the buffers
+    are the objects the cached copy plan was built for (one identity test each) and rebuilds it when one is not.
     """
+
+    _NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
     def __init__(self, model: nn.Module | None):
         self.modules = (
             [] if model is None else [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         )
         self._saved: list[torch.Tensor] = []
+        # The buffers the plan was built for, and its per-(device, dtype) (saved, buffers) lists: the step is often
+        # bound by the host, so the per-step cost is one identity check per buffer, not a regrouping.
+        self._for: list[torch.Tensor | None] = []
+        self._pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
 
     def _buffers(self) -> list[torch.Tensor]:
-        out = []
-        for m in self.modules:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                b = getattr(m, name, None)
-                if b is not None:
-                    out.append(b)
-        return out
+        return [b for m in self.modules for name in self._NAMES if (b := getattr(m, name, None)) is not None]
 
-    def snapshot(self) -> None:
-        if not self.modules:
-            return
-        bufs = self._buffers()
+    def _current(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        now = [getattr(m, name, None) for m in self.modules for name in self._NAMES]
+        if len(now) == len(self._for) and all(a is b for a, b in zip(now, self._for)):
+            return self._pairs
+        bufs = [b for b in now if b is not None]
         stale = len(self._saved) != len(bufs) or any(
             s.shape != b.shape or s.device != b.device or s.dtype != b.dtype for s, b in zip(self._saved, bufs)
         )
         if stale:
             self._saved = [torch.empty_like(b) for b in bufs]
-        for dst, src in group_by_device_dtype(self._saved, bufs):
+        self._for = now
+        self._pairs = group_by_device_dtype(self._saved, bufs)
+        return self._pairs
+
+    def snapshot(self) -> None:
+        if not self.modules:
+            return
+        for dst, src in self._current():
             torch._foreach_copy_(dst, src)
 
     def restore(self) -> None:
         if not self.modules:
             return
+        now = [getattr(m, name, None) for m in self.modules for name in self._NAMES]
+        if len(now) == len(self._for) and all(a is b for a, b in zip(now, self._for)):
+            for saved, bufs in self._pairs:
+                torch._foreach_copy_(bufs, saved)
+            return
+        # Buffers replaced between snapshot and restore: the snapshot goes back into the ones there now.
         for dst, src in group_by_device_dtype(self._buffers(), self._saved):
             torch._foreach_copy_(dst, src)
 

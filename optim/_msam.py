@@ -82,6 +82,7 @@ class MSAM(Method):
         # This step's eps = scale v, for moving the L2 decay to w + eps: (L2 decay, params, their v) and scale.
         self._decayed: list[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = []
         self._scale: torch.Tensor | None = None
+        self._cache: tuple | None = None  # _plan's: (its key, params, momenta, their state keys, the plan)
 
     def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
         """The params that have a momentum, their momentum, and their group's L2 weight decay."""
@@ -99,28 +100,54 @@ class MSAM(Method):
                     decays.append(wd)
         return params, moms, decays
 
-    @torch.no_grad()
-    def _perturb(self) -> None:
-        """``w <- w - rho v / ||v||`` (w saved); the division by the exact norm, 1 where it is 0 (then v = 0)."""
-        self._pairs, self._decayed, self._scale = [], [], None
-        if self.rho == 0.0:
-            return
+    def _plan(self) -> tuple[list[torch.Tensor], list, list]:
+        """The momenta, their (params, v, saved-w buffers) per (device, dtype), and the L2-decayed (wd, params, v).
+
+        Built once and reused while the base optimizer's state holds the same momentum tensors for the same
+        params (a ``load_state_dict`` or a new param group rebuilds it): the step is often bound by the host, and
+        regrouping 60-odd tensors every step costs more than the arithmetic does on the GPU.
+        """
+        opt = self.base_optimizer
+        key = (
+            id(opt.state),
+            len(opt.state),
+            tuple((id(g), len(g["params"]), l2_decay(opt, g)) for g in opt.param_groups),  # a decay schedule too
+            tuple(p.requires_grad for g in opt.param_groups for p in g["params"]),
+        )
+        cached = self._cache
+        if cached is not None and cached[0] == key:
+            _, params, moms, keys, plan = cached
+            state = opt.state
+            if all(state[p].get(k) is v for p, v, k in zip(params, moms, keys)):
+                return plan
         params, moms, decays = self._momenta()
-        if not params:
-            return
-        scale = -self.rho / nonzero(global_norm(moms))
-        for ps, vs in group_by_device_dtype(params, moms):
-            saved = [self._buffer(p) for p in ps]
-            torch._foreach_copy_(saved, ps)
-            torch._foreach_add_(ps, torch._foreach_mul(vs, scale.to(device=vs[0].device, dtype=vs[0].dtype)))
-            self._pairs.append((ps, saved))
+        keys = [next(k for k in MOMENTUM_KEYS if opt.state[p].get(k) is v) for p, v in zip(params, moms)]
+        buckets = [(ps, vs, [self._buffer(p) for p in ps]) for ps, vs in group_by_device_dtype(params, moms)]
         by_decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for p, v, wd in zip(params, moms, decays):
             if wd != 0.0:
                 ps, vs = by_decay.setdefault(wd, ([], []))
                 ps.append(p)
                 vs.append(v)
-        self._decayed = [(wd, ps, vs) for wd, (ps, vs) in by_decay.items()]
+        plan = (moms, buckets, [(wd, ps, vs) for wd, (ps, vs) in by_decay.items()])
+        self._cache = (key, params, moms, keys, plan)
+        return plan
+
+    @torch.no_grad()
+    def _perturb(self) -> None:
+        """``w <- w - rho v / ||v||`` (w saved); the division by the exact norm, 1 where it is 0 (then v = 0)."""
+        self._pairs, self._decayed, self._scale = [], [], None
+        if self.rho == 0.0:
+            return
+        moms, buckets, decayed = self._plan()
+        if not moms:
+            return
+        scale = -self.rho / nonzero(global_norm(moms))
+        for ps, vs, saved in buckets:
+            torch._foreach_copy_(saved, ps)
+            torch._foreach_add_(ps, torch._foreach_mul(vs, scale.to(device=vs[0].device, dtype=vs[0].dtype)))
+        self._pairs = [(ps, saved) for ps, _, saved in buckets]
+        self._decayed = decayed
         self._scale = scale
 
     @torch.no_grad()

@@ -28,7 +28,7 @@ _EPS = 1e-12
 
 def nonzero(x: torch.Tensor) -> torch.Tensor:
     """``x`` where it is non-zero, else 1: a divisor for ``a / x`` whose numerator is zero when ``x`` is (no sync)."""
-    return torch.where(x != 0, x, torch.ones_like(x))
+    return torch.where(x != 0, x, 1.0)  # a scalar 1: one op fewer than ones_like, the same values and dtype
 
 
 _SAM, _ASAM = BY_NAME["sam"], BY_NAME["asam"]
@@ -92,16 +92,21 @@ class TwoPass(Method):
         Cached while the set of params with gradients is unchanged: the per-step cost on the host is a
         loop over the params, with no allocation (the step is often host-bound on small models).
         """
+        # The key: each group's adaptive flag, then the params taken (whether one is in scope is fixed per param).
+        key: list = []
+        keep, scope = self._keep_g, self._scope
+        for group in self.base_optimizer.param_groups:
+            key.append(bool(group.get("adaptive", self.adaptive)))
+            # No gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients").
+            key.extend([id(p) for p in group["params"] if p.grad is not None and (keep or scope is None or p in scope)])
+        if key == self._plan_key:
+            return self._plan_cache
         entries = []
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                # No gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients").
                 if p.grad is not None and (self._keep_g or self._in_scope(p)):
                     entries.append((p, adaptive, self._in_scope(p)))
-        key = [(id(p), a, s) for p, a, s in entries]
-        if key == self._plan_key:
-            return self._plan_cache
         buckets: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
         for p, adaptive, scoped in entries:
             b = buckets.setdefault((p.device, p.dtype, adaptive, scoped), ([], [], []))

@@ -171,7 +171,8 @@ class SAMPa(Method):
                     torch._foreach_add_(gs, ns, alpha=self.lmbda)
             for p, gi in zip(params, g):
                 p.grad = gi
-            self._g = {}  # the step's gradients now live in p.grad
+            # The step's gradients now live in p.grad, in _g's buffers: kept for the next step to copy into (the base
+            # step has read them and zero_grad drops p.grad), so no step allocates them again.
             if self.scaler is not None:
                 torch._foreach_div_(nxt, float(self.scaler.get_scale()))  # d is kept in true units
         found = found1 if found2 is None else (found2 if found1 is None else found1 + found2)
@@ -225,7 +226,6 @@ class SAMPa(Method):
                     torch._foreach_add_(gs, ns, alpha=self.lmbda)
             for p, gi in zip(params, g):
                 p.grad = gi
-            self._g = {}
         skipped = self._finish()
         self._zero_grad()
         self._d, self._next = {p: self._next[p] for p in params}, self._d

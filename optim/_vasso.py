@@ -58,9 +58,14 @@ class VaSSO(TwoPass):
         skipped = super().second_step()
         (params, scale), self._pending = self._pending, ([], 1.0)
         if not skipped and params:
-            for p in params:
-                d = self._d_now[p] if scale == 1.0 else self._d_now[p] / scale
-                self._d[p] = d.clone()
+            if scale == 1.0:
+                # Into d's own buffers, kept from step to step: one copy per (device, dtype), no allocation.
+                for dst, src in group_by_device_dtype([self._buffer(self._d, p) for p in params],
+                                                      [self._d_now[p] for p in params]):  # fmt: skip
+                    torch._foreach_copy_(dst, src)
+            else:
+                for p in params:
+                    self._d[p] = self._d_now[p] / scale
         return skipped
 
     def _method_state(self) -> dict:
