@@ -19,6 +19,11 @@ the simultaneous band's (all fractions at once) and the family-wise rate of "sig
 
   PYTHONPATH=. python -m benchmarks.sim_images --studies 400 --seeds 5 3 [--record]
 
+--direct measures the intervals straight from the simulated arrays (analysis.images.crossed_t against the
+seed-level t, no tables: fast enough for several `--arm-corr` values; study i drawn from seed 20000 + i):
+
+  PYTHONPATH=. python -m benchmarks.sim_images --direct --studies 250 --seeds 5 3 --arm-corr 0 0.5 0.9
+
 --record appends the figures to benchmarks/results/image_coverage.csv (benchmarks.results).
 """
 
@@ -176,6 +181,27 @@ def one_study(
     return out
 
 
+def direct_rates(studies: int, seeds: int, *, arm_corr: float, images: int = 5000, noise: float = 0.005,
+                 common: float = 0.5) -> dict[str, float]:  # fmt: skip
+    """Coverage of each cell's population accuracy and of each fraction's gain 0, straight from crossed_t and the
+    seed-level t (analysis.scaling.paired_t) on the arrays of `studies` simulated studies."""
+    from analysis.images import crossed_t
+    from analysis.scaling import paired_t
+
+    hits: dict[str, list[bool]] = {k: [] for k in ("confirm, seeds", "confirm, images", "gain, seeds", "gain, images")}
+    for i in range(studies):
+        rng = np.random.default_rng(20000 + i)
+        _, correct, truth = study_runs(rng, seeds=seeds, images=images, noise=noise, common=common, arm_corr=arm_corr)
+        for (m, f), c in correct.items():
+            for kind, test in (("seeds", paired_t(c.mean(axis=1))), ("images", crossed_t(c.astype("float64")))):
+                hits[f"confirm, {kind}"].append(test.low <= truth[(m, f)] <= test.high)
+            if m == "sam":
+                d = c.astype("float64") - correct[("vanilla", f)]
+                for kind, test in (("seeds", paired_t(d.mean(axis=1))), ("images", crossed_t(d))):
+                    hits[f"gain, {kind}"].append(test.low <= 0 <= test.high)
+    return {k: float(np.mean(v)) for k, v in hits.items()}
+
+
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -194,10 +220,20 @@ def main(argv=None) -> None:
     ap.add_argument("--images", type=int, default=5000)
     ap.add_argument("--noise", type=float, default=0.005, help="sd of one run's accuracy from its seed (fraction)")
     ap.add_argument("--common", type=float, default=0.5, help="share of the binomial variance common to runs")
-    ap.add_argument("--arm-corr", type=float, default=0.5, help="share of an image's difficulty both methods share")
+    ap.add_argument(
+        "--arm-corr", type=float, nargs="+", default=[0.5], help="share of an image's difficulty both arms share"
+    )
+    ap.add_argument("--direct", action="store_true", help="intervals straight from the arrays, per --arm-corr")
     ap.add_argument("--draws", type=int, default=200, help="draws of the two-level bootstrap shown beside")
     ap.add_argument("--record", action="store_true", help="append the figures to benchmarks/results/")
     args = ap.parse_args(argv)
+    if args.direct:
+        for seeds in args.seeds:
+            for corr in args.arm_corr:
+                rates = direct_rates(args.studies, seeds, arm_corr=corr, images=args.images, noise=args.noise,
+                                     common=args.common)  # fmt: skip
+                print(seeds, corr, {k: f"{v:.1%}" for k, v in rates.items()}, flush=True)
+        return
     table, rows = [], []
     for seeds in args.seeds:
         t0 = time.perf_counter()
@@ -207,7 +243,7 @@ def main(argv=None) -> None:
             images=args.images,
             noise=args.noise,
             common=args.common,
-            arm_corr=args.arm_corr,
+            arm_corr=args.arm_corr[0],
             draws=args.draws,
         )
         took = time.perf_counter() - t0
@@ -224,7 +260,7 @@ def main(argv=None) -> None:
                     "unit": "share of studies" if "significant" in k or "band" in k else "coverage",
                     "note": (
                         f"{args.studies} studies, {args.images} images, noise {args.noise}, common {args.common}, "
-                        f"arm corr {args.arm_corr}; Wilson 95% {wilson(v, args.studies)[0]:.3f}-"
+                        f"arm corr {args.arm_corr[0]}; Wilson 95% {wilson(v, args.studies)[0]:.3f}-"
                         f"{wilson(v, args.studies)[1]:.3f}"
                     ),
                 }

@@ -136,8 +136,8 @@ def test_load_runs_hands_back_each_trial_s_record(tracking_uri, tmp_path):
 
 def test_coverage_smoke_the_printed_confirm_intervals_cover_the_population_accuracy():
     """A small run of benchmarks/sim_images: 5 seeds a cell, half the binomial variance of 2,000 test images common
-    to a cell's runs. Over seeds alone the confirm table's interval covers about 82% here (it cannot see the test
-    set's luck), so this test fails on seed-only intervals; over seeds and images about 95%. 40 studies x 4 cells."""
+    to a cell's runs. Over seeds alone the confirm table's interval cannot see the test set's luck and covers below
+    90% here, so this test fails on seed-only intervals; over seeds and images about 95%. 40 studies x 4 cells."""
     covered = {IMAGE_OVER: [], SEED_OVER: []}
     for i in range(40):
         runs, _, truth = _frame(seeds=5, images=2000, seed=100 + i)
