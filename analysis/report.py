@@ -504,8 +504,10 @@ def _confirm_section(r: _Report) -> None:
         )
     chosen = confirm_summary(r.confirm, metric=r.metric, show=r.shown)
     confirm_md = (
-        f"Each cell's confirm runs: {statistic_label(r.metric)} mean, sd and standard error over its fresh "
-        f"seeds at the knobs its search chose. Numbers from: {r.source}.\n\n" + _markdown(_fmt(chosen))
+        f"Each cell's confirm runs: {statistic_label(r.metric)} mean and sd over its fresh seeds at the knobs its "
+        "search chose, the standard error and 95% interval of the cell's population value (what each row's "
+        f"interval resamples: `interval over`). {_conditions(chosen)} Numbers from: {r.source}.\n\n"
+        + _markdown(_fmt(chosen))
     )
     r.w.table("confirm", "Per-cell confirm runs (what the comparisons below use)", confirm_md, chosen)
 
@@ -879,7 +881,8 @@ def _gain_section(r: _Report, level: str, base: str) -> None:
     m = gain.attrs["family_size"]
     gain_md = (
         f"Gain of {level} over {base} in {metric}, paired by seed. Numbers from: {source}. ci_low/ci_high: "
-        f"{gain.attrs['confidence']:.0%} Student-t interval over the seed pairs of that row alone (unadjusted); "
+        f"{gain.attrs['confidence']:.0%} Student-t interval of that row alone (unadjusted; se and df its own, "
+        "over what `interval over` names); "
         f"p_holm: the paired t test's p-value, Holm-adjusted across the report's whole family of {m} gain tests "
         f"(every method pair, arch and fraction; `significant` below {FAMILY_ALPHA:.2g}); band_low/band_high: the "
         f"interval simultaneous over that family (Bonferroni, what the plot draws); a row without a significant "

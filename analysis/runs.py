@@ -25,7 +25,7 @@ from trainables.naming import (
     experiment_name,
     kind_filter,
 )
-from trainables.tracking import config_from_tags
+from trainables.tracking import config_from_tags, scored_from_tags
 
 __all__ = [
     "BEST_RULE",
@@ -34,6 +34,7 @@ __all__ = [
     "CI_LOW",
     "CI_HIGH",
     "accuracy_interval",
+    "SCORED_COLUMN",
     "STAGE_COLUMN",
     "StudyNotFound",
     "accuracy_se",
@@ -61,6 +62,9 @@ _TRIAL_FILTER = kind_filter("trial")
 RHO = "optimizer.hparams.rho"
 # load_runs' column naming each trial's stage: 'search' or 'confirm' (trainables.naming.STAGE_TAG, studies.confirm).
 STAGE_COLUMN = "stage"
+# load_runs' column holding each trial's final per-image correctness (trainables.scored.ScoredImages.to_text; absent
+# or NaN for runs that recorded none): what analysis.images resamples the test images from.
+SCORED_COLUMN = "scored_images"
 # The trial config's evaluation split (trainables.config.DataConfig.eval_split), a param column of load_runs.
 _EVAL_SPLIT = "data.eval_split"
 
@@ -289,12 +293,14 @@ def load_runs(
         row.update(config_from_tags(run.data.tags))
         row.update(run.data.params)
         row.update(run.data.metrics)
+        if (scored := scored_from_tags(run.data.tags)) is not None:
+            row[SCORED_COLUMN] = scored
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
     first = ["run_id", "run_name", "trial_id", "cell", "launch", "status", STAGE_COLUMN, "mlflow_status", "start_time"]
-    text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)}
+    text = set(first) | {c for c in df.columns if c.startswith(FACTOR_PREFIX)} | {SCORED_COLUMN}
     # An empty section of the config (`optimizer.hparams: {}`) is logged as the param '{}': not a column of values.
     empty = [
         c for c in df.columns if c not in text and df[c].dropna().astype(str).eq("{}").all() and df[c].notna().any()
@@ -505,8 +511,19 @@ def measured_on(runs: pd.DataFrame) -> str:
 
 
 def confirm_summary(confirm: pd.DataFrame, *, metric: str = "val_acc", show: tuple[str, ...] = (RHO,)) -> pd.DataFrame:
-    """Per cell, its confirm runs (split_stages' second frame): mean, sd and standard error of `metric` over the
-    finished ones, their number, the seeds, and the chosen value of each `show` column (one per cell)."""
+    """Per cell, its confirm runs (split_stages' second frame): mean and sd of `metric` over the finished ones, the
+    standard error and 95% interval (CI_LOW, CI_HIGH) of the cell's population value, what that interval
+    resamples (`interval over`), their number, the seeds, and the chosen value of each `show` column (one per cell).
+
+    Where every run of a cell recorded its per-image correctness (SCORED_COLUMN) for `metric`, the interval is over
+    seeds and test images jointly (analysis.images.crossed_t): it covers the accuracy on the population of images
+    the test set stands for. Elsewhere it is Student's t over seeds, given the scored test images. attrs
+    "conditions": what the table's intervals condition on, in words (both statements where rows differ).
+    """
+    from analysis.images import IMAGE_OVER, SEED_OVER, crossed_t, interval_conditions, scored_matrix
+    from analysis.scaling.inference import paired_t
+
+    confidence = 0.95  # CI_LOW and CI_HIGH say 95%
     if confirm.empty or metric not in confirm.columns:
         return pd.DataFrame()
     ok = confirm[(confirm["status"] == "finished") & pd.to_numeric(confirm[metric], errors="coerce").notna()]
@@ -519,9 +536,16 @@ def confirm_summary(confirm: pd.DataFrame, *, metric: str = "val_acc", show: tup
         values = part["__value"].astype("float64")
         n = len(values)
         sd = float(values.std(ddof=1)) if n > 1 else math.nan
+        matrix = None
+        if SCORED_COLUMN in part.columns:
+            matrix, _ = scored_matrix(part[SCORED_COLUMN].tolist(), values.tolist())
+        if matrix is not None:
+            test, over = crossed_t(matrix, confidence=confidence), IMAGE_OVER
+        else:
+            test, over = paired_t(values.to_numpy(), confidence=confidence), SEED_OVER
         row = dict(zip(factors, key if isinstance(key, tuple) else (key,)))
-        row.update({f"mean {metric}": float(values.mean()), "sd": sd, "SE": sd / math.sqrt(n) if n > 1 else math.nan})
-        row["n seeds"] = n
+        row.update({f"mean {metric}": float(values.mean()), "sd": sd, "SE": test.se, CI_LOW: test.low})
+        row.update({CI_HIGH: test.high, "interval over": over if n > 1 else "", "n seeds": n})
         if "train.seed" in part.columns:
             row["seeds"] = ", ".join(str(v) for v in sorted(part["train.seed"].tolist()))
         for col in show:
@@ -530,4 +554,5 @@ def confirm_summary(confirm: pd.DataFrame, *, metric: str = "val_acc", show: tup
         rows.append(row)
     out = pd.DataFrame(rows).set_index(factors)
     out.index.names = [f.removeprefix(FACTOR_PREFIX).removeprefix("__") for f in factors]
+    out.attrs["conditions"] = interval_conditions(out["interval over"])
     return out

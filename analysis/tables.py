@@ -12,7 +12,8 @@ import pandas as pd
 
 from analysis import scaling
 from analysis.geometry.names import METRIC_PREFIX
-from analysis.runs import RHO, best_key, best_trials
+from analysis.images import IMAGE_OVER, SEED_OVER, crossed_quantile, crossed_t, interval_conditions, scored_matrix
+from analysis.runs import RHO, SCORED_COLUMN, best_key, best_trials
 
 __all__ = [
     "FewSamplesWarning",
@@ -449,10 +450,16 @@ def sam_gain(
     band_low / band_high a simultaneous band (Bonferroni) that holds for all fractions at once. detectable:
     the gain this fraction's pairs find with `power` at the family's strictest level (from the observed sd):
     what a gain that is not significant rules out. With 1 pair there is no interval (NaN); rows with fewer than
-    3 pairs say so in `note`. attrs: baseline, treatment, metric, confidence, power, and `chosen_on` (the
-    metric the best trial was picked by, the same that measures it: a best-of-search value, see the report).
+    3 pairs say so in `note`. attrs: baseline, treatment, metric, confidence, power, `chosen_on` (the
+    metric the best trial was picked by, the same that measures it: a best-of-search value, see the report), and
+    `conditions` (what the intervals condition on, in words).
+
+    Where every run of a row's pairs recorded its per-image correctness (load_runs' SCORED_COLUMN) on the same
+    images, the row's se, df, intervals and test are over seeds and test images jointly (analysis.images.crossed_t
+    on the per-image differences: the same images for both arms, since both are scored on them), `interval over`
+    says so, and they cover the gain on the population of images the test set stands for; elsewhere they are
+    over seed pairs alone, given the scored images.
     """
-    from scipy.stats import t as student
 
     _check_mode(mode)
     _check_confidence(confidence)
@@ -469,6 +476,7 @@ def sam_gain(
     for level in (base_level, treat_level):
         if level not in wide.columns:
             wide[level] = np.nan
+    scored = _scored_of(best, data, [arch, fraction, seed], method)
     alpha = 1.0 - confidence
     rows = []
     groups = sorted(
@@ -479,13 +487,19 @@ def sam_gain(
         part = wide.xs((a, f), level=[0, 1])
         pairs = part[[base_level, treat_level]].dropna()
         diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
-        test = scaling.paired_t(diffs, confidence=confidence, family=family[a])
-        k, mean, se = test.n, test.mean, test.se
+        per_image = _paired_images(scored, (a, f), pairs, base_level, treat_level)
+        if per_image is not None:
+            test, over = crossed_t(per_image, confidence=confidence, family=family[a]), IMAGE_OVER
+        else:
+            test, over = scaling.paired_t(diffs, confidence=confidence, family=family[a]), SEED_OVER
+        k, mean, se, df = test.n, test.mean, test.se, test.df
+        share = getattr(test, "image_share", 0.0)
         sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
         lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
         mde = math.nan
         if k > 1:
-            mde = float((student.ppf(1 - alpha / (2 * family[a]), k - 1) + student.ppf(power, k - 1)) * se)
+            q = crossed_quantile(1 - alpha / (2 * family[a]), df, share) + crossed_quantile(power, df, share)
+            mde = float(q * se)
         rows.append(
             {
                 "arch": a,
@@ -494,6 +508,10 @@ def sam_gain(
                 "treatment": float(pairs[treat_level].mean()) if len(pairs) else math.nan,
                 "gain": mean,
                 "sd": sd,
+                "se": se,
+                "df": float(df) if k > 1 else math.nan,
+                "image share": share if k > 1 else math.nan,
+                "interval over": over if k > 1 else "",
                 "ci_low": lo,
                 "ci_high": hi,
                 "p_value": pval,
@@ -511,6 +529,10 @@ def sam_gain(
         "treatment",
         "gain",
         "sd",
+        "se",
+        "df",
+        "image share",
+        "interval over",
         "ci_low",
         "ci_high",
         "p_value",
@@ -529,7 +551,36 @@ def sam_gain(
     out.attrs.update(
         baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, power=power, chosen_on=metric
     )
+    out.attrs["conditions"] = interval_conditions(out["interval over"] if len(out) else [])
     return out
+
+
+def _scored_of(best: pd.DataFrame, data: pd.DataFrame, keys: list[str], method: str) -> dict | None:
+    """The per-image record of each best trial, by (keys..., method level); None where the runs carry none."""
+    if SCORED_COLUMN not in data.columns or best.empty:
+        return None
+    text = data.set_index("run_id")[SCORED_COLUMN]
+    text = text[~text.index.duplicated()]
+    out = {}
+    for _, row in best.iterrows():
+        if isinstance(row["run_id"], str) and row["run_id"] in text.index:
+            out[tuple(row[k] for k in keys) + (str(row[method]),)] = text.loc[row["run_id"]]
+    return out
+
+
+def _paired_images(scored: dict | None, cell: tuple, pairs: pd.DataFrame, base: str, treat: str) -> np.ndarray | None:
+    """The (pairs, images) per-image differences treatment - baseline of one row's seed pairs, both arms' records on
+    the same images and of the values compared (analysis.images.scored_matrix); None where any is missing."""
+    if scored is None or len(pairs) < 2:
+        return None
+    seeds = list(pairs.index)
+    texts = [scored.get(cell + (s, level)) for level in (treat, base) for s in seeds]
+    values = pairs[treat].tolist() + pairs[base].tolist()
+    matrix, _ = scored_matrix(texts, values)
+    if matrix is None:
+        return None
+    k = len(seeds)
+    return matrix[:k].astype("float64") - matrix[k:].astype("float64")
 
 
 #: The family-wise error rate of a report's findings (Holm across the whole family of gain_family).
@@ -553,7 +604,6 @@ def gain_family(
     `alpha`, band_low/band_high the Bonferroni-simultaneous interval over the whole family, `detectable` the
     gain each row's pairs find with sam_gain's power at the family's strictest level. The first entry is the
     study's primary contrast (`_primary_first`). pairs: (treatment, baseline) levels (`method_pairs`)."""
-    from scipy.stats import t as student
 
     family = {}
     for level, base in _primary_first(list(pairs)):
@@ -583,14 +633,18 @@ def gain_family(
             [pd.NA if math.isnan(v) else bool(v < alpha) for v in gain["p_holm"]], dtype="boolean"
         )
         n = gain["n_pairs"].to_numpy(dtype="float64")
-        se = gain["sd"].to_numpy(dtype="float64") / np.sqrt(np.maximum(n, 1))
-        df = np.maximum(n - 1, 1)
-        q = student.ppf(1 - alpha / (2 * m), df)
+        # Each row's own se and df: over seed pairs, or over seeds and test images (sam_gain's `interval over`).
+        se = gain["se"].to_numpy(dtype="float64")
         ok = n > 1
+        power = gain.attrs.get("power", 0.8)
+        q, qp = np.full(len(gain), np.nan), np.full(len(gain), np.nan)
+        for i, (df, share) in enumerate(zip(gain["df"], gain["image share"])):
+            if ok[i]:
+                q[i] = crossed_quantile(1 - alpha / (2 * m), df, share)
+                qp[i] = crossed_quantile(power, df, share)
         gain["band_low"] = np.where(ok, gain["gain"] - q * se, np.nan)
         gain["band_high"] = np.where(ok, gain["gain"] + q * se, np.nan)
-        power = gain.attrs.get("power", 0.8)
-        gain["detectable"] = np.where(ok, (q + student.ppf(power, df)) * se, np.nan)
+        gain["detectable"] = np.where(ok, (q + qp) * se, np.nan)
         notes = []
         for note, sig, lo, hi in zip(gain["note"], gain["significant"], gain["band_low"], gain["band_high"]):
             kept = [x for x in str(note).split("; ") if x and not x.startswith("no gain detected")]

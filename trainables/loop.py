@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ from trainables.errors import TrialRefused, UserError, shown
 from trainables.metrics import FIXED_PHASES, VALIDATION_SAMPLES
 from trainables.models import create_model, weight_norm
 from trainables.naming import CHECKPOINT_ARTIFACT
+from trainables.scored import ScoredImages
 from trainables.tracking import BEST_EPOCH_METRICS
 
 __all__ = [
@@ -91,6 +93,9 @@ class Recorder(Protocol):
     def log_epoch(self, metrics: dict[str, float], epoch: int, timestamp_ms: int) -> None: ...
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+
+    # Optional: `log_scored(text)`, the final evaluation's per-image correctness (trainables.scored.ScoredImages
+    # .to_text); fit looks it up with getattr, and a recorder without it records the trial without it.
 
 
 class Probe(Protocol):
@@ -465,20 +470,52 @@ def evaluate(
 ) -> dict[str, float]:
     """Loss, top-1 and top-5 accuracy over the whole loader and its sample count (summed over ranks); `prepare` is
     the bundle's."""
+    return _evaluate(model, loader, device, autocast, d, prepare)[0]
+
+
+@torch.no_grad()
+def _evaluate(
+    model: nn.Module,
+    loader: DataLoader,
+    device: torch.device,
+    autocast,
+    d: _Dist = _Dist(),
+    prepare: Callable[[torch.Tensor], torch.Tensor] = lambda x: x,
+    positions: np.ndarray | None = None,
+) -> tuple[dict[str, float], np.ndarray | None]:
+    """evaluate's metrics and, given the sorted dataset positions the loader scores (across all ranks), a (3, len)
+    array of each one's top-1 correctness, label and how many times it was scored (summed over ranks; 1 everywhere
+    when every image was scored once)."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, top1, top5, seen
-    for x, y, _ in loader:
+    where = per_image = None
+    if positions is not None:
+        where = torch.as_tensor(positions, dtype=torch.int64, device=device)
+        per_image = torch.zeros(3, len(positions), dtype=torch.int64, device=device)
+    for x, y, index in loader:
         x, y = prepare(x.to(device, non_blocking=True)), y.to(device, non_blocking=True)
         with autocast():
             logits = model(x).float()
         sums[0] += F.cross_entropy(logits, y, reduction="sum").double()
         top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-        sums[1] += (top[:, 0] == y).sum()
+        hit = top[:, 0] == y
+        sums[1] += hit.sum()
         sums[2] += (top == y[:, None]).any(dim=-1).sum()
         sums[3] += y.shape[0]
+        if per_image is not None:
+            # Placed by each item's own dataset index (a loader may reorder a batch's items), found among the
+            # positions; an index outside them lands on a neighbour, whose count then reads 2 and voids the record.
+            slot = torch.searchsorted(where, torch.as_tensor(index, device=device).long()).clamp_(max=len(where) - 1)
+            per_image[0].index_add_(0, slot, hit.long())
+            per_image[1].index_add_(0, slot, y.long())
+            per_image[2].index_add_(0, slot, torch.ones_like(slot))
     _all_reduce(sums, d)
     loss, top1, top5, seen = sums.tolist()
-    return {"val_loss": loss / seen, "val_acc": top1 / seen, "val_top5": top5 / seen, VALIDATION_SAMPLES: seen}
+    metrics = {"val_loss": loss / seen, "val_acc": top1 / seen, "val_top5": top5 / seen, VALIDATION_SAMPLES: seen}
+    if per_image is None:
+        return metrics, None
+    _all_reduce(per_image, d)
+    return metrics, per_image.cpu().numpy()
 
 
 def _channels_last(cfg: TrialConfig, device: torch.device) -> bool:
@@ -490,7 +527,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 
 
 def _save(
-    path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at, meta
+    path: Path, *, model, method, scheduler, scaler, epoch, num_updates, cfg, best, metrics, logged_at, meta, scored
 ) -> None:
     state = {
         "format": 1,
@@ -505,6 +542,7 @@ def _save(
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "best": best,
+        "scored": scored,
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -632,6 +670,7 @@ class _Trial:
     num_updates: int = 0  # optimiser updates taken, the scheduler's clock
     best: dict[str, float] = field(default_factory=dict)  # BEST_EPOCH_METRICS of the best evaluated epoch so far
     metrics: dict[str, float] = field(default_factory=dict)  # the last epoch's, what fit returns
+    scored: str | None = None  # the last epoch's per-image correctness (ScoredImages.to_text), once evaluated
 
 
 def _require_probe(cfg: TrialConfig, probe: Probe | None) -> None:
@@ -773,6 +812,7 @@ def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], checkpoint: Path,
     """The resumed checkpoint's epoch handed on again (reported and recorded, or recorded), and its final artifact
     kept where the trial had already trained its last epoch. `checkpoint` is the file it was read from."""
     trial.metrics = resumed["metrics"]
+    trial.scored = resumed.get("scored")  # absent from checkpoints written before it was recorded
     final = trial.start_epoch >= trial.cfg.schedule.epochs
     if not report_resumed and trial.recorder is not None and trial.d.rank == 0:
         # The interruption may have come between the checkpoint and the record: log that epoch again,
@@ -785,6 +825,7 @@ def _redeliver_resumed(trial: _Trial, resumed: dict[str, Any], checkpoint: Path,
             _deliver(trial, trial.metrics, resumed["epoch"], where, resumed["logged_at"])
         if final:
             # Interrupted between its last checkpoint and its end: the record may lack the final artifact.
+            _keep_scored(trial)
             _keep_final(trial, where / CHECKPOINT_FILE)
 
 
@@ -863,6 +904,7 @@ def _run_epochs(trial: _Trial, ckpt_root: Path) -> None:
         if saved is not None:  # its cost: written, handed to the reporter (Tune copies it to storage), recorded
             cadence.took(time.perf_counter() - t_saved)
         if last:
+            _keep_scored(trial)
             _keep_final(trial, ckpt_root / CHECKPOINT_FILE)
 
 
@@ -874,15 +916,21 @@ def _epoch_metrics(trial: _Trial, epoch: int, train_metrics: dict[str, float]) -
     evaluated = cfg.train.evaluates(epoch, cfg.schedule.epochs)
     val_metrics = {}
     if evaluated:
+        # The last epoch's evaluation, the one a study's tables read, also says which images it got right.
+        last = epoch == cfg.schedule.epochs - 1
+        positions = eval_positions(len(trial.bundle.val), cfg.data.eval_split) if last else None
         with _timed(timings, "validation"):
-            val_metrics = evaluate(
+            val_metrics, per_image = _evaluate(
                 compiled_step.eval_module(trial.net, trial.model),
                 trial.val_loader,
                 trial.device,
                 trial.autocast,
                 trial.d,
                 prepare=trial.bundle.prepare,
+                positions=positions,
             )
+        if per_image is not None:
+            trial.scored = _scored_text(cfg, positions, per_image)
     metrics = {
         "epoch": epoch,
         **train_metrics,
@@ -900,6 +948,17 @@ def _epoch_metrics(trial: _Trial, epoch: int, train_metrics: dict[str, float]) -
         with _timed(timings, "geometry"):
             metrics.update(_measure_geometry(trial.probe, trial.model, trial.geometry_batches, trial.device))
     return metrics
+
+
+def _scored_text(cfg: TrialConfig, positions: np.ndarray, per_image: np.ndarray) -> str | None:
+    """The ScoredImages record of one evaluation (_evaluate's per-image array), or None where some position was
+    not scored exactly once (a loader that did not hand back each item's dataset index): no record beats a wrong one."""
+    if not np.all(per_image[2] == 1):
+        return None
+    scored = ScoredImages.of(
+        per_image[0] > 0, dataset=cfg.data.name, split=cfg.data.eval_split, positions=positions, labels=per_image[1]
+    )
+    return scored.to_text()
 
 
 def _checkpoint_if_due(
@@ -924,6 +983,7 @@ def _checkpoint_if_due(
         best=trial.best,
         metrics=trial.metrics,
         logged_at=logged_at,
+        scored=trial.scored,
         meta={
             "num_classes": bundle.num_classes,
             "in_chans": bundle.in_chans,
@@ -951,6 +1011,13 @@ def _deliver(trial: _Trial, metrics: dict[str, float], epoch: int, saved: Path |
         trial.recorder.log_epoch(metrics, epoch, logged_at)
     if stopped:
         raise TrialStopped(epoch, final=epoch == trial.cfg.schedule.epochs - 1)
+
+
+def _keep_scored(trial: _Trial) -> None:
+    """The final evaluation's per-image correctness recorded with the run, where the recorder takes it (rank 0)."""
+    log = getattr(trial.recorder, "log_scored", None)
+    if trial.scored is not None and log is not None and trial.d.rank == 0:
+        log(trial.scored)
 
 
 def _keep_final(trial: _Trial, path: Path) -> None:

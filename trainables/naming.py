@@ -34,6 +34,7 @@ __all__ = [
     "OPTUNA_STORAGE_TAG",
     "PARENT_RUN_TAG",
     "RAY_NODE_ID_TAG",
+    "SCORED_TAG",
     "SEARCH_STAGE",
     "STAGE_TAG",
     "REASON_TAG",
@@ -125,6 +126,9 @@ BEST_CELL_TAG = tag("best_cell")
 # while its params hold only what the study varies and a few identifying paths (the payload's PARAMS_KEY).
 CONFIG_ARTIFACT = "config.json"
 CONFIG_TAG = tag("config")
+# Which scored images a trial's final evaluation classified correctly (trainables.scored.ScoredImages.to_text), over
+# SCORED_TAG, SCORED_TAG.2, ... like CONFIG_TAG: what lets analysis resample the test images as well as the seeds.
+SCORED_TAG = tag("scored")
 PARAMS_KEY = "params"
 # The payload's list of local places the study writes to (its storage, Optuna and MLflow files): a full disk there
 # stops the study; one elsewhere (a DataLoader's /dev/shm) fails the trial as any error (trainables.errors.no_space_at).

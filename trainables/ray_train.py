@@ -139,6 +139,9 @@ class _TimedRecorder:
     def log_artifact(self, *args, **kwargs) -> None:
         self._timed(self._recorder.log_artifact, *args, **kwargs)
 
+    def log_scored(self, text: str) -> None:
+        self._timed(self._recorder.log_scored, text)
+
 
 def _opened_recorder(
     payload: dict[str, Any], trial_id: str, run_name: str, cfg: TrialConfig, started: float, timings: dict[str, float]

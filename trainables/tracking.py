@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from trainables.metrics import EVERY_EPOCH_METRIC
-from trainables.naming import CONFIG_TAG, KIND_TAG, PARENT_RUN_TAG, REASON_TAG, STATUS_TAG, TRIAL_KEY_TAG
+from trainables.naming import (
+    CONFIG_TAG,
+    KIND_TAG,
+    PARENT_RUN_TAG,
+    REASON_TAG,
+    SCORED_TAG,
+    STATUS_TAG,
+    TRIAL_KEY_TAG,
+)
 
 __all__ = [
     "BEST_EPOCH_METRICS",
@@ -31,6 +39,7 @@ __all__ = [
     "filter_value",
     "resolve_tracking_uri",
     "retry_locked",
+    "scored_from_tags",
     "tracking_client",
     "trial_runtime_env",
 ]
@@ -230,22 +239,37 @@ def retry_locked(fn, *args, attempts: int = 8, **kwargs):
 _TAG_CHUNK = 7000
 
 
+def _chunked(key: str, text: str) -> dict[str, str]:
+    """`text` over the tags key, key.2, ... (each at most one tag's length); `_unchunked` reads it back."""
+    parts = [text[i : i + _TAG_CHUNK] for i in range(0, len(text), _TAG_CHUNK)] or [""]
+    return {key if i == 0 else f"{key}.{i + 1}": part for i, part in enumerate(parts)}
+
+
+def _unchunked(tags: Mapping[str, str], key: str) -> str | None:
+    if key not in tags:
+        return None
+    text, i = tags[key], 2
+    while f"{key}.{i}" in tags:
+        text, i = text + tags[f"{key}.{i}"], i + 1
+    return text
+
+
 def config_tags(flat: dict[str, Any]) -> dict[str, str]:
     """A flat config as the JSON of its values as MLflow writes params (str(value)), over CONFIG_TAG, CONFIG_TAG.2,
     ... (each at most one tag's length); `config_from_tags` reads it back."""
-    text = json.dumps({k: str(v) for k, v in flat.items()}, separators=(",", ":"))
-    parts = [text[i : i + _TAG_CHUNK] for i in range(0, len(text), _TAG_CHUNK)] or [""]
-    return {CONFIG_TAG if i == 0 else f"{CONFIG_TAG}.{i + 1}": part for i, part in enumerate(parts)}
+    return _chunked(CONFIG_TAG, json.dumps({k: str(v) for k, v in flat.items()}, separators=(",", ":")))
 
 
 def config_from_tags(tags: dict[str, str]) -> dict[str, str]:
     """The flat config `config_tags` wrote into a run's tags ({} when it has none)."""
-    if CONFIG_TAG not in tags:
-        return {}
-    text, i = tags[CONFIG_TAG], 2
-    while f"{CONFIG_TAG}.{i}" in tags:
-        text, i = text + tags[f"{CONFIG_TAG}.{i}"], i + 1
-    return json.loads(text)
+    text = _unchunked(tags, CONFIG_TAG)
+    return {} if text is None else json.loads(text)
+
+
+def scored_from_tags(tags: Mapping[str, str]) -> str | None:
+    """The scored-images record `TrialRecorder.log_scored` wrote into a run's tags (None when it has none: a run of
+    an older sharpscale, or one that never finished its last evaluation)."""
+    return _unchunked(tags, SCORED_TAG)
 
 
 class TrialRecorder:
@@ -319,6 +343,11 @@ class TrialRecorder:
         now = int(time.time() * 1000)
         batch = [Metric(k, float(v), now, 0) for k, v in metrics.items() if math.isfinite(float(v))]
         retry_locked(self._client.log_batch, self.run_id, metrics=batch)
+
+    def log_scored(self, text: str) -> None:
+        """The final evaluation's per-image correctness (trainables.scored.ScoredImages.to_text) as tags: they come
+        back with every search of runs, so reading them costs a report no request per run."""
+        self.set_tags(_chunked(SCORED_TAG, text))
 
     def log_dataset(self, data: Mapping[str, Any]) -> None:
         """The trial's training set as an MLflow dataset input (the UI's Dataset column); `data`: its data config."""
