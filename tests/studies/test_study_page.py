@@ -24,10 +24,16 @@ from trainables.tracking import TrackingTarget, TrialRecorder
 REPO = Path(__file__).resolve().parents[2]
 
 
+_OPTIMIZER = {"sam": "sam", "adamw": "none"}  # the quickstart's method levels as their configs' optimizer.method
+
+
 def _trial(exp, parent, key, value, rho, *, uri, cell, samples=360):
     tags = {CELL_TAG: cell.key, **{factor_tag(k): v for k, v in cell.levels.items()}}
     recorder = TrialRecorder(
-        TrackingTarget(uri, exp, parent, tags=tags), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
+        TrackingTarget(uri, exp, parent, tags=tags),
+        trial_key=key,
+        run_name=key,
+        params={"optimizer.hparams.rho": rho, "optimizer.method": _OPTIMIZER[cell.levels["method"]]},
     )
     recorder.log_epoch({"val_acc": value, "val_samples": samples}, 0)
     recorder.finish("finished")
@@ -65,16 +71,26 @@ def test_the_answer_table_is_the_experiments_description_and_ties_go_to_the_firs
     note = client.get_experiment(exp).tags["mlflow.note.content"]
     table, intro = note.split(RESULTS_MARKER)
     assert "Question:" in intro  # the study's own note stays, below the answer
-    # The first line (all the UI shows of a description before a click) is the answer.
-    assert table.startswith(
-        f"**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05** (trial [sam-first](#/experiments/{exp}"
-    )
+    # The first line (all the UI shows of a description before a click) is analysis's answer to the study's
+    # question, SAM's gain over AdamW per architecture; the best cell below it.
+    from analysis.runs import trials_frame
+    from analysis.tables import headline
+
+    answer = headline(trials_frame(client, exp))
+    first_line = note.splitlines()[0]
+    assert first_line == answer[0] and first_line.startswith("vit: sam - adamw = +5.00 points")
+    assert next(line for line in note.splitlines() if line.startswith("Best cell:")) == answer[-1]
+    # MLflow's experiment list shows a description raw: its first line has no markdown and no HTML.
+    assert not re.search(r"[*|<>`#]|(?<!\w)_|_(?!\w)", first_line), first_line
+    assert "<!--" not in note.split(first_line, 1)[0]
     assert "4 of 5 trials ended" in table  # the vit cells: 4 SAM trials, 1 AdamW
-    sam_row = next(line for line in table.splitlines() if line.startswith("| **vit/sam**"))
+    sam_row = next(line for line in table.splitlines() if line.startswith("- vit/sam"))
     # 0.9 on 360 samples: SE sqrt(0.9 * 0.1 / 360) = 0.0158; the tie at 0.9 goes to the trial that started first.
-    assert "| **0.9000** | 0.016 | rho=0.05 | 3/4 |" in sam_row
+    assert "(the study's best): val_acc 0.9000 ± 0.016, rho=0.05; 3 of 4 trials finished;" in sam_row
     assert f"[sam-first](#/experiments/{exp}/runs/{first}?workflowType=machine_learning)" in sam_row
-    assert "| vit/adamw | 0.8500 | 0.019 | – | 1/1 |" in table
+    assert "- vit/adamw: val_acc 0.8500 ± 0.019; 1 of 1 trials finished;" in table
+    assert "|" not in table  # no table: its columns render with no space between them
+    assert "(best.rho)" in intro and "<knob>" not in note  # a knob's column by its name, not an HTML-like tag
     assert client.get_run(study_run).data.tags["mlflow.note.content"] == table.strip()
     assert client.get_run(study_run).data.metrics["best.rho"] == 0.05  # the roll-up names the same trial
     view = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
@@ -153,8 +169,9 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
     url = f"{base}/api/2.0/mlflow/experiments/get?experiment_id={exp}"
     with urllib.request.urlopen(url, timeout=30) as resp:
         tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
-    assert re.search(r"\| \*\*vit/sam\*\* \| \*\*0\.9000\*\* \| 0\.016 \| rho=0\.05 \|", tags["mlflow.note.content"])
-    assert tags["mlflow.note.content"].startswith("**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05**")
+    answer = "vit: sam - adamw = +5.00 points (no interval for the gain: one run a side; sam 90.00"
+    assert tags["mlflow.note.content"].startswith(answer)
+    assert "- vit/sam (the study's best): val_acc 0.9000 ± 0.016, rho=0.05;" in tags["mlflow.note.content"]
     for _ in range(5):  # page views: their request lines must not reach the terminal
         urllib.request.urlopen(f"{base}/", timeout=30).read()
 
@@ -164,9 +181,9 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
     if has_browser:
         chrome = _screenshots_module().Browser()
         try:
-            chrome.open(page, shows="Best val_acc: 0.9000", timeout_s=300)
+            chrome.open(page, shows=answer, timeout_s=300)
             chrome.shoot(tmp_path / "first_open.png")
-            headline = json.dumps("Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05")
+            headline = json.dumps(answer)
             assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
             # Every cell's row: one click on the description's expander.
             chrome.evaluate(_EXPAND)
