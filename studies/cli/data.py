@@ -9,7 +9,7 @@ from pathlib import Path
 from studies.cli.base import Command, positive_int
 
 # Light constants only (tested by test_validate_imports): the archive and worker-pool code is imported by the action.
-from trainables.prepare import DEFAULT_QUALITY, FORMS, MANIFEST
+from trainables.data.prepare import DEFAULT_QUALITY, FORMS, MANIFEST
 
 
 class DataFetch(Command):
@@ -97,7 +97,7 @@ class DataPrepare(Command):
         )
 
     def take_action(self, args) -> int:
-        from trainables.prepare import default_short_side, prepare_folder
+        from trainables.data.prepare import default_short_side, prepare_folder
 
         short_side = args.short_side if args.short_side is not None else default_short_side(args.img_size)
         done = prepare_folder(
