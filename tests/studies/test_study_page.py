@@ -35,7 +35,8 @@ def _trial(exp, parent, key, value, rho, *, uri, cell, samples=360):
         run_name=key,
         params={"optimizer.hparams.rho": rho, "optimizer.method": _OPTIMIZER[cell.levels["method"]]},
     )
-    recorder.log_epoch({"val_acc": value, "val_samples": samples}, 0)
+    # fixed_time_s sorts before val_acc: the chart view must still open on the objective (records.chart_state).
+    recorder.log_epoch({"val_acc": value, "val_samples": samples, "fixed_time_s": 1.0}, 0)
     recorder.finish("finished")
     return recorder.run_id
 
@@ -109,6 +110,12 @@ def test_view_state_names_are_the_installed_uis():
     for key in ('"selectedColumns"', '"runsHiddenMode"', '"columnWidths"', 'SHOWALL="SHOW_ALL"', 'DATASET:"Dataset"'):
         assert key in text
     assert 'I=(e,t)=>e+".`"+t+"`"' in text  # the column key: metrics.`val_acc`
+    # The chart view's cards and section (records.chart_state): shared-view keys, card fields, the section's name,
+    # and the rule that a section marked reordered gets the metrics the view does not name appended, not sorted in.
+    assert '"compareRunCharts","compareRunSections"' in text and 'MODEL_METRICS="Model metrics"' in text
+    assert 'this.xaxis={key:"",type:"METRIC"}' in text and 'type:"PARAM"' in text
+    assert "s=!!r&&r.isReordered,l={...p.getEmptyChartCardByType(a,!0,(0,o.yk)(),n),metricKey:e" in text
+    assert 'this.type=c.LINE,this.metricKey="",this.selectedMetricKeys=void 0,this.lineSmoothness=0' in text
     # docs/screenshots.py expands the runs table's rows by this button and its plus icon.
     shots = _screenshots_module()
     assert shots.ROW_EXPANDER in text and shots.PLUS_ICON in text
@@ -132,7 +139,7 @@ _SEEN = """
       if (r.top < c.top || r.top + 12 > c.bottom) return false;  // its first line shows
     }
     return true; };
-  return [...document.querySelectorAll('p, td')].filter(e => e.innerText.trim().startsWith(%s)).some(seen);
+  return [...document.querySelectorAll('p, td, li')].filter(e => e.innerText.trim().startsWith(%s)).some(seen);
 })()
 """
 _EXPAND = """[...document.querySelectorAll('button')].filter(b =>
@@ -185,15 +192,24 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
             chrome.shoot(tmp_path / "first_open.png")
             headline = json.dumps(answer)
             assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
+            shots = _screenshots_module()
             # Every cell's row: one click on the description's expander.
             chrome.evaluate(_EXPAND)
             assert _shows(chrome, "vit/adamw")
-            assert chrome.evaluate(_SEEN % json.dumps("0.8500")), "the table is not shown expanded"
+            assert chrome.evaluate(_SEEN % json.dumps("vit/adamw: val_acc 0.8500")), "the cells are not shown expanded"
             # Every trial, as rows of the table, without a click (the rows come after the description).
             shown = _shows(chrome, "sam-tied-later")
             chrome.shoot(tmp_path / "expanded.png")
             assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
             assert "workflowType=genai" not in chrome.evaluate("location.href")
+            # The chart view of the same view: the objective first, then the objective against rho, then the rest.
+            chrome.open(f"{page}&compareRunsMode=CHART", shows="fixed_time_s")
+            chrome.wait_for(shots.CHARTS_DRAWN)
+            chrome.shoot(tmp_path / "charts.png")
+            text = chrome.evaluate("document.body.innerText")
+            charts = text[text.index("Model metrics") :] if "Model metrics" in text else text
+            assert charts.index("val_acc") < charts.index("fixed_time_s"), charts[:400]
+            assert "optimizer.hparams.rho" in charts.split("fixed_time_s", 1)[0], charts[:400]
             # MLflow's own nested table (study > cells > trials): docs/screenshots.py opens every row, as its
             # shot of that table shows them (the trials hide under collapsed rows until then).
             shots = _screenshots_module()
