@@ -239,7 +239,9 @@ def _value_text(value: Any) -> str:
 # epoch k at step k (its charts' x axis, `best_epoch`), and optuna-dashboard shows a cell's searched trial as
 # "Trial k", k its Optuna number, which a trial run's name carries as "#k". Counts stay counts ("3/10 epochs",
 # "1/4 trials"). docs/ui.md states the rule.
-NUMBERING = "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k"
+NUMBERING = (
+    "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k and Optuna's intermediate step k"
+)
 
 
 def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
