@@ -321,3 +321,20 @@ def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_
     # A cell with no finished trial has no value and no SE: '-', not a count of 0.
     mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
     assert mixer.split()[-4:-1] == ["-", "-", "-"]
+
+
+def test_export_counts_the_experiments_the_list_shows_not_the_hidden_launch_claims(tmp_path, new_mlflow_store):
+    from mlflow.tracking import MlflowClient
+
+    from studies.export import export_store
+    from studies.identity import claim_launch, claim_name
+
+    uri = new_mlflow_store(tmp_path / "original" / "mlflow.db")
+    client = MlflowClient(uri)
+    client.create_experiment("quickstart")
+    claim_launch(client, "quickstart", 1)  # a deleted experiment that keeps launch 1 taken
+    shown = len(client.search_experiments())  # Default and quickstart
+    done = export_store(uri, tmp_path / "copy")
+    assert done.experiments == shown == 2
+    copied = MlflowClient(done.tracking_uri)
+    assert copied.get_experiment_by_name(claim_name("quickstart", 1)) is not None  # still taken in the copy
