@@ -93,6 +93,15 @@ def _n_text(counts) -> str:
     return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
 
 
+def _per_level(counts) -> str:
+    """'1 trial per level', '2-4 trials per level': the legend's count in words, not as n=1 trials."""
+    counts = sorted({int(c) for c in counts if c > 0})
+    if not counts:
+        return "no trials"
+    span = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{span} trial{'' if counts == [1] else 's'} per level"
+
+
 def _bars(ax, x, y, sd, color) -> None:
     """± sd error bars at the points that have one (n > 1); none at all, not zero-length ones, elsewhere."""
     has = np.isfinite(sd) & np.isfinite(y)
@@ -274,7 +283,7 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
             color=color,
             linestyle=ls,
             marker=marker,
-            label=f"{label} ({_n_text(part['n'])} trials per level)",
+            label=f"{label} ({_per_level(part['n'])})",
         )
         _bars(ax, rho, mean, sd, color)
         best = result.best.loc[key if len(key) > 1 else key[0]]

@@ -44,6 +44,7 @@ __all__ = [
     "confirm_summary",
     "load_curves",
     "load_runs",
+    "trials_frame",
     "measured_on",
     "split_stages",
     "status_table",
@@ -277,8 +278,13 @@ def load_runs(
     number, or 'all' (then group or filter by the `launch` column: launches are not replicates of each other).
     """
     client, exp, _ = _open_experiment(study, tracking_uri, smoke=smoke)
+    return trials_frame(client, exp.experiment_id, launch=launch)
+
+
+def trials_frame(client, experiment_id: str, *, launch: Launch = "latest") -> pd.DataFrame:
+    """`load_runs`'s frame from an open client and an experiment id (a study's roll-up, which holds both)."""
     rows = []
-    for run in _of_launch(_trial_runs(client, exp.experiment_id), launch):
+    for run in _of_launch(_trial_runs(client, experiment_id), launch):
         row = _identity(run)
         row.update(
             {

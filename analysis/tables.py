@@ -117,12 +117,16 @@ def format_cell(mean: float, sd: float, n: int, *, digits: int = 3) -> str:
 FEW_SAMPLES = 3
 
 
+def _singular(unit: str) -> str:
+    return unit[:-1] if unit.endswith("s") else unit  # "seed pairs" -> "seed pair"
+
+
 def sample_note(n: int, unit: str = "seeds") -> str:
     """The small-sample note a table row carries: '' from FEW_SAMPLES on; says why there is no (or a weak) interval."""
     if n <= 0:
         return f"no {unit}"
     if n == 1:
-        return f"1 of {unit}: no interval"
+        return f"one {_singular(unit)} only: no interval"
     if n < FEW_SAMPLES:
         return f"{n} {unit}: interval unreliable"
     return ""

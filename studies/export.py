@@ -38,8 +38,8 @@ STUDIES_DIR = "studies"
 
 @dataclass(frozen=True)
 class Exported:
-    """What `export_store` wrote: the copy's tracking URI, its experiments and runs, and the run folders copied
-    (a run that logged no file has none)."""
+    """What `export_store` wrote: the copy's tracking URI, its experiments (those its list shows; the hidden launch
+    claims are copied too) and runs, and the run folders copied (a run that logged no file has none)."""
 
     tracking_uri: str
     experiments: int
@@ -242,4 +242,7 @@ def export_store(tracking_uri: str, dest: str | Path) -> Exported:
             new_uri = (new_folder / "artifacts").as_uri() if old.name == "artifacts" else new_folder.as_uri()
             db.execute("UPDATE runs SET artifact_uri = ? WHERE run_uuid = ?", (new_uri, run_id))
         _carry_state(db, dest)
-    return Exported(f"sqlite:///{target}", len(experiments), len(runs), folders)
+        # The count is of what the copy's experiment list shows: a launch's claims are deleted experiments
+        # (studies.identity), copied so the launches stay taken, but no experiment a user would look for.
+        shown = db.execute("SELECT COUNT(*) FROM experiments WHERE lifecycle_stage = 'active'").fetchone()[0]
+    return Exported(f"sqlite:///{target}", shown, len(runs), folders)

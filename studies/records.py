@@ -38,6 +38,7 @@ __all__ = [
     "cell_end_time",
     "cell_label",
     "cell_params",
+    "chart_state",
     "describe_experiment",
     "find_run",
     "find_study_run",
@@ -128,7 +129,54 @@ def view_state(study: LoadedStudy) -> dict[str, Any]:
         ],
         "runsHiddenMode": "SHOW_ALL",
         "columnWidths": {_column("tags", "mlflow.runName"): 320},
+        # the chart view
+        **chart_state(objective.column, knobs),
     }
+
+
+# The chart view's section of model metrics (the UI's name, pinned with the card fields by tests/studies/
+# test_records.py). Marked reordered, the UI appends every metric the view does not name after the ones it does,
+# instead of sorting them in by name (13 `fixed_*` timings came before `val_acc`).
+_MODEL_METRICS = "Model metrics"
+_CHART_SECTION = "sharpscale-model-metrics"
+
+
+def _card(kind: str, uuid: str, **fields: Any) -> dict[str, Any]:
+    base = {"uuid": uuid, "type": kind, "metricSectionId": _CHART_SECTION, "deleted": False, "isGenerated": False}
+    return {**base, "runsCountToCompare": 100 if kind == "SCATTER" else 10, **fields}
+
+
+def chart_state(objective: str, knobs: list[str]) -> dict[str, Any]:
+    """The chart view's opening cards, as MLflow's shared view state carries them: the objective per epoch, then
+    the objective against each searched knob; every other metric after them, in the UI's own order."""
+    line = _card(
+        "LINE",
+        "sharpscale-objective",
+        metricKey=objective,
+        displayName=objective,
+        lineSmoothness=0,
+        xAxisKey="step",
+        xAxisScaleType="linear",
+        scaleType="linear",
+        selectedXAxisMetricKey="",
+        yAxisKey="metric",
+        yAxisExpressions=[],
+        ignoreOutliers=False,
+        useGlobalXaxisKey=True,
+        useGlobalLineSmoothing=True,
+        range={},
+    )
+    scatters = [
+        _card(
+            "SCATTER",
+            f"sharpscale-knob-{i}",
+            xaxis={"key": knob, "type": "PARAM"},
+            yaxis={"key": objective, "type": "METRIC"},
+        )
+        for i, knob in enumerate(knobs)
+    ]
+    section = {"uuid": _CHART_SECTION, "name": _MODEL_METRICS, "display": True, "isReordered": True}
+    return {"compareRunCharts": [line, *scatters], "compareRunSections": [{**section, "deleted": False}]}
 
 
 def runs_page_path(experiment_id: str, *, view: bool = True) -> str:
@@ -146,13 +194,15 @@ def experiment_note(study: LoadedStudy) -> str:
             break
         header.append(line.lstrip("#").strip())
     objective = study.spec.objective
+    names = dict.fromkeys(p.rsplit(".", 1)[-1] for c in study.cells for p in c.space)
+    knobs = ", ".join(f"{BEST_PREFIX}{n}" for n in names) or "none searched"
     parts = [study.spec.description, " ".join(header)] if header else [study.spec.description]
     parts.append(
         f"Objective: {objective.label}, {objective.mode}imised. Runs nest study > cell > trial; each cell run "
-        f"carries its best trial's {BEST_PREFIX}{objective.column}, its best knobs ({BEST_PREFIX}<knob>) and its "
+        f"carries its best trial's {BEST_PREFIX}{objective.column}, its best knobs ({knobs}) and its "
         f"trial counts, the study run the best cell's. Study file: {study.path}."
     )
-    return "\n\n".join(p for p in parts if p)
+    return "\n\n".join(_md(p) for p in parts if p)
 
 
 def source_tags(study: LoadedStudy, commit: str) -> dict[str, str]:
@@ -189,7 +239,9 @@ def _value_text(value: Any) -> str:
 # epoch k at step k (its charts' x axis, `best_epoch`), and optuna-dashboard shows a cell's searched trial as
 # "Trial k", k its Optuna number, which a trial run's name carries as "#k". Counts stay counts ("3/10 epochs",
 # "1/4 trials"). docs/ui.md states the rule.
-NUMBERING = "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k"
+NUMBERING = (
+    "zero-based: trial #k is Optuna's Trial k in its cell, epoch k is MLflow's step k and Optuna's intermediate step k"
+)
 
 
 def trial_run_name(cell: Cell, sample: dict[str, Any], number: int) -> str:
@@ -389,55 +441,79 @@ def _se_text(best: CellBest, column: str) -> str:
 
 def _link(experiment_id: str, best: CellBest) -> str:
     name = (best.run_name or best.run_id or "").replace("|", "/").replace("[", "(").replace("]", ")")
-    return f"[{name}](#/experiments/{experiment_id}/runs/{best.run_id}?{_WORKFLOW})"  # lands on the model-training side
+    return f"[{_md(name)}](#/experiments/{experiment_id}/runs/{best.run_id}?{_WORKFLOW})"  # the model-training side
+
+
+def _md(text: str) -> str:
+    """`text` as MLflow's renderer (showdown, GitHub flavour) shows it literally: it would take `<knob>` for an
+    HTML tag and pair asterisks and word-edge underscores into emphasis; a mid-word underscore (val_acc) it keeps,
+    so that stays unescaped and reads the same in the experiment list, which shows a description raw."""
+    import re
+
+    text = re.sub(r"([\\*])", r"\\\1", text)
+    text = re.sub(r"(?<!\w)_|_(?!\w)", r"\\_", text)
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+
+
+def _plain(line: str) -> str:
+    """The description's first line as MLflow's experiment list shows it (raw text): nothing markdown would
+    change, so it reads the same there and on the runs page."""
+    import re
+
+    # A mid-word underscore (val_acc) stays: markdown leaves it, and the metric keeps its name.
+    return re.sub(r"[*`<>#|]|(?<!\w)_|_(?!\w)", " ", line).strip()
 
 
 def results_table(
-    experiment_id: str, cells: dict[str, Cell], bests: dict[str, CellBest], *, column: str, mode: str, top: str | None
+    experiment_id: str,
+    cells: dict[str, Cell],
+    bests: dict[str, CellBest],
+    *,
+    column: str,
+    mode: str,
+    top: str | None,
+    answer: list[str] = (),
 ) -> str:
-    """The answer as markdown. First a one-line headline (the UI shows a description's first line without a click):
-    the study's best cell, value ± SE, knob and trial. Then per cell its best value (± its SE for an accuracy), its
-    knob(s), its trials and a link to its best trial's run; the study's best cell in bold; cells in study order."""
+    """The answer as markdown. First `answer` (analysis.tables.headline: the study's question answered, the best
+    cell one line below), its first line plain text (MLflow's experiment list shows a description raw); then per
+    cell its best value (± its SE for an accuracy), knob(s), trials and a link to its best trial's run, cells in
+    study order, the study's best marked. A list, not a table: the experiment list shows it raw too, and a
+    rendered table's columns have no spacing between them."""
     import datetime as dt
 
     ended = sum(n for b in bests.values() for status, n in b.counts.items() if status != "running")
     planned = sum(c.planned for c in cells.values())
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     has_se = column in ACCURACY_METRICS
-    if top is None:
-        headline = f"**No trial has finished with a {column} yet** ({ended} of {planned} trials ended)."
-    else:
-        best = bests[top]
-        se = _se_text(best, column)
-        knobs = _knobs_text(best)
-        headline = (
-            f"**Best {column}: {_fmt(best.value)}{f' ± {se}' if se != '–' else ''}, {cell_label(cells[top])}"
-            f"{f' {knobs}' if knobs else ''}** (trial {_link(experiment_id, best)}); {ended} of {planned} trials "
-            f"ended. Every cell: expand this description."
-        )
-    head = ["cell", f"best {column}"] + (["± SE"] if has_se else []) + ["knob", "trials", "best trial"]
-    lines = [
-        headline,
+    answer = [line for line in answer if line.strip()]
+    if not answer:
+        answer = [f"No trial has finished with a {column} yet ({ended} of {planned} trials ended)."]
+    lines = [_plain(answer[0])]
+    for line in answer[1:]:
+        lines += ["", _md(line)]
+    lines += [
         "",
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join(["---"] + ["--:"] * (1 + has_se) + ["---", "--:", "---"]) + "|",
+        _md(f"{ended} of {planned} trials ended, as of {when}; {mode}imising {column}. Each cell's best:"),
+        "",
     ]
     for key, cell in cells.items():
         best = bests.get(key) or CellBest()
-        label = cell_label(cell)
-        label = f"**{label}**" if key == top else label
         finished, failed = best.counts.get("finished", 0), best.counts.get("failed", 0)
-        trials = f"{finished}/{cell.planned}" + (f" ({failed} failed)" if failed > 0 else "")
+        trials = f"{finished} of {cell.planned} trials finished" + (f", {failed} failed" if failed > 0 else "")
+        label = _md(cell_label(cell)) + (" (the study's best)" if key == top else "")
         if best.value is None:
-            row = [label, "–"] + (["–"] if has_se else []) + ["–", trials, "–"]
-        else:
-            value = f"**{_fmt(best.value)}**" if key == top else _fmt(best.value)
-            se = [_se_text(best, column)] if has_se else []
-            row = [label, value, *se, _knobs_text(best) or "–", trials, _link(experiment_id, best)]
-        lines.append("| " + " | ".join(row) + " |")
+            lines.append(f"- {label}: no finished trial; {trials}")
+            continue
+        se = _se_text(best, column) if has_se else "–"
+        value = _fmt(best.value) + (f" ± {se}" if se != "–" else "")
+        knobs = _knobs_text(best)
+        lines.append(
+            f"- {label}: {_md(column)} {value}{f', {_md(knobs)}' if knobs else ''}; {trials}; best trial "
+            f"{_link(experiment_id, best)}"
+        )
     lines += [
         "",
-        f"As of {when}, {mode}imising {column}. Best: {BEST_RULE}."
+        _md(f"Best: {BEST_RULE}.")
         + (
             " ± SE: the binomial sampling error of the value on its validation samples; cells less than about two "
             "apart are not told apart by this run, and the best of a searched cell is also the luckiest of its trials."
@@ -448,7 +524,7 @@ def results_table(
     return "\n".join(lines)
 
 
-_NOT_YET = "_No trial has ended yet: the answer appears here as trials end._"
+_NOT_YET = "No trial has ended yet: the answer appears here as trials end."  # plain: the list shows it raw
 
 
 def _with_results(note: str, results: str) -> str:
@@ -461,7 +537,12 @@ def _describe_results(client, experiment_id, study_run_id, cells, bests, *, colu
     """The answer table into the experiment's description (above the study's note) and the study run's."""
     from mlflow.utils.mlflow_tags import MLFLOW_RUN_NOTE
 
-    table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top)
+    from analysis.runs import trials_frame
+    from analysis.tables import headline
+
+    # The answer is analysis's (the report and the CLI print the same lines first); only its layout is here.
+    answer = headline(trials_frame(client, experiment_id), metric=column, mode=mode)
+    table = results_table(experiment_id, cells, bests, column=column, mode=mode, top=top, answer=answer)
     note = retry_locked(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
     retry_locked(client.set_experiment_tag, experiment_id, MLFLOW_RUN_NOTE, _with_results(note, table))
     # The study run's description keeps its link to the HTML report (analysis.report), below the table.

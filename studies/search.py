@@ -388,9 +388,13 @@ class CellSearcher(Searcher):
         if trial_id not in self._live:
             return  # a cell with nothing to search
         self._note_run_id(trial_id, result)
-        value, step = result.get(self.metric), result.get("training_iteration")
-        if isinstance(value, (int, float)) and math.isfinite(value) and isinstance(step, int):
-            # The per-epoch curve, for optuna-dashboard; a step reported again after a resume overwrites its value.
+        value, step = result.get(self.metric), result.get("epoch")
+        if step is None and isinstance(result.get("training_iteration"), int):
+            step = result["training_iteration"] - 1  # Tune counts results from 1
+        step = int(step) if isinstance(step, (int, float)) and math.isfinite(step) else None
+        if isinstance(value, (int, float)) and math.isfinite(value) and step is not None:
+            # The per-epoch curve, for optuna-dashboard, at step = epoch, zero-based as MLflow's (records.NUMBERING);
+            # a step reported again after a resume overwrites its value.
             self._update_trial(trial_id, lambda storage, t: storage.set_trial_intermediate_value(t, step, float(value)))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:

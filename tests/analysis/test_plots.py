@@ -40,3 +40,7 @@ def test_a_panel_whose_levels_differ_by_one_image_is_not_stretched_to_fill_its_a
     resnet = next(ax for ax in fig.axes if ax.get_title() == "arch: resnet")
     low, high = resnet.get_ylim()
     assert low < 0.9944 and 0.9972 < high <= 1.0 + 0.01 * vit
+    # The legend counts trials in words ("1 trial per level"), not "n=1 trials per level".
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any(label.endswith("(1 trial per level)") for label in labels), labels
+    assert not any("n=" in label for label in labels), labels

@@ -267,7 +267,7 @@ def test_sam_gain_pairs_by_seed_with_a_t_interval_around_the_true_gain(runs):
     assert again.loc[("vit", 0.5), "ci_low"] == gain.loc[("vit", 0.5), "ci_low"]  # no draws: reproducible
     one = sam_gain(runs[runs["train.seed"].astype(int) == 0])
     assert (one["n_pairs"] == 1).all() and one["ci_low"].isna().all() and one["ci_high"].isna().all()
-    assert set(one["note"]) == {"1 of seed pairs: no interval"} and not one["significant"].any()
+    assert set(one["note"]) == {"one seed pair only: no interval"} and not one["significant"].any()
 
 
 def test_sam_gain_takes_its_test_from_the_one_paired_t(runs, monkeypatch):

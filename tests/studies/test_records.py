@@ -114,7 +114,7 @@ def test_roll_up_puts_each_cells_best_on_its_run_and_the_best_cell_on_the_study_
     client.set_tag(study_run, "mlflow.note.content", f"{note}\n\n{REPORT_MARKER}\n\n**Full report**: [report.html](x)")
     roll_up(client, exp, study_run, cell_runs, cells, column="val_acc", mode="max", bests=bests, only=[adamw])
     note = client.get_run(study_run).data.tags["mlflow.note.content"]
-    assert note.startswith("**Best val_acc: 0.9500") and note.endswith(
+    assert "- vit/adamw (the study's best): val_acc 0.9500;" in note and note.endswith(
         f"{REPORT_MARKER}\n\n**Full report**: [report.html](x)"
     )
     assert note.count(REPORT_MARKER) == 1

@@ -168,8 +168,9 @@ def test_records_link_each_optuna_trial_to_its_tune_trial_cell_and_mlflow_run(tm
     assert searcher.suggest("t4") == "FINISHED"
     assert [p["cell"] for p in issued].count("method=none") == 1
     sam = [f"t{i}" for i, p in enumerate(issued) if p["cell"] == "method=sam"]
-    searcher.on_trial_result(sam[0], {"val_acc": 0.5, "training_iteration": 1, "mlflow_run_id": "run-a"})
-    searcher.on_trial_result(sam[0], {"val_acc": 0.7, "training_iteration": 2, "mlflow_run_id": "run-a"})
+    result = {"mlflow_run_id": "run-a"}
+    searcher.on_trial_result(sam[0], {"val_acc": 0.5, "training_iteration": 1, "epoch": 0, **result})
+    searcher.on_trial_result(sam[0], {"val_acc": 0.7, "training_iteration": 2, "epoch": 1, **result})
     searcher.on_trial_complete(sam[0], {"val_acc": 0.7, "mlflow_run_id": "run-a"})
     searcher.on_trial_complete(sam[1], {"val_acc": float("nan"), "diverged": 1, "mlflow_run_id": "run-b"})
     searcher.on_trial_complete(sam[2], None, error=True)  # died before its first result
@@ -190,7 +191,9 @@ def test_records_link_each_optuna_trial_to_its_tune_trial_cell_and_mlflow_run(tm
         MLFLOW_RUN_ATTR: "run-a",
         RUN_NAME_ATTR: name,
     }
-    assert first.state == COMPLETE and first.value == 0.7 and first.intermediate_values == {1: 0.5, 2: 0.7}
+    assert (
+        first.state == COMPLETE and first.value == 0.7 and first.intermediate_values == {0: 0.5, 1: 0.7}
+    )  # epoch k at step k, as in MLflow
     assert diverged.state == FAIL and diverged.user_attrs[MLFLOW_RUN_ATTR] == "run-b"
     assert errored.state == FAIL and MLFLOW_RUN_ATTR not in errored.user_attrs
     assert errored.user_attrs[TUNE_TRIAL_ATTR] == sam[2]
@@ -220,7 +223,9 @@ def test_save_restore_fails_the_trial_asked_after_the_snapshot(tmp_path):
         resumed.on_trial_complete(tid, {"val_acc": 0.5})
     trials = _study(storage).trials
     assert [t.state for t in trials] == [COMPLETE, COMPLETE, FAIL, COMPLETE, COMPLETE]
-    assert trials[1].user_attrs[MLFLOW_RUN_ATTR] == "run-1" and trials[1].intermediate_values == {1: 0.4}
+    assert trials[1].user_attrs[MLFLOW_RUN_ATTR] == "run-1" and trials[1].intermediate_values == {
+        0: 0.4
+    }  # no epoch key: Tune's iteration 1 is epoch 0
     assert [t.user_attrs[TUNE_TRIAL_ATTR] for t in trials] == ["t0", "t1", "t2", "t3", "t4"]
     # A reopened study's sampler is not the first run's again: the replacement is not a replay of t0's draw.
     assert trials[3].params[RHO] != trials[0].params[RHO]

@@ -24,12 +24,19 @@ from trainables.tracking import TrackingTarget, TrialRecorder
 REPO = Path(__file__).resolve().parents[2]
 
 
+_OPTIMIZER = {"sam": "sam", "adamw": "none"}  # the quickstart's method levels as their configs' optimizer.method
+
+
 def _trial(exp, parent, key, value, rho, *, uri, cell, samples=360):
     tags = {CELL_TAG: cell.key, **{factor_tag(k): v for k, v in cell.levels.items()}}
     recorder = TrialRecorder(
-        TrackingTarget(uri, exp, parent, tags=tags), trial_key=key, run_name=key, params={"optimizer.hparams.rho": rho}
+        TrackingTarget(uri, exp, parent, tags=tags),
+        trial_key=key,
+        run_name=key,
+        params={"optimizer.hparams.rho": rho, "optimizer.method": _OPTIMIZER[cell.levels["method"]]},
     )
-    recorder.log_epoch({"val_acc": value, "val_samples": samples}, 0)
+    # fixed_time_s sorts before val_acc: the chart view must still open on the objective (records.chart_state).
+    recorder.log_epoch({"val_acc": value, "val_samples": samples, "fixed_time_s": 1.0}, 0)
     recorder.finish("finished")
     return recorder.run_id
 
@@ -65,16 +72,26 @@ def test_the_answer_table_is_the_experiments_description_and_ties_go_to_the_firs
     note = client.get_experiment(exp).tags["mlflow.note.content"]
     table, intro = note.split(RESULTS_MARKER)
     assert "Question:" in intro  # the study's own note stays, below the answer
-    # The first line (all the UI shows of a description before a click) is the answer.
-    assert table.startswith(
-        f"**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05** (trial [sam-first](#/experiments/{exp}"
-    )
+    # The first line (all the UI shows of a description before a click) is analysis's answer to the study's
+    # question, SAM's gain over AdamW per architecture; the best cell below it.
+    from analysis.runs import trials_frame
+    from analysis.tables import headline
+
+    answer = headline(trials_frame(client, exp))
+    first_line = note.splitlines()[0]
+    assert first_line == answer[0] and first_line.startswith("vit: sam - adamw = +5.00 points")
+    assert next(line for line in note.splitlines() if line.startswith("Best cell:")) == answer[-1]
+    # MLflow's experiment list shows a description raw: its first line has no markdown and no HTML.
+    assert not re.search(r"[*|<>`#]|(?<!\w)_|_(?!\w)", first_line), first_line
+    assert "<!--" not in note.split(first_line, 1)[0]
     assert "4 of 5 trials ended" in table  # the vit cells: 4 SAM trials, 1 AdamW
-    sam_row = next(line for line in table.splitlines() if line.startswith("| **vit/sam**"))
+    sam_row = next(line for line in table.splitlines() if line.startswith("- vit/sam"))
     # 0.9 on 360 samples: SE sqrt(0.9 * 0.1 / 360) = 0.0158; the tie at 0.9 goes to the trial that started first.
-    assert "| **0.9000** | 0.016 | rho=0.05 | 3/4 |" in sam_row
+    assert "(the study's best): val_acc 0.9000 ± 0.016, rho=0.05; 3 of 4 trials finished;" in sam_row
     assert f"[sam-first](#/experiments/{exp}/runs/{first}?workflowType=machine_learning)" in sam_row
-    assert "| vit/adamw | 0.8500 | 0.019 | – | 1/1 |" in table
+    assert "- vit/adamw: val_acc 0.8500 ± 0.019; 1 of 1 trials finished;" in table
+    assert "|" not in table  # no table: its columns render with no space between them
+    assert "(best.rho)" in intro and "<knob>" not in note  # a knob's column by its name, not an HTML-like tag
     assert client.get_run(study_run).data.tags["mlflow.note.content"] == table.strip()
     assert client.get_run(study_run).data.metrics["best.rho"] == 0.05  # the roll-up names the same trial
     view = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
@@ -93,6 +110,12 @@ def test_view_state_names_are_the_installed_uis():
     for key in ('"selectedColumns"', '"runsHiddenMode"', '"columnWidths"', 'SHOWALL="SHOW_ALL"', 'DATASET:"Dataset"'):
         assert key in text
     assert 'I=(e,t)=>e+".`"+t+"`"' in text  # the column key: metrics.`val_acc`
+    # The chart view's cards and section (records.chart_state): shared-view keys, card fields, the section's name,
+    # and the rule that a section marked reordered gets the metrics the view does not name appended, not sorted in.
+    assert '"compareRunCharts","compareRunSections"' in text and 'MODEL_METRICS="Model metrics"' in text
+    assert 'this.xaxis={key:"",type:"METRIC"}' in text and 'type:"PARAM"' in text
+    assert "s=!!r&&r.isReordered,l={...p.getEmptyChartCardByType(a,!0,(0,o.yk)(),n),metricKey:e" in text
+    assert 'this.type=c.LINE,this.metricKey="",this.selectedMetricKeys=void 0,this.lineSmoothness=0' in text
     # docs/screenshots.py expands the runs table's rows by this button and its plus icon.
     shots = _screenshots_module()
     assert shots.ROW_EXPANDER in text and shots.PLUS_ICON in text
@@ -116,7 +139,7 @@ _SEEN = """
       if (r.top < c.top || r.top + 12 > c.bottom) return false;  // its first line shows
     }
     return true; };
-  return [...document.querySelectorAll('p, td')].filter(e => e.innerText.trim().startsWith(%s)).some(seen);
+  return [...document.querySelectorAll('p, td, li')].filter(e => e.innerText.trim().startsWith(%s)).some(seen);
 })()
 """
 _EXPAND = """[...document.querySelectorAll('button')].filter(b =>
@@ -153,8 +176,9 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
     url = f"{base}/api/2.0/mlflow/experiments/get?experiment_id={exp}"
     with urllib.request.urlopen(url, timeout=30) as resp:
         tags = {t["key"]: t["value"] for t in json.load(resp)["experiment"]["tags"]}
-    assert re.search(r"\| \*\*vit/sam\*\* \| \*\*0\.9000\*\* \| 0\.016 \| rho=0\.05 \|", tags["mlflow.note.content"])
-    assert tags["mlflow.note.content"].startswith("**Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05**")
+    answer = "vit: sam - adamw = +5.00 points (no interval for the gain: one run a side; sam 90.00"
+    assert tags["mlflow.note.content"].startswith(answer)
+    assert "- vit/sam (the study's best): val_acc 0.9000 ± 0.016, rho=0.05;" in tags["mlflow.note.content"]
     for _ in range(5):  # page views: their request lines must not reach the terminal
         urllib.request.urlopen(f"{base}/", timeout=30).read()
 
@@ -164,19 +188,28 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
     if has_browser:
         chrome = _screenshots_module().Browser()
         try:
-            chrome.open(page, shows="Best val_acc: 0.9000", timeout_s=300)
+            chrome.open(page, shows=answer, timeout_s=300)
             chrome.shoot(tmp_path / "first_open.png")
-            headline = json.dumps("Best val_acc: 0.9000 ± 0.016, vit/sam rho=0.05")
+            headline = json.dumps(answer)
             assert chrome.evaluate(_SEEN % headline), "the answer is not on the first screen"
+            shots = _screenshots_module()
             # Every cell's row: one click on the description's expander.
             chrome.evaluate(_EXPAND)
             assert _shows(chrome, "vit/adamw")
-            assert chrome.evaluate(_SEEN % json.dumps("0.8500")), "the table is not shown expanded"
+            assert chrome.evaluate(_SEEN % json.dumps("vit/adamw: val_acc 0.8500")), "the cells are not shown expanded"
             # Every trial, as rows of the table, without a click (the rows come after the description).
             shown = _shows(chrome, "sam-tied-later")
             chrome.shoot(tmp_path / "expanded.png")
             assert shown, f"no trial row on the first open; see {tmp_path / 'first_open.png'}"
             assert "workflowType=genai" not in chrome.evaluate("location.href")
+            # The chart view of the same view: the objective first, then the objective against rho, then the rest.
+            chrome.open(f"{page}&compareRunsMode=CHART", shows="fixed_time_s")
+            chrome.wait_for(shots.CHARTS_DRAWN)
+            chrome.shoot(tmp_path / "charts.png")
+            text = chrome.evaluate("document.body.innerText")
+            charts = text[text.index("Model metrics") :] if "Model metrics" in text else text
+            assert charts.index("val_acc") < charts.index("fixed_time_s"), charts[:400]
+            assert "optimizer.hparams.rho" in charts.split("fixed_time_s", 1)[0], charts[:400]
             # MLflow's own nested table (study > cells > trials): docs/screenshots.py opens every row, as its
             # shot of that table shows them (the trials hide under collapsed rows until then).
             shots = _screenshots_module()
@@ -288,3 +321,20 @@ def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_
     # A cell with no finished trial has no value and no SE: '-', not a count of 0.
     mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
     assert mixer.split()[-4:-1] == ["-", "-", "-"]
+
+
+def test_export_counts_the_experiments_the_list_shows_not_the_hidden_launch_claims(tmp_path, new_mlflow_store):
+    from mlflow.tracking import MlflowClient
+
+    from studies.export import export_store
+    from studies.identity import claim_launch, claim_name
+
+    uri = new_mlflow_store(tmp_path / "original" / "mlflow.db")
+    client = MlflowClient(uri)
+    client.create_experiment("quickstart")
+    claim_launch(client, "quickstart", 1)  # a deleted experiment that keeps launch 1 taken
+    shown = len(client.search_experiments())  # Default and quickstart
+    done = export_store(uri, tmp_path / "copy")
+    assert done.experiments == shown == 2
+    copied = MlflowClient(done.tracking_uri)
+    assert copied.get_experiment_by_name(claim_name("quickstart", 1)) is not None  # still taken in the copy
