@@ -40,3 +40,74 @@ def test_a_panel_whose_levels_differ_by_one_image_is_not_stretched_to_fill_its_a
     resnet = next(ax for ax in fig.axes if ax.get_title() == "arch: resnet")
     low, high = resnet.get_ylim()
     assert low < 0.9944 and 0.9972 < high <= 1.0 + 0.01 * vit
+
+
+def _single_trial_levels(val_samples: bool) -> pd.DataFrame:
+    rows = []
+    for i, (rho, v) in enumerate(zip((0.02, 0.05, 0.1, 0.2), (0.90, 0.95, 1.0, 0.93))):
+        row = {
+            "run_id": f"r{i}",
+            "status": "finished",
+            "start_time": pd.Timestamp("2026-11-26") + pd.Timedelta(seconds=i),
+            "factor.arch": "resnet",
+            "factor.method": "sam",
+            RHO: rho,
+            "val_acc": v,
+        }
+        if val_samples:
+            row["val_samples"] = 360
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _rho(runs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return rho_sensitivity(
+            runs, param=RHO, arch="factor.arch", method="factor.method", metric="val_acc", n_boot=100
+        )
+
+
+def _bars(ax):
+    from matplotlib.container import ErrorbarContainer
+
+    return [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+
+
+def test_every_single_trial_level_gets_its_exact_interval_named_in_the_title():
+    from analysis import accuracy_interval
+
+    fig = plot_rho_sensitivity(_rho(_single_trial_levels(True)))
+    (ax,) = fig.axes
+    (bars,) = _bars(ax)
+    segments = bars.lines[2][0].get_segments()
+    assert len(segments) == 4  # one bar per level, though each level holds one trial
+    # The bar at 1.0 (360 of 360) is Clopper-Pearson's [0.990, 1], not the plug-in SE's zero length.
+    at_one = next(seg for seg in segments if np.isclose(seg[0][0], 0.1))
+    low, high = accuracy_interval(1.0, 360)
+    assert np.allclose(sorted(at_one[:, 1]), [float(low), float(high)])
+    assert "Clopper-Pearson" in fig._suptitle.get_text()
+    # The star is hollow, larger than the points and behind them: a point drawn at the best level stays visible.
+    star = next(line for line in ax.lines if line.get_marker() == "*")
+    curve = next(line for line in ax.lines if line.get_marker() not in ("*", "None", None, ""))
+    assert star.get_markerfacecolor() == "none"
+    assert star.get_zorder() < curve.get_zorder() and star.get_markersize() > curve.get_markersize()
+    assert all(c.lines[2][0].get_zorder() > star.get_zorder() for c in _bars(ax))
+
+
+def test_repeated_levels_get_t_intervals_of_the_mean_and_unknown_ones_none():
+    runs = pd.concat([_single_trial_levels(False)] * 3, ignore_index=True)
+    runs["run_id"] = [f"r{i}" for i in range(len(runs))]
+    runs["val_acc"] = runs["val_acc"] - 0.01 * (runs.index // 4)
+    result = _rho(runs)
+    fig = plot_rho_sensitivity(result)
+    (bars,) = _bars(fig.axes[0])
+    seg = bars.lines[2][0].get_segments()[0]
+    level = result.levels.sort_values("rho").iloc[0]
+    from scipy.stats import t
+
+    half = t.ppf(0.975, 2) * level["sd"] / np.sqrt(3)
+    assert np.isclose(np.ptp(seg[:, 1]), 2 * half)
+    assert "mean ± t·SE" in fig._suptitle.get_text()
+    # Single trials without a validation count: no interval is known, none is drawn.
+    assert _bars(plot_rho_sensitivity(_rho(_single_trial_levels(False))).axes[0]) == []
