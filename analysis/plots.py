@@ -106,7 +106,7 @@ def _mark_off_axis(ax, x, label_used: list) -> None:
     if len(x) == 0:
         return
     transform = ax.get_xaxis_transform()  # x in data units, y in axes units
-    label = None if label_used else "0 (below the log axis)"
+    label = None if label_used else "error 0 (a log axis cannot show it): on the bottom edge"
     ax.plot(
         x,
         np.full(len(x), 0.0),
@@ -144,6 +144,8 @@ def plot_error_vs_n(
     ax = fig.add_subplot()
     off_axis: list = []
     xs = []
+    sizes = {float(v) for v in table.mean.columns}
+    single = len(sizes) < 2
     for key, (arch, method) in zip(table.mean.index, keys):
         mean = table.mean.loc[key]
         x = np.asarray([float(v) for v in mean.index])
@@ -152,8 +154,9 @@ def plot_error_vs_n(
         n = table.n.loc[key].to_numpy()
         sd = np.where(n > 1, table.sd.loc[key].to_numpy(dtype="float64"), np.nan)
         color, (ls, marker) = style.color(arch), style.line(method)
-        shown = np.isfinite(y) & (y > 0)
         xs.extend(x[np.isfinite(y)])
+        # Plain axes (one size) show an error of 0 as it is; only a log axis needs it marked on its edge.
+        shown = np.isfinite(y) & ((y > 0) | single)
         ax.plot(
             x[shown],
             y[shown],
@@ -163,7 +166,7 @@ def plot_error_vs_n(
             label=f"{arch} / {method} ({_n_text(n)} seeds)",
         )
         _bars(ax, x[shown], y[shown], sd[shown], color)
-        _mark_off_axis(ax, x[np.isfinite(y) & (y <= 0)], off_axis)
+        _mark_off_axis(ax, x[np.isfinite(y) & ~shown], off_axis)
         fit = (fits or {}).get((arch, method))
         if fit is not None:
             grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
@@ -236,7 +239,16 @@ def plot_gain(
     base = gain.attrs.get("baseline", "baseline")
     treat = gain.attrs.get("treatment", "treatment")
     ax.axhline(0.0, color="black", linewidth=0.8, linestyle="--", label=f"no gain ({treat} = {base})")
-    _log_axis(ax.xaxis, ax.set_xscale)
+    fractions = np.asarray(sorted({float(v) for v in gain.index.get_level_values(1)}))
+    fractions = fractions[np.isfinite(fractions) & (fractions > 0)]
+    if len(fractions) > 1:
+        # The design's fractions, not matplotlib's padding to whole decades.
+        _log_axis(ax.xaxis, ax.set_xscale)
+        ax.set_xlim(fractions.min() / 1.25, fractions.max() * 1.25)
+    elif len(fractions) == 1:
+        # One fraction: a log axis around a single value would span 0.1 to 10; plain axes about it instead.
+        ax.set_xlim(fractions[0] * 0.8, fractions[0] * 1.2)
+        ax.set_xticks([fractions[0]])
     ax.set_xlabel("training-set fraction")
     metric = gain.attrs.get("metric", "metric")
     ax.set_ylabel(f"gain in {metric} ({treat} - {base})")

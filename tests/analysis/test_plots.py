@@ -111,3 +111,63 @@ def test_repeated_levels_get_t_intervals_of_the_mean_and_unknown_ones_none():
     assert "mean ± t·SE" in fig._suptitle.get_text()
     # Single trials without a validation count: no interval is known, none is drawn.
     assert _bars(plot_rho_sensitivity(_rho(_single_trial_levels(False))).axes[0]) == []
+
+
+def _scaling_runs(fractions) -> pd.DataFrame:
+    rows = []
+    for method, optimizer in (("adamw", "none"), ("sam", "sam")):
+        for f in fractions:
+            for seed in (0, 1):
+                rows.append(
+                    {
+                        "run_id": f"{method}{f}{seed}",
+                        "status": "finished",
+                        "start_time": pd.Timestamp("2026-11-26") + pd.Timedelta(seconds=len(rows)),
+                        "factor.arch": "resnet",
+                        "factor.method": method,
+                        "optimizer.method": optimizer,
+                        "data.fraction": f,
+                        "train.seed": seed,
+                        # Every validation image right at the full set: an error of 0.
+                        "val_acc": 1.0 if f == 1.0 else 0.8 + 0.1 * f + 0.01 * seed,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def _scaling(fractions):
+    from analysis import sam_gain, scaling_table
+
+    runs = _scaling_runs(fractions)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        table = scaling_table(runs, arch="factor.arch", method="factor.method", fraction="data.fraction")
+        gain = sam_gain(runs, baseline="adamw", treatment="sam", arch="factor.arch", method="factor.method")
+    return table, gain
+
+
+def test_the_fraction_axis_spans_the_designs_fractions():
+    from analysis import plot_error_vs_n, plot_gain
+
+    table, gain = _scaling((0.1, 0.25, 0.5))
+    low, high = plot_gain(gain).axes[0].get_xlim()
+    assert 0.05 < low < 0.1 and 0.5 < high < 1.0  # not matplotlib's whole decades
+    # One fraction (the quickstart): plain axes about it, not a log axis from 0.1 to 10.
+    table, gain = _scaling((1.0,))
+    ax = plot_gain(gain).axes[0]
+    assert ax.get_xscale() == "linear" and 0.5 <= ax.get_xlim()[0] < 1.0 < ax.get_xlim()[1] <= 1.5
+    # ...where an error of 0 is a point like any other, not a mark "below the log axis" the plot does not have.
+    ax = plot_error_vs_n(table).axes[0]
+    assert ax.get_yscale() == "linear" and ax.get_ylim()[0] <= 0.0
+    assert not [line for line in ax.lines if "log axis" in str(line.get_label())]
+
+
+def test_an_error_of_0_on_a_log_axis_is_marked_and_named_once():
+    from analysis import plot_error_vs_n
+
+    table, _ = _scaling((0.1, 0.25, 1.0))
+    ax = plot_error_vs_n(table).axes[0]
+    low, high = ax.get_xlim()
+    assert 0.05 < low < 0.1 and 1.0 < high < 2.0
+    marks = [line for line in ax.lines if line.get_marker() == "v"]
+    assert len(marks) == 2 and sum("error 0" in str(m.get_label()) for m in marks) == 1
