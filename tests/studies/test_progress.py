@@ -1,5 +1,6 @@
 """The live view of a running study: per-cell counts, running trials' epochs, ETA; and the noise kept in a file."""
 
+import argparse
 import io
 import logging
 from dataclasses import dataclass, field
@@ -269,3 +270,25 @@ def test_run_says_what_it_does_before_ray_starts(capsys):
     finally:
         studies.runner.run_study = saved
     assert str(told.value).strip() == line
+
+
+def test_the_end_summary_does_not_wrap_at_80_columns(monkeypatch, capsys):
+    import pandas as pd
+
+    from studies.cli import summary
+    from trainables.metrics import FIXED_TIME
+
+    monkeypatch.setenv("COLUMNS", "80")
+    runs = pd.DataFrame({FIXED_TIME: [3.2, 4.1, 5.0]})
+    outcome = argparse.Namespace(training_share=("gpu_training_share", 0.41), gpu_busy=None)
+    summary._print_cost(runs, outcome)
+    summary._print_next(
+        "sharpscale", " --tracking-uri sqlite:////home/user/work/mlflow.db", "studies/quickstart.yaml", "quickstart"
+    )
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert all(len(line) < 80 for line in lines), [line for line in lines if len(line) >= 80]
+    # Nothing is lost: a long command continues with a shell's backslash, every word of the prose is still there.
+    report = lines.index("  sharpscale report studies/quickstart.yaml \\")
+    assert lines[report + 1] == "      --tracking-uri sqlite:////home/user/work/mlflow.db"
+    assert "median 4.1 s a trial (min 3.2, max 5.0; 3 trials)." in " ".join(w.strip() for w in lines)
