@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.geometry.names import METRIC_PREFIX
+from analysis.runs import ACCURACY_METRICS
 from analysis.scaling import PowerLawFit
 from analysis.tables import RhoSensitivity, ScalingTable
 
@@ -114,7 +115,7 @@ def _mark_off_axis(ax, x, label_used: list) -> None:
     if len(x) == 0:
         return
     transform = ax.get_xaxis_transform()  # x in data units, y in axes units
-    label = None if label_used else "0 (below the log axis)"
+    label = None if label_used else "error 0 (a log axis cannot show it): on the bottom edge"
     ax.plot(
         x,
         np.full(len(x), 0.0),
@@ -152,6 +153,8 @@ def plot_error_vs_n(
     ax = fig.add_subplot()
     off_axis: list = []
     xs = []
+    sizes = {float(v) for v in table.mean.columns}
+    single = len(sizes) < 2
     for key, (arch, method) in zip(table.mean.index, keys):
         mean = table.mean.loc[key]
         x = np.asarray([float(v) for v in mean.index])
@@ -160,8 +163,9 @@ def plot_error_vs_n(
         n = table.n.loc[key].to_numpy()
         sd = np.where(n > 1, table.sd.loc[key].to_numpy(dtype="float64"), np.nan)
         color, (ls, marker) = style.color(arch), style.line(method)
-        shown = np.isfinite(y) & (y > 0)
         xs.extend(x[np.isfinite(y)])
+        # Plain axes (one size) show an error of 0 as it is; only a log axis needs it marked on its edge.
+        shown = np.isfinite(y) & ((y > 0) | single)
         ax.plot(
             x[shown],
             y[shown],
@@ -171,7 +175,7 @@ def plot_error_vs_n(
             label=f"{arch} / {method} ({_n_text(n)} seeds)",
         )
         _bars(ax, x[shown], y[shown], sd[shown], color)
-        _mark_off_axis(ax, x[np.isfinite(y) & (y <= 0)], off_axis)
+        _mark_off_axis(ax, x[np.isfinite(y) & ~shown], off_axis)
         fit = (fits or {}).get((arch, method))
         if fit is not None:
             grid = np.geomspace(fit.n.min(), fit.n.max(), 100)
@@ -244,7 +248,16 @@ def plot_gain(
     base = gain.attrs.get("baseline", "baseline")
     treat = gain.attrs.get("treatment", "treatment")
     ax.axhline(0.0, color="black", linewidth=0.8, linestyle="--", label=f"no gain ({treat} = {base})")
-    _log_axis(ax.xaxis, ax.set_xscale)
+    fractions = np.asarray(sorted({float(v) for v in gain.index.get_level_values(1)}))
+    fractions = fractions[np.isfinite(fractions) & (fractions > 0)]
+    if len(fractions) > 1:
+        # The design's fractions, not matplotlib's padding to whole decades.
+        _log_axis(ax.xaxis, ax.set_xscale)
+        ax.set_xlim(fractions.min() / 1.25, fractions.max() * 1.25)
+    elif len(fractions) == 1:
+        # One fraction: a log axis around a single value would span 0.1 to 10; plain axes about it instead.
+        ax.set_xlim(fractions[0] * 0.8, fractions[0] * 1.2)
+        ax.set_xticks([fractions[0]])
     ax.set_xlabel("training-set fraction")
     metric = gain.attrs.get("metric", "metric")
     ax.set_ylabel(f"gain in {metric} ({treat} - {base})")
@@ -261,10 +274,12 @@ def plot_gain(
 
 def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = None, title: str | None = None) -> Figure:
     """Metric against rho (log x), one panel per arch, colour = arch, style = method (and `by` levels):
-    mean per level, ± sd only where a level has n > 1; the best level starred; its bootstrap interval shaded
-    only where one exists; the baseline (rho = 0) dashed and named in the legend."""
+    mean per level with its interval at every level whose sampling error is known (`_level_intervals`: mean ± t·SE
+    where n > 1, Clopper-Pearson for a single trial's accuracy), named in the title; the best level starred behind
+    the points; its confidence set shaded only where one exists; the baseline (rho = 0) dashed and in the legend."""
     groups = list(result.best.index.names)
     keys = [k if isinstance(k, tuple) else (k,) for k in result.best.index]
+    accuracy = result.metric in ACCURACY_METRICS
     # Each architecture on its own y axis: one arch's range (an outlier at a large rho) would flatten the others.
     fig, panels = _panels([tuple(map(str, k)) for k in keys], sharey=False)
     style = _Style([k[0] for k in keys], [" / ".join(map(str, k[1:])) or str(k[0]) for k in keys])
@@ -275,7 +290,6 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         part = part.sort_values("rho")
         label = " / ".join(map(str, key[1:])) or str(key[0])
         color, (ls, marker) = style.color(key[0]), style.line(label)
-        sd = np.where(part["n"].to_numpy() > 1, part["sd"].to_numpy(dtype="float64"), np.nan)
         rho, mean = part["rho"].to_numpy(dtype="float64"), part["mean"].to_numpy(dtype="float64")
         ax.plot(
             rho,
@@ -283,18 +297,25 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
             color=color,
             linestyle=ls,
             marker=marker,
+            markersize=5,
+            zorder=3,
             label=f"{label} ({_per_level(part['n'])})",
         )
-        _bars(ax, rho, mean, sd, color)
+        low, high = _level_intervals(part, accuracy=accuracy, confidence=result.confidence)
+        has = np.isfinite(low) & np.isfinite(high)
+        if has.any():
+            yerr = np.vstack([mean[has] - low[has], high[has] - mean[has]]).clip(min=0.0)
+            ax.errorbar(rho[has], mean[has], yerr=yerr, fmt="none", ecolor=color, capsize=3, zorder=3)
         best = result.best.loc[key if len(key) > 1 else key[0]]
-        # A hollow star behind the curve: the best level's own point (and its bar) stays visible through it.
+        # A hollow star larger than the points and behind them: the best level's own point and bar stay visible.
         ax.plot(
             [best["best_rho"]],
             [best["best_mean"]],
             marker="*",
-            markersize=16,
+            markersize=18,
             markerfacecolor="none",
             markeredgecolor="black",
+            markeredgewidth=1.0,
             linestyle="none",
             zorder=1,
         )
@@ -328,13 +349,39 @@ def plot_rho_sensitivity(result: RhoSensitivity, *, path: str | Path | None = No
         ax.set_xlabel(f"{name} (log scale)")
         ax.set_ylabel(result.metric)
         ax.legend(fontsize=6)
+    pct = f"{result.confidence:.0%}"
+    bars = f"bars: {pct} interval of a level, mean ± t·SE over its trials where n > 1"
+    if accuracy:
+        bars += ", Clopper-Pearson on the validation samples where n = 1"
     fig.suptitle(
         title
-        or f"{result.metric} vs {name}: best level starred, its {result.confidence:.0%} interval shaded "
-        "where levels were repeated",
+        or f"{result.metric} vs {name}: best level starred, its {pct} confidence set shaded where levels were "
+        f"repeated\n{bars}",
         fontsize=9,
     )
     return _finish(fig, path)
+
+
+def _level_intervals(levels: pd.DataFrame, *, accuracy: bool, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of each rho level's mean: mean ± t·SE (t of n - 1 degrees of freedom, SE = sd / sqrt(n)) where
+    a level has n > 1 trials; for a single trial's accuracy, the exact (Clopper-Pearson) interval on its validation
+    samples (`val_n`); NaN where neither is known."""
+    from scipy.stats import t as student
+
+    from analysis.runs import accuracy_interval
+
+    n = levels["n"].to_numpy(dtype="float64")
+    mean, sd = levels["mean"].to_numpy(dtype="float64"), levels["sd"].to_numpy(dtype="float64")
+    low, high = np.full(len(n), np.nan), np.full(len(n), np.nan)
+    many = n > 1
+    if many.any():
+        half = student.ppf(0.5 + confidence / 2, n[many] - 1) * sd[many] / np.sqrt(n[many])
+        low[many], high[many] = mean[many] - half, mean[many] + half
+    val_n = levels["val_n"].to_numpy(dtype="float64") if "val_n" in levels.columns else np.full(len(n), np.nan)
+    single = (n == 1) & np.isfinite(val_n) & (val_n > 0)
+    if accuracy and single.any():
+        low[single], high[single] = accuracy_interval(mean[single], val_n[single], confidence)
+    return low, high
 
 
 def plot_curves(

@@ -15,6 +15,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 from analysis.runs import best_key
 from trainables.config import TrialConfig
@@ -216,13 +217,31 @@ def knob_importance(
     return out
 
 
-def _axis_values(part: pd.Series, *, categorical: bool):
+# A category's trials spread over this share of its slot (ordered by the objective), so that lines through one
+# level fan out instead of meeting in one point; the rest of the slot keeps neighbouring levels apart.
+CATEGORY_SPREAD = 0.6
+# The colour scale runs between these percentiles of the objective (nearest trial): one outlying trial does not
+# spend the whole scale; trials beyond them take the end colours (the colour bar's arrows).
+COLOR_PERCENTILES = (5, 95)
+
+
+def _axis_values(part: pd.Series, *, categorical: bool, spread_by: np.ndarray | None = None):
     """Positions in [0, 1] of one axis' values, with the ticks (position, label) to draw; a missing numeric value
-    (a cell that does not search the knob) goes to a slot below the axis."""
+    (a cell that does not search the knob) goes to a slot below the axis. Categories sit evenly spaced, each
+    level's trials spread across CATEGORY_SPREAD of its slot in the order of `spread_by` (the objective)."""
     if categorical:
         levels = sorted(part.dropna().astype(str).unique())
-        where = {lv: (i + 0.5) / len(levels) for i, lv in enumerate(levels)}
-        return part.astype(str).map(where).to_numpy(dtype="float64"), [(where[lv], lv) for lv in levels], False
+        slot = 1.0 / len(levels)
+        where = {lv: (i + 0.5) * slot for i, lv in enumerate(levels)}
+        text = part.astype(str).to_numpy()
+        pos = pd.Series(text).map(where).to_numpy(dtype="float64", copy=True)
+        rank = spread_by if spread_by is not None else np.arange(len(text), dtype="float64")
+        for lv in levels:
+            members = np.flatnonzero(text == lv)
+            if len(members) > 1:
+                order = members[np.argsort(rank[members], kind="stable")]
+                pos[order] += (np.linspace(0.0, 1.0, len(order)) - 0.5) * CATEGORY_SPREAD * slot
+        return pos, [(where[lv], lv) for lv in levels], False
     values = pd.to_numeric(part, errors="coerce").to_numpy(dtype="float64")
     known = values[np.isfinite(values)]
     lo, hi = float(known.min()), float(known.max())
@@ -232,10 +251,15 @@ def _axis_values(part: pd.Series, *, categorical: bool):
     pos = (f(np.where(np.isfinite(values), values, lo)) - f(lo)) / span
     ticks = [(0.0, f"{lo:.3g}"), (1.0, f"{hi:.3g}")]
     if log:
-        for d in range(math.ceil(math.log10(lo)), math.floor(math.log10(hi)) + 1):
-            p = (d - f(lo)) / span
-            if 0.08 < p < 0.92:
-                ticks.append((p, f"{10.0**d:g}"))
+        inner = [
+            m * 10.0**d for d in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in (1, 2, 5)
+        ]
+    else:
+        inner = list(MaxNLocator(nbins=5).tick_values(lo, hi)) if hi > lo else []
+    for v in inner:
+        p = (f(v) - f(lo)) / span
+        if 0.08 < p < 0.92:
+            ticks.append((p, f"{v:.4g}"))
     missing = not np.isfinite(values).all()
     pos = np.where(np.isfinite(values), pos, -0.15)
     if missing:
@@ -256,7 +280,9 @@ def plot_parallel_coordinates(
 ) -> Figure:
     """Every finished trial of the study as one line across its factors, searched knobs and `metric` (the last
     axis), coloured by `metric` (brighter is better); baseline trials (optimizer.method 'none') dashed black, the
-    best trial (BEST_RULE) thick red. A knob a cell does not search sits at 'not searched' below its axis.
+    best trial (BEST_RULE) thick red. A knob a cell does not search sits at 'not searched' below its axis. A factor's
+    levels sit evenly spaced and labelled, each level's trials fanned out by the objective; numeric axes carry
+    rounded ticks between their ends; the colour scale is clipped at COLOR_PERCENTILES (the colour bar says so).
 
     links: run id -> URL; each trial's line links there in the SVG (`fig.savefig(..., format='svg')`), e.g. to its
     MLflow run. path: a .png or .svg file to write."""
@@ -277,9 +303,10 @@ def plot_parallel_coordinates(
         ax.set_axis_off()
         return _write(fig, path)
     columns = {}
+    y = ok[metric].to_numpy(dtype="float64")
     for j, col in enumerate(axes):
         categorical = col == "cell" or col.startswith(FACTOR_PREFIX)
-        pos, ticks, log = _axis_values(ok[col], categorical=categorical)
+        pos, ticks, log = _axis_values(ok[col], categorical=categorical, spread_by=y)
         columns[col] = pos
         ax.axvline(j, color="0.35", linewidth=1.0, zorder=1)
         for p, label in ticks:
@@ -296,8 +323,11 @@ def plot_parallel_coordinates(
             ax.plot([j - 0.02, j], [p, p], color="0.35", linewidth=1.0, zorder=1)
         name = col.removeprefix(FACTOR_PREFIX).rsplit(".", 1)[-1] if col != metric else f"{metric} ({mode})"
         ax.text(j, 1.06, name + (" (log)" if log else ""), ha="center", va="bottom", fontsize=9, weight="bold")
-    y = ok[metric].to_numpy(dtype="float64")
-    norm = Normalize(vmin=float(y.min()), vmax=float(y.max()) if y.max() > y.min() else float(y.min()) + 1e-9)
+    low, high = (float(np.percentile(y, q, method="nearest")) for q in COLOR_PERCENTILES)
+    if high <= low:
+        low, high = float(y.min()), float(y.max())
+    clipped = bool(y.min() < low or y.max() > high)
+    norm = Normalize(vmin=low, vmax=high if high > low else low + 1e-9, clip=True)
     cmap = colormaps["viridis" if mode == "max" else "viridis_r"]
     baseline = _is_baseline(ok).to_numpy()
     started = ok["start_time"] if "start_time" in ok.columns else pd.Series(0, index=ok.index)
@@ -319,7 +349,12 @@ def plot_parallel_coordinates(
     ax.set_xlim(-0.6, len(axes) - 0.6)
     ax.set_ylim(-0.25, 1.15)
     ax.set_axis_off()
-    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric, shrink=0.8)
+    lo_q, hi_q = COLOR_PERCENTILES
+    label = f"{metric} (colour clipped to its {lo_q}th-{hi_q}th percentile)" if clipped else metric
+    extend = {(True, True): "both", (True, False): "min", (False, True): "max"}.get(
+        (bool(y.min() < low), bool(y.max() > high)), "neither"
+    )
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=label, shrink=0.8, extend=extend)
     best_style = (0, (4, 2)) if baseline[best] else "-"
     handles = [
         Line2D(

@@ -688,7 +688,8 @@ class RhoSensitivity:
     """Accuracy against rho per group (arch, plus `by`), the best rho of each group and its bootstrap interval.
 
     levels: one row per (group, rho level): rho, mean, sd, n, p_best (share of bootstrap resamples in which
-    this level was the best; NaN where no level of the group has two trials). best: one row per group: best_rho,
+    this level was the best; NaN where no level of the group has two trials), val_n (the level's validation sample
+    count, NaN where the trials logged none). best: one row per group: best_rho,
     best_mean, rho_low, rho_high (the confidence set's lowest and highest level), best_set (its levels), n_trials,
     and baseline (the mean metric of the `baseline` method's trials, the paper's rho = 0 column) when asked for.
     draws: per group (the tuple of its index values in `best`), the best rho of each bootstrap resample (NaN
@@ -825,6 +826,16 @@ def rho_sensitivity(
         counts = np.bincount(codes, minlength=k)
         means = sums / counts
         sds = np.array([values[codes == i].std(ddof=1) if counts[i] > 1 else math.nan for i in range(k)])
+        # Each level's validation sample count (the smallest of its trials'), where the trials logged one: a single
+        # trial's accuracy still has a known sampling error (plot_rho_sensitivity draws its exact interval).
+        val_n = np.full(k, math.nan)
+        from trainables.metrics import VALIDATION_SAMPLES
+
+        if VALIDATION_SAMPLES in part.columns:
+            logged = pd.to_numeric(part[VALIDATION_SAMPLES], errors="coerce").to_numpy(dtype="float64")
+            val_n = np.array(
+                [np.nanmin(logged[codes == i]) if np.isfinite(logged[codes == i]).any() else math.nan for i in range(k)]
+            )
         best = int(np.nanargmax(means) if mode == "max" else np.nanargmin(means))
         tied = np.flatnonzero(means == means[best])
         if len(tied) > 1:
@@ -882,6 +893,7 @@ def rho_sensitivity(
                     "sd": float(sds[i]),
                     "n": int(counts[i]),
                     "p_best": float(p_best[i]),
+                    "val_n": float(val_n[i]),
                 }
             )
         row = {

@@ -310,14 +310,29 @@ class LiveView:
         value = f" {self.column}={run.value:.4f}" if run.value is not None else ""
         return f"{run.name}: {run.epoch}/{epochs} epochs{value}"  # a count (NUMBERING: epoch k is the (k+1)-th)
 
-    def render(self, max_lines: int | None = None) -> list[str]:
-        """The view as lines: a header, a row per cell (active cells first when they do not all fit)."""
+    def _header(self, width: int | None) -> str:
+        """The first line, fitted to `width` by giving up the least important first: the wording of the counts,
+        then the elapsed time, then the title's tail; the ETA stays."""
         done, running, failed, planned = self._totals()
-        header = (
-            f"{self.title}: {done + failed}/{planned} trials ended ({done} done, {failed} failed), "
-            f"{running} running; {self._clock()}"
-        )
-        lines = [header]
+        eta = self.eta_s()
+        eta_text = f"ETA {format_duration(eta) if eta is not None else '?'}"
+        elapsed = f"elapsed {format_duration(time.monotonic() - self.t0)}"
+        long = f"{done + failed}/{planned} trials ended ({done} done, {failed} failed), {running} running"
+        short = f"{done + failed}/{planned} ended, {running} run, {failed} fail"
+        tails = (f"{long}; {elapsed}, {eta_text}", f"{short}; {elapsed}, {eta_text}", f"{short}; {eta_text}")
+        for tail in tails:
+            line = f"{self.title}: {tail}"
+            if width is None or len(line) <= width:
+                return line
+        room = width - len(tails[-1]) - 2
+        if room < 2:
+            return tails[-1][-width:]  # a very narrow terminal: the counts' start goes before the ETA
+        return f"{self.title[: room - 1]}…: {tails[-1]}"
+
+    def render(self, max_lines: int | None = None, columns: int | None = None) -> list[str]:
+        """The view as lines: a header, a row per cell (active cells first when they do not all fit). columns: the
+        terminal's width; the header keeps its ETA within it, a row loses its end (the best trial's name)."""
+        lines = [self._header(columns)]
         width = max([len(c.label) for c in self.cells.values()] + [4])
         lines.append(f"  {'cell':<{width}}  done  run  fail  best {self.label}")
         rows: list[tuple[int, list[str]]] = []
@@ -341,7 +356,7 @@ class LiveView:
             lines.append(f"  ... {hidden} more cell(s)")
         else:
             lines += [line for _, row in rows for line in row]
-        return lines
+        return lines if columns is None else [line[:columns] for line in lines]
 
     def plain_status(self) -> str:
         """One line for a log: counts, clock, and the running trials."""
@@ -360,12 +375,13 @@ class LiveView:
         if self._tty():
             if not force and now - self._last_draw < TTY_REFRESH_S:
                 return
-            height = shutil.get_terminal_size((100, 30)).lines
-            lines = self.render(max_lines=max(5, height - 2))
+            size = shutil.get_terminal_size((100, 30))
+            # One column short of the width: a line that fills it wraps on some terminals, and the redraw's count
+            # of lines to go back up would be off.
+            lines = self.render(max_lines=max(5, size.lines - 2), columns=max(20, size.columns - 1))
             # Back to the first line of the previous drawing, clear to the end of the screen, draw again.
             up = f"\x1b[{self._drawn_lines}F\x1b[J" if self._drawn_lines else ""
-            cols = shutil.get_terminal_size((100, 30)).columns
-            sys.stdout.write(up + "\n".join(line[: cols - 1] for line in lines) + "\n")
+            sys.stdout.write(up + "\n".join(lines) + "\n")
             sys.stdout.flush()
             self._drawn_lines = len(lines)
         elif force or now - self._last_draw >= PLAIN_EVERY_S:

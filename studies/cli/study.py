@@ -69,6 +69,8 @@ class Run(Command):
 
     def _run(self, args):
         """The study, run (or resumed) to its end; its outcome."""
+        # Said before the imports: torch, Ray and a local cluster's start take 40-50 s before the live view draws.
+        print(starting_line(args, resumes=self.resumes), flush=True)
         from studies.runner import run_study
         from trainables.tracking import check_tracking_uri
 
@@ -242,6 +244,14 @@ def _print_estimate(study, args) -> None:
         gpus, card = local_gpus()
     for line in estimate_study(study, gpus=gpus, cluster_card=card).lines():
         print(line)
+
+
+def starting_line(args, *, resumes: bool) -> str:
+    """The line `run` and `resume` print at once, before the silent start of Ray: what happens and how long."""
+    verb = "resuming" if resumes else "running"
+    if args.address:
+        return f"sharpscale: {verb} {args.study} on the Ray cluster at {args.address}: connecting..."
+    return f"sharpscale: {verb} {args.study}: starting Ray, about 40-50 s..."
 
 
 def incomplete(args, when: str) -> str:

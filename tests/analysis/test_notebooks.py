@@ -81,12 +81,13 @@ def checkpoint(tmp_path_factory, tiny_model):
     return path
 
 
-def _run(name: str, cwd: Path) -> None:
+def _run(name: str, cwd: Path):
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     # The kernel inherits this process's environment: the SHARPSCALE_* variables set by the test.
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    return nb
 
 
 def test_notebooks_are_committed_without_outputs():
@@ -174,7 +175,12 @@ def test_geometry_notebook_measures_a_studys_checkpoints(checkpointed, tmp_path,
     monkeypatch.setenv("SHARPSCALE_GEOMETRY_BEST", "0")  # every checkpointed trial (the default: each cell's best)
     monkeypatch.setenv("SHARPSCALE_GEOMETRY_SAMPLES", "32")
     monkeypatch.setenv("SHARPSCALE_THREADS", "1")
-    _run("geometry", tmp_path)
+    nb = _run("geometry", tmp_path)
+    # Before it writes, the notebook says what it will write, where, and about how long it takes.
+    streams = [o for c in nb.cells if "measure_study(" in c.source for o in c.outputs if o.get("name") == "stdout"]
+    first = "".join(o.text for o in streams).splitlines()[0]
+    assert first.startswith(f"Writing to {uri}: 3 checkpointed trial(s) of 'geo_nb'"), first
+    assert "geometry/lambda_max" in first and " min on a CPU" in first and "SHARPSCALE_CHECKPOINT" in first
     logged = _geometry(uri, "geo_nb")
     for key in ("a0", "a1", "s0"):  # every finished trial that kept a checkpoint
         assert math.isfinite(logged[ids[key]]["geometry/lambda_max"]), key

@@ -160,3 +160,23 @@ def test_report_html_inlines_a_figures_svg_twin_and_points_links_at_a_tracking_s
     assert "v.startsWith(\"http://mlflow.lab:5000\" + '/#/')" in page
     with pytest.raises(ValueError):
         plot_parallel_coordinates(_study(0.0, 0.0, trials=2), metric="val_acc", path=tmp_path / "x.pdf")
+
+
+def test_parallel_coordinates_read_at_a_glance_despite_one_outlier():
+    runs = _study(0.05, 0.02, trials=4)
+    runs.loc[4, "val_acc"] = 0.1  # one diverged trial
+    fig = plot_parallel_coordinates(runs, metric="val_acc")
+    ax = fig.axes[0]
+    axes_x = {t.get_text(): t.get_position()[0] for t in ax.texts if t.get_position()[1] > 1.0}
+    objective = axes_x["val_acc (max)"]
+    # The objective's axis: rounded ticks between its two ends, not the ends alone.
+    ticks = [t for t in ax.texts if np.isclose(t.get_position()[0], objective - 0.03)]
+    assert len(ticks) >= 4
+    # A factor's trials fan out over their level's slot: as many positions on the arch axis as trials, not three.
+    arch = axes_x["arch"]
+    at_arch = {round(float(line.get_ydata()[int(arch)]), 6) for line in ax.lines if len(line.get_xdata()) > 2}
+    assert len(at_arch) == len(runs)
+    # The outlier does not spend the colour scale, and the colour bar says where it is clipped.
+    cbar = fig.axes[1]._colorbar
+    assert cbar.norm.vmin > 0.5 and cbar.norm.vmax <= runs["val_acc"].max()
+    assert "percentile" in cbar.ax.get_ylabel() and cbar.extend in ("min", "both")

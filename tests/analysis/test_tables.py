@@ -542,7 +542,9 @@ def test_plots_label_every_axis_show_n_and_draw_no_interval_the_data_cannot_give
     ax = fig.axes[0]
     assert ax.get_xlabel() and ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "0 (below the log axis)" in labels and all("n=1 seeds" in t for t in labels if " / " in t)
+    assert "error 0 (a log axis cannot show it): on the bottom edge" in labels and all(
+        "n=1 seeds" in t for t in labels if " / " in t
+    )
     assert not any(c.get_segments() for c in ax.collections)  # n = 1: no error bars at all
     xlo, xhi = ax.get_xlim()
     assert xlo > 0.05 and xhi < 2.0  # the measured fractions 0.1..1, not padded to the next decade

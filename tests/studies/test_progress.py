@@ -1,5 +1,6 @@
 """The live view of a running study: per-cell counts, running trials' epochs, ETA; and the noise kept in a file."""
 
+import argparse
 import io
 import logging
 from dataclasses import dataclass, field
@@ -226,3 +227,68 @@ def test_the_log_file_drops_only_a_full_disks_errors(tmp_path, capsys):
     finally:
         handler.stream = None
         handler.close()
+
+
+def test_at_80_columns_the_view_keeps_its_eta(view):
+    live, study = view
+    live.title = "a_study_with_a_long_descriptive_name_as_users_write_them"
+    for i in range(len(study.cells)):
+        live.start(_trial(study, i, f"t{i}", f"arch=vit,method=sam trial {i} with a long name"))
+    lines = live.render(columns=79)
+    assert all(len(line) <= 79 for line in lines)
+    assert "ETA " in lines[0] and "/" in lines[0]
+    # A wide terminal keeps every word.
+    assert live.render(columns=200)[0].startswith(live.title + ": ") and "elapsed" in live.render(columns=200)[0]
+
+
+def test_run_says_what_it_does_before_ray_starts(capsys):
+    import argparse
+
+    from studies.cli.study import Run, starting_line
+
+    args = argparse.Namespace(study="studies/quickstart.yaml", address=None)
+    line = starting_line(args, resumes=False)
+    assert len(line) <= 80 and "40-50 s" in line and "quickstart" in line
+    assert "on the Ray cluster at auto: connecting" in starting_line(
+        argparse.Namespace(study="q.yaml", address="auto"), resumes=True
+    )
+
+    class Told(Exception):
+        pass
+
+    def run_study(*_, **__):
+        # What the terminal showed when the slow part began.
+        raise Told(capsys.readouterr().out)
+
+    import studies.runner
+
+    saved, studies.runner.run_study = studies.runner.run_study, run_study
+    try:
+        full = argparse.Namespace(**vars(args), tracking_uri=None, smoke=True, num_cpus=None, set=[])
+        with pytest.raises(Told) as told:
+            Run()._run(full)
+    finally:
+        studies.runner.run_study = saved
+    assert str(told.value).strip() == line
+
+
+def test_the_end_summary_does_not_wrap_at_80_columns(monkeypatch, capsys):
+    import pandas as pd
+
+    from studies.cli import summary
+    from trainables.metrics import FIXED_TIME
+
+    monkeypatch.setenv("COLUMNS", "80")
+    runs = pd.DataFrame({FIXED_TIME: [3.2, 4.1, 5.0]})
+    outcome = argparse.Namespace(training_share=("gpu_training_share", 0.41), gpu_busy=None)
+    summary._print_cost(runs, outcome)
+    summary._print_next(
+        "sharpscale", " --tracking-uri sqlite:////home/user/work/mlflow.db", "studies/quickstart.yaml", "quickstart"
+    )
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert all(len(line) < 80 for line in lines), [line for line in lines if len(line) >= 80]
+    # Nothing is lost: a long command continues with a shell's backslash, every word of the prose is still there.
+    report = lines.index("  sharpscale report studies/quickstart.yaml \\")
+    assert lines[report + 1] == "      --tracking-uri sqlite:////home/user/work/mlflow.db"
+    assert "median 4.1 s a trial (min 3.2, max 5.0; 3 trials)." in " ".join(w.strip() for w in lines)
