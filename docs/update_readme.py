@@ -151,6 +151,8 @@ def block(page: str, begin: str, end: str) -> str:
 def quickstart_output() -> str:
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1"}
+        # The summary wraps to the terminal: the block shows what a 130-column terminal shows (the README says so).
+        env["COLUMNS"] = "130"
         out = subprocess.run(
             [
                 sys.executable,
