@@ -168,7 +168,8 @@ def _optuna_trials(url: str) -> list[str]:
 def test_resume_finds_the_recorded_state_after_a_cwd_change(
     ray_cluster, tmp_path, monkeypatch, tracking_uri, capsys, write
 ):
-    from studies.runner import OPTUNA_STORAGE_TAG, STORAGE_TAG, run_study
+    from studies.runner import run_study
+    from trainables.naming import OPTUNA_STORAGE_TAG, STORAGE_TAG
 
     path = write(tmp_path / "studies", tracking={"artifact_location": str(tmp_path / "mlartifacts")})
     first, second = tmp_path / "first", tmp_path / "second"
