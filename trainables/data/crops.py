@@ -216,15 +216,8 @@ def _roi_align(planes: torch.Tensor, rois: torch.Tensor, size: int) -> torch.Ten
     return torch.ops.torchvision.roi_align(planes, rois, 1.0, size, size, -1, True)
 
 
-def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    # Host draws reach the GPU through pinned memory, asynchronously: a pageable copy would make the host wait.
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def _to_all(tensors: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """Host tensors on `device` in one copy, as `_to` copies one: their bytes packed back to back, each at a
+    """Host tensors on `device` in one copy, as `bundle._to_device` copies one: their bytes packed back to back, each at a
     multiple of 8 bytes (every dtype's view stays aligned), copied, and viewed out again. Packed on the CPU too (one
     concatenation), so that the CPU tests run the views the GPU gets."""
     parts, spans, at = [], [], 0

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from trainables.data.bundle import _to_device
 from trainables.data.crops import (
     Images,
     ReadBatch,
-    _to,
     center_crop_boxes,
     crop_resize,
     decode_batch,
@@ -110,7 +110,7 @@ class FolderBytes(Dataset):
         flips = torch.rand(images.n, generator=generator) < 0.5
         x = crop_resize(images, boxes, self.size)
         if flips.any():
-            rows = _to(torch.nonzero(flips).flatten(), device)
+            rows = _to_device(torch.nonzero(flips).flatten(), device)
             x[rows] = x[rows].flip(3)
         # PIL hands RandAugment an 8-bit image.
         x = x.round_().clamp_(0, 255)
@@ -182,7 +182,7 @@ class FolderPixels(FolderBytes):
     def images(self, batch: ReadBatch, device: torch.device) -> Images:
         """The batch's pixels on `device` in one copy, each run of equal sizes viewed as one NCHW tensor (no copy per
         image or group), each group's rows its images' positions in the batch."""
-        on_device = _to(batch.flat, device)
+        on_device = _to_device(batch.flat, device)
         shapes = self._split.shapes[batch.indices[batch.order].numpy()]  # in the flat layout's order
         starts = np.concatenate([[0], np.cumsum(batch.lengths.numpy())])
         cuts = [0, *(np.flatnonzero((shapes[1:] != shapes[:-1]).any(1)) + 1).tolist(), len(shapes)]
@@ -329,7 +329,7 @@ class _DeviceBatches:
             return x, batch.labels, batch.indices, None
         with torch.cuda.stream(stream):
             x = self.folder.transform(self.folder.images(batch, self.device), self.device, generator)
-            y = _to(batch.labels, self.device)
+            y = _to_device(batch.labels, self.device)
             event = torch.cuda.Event()
             event.record(stream)
         if slot is not None:

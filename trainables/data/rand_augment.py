@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainables.data.crops import _to, _to_all
+from trainables.data.bundle import _to_device
+from trainables.data.crops import _to_all
 from trainables.data.registry import DEVICE_RAND_OPS
 
 __all__ = ["DeviceRandAugment", "apply_op", "device_rand_augment_problem", "level_args"]
@@ -220,9 +221,9 @@ def apply_op(
         _, _, h, w = x.shape
         arg = arg.cpu().double()
         theta = _theta(_affine(torch.full(arg.shape, _GEOMETRIC.index(name)), arg, h, w), h, w).to(x.dtype)
-        out = _warp(x, _to(theta, x.device), mode, _to(torch.tensor(fill, dtype=x.dtype), x.device))
+        out = _warp(x, _to_device(theta, x.device), mode, _to_device(torch.tensor(fill, dtype=x.dtype), x.device))
     else:
-        out = _pixel_op(name, x, _to(arg.float(), x.device))
+        out = _pixel_op(name, x, _to_device(arg.float(), x.device))
     return torch.round(out).clamp_(0, 255)
 
 
