@@ -1,4 +1,4 @@
-"""sharpscale's optimisation methods (SAM and its GCSAM knob, ASAM, GSAM, LookSAM, SAF, MESA, ESAM, F-SAM, MSAM, WSAM, SAMPa, VaSSO), their scope and schedule, behind one step interface; pure PyTorch."""
+"""sharpscale's optimisation methods (SAM and its GCSAM knob, ASAM, GSAM, LookSAM, SAF, MESA, ESAM, F-SAM, MSAM, WSAM, SAMPa, VaSSO, bSAM), their scope and schedule, behind one step interface; pure PyTorch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from optim.lazy import exports
 __all__, __getattr__, __dir__ = exports(
     __name__,
     {
-        "_registry": ("METHODS", "MethodSpec", "check_hparams", "check_step_kinds", "create", "method_names"),
+        "_registry": (
+            "METHODS",
+            "MethodSpec",
+            "check_base",
+            "check_hparams",
+            "check_step_kinds",
+            "create",
+            "method_names",
+        ),
         "_schedule": ("Schedule", "check_schedule"),
         "_scope": ("check_scope",),
         "_scheduled": ("Scheduled",),
@@ -25,5 +33,6 @@ __all__, __getattr__, __dir__ = exports(
         "_wsam": ("WSAM",),
         "_sampa": ("SAMPa",),
         "_vasso": ("VaSSO",),
+        "_bsam": ("BSAM",),
     },
 )

@@ -14,6 +14,7 @@ __all__ = [
     "CONTEXT",
     "Knob",
     "MethodSpec",
+    "OwnUpdate",
     "Relation",
     "Rule",
     "SmallRun",
@@ -159,6 +160,22 @@ class SmallRun:
 
 
 @dataclass(frozen=True)
+class OwnUpdate:
+    """What a method that steps the weights by a rule of its own (bSAM), not a base optimizer's step with a changed
+    gradient, takes from its base optimizer: only the parameter groups and each group's current ``lr`` (which the
+    lr schedule sets); the base's step is never called and its state stays empty. ``requires``: the trial config's
+    base-optimizer knobs that must have one value (bSAM's prior is a knob of its own, so ``weight_decay`` must be 0,
+    or a decay would seem to apply); ``ignores``: the knobs it does not read, which must stay at the config's
+    defaults, so that no setting is silently dropped; ``fix``: where the method's own counterparts are. One rule for
+    the trial config (``optim.check_base``, torch-free) and the docs; ``perturbs`` is False for such a method (its
+    schedule's plain steps would be a base step it does not take, so it takes neither a schedule nor a scope)."""
+
+    requires: Mapping[str, Any]
+    ignores: tuple[str, ...]
+    fix: str
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One registry entry: what the study validator needs to know about a method without building it (its knobs
     with their defaults and rules, the base optimizers it takes), and how to build it.
@@ -186,6 +203,12 @@ class MethodSpec:
     step_cost: float | None = None
     compiled_differs: str = ""
     small: SmallRun = field(default_factory=SmallRun, repr=False)
+    own_update: OwnUpdate | None = None  # steps by its own rule; the base optimizer only lends groups and lr
+
+    @property
+    def steps_base(self) -> bool:
+        """Whether the update is the base optimizer's step (every method but those with an ``own_update``)."""
+        return self.own_update is None
 
     @property
     def hparams(self) -> Mapping[str, Any]:
@@ -241,6 +264,7 @@ def method_spec(
     step_cost: float | None = None,
     compiled_differs: str = "",
     small: SmallRun | None = None,
+    own_update: OwnUpdate | None = None,
 ) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
     context that create() can pass, the small run's knobs among its own; ``perturbs`` defaults to ``two_pass``.
@@ -255,6 +279,11 @@ def method_spec(
     if bad:
         raise TypeError(f"method {name!r}: needs {sorted(bad)} is not context create() can pass ({CONTEXT[:3]})")
     small = small if small is not None else SmallRun()
+    if own_update is not None and (perturbs or needs_momentum or small.base_exactly is not None):
+        raise TypeError(
+            f"method {name!r}: an own_update method steps no base optimizer, so it takes no schedule or scope "
+            "(perturbs=False), needs no base momentum and has no small.base_exactly"
+        )
     for label, knobs_set in (("small.hparams", small.hparams), ("small.base_exactly", small.base_exactly or {})):
         unknown = sorted(set(knobs_set) - set(names))
         if unknown:
@@ -267,12 +296,13 @@ def method_spec(
         two_pass=two_pass,
         needs=frozenset(needs),
         needs_momentum=needs_momentum,
-        perturbs=two_pass if perturbs is None else perturbs,
+        perturbs=(two_pass and own_update is None) if perturbs is None else perturbs,
         builder=builder,
         build_kwargs=MappingProxyType(dict(build_kwargs or {})),
         step_cost=step_cost,
         compiled_differs=compiled_differs,
         small=small,
+        own_update=own_update,
     )
 
 

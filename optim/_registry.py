@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from ._method import Method
 
-__all__ = ["METHODS", "MethodSpec", "check_hparams", "create", "method_names"]
+__all__ = ["METHODS", "MethodSpec", "check_base", "check_hparams", "create", "method_names"]
 
 # Adding a method: its module holds the class, and one entry in optim._specs.SPECS declares its knobs and names the
 # class; the entries live apart from the classes so that reading them (a study's validation) needs no torch.
@@ -89,6 +89,8 @@ def check_hparams(
     scope: Any = "all",
     schedule: Any = None,
     epochs: int | None = None,
+    base_settings: Mapping[str, Any] | None = None,
+    base_defaults: Mapping[str, Any] | None = None,
     **hparams: Any,
 ) -> None:
     """Raise what ``create(name, <base optimizer>, **hparams)`` would raise about the method's knobs, without torch:
@@ -97,7 +99,8 @@ def check_hparams(
     ``base_keeps_momentum``: whether it keeps one (Adam's betas, SGD's momentum > 0); ``global_perturbation``: the
     trial's setting, which excludes m-sharpness. ``scope`` and ``schedule`` are checked in their form and against
     the method (a method that does not perturb takes neither); the scope's patterns are checked against the model
-    when it is built."""
+    when it is built. ``base_settings``/``base_defaults``: the trial's base-optimizer knobs and their defaults, for
+    a method with an update of its own (``check_base``)."""
     spec = _entry(name, hparams)
     knobs = {**spec.hparams, **hparams}
     spec.check_knobs(**knobs)
@@ -105,7 +108,31 @@ def check_hparams(
         check_m_sharpness(knobs["m"], global_perturbation)
     if spec.needs_momentum and not base_keeps_momentum:
         raise ValueError(momentum_problem(name, [0], base))
+    check_base(name, base_settings or {}, base_defaults or {})
     check_step_kinds(name, knobs, scope=scope, schedule=schedule, epochs=epochs)
+
+
+def check_base(name: str, settings: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Raise, without torch, where a trial's base-optimizer ``settings`` (knob -> value: ``weight_decay``, ``betas``,
+    ...) do not suit method ``name``: for a method with an ``own_update`` (bSAM), a knob it requires at one value and
+    is not, or a knob it does not read set away from its ``defaults`` (the trial config's), which would otherwise be
+    dropped without a word. Nothing for a method whose update is the base optimizer's step."""
+    spec = METHODS[name]
+    own = spec.own_update
+    if own is None:
+        return
+    for knob, want in own.requires.items():
+        if knob in settings and settings[knob] != want:
+            raise ValueError(
+                f"{knob} must be {want!r} for {name}, which steps by its own rule, but got {knob}={settings[knob]!r}; "
+                f"set it to {want!r} ({own.fix})"
+            )
+    for knob in own.ignores:
+        if knob in settings and knob in defaults and settings[knob] != defaults[knob]:
+            raise ValueError(
+                f"{knob} must stay at its default {defaults[knob]!r} for {name}, whose update does not read it, but got "
+                f"{knob}={settings[knob]!r}; drop it ({own.fix})"
+            )
 
 
 def check_step_kinds(name: str, knobs: Mapping[str, Any], *, scope: Any, schedule: Any, epochs: int | None) -> Schedule:
@@ -114,9 +141,16 @@ def check_step_kinds(name: str, knobs: Mapping[str, Any], *, scope: Any, schedul
     clean gradient whole (``ADAPTIVE_METHODS``, no ``m``). Returns the schedule."""
     spec = METHODS[name]
     checked = check_scope(scope)
+    # A method with an update of its own perturbs, but takes neither: a schedule's plain steps are a base step it
+    # does not take, and its noise and ascent are per weight over every parameter.
+    why = (
+        "which steps by its own rule, not a base optimizer's,"
+        if spec.own_update
+        else "which does not perturb the weights,"
+    )
     if checked != "all" and not spec.perturbs:
         raise ValueError(
-            f"scope must be 'all' for {name}, which does not perturb the weights, but got scope={scope!r}; "
+            f"scope must be 'all' for {name}, {why} but got scope={scope!r}; "
             "pass scope='all', or a perturbing method ("
             + ", ".join(s.name for s in METHODS.values() if s.perturbs)
             + ")"
@@ -124,8 +158,12 @@ def check_step_kinds(name: str, knobs: Mapping[str, Any], *, scope: Any, schedul
     plan = check_schedule(schedule, epochs=epochs)
     if not plan.always and not spec.perturbs:
         raise ValueError(
-            f"schedule must be unset for {name}, which does not perturb the weights, but got schedule={schedule!r}; "
-            "drop it (SAF and MESA switch their loss on after e_start)"
+            f"schedule must be unset for {name}, {why} but got schedule={schedule!r}; drop it "
+            + (
+                "(it perturbs at every step)"
+                if spec.own_update
+                else "(SAF and MESA switch their loss on after e_start)"
+            )
         )
     if plan.adaptive_c is not None and (name not in ADAPTIVE_METHODS or knobs.get("m") is not None):
         raise ValueError(

@@ -11,6 +11,7 @@ from ._knobs import (
     RADIUS,
     Knob,
     MethodSpec,
+    OwnUpdate,
     Relation,
     Rule,
     SmallRun,
@@ -113,6 +114,35 @@ def _e_start_after_e_tilde(v: dict[str, Any]) -> None:
         e_start,
         f"the loss reads logits from e_tilde epochs back, which exist only after epoch e_tilde; pass e_start >= {e_tilde}",
     )
+
+
+def _bsam_precision_positive(v: dict[str, Any]) -> None:
+    beta2, floor = v["beta2"], v["delta"] + v["damping"]
+    check(
+        beta2 > 0 or floor > 0,
+        "beta2",
+        f"beta2 > 0 or delta + damping > 0 (delta + damping = {floor})",
+        beta2,
+        "s <- beta2 s + (1 - beta2)(sqrt(s) |g| + delta + damping) is otherwise zero wherever g is, and w <- w - lr m/s "
+        "divides by it; pass beta2=0.999 (the paper's) or damping=0.1",
+    )
+
+
+def _unit_decay(what: str, example: float) -> Rule:
+    return Rule(
+        "0 <= {name} < 1",
+        lambda x: strict_number(x) and 0 <= x < 1,
+        f"pass the decay of {what}, e.g. {{name}}={example}",
+        convert=float,
+    )
+
+
+def _non_negative(fix: str) -> Rule:
+    return Rule("0 <= {name} < inf", lambda x: strict_number(x) and math.isfinite(x) and x >= 0, fix, convert=float)
+
+
+def _positive(fix: str) -> Rule:
+    return Rule("0 < {name} < inf", lambda x: strict_number(x) and math.isfinite(x) and x > 0, fix, convert=float)
 
 
 def _fsam_first_step_uphill(v: dict[str, Any]) -> None:
@@ -378,6 +408,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.488,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
         small=SmallRun(
             {"rho": 0.05, "gamma": 0.8, "decouple": True}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6
         ),
@@ -403,6 +434,7 @@ SPECS = (
         ),
         perturbs=True,
         needs=("model",),
+        step_cost=0.484,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
         small=SmallRun(
             {"rho": 0.05, "lmbda": 0.3}, base_exactly={"rho": 0.0, "lmbda": 0.0}, passes_per_step=2.0, forwards=6
         ),
@@ -427,6 +459,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.483,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
         small=SmallRun({"rho": 0.05, "theta": 0.4}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6),
     ),
     method_spec(
@@ -480,6 +513,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.305,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
         small=SmallRun(
             {"sigma": 0.05, "lmbda": 0.5, "eta": 0.1, "beta": 0.9},
             base_exactly={"lmbda": 0.0},
@@ -528,6 +562,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.218,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
         small=SmallRun(
             {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.3, "beta": 0.4, "gamma": 0.5},
             base_exactly={"rho_prime": 0.0, "alpha": 1.0, "gamma": 0.0},
@@ -564,12 +599,47 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
+        step_cost=0.161,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
         small=SmallRun(
             {"rho": 0.1, "k": 2, "alpha": 0.6},
             base_exactly={"rho": 0.0, "k": 1, "alpha": 1.0},
             passes_per_step=3.0,
             forwards=9,
             base_steps=2,
+        ),
+    ),
+    method_spec(
+        "bsam",
+        description="bSAM (Moellenhoff & Khan 2023), an Adam-like optimizer of its own: g at a draw w + N(0, 1/(N s)), "
+        "g_eps at w + rho g/s, m <- beta1 m + (1-beta1)(g_eps + delta w), s <- beta2 s + (1-beta2)(sqrt(s)|g| + delta "
+        "+ damping), w <- w - lr m/s; the base optimizer lends only its groups and lr.",
+        builder="._bsam:BSAM",
+        knobs=(
+            Knob("rho", 0.01, RADIUS),
+            Knob("beta1", 0.9, _unit_decay("the momentum m", 0.9)),
+            Knob("beta2", 0.999, _unit_decay("the precision s", 0.999)),
+            Knob("delta", 5e-5, _non_negative("pass the L2 prior precision, e.g. delta=5e-5 (the authors' CIFAR-10)")),
+            Knob("damping", 0.1, _non_negative("pass the precision's damping, e.g. damping=0.1 (the paper's)")),
+            Knob("s_init", 1.0, _positive("pass the initial precision, e.g. s_init=1.0 (the authors' default)")),
+            Knob(
+                "data_factor",
+                1.0,
+                _positive("pass the multiple of the training set's size taken as N, e.g. data_factor=4 (the authors')"),
+            ),
+        ),
+        relations=(Relation(("beta2", "delta", "damping"), _bsam_precision_positive),),
+        two_pass=True,
+        needs=("model", "num_samples"),
+        own_update=OwnUpdate(
+            requires={"weight_decay": 0.0},
+            ignores=("base", "momentum", "betas"),
+            fix="bSAM's own counterparts are hparams.delta (its L2 prior precision, on every weight), beta1 and beta2; "
+            "optimizer.lr is its step size alpha",
+        ),
+        small=SmallRun(
+            {"rho": 0.05, "beta1": 0.8, "beta2": 0.9, "delta": 1e-3, "damping": 0.1, "s_init": 2.0},
+            passes_per_step=2.0,
+            forwards=6,
         ),
     ),
 )

@@ -350,7 +350,14 @@ class OptimizerConfig(_Strict):
         # type is part of the key: 1, 1.0 and True are equal, but a method may take only one of them.
         hparams = tuple(sorted((k, type(v), v) for k, v in self.hparams.items()))
         problem = _hparam_problem(
-            self.method, hparams, self.base, self.lr, self.momentum, tuple(self.betas), self.global_perturbation
+            self.method,
+            hparams,
+            self.base,
+            self.lr,
+            self.momentum,
+            tuple(self.betas),
+            self.global_perturbation,
+            self.weight_decay,
         )
         if problem:
             raise ValueError(problem)
@@ -378,7 +385,14 @@ def _check_step_kinds(cfg: "OptimizerConfig", *, epochs: int | None) -> None:
 
 @functools.lru_cache(maxsize=1024)
 def _hparam_problem(
-    method: str, hparams: tuple, base: str, lr: float, momentum: float, betas: tuple, global_perturbation: bool
+    method: str,
+    hparams: tuple,
+    base: str,
+    lr: float,
+    momentum: float,
+    betas: tuple,
+    global_perturbation: bool,
+    weight_decay: float = 0.0,
 ) -> str | None:
     """What `_check_hparam_values` finds wrong with these settings (the fields it reads), or None."""
     cfg = types.SimpleNamespace(
@@ -389,6 +403,7 @@ def _hparam_problem(
         momentum=momentum,
         betas=betas,
         global_perturbation=global_perturbation,
+        weight_decay=weight_decay,
     )
     try:
         _check_hparam_values(cfg)
@@ -413,6 +428,17 @@ def _check_hparam_values(cfg: "OptimizerConfig") -> None:
         )
     except (ValueError, TypeError) as err:
         raise ValueError(f"optimizer.hparams: {err}") from None
+    # A method with an update of its own (bSAM) reads none of the base optimizer's knobs but lr: its registry entry
+    # says which must hold one value and which must stay at their defaults (optim.check_base, the one home of both).
+    base_knobs = ("base", "weight_decay", "momentum", "betas")
+    try:
+        optim.check_base(
+            cfg.method,
+            {k: tuple(getattr(cfg, k)) if k == "betas" else getattr(cfg, k) for k in base_knobs},
+            {k: OptimizerConfig.model_fields[k].default for k in base_knobs},
+        )
+    except ValueError as err:
+        raise ValueError(f"optimizer.{err}") from None
 
 
 class ScheduleConfig(_Strict):

@@ -381,6 +381,30 @@ def _lookbehind(st: Step):
     return [None] * 4
 
 
+@by_the_book("bsam")
+def _bsam(st: Step):
+    # The paper's Algorithm 1, N = data_factor B: theta = w + z / sqrt(N s) (one float64 randn of all 4 tensors'
+    # elements, split in param order, from a generator seeded with torch.initial_seed(): 0 after net(seed=0));
+    # g at theta; g_eps at w + rho g / s; m <- b1 m + (1 - b1)(g_eps + delta w); s <- b2 s + (1 - b2)(sqrt(s)|g| +
+    # delta + damping); w <- w - lr m / s with the new s (after_step: the base optimizer takes no step, its weight
+    # decay unread).
+    hp, ws = st.hp, st.ws
+    gen = st.state.setdefault("gen", torch.Generator().manual_seed(0))
+    n = hp.get("data_factor", 1.0) * B
+    m = st.state.get("m") or [torch.zeros_like(w) for w in ws]
+    s = st.state.get("s") or [torch.full_like(w, hp["s_init"]) for w in ws]
+    flat = torch.randn(sum(w.numel() for w in ws), generator=gen, dtype=torch.float64)
+    zs = [z.view(w.shape) for w, z in zip(ws, flat.split([w.numel() for w in ws]))]
+    g = loss_grad([w + z / torch.sqrt(n * si) for w, z, si in zip(ws, zs, s)], st.x, st.y)[2]
+    g_eps = loss_grad([w + hp["rho"] * gi / si for w, gi, si in zip(ws, g, s)], st.x, st.y)[2]
+    b1, b2, delta = hp["beta1"], hp["beta2"], hp["delta"]
+    m = [b1 * mi + (1 - b1) * (ge + delta * w) for mi, ge, w in zip(m, g_eps, ws)]
+    s = [b2 * si + (1 - b2) * (torch.sqrt(si) * gi.abs() + delta + hp["damping"]) for si, gi in zip(s, g)]
+    st.state["m"], st.state["s"] = m, s
+    st.state["after_step"] = lambda ws, lrs: [w - lr * mi / si for w, lr, mi, si in zip(ws, lrs, m, s)]
+    return [None] * 4
+
+
 def reference(name: str, base_ref, ws, steps=STEPS, hp=None):
     if name not in REFERENCES:
         pytest.fail(
@@ -436,9 +460,10 @@ def test_multi_tensor_multi_group_multi_step_reference(name, base):
 
 
 # ----------------------------------------------------------------------------- rho = 0 is the base optimizer
-# Each entry's small.base_exactly: the knobs under which it is its base optimizer exactly.
+# Each entry's small.base_exactly: the knobs under which it is its base optimizer exactly. A method whose update is
+# its own (bSAM) steps no base optimizer, so none reduces it to one: its rho = 0 is in tests/optim/test_bsam.py.
 ZERO_RHO = {n: s.small.base_exactly for n, s in METHODS.items() if s.small.base_exactly is not None}
-PERTURBING = [n for n, s in METHODS.items() if s.two_pass or "rho" in s.hparams]
+PERTURBING = [n for n, s in METHODS.items() if s.steps_base and (s.two_pass or "rho" in s.hparams)]
 
 
 @pytest.mark.parametrize("base", ["sgd-momentum", "adamw"])

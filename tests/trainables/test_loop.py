@@ -26,12 +26,18 @@ def config(tiny_model):
         return {
             "model": tiny_model(arch),
             "data": {"name": "digits", "img_size": 16, "batch_size": 128},
-            "optimizer": {"method": method, "lr": 0.003, "hparams": hparams},
+            # A method with an update of its own names the base knobs it needs at one value (bSAM: weight_decay 0).
+            "optimizer": {"method": method, "lr": 0.003, "hparams": hparams, **_own_update_needs(method)},
             "schedule": {"epochs": epochs, "warmup_epochs": 0},
             "train": {"device": "cpu", "seed": 3},
         }
 
     return make
+
+
+def _own_update_needs(method: str) -> dict:
+    own = optim.METHODS[method].own_update
+    return dict(own.requires) if own else {}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
