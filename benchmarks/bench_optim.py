@@ -8,6 +8,8 @@
     python benchmarks/bench_optim.py --methods sam,wsam,sam+p0.5,sam+every8,sam+norm   # issue 34's step kinds
     python benchmarks/bench_optim.py --methods sam,sampa,vasso                        # SAMPa (its two passes in turn), VaSSO
     python -m benchmarks.bench_optim --models vit_s4_b256,resnet18_cifar_b256 --methods none,sam,rwp,gam --compile
+    python -m benchmarks.bench_optim --models vit_s4_b256,resnet18_cifar_b256 --methods sam,bsam --compile \
+        --compiled-only                                    # bSAM (its own update; the fused AdamW it is given unused)
 
 Every variant of one model shares the model's weights and is timed in the same process, interleaved
 round by round (the order rotates each round); each round's ratio to the fused-AdamW ``none`` step is
@@ -75,6 +77,8 @@ TARGETS = {
     # Lookbehind-SAM at the registry defaults (k = 5): k + 1 = 6 passes and 5 base steps per step, so SAM's
     # per-pass efficiency (0.495 for two) gives 0.99 / 6 = 0.165; 0.16 leaves room for the five AdamW steps.
     "lookbehind": 0.16,
+    # bSAM: two passes like SAM, its own Adam-like update (the draw, the ascent, m and s) in place of AdamW's.
+    "bsam": 0.49,
     # Issue 34: SS-SAM at p = 0.5; late-phase SAM's 12.5% of SAM steps over a whole trial (every 8th step costs the
     # same per step on average); SAM-ON's scope at least as fast as SAM over every parameter.
     "sam+p0.5": 0.66,
