@@ -31,7 +31,9 @@ __all__ = ["SPECS", "registered"]
 # declared default equal to the builder's signature; the registry-parametrised tests in tests/optim/ run every entry.
 # The step costs: each method's training throughput as a share of `none`'s, measured by benchmarks/bench_optim.py
 # on an NVIDIA H100 80GB HBM3, ViT-S/4 @32, batch 512 (docs/benchmarks.md, "optim: cost of each method per step"
-# and "ESAM, F-SAM and MSAM"). compiled_differs: what the GPU check (benchmarks/check_compiled.py,
+# and "ESAM, F-SAM and MSAM"); those of issue 34's methods (wsam, sampa, vasso, rwp, gam, lookbehind) are their
+# compiled steps over the compiled `none` on an NVIDIA H200, ViT-S/4 @32, batch 256, bf16 (benchmarks/results/optim.csv,
+# the commit in each comment); bsam's is not measured yet, and GCSAM is SAM's (its `gc` knob). compiled_differs: what the GPU check (benchmarks/check_compiled.py,
 # docs/benchmarks.md) saw where the compiled step disagreed with eager beyond float rounding.
 
 
@@ -408,7 +410,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.488,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
+        step_cost=0.488,  # optim.csv b3fe3eb
         small=SmallRun(
             {"rho": 0.05, "gamma": 0.8, "decouple": True}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6
         ),
@@ -434,7 +436,7 @@ SPECS = (
         ),
         perturbs=True,
         needs=("model",),
-        step_cost=0.484,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
+        step_cost=0.484,  # optim.csv b3fe3eb
         small=SmallRun(
             {"rho": 0.05, "lmbda": 0.3}, base_exactly={"rho": 0.0, "lmbda": 0.0}, passes_per_step=2.0, forwards=6
         ),
@@ -459,7 +461,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.483,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, b3fe3eb)
+        step_cost=0.483,  # optim.csv b3fe3eb
         small=SmallRun({"rho": 0.05, "theta": 0.4}, base_exactly={"rho": 0.0}, passes_per_step=2.0, forwards=6),
     ),
     method_spec(
@@ -513,7 +515,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.305,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
+        step_cost=0.305,  # optim.csv de4633a
         small=SmallRun(
             {"sigma": 0.05, "lmbda": 0.5, "eta": 0.1, "beta": 0.9},
             base_exactly={"lmbda": 0.0},
@@ -562,7 +564,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.218,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
+        step_cost=0.218,  # optim.csv de4633a
         small=SmallRun(
             {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.3, "beta": 0.4, "gamma": 0.5},
             base_exactly={"rho_prime": 0.0, "alpha": 1.0, "gamma": 0.0},
@@ -599,7 +601,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.161,  # H200, ViT-S/4 b256 bf16, compiled, / compiled none (benchmarks/results/optim.csv, de4633a)
+        step_cost=0.161,  # optim.csv de4633a
         small=SmallRun(
             {"rho": 0.1, "k": 2, "alpha": 0.6},
             base_exactly={"rho": 0.0, "k": 1, "alpha": 1.0},
