@@ -7,6 +7,7 @@ from typing import Unpack
 
 import torch
 
+from ._knobs import check_m_sharpness
 from ._method import Forward, Method, StepKeywords, StepOutput, batch_rows, global_norm, group_by_device_dtype
 from ._sam import nonzero
 from ._specs import registered
@@ -31,6 +32,10 @@ class GAM(Method):
     BatchNorm statistics are pass 1's. A missing gradient counts as zero. An fp16 overflow in any pass skips the
     step. Under DDP the four passes are per replica and the update is averaged in one all-reduce (the authors' code),
     unless ``global_perturbation``, where every pass is synced.
+
+    ``m`` (m-sharpness, docs/algorithms.md): the batch (each replica's) is split into groups of ``m`` samples, each
+    group's four passes and combination are its own (its norms and ``<p, h>`` over its own gradients), and the base
+    optimizer steps with the size-weighted mean of the groups' combinations; ``m=None`` or ``m >= batch`` is GAM.
     """
 
     perturbs = True
@@ -44,12 +49,14 @@ class GAM(Method):
         alpha: float = 0.1,
         beta: float = 0.1,
         gamma: float = 0.05,
+        m: int | None = None,
         **common: Unpack[StepKeywords],
     ):
         super().__init__(base_optimizer, **common)
-        knobs = self.spec.check_knobs(rho=rho, rho_prime=rho_prime, alpha=alpha, beta=beta, gamma=gamma)
-        self.rho, self.rho_prime, self.alpha, self.beta, self.gamma = (
-            knobs[k] for k in ("rho", "rho_prime", "alpha", "beta", "gamma")
+        knobs = self.spec.check_knobs(rho=rho, rho_prime=rho_prime, alpha=alpha, beta=beta, gamma=gamma, m=m)
+        check_m_sharpness(m, self.global_perturbation)
+        self.rho, self.rho_prime, self.alpha, self.beta, self.gamma, self.m = (
+            knobs[k] for k in ("rho", "rho_prime", "alpha", "beta", "gamma", "m")
         )
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
 
@@ -93,42 +100,51 @@ class GAM(Method):
         epoch: int = 0,
     ) -> StepOutput:
         n = batch_rows(inputs)
+        if self.m is not None and (n is None or self.m < n):
+            if n is None:
+                raise ValueError(
+                    f"gam with m={self.m}: inputs= must be the batch tensor, to split it into groups of m samples; "
+                    "pass train_step(forward, inputs=x, ...)"
+                )
+            return self._m_step(forward, n)
         local = not self.global_perturbation
         params = self._trainable()
-        scoped = [i for i, p in enumerate(params) if self._in_scope(p)]
-        moved = [params[i] for i in scoped]
-        flags = []
-        self._zero_grad()
-        loss, logits, _, _ = self._pass(forward, local=local, n=n)
-        flags.append(self._nonfinite())
-        self._bn.snapshot()
-        g0 = self._grads(params)
-        self._save(moved)
-        self._ascend(moved, [g0[i] for i in scoped], self.rho_prime)
-        perturbed_loss, _, _, _ = self._pass(forward, local=local, n=n)
-        flags.append(self._nonfinite())
-        g1 = self._grads(params)
+        loss, logits, perturbed_loss, final, flags = self._four_passes(forward, params, local=local, n=n)
         with torch.no_grad():
-            self._restore(moved)
-            diff = torch._foreach_sub([g1[i] for i in scoped], [g0[i] for i in scoped]) if moved else []
-            self._ascend(moved, diff, self.rho)
-            del diff
-        self._pass(forward, local=local, n=n)
-        flags.append(self._nonfinite())
-        g2 = self._grads(params)
-        self._ascend(moved, [g2[i] for i in scoped], self.rho_prime)
-        self._pass(forward, local=local, n=n)
-        flags.append(self._nonfinite())
-        g3 = self._grads(params)
-        with torch.no_grad():
-            self._restore(moved)
-            self._bn.restore()
-            final = self._combine(g0, g1, g2, g3)
-            del g0, g1, g2, g3
             for p, u in zip(params, final):
                 p.grad = u
             if local:
                 self._all_reduce_mean(final)
+        return self._step_with(loss, logits, perturbed_loss, flags)
+
+    def _m_step(self, forward: Forward, n: int) -> StepOutput:
+        """One GAM combination per group of m rows (each group's passes per replica), summed weighted by group size
+        into the update gradient; one all-reduce of it under DDP, one base step."""
+        params = self._trainable()
+        acc: list[torch.Tensor] | None = None
+        flags, losses, perturbed, logits_out = [], [], [], []
+        for start in range(0, n, self.m):
+            rows = slice(start, min(start + self.m, n))
+            weight = (rows.stop - rows.start) / n
+            loss, logits, ploss, final, found = self._four_passes(forward, params, local=True, rows=rows)
+            with torch.no_grad():
+                if acc is None:
+                    acc = final
+                    torch._foreach_mul_(acc, weight)
+                else:
+                    torch._foreach_add_(acc, final, alpha=weight)
+            flags += found
+            losses.append(loss * weight)
+            perturbed.append(ploss * weight)
+            logits_out.append(logits)
+        with torch.no_grad():
+            for p, u in zip(params, acc):
+                p.grad = u
+            self._all_reduce_mean(acc)
+        return self._step_with(torch.stack(losses).sum(), torch.cat(logits_out), torch.stack(perturbed).sum(), flags)
+
+    def _step_with(self, loss, logits, perturbed_loss, flags) -> StepOutput:
+        """The base step with the combination in ``p.grad`` (skipped on an overflow in any pass)."""
         found = [f for f in flags if f is not None]
         skipped = self._finish(torch.stack(found).sum(0) if found else None)
         self._zero_grad()
@@ -142,6 +158,41 @@ class GAM(Method):
             perturbed=True,
             passes=4.0,
         )
+
+    def _four_passes(self, forward: Forward, params: list[torch.Tensor], *, local: bool, n=None, rows=None):
+        """The four passes on ``rows`` of the batch (all of it when None) and their combination, ``w`` back in place
+        and BatchNorm's statistics pass 1's; returns (loss, logits, perturbed loss, combination, overflow flags)."""
+        scoped = [i for i, p in enumerate(params) if self._in_scope(p)]
+        moved = [params[i] for i in scoped]
+        flags = []
+        self._zero_grad()
+        loss, logits, _, _ = self._pass(forward, local=local, rows=rows, n=n)
+        flags.append(self._nonfinite())
+        self._bn.snapshot()
+        g0 = self._grads(params)
+        self._save(moved)
+        self._ascend(moved, [g0[i] for i in scoped], self.rho_prime)
+        perturbed_loss, _, _, _ = self._pass(forward, local=local, rows=rows, n=n)
+        flags.append(self._nonfinite())
+        g1 = self._grads(params)
+        with torch.no_grad():
+            self._restore(moved)
+            diff = torch._foreach_sub([g1[i] for i in scoped], [g0[i] for i in scoped]) if moved else []
+            self._ascend(moved, diff, self.rho)
+            del diff
+        self._pass(forward, local=local, rows=rows, n=n)
+        flags.append(self._nonfinite())
+        g2 = self._grads(params)
+        self._ascend(moved, [g2[i] for i in scoped], self.rho_prime)
+        self._pass(forward, local=local, rows=rows, n=n)
+        flags.append(self._nonfinite())
+        g3 = self._grads(params)
+        with torch.no_grad():
+            self._restore(moved)
+            self._bn.restore()
+            final = self._combine(g0, g1, g2, g3)
+            del g0, g1, g2, g3
+        return loss, logits, perturbed_loss, final, flags
 
     @torch.no_grad()
     def _combine(self, g0, g1, g2, g3) -> list[torch.Tensor]:

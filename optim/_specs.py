@@ -561,6 +561,7 @@ SPECS = (
                     convert=float,
                 ),
             ),
+            Knob("m", None, M_SHARPNESS),
         ),
         two_pass=True,
         needs=("model",),

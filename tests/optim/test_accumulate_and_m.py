@@ -164,3 +164,70 @@ def test_m_composes_with_micro_batches():
 def test_m_with_a_global_perturbation_is_refused(helpers):
     with pytest.raises(ValueError, match="m must satisfy m unset when global_perturbation=True"):
         helpers.build("sam", helpers.make_model(), global_perturbation=True, hparams={"m": 4})
+
+
+def gam_m_reference(ws0, m, hp, steps=3, lr=0.1, mu=0.9):
+    """SGD with momentum on the size-weighted mean of each m-group's GAM combination (docs/algorithms.md, "GAM"),
+    each group's four gradients, norms and projection its own, written out."""
+    ws = [w.detach().clone() for w in ws0]
+    buf = None
+
+    def grad(ws_, x, y):
+        ws_ = [w.detach().clone().requires_grad_(True) for w in ws_]
+        z = torch.tanh(x @ ws_[0].T + ws_[1]) @ ws_[2].T + ws_[3]
+        return torch.autograd.grad(F.cross_entropy(z, y), ws_)
+
+    def norm(vs):
+        return torch.sqrt(sum((v * v).sum() for v in vs))
+
+    def along(base, u, r):
+        return [w + r * ui / (norm(u) + 1e-12) for w, ui in zip(base, u)]
+
+    for t in range(steps):
+        x, y, _ = data(t)
+        u = [torch.zeros_like(w) for w in ws]
+        for start in range(0, N, m):
+            xs, ys = x[start : start + m], y[start : start + m]
+            g0 = grad(ws, xs, ys)
+            g1 = grad(along(ws, g0, hp["rho_prime"]), xs, ys)
+            w2 = along(ws, [a - b for a, b in zip(g1, g0)], hp["rho"])
+            g2 = grad(w2, xs, ys)
+            g3 = grad(along(w2, g2, hp["rho_prime"]), xs, ys)
+            h = [hp["alpha"] * a + (1 - hp["alpha"]) * b for a, b in zip(g1, g3)]
+            p = [a + (1 - hp["beta"]) * b for a, b in zip(g0, g2)]
+            c = sum((a * b).sum() for a, b in zip(p, h)) / norm(h) ** 2
+            final = [hi - hp["gamma"] * (pi - c * hi) for hi, pi in zip(h, p)]
+            u = [ui + xs.shape[0] / N * fi for ui, fi in zip(u, final)]
+        buf = u if buf is None else [mu * b + ui for b, ui in zip(buf, u)]
+        ws = [w - lr * b for w, b in zip(ws, buf)]
+    return ws
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_gam_m_sharpness_reference(m):
+    hp = {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.3, "beta": 0.4, "gamma": 0.5}
+    model = mlp()
+    start = [p.detach().clone() for p in model.parameters()]
+    method = optim.create("gam", torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model=model, m=m, **hp)
+    seen = []
+    for t in range(3):
+        x, y, _ = data(t)
+        method.train_step(forward_of(model, x, y, seen), inputs=x)
+    assert seen[:8] == [m] * 8 and len(seen) == 3 * 4 * -(-N // m)  # four passes per group of m rows
+    for a, b in zip(model.parameters(), gam_m_reference(start, m, hp)):
+        torch.testing.assert_close(a.detach(), b, rtol=1e-10, atol=1e-12)
+
+
+def test_gam_m_equal_to_the_batch_is_gam_and_composes_with_micro_batches():
+    gam, _, _ = trajectory("gam", 1, steps=3)
+    for m in (N, 2 * N):
+        got, _, _ = trajectory("gam", 1, steps=3, m=m)
+        for a, b in zip(got, gam):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    split, _, _ = trajectory("gam", 1, steps=3, m=6)
+    assert not all(torch.equal(a, b) for a, b in zip(split, gam))  # m < batch is another algorithm
+    parts, _, _ = trajectory("gam", 3, steps=3, m=6)  # each group of 6 in micro-batches of 2
+    for a, b in zip(parts, split):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="m must satisfy m unset when global_perturbation=True"):
+        optim.check_hparams("gam", base="SGD", base_keeps_momentum=True, global_perturbation=True, m=4)
