@@ -192,6 +192,7 @@ class BSAM(Method):
         if self.grad_clip is not None:
             # The update's gradient g_eps, after the all-reduce (docs/algorithms.md, "Clipping").
             torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
+        self._before_base_step()  # the hook on the final gradients of a step that is taken (Method's)
         b1, b2 = self.beta1, self.beta2
         for group in self.base_optimizer.param_groups:
             lr = group["lr"]

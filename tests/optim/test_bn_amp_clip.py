@@ -21,11 +21,20 @@ def test_bn_stats_equal_pass_1_alone(name, momentum, helpers):
     method = helpers.build(name, model, hparams={"k": 1} if name == "looksam" else {})
     for t in range(2):
         x, y, _ = helpers.make_batch(t)
-        # Expected: BN buffers after ONE forward of the batch at the current weights, in train mode.
+        # Expected: BN buffers after ONE forward of the batch at the weights pass 1 ran at (the current weights;
+        # bSAM's draw from them), in train mode.
         ref = helpers.make_model(bn_momentum=momentum)
         ref.load_state_dict(model.state_dict())
+        at_pass_1, forward = [], helpers.make_forward(model, x, y)
+
+        def first_seen(rows=None, reduction="mean", forward=forward, at_pass_1=at_pass_1):
+            if not at_pass_1:
+                at_pass_1.append({k: v.detach().clone() for k, v in model.named_parameters()})
+            return forward(rows, reduction)
+
+        method.train_step(first_seen)
+        ref.load_state_dict(at_pass_1[0], strict=False)
         ref(x)
-        method.train_step(helpers.make_forward(model, x, y))
         for buf in ("running_mean", "running_var", "num_batches_tracked"):
             torch.testing.assert_close(getattr(model.bn, buf), getattr(ref.bn, buf), rtol=0, atol=0)
         assert int(model.bn.num_batches_tracked) == t + 1
@@ -78,7 +87,8 @@ def test_fp16_scaler_matches_unscaled_and_steps_once(name, helpers):
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     n = 3 * METHODS[name].small.base_steps  # Lookbehind-SAM: k base steps per train_step
-    assert scaler.calls == {"unscale_": n, "step": n, "update": n}  # no double unscale
+    steps = n if METHODS[name].steps_base else 0  # bSAM's update is its own: the scaler never steps a base optimizer
+    assert scaler.calls == {"unscale_": n, "step": steps, "update": n}  # no double unscale
 
 
 @pytest.mark.parametrize("bad_call", [1, 2], ids=["inf-in-pass-1", "inf-in-pass-2"])
@@ -143,6 +153,12 @@ def test_grad_clip_acts_on_the_final_update_gradient(name, helpers):
             lambda opt, a, k, model=model: finals.append([p.grad.clone() for p in model.parameters()])
         )
         method = helpers.build(name, model, base, grad_clip=grad_clip)
+        if not METHODS[name].steps_base:  # bSAM: no base step; its own update reads p.grad after the same hook
+            before = method._before_base_step
+            method._before_base_step = lambda model=model, before=before: (
+                finals.append([p.grad.clone() for p in model.parameters()]),
+                before(),
+            )
         helpers.run(method, model, 1)
         captured[grad_clip] = finals[-1]
     raw = captured[None]

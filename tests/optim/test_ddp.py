@@ -187,6 +187,28 @@ def _sampa_two_ranks(rank, steps=3):
     return out
 
 
+def _bsam_replicas(rank, steps=3):
+    """bSAM under DDP on each rank's own batch: the final parameters, its precision s, and each step's ascent point
+    (pass 2's weights) less its draw (pass 1's)."""
+    model = _model()
+    net = nn.parallel.DistributedDataParallel(model)
+    method = optim.create("bsam", torch.optim.SGD(model.parameters(), lr=0.1), model=net, num_samples=60, rho=0.05)
+    ascents = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        snaps = []
+
+        def forward(rows=None, reduction="mean", x=x, y=y, snaps=snaps):
+            snaps.append(_flat([p.detach() for p in model.parameters()]).clone())
+            logits = net(x)
+            return F.cross_entropy(logits, y, reduction=reduction), logits
+
+        method.train_step(forward, inputs=x)
+        ascents.append((snaps[0], snaps[1]))
+    s = _flat([method._s[p] for p in model.parameters()])
+    return {"params": _flat([p.detach() for p in model.parameters()]), "s": s, "points": ascents}
+
+
 def _worker(rank, out):
     torch.set_num_threads(1)
     # A file rendezvous: a free TCP port picked in advance can be taken by another process before rank 0 binds it.
@@ -222,6 +244,7 @@ def _worker(rank, out):
             "lookbehind": _run_method(rank, "lookbehind", False, steps=2, rho=0.05, k=2, alpha=0.5),
             "lookbehind_global": _run_method(rank, "lookbehind", True, steps=2, rho=0.05, k=2, alpha=0.5),
             "sampa_two_ranks": _sampa_two_ranks(rank),
+            "bsam": _bsam_replicas(rank),
         }
         torch.save(res, f"{out}/rank{rank}.pt")
     finally:
@@ -375,3 +398,14 @@ def test_sampa_two_ranks_is_the_one_device_step(ranks):
         _close(r["sampa_two_ranks"]["two_ranks"], r["sampa_two_ranks"]["single"])
         assert "exactly 2 ranks, but got 1" in r["sampa_two_ranks"]["one_rank_error"]
     assert torch.equal(ranks[0]["sampa_two_ranks"]["two_ranks"], ranks[1]["sampa_two_ranks"]["two_ranks"])
+
+
+def test_bsam_keeps_replicas_identical_with_per_replica_ascents(ranks):
+    # docs/algorithms.md, "bSAM": one draw on every replica, each replica's ascent along its own g, |g| averaged over
+    # the replicas before s reads it and pass 2 synced: w and s stay one across replicas.
+    r0, r1 = ranks[0]["bsam"], ranks[1]["bsam"]
+    _close(r0["params"], r1["params"])
+    _close(r0["s"], r1["s"])
+    for (d0, a0), (d1, a1) in zip(r0["points"], r1["points"]):
+        _close(d0, d1)  # the same draw
+        assert not torch.allclose(a0, a1)  # each replica's own ascent
