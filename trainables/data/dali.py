@@ -279,6 +279,7 @@ class DaliBatches:
             yield from self._batches(batches, order, 0)
             return
         self._key = key
+        self._pipe = None  # the last epoch's pipeline frees its device memory before the next one takes its own
         self._pipe = build_pipeline(
             [folder._paths[int(folder.indices[i])] for i in order],
             list(range(len(order))),
