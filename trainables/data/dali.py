@@ -136,6 +136,7 @@ def build_pipeline(
     num_threads: int | None = None,
     checkpoint: str | None = None,
     hw_decoder_load: float = HW_DECODER_LOAD,
+    checkpointing: bool = True,
 ):
     """The DALI pipeline of one epoch: `files` read in their order, each with its `labels` entry (any int32: the
     loader passes positions), decoded on the GPU `device_id` ('mixed': the hardware decoder where there is one) or,
@@ -158,7 +159,7 @@ def build_pipeline(
         num_threads=threads,
         device_id=device_id,
         seed=seed,
-        enable_checkpointing=True,
+        enable_checkpointing=checkpointing,
         prefetch_queue_depth=2,
         enable_conditionals=rand_augment is not None,  # RandAugment picks each sample's op by a conditional
     )
@@ -240,6 +241,7 @@ class DaliBatches:
         self._resume: dict[str, Any] | None = None
         self._epoch: dict[str, Any] | None = None
         self._key: tuple | None = None
+        self._checkpointing = False
         self._passed = False  # the pipeline's last pass went to its end: its next one starts at the first file
 
     def __len__(self) -> int:
@@ -250,6 +252,8 @@ class DaliBatches:
         batches handed out so far, with the epoch's order and seed. `resume` takes it back."""
         if self._pipe is None or self._epoch is None:
             raise RuntimeError("DaliBatches.checkpoint: no epoch under way")
+        if not self._checkpointing:
+            raise RuntimeError("DaliBatches.checkpoint: this DALI build refused checkpoints for this pipeline")
         return {**self._epoch, "dali": self._pipe.checkpoint()}
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -280,9 +284,9 @@ class DaliBatches:
             return
         self._key = key
         self._pipe = None  # the last epoch's pipeline frees its device memory before the next one takes its own
-        self._pipe = build_pipeline(
-            [folder._paths[int(folder.indices[i])] for i in order],
-            list(range(len(order))),
+        args = dict(
+            files=[folder._paths[int(folder.indices[i])] for i in order],
+            labels=list(range(len(order))),
             size=folder.size,
             train=folder.train,
             batch_size=size,
@@ -293,8 +297,17 @@ class DaliBatches:
             device_id=(self.device.index if self.device.index is not None else torch.cuda.current_device())
             if on_gpu
             else None,
-            checkpoint=dali_state,
         )
+        try:
+            self._pipe = build_pipeline(**args, checkpoint=dali_state)
+            self._checkpointing = True
+        except RuntimeError as err:
+            # An operator without checkpoint support on this build or device: the epoch runs all the same (a trial
+            # resumes at an epoch's start, seeded anew), only `checkpoint` within it is refused.
+            if dali_state is not None or "checkpoint" not in str(err).lower():
+                raise
+            self._pipe = build_pipeline(**args, checkpointing=False)
+            self._checkpointing = False
         self._epoch = {"batches": batches, "seed": seed, "done": done}
         yield from self._batches(batches, order, done)
 
