@@ -15,6 +15,14 @@ adds the same paths on the folder prepared at short side S (`trainables.data.pre
   python -m benchmarks.bench_imagefolder --prepared 256  # also the folder after `sharpscale data prepare`
   python -m benchmarks.bench_imagefolder --pixels 256    # also its pixel form (`data prepare --form pixels`)
   python -m benchmarks.bench_imagefolder --quick         # tiny CPU smoke of the script itself, measures nothing
+  python -m benchmarks.bench_imagefolder --dali          # synthetic vs torch's device path vs DALI, to the CSV
+
+`--dali` is its own table (`dali_table`): synthetic data, today's device path (`data.loader: torch`) and DALI
+(`data.loader: dali`), recipes basic, strong and SAM basic, ViT-S/16 and ResNet-50, on a one-size and a mixed-size
+folder, within `--budget-s` (fits that would overrun it are skipped and named); ratios to synthetic data in the
+same run go to benchmarks/results/imagefolder_dali.csv. `--page-cache-miss` adds the basic recipe with the folder's
+files dropped from the page cache before every epoch (posix_fadvise DONTNEED), so every read comes from the disk,
+as for a folder larger than the page cache.
 """
 
 from __future__ import annotations
@@ -39,9 +47,9 @@ TARGETS_BASIC, TARGETS_STRONG = {"none": 0.90, "sam": 0.95}, {"none": 0.80}
 PATHS = [
     ("synthetic, on the GPU", {"name": "synthetic"}, None),
     ("imagefolder basic, decode cpu", {"augment": "basic", "decode": "cpu"}, None),
-    ("imagefolder basic, decode device", {"augment": "basic", "decode": "device"}, TARGETS_BASIC),
+    ("imagefolder basic, decode device", {"augment": "basic", "decode": "device", "loader": "torch"}, TARGETS_BASIC),
     ("imagefolder strong, decode cpu", {"augment": "strong", "decode": "cpu"}, None),
-    ("imagefolder strong, decode device", {"augment": "strong", "decode": "device"}, TARGETS_STRONG),
+    ("imagefolder strong, decode device", {"augment": "strong", "decode": "device", "loader": "torch"}, TARGETS_STRONG),
 ]
 
 
@@ -217,6 +225,131 @@ def sm_busy(cfg: dict) -> tuple[float, float, list[tuple[str, float]]]:
     return busy / span, seen[-1], cpu[:6]
 
 
+# --dali: (recipe, data overrides of every folder path, method); the targets of issue 38 against synthetic data.
+DALI_RECIPES = [("basic", {"augment": "basic"}, "none"), ("strong", {"augment": "strong"}, "none"),
+                ("SAM basic", {"augment": "basic"}, "sam")]  # fmt: skip
+DALI_TARGETS = {"basic": 0.90, "strong": 0.80, "SAM basic": 0.95}
+DALI_LOADERS = {
+    "torch device decode": {"decode": "device", "loader": "torch"},
+    "DALI": {"decode": "device", "loader": "dali"},
+}
+
+
+def evict(root: Path) -> int:
+    """Drop `root`'s files from the page cache (written back first): their next read comes from the disk. The
+    number of files."""
+    os.sync()
+    n = 0
+    for f in root.rglob("*.jpg"):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        n += 1
+    return n
+
+
+def _timed(cfg: dict, cold: Path | None) -> float:
+    """The median img/s of `cfg`'s epochs after the first; `cold`: that folder evicted before every epoch."""
+    seen: list[float] = []
+
+    def reporter(metrics, _checkpoint) -> None:
+        seen.append(metrics["images_per_sec"])
+        if cold is not None:
+            evict(cold)  # between epochs, outside the epoch's timing
+
+    if cold is not None:
+        evict(cold)
+    fit(cfg, reporter=reporter)
+    return statistics.median(seen[1:])
+
+
+def dali_table(args, models: dict, size: int, batch: int, device: str, tmp: Path) -> None:
+    """Synthetic data against today's device path and DALI, recipe by recipe, model by model, folder by folder (the
+    one-size folder first: within the budget, what is left out is the mixed folder's last fits); the ratios to the
+    CSV."""
+    from benchmarks import results
+
+    t_start = time.perf_counter()
+    roots = {}
+    for sizes in args.dali_sizes:
+        root = (args.root or tmp / "folder").with_name(f"{(args.root or tmp / 'folder').name}-{sizes}")
+        t = time.perf_counter()
+        if not (root / "train").is_dir():
+            mean_bytes = write_jpeg_folder(root, args.n_train, args.n_val, mixed=sizes == "mixed")
+        else:
+            mean_bytes = float(np.mean([f.stat().st_size for f in (root / "train").rglob("*.jpg")]))
+        roots[sizes] = root
+        print(f"  {sizes}-size folder: {args.n_train} train JPEGs, mean {mean_bytes / 1e3:.0f} kB, written in "
+              f"{time.perf_counter() - t:.0f} s", flush=True)  # fmt: skip
+    # (model, recipe, loader label, sizes, cold, method), in the order of what matters most within the budget:
+    # synthetic data (every ratio's base), the one-size folder, the mixed one, then the page-cache misses.
+    jobs = []
+    for model_label in models:
+        for method in ("none", "sam"):  # synthetic data has no recipe: its method is the base of each ratio
+            jobs.append((model_label, "basic" if method == "none" else "SAM basic", "synthetic", None, False, method))
+    for sizes in args.dali_sizes:
+        for model_label in models:
+            for recipe, _, method in DALI_RECIPES:
+                for loader in ("DALI", "torch device decode"):
+                    jobs.append((model_label, recipe, loader, sizes, False, method))
+    if args.page_cache_miss:
+        for model_label in models:
+            for loader in ("DALI", "torch device decode"):
+                jobs.append((model_label, "basic", loader, args.dali_sizes[0], True, "none"))
+    figures: dict[tuple, float] = {}
+    last: dict = {}
+    for model_label, recipe, loader, sizes, cold, method in jobs:
+        key = (model_label, recipe, loader, sizes, cold)
+        elapsed = time.perf_counter() - t_start
+        # The estimate: the latest fit of this model and method (the first ones pay the compiles, later ones hit the
+        # compile cache).
+        if elapsed + last.get((model_label, method), last.get(model_label, 0.0)) > args.budget_s:
+            print(f"  SKIPPED (budget {args.budget_s:.0f} s, {elapsed:.0f} s used): {key}", flush=True)
+            continue
+        data = dict(next(d for r, d, _ in DALI_RECIPES if r == recipe))
+        if loader == "synthetic":
+            data, root = {"name": "synthetic"}, next(iter(roots.values()))
+        else:
+            data.update(DALI_LOADERS[loader])
+            root = roots[sizes]
+        cfg = config(root, data, method, model=models[model_label], batch=batch, steps=args.steps,
+                     n_train=args.n_train, epochs=args.epochs, device=device, dataset="imagefolder", size=size,
+                     eval_batch=512)  # fmt: skip
+        t = time.perf_counter()
+        try:
+            figures[key] = _timed(cfg, roots[sizes] if cold else None)
+        except Exception as err:  # noqa: BLE001 - one failing path must not cost the table
+            print(f"  {key}: FAILED {type(err).__name__}: {err}", flush=True)
+            continue
+        last[model_label] = last[(model_label, method)] = time.perf_counter() - t
+        print(f"  {model_label} {recipe} {loader} {sizes or ''}{' page-cache miss' if cold else ''}: "
+              f"{figures[key]:,.0f} img/s ({time.perf_counter() - t:.0f} s)", flush=True)  # fmt: skip
+    rows = []
+    print("\n| model | recipe | folder | loader | img/s | ratio to synthetic | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (model_label, recipe, loader, sizes, cold), ips in figures.items():
+        if loader == "synthetic":
+            continue
+        method = next(m for r, _, m in DALI_RECIPES if r == recipe)
+        base = figures.get((model_label, "SAM basic" if method == "sam" else "basic", "synthetic", None, False))
+        if base is None:
+            continue
+        folder = f"{sizes}-size" + (", page-cache miss" if cold else "")
+        target = DALI_TARGETS[recipe]
+        verdict = f">= {target} ({'met' if ips / base >= target else 'MISSED'})"
+        print(f"| {model_label} | {recipe} | {folder} | {loader} | {ips:,.0f} | {ips / base:.3f} | {verdict} |")
+        rows.append({
+            "figure": f"{model_label} {recipe}, {folder} folder, {loader} / synthetic", "value": f"{ips / base:.3f}",
+            "unit": "x", "note": f"{ips:,.0f} img/s against {base:,.0f} ({method}); batch {batch} @{size}, "
+            f"{args.steps} steps x {args.epochs} epochs, {args.n_train} JPEGs; target >= {target}",
+        })  # fmt: skip
+    if rows and not args.quick:
+        print(f"appended {len(rows)} rows to {results.append('imagefolder_dali', rows)}")
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # 150 steps an epoch: at 30 (session 7's tables) an epoch lasted about a second and the pipeline's fill at each
@@ -275,6 +408,10 @@ def main() -> None:
         help="also time each pixel path with the loader that copies batches through shared memory and a pinning "
         "thread (FolderPixels.use_slots = False) beside the default slot ring",
     )
+    p.add_argument("--dali", action="store_true", help="synthetic vs torch's device path vs DALI (dali_table) only")
+    p.add_argument("--dali-sizes", nargs="+", choices=("one", "mixed"), default=["one", "mixed"])
+    p.add_argument("--budget-s", type=float, default=400.0, help="--dali: start no fit that would end past this")
+    p.add_argument("--page-cache-miss", action="store_true", help="--dali: also basic with the files read from disk")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     args = p.parse_args()
 
@@ -286,6 +423,18 @@ def main() -> None:
                                                                           "depth": 1, "num_heads": 2}}}  # fmt: skip
         args.steps, args.epochs, args.rounds, args.n_train, args.n_val = 3, 2, 1, 48, 16
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    if args.dali:
+        if not args.quick:
+            # Within the budget: one measured epoch after the compiling one, long enough that an epoch's pipeline
+            # fill is a small share of it (set them on the command line to change this).
+            args.steps = 60 if args.steps == 150 else args.steps
+            args.epochs = 2 if args.epochs == 3 else args.epochs
+            args.n_train = args.steps * batch if args.n_train == 38_400 else args.n_train
+        print(f"# synthetic vs torch's device path vs DALI, {card}, {os.cpu_count()} CPUs, @{size}, batch {batch}, "
+              f"{args.steps} steps x {args.epochs} epochs, torch {torch.__version__}", flush=True)  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            dali_table(args, models, size, batch, device, Path(tmp))
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp) / "folder"

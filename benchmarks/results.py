@@ -17,7 +17,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = ("card", "versions", "commit", "date", "command", "figure", "value", "unit", "note")
 # The packages whose versions a figure depends on, recorded with it.
-VERSIONED = ("torch", "timm", "ray", "mlflow", "optuna")
+VERSIONED = ("torch", "timm", "ray", "mlflow", "optuna", "nvidia-dali-cuda130")
 
 
 def versions() -> str:

@@ -64,6 +64,7 @@ _LONG_FILES = (
 # workers) burns about 4 CPU-s a minute of the two cores (measured here, 2026-11-27).
 _LONG_FILES_WITHOUT_RAY = (
     "tests/trainables/test_compiled.py",
+    "tests/trainables/test_dali.py",  # DALI CPU pipelines with RandAugment: minutes on 2 cores
     "tests/analysis/test_notebooks.py",
     "tests/cluster/test_server.py",
     "tests/studies/test_ui.py",

@@ -192,6 +192,15 @@ class DataConfig(_Strict):
         "workers decode and augment each image with PIL (timm's transforms). auto: 'device' on CUDA where the "
         "RandAugment string's ops all have a device version, else 'cpu'.",
     )
+    loader: Literal["auto", "dali", "torch"] = Field(
+        "auto",
+        description="Image folders decoded on the device (data.decode device): which loader. 'dali': NVIDIA DALI "
+        "(install: pip install 'sharpscale[dali]'): reads, decodes on the GPU with its hardware JPEG decoder where "
+        "the card has one, crops, flips, RandAugments and normalises in one pipeline (trainables.data.dali). "
+        "'torch': DataLoader workers read the bytes, torchvision's nvjpeg decodes them and torch ops augment them "
+        "(trainables.data.folders). auto: 'dali' on CUDA where DALI is installed, else 'torch'. The pixel form "
+        "(data prepare --form pixels) has nothing to decode and always takes 'torch'.",
+    )
     mixup_alpha: float = Field(
         0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation."
     )
@@ -223,7 +232,9 @@ class DataConfig(_Strict):
     @model_validator(mode="after")
     def _dataset_rules(self) -> "DataConfig":
         from trainables.data.registry import (
+            DALI_INSTALL,
             DATASETS,
+            dali_available,
             device_rand_augment_problem,
             expected_layout,
             rand_augment_problem,
@@ -258,6 +269,22 @@ class DataConfig(_Strict):
             problems.append(
                 f"data.decode: 'device' cannot apply data.randaugment={self.randaugment!r}: {problem}. "
                 "Fix: set data.decode to 'cpu' or 'auto', or use a RandAugment string of supported ops."
+            )
+        if self.loader == "dali" and not spec.device_decode:
+            problems.append(
+                f"data.loader: 'dali' is for datasets registered with device decoding "
+                f"({sorted(n for n, s in DATASETS.items() if s.device_decode)}), got data.name={self.name!r}. "
+                "Fix: leave data.loader unset (auto)."
+            )
+        elif self.loader == "dali" and self.decode == "cpu":
+            problems.append(
+                "data.loader: 'dali' decodes on the device, which data.decode='cpu' rules out. "
+                "Fix: set data.decode to 'device' or 'auto', or data.loader to 'auto'."
+            )
+        elif self.loader == "dali" and not dali_available():
+            problems.append(
+                "data.loader: 'dali' needs NVIDIA DALI, which is not installed here (import nvidia.dali fails). "
+                f"Fix: {DALI_INSTALL}, or set data.loader to 'auto' (DALI where installed, else torch)."
             )
         if self.device_resident and (problem := resident_problem(spec, self.augment, self.img_size)):
             problems.append(

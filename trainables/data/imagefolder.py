@@ -1,5 +1,5 @@
 """The ``imagefolder`` dataset: a train/val tree of class folders, or what `data prepare` made of one, decoded on the
-host or on the device."""
+host or on the device (through DALI or torch)."""
 
 from __future__ import annotations
 
@@ -78,13 +78,21 @@ def load(cfg: "DataConfig", root: Path | None, train_indices_for, resident: bool
     targets = np.asarray(train.targets, dtype=np.int64)
     indices = train_indices_for(targets)
     val_indices = np.arange(len(val.targets))
-    if cfg.decode == "device":
+    if cfg.decode == "device" and cfg.loader == "dali":
+        from trainables.data.dali import FolderDali
+
+        stats = dict(mean=spec.mean, std=spec.std)
+        train_split: Dataset = FolderDali(
+            train.samples, indices, size, train=augment != "none", rand_augment=_rand_augment_of(train_tf), **stats
+        )
+        val_split: Dataset = FolderDali(val.samples, val_indices, size, train=False, **stats)
+    elif cfg.decode == "device":
         from trainables.data.folders import FolderBytes
 
-        train_split: Dataset = FolderBytes(
+        train_split = FolderBytes(
             train.samples, indices, size, train=augment != "none", rand_augment=_rand_augment_of(train_tf)
         )
-        val_split: Dataset = FolderBytes(val.samples, val_indices, size, train=False)
+        val_split = FolderBytes(val.samples, val_indices, size, train=False)
     else:
         train_split = _FolderImages(train, indices, plain_transform=eval_tf)
         val_split = _FolderImages(val, val_indices)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from trainables.data.bundle import DataBundle, DatasetError
-from trainables.data.registry import DATASETS, device_rand_augment_problem, resident_problem
+from trainables.data.registry import DATASETS, dali_available, device_rand_augment_problem, resident_problem
 from trainables.data.seeds import _stratified_prefix
 from trainables.data.staging import stage_root
 
@@ -56,6 +56,10 @@ def load_dataset(data: "DataConfig | str", /, *, device: torch.device | str | No
     if spec.device_decode and cfg.decode == "auto":
         ops_fit = cfg.augment != "strong" or device_rand_augment_problem(cfg.randaugment) is None
         cfg = cfg.model_copy(update={"decode": "device" if on_cuda and ops_fit else "cpu"})
+    if spec.device_decode and cfg.loader == "auto":
+        # DALI where it is installed and decodes on a GPU; today's torch loader everywhere else.
+        use_dali = cfg.decode == "device" and on_cuda and dali_available()
+        cfg = cfg.model_copy(update={"loader": "dali" if use_dali else "torch"})
 
     def train_indices_for(labels: np.ndarray) -> np.ndarray:
         return _stratified_prefix(labels, float(cfg.fraction), int(cfg.fraction_seed))

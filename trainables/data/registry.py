@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "DALI_INSTALL",
     "DATASETS",
     "DEVICE_RAND_OPS",
     "Archive",
     "DatasetSpec",
     "Layout",
+    "dali_available",
     "device_rand_augment_problem",
     "expected_layout",
     "fraction_keep",
@@ -319,6 +321,18 @@ def device_rand_augment_problem(config: str) -> str | None:
     if unknown:
         return f"its ops {unknown} have no device version (the device applies {sorted(DEVICE_RAND_OPS)})"
     return None
+
+
+# How a user gets NVIDIA DALI, the loader of plain image folders on CUDA where it is installed (trainables.data.dali).
+DALI_INSTALL = "pip install 'sharpscale[dali]'"
+
+
+def dali_available() -> bool:
+    """Whether NVIDIA DALI is importable here, found without importing it (nor torch): config checks call it."""
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no `nvidia` namespace package at all
+        return False
 
 
 def rand_augment_hparams(size: int, mean: Sequence[float]) -> dict[str, Any]:
