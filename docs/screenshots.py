@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from analysis.report import HTML_REPORT
 from analysis.runs import UI_WORKFLOW
-from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
+from studies.records import BEST_RUN_ID_TAG, VIEW_TAG, runs_page_path
 from studies.server import free_port, start_server
 from trainables.naming import KIND_TAG
 from trainables.tracking import resolve_tracking_uri
@@ -225,7 +225,7 @@ def main() -> None:
             # whatever the experiment's kind): choose model training once, as a user would.
             # The first open: the page `sharpscale ui` prints (the answer's line, every trial best first), as a new
             # browser shows it; then its description expanded (every cell's row).
-            first = f"{base}{runs_page_path(eid, view=f'mlflow.sharedViewState.{VIEW_KEY}' in exp.tags)}"
+            first = f"{base}{runs_page_path(eid, view=VIEW_TAG in exp.tags)}"
             chrome.open(first, shows="Run Name")
             time.sleep(4 * SETTLE_S)  # the table's rows come after its header
             chrome.shoot(out / "mlflow_first_open.png")
