@@ -49,7 +49,9 @@ __all__ = [
     "split_stages",
     "status_table",
     "summarize",
+    "table_format",
     "unconfirmed_cells",
+    "use_table_format",
 ]
 
 # Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
@@ -78,6 +80,35 @@ REPORT_MARKER = "<!-- sharpscale: report -->"
 # The query that opens MLflow 3's UI on its model-training side: without it a page loaded afresh (a link followed,
 # a bookmark) opens on the GenAI side, whatever the experiment's kind. Every address of the UI we write carries it.
 UI_WORKFLOW = "workflowType=machine_learning"
+# How a printed table shows a number, wherever it is printed (`status`, the summary `run` prints, `summarize` and
+# the other tables in a notebook): 4 significant digits, enough for an accuracy on a few thousand images and its SE.
+TABLE_FLOAT_FORMAT = "{:.4g}"
+_TABLE_MAX_COLUMNS = 20
+
+
+def _table_options(width: int) -> list:
+    return [
+        "display.width",
+        width,
+        "display.max_columns",
+        _TABLE_MAX_COLUMNS,
+        "display.float_format",
+        TABLE_FLOAT_FORMAT.format,
+    ]
+
+
+def table_format(width: int = 200) -> pd.option_context:
+    """pandas' display options, `width` columns wide, as every table sharpscale prints uses them: a context."""
+    return pd.option_context(*_table_options(width))
+
+
+def use_table_format(width: int = 200) -> None:
+    """The same options for the rest of this session (a notebook's first cell), as `table_format` sets them."""
+    options = _table_options(width)
+    for key, value in zip(options[::2], options[1::2]):
+        pd.set_option(key, value)
+
+
 BEST_RULE = (
     "the finished trial with the best value of the objective; among equal values, the one that started first "
     "(then the smaller run id)"
