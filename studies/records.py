@@ -9,7 +9,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, UI_WORKFLOW, accuracy_se, best_key
+from analysis.runs import (
+    ACCURACY_METRICS,
+    BEST_RULE,
+    REPORT_MARKER,
+    UI_WORKFLOW,
+    accuracy_se,
+    best_key,
+    cell_name,
+)
 from studies.spec import Cell, LoadedStudy
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
@@ -239,14 +247,10 @@ def source_tags(study: LoadedStudy, commit: str) -> dict[str, str]:
     return tags
 
 
-def _level_label(factor: str, level: str) -> str:
-    # A named level (resnet, sam) says what it is; a list factor is a config path whose value needs its name.
-    return f"{factor.rsplit('.', 1)[-1]}={level}" if "." in factor else level
-
-
 def cell_label(cell: Cell) -> str:
-    """A cell in a few characters: 'vit/sam', 'fraction=0.1/resnet/sam/seed=0'; 'all' without factors."""
-    return "/".join(_level_label(f, lv) for f, lv in cell.levels.items()) or "all"
+    """A cell in a few characters, its one name (analysis.runs.cell_name): 'vit/sam', 'fraction=0.1/resnet/sam/seed=0';
+    'all' without factors."""
+    return cell_name(cell.levels)
 
 
 def _value_text(value: Any) -> str:

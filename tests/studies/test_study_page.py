@@ -364,7 +364,7 @@ def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_u
     assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if "best rho" in line)
-    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
+    sam = next(line for line in out.splitlines() if line.startswith("vit/sam "))
     # The tie at 0.9 goes to the trial that started first (rho 0.05), as on the study page and in the roll-up.
     assert header.index("best rho") > header.index("best val_acc") and sam.split()[-2:] == ["0.05", "4"]
 
@@ -385,11 +385,11 @@ def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_
     header = next(line for line in out.splitlines() if "best val_acc" in line)
     # Right after the value, as the summary and the study page state it: 0.9 on 360 samples, sqrt(.9 .1 / 360).
     assert header.index("± SE") > header.index("best val_acc") and header.index("± SE") < header.index("best rho")
-    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
-    adamw = next(line for line in out.splitlines() if line.startswith("arch=vit,method=adamw"))
+    sam = next(line for line in out.splitlines() if line.startswith("vit/sam "))
+    adamw = next(line for line in out.splitlines() if line.startswith("vit/adamw "))
     assert "0.9 0.01581 0.05" in " ".join(sam.split()) and "0.85 0.01882" in " ".join(adamw.split())
     # A cell with no finished trial has no value and no SE: '-', not a count of 0.
-    mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
+    mixer = next(line for line in out.splitlines() if line.startswith("mixer/sam "))
     assert mixer.split()[-4:-1] == ["-", "-", "-"]
 
 
