@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, Sequence, Union
+from typing import Literal, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,8 @@ __all__ = [
     "StudyNotFound",
     "accuracy_se",
     "best_key",
+    "cell_key_name",
+    "cell_name",
     "find_store",
     "best_trials",
     "confirm_summary",
@@ -49,7 +51,9 @@ __all__ = [
     "split_stages",
     "status_table",
     "summarize",
+    "table_format",
     "unconfirmed_cells",
+    "use_table_format",
 ]
 
 # Accuracies (fractions of the validation set) whose sampling error `summarize` states, and that column's name.
@@ -78,6 +82,55 @@ REPORT_MARKER = "<!-- sharpscale: report -->"
 # The query that opens MLflow 3's UI on its model-training side: without it a page loaded afresh (a link followed,
 # a bookmark) opens on the GenAI side, whatever the experiment's kind. Every address of the UI we write carries it.
 UI_WORKFLOW = "workflowType=machine_learning"
+# How a printed table shows a number, wherever it is printed (`status`, the summary `run` prints, `summarize` and
+# the other tables in a notebook): 4 significant digits, enough for an accuracy on a few thousand images and its SE.
+TABLE_FLOAT_FORMAT = "{:.4g}"
+_TABLE_MAX_COLUMNS = 20
+
+
+def cell_name(levels: Mapping[str, str]) -> str:
+    """A cell's one name wherever a cell is named (trial runs, the live view, `status`, the answer's best cell): its
+    levels joined by '/', 'vit/sam'; a config-path factor's level with its name, 'fraction=0.1/resnet/sam'; 'all'
+    without factors."""
+    # A named level (resnet, sam) says what it is; a config-path factor's value needs its name.
+    return "/".join(f"{f.rsplit('.', 1)[-1]}={lv}" if "." in f else str(lv) for f, lv in levels.items()) or "all"
+
+
+def cell_key_name(key: str) -> str:
+    """`cell_name` of a cell key as trials record it (the `cell` column, 'arch=vit,method=sam', a confirm
+    replicate's ' seed=N' kept); a key that is not factor=level pairs, unchanged."""
+    base, sep, seed = str(key).partition(" seed=")
+    if not base:
+        return cell_name({}) + (f" seed={seed}" if sep else "")
+    pairs = [part.partition("=") for part in base.split(",")]
+    if any(not eq or not factor for factor, eq, _ in pairs):
+        return str(key)
+    return cell_name({factor: level for factor, _, level in pairs}) + (f" seed={seed}" if sep else "")
+
+
+def _table_options(width: int) -> list:
+    return [
+        "display.width",
+        width,
+        "display.max_columns",
+        _TABLE_MAX_COLUMNS,
+        "display.float_format",
+        TABLE_FLOAT_FORMAT.format,
+    ]
+
+
+def table_format(width: int = 200) -> pd.option_context:
+    """pandas' display options, `width` columns wide, as every table sharpscale prints uses them: a context."""
+    return pd.option_context(*_table_options(width))
+
+
+def use_table_format(width: int = 200) -> None:
+    """The same options for the rest of this session (a notebook's first cell), as `table_format` sets them."""
+    options = _table_options(width)
+    for key, value in zip(options[::2], options[1::2]):
+        pd.set_option(key, value)
+
+
 BEST_RULE = (
     "the finished trial with the best value of the objective; among equal values, the one that started first "
     "(then the smaller run id)"
@@ -469,7 +522,8 @@ def status_table(
     table[counted] = table[counted].fillna(0)
     for col in table.columns:
         if pd.api.types.is_float_dtype(table[col]):
-            table[col] = table[col].map(lambda v: "-" if pd.isna(v) else f"{v:.4g}")
+            table[col] = table[col].map(lambda v: "-" if pd.isna(v) else TABLE_FLOAT_FORMAT.format(v))
+    table.index = [cell_key_name(k) for k in table.index]  # one name per cell, as its trial runs carry it
     return table.fillna("-")
 
 

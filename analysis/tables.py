@@ -13,7 +13,7 @@ import pandas as pd
 from analysis import scaling
 from analysis.geometry.names import METRIC_PREFIX
 from analysis.images import IMAGE_OVER, SEED_OVER, crossed_quantile, crossed_t, interval_conditions, scored_matrix
-from analysis.runs import RHO, SCORED_COLUMN, best_key, best_trials
+from analysis.runs import RHO, SCORED_COLUMN, best_key, best_trials, cell_key_name
 
 __all__ = [
     "FewSamplesWarning",
@@ -1151,7 +1151,7 @@ def headline(runs: pd.DataFrame, *, metric: str = "val_acc", mode: Mode = "max")
         n = t.get(VALIDATION_SAMPLES) if metric in ACCURACY_METRICS else None
         rho = f", rho = {float(t[RHO]):.3g}" if RHO in t and pd.notna(t[RHO]) and float(t[RHO]) > 0 else ""
         lines.append(
-            f"Best cell: {t['cell']}: {metric} {t[metric] * scale:.{digits}f}"
+            f"Best cell: {cell_key_name(t['cell'])}: {metric} {t[metric] * scale:.{digits}f}"
             f"{_interval_text(t[metric], n, scale, digits) and ' 95% exact' + _interval_text(t[metric], n, scale, digits)}"
             f"{rho} (the best of its search: chosen and scored on the same data)"
         )

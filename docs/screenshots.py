@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -30,8 +31,8 @@ from mlflow.tracking import MlflowClient
 
 from analysis.report import HTML_REPORT
 from analysis.runs import UI_WORKFLOW
-from studies.records import BEST_RUN_ID_TAG, VIEW_KEY, runs_page_path
-from studies.server import free_port, start_server
+from studies.records import BEST_RUN_ID_TAG
+from studies.server import free_port
 from trainables.naming import KIND_TAG
 from trainables.tracking import resolve_tracking_uri
 
@@ -176,6 +177,36 @@ class Browser:
         self._profile.cleanup()
 
 
+@contextlib.contextmanager
+def _sharpscale_ui(uri: str, log_path: Path, timeout_s: float = 900.0):
+    """The MLflow UI as `sharpscale ui` serves it (studies.ui_app) over `uri`, on a free loopback port: yields its
+    address once it answers; stopped with its workers on exit."""
+    import urllib.error
+    import urllib.request
+
+    from studies.server import stop_process_group
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "studies.ui_app", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--workers", "1", "--uvicorn-opts", "--no-access-log"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the MLflow UI did not answer on {base}; see {log_path}") from None
+                time.sleep(0.5)
+        yield base
+    finally:
+        stop_process_group(proc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
@@ -213,20 +244,15 @@ def main() -> None:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="sharpscale-shots-") as tmp,
-            start_server(
-                backend_store_uri=uri,
-                artifacts_destination=str(Path(tmp) / "artifacts"),
-                log_path=Path(tmp) / "server.log",
-                timeout_s=900,
-            ) as (_, base),
+            _sharpscale_ui(uri, Path(tmp) / "server.log") as base,
         ):
             # The runs table: the study run first; its rows expanded show the cells, each with its best.
             # MLflow 3.17's side bar switches between GenAI and model training, per browser (GenAI by default,
             # whatever the experiment's kind): choose model training once, as a user would.
-            # The first open: the page `sharpscale ui` prints (the answer's line, every trial best first), as a new
-            # browser shows it; then its description expanded (every cell's row).
-            first = f"{base}{runs_page_path(eid, view=f'mlflow.sharedViewState.{VIEW_KEY}' in exp.tags)}"
-            chrome.open(first, shows="Run Name")
+            # The first open: the experiment's bare address typed into a new browser, which `sharpscale ui` opens
+            # as the page it prints (the answer's line, every trial best first); then its description expanded.
+            chrome.open(f"{base}/#/experiments/{eid}", shows="Run Name")
+            print(f"typed /#/experiments/{eid} opened {chrome.evaluate('location.href')}")
             time.sleep(4 * SETTLE_S)  # the table's rows come after its header
             chrome.shoot(out / "mlflow_first_open.png")
             chrome.evaluate(CLOSE_ASSISTANT)

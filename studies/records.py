@@ -9,7 +9,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.runs import ACCURACY_METRICS, BEST_RULE, REPORT_MARKER, UI_WORKFLOW, accuracy_se, best_key
+from analysis.runs import (
+    ACCURACY_METRICS,
+    BEST_RULE,
+    REPORT_MARKER,
+    UI_WORKFLOW,
+    accuracy_se,
+    best_key,
+    cell_name,
+)
 from studies.spec import Cell, LoadedStudy
 from trainables.metrics import VALIDATION_SAMPLES
 from trainables.naming import (
@@ -34,6 +42,8 @@ __all__ = [
     "NUMBERING",
     "RESULTS_MARKER",
     "VIEW_KEY",
+    "VIEW_NAME",
+    "VIEW_TAG",
     "CellBest",
     "cell_end_time",
     "cell_label",
@@ -47,6 +57,7 @@ __all__ = [
     "roll_up",
     "rollup_callback",
     "runs_page_path",
+    "saved_view",
     "source_tags",
     "study_tags",
     "trial_params",
@@ -54,20 +65,21 @@ __all__ = [
     "view_state",
 ]
 
-# MLflow 3's UI opens an experiment on the page its kind names; without the tag it guesses, and guesses GenAI
-# (traces, token usage). The value is the UI's, not the Python API's: tests/studies/test_records.py pins it
-# against the installed UI bundle.
+# The experiment's kind, as MLflow names it (the experiment's type in its UI and API). MLflow 3.17's UI does not open
+# an experiment by it (its side, GenAI or model training, comes from the browser: studies.ui_app picks it). The
+# value is the UI's, not the Python API's: tests/studies/test_records.py pins it against the installed UI bundle.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 # The experiment's description is the study's note, this marker, then the answer table that every roll-up rewrites:
 # the runs page renders it (markdown) above the runs, so the answer shows on the first screen without a click.
 RESULTS_MARKER = "<!-- sharpscale: results -->"
-# The runs page opens on a view saved as an experiment tag (MLflow's own "share view": the tag
-# `mlflow.sharedViewState.<key>`, opened by `?viewStateShareKey=<key>`), the UI's names pinned by tests/studies/
-# test_records.py against the installed bundle: every trial in one flat list, best first, with the objective and
-# the knobs as columns.
+# The runs page opens on a view saved as an experiment tag (MLflow's own saved view: the tag
+# `mlflow.sharedViewState.<key>`, opened by `?viewStateShareKey=<key>` and listed under "Views" by its name), the UI's
+# names pinned by tests/studies/test_study_page.py against the installed bundle: every trial in one flat list, best
+# first, with the objective and the knobs as columns.
 VIEW_KEY = "sharpscale"
-_VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+VIEW_NAME = "sharpscale: every trial, best first"
 _WORKFLOW = UI_WORKFLOW  # MLflow 3's UI on its model-training side (analysis.runs)
 # The roll-up's keys on cell and study runs: metrics (numbers) and tags (names).
 BEST_PREFIX = "best."
@@ -80,7 +92,6 @@ COUNTED = ("finished", "failed", "early_stopped", "killed", "running")
 def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
     """The experiment's kind (so the UI opens on its runs), its description (a place for the answer, above what the
     study asks), its primary metric, and the runs page's opening view (`view_state`)."""
-    import json
 
     from mlflow.utils.mlflow_tags import (
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER,
@@ -89,7 +100,8 @@ def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
     )
 
     objective = study.spec.objective
-    note = retry_locked(client.get_experiment, experiment_id).tags.get(MLFLOW_RUN_NOTE, "")
+    existing = retry_locked(client.get_experiment, experiment_id).tags
+    note = existing.get(MLFLOW_RUN_NOTE, "")
     # A resumed (or relaunched) study keeps the answer it has until its roll-up writes the new one.
     previous = note.split(RESULTS_MARKER, 1)[0].strip() if RESULTS_MARKER in note else _NOT_YET
     tags = {
@@ -97,10 +109,26 @@ def describe_experiment(client, experiment_id: str, study: LoadedStudy) -> None:
         MLFLOW_RUN_NOTE: _with_results(experiment_note(study), previous),
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_NAME: objective.column,
         MLFLOW_EXPERIMENT_PRIMARY_METRIC_GREATER_IS_BETTER: str(objective.mode == "max").lower(),
-        f"{_VIEW_TAG_PREFIX}{VIEW_KEY}": json.dumps(view_state(study)),
+        VIEW_TAG: saved_view(view_state(study), existing.get(VIEW_TAG)),
     }
     for key, value in tags.items():
         retry_locked(client.set_experiment_tag, experiment_id, key, value)
+
+
+def saved_view(state: dict[str, Any], previous: str | None = None) -> str:
+    """The view tag's value as MLflow 3.17's "Views" menu lists it: an envelope with the view's name, its creation
+    and update times (ms) and the view state as a JSON string; a view rewritten (a resumed study) keeps its
+    creation time, so it keeps its place in the menu."""
+    import json
+    import time
+
+    now = int(time.time() * 1000)
+    created = now
+    try:
+        created = int(json.loads(previous)["createdAt"]) if previous else now
+    except (ValueError, KeyError, TypeError):
+        pass  # a view written before the envelope (the bare state): created now
+    return json.dumps({"name": VIEW_NAME, "createdAt": created, "updatedAt": now, "state": json.dumps(state)})
 
 
 def _column(kind: str, key: str) -> str:
@@ -219,14 +247,10 @@ def source_tags(study: LoadedStudy, commit: str) -> dict[str, str]:
     return tags
 
 
-def _level_label(factor: str, level: str) -> str:
-    # A named level (resnet, sam) says what it is; a list factor is a config path whose value needs its name.
-    return f"{factor.rsplit('.', 1)[-1]}={level}" if "." in factor else level
-
-
 def cell_label(cell: Cell) -> str:
-    """A cell in a few characters: 'vit/sam', 'fraction=0.1/resnet/sam/seed=0'; 'all' without factors."""
-    return "/".join(_level_label(f, lv) for f, lv in cell.levels.items()) or "all"
+    """A cell in a few characters, its one name (analysis.runs.cell_name): 'vit/sam', 'fraction=0.1/resnet/sam/seed=0';
+    'all' without factors."""
+    return cell_name(cell.levels)
 
 
 def _value_text(value: Any) -> str:

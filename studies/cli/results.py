@@ -23,10 +23,8 @@ class Status(Command):
         parser.add_argument("study")
 
     def take_action(self, args) -> int:
-        import pandas as pd
-
         from analysis import headline, load_runs
-        from analysis.runs import status_table
+        from analysis.runs import status_table, table_format
         from studies.spec import load_study
 
         # Reads the file and MLflow only: the data need not be on this machine.
@@ -49,9 +47,7 @@ class Status(Command):
         _say_if_outside(uri)
         for line in headline(runs, metric=spec.objective.column, mode=spec.objective.mode):  # the answer so far
             print(line)
-        with pd.option_context(
-            "display.width", 200, "display.max_columns", 20, "display.float_format", "{:.4g}".format
-        ):
+        with table_format():
             print(table.to_string())
         return 0
 

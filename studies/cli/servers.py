@@ -159,8 +159,7 @@ class UI(Command):
         cmd = [
             sys.executable,
             "-m",
-            "mlflow",
-            "ui",
+            "studies.ui_app",  # `mlflow ui`, whose page opens each way into a study on its view
             "--backend-store-uri",
             uri,
             "--host",

@@ -68,10 +68,8 @@ def _print_cost(runs, outcome) -> None:
 
 
 def print_summary(study, tracking_uri: str, outcome=None) -> None:
-    import pandas as pd
-
     from analysis import headline, load_runs, summarize
-    from analysis.runs import SE_COLUMN
+    from analysis.runs import SE_COLUMN, table_format
     from trainables.tracking import resolve_tracking_uri
 
     spec = study.spec
@@ -87,9 +85,7 @@ def print_summary(study, tracking_uri: str, outcome=None) -> None:
             _say(line, "  ")
         searched = tuple(sorted({p for c in study.cells for p in c.space}))
         table = summarize(runs, metric=objective.column, mode=objective.mode, show=searched, label=objective.label)
-        with pd.option_context(
-            "display.width", _columns(), "display.max_columns", 20, "display.float_format", "{:.4g}".format
-        ):
+        with table_format(_columns()):
             # Columns that do not fit go to a block below (pandas' wrapping), not past the terminal's edge.
             print(table.to_string(line_width=_columns()) if not table.empty else "  (no finished trial)")
         if SE_COLUMN in table.columns:

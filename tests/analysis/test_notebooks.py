@@ -1,6 +1,7 @@
 """The shipped notebooks run top to bottom (nbclient, a real kernel) against a quickstart-like MLflow store made here."""
 
 import math
+import re
 from pathlib import Path
 
 import nbformat
@@ -105,7 +106,20 @@ def test_study_notebook_runs_against_a_store(name, store, tmp_path, monkeypatch)
     monkeypatch.setenv("SHARPSCALE_TRACKING_URI", store)
     monkeypatch.setenv("SHARPSCALE_STUDY", "nbstudy")
     monkeypatch.setenv("SHARPSCALE_N_BOOT", "200")
-    _run(name, tmp_path)
+    nb = _run(name, tmp_path)
+    # Tables show numbers as the CLI prints them (analysis.runs.TABLE_FLOAT_FORMAT, 4 significant digits), not in
+    # pandas' default 6 decimals.
+    tables = [
+        o["data"]["text/html"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type in ("execute_result", "display_data") and "text/html" in o.get("data", {})
+    ]
+    assert tables, "no table shown"
+    for html in tables:
+        for number in re.findall(r">\s*(-?[0-9]+\.[0-9]+)\s*<", html):
+            assert len(number.lstrip("-").replace(".", "").lstrip("0")) <= 4, (number, html[:2000])
 
 
 def test_geometry_notebook_runs_on_a_trial_checkpoint(checkpoint, tmp_path, monkeypatch):

@@ -120,7 +120,7 @@ def test_headline_answers_the_question_per_arch_before_the_best_cell(tmp_path, s
     assert lines[0].startswith("resnet: sam - adamw = -1.00 points") and "rho = 0.02" in lines[0]
     assert "adamw 100.00 [98.98, 100.00]" in lines[0]  # Clopper-Pearson at 359 of 359, not ± 0
     assert lines[1].startswith("vit: sam - adamw = +5.00 points")
-    assert lines[-1].startswith("Best cell: arch=resnet,method=adamw: val_acc 100.00 95% exact [98.98, 100.00]")
+    assert lines[-1].startswith("Best cell: resnet/adamw: val_acc 100.00 95% exact [98.98, 100.00]")
 
 
 def test_the_reports_law_form_is_m4_only_where_the_design_can_check_it():

@@ -212,3 +212,19 @@ def test_a_cell_run_ends_when_its_last_trial_ended_not_when_the_study_did(tracki
     assert cell_end_time(client, exp, cell_run) is None  # a trial still open: not before it
     client.set_terminated(open_trial)
     assert cell_end_time(client, exp, cell_run) == client.get_run(open_trial).info.end_time
+
+
+def test_a_cell_has_one_name_from_its_levels_or_from_the_key_its_trials_record():
+    # Trial runs, the live view (cell_label), `status` and the answer's best cell (from the recorded key) name a cell
+    # alike: checked on every cell of every shipped study.
+    from analysis.runs import cell_key_name
+
+    files = sorted((REPO / "studies").glob("*.yaml"))
+    checked = 0
+    for path in files:
+        for cell in load_study(path, require_data=False).cells:
+            assert cell_key_name(cell.key) == cell_label(cell), (path.name, cell.key)
+            assert cell_key_name(f"{cell.key} seed=3") == f"{cell_label(cell)} seed=3"
+            checked += 1
+    assert len(files) >= 9 and checked > len(files)
+    assert cell_key_name("") == "all" and cell_key_name("not a key") == "not a key"

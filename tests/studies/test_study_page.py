@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from studies.records import RESULTS_MARKER, VIEW_KEY, describe_experiment, roll_up, source_tags
+from studies.records import RESULTS_MARKER, VIEW_KEY, VIEW_NAME, describe_experiment, roll_up, source_tags
 from studies.server import free_port, group_alive
 from studies.spec import load_study
 from trainables.naming import CELL_TAG, KIND_TAG, factor_tag
@@ -94,7 +94,12 @@ def test_the_answer_table_is_the_experiments_description_and_ties_go_to_the_firs
     assert "(best.rho)" in intro and "<knob>" not in note  # a knob's column by its name, not an HTML-like tag
     assert client.get_run(study_run).data.tags["mlflow.note.content"] == table.strip()
     assert client.get_run(study_run).data.metrics["best.rho"] == 0.05  # the roll-up names the same trial
-    view = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    # MLflow's saved-view envelope (listed under "Views" by its name), the view state inside it as a JSON string.
+    saved = json.loads(client.get_experiment(exp).tags[f"mlflow.sharedViewState.{VIEW_KEY}"])
+    assert (
+        saved["name"] == VIEW_NAME and isinstance(saved["createdAt"], int) and saved["updatedAt"] >= saved["createdAt"]
+    )
+    view = json.loads(saved["state"])
     assert view["orderByKey"] == "metrics.`val_acc`" and "params.`optimizer.hparams.rho`" in view["selectedColumns"]
 
 
@@ -106,6 +111,10 @@ def test_view_state_names_are_the_installed_uis():
     js = Path(mlflow.__file__).parent / "server" / "js" / "build" / "static" / "js"
     text = "".join(p.read_text(errors="ignore") for p in js.glob("*.js"))
     assert 'U="viewStateShareKey",$="mlflow.sharedViewState."' in text
+    # The "Views" menu lists a tag whose value is this envelope (records.saved_view); the shared-view loader
+    # reads the state out of it.
+    assert "JSON.stringify({name:e,createdAt:i,updatedAt:a,state:t})" in text
+    assert '"string"!==typeof i.name||"number"!==typeof i.createdAt||"string"!==typeof i.state' in text
     assert '["searchFilter","orderByKey","orderByAsc","startTime","lifecycleFilter","modelVersionFilter"' in text
     for key in ('"selectedColumns"', '"runsHiddenMode"', '"columnWidths"', 'SHOWALL="SHOW_ALL"', 'DATASET:"Dataset"'):
         assert key in text
@@ -250,6 +259,67 @@ def test_sharpscale_ui_prints_only_the_study_page_which_shows_the_answer(tmp_pat
     assert "GET /" not in (tmp_path / "sharpscale.log").read_text()  # no access lines there either
 
 
+def test_the_ui_side_is_chosen_by_the_browsers_storage_as_studies_ui_app_sets_it():
+    # MLflow 3.17's UI ignores the experiment's kind tag (its flag for the side switch is on) and reads the side from
+    # this storage entry, GenAI when it is absent: pin both, and the page `sharpscale ui` serves, to the bundle.
+    import mlflow
+
+    from studies.ui_app import WORKFLOW_STORAGE_KEY, index_html
+
+    js = Path(mlflow.__file__).parent / "server" / "js" / "build"
+    text = "".join(p.read_text(errors="ignore") for p in (js / "static" / "js").glob("main.*.js"))
+    key, version = WORKFLOW_STORAGE_KEY.rsplit("_v", 1)
+    assert f'key:"{key}",version:{version},initialValue:c' in text and "const o=(e,t)=>`${e}_v${t}`" in text
+    assert 'e.MACHINE_LEARNING="machine_learning"' in text and "const c=l.GENAI" in text
+    assert "const l=e=>{const{workflowType:t}=(0,a.B)(),n=(0,s.Z0)();return(0,r.useMemo)(()=>n?m(t):" in text
+    page = index_html((js / "index.html").read_text(), ["7"])
+    assert page.index('new Set(["7"])') < page.index("</head>") < page.index("<body>")
+    assert page.index("<script>") > page.index('<meta charset="utf-8"/>')  # the charset stays first
+
+
+@pytest.mark.timeout(900)
+def test_every_way_into_a_study_lands_on_its_view_on_the_model_training_side(tmp_path, tracking_uri, cli_process):
+    """A typed `/#/experiments/<id>` and a click on the experiment in MLflow's list, in a new browser, open the
+    study's runs table (every trial, the objective's column) on the model-training side, its view named under
+    "Views"; the Default experiment, which has no view, opens MLflow's own runs page on that side."""
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        assert not os.environ.get("SHARPSCALE_REQUIRE_BROWSER"), "no chromium on PATH"
+        pytest.skip("no chromium on PATH")
+    study, exp, _, _ = _recorded_study(tracking_uri)
+    port = free_port()
+    proc = cli_process.start("ui", "--tracking-uri", tracking_uri, "--port", port, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith("MLflow UI: ")
+    base = f"http://127.0.0.1:{port}"
+    shots = _screenshots_module()
+    chrome = shots.Browser()
+
+    def on_the_view(name: str) -> None:
+        shown = _shows(chrome, "sam-tied-later", timeout_s=300)
+        chrome.shoot(tmp_path / f"{name}.png")
+        where = chrome.evaluate("location.href")
+        assert shown, f"{name}: no trial row at {where}; see {tmp_path / name}.png"
+        assert "workflowType=machine_learning" in where and f"viewStateShareKey={VIEW_KEY}" in where, where
+        headers = chrome.evaluate("[...document.querySelectorAll('[role=columnheader]')].map(h => h.innerText)")
+        assert any("val_acc" in h for h in headers), headers
+        assert _shows(chrome, VIEW_NAME, timeout_s=30), "the view is not named in the Views menu"
+
+    try:
+        chrome.open(f"{base}/#/experiments/{exp}", shows="sam-tied-later", timeout_s=300)
+        on_the_view("typed")
+        chrome.open(f"{base}/#/experiments", shows=study.experiment_name, timeout_s=300)
+        chrome.evaluate(
+            f"[...document.querySelectorAll('a')].filter(a => a.innerText.trim() === "
+            f"{json.dumps(study.experiment_name)})[0].click(); true"
+        )
+        on_the_view("clicked")
+        chrome.open(f"{base}/#/experiments/0", shows="Run Name", timeout_s=300)
+        where = chrome.evaluate("location.href")
+        assert "/experiments/0/runs" in where and "workflowType=machine_learning" in where, where
+        assert "viewStateShareKey" not in where
+    finally:
+        chrome.close()
+
+
 @pytest.mark.timeout(600)
 def test_an_exported_store_travels_report_and_ui_work_on_the_copy_alone(tmp_path, new_mlflow_store, cli_process):
     from mlflow.tracking import MlflowClient
@@ -294,7 +364,7 @@ def test_status_names_each_cells_best_trial_and_knob_as_the_page_does(tracking_u
     assert main(["status", str(REPO / "studies" / "quickstart.yaml"), "--tracking-uri", tracking_uri]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if "best rho" in line)
-    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
+    sam = next(line for line in out.splitlines() if line.startswith("vit/sam "))
     # The tie at 0.9 goes to the trial that started first (rho 0.05), as on the study page and in the roll-up.
     assert header.index("best rho") > header.index("best val_acc") and sam.split()[-2:] == ["0.05", "4"]
 
@@ -315,11 +385,11 @@ def test_status_prints_the_standard_error_beside_each_cells_best_value(tracking_
     header = next(line for line in out.splitlines() if "best val_acc" in line)
     # Right after the value, as the summary and the study page state it: 0.9 on 360 samples, sqrt(.9 .1 / 360).
     assert header.index("± SE") > header.index("best val_acc") and header.index("± SE") < header.index("best rho")
-    sam = next(line for line in out.splitlines() if line.startswith("arch=vit,method=sam"))
-    adamw = next(line for line in out.splitlines() if line.startswith("arch=vit,method=adamw"))
+    sam = next(line for line in out.splitlines() if line.startswith("vit/sam "))
+    adamw = next(line for line in out.splitlines() if line.startswith("vit/adamw "))
     assert "0.9 0.01581 0.05" in " ".join(sam.split()) and "0.85 0.01882" in " ".join(adamw.split())
     # A cell with no finished trial has no value and no SE: '-', not a count of 0.
-    mixer = next(line for line in out.splitlines() if line.startswith("arch=mixer,method=sam"))
+    mixer = next(line for line in out.splitlines() if line.startswith("mixer/sam "))
     assert mixer.split()[-4:-1] == ["-", "-", "-"]
 
 

@@ -55,7 +55,7 @@ def _report_and_status_work_inside(store: Path, study_file: Path, tmp_path: Path
     uri = f"sqlite:///{store / 'mlflow.db'}"
     before = _files(tmp_path, outside=store)
     assert main(["status", str(study_file), "--tracking-uri", uri]) == 0
-    assert "arch=vit,method=sam" in capsys.readouterr().out
+    assert "vit/sam " in capsys.readouterr().out  # the cell by its one name (analysis.runs.cell_name)
     assert len(load_runs("quickstart", tracking_uri=uri)) == 4
     out = store / "reports"
     assert main(["report", str(study_file), "--tracking-uri", uri, "--out", str(out)]) == 0
@@ -155,3 +155,31 @@ def test_every_trial_link_in_the_study_description_lands_on_the_model_training_s
     description = MlflowClient(tracking_uri).get_experiment(exp).tags["mlflow.note.content"]
     links = re.findall(r"\]\((#/experiments/[^)]*)\)", description)
     assert links and all(link.endswith(f"?{UI_WORKFLOW}") for link in links), links
+
+
+@pytest.mark.timeout(300)
+def test_ui_by_study_name_on_a_moved_plain_copy_serves_it_and_writes_only_inside(
+    tmp_path, new_mlflow_store, cli_process
+):
+    original = tmp_path / "original"
+    exp, _, first = _original_store(original, new_mlflow_store)
+    copy = tmp_path / "elsewhere" / "store"
+    shutil.copytree(original, copy)
+    original.rename(tmp_path / "moved-away")
+    elsewhere = tmp_path / "somewhere-else"  # run from a folder that is neither the store nor the original's
+    elsewhere.mkdir()
+    before = _files(tmp_path, outside=copy)
+    port = free_port()
+    uri = f"sqlite:///{copy / 'mlflow.db'}"
+    ui = cli_process.start(
+        "ui", "quickstart", "--tracking-uri", uri, "--port", port, cwd=elsewhere, stderr=subprocess.PIPE
+    )
+    lines = [ui.stdout.readline(), ui.stdout.readline()]
+    assert "the store was moved" in lines[0] and "artifact location(s) now point into its" in lines[0], lines
+    assert f"127.0.0.1:{port}/#/experiments/{exp}/runs?" in lines[1], lines
+    with urllib.request.urlopen(
+        f"http://127.0.0.1:{port}/get-artifact?path=note.txt&run_uuid={first}", timeout=60
+    ) as r:
+        assert r.read().decode() == "kept with the trial"  # served from the copy: the original is gone
+    assert _files(tmp_path, outside=copy) == before  # nothing at the original's place, nothing where it ran
+    assert (copy / "sharpscale.log").stat().st_size > 0  # the server's output, inside the store
