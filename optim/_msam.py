@@ -82,9 +82,8 @@ class MSAM(Method):
         # This step's eps = scale v, for moving the L2 decay to w + eps: (L2 decay, params, their v) and scale.
         self._decayed: list[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = []
         self._scale: torch.Tensor | None = None
-        self._cache: tuple | None = (
-            None  # _plan's: (its key, params, momenta, their state keys, dtypes and devices, the plan)
-        )
+        # _plan's: (its key, params, momenta, their state keys, their dtypes and devices, the plan).
+        self._cache: tuple | None = None
 
     def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
         """The params that have a momentum, their momentum, and their group's L2 weight decay."""
