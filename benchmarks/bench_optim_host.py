@@ -126,7 +126,7 @@ def _variants(model_name: str, methods: list[str]):
         base = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
         registered, kinds = STEP_KINDS.get(name, (name, {}))
         method = optim.create(registered, base, model=model, num_samples=64, num_classes=10, **kinds,
-                              **METHOD_HPARAMS[registered])  # fmt: skip
+                              **METHOD_HPARAMS.get(registered, {}))  # fmt: skip
         steps[name] = lambda m=method: m.train_step(forward, inputs=x, indices=idx, epoch=0)
     return steps, clock, counter
 

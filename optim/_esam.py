@@ -58,12 +58,16 @@ class ESAM(TwoPass):
     def _draw(self) -> list[torch.Tensor]:
         """The trainable tensors left out of this step's perturbation: those outside the scope, and those of the
         scope the draw leaves out (none when beta = 1). One draw per tensor in scope (docs/algorithms.md, "Scope")."""
-        outside = [p for p in self._params() if p.requires_grad and not self._in_scope(p)]
+        params, scope = self._params(), self._scope
+        if scope is None:  # scope 'all': nothing outside it (the common case, without a membership test per tensor)
+            if self.beta >= 1.0:
+                return []
+            draw, beta = self._random.random, self.beta
+            return [p for p in params if p.requires_grad and not draw() < beta]
+        outside = [p for p in params if p.requires_grad and p not in scope]
         if self.beta >= 1.0:
             return outside
-        return outside + [
-            p for p in self._params() if p.requires_grad and self._in_scope(p) and not self._random.random() < self.beta
-        ]
+        return outside + [p for p in params if p.requires_grad and p in scope and not self._random.random() < self.beta]
 
     def _backward(self, loss: torch.Tensor) -> None:
         # Pass 1 with the left-out tensors frozen: when no drawn tensor reaches the loss (all left out, or only
@@ -91,7 +95,8 @@ class ESAM(TwoPass):
     ) -> StepOutput:
         n = batch_rows(inputs)
         select = self.gamma < 1.0
-        drawn_from = self._random.getstate()
+        # Only an fp16 overflow skips a step (no scaler: never), and a skipped step puts the draws back.
+        drawn_from = self._random.getstate() if self.scaler is not None else None
         left_out = self._draw()
         frozen = left_out if self._can_skip_gradients() else []
         self._zero_grad()
@@ -118,8 +123,8 @@ class ESAM(TwoPass):
         else:
             perturbed_loss, _, _, _ = self._pass(forward, local=local2, n=n)
         skipped = self.second_step()
-        if skipped:  # method state moves only on a step taken ("Mixed precision and skipped steps")
-            self._random.setstate(drawn_from)
+        if skipped and drawn_from is not None:  # method state moves only on a step taken ("Mixed precision and
+            self._random.setstate(drawn_from)  # skipped steps")
         return StepOutput(
             loss=loss,
             logits=logits,

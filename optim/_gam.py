@@ -65,11 +65,14 @@ class GAM(Method):
 
     @torch.no_grad()
     def _save(self, params: list[torch.Tensor]) -> None:
+        saved = []
         for p in params:
             buf = self._saved.get(p)
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
                 buf = self._saved[p] = torch.empty_like(p)
-            buf.copy_(p)
+            saved.append(buf)
+        for ss, ps in group_by_device_dtype(saved, params):
+            torch._foreach_copy_(ss, ps)  # one launch per (device, dtype), not one per tensor
 
     @torch.no_grad()
     def _restore(self, params: list[torch.Tensor]) -> None:
@@ -206,7 +209,12 @@ class GAM(Method):
         for ps, ts in group_by_device_dtype(p, g2):
             torch._foreach_add_(ps, ts, alpha=1.0 - self.beta)  # p = g0 + (1 - beta) g2
         acc = torch.float64 if any(t.dtype == torch.float64 for t in h) else torch.float32
-        inner = torch.stack([(a.to(acc) * b.to(acc)).sum() for a, b in zip(p, h)]).sum()
+        device = h[0].device if h else None
+        if all(t.dtype == acc and t.device == device for t in (*p, *h)):
+            # The same per-tensor products, in one foreach launch, then each tensor's sum as before.
+            inner = torch.stack([t.sum() for t in torch._foreach_mul(p, h)]).sum()
+        else:
+            inner = torch.stack([(a.to(acc) * b.to(acc)).sum() for a, b in zip(p, h)]).sum()
         c = inner / nonzero(global_norm(h).to(acc).square())  # h = 0: no projection, p whole
         for ps, hs in group_by_device_dtype(p, h):
             torch._foreach_add_(ps, torch._foreach_mul(hs, (-c).to(device=hs[0].device, dtype=hs[0].dtype)))

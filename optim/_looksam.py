@@ -120,6 +120,8 @@ class LookSAM(TwoPass):
         if not self._gv:
             return
         coef = self.alpha * global_norm([p.grad for p in self._params_with_grad()]) / nonzero(self._gv_norm)
+        if any(v.dtype != p.dtype or v.device != p.device for p, v in self._gv.items()):
+            self._cast_gv()
         if self._gv_groups is None or self._gv_groups[0] is not self._gv:
             # Grouped once per stored g_v (it changes every k steps at most), not on every one-pass step.
             self._gv_groups = (self._gv, group_by_device_dtype(list(self._gv), list(self._gv.values())))
@@ -134,6 +136,19 @@ class LookSAM(TwoPass):
                 if not grads:
                     continue
             torch._foreach_add_(grads, torch._foreach_mul(dirs, coef.to(device=dirs[0].device, dtype=dirs[0].dtype)))
+
+    @torch.no_grad()
+    def _cast_gv(self) -> None:
+        """The stored g_v (and its norm) in the dtype and on the device of its parameters, after a cast of the model
+        (``model.double()``, ``.to(device)`` keep the parameter objects): as a method loaded after the cast has it."""
+        gv = {}
+        for p, v in self._gv.items():
+            if v.dtype != p.dtype or v.device != p.device:
+                v = self._gv_buf[p] = v.to(device=p.device, dtype=p.dtype)
+            gv[p] = v
+        self._gv = gv  # a new dict: _gv_groups regroups
+        if self._gv_norm is not None and self._gv:
+            self._gv_norm = self._gv_norm.to(next(iter(gv)).device)
 
     def train_step(
         self,

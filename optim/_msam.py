@@ -82,7 +82,8 @@ class MSAM(Method):
         # This step's eps = scale v, for moving the L2 decay to w + eps: (L2 decay, params, their v) and scale.
         self._decayed: list[tuple[float, list[torch.Tensor], list[torch.Tensor]]] = []
         self._scale: torch.Tensor | None = None
-        self._cache: tuple | None = None  # _plan's: (its key, params, momenta, their state keys, the plan)
+        # _plan's: (its key, params, momenta, their state keys, their dtypes and devices, the plan).
+        self._cache: tuple | None = None
 
     def _momenta(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[float]]:
         """The params that have a momentum, their momentum, and their group's L2 weight decay."""
@@ -116,12 +117,17 @@ class MSAM(Method):
         )
         cached = self._cache
         if cached is not None and cached[0] == key:
-            _, params, moms, keys, plan = cached
+            _, params, moms, keys, metas, plan = cached
             state = opt.state
-            if all(state[p].get(k) is v for p, v, k in zip(params, moms, keys)):
+            # A cast (model.double(), .to(device)) keeps the parameter objects: their saved-w buffers and buckets
+            # must follow the new dtype and device.
+            if all(state[p].get(k) is v for p, v, k in zip(params, moms, keys)) and metas == [
+                (p.dtype, p.device) for p in params
+            ]:
                 return plan
         params, moms, decays = self._momenta()
         keys = [next(k for k in MOMENTUM_KEYS if opt.state[p].get(k) is v) for p, v in zip(params, moms)]
+        metas = [(p.dtype, p.device) for p in params]
         buckets = [(ps, vs, [self._buffer(p) for p in ps]) for ps, vs in group_by_device_dtype(params, moms)]
         by_decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for p, v, wd in zip(params, moms, decays):
@@ -130,7 +136,7 @@ class MSAM(Method):
                 ps.append(p)
                 vs.append(v)
         plan = (moms, buckets, [(wd, ps, vs) for wd, (ps, vs) in by_decay.items()])
-        self._cache = (key, params, moms, keys, plan)
+        self._cache = (key, params, moms, keys, metas, plan)
         return plan
 
     @torch.no_grad()

@@ -97,15 +97,23 @@ class RWP(Method):
             acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
             vectors = [p for p in ps if p.dim() < 2]
             whole = dict(zip(vectors, torch._foreach_norm(vectors, 2, dtype=acc))) if vectors else {}
-            for p, z in zip(ps, flat.split([p.numel() for p in ps])):
-                shrink = self._shrink.get(p)
-                if p.dim() >= 2:
-                    # Filter-wise: each slice along dimension 0 gets the scale of its own norm (the authors' code).
-                    std = torch.linalg.vector_norm(p, dim=tuple(range(1, p.dim())), keepdim=True, dtype=acc)
-                else:
-                    std = whole[p]
-                if shrink is not None:
-                    std = std * shrink  # 1 / sqrt(1 + eta F), per filter or per element
+            # Filter-wise: each slice along dimension 0 gets the scale of its own norm (the authors' code).
+            stds = [
+                torch.linalg.vector_norm(p, dim=tuple(range(1, p.dim())), keepdim=True, dtype=acc)
+                if p.dim() >= 2
+                else whole[p]
+                for p in ps
+            ]
+            # std * 1 / sqrt(1 + eta F), per filter or per element: the matrices' products (std and shrink of one
+            # shape) in one launch, the vectors' (a norm times a vector) one by one; the same products either way.
+            shrunk = [(i, s, self._shrink[p]) for i, (p, s) in enumerate(zip(ps, stds)) if p in self._shrink]
+            for part in ([t for t in shrunk if t[1].dim() >= 2], [t for t in shrunk if t[1].dim() < 2]):
+                if part:
+                    for (i, _, _), prod in zip(
+                        part, torch._foreach_mul([s for _, s, _ in part], [h for _, _, h in part])
+                    ):
+                        stds[i] = prod
+            for p, z, std in zip(ps, flat.split([p.numel() for p in ps]), stds):
                 # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout.
                 p.addcmul_(z.view(p.shape), std.to(p.dtype), value=self.sigma)
 
@@ -113,11 +121,25 @@ class RWP(Method):
     def _shrinks(self, fisher: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
         """``1 / sqrt(1 + eta F)`` as the draws read it: ``F`` summed over each row of a matrix, element-wise for a
         vector (shaped to broadcast against the parameter); computed once per step taken, not per draw."""
-        out = {}
-        for p, f in fisher.items():
-            summed = f.sum(dim=tuple(range(1, f.dim())), keepdim=True) if f.dim() >= 2 else f
-            out[p] = torch.rsqrt(summed * self.eta + 1.0)
-        return out
+        if not fisher:
+            return {}
+        params = list(fisher)
+        summed = [f.sum(dim=tuple(range(1, f.dim())), keepdim=True) if f.dim() >= 2 else f for f in fisher.values()]
+        out = [None] * len(params)
+        # The same three element-wise ops per tensor as rsqrt(summed * eta + 1), one launch each per (device, dtype)
+        # instead of one each per tensor: the step is host-bound on small models.
+        buckets: dict[tuple, tuple[list[int], list[torch.Tensor]]] = {}
+        for i, t in enumerate(summed):
+            where, ts = buckets.setdefault((t.device, t.dtype), ([], []))
+            where.append(i)
+            ts.append(t)
+        for where, ts in buckets.values():
+            shrunk = torch._foreach_mul(ts, self.eta)
+            torch._foreach_add_(shrunk, 1.0)
+            torch._foreach_rsqrt_(shrunk)
+            for i, t in zip(where, shrunk):
+                out[i] = t
+        return dict(zip(params, out))
 
     @torch.no_grad()
     def _restore(self, params: list[torch.Tensor]) -> None:

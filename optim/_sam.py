@@ -67,6 +67,9 @@ class TwoPass(Method):
         self._gbuf: dict[torch.Tensor, torch.Tensor] = {}  # param -> pass 1 g buffer (GSAM, LookSAM)
         self._plan_key: list | None = None
         self._plan_cache: list = []
+        self._plan_where: list[list[int]] = []  # each bucket's params' positions among all the plan's
+        self._plan_members: list[torch.Tensor] = []
+        self._g_full: dict[torch.Tensor, torch.Tensor] = {}
         self._restore_pairs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] | None = None
         self._g: dict[torch.Tensor, torch.Tensor] = {}  # param -> its pass 1 gradient (in _gbuf)
         self._g_norm: torch.Tensor | None = None  # plain ||g||
@@ -89,38 +92,66 @@ class TwoPass(Method):
 
         Only the buckets in scope are perturbed (and hold saved-w buffers); the others are there for the g that
         GSAM and LookSAM keep, whose combinations use every parameter's gradient (docs/algorithms.md, "Scope").
-        Cached while the set of params with gradients is unchanged: the per-step cost on the host is a
-        loop over the params, with no allocation (the step is often host-bound on small models).
+        The buckets of every trainable parameter are built once and kept while the parameters, their dtypes and
+        devices and which of them are trainable are unchanged (``model.double()`` and ``.to(device)`` keep the
+        parameter objects, so the key holds dtype and device: a cast rebuilds the buffers). A step whose gradients
+        cover only some of them (ESAM's draw) takes each bucket's members that have one, in the order a plan of
+        those alone would have. The step is often host-bound on small models: the per-step cost is a loop over the
+        params, with no allocation.
         """
-        # The key: each group's adaptive flag, then the params taken (whether one is in scope is fixed per param).
-        key: list = []
         keep, scope = self._keep_g, self._scope
+        key: list = []
         for group in self.base_optimizer.param_groups:
             key.append(bool(group.get("adaptive", self.adaptive)))
-            # No gradient in pass 1: eps is zero there (docs/algorithms.md, "Missing gradients").
-            key.extend([id(p) for p in group["params"] if p.grad is not None and (keep or scope is None or p in scope)])
-        if key == self._plan_key:
-            return self._plan_cache
+            key.extend([(id(p), p.dtype, p.device) for p in group["params"]
+                        if p.requires_grad and (keep or scope is None or p in scope)])  # fmt: skip
+        if key != self._plan_key:
+            self._build_plan(key)
+        full, members = self._plan_cache, self._plan_members
+        if all(p.grad is not None for p in members):
+            self._g = self._g_full
+            return full
+        # Some params lack a gradient (no gradient in pass 1: eps is zero there, docs/algorithms.md, "Missing
+        # gradients"): each bucket's members with one, the buckets ordered by their first such member.
+        taken = []
+        for (adaptive, scoped, ps, saved, gs), where in zip(full, self._plan_where):
+            idx = [i for i, p in enumerate(ps) if p.grad is not None]
+            if not idx:
+                continue
+            taken.append((
+                where[idx[0]],
+                (adaptive, scoped, [ps[i] for i in idx], [saved[i] for i in idx] if scoped else saved,
+                 None if gs is None else [gs[i] for i in idx]),
+            ))  # fmt: skip
+        taken.sort(key=lambda t: t[0])
+        plan = [b for _, b in taken]
+        self._g = {p: g for _, _, ps, _, gs in plan if gs is not None for p, g in zip(ps, gs)}
+        return plan
+
+    def _build_plan(self, key: list) -> None:
         entries = []
         for group in self.base_optimizer.param_groups:
             adaptive = bool(group.get("adaptive", self.adaptive))
             for p in group["params"]:
-                if p.grad is not None and (self._keep_g or self._in_scope(p)):
+                # A frozen parameter gets no gradient from backward() (zero_grad cleared the last one): no buffers.
+                if p.requires_grad and (self._keep_g or self._in_scope(p)):
                     entries.append((p, adaptive, self._in_scope(p)))
-        buckets: dict[tuple, tuple[list[torch.Tensor], ...]] = {}
-        for p, adaptive, scoped in entries:
-            b = buckets.setdefault((p.device, p.dtype, adaptive, scoped), ([], [], []))
+        buckets: dict[tuple, tuple[list, ...]] = {}
+        for where, (p, adaptive, scoped) in enumerate(entries):
+            b = buckets.setdefault((p.device, p.dtype, adaptive, scoped), ([], [], [], []))
             b[0].append(p)
             if scoped:
                 b[1].append(self._buffer(self._saved, p))
             if self._keep_g:
                 b[2].append(self._buffer(self._gbuf, p))
+            b[3].append(where)
         self._plan_key = key
         self._plan_cache = [
-            (k[2], k[3], ps, saved, g if self._keep_g else None) for k, (ps, saved, g) in buckets.items()
+            (k[2], k[3], ps, saved, g if self._keep_g else None) for k, (ps, saved, g, _) in buckets.items()
         ]
-        self._g = {p: g for _, _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
-        return self._plan_cache
+        self._plan_where = [where for _, _, _, where in buckets.values()]
+        self._plan_members = [p for p, _, _ in entries]
+        self._g_full = {p: g for _, _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
 
     @staticmethod
     def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:

@@ -84,3 +84,31 @@ def test_looksam_reuse_follows_a_reloaded_direction(helpers):
     fresh.load_state_dict(copy.deepcopy(saved))
     helpers.run(fresh, fresh_model, 2, start=4)
     assert _same(model, fresh_model)
+
+
+def _run_double(helpers, method, model):
+    for t in range(3, 7):
+        x, y, idx = helpers.make_batch(t, dtype=torch.float64)
+        method.train_step(helpers.make_forward(model, x, y), inputs=x, indices=idx, epoch=t)
+
+
+@pytest.mark.parametrize("name", ["sam", "asam", "gsam", "esam", "looksam", "vasso", "msam"])
+def test_caches_follow_a_model_cast_after_a_step(name, helpers):
+    """``model.double()`` keeps every parameter object and changes its dtype: the steps after it keep w and pass 1's g
+    in float64 (as a method whose caches were built after the cast does), not in the float32 buffers of the steps
+    before it, which would round w at every restore."""
+    model = helpers.make_model(0)
+    hparams = {"k": 2} if name == "looksam" else {}  # a one-pass step (g_v reused) among the steps after the cast
+    method = helpers.build(name, model, hparams=hparams)
+    helpers.run(method, model, 3)
+    twin_model, twin = copy.deepcopy((model, method))
+    model.double()
+    _run_double(helpers, method, model)
+
+    twin_model.double()
+    # The same base optimizer (its state as the cast left it) and method state, caches built after the cast.
+    fresh = helpers.build(name, twin_model, base=twin.base_optimizer, hparams=hparams)
+    fresh._load_method_state(copy.deepcopy(twin._method_state()))
+    _run_double(helpers, fresh, twin_model)
+    assert all(p.dtype == torch.float64 for p in model.parameters())
+    assert _same(model, twin_model)
