@@ -12,6 +12,7 @@ __all__, __getattr__, __dir__ = exports(
     {
         "compute": ("COST_UNITS", "compute_matched", "compute_matched_gains", "trial_compute"),
         "design": ("detectable_effects",),
+        "images": ("crossed_t",),
         "plots": (
             "plot_compute_frontier",
             "plot_curves",
@@ -20,8 +21,15 @@ __all__, __getattr__, __dir__ = exports(
             "plot_gain",
             "plot_rho_sensitivity",
         ),
-        "record": ("checkpointed_trials", "log_geometry", "measure_checkpoint", "measure_study"),
-        "report": ("write_report",),
+        "record": (
+            "checkpointed_trials",
+            "download_checkpoint",
+            "log_geometry",
+            "measure_checkpoint",
+            "measure_study",
+            "trial_batches",
+        ),
+        "report": ("report_html", "write_report"),
         "runs": (
             "confirm_summary",
             "load_curves",
@@ -31,6 +39,8 @@ __all__, __getattr__, __dir__ = exports(
             "summarize",
             "unconfirmed_cells",
             "accuracy_interval",
+            "find_store",
+            "status_table",
         ),
         "scaling": (
             "DataMultiplier",
@@ -46,6 +56,10 @@ __all__, __getattr__, __dir__ = exports(
             "law_extrapolation",
             "law_parameters",
             "paired_law_difference",
+            "default_form",
+            "paired_t",
+            "power_t",
+            "tost",
         ),
         "tables": (
             "FewSamplesWarning",
@@ -62,8 +76,9 @@ __all__, __getattr__, __dir__ = exports(
             "rho_transfer",
             "sample_note",
             "headline",
+            "gain_family",
         ),
-        "sweep": ("knob_importance", "plot_parallel_coordinates"),
+        "sweep": ("best_level_set", "knob_importance", "plot_parallel_coordinates", "transfer_slope"),
     },
     modules=("geometry",),
 )

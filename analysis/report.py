@@ -1048,12 +1048,69 @@ def _conditions(frame: pd.DataFrame) -> str:
     return f"The intervals are {said}."
 
 
+_LAW_COLUMNS = (
+    "n_seeds",
+    "E",
+    "E_low",
+    "E_high",
+    "beta",
+    "beta_low",
+    "beta_high",
+    "heldout_n",
+    "observed",
+    "prediction",
+    "prediction_low",
+    "prediction_high",
+    "check",
+    "check_se",
+    "pi_low",
+    "pi_high",
+    "consistent",
+    "check_low",
+    "check_high",
+    "supported",
+    "note",
+)
+
+
 def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
     """Scaling laws checked by extrapolation, and each sharpness-aware level's paired difference in beta and E."""
-    w, source = r.w, r.source
     # The largest fraction is held out and predicted; eps0: M4's error of a model that learned nothing (_chance).
     heldout, eps0 = float(max(r.fractions)), _chance(r.compared, r.metric, r.mode)
     form, _, form_note = _law_form(r)
+    laws = _law_checks(table, heldout, eps0)
+    if laws is None:
+        return
+    show = [c for c in _LAW_COLUMNS if c in laws.columns]
+    verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
+    md = (
+        "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, delta scaled to the "
+        "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
+        f"{_per_seed(r)} trial at the fractions below {heldout:g}, which is held out and predicted. "
+        f"Numbers from: {r.source}. Every number of a row comes from that one held-in fit: E, beta and the "
+        "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
+        "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
+        "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
+        "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
+        "mean over its seeds, `consistent` whether the observed mean is inside it; `check_low`/`check_high` the "
+        "95% interval of `check`: the mispredictions these seeds do not exclude (what a consistent check rules out "
+        "is what lies outside it). A form is named better only where its held-out error is smaller by more than "
+        "that difference's own noise. "
+        + _conditions(laws)
+        + "\n\n"
+        + _markdown(_fmt(laws[show]))
+        + ("\n" + verdicts + "\n" if verdicts else "")
+    )
+    r.w.text("scaling_laws.md", md)
+    r.w.csv("scaling_laws.csv", laws)
+    r.w.section("Scaling laws checked by extrapolation", md)
+    for level, base in pairs:
+        _law_difference_table(r, table, level, base, form=form, form_note=form_note, eps0=eps0)
+
+
+def _law_checks(table, heldout: float, eps0: float | None) -> pd.DataFrame | None:
+    """law_extrapolation of each (arch, method) with its largest fraction held out, one frame indexed by (arch,
+    method, form); a series too short or all zero is a row that says so. None when the table has no series."""
     frames = []
     for arch, method in table.mean.index:
         n, err, seeds = table_points(table, arch, method)
@@ -1069,91 +1126,49 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         frame["verdict"] = verdict
         frames.append(frame)
     if not frames:
+        return None
+    return _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
+
+
+def _law_difference_table(
+    r: _Report, table, level: str, base: str, *, form: str, form_note: str, eps0: float | None
+) -> None:
+    """The table of level - base in each parameter of the report's law form, per arch, paired by seed; none where
+    no arch has enough fractions both ran."""
+    rows = []
+    for arch in sorted({str(a) for a, _ in table.mean.index}):
+        nt, et, st = table_points(table, arch, level)
+        nb, eb, sb = table_points(table, arch, base)
+        tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
+        keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
+        if len({k[0] for k in keep}) < (5 if form == "m4" else 4):  # one more n than the form's parameters
+            continue
+        f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
+        if np.all(e_t == 0) or np.all(e_b == 0):
+            continue
+        diff = paired_law_difference(f, e_t, e_b, s_, form=form, eps0=eps0 if form == "m4" else None).reset_index()
+        diff.insert(0, "arch", arch)
+        rows.append(diff)
+    if not rows:
         return
-    laws = _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
-    show = [
-        c
-        for c in (
-            "n_seeds",
-            "E",
-            "E_low",
-            "E_high",
-            "beta",
-            "beta_low",
-            "beta_high",
-            "heldout_n",
-            "observed",
-            "prediction",
-            "prediction_low",
-            "prediction_high",
-            "check",
-            "check_se",
-            "pi_low",
-            "pi_high",
-            "consistent",
-            "check_low",
-            "check_high",
-            "supported",
-            "note",
-        )
-        if c in laws.columns
-    ]
-    verdicts = "\n".join(f"- {a}/{m}: {v}" for (a, m), v in laws["verdict"].groupby(level=[0, 1]).first().items() if v)
+    frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
     md = (
-        "Scaling laws checked by extrapolation: each form fitted in log space (Huber loss, delta scaled to the "
-        "residuals, several starts) on the error (1 - metric, or the metric when minimised) of every seed's "
-        f"{_per_seed(r)} trial at the fractions below {heldout:g}, which is held out and predicted. "
-        f"Numbers from: {source}. Every number of a row comes from that one held-in fit: E, beta and the "
-        "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
-        "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
-        "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
-        "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
-        "mean over its seeds, `consistent` whether the observed mean is inside it; `check_low`/`check_high` the "
-        "95% interval of `check`: the mispredictions these seeds do not exclude (what a consistent check rules out "
-        "is what lies outside it). A form is named better only where its held-out error is smaller by more than "
-        "that difference's own noise. "
-        + _conditions(laws)
+        _EXPLORATORY + f"{level} - {base} in each parameter of {_FORM_EQUATION[form]} (error), fitted on every "
+        f"fraction, paired by seed. {form_note} Numbers from: {r.source}. diff_low/diff_high: 95% interval "
+        + (
+            "(seed-level parametric bootstrap-t of the difference, 2,000 draws refitting both laws, "
+            "studentised by the paired seeds' influence; each side at least Student t on seeds - 1 df); "
+            if form == "saturating"
+            else f"({_FORM_INTERVAL[form]}, each leave-one-out refitting both laws without the same seed); "
+        )
+        + "identified: whether both fits pin the "
+        "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
+        "range); where the interval holds 0, the note says what it excludes. "
+        + _conditions(frame)
         + "\n\n"
-        + _markdown(_fmt(laws[show]))
-        + ("\n" + verdicts + "\n" if verdicts else "")
+        + _markdown(_fmt(frame))
     )
-    w.text("scaling_laws.md", md)
-    w.csv("scaling_laws.csv", laws)
-    w.section("Scaling laws checked by extrapolation", md)
-    for level, base in pairs:
-        rows = []
-        for arch in sorted({str(a) for a, _ in table.mean.index}):
-            nt, et, st = table_points(table, arch, level)
-            nb, eb, sb = table_points(table, arch, base)
-            tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
-            keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
-            if len({k[0] for k in keep}) < (5 if form == "m4" else 4):  # one more n than the form's parameters
-                continue
-            f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
-            if np.all(e_t == 0) or np.all(e_b == 0):
-                continue
-            diff = paired_law_difference(f, e_t, e_b, s_, form=form, eps0=eps0 if form == "m4" else None).reset_index()
-            diff.insert(0, "arch", arch)
-            rows.append(diff)
-        if rows:
-            frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
-            md = (
-                _EXPLORATORY + f"{level} - {base} in each parameter of {_FORM_EQUATION[form]} (error), fitted on every "
-                f"fraction, paired by seed. {form_note} Numbers from: {source}. diff_low/diff_high: 95% interval "
-                + (
-                    "(seed-level parametric bootstrap-t of the difference, 2,000 draws refitting both laws, "
-                    "studentised by the paired seeds' influence; each side at least Student t on seeds - 1 df); "
-                    if form == "saturating"
-                    else f"({_FORM_INTERVAL[form]}, each leave-one-out refitting both laws without the same seed); "
-                )
-                + "identified: whether both fits pin the "
-                "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
-                "range); where the interval holds 0, the note says what it excludes. "
-                + _conditions(frame)
-                + "\n\n"
-                + _markdown(_fmt(frame))
-            )
-            w.table(f"law_difference_{_slug(level)}", f"Scaling-law difference of {level} over {base}", md, frame)
+    r.w.table(f"law_difference_{_slug(level)}", f"Scaling-law difference of {level} over {base}", md, frame)
 
 
 def _compares_compute(runs: pd.DataFrame, method: str) -> bool:

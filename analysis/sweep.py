@@ -302,27 +302,8 @@ def plot_parallel_coordinates(
         ax.text(0.5, 0.5, f"no finished trial with {metric}", ha="center", transform=ax.transAxes)
         ax.set_axis_off()
         return _write(fig, path)
-    columns = {}
     y = ok[metric].to_numpy(dtype="float64")
-    for j, col in enumerate(axes):
-        categorical = col == "cell" or col.startswith(FACTOR_PREFIX)
-        pos, ticks, log = _axis_values(ok[col], categorical=categorical, spread_by=y)
-        columns[col] = pos
-        ax.axvline(j, color="0.35", linewidth=1.0, zorder=1)
-        for p, label in ticks:
-            ax.text(
-                j - 0.03,
-                p,
-                label,
-                ha="right",
-                va="center",
-                fontsize=7,
-                zorder=6,
-                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5},
-            )
-            ax.plot([j - 0.02, j], [p, p], color="0.35", linewidth=1.0, zorder=1)
-        name = col.removeprefix(FACTOR_PREFIX).rsplit(".", 1)[-1] if col != metric else f"{metric} ({mode})"
-        ax.text(j, 1.06, name + (" (log)" if log else ""), ha="center", va="bottom", fontsize=9, weight="bold")
+    columns = _draw_axes(ax, ok, axes, y, metric=metric, mode=mode)
     low, high = (float(np.percentile(y, q, method="nearest")) for q in COLOR_PERCENTILES)
     if high <= low:
         low, high = float(y.min()), float(y.max())
@@ -355,6 +336,45 @@ def plot_parallel_coordinates(
         (bool(y.min() < low), bool(y.max() > high)), "neither"
     )
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=label, shrink=0.8, extend=extend)
+    _legend(ax, baseline, best)
+    failed = len(runs) - len(ok)
+    fig.suptitle(
+        title
+        or f"Every trial of the study ({len(ok)} finished{f', {failed} without {metric} left out' if failed else ''}):"
+        " one line each, across the factors and searched knobs to the objective",
+        fontsize=9,
+    )
+    return _write(fig, path)
+
+
+def _draw_axes(ax, ok: pd.DataFrame, axes: list[str], y: np.ndarray, *, metric: str, mode: str) -> dict:
+    """Each axis of the parallel-coordinates plot drawn at its index, its ticks beside it and its name on top;
+    returns each axis' trial positions (0..1, 'not searched' below)."""
+    columns = {}
+    for j, col in enumerate(axes):
+        categorical = col == "cell" or col.startswith(FACTOR_PREFIX)
+        pos, ticks, log = _axis_values(ok[col], categorical=categorical, spread_by=y)
+        columns[col] = pos
+        ax.axvline(j, color="0.35", linewidth=1.0, zorder=1)
+        for p, label in ticks:
+            ax.text(
+                j - 0.03,
+                p,
+                label,
+                ha="right",
+                va="center",
+                fontsize=7,
+                zorder=6,
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5},
+            )
+            ax.plot([j - 0.02, j], [p, p], color="0.35", linewidth=1.0, zorder=1)
+        name = col.removeprefix(FACTOR_PREFIX).rsplit(".", 1)[-1] if col != metric else f"{metric} ({mode})"
+        ax.text(j, 1.06, name + (" (log)" if log else ""), ha="center", va="bottom", fontsize=9, weight="bold")
+    return columns
+
+
+def _legend(ax, baseline: np.ndarray, best: int) -> None:
+    """The legend of the parallel-coordinates plot: the best trial's line, and the baselines' where there are any."""
     best_style = (0, (4, 2)) if baseline[best] else "-"
     handles = [
         Line2D(
@@ -369,14 +389,6 @@ def plot_parallel_coordinates(
     if baseline.any():
         handles.append(Line2D([], [], color="black", linestyle=(0, (4, 2)), label="baseline (optimizer alone)"))
     ax.legend(handles=handles, loc="lower right", fontsize=7, bbox_to_anchor=(1.0, -0.02))
-    failed = len(runs) - len(ok)
-    fig.suptitle(
-        title
-        or f"Every trial of the study ({len(ok)} finished{f', {failed} without {metric} left out' if failed else ''}):"
-        " one line each, across the factors and searched knobs to the objective",
-        fontsize=9,
-    )
-    return _write(fig, path)
 
 
 def _write(fig: Figure, path: str | Path | None) -> Figure:

@@ -1,10 +1,11 @@
-"""Host cost of one batch of the device augmentation (`FolderBytes.transform`: crops, flips, RandAugment), the current
-code against the one of commit 39f8b88 (benchmarks/jpeg_39f8b88.py), side by side in one run on the same draws.
+"""Host cost of one batch of the device augmentation (`FolderBytes.transform`: crops, flips, RandAugment) as the
+code stands; the figures of commit 39f8b88's code, which it replaced, are in docs/benchmarks.md (its bytes are pinned
+as digests by tests/trainables/test_jpeg.py).
 
 The device path's strong recipe was bound by the host work of its producer thread (docs/benchmarks.md, session 8):
 Python dispatch of many small ops and a pinned copy per op. Per recipe (basic: crop and flip; strong: plus timm's
 rand-m9-mstd0.5, bicubic, as the ImageNet transform builds it) and batch shape (a pixel-form batch: short side
-size * 8 / 7, dozens of sizes in 256 images (`pixel_batch`), random pixels), it prints old, new and new/old of:
+size * 8 / 7, dozens of sizes in 256 images (`pixel_batch`), random pixels), it prints:
 
 - device ops (kernels): aten ops on the device's tensors that are not views (a kernel launch each on a GPU);
   device views: views of device tensors (no kernel); host ops: aten ops on host tensors (the draws, index and
@@ -15,8 +16,8 @@ size * 8 / 7, dozens of sizes in 256 images (`pixel_batch`), random pixels), it 
   on CUDA instead host ms (cuda), the time to return from the call with no sync (the producer thread's share:
   dispatch, Python and launches), and synced ms (cuda), the batch with its kernels.
 
-Medians and minima over `--repeats` rounds, old and new interleaved, after a first pass over the same seeds (which also checks
-that old and new give equal bytes). On the CPU torch gets one thread (`--threads`): this project's CPU machine is
+Medians and minima over `--repeats` rounds, after a first pass over the same seeds (whose bytes each seed's second
+pass must repeat). On the CPU torch gets one thread (`--threads`): this project's CPU machine is
 shared, and more threads made the times swing several-fold.
 
   python -m benchmarks.bench_device_augment                  # CPU: 256 at 224, 256 at 32, 32 at 32
@@ -44,13 +45,6 @@ from trainables.data.registry import rand_augment_hparams
 REPO = Path(__file__).resolve().parents[1]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
-
-
-def load_reference():
-    """benchmarks/jpeg_39f8b88.py as a module (the old code, verbatim)."""
-    from benchmarks import jpeg_39f8b88
-
-    return jpeg_39f8b88
 
 
 def timm_rand_augment(size: int, config: str = "rand-m9-mstd0.5", interpolation: str = "bicubic"):
@@ -133,74 +127,73 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    old = load_reference()
-    print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(device) if cuda else args.device}, "
+    print(f"# torch {torch.__version__}, device {torch.cuda.get_device_name(device) if device.type == 'cuda' else args.device}, "
           f"{torch.get_num_threads()} CPU threads, {args.repeats} rounds")  # fmt: skip
     differ: list[str] = []
-    print("| recipe | batch | measure | old | new | new/old |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| recipe | batch | measure | value |")
+    print("| --- | --- | --- | --- |")
     for shape in args.shapes:
         batch, size = (int(v) for v in shape.split("x"))
         for recipe in ("basic", "strong"):
             ra = timm_rand_augment(size) if recipe == "strong" else None
-            new_folder = FolderBytes([], np.arange(0), size, train=True, rand_augment=ra)
-            old_ra = None if ra is None else old.DeviceRandAugment(ra)
-
-            def run_old(images, dev, seed):
-                return old.transform(images, size, old_ra, dev, torch.Generator().manual_seed(seed))
-
-            def run_new(images, dev, seed):
-                return new_folder.transform(images, dev, torch.Generator().manual_seed(seed))
-
-            sides = {"old": run_old, "new": run_new}
-            # Counted on the meta device: every op dispatched, no kernel run; a host-to-device copy is a copy to it.
-            meta = torch.device("meta")
-            on_meta, on_device = pixel_batch(batch, size, meta), pixel_batch(batch, size, device)
-            rows: dict[str, dict[str, float]] = collections.defaultdict(dict)
-            for name, fn in sides.items():  # the same draws, so the same counts every round
-                fn(on_meta, meta, 0)  # first calls dispatch a few more (lazy set-up)
-                with CountOps(meta) as counter:
-                    fn(on_meta, meta, 0)
-                for key, label in LABELS.items():
-                    rows[label][name] = counter.counts[key]
-            times: dict[str, collections.defaultdict] = {n: collections.defaultdict(list) for n in sides}
-            # Each round's draws are seeded by its index; a first pass over the seeds warms up (and checks): kernels
-            # may prepare themselves per shape (oneDNN's convolution on the CPU), and the draws set the shapes.
-            rounds = [*range(args.repeats), *range(args.repeats)]
-            for i, r in enumerate(rounds):
-                outs = {}
-                for name, fn in sides.items():
-                    if cuda:
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    outs[name] = fn(on_device, device, r)
-                    t1 = time.perf_counter()  # CUDA: the host's part (the launches); the kernels may still run
-                    if cuda:
-                        torch.cuda.synchronize(device)
-                    t2 = time.perf_counter()
-                    if i >= args.repeats:
-                        times[name][f"{'host ms' if cuda else 'ms'} ({device.type})"].append(1e3 * (t1 - t0))
-                        if cuda:
-                            times[name]["synced ms (cuda)"].append(1e3 * (t2 - t0))
-                if not torch.equal(outs["old"], outs["new"]):  # reported at the end: the timings still print
-                    differ.append(f"{recipe} {shape} seed {r}: {int((outs['old'] != outs['new']).sum())} bytes")
-            for key in times["old"]:
-                for name in sides:
-                    rows[f"{key}, median"][name] = statistics.median(times[name][key])
-                    # Other processes on a shared CPU stretch some rounds: the fastest is the code's own time.
-                    rows[f"{key}, fastest"][name] = min(times[name][key])
-            for key, v in rows.items():
-                ratio = v["new"] / v["old"] if v["old"] else float("nan")
+            folder = FolderBytes([], np.arange(0), size, train=True, rand_augment=ra)
+            rows = _measure(folder, batch, size, device, args.repeats, differ=differ, name=f"{recipe} {shape}")
+            for key, value in rows.items():
                 fmt = "{:.0f}" if "ms" not in key else "{:.2f}"
-                print(
-                    f"| {recipe} | {batch} x {size}^2 | {key} | {fmt.format(v['old'])} | {fmt.format(v['new'])} | {ratio:.3f} |"
-                )
+                print(f"| {recipe} | {batch} x {size}^2 | {key} | {fmt.format(value)} |")
     if differ:
-        print(f"# old and new DIFFER on {len(differ)} batches: " + "; ".join(differ))
+        print(f"# a seed gave DIFFERENT bytes on its two passes on {len(differ)} batches: " + "; ".join(differ))
         return 1
-    print("# old and new gave equal bytes on every batch")
+    print("# each seed gave the same bytes on both its passes on every batch")
     return 0
+
+
+def _measure(
+    folder: FolderBytes, batch: int, size: int, device: torch.device, repeats: int, *, differ: list[str], name: str
+) -> dict[str, float]:
+    """One recipe and batch shape: its op counts (on the meta device) and its times (on `device`), each measure's
+    value. A seed whose two passes give different bytes is added to `differ`."""
+    cuda = device.type == "cuda"
+
+    def run(images, dev, seed):
+        return folder.transform(images, dev, torch.Generator().manual_seed(seed))
+
+    # Counted on the meta device: every op dispatched, no kernel run; a host-to-device copy is a copy to it.
+    meta = torch.device("meta")
+    on_meta, on_device = pixel_batch(batch, size, meta), pixel_batch(batch, size, device)
+    rows: dict[str, float] = {}
+    run(on_meta, meta, 0)  # first calls dispatch a few more (lazy set-up)
+    with CountOps(meta) as counter:  # the same draws, so the same counts every round
+        run(on_meta, meta, 0)
+    for key, label in LABELS.items():
+        rows[label] = counter.counts[key]
+    times: collections.defaultdict = collections.defaultdict(list)
+    # Each round's draws are seeded by its index; a first pass over the seeds warms up (and gives the bytes the
+    # second must repeat): kernels may prepare themselves per shape (oneDNN's convolution on the CPU), and the draws
+    # set the shapes.
+    first: dict[int, torch.Tensor] = {}
+    for i, r in enumerate([*range(repeats), *range(repeats)]):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = run(on_device, device, r)
+        t1 = time.perf_counter()  # CUDA: the host's part (the launches); the kernels may still run
+        if cuda:
+            torch.cuda.synchronize(device)
+        t2 = time.perf_counter()
+        if i < repeats:
+            first[r] = out
+            continue
+        times[f"{'host ms' if cuda else 'ms'} ({device.type})"].append(1e3 * (t1 - t0))
+        if cuda:
+            times["synced ms (cuda)"].append(1e3 * (t2 - t0))
+        if not torch.equal(first[r], out):  # reported at the end: the timings still print
+            differ.append(f"{name} seed {r}: {int((first[r] != out).sum())} bytes")
+    for key, values in times.items():
+        rows[f"{key}, median"] = statistics.median(values)
+        # Other processes on a shared CPU stretch some rounds: the fastest is the code's own time.
+        rows[f"{key}, fastest"] = min(values)
+    return rows
 
 
 if __name__ == "__main__":

@@ -350,7 +350,7 @@ def dali_table(args, models: dict, size: int, batch: int, device: str, tmp: Path
     print(f"total {time.perf_counter() - t_start:.0f} s")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # 150 steps an epoch: at 30 (session 7's tables) an epoch lasted about a second and the pipeline's fill at each
     # epoch's start (about 0.45 s on an H200) was a third of the gap to synthetic data (docs/benchmarks.md).
@@ -413,8 +413,116 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=400.0, help="--dali: start no fit that would end past this")
     p.add_argument("--page-cache-miss", action="store_true", help="--dali: also basic with the files read from disk")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
-    args = p.parse_args()
+    return p
 
+
+def _prepared_roots(root: Path, args) -> dict[str | None, Path]:
+    """The folder (key None) and each prepared form asked for (key e.g. 'pixels24'), made where missing."""
+    roots: dict[str | None, Path] = {None: root}
+    for form, sides in (("jpeg", args.prepared), ("pixels", args.pixels)):
+        for side in sides:
+            from trainables.data.prepare import prepare_folder
+
+            where = roots[f"{form}{side}"] = root.parent / f"{root.name}-{form}-{side}"
+            if not (where / "train").is_dir():
+                done = prepare_folder(root, where, short_side=side, form=form)
+                print(
+                    f"  prepared as {form} at short side {side}: {done.seconds:.1f} s on {os.cpu_count()} CPUs, "
+                    f"pixels {done.pixels_after / done.pixels_before:.3f} and bytes "
+                    f"{done.bytes_after / done.bytes_before:.3f} of the original's",
+                    flush=True,
+                )
+    return roots
+
+
+def _print_pipelines(roots: dict[str | None, Path], size: int, batch: int, device: str) -> None:
+    """The device path's rates without a model, per folder form and augmentation."""
+    for side, where in roots.items():
+        for augment in ("basic", "strong"):
+            decode, whole = pipeline_rates(where, augment, size, batch, device)
+            kernels = ""
+            if device == "cuda":
+                k_decode, k_whole = kernel_ms(where, augment, size, batch, device)
+                kernels = f"; GPU kernels a batch: decode {k_decode:.2f} ms, whole {k_whole:.2f} ms"
+            print(
+                f"  device path alone, {'original' if side is None else side} {augment}: decode "
+                f"{decode:,.0f} img/s, whole transform {whole:,.0f} img/s ({batch / decode * 1e3:.1f} / "
+                f"{batch / whole * 1e3:.1f} ms a batch){kernels}",
+                flush=True,
+            )
+
+
+def _paths(args) -> list:
+    """The data paths timed: PATHS, the prepared forms, and the worker-count and copying-loader variants asked for."""
+    paths = PATHS + prepared_paths(args.prepared) + prepared_paths(args.pixels, "pixels")
+    paths += [(f"{label}, {w} workers", {**data, "num_workers": w}, None)
+              for w in args.workers for label, data, _ in list(paths) if data.get("decode") == "device"]  # fmt: skip
+    if args.copying_loader:
+        paths += [(f"{label}, copying loader", {**data, COPYING: True}, None)
+                  for label, data, _ in list(paths)
+                  if str(data.get("prepared", "")).startswith("pixels") and data.get("decode") == "device"]  # fmt: skip
+    return paths
+
+
+def _time_rounds(args, models: dict, paths: list, timed_config) -> dict[tuple[str, str, str], list[float]]:
+    """Each round's images/s of every model, method and path not skipped; a failing path is said and left out."""
+    results: dict[tuple[str, str, str], list[float]] = {}
+    for r in range(args.rounds):
+        for model_label, model in models.items():
+            for method in args.methods:
+                for label, data, _ in paths:
+                    skip = args.skip + (args.skip_sam if method == "sam" else [])
+                    if any(word in label for word in skip):
+                        continue
+                    cfg = timed_config(data, method, model)
+                    t = time.perf_counter()
+                    try:
+                        ips = images_per_sec(cfg)
+                    except Exception as err:  # noqa: BLE001 - one failing path must not cost the table
+                        print(f"  {model_label} {method} {label}: FAILED {type(err).__name__}: {err}", flush=True)
+                        continue
+                    results.setdefault((model_label, label, method), []).append(ips)
+                    print(
+                        f"  round {r + 1}: {model_label} {method:5s} {label}: {ips:,.0f} img/s "
+                        f"({time.perf_counter() - t:.0f} s)",
+                        flush=True,
+                    )
+    return results
+
+
+def _print_sm_busy(args, models: dict, paths: list, timed_config) -> None:
+    """One more profiled fit of synthetic data and of each path --sm-busy names (first model, first method)."""
+    model_label, method = next(iter(models)), args.methods[0]
+    print(f"\nSM busy over the last epoch, under torch.profiler ({model_label}, {method}):")
+    for label, data, _ in paths:
+        chosen = label == PATHS[0][0] or any(part in label for part in args.sm_busy)
+        if not chosen or any(word in label for word in args.skip):
+            continue
+        busy, ips, cpu = sm_busy(timed_config(data, method, models[model_label]))
+        print(f"  {label}: SMs busy {busy:.3f} of the epoch, {ips:,.0f} img/s under the profiler; heaviest "
+              "CPU ops (self ms): " + "; ".join(f"{k[:48]} {v:.0f}" for k, v in cpu), flush=True)  # fmt: skip
+
+
+def _print_table(models: dict, methods: list[str], paths: list, results: dict) -> None:
+    """Each path's median images/s and its ratio to synthetic data, against its target where it has one."""
+    print()
+    print("| model | data path | method | img/s | ratio to synthetic | target |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for model_label in models:
+        for method in methods:
+            base_runs = results.get((model_label, PATHS[0][0], method))
+            for label, _, targets in paths:
+                runs = results.get((model_label, label, method))
+                if not runs or not base_runs:
+                    continue
+                ips, base = statistics.median(runs), statistics.median(base_runs)
+                target = (targets or {}).get(method)
+                verdict = "" if target is None else f">= {target} ({'met' if ips / base >= target else 'MISSED'})"
+                print(f"| {model_label} | {label} | {method} | {ips:,.0f} | {ips / base:.3f} | {verdict} |")
+
+
+def main() -> None:
+    args = _parser().parse_args()
     size, batch, device = 224, 256, "cuda"
     models = {m: MODELS[m] for m in args.models}
     if args.quick:
@@ -451,41 +559,10 @@ def main() -> None:
             f"{torch.get_num_threads()} torch threads",
             flush=True,
         )
-        roots: dict[str | None, Path] = {None: root}
-        for form, sides in (("jpeg", args.prepared), ("pixels", args.pixels)):
-            for side in sides:
-                from trainables.data.prepare import prepare_folder
-
-                where = roots[f"{form}{side}"] = root.parent / f"{root.name}-{form}-{side}"
-                if not (where / "train").is_dir():
-                    done = prepare_folder(root, where, short_side=side, form=form)
-                    print(
-                        f"  prepared as {form} at short side {side}: {done.seconds:.1f} s on {os.cpu_count()} CPUs, "
-                        f"pixels {done.pixels_after / done.pixels_before:.3f} and bytes "
-                        f"{done.bytes_after / done.bytes_before:.3f} of the original's",
-                        flush=True,
-                    )
-        for side, where in roots.items() if not args.no_pipeline else ():
-            for augment in ("basic", "strong"):
-                decode, whole = pipeline_rates(where, augment, size, batch, device)
-                kernels = ""
-                if device == "cuda":
-                    k_decode, k_whole = kernel_ms(where, augment, size, batch, device)
-                    kernels = f"; GPU kernels a batch: decode {k_decode:.2f} ms, whole {k_whole:.2f} ms"
-                print(
-                    f"  device path alone, {'original' if side is None else side} {augment}: decode "
-                    f"{decode:,.0f} img/s, whole transform {whole:,.0f} img/s ({batch / decode * 1e3:.1f} / "
-                    f"{batch / whole * 1e3:.1f} ms a batch){kernels}",
-                    flush=True,
-                )
-        paths = PATHS + prepared_paths(args.prepared) + prepared_paths(args.pixels, "pixels")
-        paths += [(f"{label}, {w} workers", {**data, "num_workers": w}, None)
-                  for w in args.workers for label, data, _ in list(paths) if data.get("decode") == "device"]  # fmt: skip
-        if args.copying_loader:
-            paths += [(f"{label}, copying loader", {**data, COPYING: True}, None)
-                      for label, data, _ in list(paths)
-                      if str(data.get("prepared", "")).startswith("pixels") and data.get("decode") == "device"]  # fmt: skip
-        results: dict[tuple[str, str, str], list[float]] = {}
+        roots = _prepared_roots(root, args)
+        if not args.no_pipeline:
+            _print_pipelines(roots, size, batch, device)
+        paths = _paths(args)
 
         def timed_config(data: dict, method: str, model: dict) -> dict:
             from trainables.data.folders import FolderPixels
@@ -496,52 +573,10 @@ def main() -> None:
                           n_train=args.n_train, epochs=args.epochs, device=device, dataset="imagefolder", size=size,
                           eval_batch=512)  # fmt: skip
 
-        for r in range(args.rounds):
-            for model_label, model in models.items():
-                for method in args.methods:
-                    for label, data, _ in paths:
-                        skip = args.skip + (args.skip_sam if method == "sam" else [])
-                        if any(word in label for word in skip):
-                            continue
-                        cfg = timed_config(data, method, model)
-                        t = time.perf_counter()
-                        try:
-                            ips = images_per_sec(cfg)
-                        except Exception as err:  # noqa: BLE001 - one failing path must not cost the table
-                            print(f"  {model_label} {method} {label}: FAILED {type(err).__name__}: {err}", flush=True)
-                            continue
-                        results.setdefault((model_label, label, method), []).append(ips)
-                        print(
-                            f"  round {r + 1}: {model_label} {method:5s} {label}: {ips:,.0f} img/s "
-                            f"({time.perf_counter() - t:.0f} s)",
-                            flush=True,
-                        )
-
+        results = _time_rounds(args, models, paths, timed_config)
         if args.sm_busy is not None:
-            model_label, method = next(iter(models)), args.methods[0]
-            print(f"\nSM busy over the last epoch, under torch.profiler ({model_label}, {method}):")
-            for label, data, _ in paths:
-                chosen = label == PATHS[0][0] or any(part in label for part in args.sm_busy)
-                if not chosen or any(word in label for word in args.skip):
-                    continue
-                busy, ips, cpu = sm_busy(timed_config(data, method, models[model_label]))
-                print(f"  {label}: SMs busy {busy:.3f} of the epoch, {ips:,.0f} img/s under the profiler; heaviest "
-                      "CPU ops (self ms): " + "; ".join(f"{k[:48]} {v:.0f}" for k, v in cpu), flush=True)  # fmt: skip
-
-    print()
-    print("| model | data path | method | img/s | ratio to synthetic | target |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for model_label in models:
-        for method in args.methods:
-            base_runs = results.get((model_label, PATHS[0][0], method))
-            for label, _, targets in paths:
-                runs = results.get((model_label, label, method))
-                if not runs or not base_runs:
-                    continue
-                ips, base = statistics.median(runs), statistics.median(base_runs)
-                target = (targets or {}).get(method)
-                verdict = "" if target is None else f">= {target} ({'met' if ips / base >= target else 'MISSED'})"
-                print(f"| {model_label} | {label} | {method} | {ips:,.0f} | {ips / base:.3f} | {verdict} |")
+            _print_sm_busy(args, models, paths, timed_config)
+    _print_table(models, args.methods, paths, results)
 
 
 if __name__ == "__main__":

@@ -205,6 +205,96 @@ def load_probe(payload: dict[str, Any], cfg: TrialConfig):
     return plan.build()
 
 
+@dataclass
+class _Attempt:
+    """One run of a trial function: what it reports to Ray (the epochs' training seconds they carried) and how it
+    ends its record, so that none stays RUNNING."""
+
+    cfg: TrialConfig
+    sink: Callable
+    checkpoint_cls: Any
+    recorder: TrialRecorder | None
+    started: float
+    timings: dict[str, float]
+    trained: dict[int, float] = field(default_factory=dict)  # epoch -> its training seconds (a re-report counts once)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.run_id if self.recorder is not None else None
+
+    def report(self, metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
+        if EPOCH_TIME in metrics and "epoch" in metrics:
+            self.trained[int(metrics["epoch"])] = float(metrics[EPOCH_TIME])
+        ckpt = self.checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+        t0 = time.perf_counter()
+        # fit records an epoch after reporting it (trainables.loop, "Checkpoint, then report, then record"), and
+        # Tune gives a trial it stops no time to finish that: the last epoch says so, and is never stopped.
+        last = float("epoch" in metrics and int(metrics["epoch"]) == self.cfg.schedule.epochs - 1)
+        _REPORTING.add(threading.current_thread())
+        # Left registered when Tune stops the trial here (SystemExit): it still records this epoch and ends its run.
+        try:  # Tune copies the checkpoint to the study's storage inside this call
+            self.sink(
+                {"diverged": 0, **metrics, LAST_EPOCH_RESULT_KEY: last, RUN_ID_RESULT_KEY: self.run_id}, checkpoint=ckpt
+            )
+        finally:
+            self.timings["report"] = self.timings.get("report", 0.0) + time.perf_counter() - t0
+        _REPORTING.discard(threading.current_thread())
+
+    def finish(self, status: str, reason: str | None = None) -> None:
+        try:
+            if self.recorder is None:
+                return
+            wall = time.perf_counter() - self.started
+            fixed = wall - sum(self.trained.values())
+            parts = {p: self.timings.get(p, 0.0) for p in FIXED_PHASES if p != "other"}
+            parts["other"] = fixed - sum(parts.values())
+            with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
+                self.recorder.log_summary(
+                    {TRIAL_TIME: wall, FIXED_TIME: fixed, **{fixed_phase_metric(p): v for p, v in parts.items()}}
+                )
+            self.recorder.finish(status, reason)
+        finally:
+            _REPORTING.discard(threading.current_thread())  # its run has ended: it owes nothing more
+
+    def fit(self, fit: Callable, checkpoint, *, report_resumed: bool, probe_from: dict[str, Any] | None) -> None:
+        """fit() from the checkpoint (None: from the start), with the geometry probe its payload plans."""
+        timed = _TimedRecorder(self.recorder, self.timings) if self.recorder is not None else None
+        check_device(self.cfg)
+        t_probe = time.perf_counter()
+        probe = load_probe(probe_from or {}, self.cfg)  # builds analysis' probe (torch), where the trial measures any
+        self.timings["imports"] += time.perf_counter() - t_probe
+        if checkpoint is None:
+            fit(self.cfg, reporter=self.report, recorder=timed, probe=probe, timings=self.timings)
+            return
+        with checkpoint.as_directory() as ckpt_dir:
+            fit(
+                self.cfg,
+                resume_from=ckpt_dir,
+                reporter=self.report,
+                recorder=timed,
+                report_resumed=report_resumed,
+                probe=probe,
+                timings=self.timings,
+            )
+
+    def failed(self, err: BaseException, metric: str, probe_from: dict[str, Any] | None) -> bool:
+        """Record a failure that is not a stop, a divergence or a refusal; whether it is raised again for Ray to
+        retry the trial from its checkpoint (False: a full disk, the trial ended here with a result saying so)."""
+        # The study's disks (the payload's places) and the temp folder where fit keeps its checkpoint before Tune
+        # copies it: full there, the study stops; full elsewhere (/dev/shm), the trial fails as any error.
+        places = [*(probe_from or {}).get(PLACES_KEY, []), tempfile.gettempdir()]
+        if (full := no_space_at(err, places)) is not None:
+            # A full disk (its checkpoint, its record): each of Tune's retries would meet the same disk, and print
+            # the same trace. The trial ends here, once; the runner stops the study on this result.
+            with contextlib.suppress(Exception):  # the full disk may be the store's: the runner says so
+                self.finish("failed", f"{NO_SPACE_REASON} ({full})")
+            self.report({metric: math.nan, NO_SPACE_RESULT_KEY: full}, None)
+            return False
+        # Ray retries the trial from its checkpoint; the retry reopens this same run.
+        self.finish("failed", "".join(traceback.format_exception(err))[-4000:])
+        return True
+
+
 def _execute(
     cfg: TrialConfig,
     *,
@@ -234,97 +324,35 @@ def _execute(
     from trainables.loop import TrialDiverged, TrialStopped, fit
 
     timings["imports"] = timings.get("imports", 0.0) + time.perf_counter() - t_imports
-
-    run_id = recorder.run_id if recorder is not None else None
     started = time.perf_counter() if started is None else started
-    trained: dict[int, float] = {}  # epoch -> its training seconds, as reported (a re-reported epoch counts once)
-
-    def report(metrics: dict[str, float], checkpoint_dir: Path | None) -> None:
-        if EPOCH_TIME in metrics and "epoch" in metrics:
-            trained[int(metrics["epoch"])] = float(metrics[EPOCH_TIME])
-        ckpt = checkpoint_cls.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
-        t0 = time.perf_counter()
-        # fit records an epoch after reporting it (trainables.loop, "Checkpoint, then report, then record"), and
-        # Tune gives a trial it stops no time to finish that: the last epoch says so, and is never stopped.
-        last = float("epoch" in metrics and int(metrics["epoch"]) == cfg.schedule.epochs - 1)
-        _REPORTING.add(threading.current_thread())
-        # Left registered when Tune stops the trial here (SystemExit): it still records this epoch and ends its run.
-        try:  # Tune copies the checkpoint to the study's storage inside this call
-            sink({"diverged": 0, **metrics, LAST_EPOCH_RESULT_KEY: last, RUN_ID_RESULT_KEY: run_id}, checkpoint=ckpt)
-        finally:
-            timings["report"] = timings.get("report", 0.0) + time.perf_counter() - t0
-        _REPORTING.discard(threading.current_thread())
-
-    def finish(status: str, reason: str | None = None) -> None:
-        try:
-            if recorder is None:
-                return
-            wall = time.perf_counter() - started
-            fixed = wall - sum(trained.values())
-            parts = {p: timings.get(p, 0.0) for p in FIXED_PHASES if p != "other"}
-            parts["other"] = fixed - sum(parts.values())
-            with contextlib.suppress(Exception):  # the times are a note on the record: never what fails the trial
-                recorder.log_summary(
-                    {TRIAL_TIME: wall, FIXED_TIME: fixed, **{fixed_phase_metric(p): v for p, v in parts.items()}}
-                )
-            recorder.finish(status, reason)
-        finally:
-            _REPORTING.discard(threading.current_thread())  # its run has ended: it owes nothing more
-
-    timed = _TimedRecorder(recorder, timings) if recorder is not None else None
+    attempt = _Attempt(cfg, sink, checkpoint_cls, recorder, started, timings)
     try:
-        check_device(cfg)
-        t_probe = time.perf_counter()
-        probe = load_probe(probe_from or {}, cfg)  # builds analysis' probe (torch), where the trial measures any
-        timings["imports"] += time.perf_counter() - t_probe
-        if checkpoint is None:
-            fit(cfg, reporter=report, recorder=timed, probe=probe, timings=timings)
-        else:
-            with checkpoint.as_directory() as ckpt_dir:
-                fit(
-                    cfg,
-                    resume_from=ckpt_dir,
-                    reporter=report,
-                    recorder=timed,
-                    report_resumed=report_resumed,
-                    probe=probe,
-                    timings=timings,
-                )
+        attempt.fit(fit, checkpoint, report_resumed=report_resumed, probe_from=probe_from)
     except TrialStopped as stop:
         if stop.final:  # stopped after its last epoch (an interrupt, the time limit): it ran to its end
-            finish("finished")
+            attempt.finish("finished")
         else:
-            finish("early_stopped", str(stop))
+            attempt.finish("early_stopped", str(stop))
         # Tune's function runner expects its stop to come back as SystemExit; a plain return breaks actor reuse.
         raise SystemExit(0) from None
     except TrialDiverged as err:
-        finish("diverged", str(err))
+        attempt.finish("diverged", str(err))
         # A last result so the searcher learns of it: the objective is nan, never a number to optimise.
-        report({metric: math.nan, "diverged": 1, "epoch": err.epoch}, None)
+        attempt.report({metric: math.nan, "diverged": 1, "epoch": err.epoch}, None)
         return
     except TrialRefused as err:
         # Raised, it would be retried max_failures times, each attempt refused the same way. Tune has no public
         # per-error retry switch, so the trial ends here, once, with a result that says why (runner and searcher
         # count it as failed).
-        finish("failed", f"refused: {err}")
-        report({metric: math.nan, REFUSED_RESULT_KEY: 1}, None)
+        attempt.finish("failed", f"refused: {err}")
+        attempt.report({metric: math.nan, REFUSED_RESULT_KEY: 1}, None)
         return
     except BaseException as err:
-        # The study's disks (the payload's places) and the temp folder where fit keeps its checkpoint before Tune
-        # copies it: full there, the study stops; full elsewhere (/dev/shm), the trial fails as any error.
-        places = [*(probe_from or {}).get(PLACES_KEY, []), tempfile.gettempdir()]
-        if (full := no_space_at(err, places)) is not None:
-            # A full disk (its checkpoint, its record): each of Tune's retries would meet the same disk, and print
-            # the same trace. The trial ends here, once; the runner stops the study on this result.
-            with contextlib.suppress(Exception):  # the full disk may be the store's: the runner says so
-                finish("failed", f"{NO_SPACE_REASON} ({full})")
-            report({metric: math.nan, NO_SPACE_RESULT_KEY: full}, None)
-            return
-        # Ray retries the trial from its checkpoint; the retry reopens this same run.
-        finish("failed", "".join(traceback.format_exception(err))[-4000:])
-        raise
+        if attempt.failed(err, metric, probe_from):
+            raise
+        return
     else:
-        finish("finished")
+        attempt.finish("finished")
     finally:
         release()  # on the trial's own thread, after its record, however it ended: trainables.compiled.release
 

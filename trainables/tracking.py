@@ -245,6 +245,11 @@ def _chunked(key: str, text: str) -> dict[str, str]:
     return {key if i == 0 else f"{key}.{i + 1}": part for i, part in enumerate(parts)}
 
 
+def _chunk_keys(tags: Mapping[str, str], key: str) -> set[str]:
+    """The tags of `tags` that hold chunks of `key` (`_chunked`): key itself and key.2, key.3, ..."""
+    return {k for k in tags if k == key or (k.startswith(f"{key}.") and k[len(key) + 1 :].isdigit())}
+
+
 def _unchunked(tags: Mapping[str, str], key: str) -> str | None:
     if key not in tags:
         return None
@@ -295,10 +300,15 @@ class TrialRecorder:
             filter_string=f"tags.`{TRIAL_KEY_TAG}` = {filter_value(trial_key)}",
             max_results=2,
         )
+        self._scored_keys: set[str] = set()  # the run's SCORED_TAG chunks, all of this attempt's writing
         if existing:
             self.run_id = existing[0].info.run_id
             retry_locked(self._client.update_run, self.run_id, status="RUNNING")
             self._logged = {m.step for m in retry_locked(self._client.get_metric_history, self.run_id, _EPOCH_KEY)}
+            # An earlier attempt's per-image record is of its own evaluation: kept, a shorter record of this one
+            # would be read with its stale tail chunks, and one this attempt never writes would pass as its own.
+            # This attempt writes its own at its end, from its last epoch or the final checkpoint it resumes.
+            self._drop_tags(_chunk_keys(existing[0].data.tags, SCORED_TAG))
             return
         self._logged: set[int] = set()
         tags = {KIND_TAG: "trial", TRIAL_KEY_TAG: trial_key, STATUS_TAG: "running", **target.tags}
@@ -347,7 +357,14 @@ class TrialRecorder:
     def log_scored(self, text: str) -> None:
         """The final evaluation's per-image correctness (trainables.scored.ScoredImages.to_text) as tags: they come
         back with every search of runs, so reading them costs a report no request per run."""
-        self.set_tags(_chunked(SCORED_TAG, text))
+        tags = _chunked(SCORED_TAG, text)
+        self._drop_tags(self._scored_keys - set(tags))  # a longer record's tail: never read as part of this one
+        self.set_tags(tags)
+        self._scored_keys = set(tags)
+
+    def _drop_tags(self, keys) -> None:
+        for key in sorted(keys):
+            retry_locked(self._client.delete_tag, self.run_id, key)
 
     def log_dataset(self, data: Mapping[str, Any]) -> None:
         """The trial's training set as an MLflow dataset input (the UI's Dataset column); `data`: its data config."""

@@ -59,12 +59,13 @@ class Dashboard(Command):
 
         try:
             import optuna_dashboard
-        except ImportError:
-            print(
-                "sharpscale: error: optuna-dashboard is not installed. Fix: pip install optuna-dashboard",
-                file=sys.stderr,
-            )
-            return 2
+        except ImportError as err:
+            # A user's fix, said as every other one is (main: one line, EXIT_USAGE), pinned as the project pins it.
+            raise UserError(
+                f"sharpscale dashboard needs optuna-dashboard, which is not importable here ({err}). Fix: "
+                "pip install -c constraints.txt . in the repository (`make install` does), or "
+                "pip install 'optuna-dashboard>=0.17'."
+            ) from None
         server_cli.check_port_and_workers(args.port, None)
         server_cli.check_bindable(args.host, args.port, "optuna-dashboard")
         study = load_study(args.study, smoke=args.smoke, overrides=overrides(args), require_data=False)

@@ -119,3 +119,42 @@ def test_no_import_circle_among_a_packages_modules(package, deep):
             if nxt not in seen and nxt not in path:
                 path.append(nxt)
                 stack.append((nxt, iter(sorted(graph[nxt]))))
+
+
+def _named_in_docs_and_notebooks() -> set[tuple[str, str]]:
+    """(module, name) for each `from analysis.MODULE import NAME` and `analysis.MODULE.NAME` of docs/ and the
+    notebooks: what analysis's users are shown to call."""
+    import json
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    texts = [p.read_text() for p in sorted((root / "docs").rglob("*.md"))]
+    for nb in sorted((root / "analysis" / "notebooks").glob("*.ipynb")):
+        texts += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    text = "\n".join(texts)
+    found = set()
+    for m in re.finditer(r"\bfrom (analysis\.[a-z_]+) import \(?([\w, \n]+)\)?", text):
+        found |= {(m.group(1), n) for n in re.split(r"[,\s]+", m.group(2)) if n}
+    found |= {(m.group(1), m.group(2)) for m in re.finditer(r"\b(analysis\.[a-z_]+)\.([A-Za-z_]\w*)\b", text)}
+    return found
+
+
+def test_every_analysis_function_the_docs_and_notebooks_call_is_exported():
+    # A function a notebook imports from its module is one users call: `from analysis import NAME` must find it.
+    import inspect
+
+    import analysis
+
+    missing, checked = [], 0
+    for module, name in sorted(_named_in_docs_and_notebooks()):
+        if name.startswith("_") or module.removeprefix("analysis.") in analysis.__getattr__.submodules:
+            continue  # private, or inside a submodule analysis exports whole (analysis.geometry)
+        mod = importlib.import_module(module)
+        obj = getattr(mod, name, None)
+        if name not in getattr(mod, "__all__", ()) or inspect.ismodule(obj) or not callable(obj):
+            continue  # constants and submodules are read where they live
+        checked += 1
+        if name not in analysis.__all__:
+            missing.append(f"{module}.{name}")
+    assert checked >= 10, f"only {checked} functions found in docs/ and the notebooks: the search missed them"
+    assert not missing, f"named in docs/ or a notebook but not exported by analysis/__init__.py: {missing}"

@@ -74,6 +74,22 @@ def test_dashboard_without_a_recorded_run_says_what_to_do(tmp_path, capsys):
     assert "no study run recorded" in err and "sharpscale run" in err and "Traceback" not in err
 
 
+def test_dashboard_without_optuna_dashboard_is_a_users_fix_pinned_as_the_project_pins(monkeypatch, tmp_path, capsys):
+    # The package is a dependency of the project: the fix installs it under the project's constraints, said as
+    # every user error is (one line, EXIT_USAGE), before the study or its store is read.
+    from studies.cli import EXIT_USAGE, main
+
+    monkeypatch.setitem(sys.modules, "optuna_dashboard", None)  # importing it raises ImportError
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["dashboard", str(tmp_path / "no-such-study.yaml"), "--tracking-uri", uri]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("sharpscale: error: sharpscale dashboard needs optuna-dashboard") and len(err.splitlines()) == 1
+    )
+    assert "pip install -c constraints.txt ." in err and "Traceback" not in err
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_tracking_uri_is_explained_under_status_and_ui(capsys):
     import pytest
 

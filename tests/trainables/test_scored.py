@@ -126,3 +126,39 @@ def test_the_record_goes_through_mlflow_tags_and_back(tmp_path):
         back = ScoredImages.from_text(scored_from_tags(run.data.tags))
         np.testing.assert_array_equal(back.correct, scored.correct)
     assert scored_from_tags({}) is None
+
+
+def test_a_reopened_run_never_reads_an_earlier_attempts_chunks(tmp_path):
+    # A trial retried or restarted reopens its run (same trial key). Its earlier attempt's record, three tags long,
+    # must neither lend its tail to this attempt's shorter record nor pass as this attempt's when it writes none.
+    from mlflow.tracking import MlflowClient
+
+    from trainables.naming import SCORED_TAG
+    from trainables.tracking import TrackingTarget, TrialRecorder, scored_from_tags
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rng = np.random.default_rng(2)
+
+    def record(n):
+        return ScoredImages.of(
+            rng.random(n) < 0.7, dataset="x", split="test", positions=np.arange(n), labels=np.zeros(n)
+        ).to_text()
+
+    def tags():
+        (run,) = MlflowClient(uri).search_runs(["0"])
+        return run.data.tags
+
+    long, short = record(120000), record(5000)
+    first = TrialRecorder(TrackingTarget(uri, "0"), trial_key="k", run_name="k", params={})
+    first.log_scored(long)
+    assert scored_from_tags(tags()) == long and f"{SCORED_TAG}.3" in tags()
+    again = TrialRecorder(TrackingTarget(uri, "0"), trial_key="k", run_name="k", params={})
+    assert again.run_id == first.run_id
+    assert scored_from_tags(tags()) is None  # this attempt has not evaluated yet
+    again.log_scored(short)
+    assert scored_from_tags(tags()) == short
+    # Within one attempt too: a record written over a longer one keeps none of its chunks.
+    third = TrialRecorder(TrackingTarget(uri, "0"), trial_key="k", run_name="k", params={})
+    third.log_scored(long)
+    third.log_scored(short)
+    assert scored_from_tags(tags()) == short
