@@ -142,14 +142,13 @@ def _config(model: dict, method: str, args, device: str, root: str | None) -> di
     return cfg
 
 
-def _figures(cfg: dict, wall: float, train: float, spent: dict, calls: dict, seen: list[dict]) -> dict[str, float]:
-    """The trial_cost.csv fields of one trial (studies/cost.py CardFigures), from what it measured."""
+def _figures(cfg: dict, wall: float, train: float, spent: dict, calls: dict, seen: list[dict], n_val: int):
+    """The trial_cost.csv fields of one trial (studies/cost.py CardFigures), from what it measured; n_val: the
+    validation images each validation pass read."""
     from studies.cost import geometry_image_hvps
     from trainables.config import TrialConfig
-    from trainables.data.registry import DATASETS
 
     config = TrialConfig.load(cfg)
-    n_val = DATASETS[config.data.name].split_sizes[1]
     out = {"train": seen[-1]["images_per_sec"]}
     if spent.get("validation"):
         out["val"] = calls["validation"] * n_val / spent["validation"]
@@ -162,7 +161,7 @@ def _figures(cfg: dict, wall: float, train: float, spent: dict, calls: dict, see
     return out
 
 
-def _record(rows: list[tuple], device: str, args) -> None:
+def _record(rows: list[tuple]) -> None:
     """Each model's figures as trial_cost.csv rows: train_* from each method's trial, the rest from the SAM trial
     (the process's later trial of the model, past the first trial's warm-up)."""
     from benchmarks import results
@@ -234,7 +233,11 @@ def main() -> None:
                     probe = make_probe(cfg)
                 calls: dict[str, int] = collections.defaultdict(int)
                 wall, train, spent, seen = trial(cfg, device, probe, calls)
-                figures = _figures(cfg, wall, train, spent, calls, seen)
+                if args.smoke:
+                    from trainables.data.registry import DATASETS
+
+                    n_val = DATASETS[cfg["data"]["name"]].split_sizes[1]
+                figures = _figures(cfg, wall, train, spent, calls, seen, n_val)
                 rows.append((key, method, cfg, figures))
                 phases = ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
                 print(
@@ -245,7 +248,7 @@ def main() -> None:
                     flush=True,
                 )
     if args.record:
-        _record(rows, device, args)
+        _record(rows)
 
 
 if __name__ == "__main__":
