@@ -11,7 +11,15 @@ a fresh interpreter: the cold cost of a trial process (imports of torch, timm an
 What it does not see: Ray's actor start and Tune's checkpoint copy to storage, MLflow's records (about 0.1 s a call on
 SQLite; trainables.ray_train logs each trial's fixed_time_s with them included).
 
-  python -m benchmarks.bench_trial_cost                      # on the GPU: the three models, none and SAM
+With --record, each model's figures become rows of benchmarks/results/trial_cost.csv, the file `sharpscale run
+--dry-run` costs a study from (studies/cost.py): train_none / train_sam (the last epoch's images/s), val, fixed_s
+(the trial's wall less its epochs, validation, checkpoints and geometry), checkpoint_s (one), geometry_s (one
+Hessian-vector product per measurement image) and, on the GPU, nothing of the compiled step (bench_trainables
+compile measures that). --smoke measures the three tiny models of a study's --smoke form on the embedded digits on
+CPU (studies/spec/_smoke.py), so that a --smoke study gets an estimate that its run then checks.
+
+  python -m benchmarks.bench_trial_cost --geometry --record  # on the GPU: the three models, none and SAM
+  python -m benchmarks.bench_trial_cost --smoke --record     # CPU: the --smoke form's models
   python -m benchmarks.bench_trial_cost --quick              # tiny model, digits-sized, on CPU: the script only
 """
 
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import statistics
 import subprocess
 import sys
@@ -42,14 +51,15 @@ PHASES = {
     "_loaders": "loaders",
     "_geometry_batches": "measurement set",
     "_check_probe": "probe check",
-    "evaluate": "validation",
+    "_evaluate": "validation",
     "_save": "checkpoint",
     "_measure_geometry": "geometry",
 }
 
 
-def _timed(spent: dict[str, float], label: str, fn, device: str):
+def _timed(spent: dict[str, float], label: str, fn, device: str, calls: dict[str, int]):
     def wrapper(*args, **kwargs):
+        calls[label] += 1
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -63,12 +73,14 @@ def _timed(spent: dict[str, float], label: str, fn, device: str):
     return wrapper
 
 
-def trial(cfg: dict, device: str, probe=None) -> tuple[float, float, dict[str, float], list[dict]]:
-    """One fit with its phases timed: (wall, sum of epoch_time_s, seconds per phase, the epochs' metrics)."""
+def trial(cfg: dict, device: str, probe=None, calls=None) -> tuple[float, float, dict[str, float], list[dict]]:
+    """One fit with its phases timed: (wall, sum of epoch_time_s, seconds per phase, the epochs' metrics); `calls`,
+    where given, counts each phase's calls."""
     spent: dict[str, float] = collections.defaultdict(float)
+    calls = collections.defaultdict(int) if calls is None else calls
     saved = {name: getattr(loop, name) for name in PHASES if hasattr(loop, name)}
     for name, fn in saved.items():
-        setattr(loop, name, _timed(spent, PHASES[name], fn, device))
+        setattr(loop, name, _timed(spent, PHASES[name], fn, device, calls))
     seen: list[dict] = []
     try:
         t0 = time.perf_counter()
@@ -104,6 +116,83 @@ def _env(root: str) -> dict[str, str]:
     return env
 
 
+def _config(model: dict, method: str, args, device: str, root: str | None) -> dict:
+    if args.smoke:
+        from studies.spec._smoke import _SMOKE
+
+        cfg = {**copy.deepcopy(_SMOKE), "model": model}
+        cfg["optimizer"] = {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}}
+        if not args.geometry:
+            cfg.pop("geometry")
+        else:
+            cfg["geometry"].update(measures=["lambda_max", "hessian_trace"])
+        return cfg
+    batch = 64 if args.quick else 256
+    cfg = {
+        "model": model,
+        "data": {"name": "cifar10", "root": root, "batch_size": batch, "augment": "basic"},
+        "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
+        "schedule": {"epochs": args.epochs, "warmup_epochs": 0},
+        "train": {"device": device},
+    }
+    if args.geometry:
+        cfg["geometry"] = {"measures": ["lambda_max", "hessian_trace"]}
+        if args.quick:
+            cfg["geometry"].update(batches=1, batch_size=16, max_iter=2, trace_samples=2)
+    return cfg
+
+
+def _figures(cfg: dict, wall: float, train: float, spent: dict, calls: dict, seen: list[dict], n_val: int):
+    """The trial_cost.csv fields of one trial (studies/cost.py CardFigures), from what it measured; n_val: the
+    validation images each validation pass read."""
+    from studies.cost import geometry_image_hvps
+    from trainables.config import TrialConfig
+
+    config = TrialConfig.load(cfg)
+    out = {"train": seen[-1]["images_per_sec"]}
+    if spent.get("validation"):
+        out["val"] = calls["validation"] * n_val / spent["validation"]
+    if spent.get("checkpoint"):
+        out["checkpoint_s"] = spent["checkpoint"] / calls["checkpoint"]
+    if spent.get("geometry"):
+        out["geometry_s"] = spent["geometry"] / geometry_image_hvps(config.geometry, config.schedule.epochs)
+    outside = sum(spent.get(k, 0.0) for k in ("validation", "checkpoint", "geometry"))
+    out["fixed_s"] = wall - train - outside
+    return out
+
+
+def _record(rows: list[tuple]) -> None:
+    """Each model's figures as trial_cost.csv rows: train_* from each method's trial, the rest from the SAM trial
+    (the process's later trial of the model, past the first trial's warm-up)."""
+    from benchmarks import results
+    from studies.cost import model_key
+    from trainables.config import TrialConfig
+
+    out = []
+    for key, model in {key: cfg["model"] for key, _, cfg, _ in rows}.items():
+        mine = {method: figs for k, method, _, figs in rows if k == key}
+        cfg = next(c for k, m, c, _ in rows if k == key)
+        config = TrialConfig.load(cfg)
+        size = config.data.img_size or 32
+        prefix = f"{model_key(model)} {size}px b{config.data.batch_size}"
+        late = mine.get("sam") or next(iter(mine.values()))
+        for method in ("none", "sam"):
+            if method in mine:
+                out.append(
+                    {
+                        "figure": f"{prefix} train_{method}",
+                        "value": f"{mine[method]['train']:.4g}",
+                        "unit": "img/s",
+                        "note": f"{key}, the last of {config.schedule.epochs} epochs",
+                    }
+                )
+        for field, unit in (("val", "img/s"), ("fixed_s", "s"), ("checkpoint_s", "s"), ("geometry_s", "s")):
+            if field in late:
+                out.append({"figure": f"{prefix} {field}", "value": f"{late[field]:.4g}", "unit": unit, "note": key})
+    path = results.append("trial_cost", out)
+    print(f"# {len(out)} rows appended to {path}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n-train", type=int, default=25_600, help="training images of the fake CIFAR-10 (default 25,600)")
@@ -113,58 +202,53 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS))
     p.add_argument("--geometry", action="store_true", help="also rho_sensitivity's measures after the last epoch")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
+    p.add_argument("--smoke", action="store_true", help="the --smoke form's models on digits, on CPU")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/results/trial_cost.csv")
     args = p.parse_args()
     from benchmarks.bench_data import write_fake_cifar10
 
-    device = "cpu" if args.quick else "cuda"
-    models = QUICK if args.quick else {k: MODELS[k] for k in args.models}
+    device = "cpu" if args.quick or args.smoke else "cuda"
+    if args.smoke:
+        from studies.spec._smoke import _SMOKE_MODELS
+
+        models = {f"smoke {family}": model for family, model in _SMOKE_MODELS.items()}
+        torch.set_num_threads(1)  # the smoke form's train.threads
+    else:
+        models = QUICK if args.quick else {k: MODELS[k] for k in args.models}
     n_train, n_val = (512, 256) if args.quick else (args.n_train, args.n_val)
-    batch = 64 if args.quick else 256
     card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    print(
-        f"# a trial's time outside training, {card}, torch {torch.__version__}; fake CIFAR-10 {n_train:,} + {n_val:,}"
-    )
+    print(f"# a trial's time outside training, {card}, torch {torch.__version__}")
     print(f"# cold trial process: {cold_start(device)}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        write_fake_cifar10(Path(tmp), n_train, n_val)
+        if not args.smoke:
+            write_fake_cifar10(Path(tmp), n_train, n_val)
         rows = []
         for key, model in models.items():
             for method in args.methods:
-                cfg = {
-                    "model": model,
-                    "data": {"name": "cifar10", "root": tmp, "batch_size": batch, "augment": "basic"},
-                    "optimizer": {"method": method, "lr": 1e-3, "hparams": {"rho": 0.05} if method == "sam" else {}},
-                    "schedule": {"epochs": args.epochs, "warmup_epochs": 0},
-                    "train": {"device": device},
-                }
+                cfg = _config(model, method, args, device, tmp)
                 probe = None
-                if args.geometry:
+                if "geometry" in cfg:
                     from analysis.geometry.probes import make_probe
 
-                    cfg["geometry"] = {"measures": ["lambda_max", "hessian_trace"]}
-                    if args.quick:
-                        cfg["geometry"].update(batches=1, batch_size=16, max_iter=2, trace_samples=2)
                     probe = make_probe(cfg)
-                wall, train, spent, seen = trial(cfg, device, probe)
-                val_s = spent.get("validation", 0.0)
-                rows.append((key, method, wall, train, spent, seen))
+                calls: dict[str, int] = collections.defaultdict(int)
+                wall, train, spent, seen = trial(cfg, device, probe, calls)
+                if args.smoke:
+                    from trainables.data.registry import DATASETS
+
+                    n_val = DATASETS[cfg["data"]["name"]].split_sizes[1]
+                figures = _figures(cfg, wall, train, spent, calls, seen, n_val)
+                rows.append((key, method, cfg, figures))
                 phases = ", ".join(f"{k} {v:.2f}" for k, v in spent.items())
                 print(
                     f"{key} {method}: wall {wall:.2f} s, epochs {train:.2f} s, fixed {wall - train:.2f} s "
                     f"({phases}); train img/s {statistics.median(m['images_per_sec'] for m in seen):,.0f} (median of "
-                    f"{len(seen)} epochs; the first pays for warm-up), val img/s "
-                    f"{len(seen) * n_val / val_s if val_s else float('nan'):,.0f}",
+                    f"{len(seen)} epochs; the first pays for warm-up); "
+                    + ", ".join(f"{k} {v:.4g}" for k, v in figures.items()),
                     flush=True,
                 )
-    print("\n| model | method | train img/s, last epoch | val img/s | trial wall s | epochs s | fixed s | of which |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for key, method, wall, train, spent, seen in rows:
-        val_s = spent.get("validation", 0.0)
-        top = ", ".join(f"{k} {v:.2f}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])[:4])
-        print(
-            f"| {key} | {method} | {seen[-1]['images_per_sec']:,.0f} | {len(seen) * n_val / val_s:,.0f} | {wall:.2f} | "
-            f"{train:.2f} | {wall - train:.2f} | {top} |"
-        )
+    if args.record:
+        _record(rows)
 
 
 if __name__ == "__main__":

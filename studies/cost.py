@@ -1,15 +1,20 @@
-"""What a study costs: the one table of measured training throughput by card and model, and the GPU-hours estimate
-`sharpscale run --dry-run` prints from it."""
+"""What a study costs: the measured figures by card and model (read from their one file, trial_cost.csv), the
+estimate `sharpscale run --dry-run` prints from them, and its record beside the wall each study run took."""
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 
 from optim import METHODS, check_schedule
 from studies.spec import Cell, LoadedStudy
+from trainables.naming import ESTIMATE_CHECK_TAG, ESTIMATE_TAG
 
 __all__ = [
     "CARD_FIGURES",
@@ -42,7 +47,7 @@ class CardFigures:
     train_none: float
     train_sam: float
     val: float | None
-    source: str  # the docs/benchmarks.md section the row comes from
+    source: str  # the command that measured the row (benchmarks/results/trial_cost.csv)
     fixed_s: float | None = None
     checkpoint_s: float | None = None
     compiled_none: float | None = None
@@ -50,41 +55,60 @@ class CardFigures:
     compile_s: float | None = None
     geometry_s: float | None = None  # seconds of one Hessian-vector product per measurement image (see GEOMETRY)
     startup_s: float | None = None  # the study's seconds from launch to its first trial's first kernel
+    records_s: float | None = None  # a trial's seconds in Tune's reports and MLflow's records (outside fit's phases)
 
 
-# Every figure an estimate reads. The first rows: the shipped path through the CLI (studies/rho_sensitivity.yaml's
-# models and batch, fake CIFAR-10 on 2 x H100, `python benchmarks/bench_ray_gpu.py study`, docs/benchmarks.md "The
-# shipped path on real GPUs through Ray"); train_sam is the mean of that run's two SAM trials of each model. Validation
-# was not timed there (val None): the rows' `val` and the cost outside training come from bench_trial_cost.py's run
-# where docs/benchmarks.md has one ("Where a trial's time goes").
-CARD_FIGURES: tuple[CardFigures, ...] = (
-    CardFigures("NVIDIA H100 80GB HBM3", "resnet18", 32, 256, 24_367, (13_558 + 10_268) / 2, None, "bench_ray_gpu study"),
-    CardFigures(
-        "NVIDIA H100 80GB HBM3", "vit_small_patch16_224/p4", 32, 256, 12_364, (5_860 + 5_098) / 2, None,
-        "bench_ray_gpu study",
-    ),
-    CardFigures(
-        "NVIDIA H100 80GB HBM3", "mixer_s16_224/p4", 32, 256, 15_104, (7_375 + 7_165) / 2, None, "bench_ray_gpu study"
-    ),
-    # `python benchmarks/bench_trial_cost.py` on one NVIDIA H200 (Ray-free trainables.fit, fake CIFAR-10 of 25,600 +
-    # 10,000 images, device-resident, basic augmentation; docs/benchmarks.md "Where a trial's time goes"): each
-    # method's last-epoch images/s; val and checkpoint_s from the SAM trial, the process's second trial of that model
-    # (the first trial of a process also pays CUDA's and cuDNN's warm-up). fixed_s: a SAM trial's fixed_data_load_s +
-    # fixed_model_build_s on a reused Tune actor (the dataset read once per process), rho_sensitivity through the CLI
-    # on one NVIDIA H200, 3 trials sharing it, eager (docs/benchmarks.md, issue 21 part 2, session 7). compiled_*,
-    # compile_s: `bench_trainables.py compile` on one NVIDIA H200, each model's `none` and SAM trials in one process
-    # (docs/benchmarks.md "the step at the GPU's speed": "Through trainables.fit"), compile_s the `none` trial's cold one.
-    # geometry_s: rho_sensitivity's lambda_max + hessian_trace (max_iter 20 + trace_samples 32 = 52 HVPs over 2 x 128
-    # images) took 2-5 s a ResNet-18 trial and 8-24 s a ViT-S/4 or Mixer-S/4 one on one NVIDIA H200 sharing the card
-    # (docs/benchmarks.md), the middle of each range over 52 x 256 image-HVPs. startup_s: that study through the CLI
-    # ran about 50 s before its first kernel (issue 38, item 3).
-    CardFigures("NVIDIA H200", "resnet18", 32, 256, 21_997, 10_197, 122_443, "bench_trial_cost", 0.83, 0.165,
-                61_050, 31_164, 23.4, 3.5 / (52 * 256), 50.0),
-    CardFigures("NVIDIA H200", "vit_small_patch16_224/p4", 32, 256, 8_301, 3_993, 47_197, "bench_trial_cost", 0.66, 0.325,
-                24_877, 12_540, 25.0, 16.0 / (52 * 256), 50.0),
-    CardFigures("NVIDIA H200", "mixer_s16_224/p4", 32, 256, 11_742, 5_535, 50_416, "bench_trial_cost", 0.84, 0.29,
-                28_950, 14_523, 26.5, 16.0 / (52 * 256), 50.0),
-)  # fmt: skip
+# Every figure an estimate reads lives in one file, benchmarks/results/trial_cost.csv (a row a figure, with the card,
+# versions, commit, date and command that measured it; `python -m benchmarks.bench_trial_cost --record` appends, and
+# docs/benchmarks.md's table of it is generated). A figure's name is "<model key> <img>px b<batch> <field>" (fields:
+# CardFigures' own), or one of CARD_WIDE for the card's studies; the newest row of each figure on each card counts.
+FIGURES_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trial_cost.csv"
+CARD_WIDE = {"start-up": "startup_s", "trial records": "records_s"}  # figure name -> CardFigures field
+_FIELDS = {f.name for f in fields(CardFigures)} - {"card", "model", "img_size", "batch_size", "source"}
+_FIELDS -= set(CARD_WIDE.values())
+CPU_CARD = "CPU"  # the prefix of every CPU card name benchmarks.results.card() writes
+
+
+def card_of(recorded: str) -> str:
+    """A row's card as the estimate matches it: torch's device name, without the results file's ` xN` GPU count."""
+    return re.sub(r" x\d+$", "", recorded)
+
+
+def load_figures(path: Path = FIGURES_CSV) -> tuple[CardFigures, ...]:
+    """The rows of `path` as one CardFigures per (card, model, image size, batch); empty where the file is absent
+    (an installed copy without the checkout's benchmarks/: the dry run then says it has no measured figure)."""
+    if not path.exists():
+        return ()
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    newest: dict[tuple[str, str], dict] = {}
+    for row in rows:
+        newest[(card_of(row["card"]), row["figure"])] = row
+    grouped: dict[tuple[str, str, int, int], dict] = {}
+    per_card: dict[str, dict[str, float]] = {}  # the figures of a card's studies, not of one model
+    for (card, figure), row in newest.items():
+        if figure in CARD_WIDE:
+            per_card.setdefault(card, {})[CARD_WIDE[figure]] = float(row["value"])
+            continue
+        found = re.fullmatch(r"(\S+) (\d+)px b(\d+) (\w+)", figure)
+        if found is None or found.group(4) not in _FIELDS:
+            raise ValueError(
+                f"{path}: figure {figure!r} is not '<model key> <img>px b<batch> <field>' with a field of "
+                f"{sorted(_FIELDS)}, nor one of {sorted(CARD_WIDE)}. Fix: rename it in the file."
+            )
+        key, size, batch, name = found.groups()
+        entry = grouped.setdefault((card, key, int(size), int(batch)), {"source": row["command"]})
+        entry[name] = float(row["value"])
+    out = []
+    for (card, key, size, batch), values in grouped.items():
+        if "train_none" not in values or "train_sam" not in values:
+            continue  # a model measured in part: no training speed to cost it from
+        values.setdefault("val", None)
+        out.append(CardFigures(card, key, size, batch, **per_card.get(card, {}), **values))
+    return tuple(out)
+
+
+CARD_FIGURES: tuple[CardFigures, ...] = load_figures()
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
 
@@ -123,6 +147,8 @@ class Estimate:
     validation_counted: bool
     slots: int | None = None  # trials at once (max_concurrent_trials, else the cluster's GPUs over a trial's)
     startup_s: float | None = None  # the card's measured start-up before the first kernel
+    cpu: bool = False  # a study whose trials hold no GPU, costed from the CPU rows in trial-hours
+    cpus: int | None = None  # the cluster's CPUs, when known here (a CPU study's slots)
 
     @property
     def gpu_hours(self) -> float:
@@ -173,14 +199,15 @@ class Estimate:
                 if self.validation_counted
                 else f"training epochs only{step}"
             )
+            unit = "trial-hours (one trial's CPUs each)" if self.cpu else "GPU-hours"
             out.append(
-                f"Estimated cost: {two_sig(self.gpu_hours)} GPU-hours on {self.card} ({counted}; each trial at its full "
-                f"epochs, so an upper bound where ASHA stops trials early; figures: studies/cost.py CARD_FIGURES)."
+                f"Estimated cost: {two_sig(self.gpu_hours)} {unit} on {self.card} ({counted}; each trial at its full "
+                f"epochs, so an upper bound where ASHA stops trials early; figures: {FIGURES_CSV.name})."
             )
             if not self.validation_counted:
                 out.append(
                     "  Validation passes, trial start-up, checkpoints and records are not in it: no measured figure "
-                    "of them on this card in CARD_FIGURES (the NVIDIA H200 rows have them)."
+                    f"of them on this card in {FIGURES_CSV.name} ({_cards_with('val')} have them)."
                 )
             eager_costed = sum(c.compiles and not c.compiled for c in self.cells)
             if eager_costed:
@@ -192,8 +219,8 @@ class Estimate:
                 )
             if any("geometry" in c.missing for c in self.cells):
                 out.append(
-                    "  Geometry measures are not in it: on an NVIDIA H200, rho_sensitivity's lambda_max and tr(H) took "
-                    "2-5 s a ResNet-18 trial and 8-24 s a ViT-S/4 or Mixer-S/4 one, sharing the card (docs/benchmarks.md)."
+                    f"  Geometry measures are not in it: no geometry_s figure of this card in {FIGURES_CSV.name} "
+                    f"({_cards_with('geometry_s')} have one)."
                 )
             if self.cluster_card is not None and self.cluster_card != self.card:
                 out.append(
@@ -202,27 +229,40 @@ class Estimate:
                 )
             wall = self.wall_h
             if wall is not None:
-                parts = ", ".join(f"{name} {two_sig(h)}" for name, h in self.wall_parts().items())
+                unit, per_h = readable_unit(wall)
+                parts = ", ".join(f"{name} {two_sig(h * per_h)}" for name, h in self.wall_parts().items())
+                held = f"{self.cpus} CPU(s)" if self.cpu and self.cpus else f"{self.gpus} GPU(s)" if self.gpus else ""
                 out.append(
-                    (f"  On this cluster's {self.gpus} GPU(s): " if self.gpus else "  ")
-                    + f"wall time {two_sig(wall)} h on {self.slots} trial(s) at once ({parts}; hours)."
+                    (f"  On this cluster's {held}: " if held else "  ")
+                    + f"wall time {two_sig(wall * per_h)} {unit} on {self.slots} trial(s) at once, from the launch "
+                    f"to the last trial's end ({parts}; {unit})."
                     + (f" Not counted, no measured row: {', '.join(self.missing)}." if self.missing else "")
                 )
-            elif self.gpus:
+            elif self.gpus and not self.cpu:
                 out.append(
                     f"  On this cluster's {self.gpus} GPU(s): at least {two_sig(self.gpu_hours / self.gpus)} hours of "
                     f"wall time, if trials keep every GPU busy."
                 )
-            elif self.gpus == 0:
+            elif self.gpus == 0 and not self.cpu:
                 out.append("  This machine has no GPU: run it on a GPU cluster (--address; docs/cluster.md).")
         out.extend(f"  No estimate for {p}" for p in self.problems)
         return out
 
 
-def _model_key(config: dict) -> str:
-    model = config.get("model", {})
-    patch = (model.get("kwargs") or {}).get("patch_size")
-    return f"{model.get('name')}/p{patch}" if patch is not None else str(model.get("name"))
+def _cards_with(field: str) -> str:
+    cards = sorted({row.card for row in CARD_FIGURES if getattr(row, field)})
+    return ", ".join(cards) if cards else "no card's rows"
+
+
+def model_key(model: dict) -> str:
+    """A model section's key in the figures: the timm name, `/p<patch>` where it sets one, and its other kwargs as
+    `[k=v;...]` (compact JSON values, no spaces), so a model made small (the --smoke form's) is not a full one."""
+    kwargs = dict(model.get("kwargs") or {})
+    patch = kwargs.pop("patch_size", None)
+    key = f"{model.get('name')}/p{patch}" if patch is not None else str(model.get("name"))
+    if kwargs:
+        key += "[" + ";".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in sorted(kwargs.items())) + "]"
+    return key
 
 
 def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
@@ -232,7 +272,9 @@ def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
     return None
 
 
-def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tuple[CellCost | None, str | None, bool]:
+def _cell_cost(
+    cell: Cell, card: str, workers: int, workers_gpus: float, cpu: bool = False
+) -> tuple[CellCost | None, str | None, bool]:
     from trainables.config import TrialConfig
     from trainables.data.registry import DATASETS
 
@@ -250,18 +292,18 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
         )
     n_train, n_val = spec.split_sizes
     img_size = data.img_size or spec.default_size
-    key = _model_key(cell.config)
+    key = model_key(cell.config.get("model", {}))
     row = _row(card, key, img_size, data.batch_size)
     if row is None:
         return (
             None,
             f"cell {label}: no measured figure of {key} at {img_size} px, batch {data.batch_size} on {card} "
-            "(studies/cost.py CARD_FIGURES).",
+            "(benchmarks/results/trial_cost.csv; measure it: python -m benchmarks.bench_trial_cost --record).",
             False,
         )
     # The step as the trial will run it: compiled where `train.compile` resolves to a compile on CUDA and the card's
     # row measured one (the other methods' step costs, measured eager, are applied to the compiled `none` alike).
-    compiles = _compiles_on_cuda(cfg, workers)
+    compiles = cpu is False and _compiles_on_cuda(cfg, workers)
     compiled = compiles and row.compiled_none is not None
     none, sam = (row.compiled_none, row.compiled_sam) if compiled else (row.train_none, row.train_sam)
     # Each method's step cost is its registry entry's (optim/_specs.py step_cost), a share of `none`'s; SAM's own is
@@ -296,6 +338,8 @@ def _cell_cost(cell: Cell, card: str, workers: int, workers_gpus: float) -> tupl
             missing.append("geometry")
     if row.fixed_s:
         parts["data load and model build"] = row.fixed_s
+    if row.records_s:
+        parts["records"] = row.records_s
     if compiled and row.compile_s:  # cold; a trial that finds the study's compile cache warm pays 4-6 s
         parts["compile"] = row.compile_s
     elif compiles and not compiled:
@@ -342,11 +386,22 @@ def waves(trial_seconds: list[float], slots: int) -> float:
     return max(free)
 
 
+def readable_unit(hours: float) -> tuple[str, float]:
+    """The unit a duration of `hours` reads best in, and its count per hour: s below 2 min, min below 2 h, else h."""
+    if hours < 2 / 60:
+        return "s", 3600.0
+    if hours < 2:
+        return "min", 60.0
+    return "h", 1.0
+
+
 def two_sig(x: float) -> str:
-    """x in two significant figures (0.184 -> 0.18, 1234 -> 1200), never rounded to zero."""
+    """x in two significant figures, trailing zeros kept (0.184 -> 0.18, 0.2004 -> 0.20, 1234 -> 1200), never
+    rounded to zero."""
     if x == 0 or not math.isfinite(x):
         return f"{x:g}"
-    return f"{float(f'{x:.2g}'):g}" if abs(x) < 1e15 else f"{x:.2g}"
+    digits = 1 - math.floor(math.log10(abs(float(f"{x:.2g}"))))
+    return f"{round(x, digits):.{max(digits, 0)}f}"
 
 
 def compiled_speedup() -> tuple[float, float]:
@@ -385,55 +440,84 @@ def local_gpus() -> tuple[int, str | None]:
     return len(names), (names[0] if names else None)
 
 
-def estimate_study(study: LoadedStudy, *, gpus: int | None = None, cluster_card: str | None = None) -> Estimate:
-    """The study's GPU-hours on `cluster_card` (its CARD_FIGURES rows; the reference card's where it has none).
+def estimate_study(
+    study: LoadedStudy, *, gpus: int | None = None, cluster_card: str | None = None, cpus: int | None = None
+) -> Estimate:
+    """The study's trial-hours on `cluster_card` (its CARD_FIGURES rows; the reference card's where it has none), or
+    on the CPU rows for a study whose trials hold no GPU.
 
-    gpus/cluster_card: the cluster's, where known (the dry run passes this machine's for a local run). A study whose
-    trials hold no GPU gets no estimate in GPU-hours (one problem line says so)."""
+    gpus/cluster_card/cpus: the cluster's, where known (the dry run passes this machine's for a local run); a CPU
+    study's slots come from `cpus` over its cpus_per_trial, a GPU study's from `gpus`."""
     res = study.resources
-    if res.gpus_per_trial <= 0:
-        return Estimate(
-            REFERENCE_CARD, cluster_card, gpus, (), ("this study: its trials hold no GPU (a CPU study).",), False
-        )
-    known = {row.card for row in CARD_FIGURES}
-    card = cluster_card if cluster_card in known else REFERENCE_CARD
+    cpu = res.gpus_per_trial <= 0
+    if cpu:
+        card = next((row.card for row in CARD_FIGURES if row.card.startswith(CPU_CARD)), None)
+        if card is None:
+            return Estimate(
+                CPU_CARD, cluster_card, gpus, (), (f"this study: its trials hold no GPU, and {FIGURES_CSV.name} has "
+                "no CPU row (python -m benchmarks.bench_trial_cost --smoke --record).",), False, cpu=True,
+            )  # fmt: skip
+    else:
+        known = {row.card for row in CARD_FIGURES}
+        card = cluster_card if cluster_card in known else REFERENCE_CARD
     cells, problems, validation = [], [], True
+    held = res.workers_per_trial * (1.0 if cpu else res.gpus_per_trial)
     for cell in study.cells:
-        cost, problem, counted = _cell_cost(
-            cell, card, res.workers_per_trial, res.gpus_per_trial * res.workers_per_trial
-        )
+        cost, problem, counted = _cell_cost(cell, card, res.workers_per_trial, held, cpu)
         if cost is not None:
             cells.append(cost)
             validation = validation and counted
         if problem is not None:
             problems.append(problem)
     slots = res.max_concurrent_trials
-    if gpus:
-        fit = max(1, math.floor(gpus / (res.gpus_per_trial * res.workers_per_trial) + 1e-9))
+    have, per = (cpus, res.cpus_per_trial * res.workers_per_trial) if cpu else (gpus, held)
+    if have:
+        fit = max(1, math.floor(have / per + 1e-9))
         slots = min(slots, fit) if slots else fit
     startup = next((r.startup_s for r in CARD_FIGURES if r.card == card and r.startup_s), None)
-    return Estimate(card, cluster_card, gpus, tuple(cells), tuple(problems), validation and bool(cells), slots, startup)
+    return Estimate(
+        card, cluster_card, gpus, tuple(cells), tuple(problems), validation and bool(cells), slots, startup, cpu, cpus
+    )
 
 
 ESTIMATE_METRIC = "estimate.wall_h"  # on the study's parent run, beside the actual WALL_METRIC
-WALL_METRIC = "wall_h"
+WALL_METRIC = "wall_h"  # from the launch (before Ray's start) to the tuner's end, as the estimate counts it
 
 
-def record_estimate(log, study: LoadedStudy, wall_s: float, cluster: dict[str, float]) -> str:
-    """Log the study's actual wall hours and the dry run's estimate of them for this cluster through `log(key,
-    value)`, so every run checks the estimate; returns the closing line that prints both and their ratio."""
+def record_estimate(target, study: LoadedStudy, wall_s: float, cluster: dict[str, float], *, partial: bool) -> str:
+    """Record on the study's parent run, through the launch's record object `target` (log_study_metric,
+    set_study_tag), the wall hours since the launch beside the dry run's estimate of them for this cluster, so every
+    run checks the estimate; returns the closing line that says both. partial: an interrupted or resumed launch,
+    whose wall covers part of the study that the estimate covers whole."""
     actual = wall_s / 3600
-    log(WALL_METRIC, actual)
+    target.log_study_metric(WALL_METRIC, actual)
     try:
         gpus = int(cluster.get("GPU", 0)) or None
-        estimate = estimate_study(study, gpus=gpus, cluster_card=local_gpus()[1] if gpus else None)
+        cpus = int(cluster.get("CPU", 0)) or None
+        estimate = estimate_study(study, gpus=gpus, cluster_card=local_gpus()[1] if gpus else None, cpus=cpus)
     except Exception as err:  # an estimate that cannot be made must not cost the study its close
-        return f"sharpscale: wall {two_sig(actual)} h; no estimate ({type(err).__name__}: {str(err)[:200]})"
-    if estimate.wall_h is None:
-        why = estimate.problems[0] if estimate.problems else "no slot count known"
-        return f"sharpscale: wall {two_sig(actual)} h; no estimate ({why})"
-    log(ESTIMATE_METRIC, estimate.wall_h)
-    return (
-        f"sharpscale: wall {two_sig(actual)} h, estimated {two_sig(estimate.wall_h)} h "
-        f"(actual/estimate {two_sig(actual / estimate.wall_h)})"
+        estimate, why = None, f"{type(err).__name__}: {str(err)[:200]}"
+    else:
+        why = None if estimate.wall_h is not None else (estimate.problems or ("no slot count known",))[0]
+    if why is not None:
+        unit, per_h = readable_unit(actual)
+        line = f"took {two_sig(actual * per_h)} {unit}; no estimate ({why})"
+        target.set_study_tag(ESTIMATE_CHECK_TAG, line)
+        return f"sharpscale: {line}"
+    target.log_study_metric(ESTIMATE_METRIC, estimate.wall_h)
+    unit, per_h = readable_unit(estimate.wall_h)
+    parts = ", ".join(f"{name} {two_sig(h * per_h)}" for name, h in estimate.wall_parts().items())
+    target.set_study_tag(
+        ESTIMATE_TAG,
+        f"{two_sig(estimate.wall_h * per_h)} {unit} on {estimate.card}, {estimate.slots} at once ({parts}; {unit})",
     )
+    line = f"estimated {two_sig(estimate.wall_h * per_h)} {unit}, took {two_sig(actual * per_h)} {unit}"
+    line += (
+        " (this launch ran part of the study: not comparable)"
+        if partial
+        else f" (took/estimated {two_sig(actual / estimate.wall_h)})"
+    )
+    if estimate.problems:  # cells without figures are not in the estimate
+        line += f"; {len(estimate.problems)} cell(s) not estimated"
+    target.set_study_tag(ESTIMATE_CHECK_TAG, line)
+    return f"sharpscale: {line}; the estimate's parts: {parts} ({unit})"

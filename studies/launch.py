@@ -256,6 +256,14 @@ class Launch:
     def log_study_metric(self, key: str, value: float) -> None:
         retry_locked(self.client.log_metric, self.study_run_id, key, value)
 
+    def set_study_tag(self, key: str, value: str) -> None:
+        retry_locked(self.client.set_tag, self.study_run_id, key, value)
+
+    @property
+    def started_at(self) -> float:
+        """When this call made the launch (time.time()): before Ray's start, which a study's wall includes."""
+        return self._since_ms / 1000
+
     def mark_interrupted(self, since: float, reason: str = None) -> None:
         mark_interrupted(self.client, self.experiment_id, self.cell_runs, since, reason or INTERRUPTED_REASON)
 

@@ -289,7 +289,8 @@ class StudyTune:
             target.log_study_metric(share[0], share[1])
         if gpu_busy is not None:
             target.log_study_metric(BUSY_METRIC, gpu_busy)
-        print(record_estimate(target.log_study_metric, self.study, wall, cluster))
+        since_launch = time.time() - target.started_at
+        print(record_estimate(target, self.study, since_launch, cluster, partial=interrupted or self.restore))
         print(
             f"sharpscale: {trials} trials in {wall:.0f} s ({errored} errored"
             + (f", {refused} of them refused by their settings, not retried" if refused else "")

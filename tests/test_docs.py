@@ -72,6 +72,24 @@ def test_benchmarks_page_tables_are_the_results_files(name):
     assert BENCH.block(text, name) == BENCH.table(name), f"docs/benchmarks.md is stale: run {BENCH.REGENERATE}"
 
 
+def test_every_results_file_answers_a_question_and_a_new_one_is_picked_up_by_its_pattern(tmp_path, monkeypatch):
+    assert BENCH.unclaimed() == [], "add each results file to the Question it answers (docs/update_benchmarks.py)"
+    # A script's new file (here imagefolder_dali.csv) joins its question's table by the question's file patterns.
+    for name in ("startup", "imagefolder_dali"):
+        (tmp_path / f"{name}.csv").write_text(
+            "card,versions,commit,date,command,figure,value,unit,note\n"
+            f"Card,v,abc,2026-01-01,python -m benchmarks.x,{name} figure,1.5,x,\n"
+            "Card,v,abc,2026-01-01,python -m benchmarks.x,[a table] row one :: col,2,,\n"
+        )
+    monkeypatch.setattr(BENCH, "RESULTS", tmp_path)
+    assert BENCH.unclaimed() == []
+    text = BENCH.table("imagefolder")
+    assert "| imagefolder_dali figure | 1.5 x | Card | 2026-01-01, abc |" in text
+    assert "**a table**: Card" in text and "| row one | 2 |" in text  # a wide figure back in its wide table
+    (tmp_path / "unasked.csv").write_text((tmp_path / "startup.csv").read_text())
+    assert BENCH.unclaimed() == ["unasked"]
+
+
 def test_a_rerun_supersedes_the_figure_it_measures_on_its_card():
     rows = [
         {"card": "A", "figure": "x", "value": "1"},

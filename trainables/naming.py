@@ -116,6 +116,10 @@ RESUMED_COMMIT_TAG = tag("resumed_commit")
 STORAGE_TAG = tag("storage")
 OPTUNA_STORAGE_TAG = tag("optuna_storage")
 # On the study run: the sha256 of each of Tune's state files of the launch as it last left them (studies.identity).
+# On a study's parent run: the dry run's estimate of its wall time with its parts, and that beside the wall it took
+# (studies/cost.py record_estimate).
+ESTIMATE_TAG = tag("estimate")
+ESTIMATE_CHECK_TAG = tag("estimate_check")
 TUNE_STATE_TAG = tag("tune_state_sha256")
 # The roll-up on cell and study runs (studies.records): the best trial's run name and id, the study's best cell.
 BEST_RUN_TAG = tag("best_run")

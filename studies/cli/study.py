@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from studies.cli import summary
@@ -239,10 +240,10 @@ def _print_estimate(study, args) -> None:
     from studies.cost import estimate_study, local_gpus
 
     if getattr(args, "address", None):
-        gpus, card = None, None  # a cluster elsewhere: its cards are not known without connecting
+        gpus, card, cpus = None, None, None  # a cluster elsewhere: its cards are not known without connecting
     else:
-        gpus, card = local_gpus()
-    for line in estimate_study(study, gpus=gpus, cluster_card=card).lines():
+        (gpus, card), cpus = local_gpus(), getattr(args, "num_cpus", None) or os.cpu_count()
+    for line in estimate_study(study, gpus=gpus, cluster_card=card, cpus=cpus).lines():
         print(line)
 
 

@@ -1,13 +1,16 @@
 """Every shipped study: documented at its head, valid, and run end to end in its --smoke form on real Ray."""
 
+import re
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from analysis import load_runs
+from studies.cost import ESTIMATE_METRIC, WALL_METRIC
 from studies.runner import run_study
 from studies.spec import load_study
-from trainables.naming import GPUS_PER_WORKER_PARAM, WORKERS_PARAM
+from trainables.naming import ESTIMATE_CHECK_TAG, ESTIMATE_TAG, GPUS_PER_WORKER_PARAM, WORKERS_PARAM, kind_filter
 
 REPO_STUDIES = Path(__file__).resolve().parents[2] / "studies"
 STUDIES = sorted(REPO_STUDIES.glob("*.yaml"))
@@ -66,6 +69,16 @@ def test_smoke_run(path, ray_cluster, tmp_path, monkeypatch, tracking_uri):
         assert set(confirm["train.seed"]) == set(study.spec.confirm.seed_list[: study.cells[0].confirm])
     # What each trial held, beside its config: its GPU-seconds are counted from it (analysis.compute).
     assert (runs[WORKERS_PARAM] == 1).all() and (runs[GPUS_PER_WORKER_PARAM] == 0).all()
+    # The study run holds the dry run's estimate beside the wall it took (studies/cost.py record_estimate): every
+    # run checks the estimate, from the CPU rows of the --smoke form's models.
+    client = MlflowClient(tracking_uri)
+    (study_run,) = client.search_runs(
+        [client.get_experiment_by_name(f"{study.spec.name}-smoke").experiment_id], filter_string=kind_filter("study")
+    )
+    recorded, tags = study_run.data.metrics, study_run.data.tags
+    assert recorded[WALL_METRIC] > 0 and recorded[ESTIMATE_METRIC] > 0, recorded
+    assert re.fullmatch(r"estimated \S+ (s|min|h), took \S+ (s|min|h) \(took/estimated \S+\)", tags[ESTIMATE_CHECK_TAG])
+    assert "start-up" in tags[ESTIMATE_TAG] and "training" in tags[ESTIMATE_TAG]
     measures = study.cells[0].config.get("geometry", {}).get("measures")
     if measures:  # the runner hands each trial its probe; the measures come back as the trial's metrics
         from analysis.geometry import MEASURES

@@ -96,7 +96,7 @@ def test_a_refused_trial_fails_once_and_gapped_validation_runs_through_tune(
     exp = client.get_run(ok).info.experiment_id
     study_run = client.search_runs([exp], filter_string=kind_filter("study"))[0]
     study_end = study_run.info.end_time
-    # Every run records its wall beside the estimate (a CPU study's: no GPU-hours row, so its wall alone).
+    # Every run records its wall beside the estimate (here its wall alone: its tiny models have no CPU row).
     assert study_run.data.metrics["wall_h"] > 0 and "estimate.wall_h" not in study_run.data.metrics
     cells = client.search_runs([exp], filter_string=kind_filter("cell"))
     assert len(cells) == 3
@@ -156,11 +156,21 @@ def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_pat
     assert "No estimate for cell arch=unmeasured: no measured figure of resnet50" in out
 
 
-def test_a_cpu_study_gets_no_gpu_hours(tmp_path, capsys):
+def test_a_cpu_study_is_costed_in_trial_hours_from_the_cpu_rows(capsys):
     from studies.cli import main
+    from studies.cost import CARD_FIGURES, CPU_CARD
 
     assert main(["run", "--dry-run", str(Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml")]) == 0
-    assert "its trials hold no GPU" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # The full quickstart's models at 16 px have no CPU row: no estimate, said per cell; its --smoke form has them.
+    assert "No estimate for cell arch=vit,method=adamw: no measured figure of vit_tiny_patch16_224" in out
+    assert (
+        main(["run", "--dry-run", "--smoke", str(Path(__file__).resolve().parents[2] / "studies/quickstart.yaml")]) == 0
+    )
+    out = capsys.readouterr().out
+    card = next(r.card for r in CARD_FIGURES if r.card.startswith(CPU_CARD))
+    assert f"trial-hours (one trial's CPUs each) on {card}" in out and "No estimate" not in out
+    assert "start-up" in out and "tail of the last trials" in out
 
 
 @pytest.mark.parametrize(
