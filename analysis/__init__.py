@@ -41,6 +41,8 @@ __all__, __getattr__, __dir__ = exports(
             "accuracy_interval",
             "find_store",
             "status_table",
+            "best_trials",
+            "use_table_format",
         ),
         "scaling": (
             "DataMultiplier",

@@ -22,6 +22,7 @@ from .record import trial_batches as trial_batches
 from .report import report_html as report_html
 from .report import write_report as write_report
 from .runs import accuracy_interval as accuracy_interval
+from .runs import best_trials as best_trials
 from .runs import confirm_summary as confirm_summary
 from .runs import find_store as find_store
 from .runs import load_curves as load_curves
@@ -31,6 +32,7 @@ from .runs import split_stages as split_stages
 from .runs import status_table as status_table
 from .runs import summarize as summarize
 from .runs import unconfirmed_cells as unconfirmed_cells
+from .runs import use_table_format as use_table_format
 from .scaling import DataMultiplier as DataMultiplier
 from .scaling import FloorNotIdentifiedWarning as FloorNotIdentifiedWarning
 from .scaling import LawFit as LawFit
