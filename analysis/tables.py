@@ -338,6 +338,26 @@ def _resolve_level(runs: pd.DataFrame, method: str, level: str, arg: str) -> str
 _CONFIG_SECTIONS = ("data.", "model.", "schedule.", "train.")  # the trial config's sections, optimizer aside
 
 
+def method_column(runs: pd.DataFrame) -> str:
+    """The column naming each trial's method: `factor.method`; else the one factor whose every level runs a single
+    optimizer.method, 'none' for some and a sharpness-aware one for others (late_phase's `start`, sam_on's
+    `scope`: their plain level and the variants the study compares with it); else `optimizer.method`."""
+    if "factor.method" in runs.columns:
+        return "factor.method"
+    if "optimizer.method" not in runs.columns:
+        return "optimizer.method"
+    found = []
+    for col in (
+        c for c in runs.columns if c.startswith("factor.") and c not in ("factor.arch", "factor.data.fraction")
+    ):
+        ran = runs[[col, "optimizer.method"]].dropna().astype(str).groupby(col)["optimizer.method"].unique()
+        if len(ran) >= 2 and all(len(v) == 1 for v in ran):
+            kinds = {v[0] == "none" for v in ran}
+            if kinds == {True, False}:
+                found.append(col)
+    return found[0] if len(found) == 1 else "optimizer.method"
+
+
 def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[tuple[str, str]]:
     """(treatment, baseline) level pairs of `method`: each level that runs a sharpness-aware optimizer with
     the plain-optimizer level (optimizer.method 'none') that shares its other settings.
@@ -1123,7 +1143,7 @@ def headline(runs: pd.DataFrame, *, metric: str = "val_acc", mode: Mode = "max")
     search, confirm = split_stages(runs)
     compared = confirm if not confirm.empty else search
     arch = "factor.arch" if "factor.arch" in runs.columns else "model.name"
-    method = "factor.method" if "factor.method" in runs.columns else "optimizer.method"
+    method = method_column(runs)
     percent = metric in ACCURACY_METRICS and mode == "max"
     scale, digits, unit = (100.0, 2, " points") if percent else (1.0, 4, "")
     lines = []
