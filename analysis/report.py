@@ -1232,6 +1232,7 @@ def _compute_section(r: _Report) -> None:
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
                 "Holm-adjusted across the methods compared with one baseline (a null row's note says what its "
                 "interval excludes), cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
+                f"The intervals are {paired[0].attrs['conditions']}. "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)
