@@ -307,10 +307,23 @@ def main() -> None:
     ap.add_argument("--check", type=int, default=0, help="replicates compared real store against direct")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--csv", type=Path, help="append the per-design rows here")
+    ap.add_argument(
+        "--jsonl",
+        type=Path,
+        help="direct path, designs interleaved (seed by seed), each report's claims appended here as it ends: a run "
+        "stopped early keeps every design at about the same count",
+    )
+    ap.add_argument("--summarise", type=Path, help="a --jsonl file: its per-design rows (--csv) and markdown table")
     args = ap.parse_args()
+    if args.summarise is not None:
+        _summarise_jsonl(args.summarise, args)
+        return
     designs = args.design or [Path("studies/data_scaling.yaml")]
     with tempfile.TemporaryDirectory() as tmp:
         template = empty_store(Path(tmp) / "empty.db")
+        if args.jsonl is not None:
+            _interleaved(designs, args, Path(tmp), template)
+            return
         for path in designs:
             design = _design(path)
             seeds = [args.seed + i for i in range(args.reports)]
@@ -329,6 +342,52 @@ def main() -> None:
             rows = _summarise(path, results, time.time() - t0, args)
             if args.csv is not None:
                 _append(args.csv, rows)
+
+
+def _interleaved(designs: list[Path], args, tmp: Path, template: Path) -> None:
+    import json
+
+    directs = {}
+    for path in designs:
+        (tmp / path.stem).mkdir()
+        directs[path] = Direct(_design(path), tmp / path.stem, template)
+    for i in range(args.reports):
+        for path, direct in directs.items():
+            t0 = time.time()
+            claims = direct.report(args.seed + i, args.n_boot, tmp / path.stem / "r")
+            row = {"design": path.name, "seed": args.seed + i, "seconds": round(time.time() - t0, 1), **claims}
+            with args.jsonl.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def _summarise_jsonl(path: Path, args) -> None:
+    """The per-design rows of a --jsonl file (printed, appended to --csv) and the markdown table docs/science.md
+    carries."""
+    import json
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    table = [
+        "| design | null reports | claim any difference (Clopper-Pearson 95%) | exploratory multiplier excludes 1 "
+        "| exploratory law difference excludes 0 | failed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for design in dict.fromkeys(r["design"] for r in rows):
+        results = [r for r in rows if r["design"] == design]
+        seconds = sum(r["seconds"] for r in results)
+        out = _summarise(Path(design), results, seconds, args)
+        if args.csv is not None:
+            _append(args.csv, out)
+        by = {r["claim"]: r for r in out}
+        cells = [
+            f"{by[c]['claiming']}/{by[c]['reports']} = {by[c]['rate']:.1%} ({by[c]['cp_low']:.1%}-{by[c]['cp_high']:.1%})"
+            for c in ("any", "exploratory_multiplier", "exploratory_law")
+        ]
+        table.append(
+            f"| {design.removesuffix('.yaml')} | {by['any']['reports']} | "
+            + " | ".join(cells)
+            + f" | {by['any']['failed']} |"
+        )
+    print("\n".join(table))
 
 
 def _summarise(path: Path, results: list[dict], seconds: float, args) -> list[dict]:
@@ -353,7 +412,7 @@ def _summarise(path: Path, results: list[dict], seconds: float, args) -> list[di
                 "cp_high": hi,
                 "failed": len(errors),
                 "csv_vs_md_disagree": disagree,
-                "mode": "real" if args.real else "direct",
+                "mode": "real" if getattr(args, "real", False) else "direct",
                 "check": args.check,
                 "n_boot": args.n_boot,
                 "seed": args.seed,
