@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.runs import best_trials
-from analysis.scaling.inference import detectable, paired_t
+from analysis.scaling.inference import CONDITIONS, detectable, paired_t
 from analysis.tables import _require_columns, holm_across, sample_note
 from trainables.metrics import EPOCH_TIME
 from trainables.naming import FACTOR_PREFIX, GPUS_PER_WORKER_PARAM, WORKERS_PARAM
@@ -187,7 +187,8 @@ def compute_matched_gains(
     `significant` p_holm < 1 - confidence (NA where no test can be run); detectable: the gain the pairs find with `power` (from their sd);
     cost_ratio: the mean compute of one run of the method over one run of the baseline on the same seeds
     (1 = compute-matched; a search's other trials are not counted). One row per
-    (arch, other factors, method); n_pairs and a small-sample note.
+    (arch, other factors, method); n_pairs and a small-sample note. attrs["conditions"]: what the intervals
+    condition on (the test images and the training subset: they resample seed pairs alone).
     """
 
     if mode not in ("max", "min"):
@@ -239,5 +240,7 @@ def compute_matched_gains(
     holm_across(out, groups, alpha=alpha, power=power, what="difference")
     names = [g.removeprefix(FACTOR_PREFIX) for g in groups]
     out = out.rename(columns=dict(zip(groups, names))).set_index([*names, "method"])
-    out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline)
+    # Seeds alone: the cells' per-image records are not crossed here (analysis.images does that for the confirm
+    # table and the family's gains), so the caption says what the interval conditions on.
+    out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline, conditions=CONDITIONS)
     return out

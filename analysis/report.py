@@ -62,6 +62,7 @@ from analysis.tables import (
     gain_family,
     geometry_correlation,
     headline,
+    method_column,
     method_pairs,
     rho_sensitivity,
     rho_transfer,
@@ -395,7 +396,7 @@ def _open_report(study, *, tracking_uri, out_dir, log_to_mlflow, metric, mode, n
         digits=digits,
         unit=" (%)" if percent else "",
         arch="factor.arch" if "factor.arch" in runs.columns else "model.name",
-        method="factor.method" if "factor.method" in runs.columns else "optimizer.method",
+        method=method_column(runs),
         seed_col=_SEED if _SEED in runs.columns else None,
         shown=tuple(c for c in (RHO,) if c in runs.columns),
         fractions=_distinct(compared, _FRACTION),
@@ -1246,6 +1247,7 @@ def _compute_section(r: _Report) -> None:
                 f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
                 "Holm-adjusted across the methods compared with one baseline (a null row's note says what its "
                 "interval excludes), cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
+                f"The intervals are {paired[0].attrs['conditions']}. "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)

@@ -338,6 +338,26 @@ def _resolve_level(runs: pd.DataFrame, method: str, level: str, arg: str) -> str
 _CONFIG_SECTIONS = ("data.", "model.", "schedule.", "train.")  # the trial config's sections, optimizer aside
 
 
+def method_column(runs: pd.DataFrame) -> str:
+    """The column naming each trial's method: `factor.method`; else the one factor whose every level runs a single
+    optimizer.method, 'none' for some and a sharpness-aware one for others (late_phase's `start`, sam_on's
+    `scope`: their plain level and the variants the study compares with it); else `optimizer.method`."""
+    if "factor.method" in runs.columns:
+        return "factor.method"
+    if "optimizer.method" not in runs.columns:
+        return "optimizer.method"
+    found = []
+    for col in (
+        c for c in runs.columns if c.startswith("factor.") and c not in ("factor.arch", "factor.data.fraction")
+    ):
+        ran = runs[[col, "optimizer.method"]].dropna().astype(str).groupby(col)["optimizer.method"].unique()
+        if len(ran) >= 2 and all(len(v) == 1 for v in ran):
+            kinds = {v[0] == "none" for v in ran}
+            if kinds == {True, False}:
+                found.append(col)
+    return found[0] if len(found) == 1 else "optimizer.method"
+
+
 def method_pairs(runs: pd.DataFrame, *, method: str = "factor.method") -> list[tuple[str, str]]:
     """(treatment, baseline) level pairs of `method`: each level that runs a sharpness-aware optimizer with
     the plain-optimizer level (optimizer.method 'none') that shares its other settings.
@@ -427,6 +447,69 @@ def _excludes(what: str, low: float, high: float, which: str = "family-wide") ->
     return f"no {what} detected: the {which + ' ' if which else ''}interval excludes gains below {low:.3g} and above {high:.3g}"
 
 
+_GAIN_COLUMNS = [
+    "arch",
+    "fraction",
+    "baseline",
+    "treatment",
+    "gain",
+    "sd",
+    "se",
+    "df",
+    "image share",
+    "interval over",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "p_holm",
+    "significant",
+    "band_low",
+    "band_high",
+    "detectable",
+    "n_pairs",
+    "note",
+]
+
+
+def _gain_row(a, f, pairs, per_image, base_level, treat_level, family, confidence, power) -> dict:
+    """One (arch, fraction) row of sam_gain: the paired test over seeds and images where the runs scored the same
+    images, else over seed pairs, and the gain it detects with `power` at the family's strictest level."""
+    alpha = 1.0 - confidence
+    diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
+    if per_image is not None:
+        test, over = crossed_t(per_image, confidence=confidence, family=family), IMAGE_OVER
+    else:
+        test, over = scaling.paired_t(diffs, confidence=confidence, family=family), SEED_OVER
+    k, mean, se, df = test.n, test.mean, test.se, test.df
+    share = getattr(test, "image_share", 0.0)
+    sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
+    lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
+    mde = math.nan
+    if k > 1:
+        q = crossed_quantile(1 - alpha / (2 * family), df, share) + crossed_quantile(power, df, share)
+        mde = float(q * se)
+    return {
+        "arch": a,
+        "fraction": f,
+        "baseline": float(pairs[base_level].mean()) if len(pairs) else math.nan,
+        "treatment": float(pairs[treat_level].mean()) if len(pairs) else math.nan,
+        "gain": mean,
+        "sd": sd,
+        "se": se,
+        "df": float(df) if k > 1 else math.nan,
+        "image share": share if k > 1 else math.nan,
+        "interval over": over if k > 1 else "",
+        "ci_low": lo,
+        "ci_high": hi,
+        "p_value": pval,
+        "band_low": band_lo,
+        "band_high": band_hi,
+        "detectable": mde,
+        "n_pairs": int(k),
+        "note": sample_note(k, "seed pairs"),
+    }
+
+
 def sam_gain(
     runs: pd.DataFrame,
     *,
@@ -488,70 +571,13 @@ def sam_gain(
     )
     family = {a: sum(1 for g in groups if g[0] == a) for a, _ in groups}
     for a, f in groups:
-        part = wide.xs((a, f), level=[0, 1])
-        pairs = part[[base_level, treat_level]].dropna()
-        diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
+        pairs = wide.xs((a, f), level=[0, 1])[[base_level, treat_level]].dropna()
         per_image = _paired_images(scored, (a, f), pairs, base_level, treat_level)
-        if per_image is not None:
-            test, over = crossed_t(per_image, confidence=confidence, family=family[a]), IMAGE_OVER
-        else:
-            test, over = scaling.paired_t(diffs, confidence=confidence, family=family[a]), SEED_OVER
-        k, mean, se, df = test.n, test.mean, test.se, test.df
-        share = getattr(test, "image_share", 0.0)
-        sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
-        lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
-        mde = math.nan
-        if k > 1:
-            q = crossed_quantile(1 - alpha / (2 * family[a]), df, share) + crossed_quantile(power, df, share)
-            mde = float(q * se)
-        rows.append(
-            {
-                "arch": a,
-                "fraction": f,
-                "baseline": float(pairs[base_level].mean()) if len(pairs) else math.nan,
-                "treatment": float(pairs[treat_level].mean()) if len(pairs) else math.nan,
-                "gain": mean,
-                "sd": sd,
-                "se": se,
-                "df": float(df) if k > 1 else math.nan,
-                "image share": share if k > 1 else math.nan,
-                "interval over": over if k > 1 else "",
-                "ci_low": lo,
-                "ci_high": hi,
-                "p_value": pval,
-                "band_low": band_lo,
-                "band_high": band_hi,
-                "detectable": mde,
-                "n_pairs": int(k),
-                "note": sample_note(k, "seed pairs"),
-            }
-        )
-    columns = [
-        "arch",
-        "fraction",
-        "baseline",
-        "treatment",
-        "gain",
-        "sd",
-        "se",
-        "df",
-        "image share",
-        "interval over",
-        "ci_low",
-        "ci_high",
-        "p_value",
-        "p_holm",
-        "significant",
-        "band_low",
-        "band_high",
-        "detectable",
-        "n_pairs",
-        "note",
-    ]
+        rows.append(_gain_row(a, f, pairs, per_image, base_level, treat_level, family[a], confidence, power))
     out = pd.DataFrame(rows)
     if len(out):
         holm_across(out, "arch", alpha=alpha, power=power, what="gain")
-    out = out.reindex(columns=columns).set_index(["arch", "fraction"])
+    out = out.reindex(columns=_GAIN_COLUMNS).set_index(["arch", "fraction"])
     out.attrs.update(
         baseline=base_level, treatment=treat_level, metric=metric, confidence=confidence, power=power, chosen_on=metric
     )
@@ -744,6 +770,128 @@ def _log_bins(values: np.ndarray, bins: int) -> np.ndarray:
     return np.minimum(((logs - lo) / (hi - lo) * bins).astype(int), bins - 1)
 
 
+def _rho_baseline(runs, ok, method, baseline, arch, by, metric) -> pd.Series | None:
+    """The `baseline` method's mean metric per (arch, *by): the rho = 0 reference (None where none is asked)."""
+    if baseline is None:
+        return None
+    if method is None:
+        raise ValueError(
+            "baseline needs a method column: pass method='factor.method' (or another column naming the method)"
+        )
+    base_level = _resolve_level(runs, method, baseline, "baseline")
+    base_trials = ok[ok[method].astype(str) == base_level]
+    return base_trials.groupby([arch] + by, dropna=True)[metric].mean()
+
+
+def _rho_levels(rho: np.ndarray, bins: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(each level's rho, each trial's level): distinct values, or log bins placed at their trials' geometric mean."""
+    if bins is None:
+        return np.unique(rho, return_inverse=True)
+    raw = _log_bins(rho, bins)
+    used, codes = np.unique(raw, return_inverse=True)
+    return np.array([math.exp(np.log(rho[codes == i]).mean()) for i in range(len(used))]), codes
+
+
+def _level_val_n(part: pd.DataFrame, codes: np.ndarray, k: int) -> np.ndarray:
+    """Each level's validation sample count (the smallest of its trials'), where the trials logged one: a single
+    trial's accuracy still has a known sampling error (plot_rho_sensitivity draws its exact interval)."""
+    from trainables.metrics import VALIDATION_SAMPLES
+
+    if VALIDATION_SAMPLES not in part.columns:
+        return np.full(k, math.nan)
+    logged = pd.to_numeric(part[VALIDATION_SAMPLES], errors="coerce").to_numpy(dtype="float64")
+    return np.array(
+        [np.nanmin(logged[codes == i]) if np.isfinite(logged[codes == i]).any() else math.nan for i in range(k)]
+    )
+
+
+def _best_level(part: pd.DataFrame, values: np.ndarray, codes: np.ndarray, means: np.ndarray, mode: str) -> int:
+    """The level with the best mean; among tied levels BEST_RULE's tie-break: the level of the first-ranked trial
+    among the tied levels' trials (one trial a level: the level of the best trial, as every other table names it)."""
+    best = int(np.nanargmax(means) if mode == "max" else np.nanargmin(means))
+    tied = np.flatnonzero(means == means[best])
+    if len(tied) > 1:
+        started = part["start_time"] if "start_time" in part.columns else pd.Series(0, index=part.index)
+        ids = part["run_id"].astype(str) if "run_id" in part.columns else pd.Series("", index=part.index)
+        ranked = min(
+            (best_key(float(values[i]), started.iloc[i], ids.iloc[i], mode), i)
+            for i in range(len(values))
+            if codes[i] in tied
+        )
+        best = int(codes[ranked[1]])
+    return best
+
+
+def _boot_best(rng, values: np.ndarray, codes: np.ndarray, k: int, n_boot: int, mode: str) -> np.ndarray:
+    """The best level of each of `n_boot` resamples of the trials (level means from bincounts of the drawn trials)."""
+    draws = rng.integers(0, len(values), size=(n_boot, len(values)))
+    drawn_codes = codes[draws]
+    offsets = (np.arange(n_boot) * k)[:, None]
+    flat = (drawn_codes + offsets).ravel()
+    b_sums = np.bincount(flat, weights=values[draws].ravel(), minlength=n_boot * k).reshape(n_boot, k)
+    b_counts = np.bincount(flat, minlength=n_boot * k).reshape(n_boot, k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b_means = np.where(b_counts > 0, b_sums / np.maximum(b_counts, 1), np.nan)
+    filled = np.where(np.isnan(b_means), -np.inf if mode == "max" else np.inf, b_means)
+    return filled.argmax(axis=1) if mode == "max" else filled.argmin(axis=1)
+
+
+def _rho_group(part: pd.DataFrame, *, metric, mode, bins, rng, n_boot, confidence) -> dict:
+    """One group's levels (rows), its best row, its bootstrap's best rhos (draws) and its (levels, values) samples."""
+    from analysis.sweep import best_level_set
+
+    rho = part["__rho"].to_numpy()
+    values = part[metric].to_numpy(dtype="float64")
+    level_rho, codes = _rho_levels(rho, bins)
+    k = len(level_rho)
+    counts = np.bincount(codes, minlength=k)
+    means = np.bincount(codes, weights=values, minlength=k) / counts
+    sds = np.array([values[codes == i].std(ddof=1) if counts[i] > 1 else math.nan for i in range(k)])
+    val_n = _level_val_n(part, codes, k)
+    best = _best_level(part, values, codes, means, mode)
+    b_best = _boot_best(rng, values, codes, k, n_boot, mode)
+    p_best = np.bincount(b_best, minlength=k) / n_boot
+    best_rhos = level_rho[b_best]
+    repeated = int(counts.max())
+    if repeated < 2:
+        # One trial per level: resampling trials only drops levels, it measures no noise; no interval, and no
+        # p_best (it would be the levels' rank, the same for four equal values as for four distinct ones).
+        best_rhos = np.full(n_boot, math.nan)
+        p_best = np.full(k, math.nan)
+        note = "1 trial per rho level: no interval"
+    elif repeated < FEW_SAMPLES:
+        note = f"at most {repeated} trials per rho level: interval unreliable"
+    else:
+        note = ""
+    # The interval printed is the confidence set for the best level (calibrated at ties, where the bootstrap's
+    # argmax drops levels exactly as good): rho_low / rho_high are its lowest and highest levels.
+    per_level = [values[codes == i] for i in range(k)]
+    chosen = best_level_set(level_rho, per_level, mode=mode, confidence=confidence)["set"]
+    rho_low, rho_high = (min(chosen), max(chosen)) if chosen else (math.nan, math.nan)
+    levels = [
+        {
+            "rho": float(level_rho[i]),
+            "mean": float(means[i]),
+            "sd": float(sds[i]),
+            "n": int(counts[i]),
+            "p_best": float(p_best[i]),
+            "val_n": float(val_n[i]),
+        }
+        for i in range(k)
+    ]
+    best_row = {
+        "best_rho": float(level_rho[best]),
+        "best_mean": float(means[best]),
+        "rho_low": rho_low,
+        "rho_high": rho_high,
+        "best_set": ", ".join(f"{v:.4g}" for v in chosen) if chosen else "–",
+        "levels": k,
+        "n_trials": int(len(values)),
+        "note": note,
+    }
+    return {"levels": levels, "best": best_row, "draws": best_rhos, "samples": (level_rho, per_level)}
+
+
 def rho_sensitivity(
     runs: pd.DataFrame,
     *,
@@ -776,8 +924,6 @@ def rho_sensitivity(
     baseline: a level of `method` (or the optimizer it runs, e.g. 'none') whose mean metric is shown as
     the rho = 0 reference.
     """
-    from analysis.sweep import best_level_set
-
     _check_mode(mode)
     _check_n_boot(n_boot)
     _check_confidence(confidence)
@@ -798,115 +944,17 @@ def rho_sensitivity(
         )
     groups = [arch] + ([method] if method else []) + by
     rng = np.random.default_rng(boot_seed)
-    tail = (1.0 - confidence) / 2.0
     level_rows, best_rows = [], []
     draws_by_group: dict[tuple, np.ndarray] = {}
     samples_by_group: dict[tuple, tuple] = {}
-    base_means = None
-    if baseline is not None:
-        if method is None:
-            raise ValueError(
-                "baseline needs a method column: pass method='factor.method' (or another column naming the method)"
-            )
-        base_level = _resolve_level(runs, method, baseline, "baseline")
-        base_trials = ok[ok[method].astype(str) == base_level]
-        base_means = base_trials.groupby([arch] + by, dropna=True)[metric].mean()
+    base_means = _rho_baseline(runs, ok, method, baseline, arch, by, metric)
     for key, part in with_rho.groupby(groups, dropna=True, sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        rho = part["__rho"].to_numpy()
-        values = part[metric].to_numpy(dtype="float64")
-        if bins is None:
-            level_rho, codes = np.unique(rho, return_inverse=True)
-        else:
-            raw = _log_bins(rho, bins)
-            used, codes = np.unique(raw, return_inverse=True)
-            level_rho = np.array([math.exp(np.log(rho[codes == i]).mean()) for i in range(len(used))])
-        k = len(level_rho)
-        sums = np.bincount(codes, weights=values, minlength=k)
-        counts = np.bincount(codes, minlength=k)
-        means = sums / counts
-        sds = np.array([values[codes == i].std(ddof=1) if counts[i] > 1 else math.nan for i in range(k)])
-        # Each level's validation sample count (the smallest of its trials'), where the trials logged one: a single
-        # trial's accuracy still has a known sampling error (plot_rho_sensitivity draws its exact interval).
-        val_n = np.full(k, math.nan)
-        from trainables.metrics import VALIDATION_SAMPLES
-
-        if VALIDATION_SAMPLES in part.columns:
-            logged = pd.to_numeric(part[VALIDATION_SAMPLES], errors="coerce").to_numpy(dtype="float64")
-            val_n = np.array(
-                [np.nanmin(logged[codes == i]) if np.isfinite(logged[codes == i]).any() else math.nan for i in range(k)]
-            )
-        best = int(np.nanargmax(means) if mode == "max" else np.nanargmin(means))
-        tied = np.flatnonzero(means == means[best])
-        if len(tied) > 1:
-            # BEST_RULE's tie-break, for levels: the level of the first-ranked trial among the tied levels' trials
-            # (one trial a level: the level of the best trial, as every other table and the roll-ups name it).
-            started = part["start_time"] if "start_time" in part.columns else pd.Series(0, index=part.index)
-            ids = part["run_id"].astype(str) if "run_id" in part.columns else pd.Series("", index=part.index)
-            ranked = min(
-                (best_key(float(values[i]), started.iloc[i], ids.iloc[i], mode), i)
-                for i in range(len(values))
-                if codes[i] in tied
-            )
-            best = int(codes[ranked[1]])
-        # Bootstrap over trials: the level means of each resample come from bincounts of the drawn trials.
-        draws = rng.integers(0, len(values), size=(n_boot, len(values)))
-        drawn_codes = codes[draws]
-        offsets = (np.arange(n_boot) * k)[:, None]
-        flat = (drawn_codes + offsets).ravel()
-        b_sums = np.bincount(flat, weights=values[draws].ravel(), minlength=n_boot * k).reshape(n_boot, k)
-        b_counts = np.bincount(flat, minlength=n_boot * k).reshape(n_boot, k)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            b_means = np.where(b_counts > 0, b_sums / np.maximum(b_counts, 1), np.nan)
-        filled = np.where(np.isnan(b_means), -np.inf if mode == "max" else np.inf, b_means)
-        b_best = filled.argmax(axis=1) if mode == "max" else filled.argmin(axis=1)
-        p_best = np.bincount(b_best, minlength=k) / n_boot
-        best_rhos = level_rho[b_best]
-        rho_low = float(np.quantile(best_rhos, tail, method="lower"))
-        rho_high = float(np.quantile(best_rhos, 1.0 - tail, method="higher"))
-        repeated = int(counts.max())
-        if repeated < 2:
-            # One trial per level: resampling trials only drops levels, it measures no noise; no interval, and no
-            # p_best (it would be the levels' rank, the same for four equal values as for four distinct ones).
-            rho_low = rho_high = math.nan
-            best_rhos = np.full(n_boot, math.nan)
-            p_best = np.full(k, math.nan)
-            note = "1 trial per rho level: no interval"
-        elif repeated < FEW_SAMPLES:
-            note = f"at most {repeated} trials per rho level: interval unreliable"
-        else:
-            note = ""
-        draws_by_group[key] = best_rhos
-        # The interval printed is the confidence set for the best level (calibrated at ties, where the bootstrap's
-        # argmax drops levels exactly as good): rho_low / rho_high are its lowest and highest levels.
-        per_level = [values[codes == i] for i in range(k)]
-        samples_by_group[key] = (level_rho, per_level)
-        chosen = best_level_set(level_rho, per_level, mode=mode, confidence=confidence)["set"]
-        rho_low, rho_high = (min(chosen), max(chosen)) if chosen else (math.nan, math.nan)
-        best_set = ", ".join(f"{v:.4g}" for v in chosen) if chosen else "–"
-        for i in range(k):
-            level_rows.append(
-                {
-                    **dict(zip(groups, key)),
-                    "rho": float(level_rho[i]),
-                    "mean": float(means[i]),
-                    "sd": float(sds[i]),
-                    "n": int(counts[i]),
-                    "p_best": float(p_best[i]),
-                    "val_n": float(val_n[i]),
-                }
-            )
-        row = {
-            **dict(zip(groups, key)),
-            "best_rho": float(level_rho[best]),
-            "best_mean": float(means[best]),
-            "rho_low": rho_low,
-            "rho_high": rho_high,
-            "best_set": best_set,
-            "levels": k,
-            "n_trials": int(len(values)),
-            "note": note,
-        }
+        g = _rho_group(part, metric=metric, mode=mode, bins=bins, rng=rng, n_boot=n_boot, confidence=confidence)
+        draws_by_group[key] = g["draws"]
+        samples_by_group[key] = g["samples"]
+        level_rows += [{**dict(zip(groups, key)), **row} for row in g["levels"]]
+        row = {**dict(zip(groups, key)), **g["best"]}
         if base_means is not None:
             bkey = (key[0], *key[len(groups) - len(by) :]) if by else key[0]
             row["baseline"] = float(base_means.get(bkey, math.nan))
@@ -1095,7 +1143,7 @@ def headline(runs: pd.DataFrame, *, metric: str = "val_acc", mode: Mode = "max")
     search, confirm = split_stages(runs)
     compared = confirm if not confirm.empty else search
     arch = "factor.arch" if "factor.arch" in runs.columns else "model.name"
-    method = "factor.method" if "factor.method" in runs.columns else "optimizer.method"
+    method = method_column(runs)
     percent = metric in ACCURACY_METRICS and mode == "max"
     scale, digits, unit = (100.0, 2, " points") if percent else (1.0, 4, "")
     lines = []

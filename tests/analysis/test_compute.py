@@ -136,6 +136,8 @@ def test_compute_matched_gains_pair_cells_by_seed(frames):
     assert twice["p_holm"] >= twice["p_value"] and twice["cost_ratio"] == pytest.approx(2.0)
     assert "2 seed pairs: interval unreliable" in twice["note"]
     assert ("vit", "vanilla") not in gains.index  # the vit cell has no result to pair
+    # Seed pairs alone: the table says what its intervals hold fixed (the test images, the training subset).
+    assert "given the test images" in gains.attrs["conditions"] and "fraction_seed" in gains.attrs["conditions"]
     with pytest.raises(ValueError, match="not a level"):
         compute_matched_gains(runs, times, baseline="nope")
 

@@ -23,30 +23,67 @@ def _sim():
 
 
 # The shipped data-scaling design, cut to what a test can afford: 2 archs, 2 method pairs, 4 fractions, 3 seeds.
-DESIGN = {
-    "name": "null_scaling",
-    "factors": {
-        "data.fraction": {f: {"data.fraction": float(f)} for f in ("0.1", "0.25", "0.5", "1.0")},
-        "arch": {"resnet": {"model.name": "resnet18"}, "vit": {"model.name": "vit_small_patch16_224"}},
-        "method": {
-            "vanilla": {"optimizer.method": "none", "data.augment": "basic"},
-            "sam": {"optimizer.method": "sam", "data.augment": "basic"},
-            "aug": {"optimizer.method": "none", "data.augment": "strong"},
-            "sam_aug": {"optimizer.method": "sam", "data.augment": "strong"},
-        },
-    },
-    "trials": 2,
-    "repeats": 1,
-    "confirm": 3,
-    "searched": True,
-}
+DESIGN = """
+name: null_scaling
+objective: {metric: val_acc, mode: max}
+base:
+  data: {name: cifar10, root: /nonexistent/cifar10, augment: basic, batch_size: 256, fraction_seed: 0}
+  schedule: {epochs: 10, sched: cosine, warmup_epochs: 1}
+  train: {seed: 0}
+factors:
+  data.fraction:
+    "0.1": {data.fraction: 0.1}
+    "0.25": {data.fraction: 0.25}
+    "0.5": {data.fraction: 0.5}
+    "1.0": {data.fraction: 1.0}
+  arch:
+    resnet: {model.name: resnet18, optimizer.base: sgd, optimizer.lr: 0.1}
+    vit: {model.name: vit_small_patch16_224, optimizer.base: adamw, optimizer.lr: 0.001}
+  method:
+    vanilla: {optimizer.method: none, data.augment: basic}
+    sam: {optimizer.method: sam, data.augment: basic}
+    aug: {optimizer.method: none, data.augment: strong}
+    sam_aug: {optimizer.method: sam, data.augment: strong}
+search:
+  rho: {type: loguniform, low: 0.01, high: 1.0}
+budget: {trials_per_cell: 2, sampler: tpe, seed: 0}
+confirm: {seeds: 3}
+"""
+
+# sam_on's shape: the method factor is named `scope`, its plain level and two SAM variants, no search fraction.
+SCOPE_DESIGN = """
+name: null_scope
+objective: {metric: val_acc, mode: max}
+base:
+  data: {name: cifar10, root: /nonexistent/cifar10, augment: basic, batch_size: 256}
+  schedule: {epochs: 10, sched: cosine, warmup_epochs: 1}
+  train: {seed: 0}
+factors:
+  arch:
+    resnet: {model.name: resnet18, optimizer.base: sgd, optimizer.lr: 0.1}
+  scope:
+    vanilla: {optimizer.method: none}
+    all: {optimizer.method: sam, optimizer.scope: all}
+    norm: {optimizer.method: sam, optimizer.scope: norm}
+search:
+  rho: {type: loguniform, low: 0.01, high: 2.0}
+budget: {trials_per_cell: 2, sampler: gp, seed: 0}
+confirm: {seeds: 3}
+"""
+
+
+def _launch(tmp_path, new_mlflow_store, text: str, seed: int):
+    sim = _sim()
+    study = tmp_path / "study.yaml"
+    study.write_text(text)
+    template = tmp_path / "empty.db"
+    new_mlflow_store(template)
+    uri, name, _ = sim.write_null_launch(tmp_path, sim._design(study), np.random.default_rng(seed), template)
+    return sim, uri, name
 
 
 def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_mlflow_store):
-    sim = _sim()
-    template = tmp_path / "empty.db"
-    new_mlflow_store(template)
-    uri, name = sim.write_null_launch(tmp_path, DESIGN, np.random.default_rng(3), template)
+    sim, uri, name = _launch(tmp_path, new_mlflow_store, DESIGN, 3)
     out = tmp_path / "report"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,6 +132,19 @@ def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_
     assert sim.read_claims(out)["any"] == any(
         g["significant"].astype(str).str.lower().eq("true").any() for g in gains.values()
     )
+
+
+def test_a_method_factor_by_another_name_is_compared_against_its_plain_level(tmp_path, new_mlflow_store):
+    # sam_on's and late_phase's reports failed outright: their method factor is not called `method`.
+    sim, uri, name = _launch(tmp_path, new_mlflow_store, SCOPE_DESIGN, 5)
+    out = tmp_path / "report"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_report(name, tracking_uri=uri, out_dir=out, log_to_mlflow=False, n_boot=50)
+    assert {p.name for p in out.glob("gain_*.csv")} == {"gain_all.csv", "gain_norm.csv"}
+    report = (out / "report.md").read_text()
+    assert "gain of all over vanilla" in report and "2 paired-gain tests" in report
+    assert "error" not in sim.read_claims(out)
 
 
 def test_headline_answers_the_question_per_arch_before_the_best_cell(tmp_path, study_store):
