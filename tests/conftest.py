@@ -78,18 +78,73 @@ def _asks_for_ray(item) -> bool:
     return "ray_cluster" in item.fixturenames  # directly or through a fixture of its own
 
 
-# What a test's own code starts, read from its source: a Ray cluster (a study run in-process or by the CLI, a
-# `ray start` node, `ray.init`) or a server process (the MLflow UI or server, optuna-dashboard). The session cluster
-# is seen through the fixture (`_asks_for_ray`); a file of _LONG_FILES / _LONG_FILES_WITHOUT_RAY is `slow` whole.
-_STARTS_RAY = ("run_study(", "ray.init(", '"ray", "start"', "ray start", '.run("run"', '.start("run"', '"resume"')
-_STARTS_SERVER = ('.start("ui"', '.start("dashboard"', '.start("server"', '"server", "--', "mlflow server")
+# What a test's code starts, read from its source, the sources of the fixtures it uses and of the helpers (functions,
+# classes) of their own modules that these name, followed to the end: a Ray cluster (a study run in-process or by the
+# CLI, in-process or in a subprocess, a `ray start` node, `ray.init`, the scale simulation's script) or a server
+# process (the MLflow UI or server, optuna-dashboard). The session cluster is also seen through the fixture
+# (`_asks_for_ray`); a file of _LONG_FILES / _LONG_FILES_WITHOUT_RAY is `slow` whole.
+_STARTS_RAY = (
+    "run_study(",
+    "ray.init(",
+    '"ray", "start"',
+    '"start", "--block"',
+    "ray start",
+    '.run("run"',
+    '.start("run"',
+    '"studies.cli", "run", str(',
+    '"resume"',
+    "sim_scale.py",
+)
+_STARTS_SERVER = (
+    '.start("ui"',
+    '.start("dashboard"',
+    '.start("server"',
+    '"server", "--',
+    "mlflow server",
+    "start_server(",
+    "sim_scale.py",
+)
+
+
+def _own_helpers(func, seen: set) -> list:
+    """`func` and, followed to the end, the functions and classes of its own module that its code names."""
+    found = []
+    stack = [func]
+    while stack:
+        obj = inspect.unwrap(stack.pop())
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        codes = [obj.__code__] if inspect.isfunction(obj) else []
+        if inspect.isclass(obj):
+            codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+        module = getattr(obj, "__module__", None)
+        scope = getattr(obj, "__globals__", None) or vars(sys.modules.get(module, object()))
+        while codes:
+            code = codes.pop()
+            codes.extend(c for c in code.co_consts if inspect.iscode(c))
+            for name in code.co_names:
+                helper = scope.get(name)
+                if (inspect.isfunction(helper) or inspect.isclass(helper)) and helper.__module__ == module:
+                    stack.append(helper)
+    return found
 
 
 def _source(item) -> str:
-    try:
-        return inspect.getsource(item.function)
-    except (OSError, TypeError, AttributeError):  # a test without Python source of its own
-        return ""
+    """The test's source, its fixtures' and their own modules' helpers', a call's arguments joined to its line."""
+    seen: set = set()
+    objects = _own_helpers(getattr(item, "function", None), seen) if hasattr(item, "function") else []
+    for name in item.fixturenames:
+        for fixturedef in getattr(item, "_fixtureinfo").name2fixturedefs.get(name, ()):
+            objects += _own_helpers(fixturedef.func, seen)
+    parts = []
+    for obj in objects:
+        try:
+            parts.append(inspect.getsource(obj))
+        except (OSError, TypeError):  # a test or fixture without Python source of its own
+            pass
+    return re.sub(r"\(\s+", "(", "\n".join(parts))
 
 
 def _mark_by_use(items) -> None:
@@ -97,7 +152,7 @@ def _mark_by_use(items) -> None:
     uses; a marker a test carries already (`@pytest.mark.ray`) stays."""
     long_files = set(_LONG_FILES + _LONG_FILES_WITHOUT_RAY)
     for item in items:
-        source = re.sub(r"\(\s+", "(", _source(item))  # a call's arguments may start on the next line
+        source = _source(item)
         if _asks_for_ray(item) or any(s in source for s in _STARTS_RAY):
             item.add_marker(pytest.mark.ray)
         if any(s in source for s in _STARTS_SERVER) or any(name.endswith("server") for name in item.fixturenames):
