@@ -107,7 +107,8 @@ _STARTS_SERVER = (
 
 
 def _own_helpers(func, seen: set) -> list:
-    """`func` and, followed to the end, the functions and classes of its own module that its code names."""
+    """`func` and, followed to the end, the functions and classes of its own module that its code names, and the
+    strings of that module it names (a script a subprocess runs, `python -c SCRIPT`)."""
     found = []
     stack = [func]
     while stack:
@@ -128,6 +129,8 @@ def _own_helpers(func, seen: set) -> list:
                 helper = scope.get(name)
                 if (inspect.isfunction(helper) or inspect.isclass(helper)) and helper.__module__ == module:
                     stack.append(helper)
+                elif isinstance(helper, str) and len(helper) > 20:
+                    found.append(helper)
     return found
 
 
@@ -141,7 +144,7 @@ def _source(item) -> str:
     parts = []
     for obj in objects:
         try:
-            parts.append(inspect.getsource(obj))
+            parts.append(obj if isinstance(obj, str) else inspect.getsource(obj))
         except (OSError, TypeError):  # a test or fixture without Python source of its own
             pass
     return re.sub(r"\(\s+", "(", "\n".join(parts))
