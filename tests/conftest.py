@@ -189,6 +189,64 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=place)  # stable: within a place, files and tests keep their order
 
 
+# SHARPSCALE_AUDIT_MARKERS=1: each test's markers are checked against the processes it started (sampled every
+# 0.2 s below this pytest process): one that started a Ray node (raylet, gcs_server) or a server (`mlflow server`, a
+# `sharpscale ui/server/dashboard`) without its marker fails, naming what the derivation above missed. Off by default:
+# the sampling costs CPU the suite needs; run it after changing the rules or adding tests that start processes.
+_AUDIT = os.environ.get("SHARPSCALE_AUDIT_MARKERS") == "1"
+_STARTED_RAY = ("/raylet ", "/gcs_server ", "studies.cli run", "studies.cli resume")
+_STARTED_SERVER = ("mlflow server", "mlflow ui", "studies.cli ui", "studies.cli server", "studies.cli dashboard")
+
+
+_STARTED = pytest.StashKey[object]()
+
+
+class _Started:
+    """The command lines of this process's descendants seen since `reset`, sampled by a daemon thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import psutil
+
+        self._me, self._lock, self.seen = psutil.Process(), threading.Lock(), set()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        import psutil
+
+        while True:
+            for proc in self._me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    line = " ".join(proc.cmdline()).replace("-m studies.cli", "studies.cli") + " "
+                    with self._lock:
+                        self.seen.add(line)
+            time.sleep(0.2)
+
+    def reset(self) -> set:
+        with self._lock:
+            seen, self.seen = self.seen, set()
+        return seen
+
+
+@pytest.fixture(autouse=_AUDIT)
+def _audit_markers(request):
+    """SHARPSCALE_AUDIT_MARKERS=1: fail a test that started Ray or a server without the marker that says so."""
+    started = request.config.stash.get(_STARTED, None)
+    if started is None:
+        started = request.config.stash[_STARTED] = _Started()
+    before = started.reset()
+    yield
+    new = started.reset() - before
+    marks = {m.name for m in request.node.iter_markers()}
+    for marker, signs in (("ray", _STARTED_RAY), ("server", _STARTED_SERVER)):
+        found = sorted(line[:160] for line in new if any(s in line for s in signs))
+        assert marker in marks or not found, (
+            f"started {found[:3]} but is not marked {marker}: tests/conftest.py's _STARTS_* rules did not see it; "
+            f"extend them or mark the test @pytest.mark.{marker}"
+        )
+
+
 _RAY_LAST_USE = pytest.StashKey[int]()
 _POSITION = pytest.StashKey[dict]()
 
