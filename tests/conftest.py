@@ -35,27 +35,27 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
 # The files that take minutes (Ray clusters, servers, whole studies), longest first, as the last full run measured
-# them. `make test` hands whole files to two pytest-xdist workers in collection order (--no-loadscope-reorder: xdist
-# would otherwise order them by number of tests); run last, one of these would leave a worker alone on it for minutes
-# at the end, so they go first and the short files fill in around them.
+# them (CPU-s, docs/testing.md). `make test` hands whole files to two pytest-xdist workers in collection order
+# (--no-loadscope-reorder: xdist would otherwise order them by number of tests); run last, one of these would leave a
+# worker alone on it for minutes at the end, so they go first and the short files fill in around them.
 _LONG_FILES = (
     "tests/cluster/test_two_node.py",
     "tests/studies/test_shipped.py",
-    "tests/cluster/test_sim_scale.py",
-    "tests/studies/test_failures.py",
     "tests/studies/test_adversarial.py",
-    "tests/studies/test_hardening.py",
+    "tests/studies/test_failures.py",
+    "tests/studies/test_stops.py",
     "tests/test_end_to_end.py",
-    "tests/studies/test_confirm.py",
-    "tests/studies/test_multiworker.py",
     "tests/trainables/test_distributed.py",
-    "tests/cluster/test_cluster_storage.py",
+    "tests/studies/test_multiworker.py",
+    "tests/studies/test_hardening.py",
+    "tests/studies/test_schedulers.py",
+    "tests/cluster/test_sim_scale.py",
     "tests/trainables/test_device_check.py",
+    "tests/cluster/test_cluster_storage.py",
+    "tests/trainables/test_tune_resume.py",
+    "tests/studies/test_confirm.py",
     "tests/studies/test_launches.py",
     "tests/studies/test_state.py",
-    "tests/studies/test_schedulers.py",
-    "tests/trainables/test_tune_resume.py",
-    "tests/studies/test_stops.py",
     "tests/studies/test_claims.py",
 )
 # The long files that start no Ray cluster (seconds a test, a minute or two a file). They run after every file that
@@ -64,8 +64,8 @@ _LONG_FILES = (
 # workers) burns about 4 CPU-s a minute of the two cores (measured here, 2026-11-27).
 _LONG_FILES_WITHOUT_RAY = (
     "tests/trainables/test_compiled.py",
-    "tests/analysis/test_notebooks.py",
     "tests/cluster/test_server.py",
+    "tests/analysis/test_notebooks.py",
     "tests/studies/test_ui.py",
 )
 
