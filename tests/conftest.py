@@ -106,11 +106,10 @@ _STARTS_SERVER = (
 )
 
 
-def _own_helpers(func, seen: set) -> list:
+def _own_helpers(func) -> tuple:
     """`func` and, followed to the end, the functions and classes of its own module that its code names, and the
     strings of that module it names (a script a subprocess runs, `python -c SCRIPT`)."""
-    found = []
-    stack = [func]
+    found, seen, stack = [], set(), [func]
     while stack:
         obj = inspect.unwrap(stack.pop())
         if id(obj) in seen:
@@ -131,22 +130,40 @@ def _own_helpers(func, seen: set) -> list:
                     stack.append(helper)
                 elif isinstance(helper, str) and len(helper) > 20:
                     found.append(helper)
-    return found
+    return tuple(found)
+
+
+# Per function and per object, once a session: a parametrized test and a common fixture recur in hundreds of items,
+# and inspect.getsource of a class parses its whole module (29 CPU-s of collection uncached, 2,066 tests).
+_HELPERS: dict = {}
+_SOURCES: dict = {}
+
+
+def _source_of(obj) -> str:
+    if isinstance(obj, str):
+        return obj
+    key = id(obj)
+    if key not in _SOURCES:
+        try:
+            _SOURCES[key] = (obj, inspect.getsource(obj))
+        except (OSError, TypeError):  # a test or fixture without Python source of its own
+            _SOURCES[key] = (obj, "")
+    return _SOURCES[key][1]
 
 
 def _source(item) -> str:
     """The test's source, its fixtures' and their own modules' helpers', a call's arguments joined to its line."""
-    seen: set = set()
-    objects = _own_helpers(getattr(item, "function", None), seen) if hasattr(item, "function") else []
+    roots = [item.function] if hasattr(item, "function") else []
     for name in item.fixturenames:
-        for fixturedef in getattr(item, "_fixtureinfo").name2fixturedefs.get(name, ()):
-            objects += _own_helpers(fixturedef.func, seen)
-    parts = []
-    for obj in objects:
-        try:
-            parts.append(obj if isinstance(obj, str) else inspect.getsource(obj))
-        except (OSError, TypeError):  # a test or fixture without Python source of its own
-            pass
+        roots += [fixturedef.func for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ())]
+    parts, seen = [], set()
+    for root in roots:
+        if id(root) not in _HELPERS:
+            _HELPERS[id(root)] = (root, _own_helpers(root))
+        for obj in _HELPERS[id(root)][1]:
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                parts.append(_source_of(obj))
     return re.sub(r"\(\s+", "(", "\n".join(parts))
 
 
