@@ -192,6 +192,11 @@ def pytest_collection_modifyitems(config, items):
     on_ray = {_file(item) for item in items if _asks_for_ray(item)}
     first = {path: i for i, path in enumerate(_LONG_FILES)}
     later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}
+    # A file with a test that marks itself slow (test_security's planted compile cache: 116 CPU-s) goes with them:
+    # left among the short files it could be the last file of a worker, the other idle beside it.
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            later.setdefault(_file(item), len(later))
 
     def place(item) -> tuple[int, int]:
         path = _file(item)
