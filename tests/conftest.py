@@ -35,27 +35,27 @@ OBJECT_STORE_BYTES = 256 * 1024 * 1024
 
 
 # The files that take minutes (Ray clusters, servers, whole studies), longest first, as the last full run measured
-# them. `make test` hands whole files to two pytest-xdist workers in collection order (--no-loadscope-reorder: xdist
-# would otherwise order them by number of tests); run last, one of these would leave a worker alone on it for minutes
-# at the end, so they go first and the short files fill in around them.
+# them (CPU-s, docs/testing.md). `make test` hands whole files to two pytest-xdist workers in collection order
+# (--no-loadscope-reorder: xdist would otherwise order them by number of tests); run last, one of these would leave a
+# worker alone on it for minutes at the end, so they go first and the short files fill in around them.
 _LONG_FILES = (
     "tests/cluster/test_two_node.py",
     "tests/studies/test_shipped.py",
-    "tests/cluster/test_sim_scale.py",
-    "tests/studies/test_failures.py",
     "tests/studies/test_adversarial.py",
-    "tests/studies/test_hardening.py",
+    "tests/studies/test_failures.py",
+    "tests/studies/test_stops.py",
     "tests/test_end_to_end.py",
-    "tests/studies/test_confirm.py",
-    "tests/studies/test_multiworker.py",
     "tests/trainables/test_distributed.py",
-    "tests/cluster/test_cluster_storage.py",
+    "tests/studies/test_multiworker.py",
+    "tests/studies/test_hardening.py",
+    "tests/studies/test_schedulers.py",
+    "tests/cluster/test_sim_scale.py",
     "tests/trainables/test_device_check.py",
+    "tests/cluster/test_cluster_storage.py",
+    "tests/trainables/test_tune_resume.py",
+    "tests/studies/test_confirm.py",
     "tests/studies/test_launches.py",
     "tests/studies/test_state.py",
-    "tests/studies/test_schedulers.py",
-    "tests/trainables/test_tune_resume.py",
-    "tests/studies/test_stops.py",
     "tests/studies/test_claims.py",
 )
 # The long files that start no Ray cluster (seconds a test, a minute or two a file). They run after every file that
@@ -65,8 +65,8 @@ _LONG_FILES = (
 _LONG_FILES_WITHOUT_RAY = (
     "tests/trainables/test_compiled.py",
     "tests/trainables/test_dali.py",  # DALI CPU pipelines with RandAugment: minutes on 2 cores
-    "tests/analysis/test_notebooks.py",
     "tests/cluster/test_server.py",
+    "tests/analysis/test_notebooks.py",
     "tests/studies/test_ui.py",
 )
 
@@ -79,18 +79,93 @@ def _asks_for_ray(item) -> bool:
     return "ray_cluster" in item.fixturenames  # directly or through a fixture of its own
 
 
-# What a test's own code starts, read from its source: a Ray cluster (a study run in-process or by the CLI, a
-# `ray start` node, `ray.init`) or a server process (the MLflow UI or server, optuna-dashboard). The session cluster
-# is seen through the fixture (`_asks_for_ray`); a file of _LONG_FILES / _LONG_FILES_WITHOUT_RAY is `slow` whole.
-_STARTS_RAY = ("run_study(", "ray.init(", '"ray", "start"', "ray start", '.run("run"', '.start("run"', '"resume"')
-_STARTS_SERVER = ('.start("ui"', '.start("dashboard"', '.start("server"', '"server", "--', "mlflow server")
+# What a test's code starts, read from its source, the sources of the fixtures it uses and of the helpers (functions,
+# classes) of their own modules that these name, followed to the end: a Ray cluster (a study run in-process or by the
+# CLI, in-process or in a subprocess, a `ray start` node, `ray.init`, the scale simulation's script) or a server
+# process (the MLflow UI or server, optuna-dashboard). The session cluster is also seen through the fixture
+# (`_asks_for_ray`); a file of _LONG_FILES / _LONG_FILES_WITHOUT_RAY is `slow` whole.
+_STARTS_RAY = (
+    "run_study(",
+    "ray.init(",
+    '"ray", "start"',
+    '"start", "--block"',
+    "ray start",
+    '.run("run"',
+    '.start("run"',
+    '"studies.cli", "run", str(',
+    '"resume"',
+    "sim_scale.py",
+)
+_STARTS_SERVER = (
+    '.start("ui"',
+    '.start("dashboard"',
+    '.start("server"',
+    '"server", "--',
+    "mlflow server",
+    "start_server(",
+    "sim_scale.py",
+)
+
+
+def _own_helpers(func) -> tuple:
+    """`func` and, followed to the end, the functions and classes of its own module that its code names, and the
+    strings of that module it names (a script a subprocess runs, `python -c SCRIPT`)."""
+    found, seen, stack = [], set(), [func]
+    while stack:
+        obj = inspect.unwrap(stack.pop())
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        found.append(obj)
+        codes = [obj.__code__] if inspect.isfunction(obj) else []
+        if inspect.isclass(obj):
+            codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+        module = getattr(obj, "__module__", None)
+        scope = getattr(obj, "__globals__", None) or vars(sys.modules.get(module, object()))
+        while codes:
+            code = codes.pop()
+            codes.extend(c for c in code.co_consts if inspect.iscode(c))
+            for name in code.co_names:
+                helper = scope.get(name)
+                if (inspect.isfunction(helper) or inspect.isclass(helper)) and helper.__module__ == module:
+                    stack.append(helper)
+                elif isinstance(helper, str) and len(helper) > 20:
+                    found.append(helper)
+    return tuple(found)
+
+
+# Per function and per object, once a session: a parametrized test and a common fixture recur in hundreds of items,
+# and inspect.getsource of a class parses its whole module (29 CPU-s of collection uncached, 2,066 tests).
+_HELPERS: dict = {}
+_SOURCES: dict = {}
+
+
+def _source_of(obj) -> str:
+    if isinstance(obj, str):
+        return obj
+    key = id(obj)
+    if key not in _SOURCES:
+        try:
+            _SOURCES[key] = (obj, inspect.getsource(obj))
+        except (OSError, TypeError):  # a test or fixture without Python source of its own
+            _SOURCES[key] = (obj, "")
+    return _SOURCES[key][1]
 
 
 def _source(item) -> str:
-    try:
-        return inspect.getsource(item.function)
-    except (OSError, TypeError, AttributeError):  # a test without Python source of its own
-        return ""
+    """The test's source, its fixtures' and their own modules' helpers', a call's arguments joined to its line."""
+    roots = [item.function] if hasattr(item, "function") else []
+    for name in item.fixturenames:
+        roots += [fixturedef.func for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ())]
+    parts, seen = [], set()
+    for root in roots:
+        if id(root) not in _HELPERS:
+            _HELPERS[id(root)] = (root, _own_helpers(root))
+        for obj in _HELPERS[id(root)][1]:
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                parts.append(_source_of(obj))
+    return re.sub(r"\(\s+", "(", "\n".join(parts))
 
 
 def _mark_by_use(items) -> None:
@@ -98,7 +173,7 @@ def _mark_by_use(items) -> None:
     uses; a marker a test carries already (`@pytest.mark.ray`) stays."""
     long_files = set(_LONG_FILES + _LONG_FILES_WITHOUT_RAY)
     for item in items:
-        source = re.sub(r"\(\s+", "(", _source(item))  # a call's arguments may start on the next line
+        source = _source(item)
         if _asks_for_ray(item) or any(s in source for s in _STARTS_RAY):
             item.add_marker(pytest.mark.ray)
         if any(s in source for s in _STARTS_SERVER) or any(name.endswith("server") for name in item.fixturenames):
@@ -118,6 +193,11 @@ def pytest_collection_modifyitems(config, items):
     on_ray = {_file(item) for item in items if _asks_for_ray(item)}
     first = {path: i for i, path in enumerate(_LONG_FILES)}
     later = {path: i for i, path in enumerate(_LONG_FILES_WITHOUT_RAY)}
+    # A file with a test that marks itself slow (test_security's planted compile cache: 116 CPU-s) goes with them:
+    # left among the short files it could be the last file of a worker, the other idle beside it.
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            later.setdefault(_file(item), len(later))
 
     def place(item) -> tuple[int, int]:
         path = _file(item)
@@ -130,6 +210,64 @@ def pytest_collection_modifyitems(config, items):
         return 3, 0
 
     items.sort(key=place)  # stable: within a place, files and tests keep their order
+
+
+# SHARPSCALE_AUDIT_MARKERS=1: each test's markers are checked against the processes it started (sampled every
+# 0.2 s below this pytest process): one that started a Ray node (raylet, gcs_server) or a server (`mlflow server`, a
+# `sharpscale ui/server/dashboard`) without its marker fails, naming what the derivation above missed. Off by default:
+# the sampling costs CPU the suite needs; run it after changing the rules or adding tests that start processes.
+_AUDIT = os.environ.get("SHARPSCALE_AUDIT_MARKERS") == "1"
+_STARTED_RAY = ("/raylet ", "/gcs_server ", "studies.cli run", "studies.cli resume")
+_STARTED_SERVER = ("mlflow server", "mlflow ui", "studies.cli ui", "studies.cli server", "studies.cli dashboard")
+
+
+_STARTED = pytest.StashKey[object]()
+
+
+class _Started:
+    """The command lines of this process's descendants seen since `reset`, sampled by a daemon thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import psutil
+
+        self._me, self._lock, self.seen = psutil.Process(), threading.Lock(), set()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        import psutil
+
+        while True:
+            for proc in self._me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    line = " ".join(proc.cmdline()).replace("-m studies.cli", "studies.cli") + " "
+                    with self._lock:
+                        self.seen.add(line)
+            time.sleep(0.2)
+
+    def reset(self) -> set:
+        with self._lock:
+            seen, self.seen = self.seen, set()
+        return seen
+
+
+@pytest.fixture(autouse=_AUDIT)
+def _audit_markers(request):
+    """SHARPSCALE_AUDIT_MARKERS=1: fail a test that started Ray or a server without the marker that says so."""
+    started = request.config.stash.get(_STARTED, None)
+    if started is None:
+        started = request.config.stash[_STARTED] = _Started()
+    before = started.reset()
+    yield
+    new = started.reset() - before
+    marks = {m.name for m in request.node.iter_markers()}
+    for marker, signs in (("ray", _STARTED_RAY), ("server", _STARTED_SERVER)):
+        found = sorted(line[:160] for line in new if any(s in line for s in signs))
+        assert marker in marks or not found, (
+            f"started {found[:3]} but is not marked {marker}: tests/conftest.py's _STARTS_* rules did not see it; "
+            f"extend them or mark the test @pytest.mark.{marker}"
+        )
 
 
 _RAY_LAST_USE = pytest.StashKey[int]()

@@ -1,4 +1,4 @@
-"""Fixtures of the cluster tests: a real `mlflow server --auth`, started once per pytest worker that needs it."""
+"""Fixtures of the cluster tests: a real `mlflow server --auth`, started once per test file that needs it."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import pytest
 from studies.server import Auth, start_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def auth_server(tmp_path_factory, _empty_mlflow_db):
     """A real `mlflow server --app-name basic-auth` on loopback, its admin password in a file (never in the env).
+
+    Per file, not per session: `make test` keeps a file on one worker, so it still starts once for the file's tests,
+    and is stopped after them instead of idling to the session's end beside the rest of the suite (its two uvicorn
+    workers burn about 1 CPU-s a minute idle; it ran 40 minutes idle in a run under load).
 
     Two workers, not MLflow's four: each imports MLflow whole, and this machine has two cores. The backend store
     starts as a copy of the session's migrated empty store (tests/conftest.py)."""

@@ -8,7 +8,7 @@ the worker) and one CPU, so two concurrent one-CPU trials can only run one per n
 with a token that exists only in these processes' environment. The driver is `sharpscale run` in a subprocess: it
 never shares the pytest process's Ray state (tests/conftest.py's session cluster may live there).
 
-The MLflow server is the session's `mlflow server --auth` (tests/cluster/conftest.py). The nodes start without MLflow
+The MLflow server is this file's `mlflow server --auth` (tests/cluster/conftest.py). The nodes start without MLflow
 credentials and only the driver has a (non-admin) login, so trials can record only with the credentials the driver
 forwards to them.
 
