@@ -8,12 +8,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("optim", "trainables", "studies", "analysis")
 MAX_LINES = 100
-# Functions still over the limit while another branch splits them (issue 33). Temporary: an entry goes when its
-# function is split (the lead removes these two at the merge of stats5's branch); nothing is ever added here.
-STILL_LONG = {
-    ("analysis/tables.py", "rho_sensitivity"),
-    ("analysis/tables.py", "sam_gain"),
-}
 
 
 def _lengths(path: Path) -> list[tuple[str, int, int]]:
@@ -43,19 +37,12 @@ def test_no_function_of_the_four_packages_is_over_100_lines():
             walked += 1
             where = path.relative_to(ROOT).as_posix()
             for name, line, lines in _lengths(path):
-                if lines > MAX_LINES and (where, name) not in STILL_LONG:
+                if lines > MAX_LINES:
                     long.append(f"{where}:{line} {name} ({lines} lines)")
     assert walked > 100, f"only {walked} modules walked under {PACKAGES}: the walk missed the packages"
     assert not long, f"functions over {MAX_LINES} lines (split each along its seams into named steps): " + "; ".join(
         long
     )
-
-
-def test_the_still_long_list_names_only_functions_still_long():
-    # A split function's entry would let it grow back unseen: once split, its entry goes.
-    for where, name in sorted(STILL_LONG):
-        lengths = {n: lines for n, _, lines in _lengths(ROOT / where)}
-        assert lengths.get(name, 0) > MAX_LINES, f"{where} {name} is split now: drop its entry from STILL_LONG"
 
 
 def test_the_walk_sees_methods_and_nested_functions(tmp_path):
