@@ -33,8 +33,8 @@ __all__ = ["SPECS", "registered"]
 # on an NVIDIA H100 80GB HBM3, ViT-S/4 @32, batch 512 (docs/benchmarks.md, "optim: cost of each method per step"
 # and "ESAM, F-SAM and MSAM"); those of issue 34's methods (wsam, sampa, vasso, rwp, gam, lookbehind) are their
 # compiled steps over the compiled `none` on an NVIDIA H200, ViT-S/4 @32, batch 256, bf16 (benchmarks/results/optim.csv,
-# the commit in each comment); bsam's is not measured yet, and GCSAM is SAM's (its `gc` knob). compiled_differs: what the GPU check (benchmarks/check_compiled.py,
-# docs/benchmarks.md) saw where the compiled step disagreed with eager beyond float rounding.
+# the commit in each comment); bsam's too; GCSAM is SAM's (its `gc` knob). compiled_differs: what the GPU check
+# (benchmarks/check_compiled.py, docs/benchmarks.md) saw where the compiled step disagreed with eager beyond float rounding.
 
 
 def _parse_p(p: Any) -> Any:
@@ -515,7 +515,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.305,  # optim.csv de4633a
+        step_cost=0.341,  # optim.csv 41e904b
         small=SmallRun(
             {"sigma": 0.05, "lmbda": 0.5, "eta": 0.1, "beta": 0.9},
             base_exactly={"lmbda": 0.0},
@@ -565,7 +565,7 @@ SPECS = (
         ),
         two_pass=True,
         needs=("model",),
-        step_cost=0.218,  # optim.csv de4633a
+        step_cost=0.231,  # optim.csv 41e904b
         small=SmallRun(
             {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.3, "beta": 0.4, "gamma": 0.5},
             base_exactly={"rho_prime": 0.0, "alpha": 1.0, "gamma": 0.0},
@@ -644,6 +644,7 @@ SPECS = (
             passes_per_step=2.0,
             forwards=6,
         ),
+        step_cost=0.473,  # optim.csv 41e904b
     ),
 )
 

@@ -198,8 +198,8 @@ class DataConfig(_Strict):
         "(install: pip install 'sharpscale[dali]'): reads, decodes on the GPU with its hardware JPEG decoder where "
         "the card has one, crops, flips, RandAugments and normalises in one pipeline (trainables.data.dali). "
         "'torch': DataLoader workers read the bytes, torchvision's nvjpeg decodes them and torch ops augment them "
-        "(trainables.data.folders). auto: 'dali' on CUDA where DALI is installed, else 'torch'. The pixel form "
-        "(data prepare --form pixels) has nothing to decode and always takes 'torch'.",
+        "(trainables.data.folders). auto: 'torch', the faster of the two as measured (docs/benchmarks.md). The pixel "
+        "form (data prepare --form pixels) has nothing to decode and always takes 'torch'.",
     )
     mixup_alpha: float = Field(
         0.8, ge=0.0, allow_inf_nan=False, description="Mixup alpha of the 'strong' augmentation."

@@ -203,8 +203,10 @@ def test_loader_selection_and_errors(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: DALI's mixed (GPU) decoder")
-def test_auto_takes_dali_on_cuda(tmp_path):
-    bundle = load_dataset("imagefolder", root=_folder(tmp_path), img_size=32, device="cuda")
+def test_dali_by_name_on_cuda_and_auto_keeps_torch(tmp_path):
+    root = _folder(tmp_path)
+    assert type(load_dataset("imagefolder", root=root, img_size=32, device="cuda").train) is FolderBytes
+    bundle = load_dataset("imagefolder", root=root, img_size=32, device="cuda", loader="dali")
     assert isinstance(bundle.train, FolderDali)
     sampler = torch.utils.data.BatchSampler(range(len(bundle.train)), 8, drop_last=True)
     x, y, _ = next(iter(bundle.train.device_loader(sampler, torch.device("cuda"))))
