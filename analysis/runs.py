@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal, Mapping, Sequence, Union
+from typing import Literal, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,8 @@ from trainables.naming import (
     STAGE_TAG,
     STATUS_TAG,
     TRIAL_ID_TAG,
+    cell_key_name,
+    cell_name,
     experiment_name,
     kind_filter,
 )
@@ -86,26 +88,6 @@ UI_WORKFLOW = "workflowType=machine_learning"
 # the other tables in a notebook): 4 significant digits, enough for an accuracy on a few thousand images and its SE.
 TABLE_FLOAT_FORMAT = "{:.4g}"
 _TABLE_MAX_COLUMNS = 20
-
-
-def cell_name(levels: Mapping[str, str]) -> str:
-    """A cell's one name wherever a cell is named (trial runs, the live view, `status`, the answer's best cell): its
-    levels joined by '/', 'vit/sam'; a config-path factor's level with its name, 'fraction=0.1/resnet/sam'; 'all'
-    without factors."""
-    # A named level (resnet, sam) says what it is; a config-path factor's value needs its name.
-    return "/".join(f"{f.rsplit('.', 1)[-1]}={lv}" if "." in f else str(lv) for f, lv in levels.items()) or "all"
-
-
-def cell_key_name(key: str) -> str:
-    """`cell_name` of a cell key as trials record it (the `cell` column, 'arch=vit,method=sam', a confirm
-    replicate's ' seed=N' kept); a key that is not factor=level pairs, unchanged."""
-    base, sep, seed = str(key).partition(" seed=")
-    if not base:
-        return cell_name({}) + (f" seed={seed}" if sep else "")
-    pairs = [part.partition("=") for part in base.split(",")]
-    if any(not eq or not factor for factor, eq, _ in pairs):
-        return str(key)
-    return cell_name({factor: level for factor, _, level in pairs}) + (f" seed={seed}" if sep else "")
 
 
 def _table_options(width: int) -> list:

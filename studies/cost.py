@@ -277,10 +277,11 @@ def _cell_cost(
 ) -> tuple[CellCost | None, str | None, bool]:
     from trainables.config import TrialConfig
     from trainables.data.registry import DATASETS
+    from trainables.naming import cell_name
 
     cfg = TrialConfig.load(cell.config)
     data, method = cfg.data, cfg.optimizer.method
-    label = cell.key or "the study"
+    label = cell_name(cell.levels) if cell.levels else "the study"
     # (training images, validation images) of the dataset's full splits, from its registry entry; a dataset whose
     # sizes are known only once it is read (an image folder) gets no estimate.
     spec = DATASETS[data.name]

@@ -7,7 +7,7 @@ Plain strings only: no MLflow import.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Mapping
 
 __all__ = [
     "BEST_CELL_TAG",
@@ -174,3 +174,23 @@ def launch_name(experiment: str, launch: int) -> str:
 def study_run_name(study: str, launch: int) -> str:
     """The MLflow run name of a study's parent run."""
     return study if launch == 1 else f"{study} (launch {launch})"
+
+
+def cell_name(levels: Mapping[str, str]) -> str:
+    """A cell's one name wherever a cell is named (trial runs, the live view, `status`, the answer's best cell): its
+    levels joined by '/', 'vit/sam'; a config-path factor's level with its name, 'fraction=0.1/resnet/sam'; 'all'
+    without factors."""
+    # A named level (resnet, sam) says what it is; a config-path factor's value needs its name.
+    return "/".join(f"{f.rsplit('.', 1)[-1]}={lv}" if "." in f else str(lv) for f, lv in levels.items()) or "all"
+
+
+def cell_key_name(key: str) -> str:
+    """`cell_name` of a cell key as trials record it (the `cell` column, 'arch=vit,method=sam', a confirm
+    replicate's ' seed=N' kept); a key that is not factor=level pairs, unchanged."""
+    base, sep, seed = str(key).partition(" seed=")
+    if not base:
+        return cell_name({}) + (f" seed={seed}" if sep else "")
+    pairs = [part.partition("=") for part in base.split(",")]
+    if any(not eq or not factor for factor, eq, _ in pairs):
+        return str(key)
+    return cell_name({factor: level for factor, _, level in pairs}) + (f" seed={seed}" if sep else "")

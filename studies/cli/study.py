@@ -226,12 +226,15 @@ class Calibrate(Command):
 
 
 def _print_cells(study) -> None:
-    width = max((len(c.key) for c in study.cells), default=4)
+    from trainables.naming import cell_name
+
+    names = [cell_name(c.levels) for c in study.cells]
+    width = max((len(n) for n in names), default=4)
     confirm = study.spec.confirm is not None
     print(f"{'cell':<{width}}  trials  {'confirm  ' if confirm else ''}searched")
-    for c in study.cells:
+    for c, name in zip(study.cells, names):
         space = ", ".join(f"{p} ~ {d.type}" for p, d in c.space.items()) or "-"
-        print(f"{c.key or 'all':<{width}}  {c.trials:>6}  {f'{c.confirm:>7}  ' if confirm else ''}{space}")
+        print(f"{name:<{width}}  {c.trials:>6}  {f'{c.confirm:>7}  ' if confirm else ''}{space}")
     print(f"{len(study.cells)} cells, {study.total_trials} trials")
 
 

@@ -37,7 +37,8 @@ def test_validate_bad_file_lists_problems_without_traceback(tmp_path):
 def test_dry_run_prints_cells_and_counts():
     out = sharpscale("run", "--dry-run", "studies/quickstart.yaml")
     assert out.returncode == 0, out.stderr
-    assert "arch=vit,method=sam" in out.stdout
+    assert "\nvit/sam " in out.stdout  # the cell's one name, as status and the trial runs name it
+    assert "arch=vit,method=sam" not in out.stdout
     assert "optimizer.hparams.rho ~ loguniform" in out.stdout
     assert "6 cells, 15 trials" in out.stdout
 
@@ -57,7 +58,7 @@ def test_read_only_commands_need_no_data_but_validate_and_run_do(tmp_path, capsy
     study = str(REPO / "studies" / "rho_sensitivity.yaml")
     missing = ["--set", f"data.root={tmp_path / 'no-cifar'}", "--storage", str(tmp_path / "runs")]
     assert main(["run", "--dry-run", study, *missing]) == 0
-    assert "arch=vit,method=sam" in capsys.readouterr().out
+    assert "\nvit/sam " in capsys.readouterr().out
     main(["status", study, *missing, "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
     assert "data.root" not in capsys.readouterr().err  # it may find no experiment, but never asks for the data
     for command in ("validate", "run"):
