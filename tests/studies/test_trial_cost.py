@@ -153,7 +153,7 @@ def test_dry_run_prints_gpu_hours_from_the_one_table_of_measured_figures(tmp_pat
     seen = (50_000 // 256) * 256
     hours = 2 * 10 * seen * (1 / row.train_none + 1 / row.train_sam) * 0.5 / 3600  # 2 trials a cell, half a GPU each
     assert f"Estimated cost: {two_sig(hours)} GPU-hours on {REFERENCE_CARD}" in out  # 2 significant figures
-    assert "No estimate for cell arch=unmeasured: no measured figure of resnet50" in out
+    assert "No estimate for cell unmeasured: no measured figure of resnet50" in out
 
 
 def test_a_cpu_study_is_costed_in_trial_hours_from_the_cpu_rows(capsys):
@@ -163,7 +163,7 @@ def test_a_cpu_study_is_costed_in_trial_hours_from_the_cpu_rows(capsys):
     assert main(["run", "--dry-run", str(Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml")]) == 0
     out = capsys.readouterr().out
     # The full quickstart's models at 16 px have no CPU row: no estimate, said per cell; its --smoke form has them.
-    assert "No estimate for cell arch=vit,method=adamw: no measured figure of vit_tiny_patch16_224" in out
+    assert "No estimate for cell vit/adamw: no measured figure of vit_tiny_patch16_224" in out
     assert (
         main(["run", "--dry-run", "--smoke", str(Path(__file__).resolve().parents[2] / "studies/quickstart.yaml")]) == 0
     )
