@@ -31,6 +31,7 @@ from trainables.config import FILE_LOADING_KWARGS, ConfigError, TrialConfig
 from trainables.data.staging import is_uri
 from trainables.errors import shown
 from trainables.families import kwargs_problem
+from trainables.naming import cell_name
 
 
 # Method knobs may be searched by their bare name; each applies only to the cells whose method takes it.
@@ -204,18 +205,18 @@ def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tu
     for levels, tree in merged:
         key = _cell_key(levels)
         for problem in _trial_location_problems(tree):  # the file's own paths, which --smoke replaces
-            missing_roots.setdefault(problem, []).append(key or "all")
+            missing_roots.setdefault(problem, []).append(cell_name(levels))
         if smoke:
             # The file's own cell first: --smoke replaces its data and model, which must still be valid (a smoke
             # run that passed an invalid section would leave the real run to fail on it).
             try:
                 TrialConfig.load(tree)
             except ConfigError as err:
-                problems.extend(f"{f'cell {key}' if key else 'the study'}: {p}" for p in err.problems)
+                problems.extend(f"{f'cell {cell_name(levels)}' if key else 'the study'}: {p}" for p in err.problems)
                 continue
             tree = _smoke_tree(tree, spec.smoke, shortest)  # --smoke wins over every level
         elif require_data and (problem := _missing_root(tree)):
-            missing_roots.setdefault(problem, []).append(key or "all")
+            missing_roots.setdefault(problem, []).append(cell_name(levels))
         before = len(problems)
         cell = _cell(spec, key, levels, tree, owners, smoke, problems, geometry_cells)
         if smoke:
@@ -390,7 +391,7 @@ def _cell(
     geometry_cells: dict[str, list[str]],
 ) -> Cell | None:
     """One cell: its config validated at every search bound, and its trials; None when its config is invalid."""
-    label = f"cell {key}" if key else "the study"
+    label = f"cell {cell_name(levels)}" if key else "the study"  # the one name status and the trial runs use
     if spec.confirm is not None:
         problems.extend(_confirm_problems(spec.confirm, tree, label))
         # The search scores on the selection half; the confirm runs on the other (studies.confirm).

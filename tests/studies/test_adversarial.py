@@ -215,7 +215,7 @@ REFUSED = [
         "smoke-invalid-data",
         _edit(("data: {name: digits,", "data: {name: digitz,")),
         ["--smoke"],
-        "cell arch=vit,method=adamw: data.name: must be one of",
+        "cell vit/adamw: data.name: must be one of",
     ),
     (
         "factor-scalar",

@@ -438,7 +438,7 @@ def test_ui_off_loopback_warns_that_the_network_reaches_it_without_a_login(host,
     [
         (
             ("  method:\n", "  frac:\n    tiny: {data.fraction: 1.0e-9}\n    half: {data.fraction: 0.5}\n  method:\n"),
-            "frac=tiny",
+            "cell vit/tiny/adamw",  # the cell's one name (trainables.naming.cell_name)
         ),
         (
             ("search:\n", "search:\n  data.fraction: {type: loguniform, low: 1.0e-9, high: 0.5}\n"),
