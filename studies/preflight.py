@@ -584,11 +584,17 @@ def check_tune_experiment(
     )
 
     if not tune.Tuner.can_restore(experiment_dir):
-        if identity.read_launch_record(experiment_dir) is not None and not target.trial_runs():
-            # Stopped after its runs were made and before Tune wrote its state: no trial ran, none is lost.
+        if identity.read_launch_record(experiment_dir) is not None:
+            # Stopped after its runs were made and before Tune wrote its state. A trial started in that window (a
+            # loaded machine widens it) has no Tune snapshot to resume from: its run is dropped as lost, as a trial
+            # the driver never snapshotted is on any resume, and the searcher issues its values again.
+            started = target.trial_runs()
+            if started:
+                target.drop_lost_trials(set())
+            dropped = f" ({started} trial run(s) it had begun are deleted as lost)" if started else ""
             print(
-                f"sharpscale: resume: launch {target.number} was stopped before its first trial began; its trials "
-                f"start now.",
+                f"sharpscale: resume: launch {target.number} was stopped before Tune recorded its first trial"
+                f"{dropped}; its trials start now.",
                 flush=True,
             )
             return False

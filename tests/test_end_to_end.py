@@ -74,7 +74,7 @@ def test_reduced_quickstart_end_to_end(ray_cluster, tmp_path, tracking_uri, caps
     assert {"report/summary.md", "report/report.md"} <= logged
     assert main(["status", str(path), "--tracking-uri", tracking_uri]) == 0
     status = capsys.readouterr().out
-    assert f"{expected} of {expected} trials recorded" in status and "arch=mixer,method=sam" in status
+    assert f"{expected} of {expected} trials recorded" in status and "mixer/sam" in status
 
     # From a trial's checkpoint artifact to its loss geometry, logged back to the same run and read by load_runs.
     import torch.nn.functional as F
