@@ -359,7 +359,7 @@ def test_a_trial_is_costed_at_the_step_it_will_run_and_an_eager_figure_for_a_com
     by_cell = {c.cell: c for c in estimate_study(study, cluster_card=row.card).cells}
     seen = (50_000 // 256) * 256
     rest = 10 * 10_000 / row.val + row.fixed_s + 2 * row.checkpoint_s  # 10 validations; checkpoints after epochs 9, 10
-    compiled, eager = by_cell["arch=compiled"], by_cell["arch=eager"]
+    compiled, eager = by_cell["compiled"], by_cell["eager"]  # the cells' one names
     assert (compiled.compiles, compiled.compiled, eager.compiles, eager.compiled) == (True, True, False, False)
     assert compiled.gpu_hours * 3600 == pytest.approx(10 * seen / row.compiled_sam + rest + row.compile_s)
     assert eager.gpu_hours * 3600 == pytest.approx(10 * seen / row.train_sam + rest)
