@@ -10,9 +10,10 @@ from ._knobs import check
 from ._method import (
     Forward,
     Method,
+    SeededDraws,
     StepKeywords,
     StepOutput,
-    _found_inf_per_device,
+    _skipped_on_overflow,
     batch_rows,
     group_by_device_dtype,
 )
@@ -22,7 +23,7 @@ __all__ = ["BSAM"]
 
 
 @registered
-class BSAM(Method):
+class BSAM(SeededDraws, Method):
     """bSAM, the paper's Algorithm 1 (docs/algorithms.md, "bSAM"), with ``N = data_factor * num_samples``:
 
     - ``theta = w + z / sqrt(N s)``, ``z ~ N(0, I)``; ``g = grad L(theta; B)`` (pass 1);
@@ -98,22 +99,6 @@ class BSAM(Method):
             buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
         return buf
 
-    def _gen(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self._gens.get(key)
-        if gen is None:
-            gen = self._gens[key] = torch.Generator(device=device).manual_seed(self._seed)
-        return gen
-
-    def _gen_states(self) -> dict[str, torch.Tensor]:
-        return {k: g.get_state() for k, g in self._gens.items()}
-
-    def _set_gen_states(self, states: dict[str, torch.Tensor]) -> None:
-        for key in set(self._gens) - set(states):  # first made on a skipped step: made afresh when next drawn on
-            del self._gens[key]
-        for key, state in states.items():
-            self._gen(torch.device(key)).set_state(state)
-
     # ---------------------------------------------------------------- the step's parts
     @torch.no_grad()
     def _draw(self, params: list[torch.Tensor]) -> None:
@@ -165,24 +150,7 @@ class BSAM(Method):
 
     def _overflowed(self, found: torch.Tensor | None) -> bool:
         """fp16: unscale pass 2's gradients; whether either pass overflowed (then the scaler backs off once)."""
-        scaler, opt = self.scaler, self.base_optimizer
-        if scaler is None:
-            return False
-        scaler.unscale_(opt)
-        flags = _found_inf_per_device(scaler, opt)
-        total = torch.zeros((), dtype=torch.float32)
-        for f in flags.values():
-            total = total + f.to(torch.float32).sum().cpu()
-        if found is not None:
-            total = total + found.to(torch.float32).sum().cpu()
-        if not bool(total > 0):
-            return False
-        if flags:
-            next(iter(flags.values())).fill_(1.0)
-        else:
-            flags[found.device] = torch.ones((), dtype=torch.float32, device=found.device)
-        scaler.update()
-        return True
+        return self.scaler is not None and _skipped_on_overflow(self.scaler, self.base_optimizer, found)
 
     @torch.no_grad()
     def _update(self, found: torch.Tensor | None) -> bool:

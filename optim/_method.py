@@ -511,24 +511,7 @@ class Method(abc.ABC):
             self._before_base_step()
             opt.step()
             return False
-        scaler.unscale_(opt)
-        flags = _found_inf_per_device(scaler, opt)
-        total = torch.zeros((), dtype=torch.float32)
-        for f in flags.values():
-            total = total + f.to(torch.float32).sum().cpu()
-        if found_earlier is not None:
-            total = total + found_earlier.to(torch.float32).sum().cpu()
-        if bool(total > 0):
-            # Not scaler.step: a fused AdamW/SGD would be called with found_inf = (sum of both passes' flags)
-            # and its kernel skips only when that equals 1.0 (2.0 stepped with NaN gradients and moved
-            # Adam's step backwards); a skipped fused SGD first step also leaves an uninitialised momentum
-            # buffer. update() backs off once when any recorded flag is non-zero, so pass 1's verdict is
-            # written where update() reads it.
-            if flags:
-                next(iter(flags.values())).fill_(1.0)
-            else:
-                flags[found_earlier.device] = torch.ones((), dtype=torch.float32, device=found_earlier.device)
-            scaler.update()
+        if _skipped_on_overflow(scaler, opt, found_earlier):
             return True
         if self.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self._params_with_grad(), self.grad_clip, foreach=True)
@@ -544,6 +527,58 @@ class Method(abc.ABC):
 
 def batch_rows(inputs: torch.Tensor | None) -> int | None:
     return None if inputs is None else int(inputs.shape[0])
+
+
+def _skipped_on_overflow(
+    scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer, found_earlier: torch.Tensor | None
+) -> bool:
+    """fp16: unscale ``opt``'s gradients; on an inf/nan there or in ``found_earlier`` (pass 1's flag), record it where
+    ``scaler.update`` reads it, back off once and return True: the step is skipped, its optimizer never called."""
+    scaler.unscale_(opt)
+    flags = _found_inf_per_device(scaler, opt)
+    total = torch.zeros((), dtype=torch.float32)
+    for f in flags.values():
+        total = total + f.to(torch.float32).sum().cpu()
+    if found_earlier is not None:
+        total = total + found_earlier.to(torch.float32).sum().cpu()
+    if not bool(total > 0):
+        return False
+    # Not scaler.step: a fused AdamW/SGD would be called with found_inf = (sum of both passes' flags) and its kernel
+    # skips only when that equals 1.0 (2.0 stepped with NaN gradients and moved Adam's step backwards); a skipped
+    # fused SGD first step also leaves an uninitialised momentum buffer. update() backs off once when any recorded
+    # flag is non-zero, so pass 1's verdict is written where update() reads it.
+    if flags:
+        next(iter(flags.values())).fill_(1.0)
+    else:
+        flags[found_earlier.device] = torch.ones((), dtype=torch.float32, device=found_earlier.device)
+    scaler.update()
+    return True
+
+
+class SeededDraws:
+    """One seeded generator per device for a method's random draws (RWP's noise, bSAM's weight noise), with the
+    states a checkpoint keeps; the class sets ``_seed`` and ``_gens`` (a dict) in its ``__init__``."""
+
+    _seed: int
+    _gens: dict[str, torch.Generator]
+
+    def _gen(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        gen = self._gens.get(key)
+        if gen is None:
+            gen = self._gens[key] = torch.Generator(device=device).manual_seed(self._seed)
+        return gen
+
+    def _gen_states(self) -> dict[str, torch.Tensor]:
+        return {k: g.get_state() for k, g in self._gens.items()}
+
+    def _set_gen_states(self, states: dict[str, torch.Tensor]) -> None:
+        """The generators as ``states`` has them; one made since (first drawn on a skipped step) is dropped, to be
+        made again, freshly seeded, when next drawn on."""
+        for key in set(self._gens) - set(states):
+            del self._gens[key]
+        for key, state in states.items():
+            self._gen(torch.device(key)).set_state(state)
 
 
 def _found_inf_per_device(scaler: torch.amp.GradScaler, opt: torch.optim.Optimizer) -> dict:

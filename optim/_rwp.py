@@ -8,14 +8,22 @@ from typing import Unpack
 import torch
 
 from ._knobs import check_m_sharpness
-from ._method import Forward, Method, StepKeywords, StepOutput, batch_rows, group_by_device_dtype
+from ._method import (
+    Forward,
+    Method,
+    SeededDraws,
+    StepKeywords,
+    StepOutput,
+    batch_rows,
+    group_by_device_dtype,
+)
 from ._specs import registered
 
 __all__ = ["RWP"]
 
 
 @registered
-class RWP(Method):
+class RWP(SeededDraws, Method):
     """m-ARWP (docs/algorithms.md, "RWP and m-ARWP"). One step on batch B, with ``F`` the running sum of squared
     perturbed gradients (zero at the start):
 
@@ -59,24 +67,6 @@ class RWP(Method):
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
 
     # ---------------------------------------------------------------- the draw
-    def _gen(self, device: torch.device) -> torch.Generator:
-        key = str(device)
-        gen = self._gens.get(key)
-        if gen is None:
-            gen = self._gens[key] = torch.Generator(device=device).manual_seed(self._seed)
-        return gen
-
-    def _gen_states(self) -> dict[str, torch.Tensor]:
-        return {k: g.get_state() for k, g in self._gens.items()}
-
-    def _set_gen_states(self, states: dict[str, torch.Tensor]) -> None:
-        """The generators as ``states`` has them; one made since (first drawn on a skipped step) is dropped, to be
-        made again, freshly seeded, when next drawn on."""
-        for key in set(self._gens) - set(states):
-            del self._gens[key]
-        for key, state in states.items():
-            self._gen(torch.device(key)).set_state(state)
-
     def _moved(self) -> list[torch.Tensor]:
         return [p for p in self._params() if p.requires_grad and self._in_scope(p)]
 
