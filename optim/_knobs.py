@@ -176,6 +176,17 @@ class OwnUpdate:
 
 
 @dataclass(frozen=True)
+class SharedBatch:
+    """A method form whose data-parallel ranks do not split the global batch but each take all of it, and compute
+    different things on it (SAMPa's two-rank form: rank 0 the perturbation's gradient, rank 1 the update's): turned
+    on by the flag knob ``knob``, on exactly ``ranks`` ranks. The trial loop feeds every rank the whole batch and
+    records rank 0's training loss; the study validator refuses another worker count before Ray starts."""
+
+    knob: str
+    ranks: int
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """One registry entry: what the study validator needs to know about a method without building it (its knobs
     with their defaults and rules, the base optimizers it takes), and how to build it.
@@ -204,6 +215,7 @@ class MethodSpec:
     compiled_differs: str = ""
     small: SmallRun = field(default_factory=SmallRun, repr=False)
     own_update: OwnUpdate | None = None  # steps by its own rule; the base optimizer only lends groups and lr
+    shared_batch: SharedBatch | None = None  # a form whose ranks each take the whole global batch
 
     @property
     def steps_base(self) -> bool:
@@ -217,6 +229,11 @@ class MethodSpec:
 
     def knob(self, name: str) -> Knob:
         return next(k for k in self.knobs if k.name == name)
+
+    def shares_batch(self, hparams: Mapping[str, Any]) -> bool:
+        """Whether a trial with these knobs runs the form whose ranks each take the whole batch (``shared_batch``)."""
+        form = self.shared_batch
+        return form is not None and bool(hparams.get(form.knob, self.knob(form.knob).default))
 
     def check_knobs(self, **values: Any) -> dict[str, Any]:
         """Check the given knobs (any subset of this method's) by their rules, in declaration order, then every
@@ -265,6 +282,7 @@ def method_spec(
     compiled_differs: str = "",
     small: SmallRun | None = None,
     own_update: OwnUpdate | None = None,
+    shared_batch: SharedBatch | None = None,
 ) -> MethodSpec:
     """A registry entry, its declarations checked: knob names unique, relations reading declared knobs, ``needs``
     context that create() can pass, the small run's knobs among its own; ``perturbs`` defaults to ``two_pass``.
@@ -284,6 +302,8 @@ def method_spec(
             f"method {name!r}: an own_update method steps no base optimizer, so it takes no schedule or scope "
             "(perturbs=False), needs no base momentum and has no small.base_exactly"
         )
+    if shared_batch is not None and shared_batch.knob not in names:
+        raise TypeError(f"method {name!r}: shared_batch.knob {shared_batch.knob!r} is not among its knobs {names}")
     for label, knobs_set in (("small.hparams", small.hparams), ("small.base_exactly", small.base_exactly or {})):
         unknown = sorted(set(knobs_set) - set(names))
         if unknown:
@@ -303,6 +323,7 @@ def method_spec(
         compiled_differs=compiled_differs,
         small=small,
         own_update=own_update,
+        shared_batch=shared_batch,
     )
 
 

@@ -55,11 +55,12 @@ class SAMPa(Method):
 
         ddp = self._ddp()
         world = dist.get_world_size(ddp.process_group) if ddp is not None else 1
-        if world != 2:
+        ranks = self.spec.shared_batch.ranks
+        if world != ranks:
             raise ValueError(
                 f"sampa: parallel=True computes the step's two gradients on two data-parallel ranks, one each, so it "
-                f"needs a DistributedDataParallel model on exactly 2 ranks, but got {world} rank(s); run it on 2 "
-                "data-parallel workers or pass parallel=False"
+                f"needs a DistributedDataParallel model on exactly {ranks} ranks, but got {world} rank(s); run it on "
+                f"{ranks} data-parallel workers or pass parallel=False"
             )
         self._ranks_checked = True
 

@@ -14,6 +14,7 @@ from ._knobs import (
     OwnUpdate,
     Relation,
     Rule,
+    SharedBatch,
     SmallRun,
     check,
     integer,
@@ -436,6 +437,7 @@ SPECS = (
         ),
         perturbs=True,
         needs=("model",),
+        shared_batch=SharedBatch("parallel", ranks=2),  # parallel=True: rank 0 takes g(x~), rank 1 g(y), one batch
         step_cost=0.484,  # optim.csv b3fe3eb
         small=SmallRun(
             {"rho": 0.05, "lmbda": 0.3}, base_exactly={"rho": 0.0, "lmbda": 0.0}, passes_per_step=2.0, forwards=6

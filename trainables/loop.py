@@ -278,8 +278,16 @@ def _batch_loader(dataset, sampler) -> DataLoader:
     return DataLoader(_Batched(dataset), sampler=sampler, batch_size=None, num_workers=0)
 
 
+def _data_ranks(cfg: TrialConfig, d: _Dist) -> _Dist:
+    """How the training batches are dealt: each rank its slice of every global batch (d itself), or, for a method
+    form whose ranks each take the whole batch (optim.SharedBatch: SAMPa's two-rank form), every rank all of it, with
+    rank 0's draws, as one process would."""
+    return _Dist() if optim.METHODS[cfg.optimizer.method].shares_batch(cfg.optimizer.hparams) else d
+
+
 def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.device):
-    if cfg.data.batch_size % d.world:
+    feed = _data_ranks(cfg, d)
+    if cfg.data.batch_size % feed.world:
         raise TrialRefused(
             f"data.batch_size: must be divisible by the {d.world} data-parallel workers, got {cfg.data.batch_size}. "
             f"Fix: use a multiple of {d.world}."
@@ -290,13 +298,13 @@ def _loaders(bundle: DataBundle, cfg: TrialConfig, d: _Dist, device: torch.devic
             f"data.batch_size: must not exceed the training-set size ({n} samples at data.fraction="
             f"{cfg.data.fraction}), got {cfg.data.batch_size}. Fix: lower the batch size or raise the fraction."
         )
-    share = cfg.data.batch_size // d.world
+    share = cfg.data.batch_size // feed.world
     if share < cfg.data.accumulate:
         raise TrialRefused(
-            f"data.accumulate: each of the {d.world} workers gets {share} samples per batch, fewer than accumulate="
+            f"data.accumulate: each of the {feed.world} workers gets {share} samples per batch, fewer than accumulate="
             f"{cfg.data.accumulate} micro-batches. Fix: lower data.accumulate to at most {share} or raise data.batch_size."
         )
-    sampler = _GlobalBatchSampler(n, cfg.data.batch_size, d.rank, d.world, cfg.train.seed)
+    sampler = _GlobalBatchSampler(n, cfg.data.batch_size, feed.rank, feed.world, cfg.train.seed)
     pin = device.type == "cuda"
 
     def common(dataset) -> dict[str, Any]:
@@ -349,6 +357,15 @@ def _all_reduce(t: torch.Tensor, d: _Dist) -> torch.Tensor:
     if d.world > 1:
         dist.all_reduce(t)
     return t
+
+
+def _training_sums(sums: torch.Tensor, d: _Dist, sampler: _GlobalBatchSampler) -> torch.Tensor:
+    """The epoch's training sums of the trial: the ranks' slices added, or, where every rank took the whole batch
+    (_data_ranks), rank 0's: its loss and logits are those one process's first pass has (SAMPa's g(x~) pass)."""
+    if sampler.world == d.world:
+        return _all_reduce(sums, d)
+    dist.broadcast(sums, src=0)
+    return sums
 
 
 def _check_finite(loss: torch.Tensor, d: _Dist, epoch: int, step: int) -> None:
@@ -438,7 +455,7 @@ def _train_epoch(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - t0 - (compile_seconds or 0.0)
-    _all_reduce(sums, d)
+    _training_sums(sums, d, sampler)
     loss, correct, seen, gap, gap_steps, sharp = sums.tolist()
     if not math.isfinite(loss):
         raise TrialDiverged(epoch, len(loader) - 1, loss)
@@ -877,7 +894,8 @@ def _run_epochs(trial: _Trial, ckpt_root: Path) -> None:
     cadence = _CheckpointCadence(cfg.train.checkpoint_every)
     warm_up = functools.partial(_warm_up_compile, trial) if trial.plan.enabled else None
     for epoch in range(trial.start_epoch, cfg.schedule.epochs):
-        _seed_epoch(cfg.train.seed, epoch, d.rank)
+        # The data rank: ranks that take the same batches draw alike too (mixup, dropout), as one process would.
+        _seed_epoch(cfg.train.seed, epoch, trial.sampler.rank)
         train_metrics, trial.num_updates = _train_epoch(
             trial.net,
             trial.method,

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+import optim
 from studies.spec._schema import (
     DEFAULT_TRIALS_PER_CELL,
     MAX_TRIALS,
@@ -405,6 +406,8 @@ def _cell(
         space[path] = dom
     try:
         config = TrialConfig.load(tree)
+        if problem := _shared_batch_problem(config, spec.resources.workers_per_trial):
+            problems.append(f"{label}: {problem}")
         for problem in _geometry_problems(config):  # said once, with the cells it is in
             geometry_cells.setdefault(problem, []).append(key or "all")
         # A key timm would refuse at the build (studies.preflight, with torch), caught here without it.
@@ -468,6 +471,20 @@ def _study_wide_problems(spec: Study, cells: list[Cell], owners: dict[str, set[s
                 f"Fix: add a method that takes it to the factors, or remove it."
             )
     return problems
+
+
+def _shared_batch_problem(cfg: TrialConfig, workers: int) -> str | None:
+    """A method form whose ranks each compute one part of a step (optim.SharedBatch: SAMPa's parallel=True) on a
+    worker count it cannot run on: said before Ray starts, where the trial would fail at its first step."""
+    spec = optim.METHODS[cfg.optimizer.method]
+    if not spec.shares_batch(cfg.optimizer.hparams) or workers == spec.shared_batch.ranks:
+        return None
+    ranks, knob = spec.shared_batch.ranks, spec.shared_batch.knob
+    return (
+        f"optimizer.hparams.{knob}: {spec.name}'s {knob}=True form takes its step's parts on {ranks} data-parallel "
+        f"workers, one part each, so it needs resources.workers_per_trial = {ranks}, got {workers}. "
+        f"Fix: set resources.workers_per_trial: {ranks}, or {knob}: false."
+    )
 
 
 def _confirm_problems(confirm: Confirm, tree: dict[str, Any], label: str) -> list[str]:

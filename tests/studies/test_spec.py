@@ -270,3 +270,23 @@ def test_smoke_with_an_invalid_epochs_level_reports_it_instead_of_failing(tmp_pa
     }
     with pytest.raises(StudyError, match="schedule.epochs"):
         load_study(write(tmp_path, data), smoke=True)
+
+
+@pytest.mark.parametrize("workers, refused", [(1, True), (3, True), (2, False)])
+def test_sampas_two_rank_form_needs_two_workers_before_ray_starts(tmp_path, workers, refused):
+    """SAMPa's parallel=True takes its step's two gradients on two data-parallel workers (optim.SharedBatch): another
+    worker count would fail every trial at its first step, so the study file is refused naming the field and fix."""
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["factors"]["method"]["sampa"] = {"optimizer.method": "sampa", "optimizer.hparams.parallel": True}
+    data["resources"] = {"workers_per_trial": workers}
+    if not refused:
+        assert any(c.levels["method"] == "sampa" for c in load_study(write(tmp_path, data)).cells)
+        return
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, data))
+    said = str(err.value)
+    assert "optimizer.hparams.parallel: sampa's parallel=True form" in said, said
+    assert (
+        f"needs resources.workers_per_trial = 2, got {workers}" in said
+        and "Fix: set resources.workers_per_trial: 2" in said
+    )

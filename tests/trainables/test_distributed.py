@@ -118,3 +118,33 @@ def test_two_workers_match_in_process_and_survive_a_killed_worker(ray_cluster, t
     assert result.metrics["train_loss"] == pytest.approx(straight.metrics["train_loss"], rel=1e-6)
     for key, value in weights.items():
         torch.testing.assert_close(weights_k[key], value, rtol=1e-6, atol=1e-7, msg=key)
+
+
+@pytest.mark.timeout(600)
+def test_sampa_two_rank_form_through_ray_train_trains_what_one_process_does(ray_cluster, tmp_path, config):
+    """SAMPa's parallel=True form (issue 34) through Ray Train: two gloo workers each take the whole global batch,
+    rank 0 computing the perturbation's gradient g(x~) and rank 1 the update's g(y), at once; the trial they train
+    is the one a single process trains with parallel=False, every step: each epoch's training loss and the final
+    weights agree to float rounding (no reassociation here: each gradient is one rank's alone, the other's row 0)."""
+    one = {**config, "optimizer": {**config["optimizer"], "method": "sampa", "hparams": {"rho": 0.05, "lmbda": 0.3}}}
+    two = {**one, "optimizer": {**one["optimizer"], "hparams": {**one["optimizer"]["hparams"], "parallel": True}}}
+    epochs = []
+    fit(one, checkpoint_dir=tmp_path / "one", reporter=lambda metrics, _: epochs.append(dict(metrics)))
+    reference = load_checkpoint(tmp_path / "one")
+
+    plan = DistributedPlan(workers=2, cpus_per_worker=1, max_failures=0, storage_path=str(tmp_path / "ray"))
+    result = fit_distributed(two, plan=plan, name="sampa_two_ranks")
+    state, weights = _weights(result)
+    assert state["epoch"] == config["schedule"]["epochs"] - 1
+    # The epochs Ray Train's result keeps (those of its kept checkpoints), each against the same epoch in one process;
+    # the final weights below carry every step.
+    local = {int(m["epoch"]): m for m in epochs}
+    curve = result.metrics_dataframe
+    assert len(curve) and int(curve["epoch"].max()) == config["schedule"]["epochs"] - 1
+    for _, row in curve.iterrows():
+        assert row["train_loss"] == pytest.approx(local[int(row["epoch"])]["train_loss"], rel=1e-6)
+        assert row["train_acc"] == local[int(row["epoch"])]["train_acc"]  # the whole batch counted once, on rank 0
+        assert row["passes_per_step"] == 1.0  # per rank: each takes one of the step's two passes
+    assert result.metrics["val_acc"] == epochs[-1]["val_acc"]
+    for key, value in reference["model"].items():
+        torch.testing.assert_close(weights[key], value, rtol=1e-6, atol=1e-7, msg=key)
