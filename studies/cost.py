@@ -310,6 +310,15 @@ def _cell_cost(
     # Each method's step cost is its registry entry's (optim/_specs.py step_cost), a share of `none`'s; SAM's own is
     # the card's measured SAM column.
     spec = METHODS.get(method)
+    if spec is not None and spec.shares_batch(cfg.optimizer.hparams):
+        # Its ranks each take one of the step's passes at once: neither the one-device step cost nor the workers'
+        # split batches describe its wall, and no two-GPU row measures it yet.
+        return (
+            None,
+            f"cell {label}: {method}'s {spec.shared_batch.knob}=True form has no measured step cost on "
+            f"{spec.shared_batch.ranks} workers (optim/_specs.py step_cost is the one-device form's).",
+            False,
+        )
     share = spec.step_cost if spec is not None and spec.step_cost is not None else math.nan
     speed = sam if method == "sam" else none * share
     if not math.isfinite(speed):

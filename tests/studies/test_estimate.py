@@ -197,3 +197,22 @@ def test_a_cpu_study_is_costed_from_the_cpu_rows_on_the_cpus_it_has(tmp_path, mo
     assert "trial-hours" in estimate.lines()[0] and "On this cluster's 2 CPU(s)" in "\n".join(estimate.lines())
     monkeypatch.setattr(cost, "CARD_FIGURES", ())
     assert "has no CPU row" in cost.estimate_study(study, cpus=2).problems[0]
+
+
+def test_sampas_two_rank_form_gets_no_estimate_from_the_one_device_step_cost(tmp_path, row):
+    """Its two workers each take one of the step's passes at once: the one-device step cost (about half the base
+    step's) would put its wall near twice the truth, so the cell says it has no measured figure instead."""
+    _study(tmp_path, geometry=False)
+    raw = yaml.safe_load((tmp_path / "s.yaml").read_text())
+    raw["factors"]["m"] = {
+        "sampa": {"optimizer.method": "sampa"},
+        "two": {"optimizer.method": "sampa", "optimizer.hparams.parallel": True},
+    }
+    raw["resources"]["workers_per_trial"] = 2
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    from studies.spec import load_study
+
+    estimate = cost.estimate_study(load_study(tmp_path / "s.yaml", require_data=False), gpus=2, cluster_card="Card X")
+    assert [c.cell for c in estimate.cells] == ["sampa"]
+    (problem,) = estimate.problems
+    assert "cell two: sampa's parallel=True form has no measured step cost on 2 workers" in problem, problem
