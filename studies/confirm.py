@@ -20,12 +20,17 @@ __all__ = ["CellChoice", "ConfirmState", "confirm_config"]
 # numbers the report compares carry no selection.
 
 
-def confirm_config(cell: Cell, sample: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The trial config of one confirm run: the cell's, its chosen `sample`, a fresh `seed`, the held-out half."""
+def confirm_config(cell: Cell, sample: dict[str, Any], seed: int, subsets: str = "fixed") -> dict[str, Any]:
+    """The trial config of one confirm run: the cell's, its chosen `sample`, a fresh `seed`, the held-out half;
+    under `subsets` "per_seed" (confirm.subsets) also the seed's own training subset."""
     tree = copy.deepcopy(cell.config)
     for path, value in sample.items():
         set_path(tree, path, value)
     set_path(tree, "train.seed", seed)
+    if subsets == "per_seed":
+        # The same subset for every cell at one seed, so that cells still pair by seed; smaller fractions nest in
+        # larger ones at each seed (trainables.data.load), so a scaling curve stays one draw per seed.
+        set_path(tree, "data.fraction_seed", seed)
     set_path(tree, "data.eval_split", "test")
     return tree
 

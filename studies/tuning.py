@@ -108,7 +108,11 @@ class StudyTune:
         stage = {STAGE_TAG: SEARCH_STAGE}
         if confirm is not None:
             stage = {STAGE_TAG: CONFIRM_STAGE, **({CHOSEN_FROM_TAG: confirm[1]} if confirm[1] else {})}
-        trial = apply_sample(cell.config, sample) if confirm is None else confirm_config(cell, sample, confirm[0])
+        trial = (
+            apply_sample(cell.config, sample)
+            if confirm is None
+            else confirm_config(cell, sample, confirm[0], spec.confirm.subsets)
+        )
         return {
             "study": self.run_name,
             # The in-trial probe, as a plan of this trial's own geometry section (None where it names no measures).

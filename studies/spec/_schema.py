@@ -253,6 +253,14 @@ class Confirm(_Strict):
         "run repeats a trial the choice saw; the same seeds in every cell, so that cells pair by seed.",
     )
 
+    subsets: Literal["fixed", "per_seed"] = Field(
+        "fixed",
+        description="The training subset of each confirm run. fixed: every run trains on the cell's own subset "
+        "(its data.fraction_seed), so the confirm intervals are given that subset. per_seed: confirm seed s trains on "
+        "subset s (data.fraction_seed = s), one subset per seed shared by every cell, so cells still pair by seed and "
+        "the intervals include the variation from one drawn subset to another (fraction_seed replicates).",
+    )
+
     @property
     def seed_list(self) -> list[int]:
         return list(range(self.seed_start, self.seed_start + self.seeds))
@@ -402,6 +410,14 @@ class Study(_Strict):
                 f"fresh ones at the chosen knobs); seeds as a factor or a knob would search each seed apart and repeat "
                 f"the confirm runs. Fix: drop {where}.train.seed and set confirm.seeds to the seeds wanted."
             )
+        if self.confirm is not None and self.confirm.subsets == "per_seed":
+            for where in ("factors", "search"):
+                if "data.fraction_seed" in getattr(self, where):
+                    problems.append(
+                        f"{where}.data.fraction_seed: confirm.subsets 'per_seed' sets each confirm run's subset to its "
+                        f"seed, so the values {where} gives it would not reach the runs the report compares. "
+                        f"Fix: drop {where}.data.fraction_seed, or set confirm.subsets: fixed."
+                    )
         if self.confirm is not None and self.budget.asha is not None:
             problems.append(
                 "confirm: a confirm stage needs every confirm trial trained to its end, and budget.asha would stop "

@@ -71,6 +71,14 @@ def test_expansion_plans_search_then_confirm_trials(tmp_path, tiny_model):
         ({"factors": {"train.seed": [0, 1]}}, "factors.train.seed: with a confirm stage"),
         ({"budget": {"trials_per_cell": 2, "asha": {}}}, "confirm: a confirm stage needs every confirm trial"),
         ({"confirm": {"seeds": 0}}, "confirm.seeds"),
+        (
+            {
+                "confirm": {"seeds": 2, "subsets": "per_seed"},
+                "search": {"data.fraction_seed": {"type": "int", "low": 0, "high": 3}},
+            },
+            "search.data.fraction_seed: confirm.subsets 'per_seed' sets each confirm run's subset to its seed",
+        ),
+        ({"confirm": {"seeds": 2, "subsets": "each"}}, "confirm.subsets"),
     ],
 )
 def test_a_confirm_stage_it_cannot_run_is_refused_naming_the_field(tmp_path, tiny_model, change, expected):
@@ -86,6 +94,23 @@ def test_a_hand_set_eval_split_is_refused_with_a_confirm_stage(tmp_path, tiny_mo
     study["base"]["data"]["eval_split"] = "all"
     with pytest.raises(StudyError, match="data.eval_split is set"):
         load_study(_write(tmp_path, study))
+
+
+@pytest.mark.parametrize("subsets", ["fixed", "per_seed"])
+def test_a_confirm_run_trains_on_the_subset_its_subsets_rule_names(tmp_path, tiny_model, subsets):
+    from studies.confirm import confirm_config
+
+    study = _study_dict(tmp_path, tiny_model("resnet"), confirm={"seeds": 2, "subsets": subsets})
+    study["base"]["data"].update(fraction=0.5, fraction_seed=7)
+    spec = load_study(_write(tmp_path, study))
+    assert spec.spec.confirm.subsets == subsets
+    cell = next(c for c in spec.cells if c.levels["method"] == "sam")
+    trees = [confirm_config(cell, {RHO: 0.1}, seed, spec.spec.confirm.subsets) for seed in spec.spec.confirm.seed_list]
+    # fixed: the cell's own subset for every seed (the default, today's behaviour); per_seed: seed s trains on
+    # subset s, so two cells at one seed share a subset and still pair.
+    expected = [7, 7] if subsets == "fixed" else [1000, 1001]
+    assert [t["data"]["fraction_seed"] for t in trees] == expected
+    assert [t["train"]["seed"] for t in trees] == [1000, 1001] and cell.config["data"]["fraction_seed"] == 7
 
 
 @pytest.mark.parametrize("n", [1, 2, 359, 360, 10_000])
@@ -214,7 +239,10 @@ def test_a_study_with_a_confirm_stage_end_to_end(ray_cluster, tmp_path, tracking
     from trainables.data import load_dataset
     from trainables.naming import CHOSEN_FROM_TAG, STAGE_TAG
 
-    path = _write(tmp_path, _study_dict(tmp_path, tiny_model("resnet")))
+    # One subset per confirm seed (confirm.subsets: per_seed), the search keeps subset 0: at fraction 1 every subset
+    # is the whole set, so the runs are today's, and the recorded fraction_seed shows the rule reached them.
+    study = _study_dict(tmp_path, tiny_model("resnet"), confirm={"seeds": 2, "subsets": "per_seed"})
+    path = _write(tmp_path, study)
     assert main(["run", str(path), "--tracking-uri", tracking_uri]) == 0
     assert "6 trials in" in capsys.readouterr().out
 
@@ -226,6 +254,8 @@ def test_a_study_with_a_confirm_stage_end_to_end(ray_cluster, tmp_path, tracking
     # Fresh seeds, one trial each per cell, scored on the held-out half.
     assert sorted(confirm["train.seed"]) == [1000, 1000, 1001, 1001]
     assert set(confirm["data.eval_split"]) == {"test"}
+    assert set(search["data.fraction_seed"]) == {0}
+    assert (confirm["data.fraction_seed"] == confirm["train.seed"]).all()
     n_val = len(load_dataset("digits", img_size=8).val)
     assert set(search["val_samples"]) == {n_val // 2} and set(confirm["val_samples"]) == {n_val - n_val // 2}
     # SAM's confirm runs repeat the best search trial's rho, and name that trial.
