@@ -55,6 +55,7 @@ __all__ = [
     "SEED_OVER",
     "interval_conditions",
     "CrossedT",
+    "crossed_detectable",
     "crossed_p",
     "crossed_quantile",
     "crossed_t",
@@ -187,6 +188,16 @@ def crossed_p(z: float, df: float, share: float) -> float:
 
     seeds = 2.0 * float(t.sf(abs(z) / math.sqrt(1.0 - share), df)) if share < 1.0 else 0.0
     return max(2.0 * (1.0 - mixed_t_cdf(abs(z), df, share)), seeds)
+
+
+def crossed_detectable(se: float, df: float, share: float, *, confidence: float = 0.95, power: float = 0.8,
+                       family: int = 1) -> float:  # fmt: skip
+    """The gain an interval over seeds and images (joint se, seed df, image share) finds with `power` at level
+    (1 - confidence) / family: (crossed_quantile of the level + that of the power) x se. NaN where df < 1."""
+    if not (df >= 1 and math.isfinite(se) and se > 0):
+        return math.nan
+    alpha = 1.0 - confidence
+    return float((crossed_quantile(1 - alpha / (2 * family), df, share) + crossed_quantile(power, df, share)) * se)
 
 
 @dataclass(frozen=True)

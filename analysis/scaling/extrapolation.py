@@ -27,9 +27,7 @@ def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray,
     The error is 1 - metric where the table maximised it (an accuracy in [0, 1]), else the metric itself (a
     loss or an error). A maximised metric above 1 is refused with the fix (a 0-100 scale)."""
     cols = table.columns
-    best = table.best
-    part = best[(best[cols["arch"]].astype(str) == str(arch)) & (best[cols["method"]].astype(str) == str(method))]
-    part = part.dropna(subset=[table.metric])
+    part = _series_rows(table, arch, method)
     values = part[table.metric].astype("float64").to_numpy()
     if table.mode == "max" and len(values) and values.max() > 1.0:
         raise ValueError(
@@ -39,6 +37,24 @@ def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray,
     err = 1.0 - values if table.mode == "max" else values
     seeds = part[cols["seed"]].astype(str).to_numpy() if cols.get("seed") else np.zeros(len(part), dtype=str)
     return part[cols["fraction"]].astype("float64").to_numpy(), err, seeds
+
+
+def _series_rows(table, arch: str, method: str):
+    """The best-trial rows of one (arch, method) of a ScalingTable that have a value: table_points' points."""
+    cols, best = table.columns, table.best
+    part = best[(best[cols["arch"]].astype(str) == str(arch)) & (best[cols["method"]].astype(str) == str(method))]
+    return part.dropna(subset=[table.metric])
+
+
+def table_scored(table, arch: str, method: str) -> list | None:
+    """Each table_points point's per-image correctness record (load_runs' SCORED_COLUMN), in the same order, for
+    law_extrapolation's and paired_law_difference's `scored`; None where the table's runs carry none or its metric
+    is minimised (a record scores the accuracy, 1 - error)."""
+    from analysis.runs import SCORED_COLUMN
+
+    if table.mode != "max" or SCORED_COLUMN not in table.best.columns:
+        return None
+    return _series_rows(table, arch, method)[SCORED_COLUMN].tolist()
 
 
 @dataclass(frozen=True)
