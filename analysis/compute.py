@@ -231,7 +231,7 @@ def compute_matched_gains(
                 if over == IMAGE_OVER
                 else detectable(test.se, test.df, confidence=confidence, power=power)
             )
-            c = cost.reindex(both.index)
+            c = cost.reindex(index=both.index, columns=[level, baseline])  # an untimed method: NaN, not a KeyError
             ratio = float(c[level].mean() / c[baseline].mean()) if k and c[baseline].mean() > 0 else math.nan
             rows.append(
                 {
