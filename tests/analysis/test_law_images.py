@@ -150,3 +150,25 @@ def test_the_scaling_table_hands_each_point_its_own_record():
         table_scored(scaling_table(runs.drop(columns=[SCORED_COLUMN]), fraction="data.fraction"), "resnet", "sam")
         is None
     )
+
+
+def test_the_report_s_law_tables_pass_the_records_and_say_which_rows_use_them():
+    import types
+
+    from analysis import report
+    from analysis.tables import scaling_table
+
+    runs, _, _ = _study(seeds=3)
+    table = scaling_table(runs, fraction="data.fraction", seed="train.seed")
+    laws = report._law_checks(table, 1.0, None)
+    assert set(laws.xs("saturating", level="form")["interval over"]) == {IMAGE_OVER}
+    assert "test images jointly" in laws.attrs["conditions"]
+    written = {}
+    writer = types.SimpleNamespace(table=lambda slug, title, md, frame: written.update(md=md, frame=frame))
+    report._law_difference_table(
+        types.SimpleNamespace(w=writer, source="sim"), table, "sam", "vanilla", form="saturating", form_note="",
+        eps0=None,
+    )  # fmt: skip
+    assert set(written["frame"]["interval over"]) == {IMAGE_OVER} and "test images jointly" in written["md"]
+    plain = scaling_table(runs.drop(columns=[SCORED_COLUMN]), fraction="data.fraction", seed="train.seed")
+    assert "no per-image correctness" in report._law_checks(plain, 1.0, None).attrs["conditions"]
