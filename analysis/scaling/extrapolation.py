@@ -313,7 +313,9 @@ def _image_intervals(split: _Split, part, prediction: float, row: dict) -> None:
     shares = []
     for p in (*part.params, "prediction"):
         log = p in _LOG_SCALE
-        stat = law_statistic(part, "logB" if p == "B" and log else p, heldout=split.top)
+        stat = law_statistic(part, p, heldout=split.top)
+        if log:  # B, n_break: their intervals (and so the image part) are on the log scale
+            stat = (lambda f: lambda th: math.log(f(th)))(stat)
         g = point_gradient(part, n_in, err_in, stat)
         v = linear_image_variance(split.correct[held_in], g, split.seeds[held_in])
         est = prediction if p == "prediction" else part.params[p]

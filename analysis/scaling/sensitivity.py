@@ -31,15 +31,13 @@ def _numeric_gradient(f: Callable[[np.ndarray], np.ndarray], theta: np.ndarray) 
 
 
 def law_statistic(fit: LawFit, name: str, *, heldout: float | None = None) -> Callable[[np.ndarray], float]:
-    """A statistic of the law as a function of its internal parameters: a parameter ("E", "B", "beta", ...),
-    "logB" (log B, the scale B's intervals are built on), or "prediction" (the error at `heldout`)."""
+    """A statistic of the law as a function of its internal parameters: a parameter ("E", "B", "beta", ...) or
+    "prediction" (the error at `heldout`)."""
     if name == "prediction":
         if heldout is None:
             raise ValueError("law_statistic('prediction') needs heldout, the n predicted")
         lx = np.array([math.log(float(heldout) / fit.n0)])
         return lambda th: float(np.exp(_law_log_pred(fit.form, th, lx, fit.eps0))[0])
-    if name == "logB":
-        return lambda th: math.log(_law_params(fit.form, th, fit.n0)["B"])
     if name not in fit.params:
         raise ValueError(f"law_statistic: {name!r} is not a parameter of the {fit.form} form ({list(fit.params)})")
     return lambda th: _law_params(fit.form, th, fit.n0)[name]

@@ -95,6 +95,12 @@ def test_the_held_out_prediction_and_its_check_widen_by_the_test_images_where_ru
     assert row["pi_low"] < row["prediction"] < row["pi_high"]
     assert bool(row["consistent"]) == bool(row["pi_low"] <= row["observed"] <= row["pi_high"])
     assert "test images jointly" in with_rec.attrs["conditions"] and plain.attrs["conditions"] == CONDITIONS
+    # The jackknife forms too (M4 fits the 4 held-in fractions here): B's interval widens on its log scale.
+    every = law_extrapolation(n, err, seeds, heldout=1.0, eps0=0.9, scored=records).loc["m4"]
+    jack = law_extrapolation(n, err, seeds, heldout=1.0, eps0=0.9).loc["m4"]
+    assert every["interval over"] == IMAGE_OVER and every["B_low"] < every["B"] < every["B_high"]
+    assert every["B_high"] / every["B_low"] >= jack["B_high"] / jack["B_low"]
+    assert every["prediction_high"] - every["prediction_low"] > jack["prediction_high"] - jack["prediction_low"]
     # Records of other values (another metric than the one fitted) are not used: the fallback, said.
     off = law_extrapolation(n, err + 0.01, seeds, forms=("saturating",), heldout=1.0, scored=records)
     assert off.loc["saturating", "interval over"] == SEED_OVER and "no per-image" in off.attrs["conditions"]
