@@ -208,7 +208,7 @@ def direct_rates(studies: int, seeds: int, *, arm_corr: float, images: int = 500
     return {k: float(np.mean(v)) for k, v in hits.items()}
 
 
-def _series(runs: pd.DataFrame, correct: dict, method: str) -> tuple[np.ndarray, ...]:
+def _series(runs: pd.DataFrame, method: str) -> tuple[np.ndarray, ...]:
     """(n, err, seed, records) of one method's runs, fraction-major as table_points gives them."""
     part = runs[runs["factor.method"] == method].sort_values(["data.fraction", "train.seed"])
     n = part["data.fraction"].to_numpy(dtype="float64")
@@ -230,8 +230,8 @@ def law_study(
     rng = np.random.default_rng(seed)
     runs, correct, truth = study_runs(rng, seeds=seeds, images=images, noise=noise, common=common, arm_corr=arm_corr)
     top = max(fractions())
-    n, err_b, s, rec_b = _series(runs, correct, "vanilla")
-    _, err_t, _, rec_t = _series(runs, correct, "sam")
+    n, err_b, s, rec_b = _series(runs, "vanilla")
+    _, err_t, _, rec_t = _series(runs, "sam")
     epoch_times = pd.DataFrame({"run_id": [], "metric": [], "value": []})
     out: dict[str, float] = {}
     with warnings.catch_warnings():

@@ -82,7 +82,7 @@ def _study(seed=0, *, common=0.9, arm_corr=0.0, seeds=4):
 
 def test_the_held_out_prediction_and_its_check_widen_by_the_test_images_where_runs_have_records():
     runs, correct, _ = _study()
-    n, err, seeds, records = _series(runs, correct, "vanilla")
+    n, err, seeds, records = _series(runs, "vanilla")
     with_rec = law_extrapolation(n, err, seeds, forms=("saturating",), heldout=1.0, scored=records)
     plain = law_extrapolation(n, err, seeds, forms=("saturating",), heldout=1.0)
     row, old = with_rec.loc["saturating"], plain.loc["saturating"]
@@ -110,8 +110,8 @@ def test_the_held_out_prediction_and_its_check_widen_by_the_test_images_where_ru
 
 def test_the_paired_law_difference_adds_the_images_the_arms_do_not_share():
     runs, correct, _ = _study(arm_corr=0.0)  # each arm's images hard for it alone: nothing cancels
-    n, err_b, seeds, rec_b = _series(runs, correct, "vanilla")
-    _, err_t, _, rec_t = _series(runs, correct, "sam")
+    n, err_b, seeds, rec_b = _series(runs, "vanilla")
+    _, err_t, _, rec_t = _series(runs, "sam")
     both = paired_law_difference(n, err_t, err_b, seeds, scored_treatment=rec_t, scored_baseline=rec_b)
     plain = paired_law_difference(n, err_t, err_b, seeds)
     assert set(both["interval over"]) == {IMAGE_OVER} and set(plain["interval over"]) == {SEED_OVER}
