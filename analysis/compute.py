@@ -11,7 +11,8 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
-from analysis.runs import best_trials
+from analysis.images import IMAGE_OVER, SEED_OVER, crossed_detectable, crossed_t, interval_conditions, scored_matrix
+from analysis.runs import SCORED_COLUMN, best_trials
 from analysis.scaling.inference import CONDITIONS, detectable, paired_t
 from analysis.tables import _require_columns, holm_across, sample_note
 from trainables.metrics import EPOCH_TIME
@@ -71,7 +72,9 @@ def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tu
     others = sorted(c for c in runs.columns if c.startswith(FACTOR_PREFIX) and c not in (arch, method, seed))
     keys = [arch, method, *others]
     ident = [c for c in ("run_id", "start_time") if c in runs.columns]  # BEST_RULE's tie-break
-    frame = runs[[*keys, "cell", "status", metric, *ident, *([epochs] if epochs in runs.columns else [])]].copy()
+    scored = [SCORED_COLUMN] if SCORED_COLUMN in runs.columns else []  # per-image records (analysis.images)
+    frame = runs[[*keys, "cell", "status", metric, *ident, *scored, *([epochs] if epochs in runs.columns else [])]]
+    frame = frame.copy()
     frame["cost_s"], frame["unit"] = cost["cost_s"], cost["unit"]
     frame[metric] = pd.to_numeric(frame[metric], errors="coerce").astype("float64")
     rows = []
@@ -79,6 +82,7 @@ def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tu
         chosen = best_trials(part, metric=metric, mode=mode, by=["cell"])
         best = float(chosen[metric].iloc[0]) if len(chosen) else math.nan
         run_cost = float(chosen["cost_s"].iloc[0]) if len(chosen) else math.nan
+        record = chosen[SCORED_COLUMN].iloc[0] if scored and len(chosen) else None
         first = part.iloc[0]
         rows.append(
             {
@@ -91,6 +95,7 @@ def _cells(runs, epoch_times, *, arch, method, seed, epochs, metric, mode) -> tu
                 "run_cost_s": run_cost,
                 "unit": first["unit"],
                 "value": best,
+                "scored": record,
             }
         )
     return keys, pd.DataFrame(rows)
@@ -187,8 +192,11 @@ def compute_matched_gains(
     `significant` p_holm < 1 - confidence (NA where no test can be run); detectable: the gain the pairs find with `power` (from their sd);
     cost_ratio: the mean compute of one run of the method over one run of the baseline on the same seeds
     (1 = compute-matched; a search's other trials are not counted). One row per
-    (arch, other factors, method); n_pairs and a small-sample note. attrs["conditions"]: what the intervals
-    condition on (the test images and the training subset: they resample seed pairs alone).
+    (arch, other factors, method); n_pairs and a small-sample note. Where both chosen trials of every pair
+    recorded their per-image correctness (load_runs' SCORED_COLUMN) on the same images, the row's interval, test
+    and detectable gain are over seeds and test images jointly (analysis.images.crossed_t on the per-image
+    differences), elsewhere over seed pairs alone; `interval over` says which, attrs["conditions"] what they
+    condition on.
     """
 
     if mode not in ("max", "min"):
@@ -210,14 +218,20 @@ def compute_matched_gains(
         # One run's compute (the chosen trial's own), as the frontier plot draws it: a searched cell's whole search
         # would make SAM look 4-8x as dear as a baseline that ran once.
         cost = part.pivot_table(index=seed, columns=method, values="run_cost_s", aggfunc="first")
+        records = {(sd, str(m)): text for sd, m, text in zip(part[seed], part[method], part["scored"])}
         if baseline not in wide.columns:
             continue
         for level in [c for c in wide.columns if c != baseline]:
             both = wide[[level, baseline]].dropna()
-            test = paired_t((both[level] - both[baseline]).to_numpy(dtype="float64"), confidence=confidence)
+            test, over = _paired_test(both, records, level, baseline, confidence)
             k, mean, lo, hi, pval = test.n, test.mean, test.low, test.high, test.p_value
-            mde = detectable(test.se, test.df, confidence=confidence, power=power)
-            c = cost.reindex(both.index)
+            share = getattr(test, "image_share", 0.0)
+            mde = (
+                crossed_detectable(test.se, test.df, share, confidence=confidence, power=power)
+                if over == IMAGE_OVER
+                else detectable(test.se, test.df, confidence=confidence, power=power)
+            )
+            c = cost.reindex(index=both.index, columns=[level, baseline])  # an untimed method: NaN, not a KeyError
             ratio = float(c[level].mean() / c[baseline].mean()) if k and c[baseline].mean() > 0 else math.nan
             rows.append(
                 {
@@ -228,6 +242,7 @@ def compute_matched_gains(
                     "ci_low": lo,
                     "ci_high": hi,
                     "p_value": pval,
+                    "interval over": over if k > 1 else "",
                     "detectable": mde,
                     "cost_ratio": ratio,
                     "n_pairs": k,
@@ -240,7 +255,23 @@ def compute_matched_gains(
     holm_across(out, groups, alpha=alpha, power=power, what="difference")
     names = [g.removeprefix(FACTOR_PREFIX) for g in groups]
     out = out.rename(columns=dict(zip(groups, names))).set_index([*names, "method"])
-    # Seeds alone: the cells' per-image records are not crossed here (analysis.images does that for the confirm
-    # table and the family's gains), so the caption says what the interval conditions on.
-    out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline, conditions=CONDITIONS)
+    conditions = (
+        interval_conditions(out["interval over"]) if "scored" in cells and cells["scored"].notna().any() else CONDITIONS
+    )
+    out.attrs.update(metric=metric, mode=mode, confidence=confidence, baseline=baseline, conditions=conditions)
     return out
+
+
+def _paired_test(both: pd.DataFrame, records: dict, level: str, baseline: str, confidence: float):
+    """(test, interval over) of one method's paired gain: over seeds and test images (analysis.images.crossed_t on
+    the per-image differences) where every pair's two chosen trials recorded per-image correctness of the values
+    compared on the same images (records: (seed, method level) -> record), else Student's t over the seed pairs."""
+    diffs = (both[level] - both[baseline]).to_numpy(dtype="float64")
+    if len(both) >= 2:
+        texts = [records.get((sd, str(m))) for m in (level, baseline) for sd in both.index]
+        matrix, _ = scored_matrix(texts, both[level].tolist() + both[baseline].tolist())
+        if matrix is not None:
+            k = len(both)
+            per_image = matrix[:k].astype("float64") - matrix[k:].astype("float64")
+            return crossed_t(per_image, confidence=confidence), IMAGE_OVER
+    return paired_t(diffs, confidence=confidence), SEED_OVER

@@ -21,6 +21,15 @@ spread comes out small by chance the share comes out large and the quantile near
 the plain plug-in narrowed the interval below the seeds' own (a gain at 3 seeds covered 91.5%; Satterthwaite's df
 92.9%, in benchmarks/sim_images); bounded below by the seeds' t it keeps what the seeds alone guarantee.
 
+A statistic that is not a mean (a scaling law's held-out prediction, its parameters, two laws' difference: a
+fit to many cells' runs) gets its image part the same way to first order: with g_r its derivative in run r's
+accuracy, it moves with the images as sum_r g_r acc_r, the mean over seeds and images of the (seeds, images)
+array D_(s,i) = S sum_(runs r of seed s) g_r c_(r,i), whose image part is image_covariance(D) / N
+(`linear_image_variance`; every cell of the fit shares the test images, so images hard at every fraction, or for
+both arms, move the fit as they should and cancel in a difference where they should). `with_images` widens the
+statistic's seed-level interval (a jackknife-t or a bootstrap-t, asymmetric or not) by the ratio of
+`crossed_quantile` times the joint se to the seeds' t times their se: at share 0 the seeds' interval itself.
+
 Why not a two-level bootstrap (seeds and images resampled jointly)? It counts each run's own binomial noise twice
 (once in the seeds' spread, once in the images') and its seed level has 10 distinct resamples at 3 seeds, a
 percentile interval too narrow by design (analysis.scaling.inference); benchmarks/sim_coverage.py --images-per-image
@@ -46,10 +55,13 @@ __all__ = [
     "SEED_OVER",
     "interval_conditions",
     "CrossedT",
+    "crossed_detectable",
     "crossed_p",
     "crossed_quantile",
     "crossed_t",
     "image_covariance",
+    "linear_image_variance",
+    "with_images",
     "mixed_t_cdf",
     "mixed_t_ppf",
     "scored_matrix",
@@ -178,6 +190,16 @@ def crossed_p(z: float, df: float, share: float) -> float:
     return max(2.0 * (1.0 - mixed_t_cdf(abs(z), df, share)), seeds)
 
 
+def crossed_detectable(se: float, df: float, share: float, *, confidence: float = 0.95, power: float = 0.8,
+                       family: int = 1) -> float:  # fmt: skip
+    """The gain an interval over seeds and images (joint se, seed df, image share) finds with `power` at level
+    (1 - confidence) / family: (crossed_quantile of the level + that of the power) x se. NaN where df < 1."""
+    if not (df >= 1 and math.isfinite(se) and se > 0):
+        return math.nan
+    alpha = 1.0 - confidence
+    return float((crossed_quantile(1 - alpha / (2 * family), df, share) + crossed_quantile(power, df, share)) * se)
+
+
 @dataclass(frozen=True)
 class CrossedT(TTest):
     """crossed_t's result: TTest's fields (df those of the seed part, S - 1) and the test images' share of the
@@ -206,3 +228,48 @@ def crossed_t(values: np.ndarray, *, confidence: float = 0.95, family: int = 1) 
     qb = crossed_quantile(1.0 - (1.0 - confidence) / (2.0 * family), df, share)
     pval = crossed_p(mean / se, df, share) if se > 0 else (0.0 if mean != 0 else 1.0)
     return CrossedT(mean, se, mean - q * se, mean + q * se, mean - qb * se, mean + qb * se, pval, df, s, share)
+
+
+def linear_image_variance(correct: np.ndarray, gradient, seeds) -> float:
+    """The test images' part of the variance of a statistic whose first-order change is sum_r gradient_r acc_r
+    over runs r (one row of `correct`, a (runs, images) bool or 0/1 array, a `seeds` entry each): image_covariance
+    of D_(s,i) = S sum_(r of seed s) gradient_r correct_(r,i) over N (module docstring). A gradient in the runs'
+    errors (1 - accuracy) gives the same variance. NaN with fewer than 2 seeds or images."""
+    c = np.asarray(correct, dtype="float64")
+    g = np.asarray(gradient, dtype="float64").ravel()
+    seeds = np.asarray(seeds).ravel()
+    if c.ndim != 2 or not (len(c) == len(g) == len(seeds)):
+        raise ValueError(
+            f"linear_image_variance needs one gradient and one seed per row of correct (runs, images), got "
+            f"correct {c.shape}, gradient {g.shape}, seeds {seeds.shape}"
+        )
+    order = np.unique(seeds)
+    onehot = (seeds[:, None] == order[None, :]).astype("float64")
+    d = len(order) * ((onehot * np.where(np.isfinite(g), g, 0.0)[:, None]).T @ c)
+    cov = image_covariance(d)
+    return max(cov, 0.0) / c.shape[1] if math.isfinite(cov) else math.nan
+
+
+def with_images(
+    estimate: float, low: float, high: float, se: float, v_image: float, df: float, *, confidence: float = 0.95,
+    log: bool = False,
+) -> tuple[float, float, float, float]:  # fmt: skip
+    """(low, high, se, share) of a seed-level interval (low, high) of `estimate`, of seed-level standard error `se`
+    on df, with the test images' variance `v_image` added: each side times crossed_quantile x joint se over the
+    seeds' t x se (>= 1), so that a bootstrap-t keeps its asymmetry. log: the interval and se are on the log scale
+    of a positive estimate (v_image that of log estimate). Unchanged, share 0, where v_image is not positive or
+    the interval not finite."""
+    from scipy.stats import t
+
+    values = (estimate, low, high, se, v_image)
+    if not (all(math.isfinite(v) for v in values) and se > 0 and v_image > 0 and df >= 1):
+        return low, high, se, 0.0
+    if log and min(estimate, low, high) <= 0:
+        return low, high, se, 0.0
+    joint = math.sqrt(se * se + v_image)
+    share = v_image / (joint * joint)
+    p = 0.5 + confidence / 2.0
+    factor = crossed_quantile(p, df, share) * joint / (float(t.ppf(p, df)) * se)
+    if log:
+        return estimate * (low / estimate) ** factor, estimate * (high / estimate) ** factor, joint, share
+    return estimate - (estimate - low) * factor, estimate + (high - estimate) * factor, joint, share

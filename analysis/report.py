@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.compute import compute_matched, compute_matched_gains
 from analysis.geometry.names import METRIC_PREFIX
+from analysis.images import IMAGE_OVER, interval_conditions
 from analysis.plots import (
     plot_compute_frontier,
     plot_curves,
@@ -53,6 +54,7 @@ from analysis.scaling import (
     law_parameters,
     paired_law_difference,
     table_points,
+    table_scored,
 )
 from analysis.sweep import PLAIN_METHOD, knob_importance, plot_parallel_coordinates, study_knobs
 from analysis.tables import (
@@ -1069,6 +1071,7 @@ _LAW_COLUMNS = (
     "consistent",
     "check_low",
     "check_high",
+    "interval over",
     "supported",
     "note",
 )
@@ -1090,7 +1093,9 @@ def _laws_section(r: _Report, table, pairs: list[tuple[str, str]]) -> None:
         f"{_per_seed(r)} trial at the fractions below {heldout:g}, which is held out and predicted. "
         f"Numbers from: {r.source}. Every number of a row comes from that one held-in fit: E, beta and the "
         "prediction with 95% intervals (the saturating form: a seed-level parametric bootstrap-t, 2,000 draws, each "
-        "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t); `check` = "
+        "side at least Student t on seeds - 1 df; the other forms: delete-one-seed jackknife, Student t; in the "
+        f"rows whose `interval over` reads '{IMAGE_OVER}', each widened by the test images' variance, from the "
+        "runs' per-image correctness: analysis.images); `check` = "
         "prediction - observed mean at the held-out fraction, `check_se` its seed-level standard error (the "
         "prediction's error and the observed mean's), `pi_low`/`pi_high` the prediction interval of the held-out "
         "mean over its seeds, `consistent` whether the observed mean is inside it; `check_low`/`check_high` the "
@@ -1119,7 +1124,7 @@ def _law_checks(table, heldout: float, eps0: float | None) -> pd.DataFrame | Non
             why = "every error is 0: nothing to fit" if len(err) and np.all(err == 0) else "fewer than 3 fractions"
             frames.append(pd.DataFrame([{"arch": arch, "method": method, "form": "-", "note": why, "verdict": ""}]))
             continue
-        frame = law_extrapolation(n, err, seeds, heldout=heldout, eps0=eps0)
+        frame = law_extrapolation(n, err, seeds, heldout=heldout, eps0=eps0, scored=table_scored(table, arch, method))
         verdict = frame.attrs.get("verdict", "")
         frame = frame.reset_index()
         frame.insert(0, "method", method)
@@ -1128,7 +1133,9 @@ def _law_checks(table, heldout: float, eps0: float | None) -> pd.DataFrame | Non
         frames.append(frame)
     if not frames:
         return None
-    return _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
+    out = _negative_floor_note(pd.concat(frames, ignore_index=True)).set_index(["arch", "method", "form"])
+    out.attrs["conditions"] = interval_conditions(out["interval over"] if "interval over" in out else [])
+    return out
 
 
 def _law_difference_table(
@@ -1140,19 +1147,25 @@ def _law_difference_table(
     for arch in sorted({str(a) for a, _ in table.mean.index}):
         nt, et, st = table_points(table, arch, level)
         nb, eb, sb = table_points(table, arch, base)
-        tb = {(f, s): e for f, e, s in zip(nb, eb, sb)}
-        keep = [(f, e, s, tb[(f, s)]) for f, e, s in zip(nt, et, st) if (f, s) in tb]
+        rt = table_scored(table, arch, level) or [None] * len(nt)  # per-image records, where the runs have them
+        rb = table_scored(table, arch, base) or [None] * len(nb)
+        tb = {(f, s): (e, r) for f, e, s, r in zip(nb, eb, sb, rb)}
+        keep = [(f, e, s, *tb[(f, s)], r) for f, e, s, r in zip(nt, et, st, rt) if (f, s) in tb]
         if len({k[0] for k in keep}) < (5 if form == "m4" else 4):  # one more n than the form's parameters
             continue
-        f, e_t, s_, e_b = (np.asarray(v) for v in zip(*keep))
+        f, e_t, s_, e_b = (np.asarray(v) for v in list(zip(*keep))[:4])
         if np.all(e_t == 0) or np.all(e_b == 0):
             continue
-        diff = paired_law_difference(f, e_t, e_b, s_, form=form, eps0=eps0 if form == "m4" else None).reset_index()
+        diff = paired_law_difference(
+            f, e_t, e_b, s_, form=form, eps0=eps0 if form == "m4" else None,
+            scored_treatment=[k[5] for k in keep], scored_baseline=[k[4] for k in keep],
+        ).reset_index()  # fmt: skip
         diff.insert(0, "arch", arch)
         rows.append(diff)
     if not rows:
         return
     frame = pd.concat(rows, ignore_index=True).set_index(["arch", "param"])
+    frame.attrs["conditions"] = interval_conditions(frame["interval over"])
     md = (
         _EXPLORATORY + f"{level} - {base} in each parameter of {_FORM_EQUATION[form]} (error), fitted on every "
         f"fraction, paired by seed. {form_note} Numbers from: {r.source}. diff_low/diff_high: 95% interval "
@@ -1162,6 +1175,8 @@ def _law_difference_table(
             if form == "saturating"
             else f"({_FORM_INTERVAL[form]}, each leave-one-out refitting both laws without the same seed); "
         )
+        + f"in the rows whose `interval over` reads '{IMAGE_OVER}' widened by the test images' variance (both arms' "
+        "per-image correctness on the same images: analysis.images) and the p-value with it; "
         + "identified: whether both fits pin the "
         "parameter down (where not: no interval and no p-value, the difference is between two edges of its "
         "range); where the interval holds 0, the note says what it excludes. "
@@ -1244,10 +1259,11 @@ def _compute_section(r: _Report) -> None:
             gains = pd.concat(paired).drop(columns=["significant", "detectable"], errors="ignore")
             md += (
                 f"\n### Paired by seed\n\n{_EXPLORATORY}Each method against each plain level of the same arch, paired by seed: "
-                f"gain in {metric} (method - baseline), its 95% Student-t interval over the seed pairs, p_holm "
+                f"gain in {metric} (method - baseline), its 95% interval (Student t over the seed pairs, or over "
+                f"seeds and test images where `interval over` reads '{IMAGE_OVER}'), p_holm "
                 "Holm-adjusted across the methods compared with one baseline (a null row's note says what its "
                 "interval excludes), cost_ratio one run's compute of the method over one of the baseline on those seeds (1: matched). "
-                f"The intervals are {paired[0].attrs['conditions']}. "
+                f"The intervals are {_gain_conditions(paired)}. "
                 f"Numbers from: {source}.\n\n" + _markdown(_fmt(gains))
             )
             w.csv("compute_matched_gains.csv", gains)
@@ -1255,6 +1271,14 @@ def _compute_section(r: _Report) -> None:
     w.csv("compute_matched.csv", table)
     w.figure("compute_frontier.png", plot_compute_frontier(table))
     w.section("Accuracy against compute", md, "compute_frontier.png")
+
+
+def _gain_conditions(paired: list[pd.DataFrame]) -> str:
+    """What compute_matched_gains' intervals condition on, over all its tables (analysis.images' wording)."""
+    said = {p.attrs["conditions"] for p in paired}
+    if len(said) == 1:
+        return said.pop()
+    return interval_conditions(pd.concat([p["interval over"] for p in paired]))
 
 
 def _gain_sections(r: _Report) -> None:

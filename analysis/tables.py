@@ -12,7 +12,15 @@ import pandas as pd
 
 from analysis import scaling
 from analysis.geometry.names import METRIC_PREFIX
-from analysis.images import IMAGE_OVER, SEED_OVER, crossed_quantile, crossed_t, interval_conditions, scored_matrix
+from analysis.images import (
+    IMAGE_OVER,
+    SEED_OVER,
+    crossed_detectable,
+    crossed_quantile,
+    crossed_t,
+    interval_conditions,
+    scored_matrix,
+)
 from analysis.runs import RHO, SCORED_COLUMN, best_key, best_trials, cell_key_name
 
 __all__ = [
@@ -182,7 +190,8 @@ class ScalingTable:
     """Best-of-search `metric` per (arch, method, fraction, seed), then mean, sd (ddof=1) and n over seeds.
 
     mean, sd, n: rows (arch, method), columns the fractions in ascending order. best: the chosen trial of
-    each (arch, method, fraction, seed) with its run_id, value and the number of trials it was chosen from.
+    each (arch, method, fraction, seed) with its run_id, value, the number of trials it was chosen from and, where
+    the runs carry them, its per-image correctness record (load_runs' SCORED_COLUMN: analysis.scaling.table_scored).
     """
 
     mean: pd.DataFrame
@@ -301,6 +310,9 @@ def scaling_table(
     n = pivot("count").fillna(0).astype("int64")
     if seed is None:
         best = best.drop(columns=[seed_col])
+    if SCORED_COLUMN in data.columns and "run_id" in best.columns:  # each chosen trial's per-image record
+        text = data.drop_duplicates("run_id").set_index("run_id")[SCORED_COLUMN]
+        best[SCORED_COLUMN] = best["run_id"].map(text)
     return ScalingTable(
         mean=pivot("mean").astype("float64"),
         sd=pivot("std").astype("float64"),
@@ -474,7 +486,6 @@ _GAIN_COLUMNS = [
 def _gain_row(a, f, pairs, per_image, base_level, treat_level, family, confidence, power) -> dict:
     """One (arch, fraction) row of sam_gain: the paired test over seeds and images where the runs scored the same
     images, else over seed pairs, and the gain it detects with `power` at the family's strictest level."""
-    alpha = 1.0 - confidence
     diffs = (pairs[treat_level] - pairs[base_level]).to_numpy(dtype="float64")
     if per_image is not None:
         test, over = crossed_t(per_image, confidence=confidence, family=family), IMAGE_OVER
@@ -484,10 +495,7 @@ def _gain_row(a, f, pairs, per_image, base_level, treat_level, family, confidenc
     share = getattr(test, "image_share", 0.0)
     sd = float(diffs.std(ddof=1)) if k > 1 else math.nan
     lo, hi, band_lo, band_hi, pval = test.low, test.high, test.band_low, test.band_high, test.p_value
-    mde = math.nan
-    if k > 1:
-        q = crossed_quantile(1 - alpha / (2 * family), df, share) + crossed_quantile(power, df, share)
-        mde = float(q * se)
+    mde = crossed_detectable(se, df, share, confidence=confidence, power=power, family=family) if k > 1 else math.nan
     return {
         "arch": a,
         "fraction": f,

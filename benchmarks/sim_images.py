@@ -24,6 +24,12 @@ seed-level t, no tables: fast enough for several `--arm-corr` values; study i dr
 
   PYTHONPATH=. python -m benchmarks.sim_images --direct --studies 250 --seeds 5 3 --arm-corr 0 0.5 0.9
 
+--laws measures instead the scaling-law and compute-matched intervals (`law_study`): law_extrapolation's held-out
+prediction interval against the population error at the largest fraction and its check, paired_law_difference's
+E and beta against 0, compute_matched_gains' per-fraction gains against 0, each with the records and without:
+
+  PYTHONPATH=. python -m benchmarks.sim_images --laws --studies 400 --seeds 5 3 [--record]
+
 --record appends the figures to benchmarks/results/image_coverage.csv (benchmarks.results).
 """
 
@@ -202,15 +208,70 @@ def direct_rates(studies: int, seeds: int, *, arm_corr: float, images: int = 500
     return {k: float(np.mean(v)) for k, v in hits.items()}
 
 
+def _series(runs: pd.DataFrame, method: str) -> tuple[np.ndarray, ...]:
+    """(n, err, seed, records) of one method's runs, fraction-major as table_points gives them."""
+    part = runs[runs["factor.method"] == method].sort_values(["data.fraction", "train.seed"])
+    n = part["data.fraction"].to_numpy(dtype="float64")
+    err = 1.0 - part["val_acc"].to_numpy(dtype="float64")
+    return n, err, part["train.seed"].to_numpy(), part[SCORED_COLUMN].tolist()
+
+
+def law_study(
+    seed: int, *, seeds: int, images: int = 5000, noise: float = 0.005, common: float = 0.5, arm_corr: float = 0.5
+) -> dict[str, float]:
+    """One simulated study through the law and compute-matched functions as the report calls them, with the runs'
+    per-image records and without: whether the held-out prediction's interval covers the population error at the
+    largest fraction, whether the check holds 0 (`consistent`; the law is true), whether the paired law
+    differences in E and beta hold 0 (no true difference; NaN where a fit leaves the parameter unidentified),
+    and the share of compute-matched gains (one per fraction) whose interval holds 0."""
+    from analysis.compute import compute_matched_gains
+    from analysis.scaling import law_extrapolation, paired_law_difference
+
+    rng = np.random.default_rng(seed)
+    runs, correct, truth = study_runs(rng, seeds=seeds, images=images, noise=noise, common=common, arm_corr=arm_corr)
+    top = max(fractions())
+    n, err_b, s, rec_b = _series(runs, "vanilla")
+    _, err_t, _, rec_t = _series(runs, "sam")
+    epoch_times = pd.DataFrame({"run_id": [], "metric": [], "value": []})
+    out: dict[str, float] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for kind, with_records in (("images", True), ("seeds", False)):
+            ex = law_extrapolation(
+                n, err_b, s, forms=("saturating",), heldout=top, scored=rec_b if with_records else None
+            ).loc["saturating"]
+            out[f"law prediction, {kind}"] = float(
+                ex["prediction_low"] <= 1.0 - truth[("vanilla", top)] <= ex["prediction_high"]
+            )
+            out[f"law check holds 0, {kind}"] = float(bool(ex["consistent"]))
+            diff = paired_law_difference(
+                n, err_t, err_b, s, scored_treatment=rec_t if with_records else None,
+                scored_baseline=rec_b if with_records else None,
+            )  # fmt: skip
+            for p in ("E", "beta"):
+                lo, hi = diff.loc[p, "diff_low"], diff.loc[p, "diff_high"]
+                out[f"law difference {p}, {kind}"] = float(lo <= 0 <= hi) if math.isfinite(lo) else math.nan
+            frame = runs if with_records else runs.drop(columns=[SCORED_COLUMN])
+            gains = compute_matched_gains(frame, epoch_times, baseline="vanilla", seed="train.seed")
+            out[f"compute-matched gain, {kind}"] = float(((gains["ci_low"] <= 0) & (0 <= gains["ci_high"])).mean())
+    return out
+
+
 def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return centre - half, centre + half
 
 
-def run(studies: int, seeds: int, **kwargs) -> pd.Series:
-    """The mean of each rate over `studies` simulated studies (study i drawn from seed i)."""
-    return pd.DataFrame([one_study(i, seeds=seeds, **kwargs) for i in range(studies)]).mean()
+def run(studies: int, seeds: int, *, laws: bool = False, **kwargs) -> tuple[pd.Series, pd.Series]:
+    """(mean of each rate, studies it rests on) over `studies` simulated studies, study i drawn from seed i:
+    `one_study`'s, or `law_study`'s with laws (a law difference left unidentified in a study counts in neither)."""
+    if laws:
+        kwargs.pop("draws", None)
+        frame = pd.DataFrame([law_study(i, seeds=seeds, **kwargs) for i in range(studies)])
+    else:
+        frame = pd.DataFrame([one_study(i, seeds=seeds, **kwargs) for i in range(studies)])
+    return frame.mean(), frame.notna().sum()
 
 
 def main(argv=None) -> None:
@@ -225,6 +286,7 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--direct", action="store_true", help="intervals straight from the arrays, per --arm-corr")
     ap.add_argument("--draws", type=int, default=200, help="draws of the two-level bootstrap shown beside")
+    ap.add_argument("--laws", action="store_true", help="the law and compute-matched intervals (law_study)")
     ap.add_argument("--record", action="store_true", help="append the figures to benchmarks/results/")
     args = ap.parse_args(argv)
     if args.direct:
@@ -237,9 +299,10 @@ def main(argv=None) -> None:
     table, rows = [], []
     for seeds in args.seeds:
         t0 = time.perf_counter()
-        rates = run(
+        rates, counts = run(
             args.studies,
             seeds,
+            laws=args.laws,
             images=args.images,
             noise=args.noise,
             common=args.common,
@@ -248,9 +311,8 @@ def main(argv=None) -> None:
         )
         took = time.perf_counter() - t0
         # Per-cell rates are averaged within a study, so their Wilson interval (on studies) is conservative.
-        text = {
-            k: f"{v:.1%} ({wilson(v, args.studies)[0]:.1%}-{wilson(v, args.studies)[1]:.1%})" for k, v in rates.items()
-        }
+        ci = {k: wilson(v, int(counts[k])) for k, v in rates.items()}
+        text = {k: f"{v:.1%} ({ci[k][0]:.1%}-{ci[k][1]:.1%})" for k, v in rates.items()}
         table.append({"seeds": seeds, "studies": args.studies, **text, "minutes": f"{took / 60:.1f}"})
         for k, v in rates.items():
             rows.append(
@@ -259,9 +321,8 @@ def main(argv=None) -> None:
                     "value": f"{v:.4f}",
                     "unit": "share of studies" if "significant" in k or "band" in k else "coverage",
                     "note": (
-                        f"{args.studies} studies, {args.images} images, noise {args.noise}, common {args.common}, "
-                        f"arm corr {args.arm_corr[0]}; Wilson 95% {wilson(v, args.studies)[0]:.3f}-"
-                        f"{wilson(v, args.studies)[1]:.3f}"
+                        f"{int(counts[k])} studies, {args.images} images, noise {args.noise}, common {args.common}, "
+                        f"arm corr {args.arm_corr[0]}; Wilson 95% {ci[k][0]:.3f}-{ci[k][1]:.3f}"
                     ),
                 }
             )

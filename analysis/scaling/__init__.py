@@ -4,7 +4,13 @@ Every name that lived in the former analysis/scaling.py is importable from here 
 
 from __future__ import annotations
 
-from analysis.scaling.extrapolation import law_extrapolation, law_parameters, paired_law_difference, table_points
+from analysis.scaling.extrapolation import (
+    law_extrapolation,
+    law_parameters,
+    paired_law_difference,
+    table_points,
+    table_scored,
+)
 from analysis.scaling.inference import CONDITIONS, TTest, detectable, jackknife_se, paired_t, power_t, t_quantile, tost
 from analysis.scaling.laws import HUBER_SDS, LAW_FORMS, LawFit, chance_error, default_form, fit_law, robust_delta
 from analysis.scaling.power_law import (
@@ -48,5 +54,6 @@ __all__ = [
     "saturating_bootstrap_t",
     "t_quantile",
     "table_points",
+    "table_scored",
     "tost",
 ]

@@ -27,9 +27,7 @@ def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray,
     The error is 1 - metric where the table maximised it (an accuracy in [0, 1]), else the metric itself (a
     loss or an error). A maximised metric above 1 is refused with the fix (a 0-100 scale)."""
     cols = table.columns
-    best = table.best
-    part = best[(best[cols["arch"]].astype(str) == str(arch)) & (best[cols["method"]].astype(str) == str(method))]
-    part = part.dropna(subset=[table.metric])
+    part = _series_rows(table, arch, method)
     values = part[table.metric].astype("float64").to_numpy()
     if table.mode == "max" and len(values) and values.max() > 1.0:
         raise ValueError(
@@ -39,6 +37,24 @@ def table_points(table, arch: str, method: str) -> tuple[np.ndarray, np.ndarray,
     err = 1.0 - values if table.mode == "max" else values
     seeds = part[cols["seed"]].astype(str).to_numpy() if cols.get("seed") else np.zeros(len(part), dtype=str)
     return part[cols["fraction"]].astype("float64").to_numpy(), err, seeds
+
+
+def _series_rows(table, arch: str, method: str):
+    """The best-trial rows of one (arch, method) of a ScalingTable that have a value: table_points' points."""
+    cols, best = table.columns, table.best
+    part = best[(best[cols["arch"]].astype(str) == str(arch)) & (best[cols["method"]].astype(str) == str(method))]
+    return part.dropna(subset=[table.metric])
+
+
+def table_scored(table, arch: str, method: str) -> list | None:
+    """Each table_points point's per-image correctness record (load_runs' SCORED_COLUMN), in the same order, for
+    law_extrapolation's and paired_law_difference's `scored`; None where the table's runs carry none or its metric
+    is minimised (a record scores the accuracy, 1 - error)."""
+    from analysis.runs import SCORED_COLUMN
+
+    if table.mode != "max" or SCORED_COLUMN not in table.best.columns:
+        return None
+    return _series_rows(table, arch, method)[SCORED_COLUMN].tolist()
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,7 @@ class _Split:
     huber_delta: float | None
     confidence: float
     boot_seed: int
+    correct: np.ndarray | None = None  # (points, images) per-image correctness, or None: seeds alone
 
     @property
     def held_in(self) -> np.ndarray:
@@ -106,6 +123,7 @@ def law_extrapolation(
     huber_delta: float | None = None,
     eps0: float | None = None,
     boot_seed: int = 0,
+    scored=None,
 ):
     """Fit each form on every n below the held-out one, predict the held-out n, and judge: a law checked by extrapolation.
 
@@ -123,11 +141,19 @@ def law_extrapolation(
     parameters; M4 also needs eps0, the error of a model that learned nothing). attrs["verdict"] names a form
     that predicts better only where the seeds say so (the difference of the absolute held-out errors outside its
     own interval); with one fittable form, or one seed, none is named.
+
+    scored: each point's per-image correctness record (trainables.scored.ScoredImages.to_text, `table_scored`),
+    or None. Where every point has one, of the same images and of the accuracy 1 - err, the intervals of E, B,
+    beta, the prediction and the check (and so pi and `consistent`) are over seeds and test images jointly
+    (`_image_intervals`); `interval over` says which each row's are, attrs["conditions"] what they condition on.
     """
     import pandas as pd
 
+    from analysis.images import interval_conditions
+
     _check_confidence(confidence)
     n, err, seeds = _check_seeded(n, err, seeds)
+    correct = _scored_points(scored, err)
     top = float(np.unique(n)[-1] if heldout is None else heldout)
     inner = np.unique(n[n < top])
     if len(inner) < 3:
@@ -135,7 +161,7 @@ def law_extrapolation(
             f"law_extrapolation needs at least 3 distinct n below the held-out n={top:g} (fit on 3+, hold out the "
             f"largest), got {inner.tolist()}; measure more training-set sizes"
         )
-    split = _Split(n, err, seeds, top, inner, eps0, huber_delta, confidence, boot_seed)
+    split = _Split(n, err, seeds, top, inner, eps0, huber_delta, confidence, boot_seed, correct)
     fittable = sum(not split.unfittable(f) for f in forms)
     rows, checks, reasons = [], {}, {}
     for form in forms:
@@ -147,7 +173,9 @@ def law_extrapolation(
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("form")
     frame["supported"] = False
-    frame.attrs["conditions"] = CONDITIONS
+    # A caller that passed no records is told the seed-level conditions; one that did, which rows used them.
+    over = frame["interval over"] if scored is not None and "interval over" in frame else None
+    frame.attrs["conditions"] = CONDITIONS if over is None else interval_conditions(over)
     frame.attrs["verdict"] = _law_verdict(frame, checks, reasons, t_quantile(confidence, split.n_seeds - 1), confidence)
     winner = frame.attrs.pop("_winner", None)
     if winner is not None:
@@ -194,6 +222,7 @@ def _form_row(split: _Split, form: str, *, alone: bool) -> tuple[dict, np.ndarra
                 notes.append(why)
         if form == "saturating":
             _bootstrap_row(split, part, prediction, row)
+        _image_intervals(split, part, prediction, row)
         if split.n_seeds < 3:
             notes.append(f"{split.n_seeds} seeds: t on 1 df, the interval is wide")
     row["note"] = "; ".join(notes)
@@ -219,9 +248,10 @@ def _jackknife_row(split: _Split, form: str, part, prediction: float, row: dict)
         return None, why
     jack = np.asarray(jack, dtype="float64")
     q = t_quantile(split.confidence, split.n_seeds - 1)
+    seed_se = row.setdefault("_seed_se", {})
     for i, p in enumerate([*part.params, "prediction"]):
         est = prediction if p == "prediction" else part.params[p]
-        row[f"{p}_low"], row[f"{p}_high"], _ = _t_interval(est, jack[:, i], q, p in _LOG_SCALE)
+        row[f"{p}_low"], row[f"{p}_high"], seed_se[p] = _t_interval(est, jack[:, i], q, p in _LOG_SCALE)
     if not len(split.observed):
         return None, ""
     se = float(jackknife_se(jack[:, -1:])[0])
@@ -238,8 +268,9 @@ def _bootstrap_row(split: _Split, part, prediction: float, row: dict) -> None:
         observed=split.observed, observed_seeds=split.seeds[at_top], confidence=split.confidence,
         seed=split.boot_seed,
     )  # fmt: skip
+    seed_se = row.setdefault("_seed_se", {})  # B's on the log scale its interval is built on
     for p in (*part.params, "prediction"):
-        row[f"{p}_low"], row[f"{p}_high"] = boot[p][1], boot[p][2]
+        row[f"{p}_low"], row[f"{p}_high"], seed_se[p] = boot[p][1], boot[p][2], boot[p][3]
     if "check" not in boot:
         return
     check, c_lo, c_hi, se = boot["check"]
@@ -249,6 +280,66 @@ def _bootstrap_row(split: _Split, part, prediction: float, row: dict) -> None:
     # between the bootstrap-t's quantiles, so observed = prediction - check lies within the prediction minus
     # those same widths: [prediction - (check - c_lo), prediction + (c_hi - check)], centred on the prediction.
     row["pi_low"], row["pi_high"] = prediction - (check - c_lo), prediction + (c_hi - check)
+
+
+def _scored_points(scored, err: np.ndarray) -> np.ndarray | None:
+    """The points' (points, images) correctness from their records (analysis.images.scored_matrix against the
+    accuracy 1 - err); None where there are none, or they cannot stand for these points (seeds alone then)."""
+    if scored is None:
+        return None
+    from analysis.images import scored_matrix
+
+    texts = list(scored)
+    if len(texts) != len(err):
+        raise ValueError(f"scored must hold one record per point (or None), got {len(texts)} for {len(err)} points")
+    matrix, _ = scored_matrix(texts, (1.0 - err).tolist())
+    return matrix
+
+
+def _image_intervals(split: _Split, part, prediction: float, row: dict) -> None:
+    """Widen `row`'s seed-level intervals of the held-in fit (E, B, beta, the prediction) and of the check by the
+    test images' variance (analysis.images.with_images), where the points carry per-image records; the row's
+    `interval over` says which. The check's image part pairs the prediction's held-in runs with the held-out
+    runs, all scored on the same images: images hard at every fraction move both and cancel."""
+    from analysis.images import IMAGE_OVER, SEED_OVER, linear_image_variance, with_images
+    from analysis.scaling.sensitivity import law_statistic, point_gradient
+
+    seed_se = row.pop("_seed_se", {})
+    row["interval over"] = SEED_OVER
+    if split.correct is None or not seed_se:
+        return
+    held_in, at_top, df = split.held_in, split.at_top, split.n_seeds - 1
+    n_in, err_in = split.n[held_in], split.err[held_in]
+    shares = []
+    for p in (*part.params, "prediction"):
+        log = p in _LOG_SCALE
+        stat = law_statistic(part, p, heldout=split.top)
+        if log:  # B, n_break: their intervals (and so the image part) are on the log scale
+            stat = (lambda f: lambda th: math.log(f(th)))(stat)
+        g = point_gradient(part, n_in, err_in, stat)
+        v = linear_image_variance(split.correct[held_in], g, split.seeds[held_in])
+        est = prediction if p == "prediction" else part.params[p]
+        low, high = row.get(f"{p}_low", math.nan), row.get(f"{p}_high", math.nan)
+        lo, hi, _, share = with_images(est, low, high, seed_se.get(p, math.nan), v, df, confidence=split.confidence,
+                                       log=log)  # fmt: skip
+        row[f"{p}_low"], row[f"{p}_high"] = lo, hi
+        shares.append(share)
+    if math.isfinite(row.get("check_low", math.nan)):
+        g = point_gradient(part, n_in, err_in, law_statistic(part, "prediction", heldout=split.top))
+        rows = held_in | at_top
+        grad = np.where(held_in, 0.0, -1.0 / at_top.sum())
+        grad[held_in] = g
+        v = linear_image_variance(split.correct[rows], grad[rows], split.seeds[rows])
+        check = row["check"]
+        c_lo, c_hi, se, share = with_images(check, row["check_low"], row["check_high"], row["check_se"], v, df,
+                                            confidence=split.confidence)  # fmt: skip
+        row.update(check_se=se, check_low=c_lo, check_high=c_hi, consistent=bool(c_lo <= 0.0 <= c_hi))
+        if "pi_low" in row:  # as _bootstrap_row: the check's widths about the prediction
+            row["pi_low"], row["pi_high"] = prediction - (check - c_lo), prediction + (c_hi - check)
+        shares.append(share)
+    if any(s > 0 for s in shares):
+        row["interval over"] = IMAGE_OVER
+        row["image share"] = shares[-1]
 
 
 def _law_verdict(frame, checks: dict, reasons: dict, q: float, confidence: float) -> str:
@@ -347,9 +438,12 @@ def law_parameters(
     return out
 
 
-def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int, why: str) -> dict:
-    """One parameter's row of paired_law_difference: the difference, its interval and p-value where identified."""
+def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int, why: str, share: float = 0.0) -> dict:
+    """One parameter's row of paired_law_difference: the difference, its interval and p-value where identified
+    (share: the test images' share of its variance, which sets the p-value's reference: analysis.images)."""
     from scipy.stats import t as student
+
+    from analysis.images import crossed_p
 
     lo, hi, se = interval
     diff = ft.params[p] - fb.params[p]
@@ -362,6 +456,8 @@ def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int
             "so no interval or test (measure where the curve bends, or compare E alone)"
         )
     pval = float(2 * student.sf(abs(diff) / se, n_seeds - 1)) if math.isfinite(se) and se > 0 else math.nan
+    if share > 0 and math.isfinite(pval):
+        pval = crossed_p(diff / se, n_seeds - 1, share)
     if not loose and math.isfinite(lo) and lo <= 0 <= hi:
         note = f"no difference detected; the interval excludes differences below {lo:.3g} and above {hi:.3g}"
     return {
@@ -379,6 +475,22 @@ def _difference_row(p: str, ft, fb, n: np.ndarray, interval: tuple, n_seeds: int
     }
 
 
+def _difference_images(ft, fb, n, err_t, err_b, seeds, correct, interval: tuple, p: str, df: int, confidence):
+    """(low, high, se, share) of one parameter's difference with the test images' variance added (both arms'
+    runs scored on the same images, so the images both find hard cancel); `interval` unchanged where no records."""
+    from analysis.images import linear_image_variance, with_images
+    from analysis.scaling.sensitivity import law_statistic, point_gradient
+
+    lo, hi, se = interval
+    if correct is None:
+        return lo, hi, se, 0.0
+    g = np.concatenate(
+        [point_gradient(ft, n, err_t, law_statistic(ft, p)), -point_gradient(fb, n, err_b, law_statistic(fb, p))]
+    )
+    v = linear_image_variance(correct, g, np.concatenate([seeds, seeds]))
+    return with_images(ft.params[p] - fb.params[p], lo, hi, se, v, df, confidence=confidence)
+
+
 def paired_law_difference(
     n,
     err_treatment,
@@ -391,6 +503,8 @@ def paired_law_difference(
     huber_delta: float | None = None,
     eps0: float | None = None,
     boot_seed: int = 0,
+    scored_treatment=None,
+    scored_baseline=None,
 ):
     """treatment - baseline in each parameter of `form` (e.g. SAM - vanilla in beta and E), paired over seeds.
 
@@ -405,8 +519,14 @@ def paired_law_difference(
     interval, not by post-hoc power; `power` is accepted for old callers and unused). Needs one more distinct n
     than the form has parameters. form None: `default_form` (M4 where eps0 is known and 5+ distinct n hold it,
     else saturating); attrs["form"] names the one fitted.
+
+    scored_treatment / scored_baseline: each point's per-image correctness record (`table_scored`), or None.
+    Where every point of both has one, all of the same images, each interval is over seeds and test images
+    jointly (`_difference_images`) and the p-value's reference with it; `interval over` says which.
     """
     import pandas as pd
+
+    from analysis.images import IMAGE_OVER, SEED_OVER, interval_conditions
 
     _check_confidence(confidence)
     n, err_t, seeds = _check_seeded(n, err_treatment, seeds)
@@ -440,6 +560,9 @@ def paired_law_difference(
         if sat
         else {}
     )
+    both = None
+    if scored_treatment is not None and scored_baseline is not None:
+        both = _scored_points([*scored_treatment, *scored_baseline], np.concatenate([err_t, err_b]))
     out = []
     for i, p in enumerate(ft.params):
         if p in boot:
@@ -448,8 +571,13 @@ def paired_law_difference(
             lo, hi, se = _t_interval(ft.params[p] - fb.params[p], np.asarray(jack)[:, i], q, False)
         else:
             lo, hi, se = (math.nan,) * 3
-        out.append(_difference_row(p, ft, fb, n, (lo, hi, se), n_seeds, why if not jack else ""))
+        lo, hi, se, share = _difference_images(ft, fb, n, err_t, err_b, seeds, both, (lo, hi, se), p, n_seeds - 1,
+                                               confidence)  # fmt: skip
+        row = _difference_row(p, ft, fb, n, (lo, hi, se), n_seeds, why if not jack else "", share)
+        row["interval over"] = IMAGE_OVER if share > 0 else (SEED_OVER if math.isfinite(se) else "")
+        out.append(row)
     frame = pd.DataFrame(out).set_index("param")
-    frame.attrs["conditions"] = CONDITIONS
+    given = scored_treatment is not None and scored_baseline is not None
+    frame.attrs["conditions"] = interval_conditions(frame["interval over"]) if given else CONDITIONS
     frame.attrs["form"] = form
     return frame
