@@ -65,6 +65,8 @@ __all__ = [
     "mixed_t_cdf",
     "mixed_t_ppf",
     "scored_matrix",
+    "subset_wording",
+    "subsets_per_seed",
 ]
 
 #: What an interval over seeds and test images conditions on (said beside it, as CONDITIONS is beside seed-level ones).
@@ -75,6 +77,51 @@ IMAGE_CONDITIONS = (
 )
 #: The fallback's condition, for runs recorded without per-image correctness (a store of an older sharpscale).
 SEED_CONDITIONS = CONDITIONS + " (these runs recorded no per-image correctness)"
+# Where each confirm seed trained on its own training subset (studies' confirm.subsets: per_seed), the subset is no
+# longer held fixed for the confirm runs: the same statements, their subset clause saying so.
+_PER_SEED_SUBSETS = (
+    "each confirm seed trained on its own training subset (confirm.subsets: per_seed), so intervals over confirm runs "
+    "include the variation from one drawn subset to another (search runs share the one of data.fraction_seed)"
+)
+_SUBSET_WORDING = (
+    (
+        IMAGE_CONDITIONS,
+        IMAGE_CONDITIONS.split(", given the training subset")[0] + f"; {_PER_SEED_SUBSETS}",
+    ),
+    (
+        CONDITIONS,
+        "over seeds, given the test images the runs were scored on: another test set would move every run of a cell "
+        f"together, which no interval here includes; {_PER_SEED_SUBSETS}",
+    ),
+)
+
+
+def subsets_per_seed(runs) -> bool:
+    """Whether the study's confirm runs each trained on their seed's own subset (confirm.subsets: per_seed), read
+    from the runs themselves: every confirm run's data.fraction_seed is its train.seed, over two or more seeds."""
+    import pandas as pd
+
+    from analysis.runs import split_stages
+
+    if runs.empty or not {"data.fraction_seed", "train.seed"} <= set(runs.columns):
+        return False
+    _, confirm = split_stages(runs)
+    if confirm.empty:
+        return False
+    subsets = pd.to_numeric(confirm["data.fraction_seed"], errors="coerce")
+    seeds = pd.to_numeric(confirm["train.seed"], errors="coerce")
+    return bool((subsets == seeds).all() and seeds.nunique() >= 2)
+
+
+def subset_wording(text: str, per_seed: bool) -> str:
+    """`text` (a report's prose) with every conditions statement's training-subset clause as it holds for the runs:
+    unchanged where the subset is fixed, and saying that each confirm seed drew its own where it did."""
+    if per_seed:
+        for fixed, drawn in _SUBSET_WORDING:
+            text = text.replace(fixed, drawn)
+    return text
+
+
 #: The `interval over` column of confirm_summary and sam_gain: what each row's interval resamples.
 IMAGE_OVER = "seeds and test images"
 SEED_OVER = "seeds"

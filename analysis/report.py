@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.compute import compute_matched, compute_matched_gains
 from analysis.geometry.names import METRIC_PREFIX
-from analysis.images import IMAGE_OVER, interval_conditions
+from analysis.images import IMAGE_OVER, interval_conditions, subset_wording, subsets_per_seed
 from analysis.plots import (
     plot_compute_frontier,
     plot_curves,
@@ -146,16 +146,18 @@ def _distinct(runs: pd.DataFrame, col: str, *, positive: bool = False) -> list:
 
 
 class _Writer:
-    """Writes the report's files, remembering each path in order."""
+    """Writes the report's files, remembering each path in order. per_seed: the study's confirm seeds each drew
+    their own training subset, which every conditions statement it writes then says (analysis.images)."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Path, per_seed: bool = False):
         self.out_dir = out_dir
+        self.per_seed = per_seed
         self.paths: list[Path] = []
         self.sections: list[str] = []
 
     def text(self, name: str, text: str) -> Path:
         path = self.out_dir / name
-        path.write_text(text)
+        path.write_text(subset_wording(text, self.per_seed))
         self.paths.append(path)
         return path
 
@@ -172,7 +174,8 @@ class _Writer:
         return path
 
     def section(self, title: str, body: str, image: str | None = None) -> None:
-        self.sections.append(f"## {title}\n\n{body.strip()}\n" + (f"\n![{title}]({image})\n" if image else ""))
+        body = subset_wording(body.strip(), self.per_seed)
+        self.sections.append(f"## {title}\n\n{body}\n" + (f"\n![{title}]({image})\n" if image else ""))
 
     def table(self, stem: str, title: str, markdown: str, frame: pd.DataFrame, *, index: bool = True) -> None:
         """A table three ways: `markdown` (its prose and rendering) as `<stem>.md` and as the report's section
@@ -393,7 +396,7 @@ def _open_report(study, *, tracking_uri, out_dir, log_to_mlflow, metric, mode, n
         compared=compared,
         source=measured_on(compared),
         search_source=measured_on(search),
-        w=_Writer(out),
+        w=_Writer(out, per_seed=subsets_per_seed(runs)),
         scale=scale,
         digits=digits,
         unit=" (%)" if percent else "",

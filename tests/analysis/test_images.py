@@ -150,3 +150,45 @@ def test_coverage_smoke_the_printed_confirm_intervals_cover_the_population_accur
     images, seeds = np.mean(covered[IMAGE_OVER]), np.mean(covered[SEED_OVER])
     assert images >= 0.9, f"over seeds and images the confirm intervals covered {images:.1%} (< 90%)"
     assert seeds < 0.9, f"seed-only intervals covered {seeds:.1%}: the smoke no longer tells the two apart"
+
+
+def _staged(confirm_subsets, search_subset=0):
+    from analysis.runs import STAGE_COLUMN
+
+    rows = [{STAGE_COLUMN: "search", "cell": "c", "train.seed": 0, "data.fraction_seed": search_subset}]
+    rows += [
+        {STAGE_COLUMN: "confirm", "cell": "c", "train.seed": seed, "data.fraction_seed": subset}
+        for seed, subset in zip((1000, 1001, 1002), confirm_subsets)
+    ]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    "subsets, per_seed",
+    [((1000, 1001, 1002), True), ((0, 0, 0), False), ((1000, 1001, 7), False), ((1000,), False)],
+    ids=["each-seed-its-own", "fixed", "mixed", "one-seed"],
+)
+def test_the_report_reads_from_the_runs_whether_each_confirm_seed_drew_its_subset(subsets, per_seed):
+    """confirm.subsets: per_seed is read from what the runs record (data.fraction_seed = train.seed on every confirm
+    run, two or more seeds), so an older store, or one run by hand, is said as it is."""
+    from analysis.images import subsets_per_seed
+
+    assert subsets_per_seed(_staged(subsets)) is per_seed
+
+
+def test_every_conditions_statement_says_what_the_subsets_were():
+    """Under per_seed no printed statement may say the intervals are given the training subset: each says that
+    the confirm seeds drew their own, and the test images' clause is kept; under fixed every text is unchanged."""
+    from analysis.images import IMAGE_CONDITIONS, SEED_CONDITIONS, interval_conditions, subset_wording
+
+    texts = [IMAGE_CONDITIONS, SEED_CONDITIONS, interval_conditions(["seeds and test images", "seeds"])]
+    for text in texts:
+        prose = f"The intervals are {text}. Numbers from: confirm runs."
+        assert subset_wording(prose, per_seed=False) == prose
+        drawn = subset_wording(prose, per_seed=True)
+        assert "given the training subset" not in drawn and "another subset" not in drawn, drawn
+        assert drawn.count("each confirm seed trained on its own training subset (confirm.subsets: per_seed)") == (
+            prose.count("over seeds")
+        ), drawn
+        assert drawn.endswith(". Numbers from: confirm runs.")
+    assert "given the test images the runs were scored on" in subset_wording(SEED_CONDITIONS, per_seed=True)

@@ -282,6 +282,9 @@ def test_a_study_with_a_confirm_stage_end_to_end(ray_cluster, tmp_path, tracking
     assert np.isclose(gain["treatment"].iloc[0], sam["val_acc"].mean())
     assert "Numbers from: confirm runs" in next(out.glob("gain_*.md")).read_text()
     assert "Cells are compared on: confirm runs" in (out / "report.md").read_text()
+    # Each confirm seed drew its own subset: no statement in the report says its intervals are given one subset.
+    said = (out / "report.md").read_text()
+    assert "each confirm seed trained on its own training subset" in said and "given the training subset" not in said
     assert "selection half" in (out / "summary.md").read_text()
     assert (out / "confirm.csv").exists()
 
