@@ -92,13 +92,6 @@ class BSAM(SeededDraws, Method):
             self._s[p] = torch.full_like(p, self.s_init, memory_format=torch.preserve_format)
         return self._m[p], self._s[p]
 
-    @staticmethod
-    def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
-        buf = store.get(p)
-        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
-            buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
-        return buf
-
     # ---------------------------------------------------------------- the step's parts
     @torch.no_grad()
     def _draw(self, params: list[torch.Tensor]) -> None:

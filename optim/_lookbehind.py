@@ -58,15 +58,8 @@ class LookbehindSAM(Method):
     def _trainable(self) -> list[torch.Tensor]:
         return [p for p in self._params() if p.requires_grad]
 
-    @staticmethod
-    def _buffers(store: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = []
-        for p in params:
-            buf = store.get(p)
-            if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
-                buf = store[p] = torch.empty_like(p)
-            out.append(buf)
-        return out
+    def _buffers(self, store: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [self._buffer(store, p) for p in params]
 
     @staticmethod
     def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:

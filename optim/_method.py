@@ -112,6 +112,15 @@ def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[tor
     return list(buckets.values())
 
 
+def kept_buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
+    """``store``'s buffer for ``p``, made (uninitialised, ``p``'s shape, device, dtype and layout) on first use and
+    again only when ``p`` changed one of them: the methods' per-step state then allocates nothing."""
+    buf = store.get(p)
+    if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
+        buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
+    return buf
+
+
 class _BNGuard:
     """Snapshot BatchNorm buffers after pass 1 and restore them after pass 2.
 
@@ -210,6 +219,8 @@ class Method(abc.ABC):
     needs_model: bool = False
     #: Whether the method moves the weights to a perturbed point (and so takes a ``scope`` other than 'all').
     perturbs: bool = False
+    #: A per-parameter buffer kept across steps (w saved, momenta, EMAs): one rule for every method's state.
+    _buffer = staticmethod(kept_buffer)
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's ``__init__(..., **common: Unpack[StepKeywords])`` is shown (``help()``, ``inspect.signature``)

@@ -128,7 +128,9 @@ class MSAM(Method):
         params, moms, decays = self._momenta()
         keys = [next(k for k in MOMENTUM_KEYS if opt.state[p].get(k) is v) for p, v in zip(params, moms)]
         metas = [(p.dtype, p.device) for p in params]
-        buckets = [(ps, vs, [self._buffer(p) for p in ps]) for ps, vs in group_by_device_dtype(params, moms)]
+        buckets = [
+            (ps, vs, [self._buffer(self._saved, p) for p in ps]) for ps, vs in group_by_device_dtype(params, moms)
+        ]
         by_decay: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
         for p, v, wd in zip(params, moms, decays):
             if wd != 0.0:
@@ -165,12 +167,6 @@ class MSAM(Method):
             for gs, ms in group_by_device_dtype([g for g, _ in pairs], [v for _, v in pairs]):
                 factor = (self._scale * wd).to(device=ms[0].device, dtype=ms[0].dtype)
                 torch._foreach_add_(gs, torch._foreach_mul(ms, factor))
-
-    def _buffer(self, p: torch.Tensor) -> torch.Tensor:
-        buf = self._saved.get(p)
-        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
-            buf = self._saved[p] = torch.empty_like(p)
-        return buf
 
     @torch.no_grad()
     def _restore(self) -> None:

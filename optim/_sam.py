@@ -153,13 +153,6 @@ class TwoPass(Method):
         self._plan_members = [p for p, _, _ in entries]
         self._g_full = {p: g for _, _, ps, _, gs in self._plan_cache if gs is not None for p, g in zip(ps, gs)}
 
-    @staticmethod
-    def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
-        buf = store.get(p)
-        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
-            buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
-        return buf
-
     @torch.no_grad()
     def _perturb(self, rho: float) -> None:
         """``w <- w + eps`` from the gradients in ``p.grad``; saves ``w``; with ``_keep_g`` copies g (and ||g||).

@@ -72,13 +72,6 @@ class SAMPa(Method):
                 "accumulate=1, or parallel=False"
             )
 
-    @staticmethod
-    def _buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
-        buf = store.get(p)
-        if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
-            buf = store[p] = torch.empty_like(p)
-        return buf
-
     def _trainable(self) -> list[torch.Tensor]:
         return [p for p in self._params() if p.requires_grad]
 
