@@ -272,6 +272,17 @@ def _row(card: str, key: str, img_size: int, batch: int) -> CardFigures | None:
     return None
 
 
+def _shared_batch_unmeasured(spec, cfg, label: str) -> str | None:
+    """Why a method form whose ranks each take one of the step's passes at once (optim.SharedBatch) has no estimate:
+    neither the one-device step cost nor the workers' split batches describe its wall, and no row measures it yet."""
+    if spec is None or not spec.shares_batch(cfg.optimizer.hparams):
+        return None
+    return (
+        f"cell {label}: {spec.name}'s {spec.shared_batch.knob}=True form has no measured step cost on "
+        f"{spec.shared_batch.ranks} workers (optim/_specs.py step_cost is the one-device form's)."
+    )
+
+
 def _cell_cost(
     cell: Cell, card: str, workers: int, workers_gpus: float, cpu: bool = False
 ) -> tuple[CellCost | None, str | None, bool]:
@@ -310,15 +321,8 @@ def _cell_cost(
     # Each method's step cost is its registry entry's (optim/_specs.py step_cost), a share of `none`'s; SAM's own is
     # the card's measured SAM column.
     spec = METHODS.get(method)
-    if spec is not None and spec.shares_batch(cfg.optimizer.hparams):
-        # Its ranks each take one of the step's passes at once: neither the one-device step cost nor the workers'
-        # split batches describe its wall, and no two-GPU row measures it yet.
-        return (
-            None,
-            f"cell {label}: {method}'s {spec.shared_batch.knob}=True form has no measured step cost on "
-            f"{spec.shared_batch.ranks} workers (optim/_specs.py step_cost is the one-device form's).",
-            False,
-        )
+    if problem := _shared_batch_unmeasured(spec, cfg, label):
+        return None, problem, False
     share = spec.step_cost if spec is not None and spec.step_cost is not None else math.nan
     speed = sam if method == "sam" else none * share
     if not math.isfinite(speed):
