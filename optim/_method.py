@@ -561,6 +561,25 @@ class SeededDraws:
 
     _seed: int
     _gens: dict[str, torch.Generator]
+    # (device, dtype, shapes) -> (one flat buffer, its views shaped as the tensors): made once per parameter list.
+    # The key holds what a view's validity rests on, so a cast or a move of the model (``model.double()``) or a
+    # resized tensor draws into a fresh buffer instead of a stale one.
+    _noise_buffers: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]]
+
+    def _noise(self, ps: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A standard normal draw for the tensors ``ps`` (one device and dtype), shaped as each: one ``randn`` of
+        all their elements from the device's generator, split into them in order. Drawn into a kept buffer whose
+        views are made once (``randn(out=)`` fills it exactly as a fresh ``randn`` would), not one view per tensor
+        per step: a host-bound step pays per op."""
+        key = (ps[0].device, ps[0].dtype, tuple(p.shape for p in ps))
+        buffers = self.__dict__.setdefault("_noise_buffers", {})
+        found = buffers.get(key)
+        if found is None:
+            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            found = buffers[key] = (flat, [z.view(p.shape) for p, z in zip(ps, flat.split([p.numel() for p in ps]))])
+        flat, views = found
+        torch.randn(flat.shape, generator=self._gen(ps[0].device), out=flat)
+        return views
 
     def _gen(self, device: torch.device) -> torch.Generator:
         key = str(device)

@@ -82,8 +82,6 @@ class RWP(SeededDraws, Method):
             saved.append(buf)
         for ps, ss in group_by_device_dtype(params, saved):
             torch._foreach_copy_(ss, ps)
-            flat = torch.randn(sum(p.numel() for p in ps), generator=self._gen(ps[0].device), dtype=ps[0].dtype,
-                               device=ps[0].device)  # fmt: skip
             acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
             vectors = [p for p in ps if p.dim() < 2]
             whole = dict(zip(vectors, torch._foreach_norm(vectors, 2, dtype=acc))) if vectors else {}
@@ -103,9 +101,11 @@ class RWP(SeededDraws, Method):
                         part, torch._foreach_mul([s for _, s, _ in part], [h for _, _, h in part])
                     ):
                         stds[i] = prod
-            for p, z, std in zip(ps, flat.split([p.numel() for p in ps]), stds):
-                # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout.
-                p.addcmul_(z.view(p.shape), std.to(p.dtype), value=self.sigma)
+            # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout. The stds'
+            # shapes differ from the tensors', so foreach runs each tensor's own addcmul_ (the same op as one by one),
+            # dispatched once from Python instead of once per tensor.
+            stds = [s if s.dtype == p.dtype else s.to(p.dtype) for p, s in zip(ps, stds)]
+            torch._foreach_addcmul_(ps, self._noise(ps), stds, value=self.sigma)
 
     @torch.no_grad()
     def _shrinks(self, fisher: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
@@ -263,5 +263,5 @@ class RWP(SeededDraws, Method):
     def extra_state_bytes(self) -> int:
         size = sum(p.numel() * p.element_size() for p in self._moved())
         trainable = sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
-        # Saved w; the clean gradient kept over the perturbed pass; F and the next F (eta > 0).
-        return size + (trainable if 0.0 < self.lmbda < 1.0 else 0) + (2 * size if self.eta != 0.0 else 0)
+        # Saved w and the kept noise buffer; the clean gradient kept over the perturbed pass; F and the next F.
+        return 2 * size + (trainable if 0.0 < self.lmbda < 1.0 else 0) + (2 * size if self.eta != 0.0 else 0)
