@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -112,6 +113,24 @@ def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[tor
     return list(buckets.values())
 
 
+def _following_casts(step: Callable) -> Callable:
+    """``step`` (a Method's ``train_step`` or ``first_step``), with its state made to follow a cast of the model
+    first (``Method._follow_casts``); a step entered from inside another (SAM's train_step calls first_step, a
+    scheduled method its inner one's train_step on itself) checks once."""
+
+    @functools.wraps(step)
+    def wrapped(self, *args, **kwargs):
+        if self.__dict__.get("_entered", 0) == 0 and "_cast_key" in self.__dict__:
+            self._follow_casts()
+        self.__dict__["_entered"] = self.__dict__.get("_entered", 0) + 1
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            self._entered -= 1
+
+    return wrapped
+
+
 class _BNGuard:
     """Snapshot BatchNorm buffers after pass 1 and restore them after pass 2.
 
@@ -216,6 +235,9 @@ class Method(abc.ABC):
         with ``**common`` replaced by ``Method.__init__``'s keyword-only parameters and their defaults, which is
         what it accepts; the call itself still goes through ``**common``, so nothing is checked twice."""
         super().__init_subclass__(**kwargs)
+        for entry in ("train_step", "first_step"):
+            if entry in cls.__dict__ and not getattr(cls.__dict__[entry], "__isabstractmethod__", False):
+                setattr(cls, entry, _following_casts(cls.__dict__[entry]))
         init = cls.__dict__.get("__init__")
         if init is None:
             return
@@ -263,6 +285,8 @@ class Method(abc.ABC):
             )
         self.base_optimizer = base_optimizer
         self.model = model
+        self._cast_key: list | None = None  # the parameters' (dtype, device) when the method's state last matched
+        self._entered = 0  # steps under way: the outermost entry alone checks for a cast
         self.grad_clip = grad_clip
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.global_perturbation = bool(global_perturbation)
@@ -334,6 +358,22 @@ class Method(abc.ABC):
         scaler_state = state.get("scaler")
         if self.scaler is not None and scaler_state:
             self.scaler.load_state_dict(scaler_state)
+
+    def _follow_casts(self) -> None:
+        """Where the parameters' dtypes or devices changed since the last step (``model.double()``, ``model.to(dev)``
+        keep the parameter objects and replace their data), put the method's own state on them as a method built
+        after the cast and loaded from a checkpoint would have it (``_by_param`` casts each tensor to its
+        parameter's dtype and device). The buffers the steps reuse (saved w, g, noise, the step plans) check or key
+        on dtype and device themselves. One (dtype, device) read per parameter per step."""
+        key = [(p.dtype, p.device) for p in self._params()]
+        if key != self._cast_key:
+            if self._cast_key is not None:
+                self._on_cast()
+            self._cast_key = key
+
+    def _on_cast(self) -> None:
+        """The method's state re-made on the parameters' current dtypes and devices (see ``_follow_casts``)."""
+        self._load_method_state(self._method_state())
 
     def _method_state(self) -> dict:
         return {}
