@@ -189,7 +189,7 @@ def _known_path(path: str) -> bool:
 def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
-    problems = _factor_problems(spec) + _path_problems(spec, owners)
+    problems = _factor_problems(spec) + _path_problems(spec, owners) + _method_settings_problems(spec, owners)
     if problems:
         return [], problems
     factor_levels, problems = _planned_levels(spec, smoke)
@@ -304,6 +304,35 @@ def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _method_settings_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
+    """``method_settings``: each key a registered method, each path a trial config path that does not choose the
+    method itself nor what the search samples."""
+    from optim import METHODS
+
+    problems: list[str] = []
+    for method, settings in spec.method_settings.items():
+        where = f"method_settings.{method if method in METHODS else shown(method)}"
+        if method not in METHODS:
+            problems.append(
+                f"{where}: not a registered method. Fix: use one of {sorted(METHODS)} (optim.METHODS), or remove it."
+            )
+            continue
+        for path in settings:
+            if str(path) == "optimizer" or str(path).startswith("optimizer.method"):
+                problems.append(
+                    f"{where}.{path}: method_settings apply to the cells whose method is {method}, so they may not "
+                    f"choose the method. Fix: name the method in a factor's level, and drop {path} here."
+                )
+            elif _is_knob(str(path), owners):
+                problems.append(
+                    f"{where}.{path}: a bare knob name is not taken here. Fix: write optimizer.hparams.{path}."
+                )
+            elif not _known_path(str(path)):
+                problems.append(f"{where}.{path}: not a trial config path. Fix: check its spelling (docs/config.md).")
+        problems += _searched_by_level(spec, where, settings, owners)
+    return problems
+
+
 def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, dict) and value:
         return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v)]
@@ -367,6 +396,9 @@ def _merged_trees(
             for knob, value in knobs.items():
                 if method in owners[knob]:
                     set_path(tree, f"optimizer.hparams.{knob}", value)
+            # The method's own settings over every level's (method_settings; none of them names the method).
+            if isinstance(method, str) and method in spec.method_settings:
+                tree = deep_merge(tree, _overrides_to_tree(spec.method_settings[method]))
         except ValueError as err:
             problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
             continue
@@ -460,6 +492,13 @@ def _study_wide_problems(spec: Study, cells: list[Cell], owners: dict[str, set[s
                         f"factors.{fname}.{level}.{knob}: applies to no cell (no method of the cells with this level takes "
                         f"it: {sorted(owners[knob])} do). Fix: add such a method to the factors, or remove it."
                     )
+    ran = {_method_of(c.config) for c in cells}
+    for method in spec.method_settings:
+        if cells and not smoke and method not in ran:
+            problems.append(
+                f"method_settings.{method}: applies to no cell (no cell's method is {method}). "
+                f"Fix: add a level with optimizer.method: {method} to the factors, or remove it."
+            )
     used = {p for c in cells for p in c.space}
     for skey in spec.search:
         if cells and _resolve_search_key(skey, owners) not in used:
