@@ -102,6 +102,14 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
     """Split aligned tensor lists into buckets of one (device, dtype) so every foreach call takes its fast path."""
+    first = lists[0] if lists else ()
+    if first:
+        # The usual case, one device and one dtype: the one bucket without the per-item loop below (a step calls
+        # this several times over every parameter, and the step is host-bound on small models).
+        device, dtype = first[0].device, first[0].dtype
+        same_length = all(len(items) == len(first) for items in lists)  # else zip's truncation, below
+        if same_length and all(t.dtype is dtype and t.device == device for t in first):
+            return [tuple(list(items) for items in lists)]
     buckets: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], ...]] = {}
     for items in zip(*lists):
         key = (items[0].device, items[0].dtype)
