@@ -65,6 +65,7 @@ class RWP(SeededDraws, Method):
         self._fisher: dict[torch.Tensor, torch.Tensor] = {}  # param -> F, true units
         self._shrink: dict[torch.Tensor, torch.Tensor] = {}  # param -> 1 / sqrt(1 + eta F) as the draw reads it
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
+        self._restore_pairs: list[tuple[list[torch.Tensor], ...]] = []  # (params, their saved w) of the last draw
 
     # ---------------------------------------------------------------- the draw
     def _moved(self) -> list[torch.Tensor]:
@@ -80,7 +81,8 @@ class RWP(SeededDraws, Method):
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
                 buf = self._saved[p] = torch.empty_like(p)
             saved.append(buf)
-        for ps, ss in group_by_device_dtype(params, saved):
+        self._restore_pairs = group_by_device_dtype(params, saved)  # _restore copies back along these
+        for ps, ss in self._restore_pairs:
             torch._foreach_copy_(ss, ps)
             acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
             vectors = [p for p in ps if p.dim() < 2]
@@ -132,8 +134,9 @@ class RWP(SeededDraws, Method):
         return dict(zip(params, out))
 
     @torch.no_grad()
-    def _restore(self, params: list[torch.Tensor]) -> None:
-        for ps, ss in group_by_device_dtype(params, [self._saved[p] for p in params]):
+    def _restore(self) -> None:
+        """``w`` back from the buffers the last ``_perturb`` saved it in, along its buckets (no lookup per tensor)."""
+        for ps, ss in self._restore_pairs:
             torch._foreach_copy_(ps, ss)  # exact: the values of w come back
 
     # ---------------------------------------------------------------- the step
@@ -150,7 +153,7 @@ class RWP(SeededDraws, Method):
         if self.m is None or n is None or self.m >= n:
             self._perturb(moved)
             loss, logits, _, _ = self._pass(forward, local=False, n=n)
-            self._restore(moved)
+            self._restore()
             return loss, logits
         acc: dict[torch.Tensor, torch.Tensor] = {}
         losses, logits_out = [], []
@@ -159,7 +162,7 @@ class RWP(SeededDraws, Method):
             weight = (rows.stop - rows.start) / n
             self._perturb(moved)
             loss, logits, _, _ = self._pass(forward, local=True, rows=rows)
-            self._restore(moved)
+            self._restore()
             with torch.no_grad():
                 for p in self._params_with_grad():
                     acc[p] = p.grad.mul_(weight) if p not in acc else acc[p].add_(p.grad, alpha=weight)
