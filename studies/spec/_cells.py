@@ -304,6 +304,25 @@ def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _own_update_hint(problem: str, method: Any) -> str:
+    """A problem of a method whose update is its own (optim.check_base's: a base-optimizer setting it refuses),
+    with where a study sets that for its cells alone: levels shared with the other methods cannot."""
+    from optim import METHODS
+
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    if spec is None or spec.own_update is None or "steps by its own rule" not in problem:
+        return problem
+    # What it requires, and the base optimizer it ignores at the trial config's default (optim's own_update).
+    wanted = {f"optimizer.{knob}": value for knob, value in spec.own_update.requires.items()}
+    if "base" in spec.own_update.ignores:
+        wanted = {"optimizer.base": TrialConfig().optimizer.base, **wanted}
+    written = ", ".join(f"{k}: {v}" for k, v in wanted.items())
+    return (
+        f"{problem}. In a study whose levels set the base optimizer for the other methods: method_settings: "
+        f"{{{method}: {{{written}}}}} sets it in {method}'s cells alone"
+    )
+
+
 def _method_settings_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
     """``method_settings``: each key a registered method, each path a trial config path that does not choose the
     method itself nor what the search samples."""
@@ -454,7 +473,7 @@ def _cell(
                 except ValueError as err:
                     problems.append(f"search.{path} in {label}: {err}. Fix: search a value, not inside one.")
     except ConfigError as err:
-        problems.extend(f"{label}: {p}" for p in err.problems)
+        problems.extend(f"{label}: {_own_update_hint(p, method)}" for p in err.problems)
         return None
     trials, problem = _cell_trials(spec.budget, space, label)
     if problem:

@@ -284,8 +284,10 @@ def _with_bsam(settings=None):
 
 
 def test_method_settings_apply_to_their_methods_cells_over_the_levels(tmp_path):
-    with pytest.raises(StudyError, match="weight_decay must be 0.0 for bsam"):
+    with pytest.raises(StudyError, match="weight_decay must be 0.0 for bsam") as err:
         load_study(write(tmp_path, _with_bsam()))  # the architecture's SGD and weight decay reach bSAM's cells
+    # The fix names the section that sets them in bSAM's cells alone, with the values it would take.
+    assert "method_settings: {bsam: {optimizer.base: adamw, optimizer.weight_decay: 0.0}}" in str(err.value)
     settings = {"bsam": {"optimizer.base": "adamw", "optimizer.weight_decay": 0.0}}
     cells = {c.key: c.config["optimizer"] for c in load_study(write(tmp_path, _with_bsam(settings))).cells}
     assert cells["arch=resnet,method=bsam"]["base"] == "adamw"
