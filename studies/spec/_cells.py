@@ -310,7 +310,8 @@ def _own_update_hint(problem: str, method: Any) -> str:
     from optim import METHODS
 
     spec = METHODS.get(method) if isinstance(method, str) else None
-    if spec is None or spec.own_update is None or "steps by its own rule" not in problem:
+    knobs = () if spec is None or spec.own_update is None else (*spec.own_update.requires, *spec.own_update.ignores)
+    if not any(f"{knob} must" in problem for knob in knobs):  # check_base's alone, not a schedule's or a scope's
         return problem
     # What it requires, and the base optimizer it ignores at the trial config's default (optim's own_update).
     wanted = {f"optimizer.{knob}": value for knob, value in spec.own_update.requires.items()}
