@@ -12,7 +12,7 @@ __all__, __getattr__, __dir__ = exports(
     {
         "compute": ("COST_UNITS", "compute_matched", "compute_matched_gains", "trial_compute"),
         "design": ("detectable_effects",),
-        "images": ("crossed_t",),
+        "images": ("crossed_t", "linear_image_variance"),
         "plots": (
             "plot_compute_frontier",
             "plot_curves",
@@ -62,6 +62,7 @@ __all__, __getattr__, __dir__ = exports(
             "paired_t",
             "power_t",
             "tost",
+            "table_scored",
         ),
         "tables": (
             "FewSamplesWarning",

@@ -7,6 +7,7 @@ from .compute import compute_matched_gains as compute_matched_gains
 from .compute import trial_compute as trial_compute
 from .design import detectable_effects as detectable_effects
 from .images import crossed_t as crossed_t
+from .images import linear_image_variance as linear_image_variance
 from .plots import plot_compute_frontier as plot_compute_frontier
 from .plots import plot_curves as plot_curves
 from .plots import plot_error_vs_n as plot_error_vs_n
@@ -49,6 +50,7 @@ from .scaling import law_parameters as law_parameters
 from .scaling import paired_law_difference as paired_law_difference
 from .scaling import paired_t as paired_t
 from .scaling import power_t as power_t
+from .scaling import table_scored as table_scored
 from .scaling import tost as tost
 from .sweep import best_level_set as best_level_set
 from .sweep import knob_importance as knob_importance

@@ -66,7 +66,6 @@ __all__ = [
     "mixed_t_ppf",
     "scored_matrix",
     "subset_wording",
-    "subsets_per_seed",
 ]
 
 #: What an interval over seeds and test images conditions on (said beside it, as CONDITIONS is beside seed-level ones).
@@ -94,23 +93,6 @@ _SUBSET_WORDING = (
         f"together, which no interval here includes; {_PER_SEED_SUBSETS}",
     ),
 )
-
-
-def subsets_per_seed(runs) -> bool:
-    """Whether the study's confirm runs each trained on their seed's own subset (confirm.subsets: per_seed), read
-    from the runs themselves: every confirm run's data.fraction_seed is its train.seed, over two or more seeds."""
-    import pandas as pd
-
-    from analysis.runs import split_stages
-
-    if runs.empty or not {"data.fraction_seed", "train.seed"} <= set(runs.columns):
-        return False
-    _, confirm = split_stages(runs)
-    if confirm.empty:
-        return False
-    subsets = pd.to_numeric(confirm["data.fraction_seed"], errors="coerce")
-    seeds = pd.to_numeric(confirm["train.seed"], errors="coerce")
-    return bool((subsets == seeds).all() and seeds.nunique() >= 2)
 
 
 def subset_wording(text: str, per_seed: bool) -> str:

@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.compute import compute_matched, compute_matched_gains
 from analysis.geometry.names import METRIC_PREFIX
-from analysis.images import IMAGE_OVER, interval_conditions, subset_wording, subsets_per_seed
+from analysis.images import IMAGE_OVER, interval_conditions, subset_wording
 from analysis.plots import (
     plot_compute_frontier,
     plot_curves,
@@ -40,6 +40,7 @@ from analysis.runs import (
     load_runs,
     measured_on,
     split_stages,
+    subsets_per_seed,
     summarize,
     unconfirmed_cells,
 )

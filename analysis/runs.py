@@ -52,6 +52,7 @@ __all__ = [
     "measured_on",
     "split_stages",
     "status_table",
+    "subsets_per_seed",
     "summarize",
     "table_format",
     "unconfirmed_cells",
@@ -507,6 +508,19 @@ def status_table(
             table[col] = table[col].map(lambda v: "-" if pd.isna(v) else TABLE_FLOAT_FORMAT.format(v))
     table.index = [cell_key_name(k) for k in table.index]  # one name per cell, as its trial runs carry it
     return table.fillna("-")
+
+
+def subsets_per_seed(runs) -> bool:
+    """Whether the study's confirm runs each trained on their seed's own subset (confirm.subsets: per_seed), read
+    from the runs themselves: every confirm run's data.fraction_seed is its train.seed, over two or more seeds."""
+    if runs.empty or not {"data.fraction_seed", "train.seed"} <= set(runs.columns):
+        return False
+    _, confirm = split_stages(runs)
+    if confirm.empty:
+        return False
+    subsets = pd.to_numeric(confirm["data.fraction_seed"], errors="coerce")
+    seeds = pd.to_numeric(confirm["train.seed"], errors="coerce")
+    return bool((subsets == seeds).all() and seeds.nunique() >= 2)
 
 
 def split_stages(runs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

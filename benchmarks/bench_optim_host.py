@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_optim_host                         # every method bench_optim times compiled
     python -m benchmarks.bench_optim_host --methods msam,looksam --record --label after
+    python -m benchmarks.bench_optim_host --methods rwp,bsam --against 39955a2   # each also as its module was there
 
 At CIFAR shapes the compiled step on a GPU is bound by the host (docs/benchmarks.md, "Compiled steps at CIFAR
 shapes"): the forward and backward are one CUDA graph each, and what is left is the method's eager optimizer-side
@@ -16,6 +17,10 @@ step (``none``) run interleaved in the same process:
   is timed by a wrapper installed for the run), i.e. the host's optimizer-side time per step;
 - ``opt ops``: the aten ops dispatched per step outside the forward and the backward (a ``TorchDispatchMode``; ops
   run by an autograd node are the backward's), what a host-bound GPU pays one launch each for.
+
+``--against REV`` times each method a second time, as ``NAME@REV``, built by its module as it was at git revision
+``REV`` (the module alone: the rest of ``optim`` is the working tree's), interleaved with today's in the same rounds:
+a before/after of a rewrite of one method's module, side by side in one run.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.util
 import statistics
+import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
 import timm
 import torch
@@ -98,7 +107,33 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _variants(model_name: str, methods: list[str]):
+def _module_at(rev: str, module: str) -> types.ModuleType:
+    """Module ``module`` (``optim._rwp``) as its file was at git revision ``rev``, imported beside today's."""
+    path = module.replace(".", "/") + ".py"
+    source = subprocess.run(["git", "show", f"{rev}:{path}"], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+    old = types.ModuleType(module)
+    old.__package__, old.__file__ = module.rpartition(".")[0], f"{rev}:{path}"
+    exec(compile(source, old.__file__, "exec"), old.__dict__)
+    return old
+
+
+@contextlib.contextmanager
+def _built_from(rev: str | None, registered: str):
+    """While open, ``optim.create(registered, ...)`` builds with the method's module as it was at ``rev``."""
+    if rev is None:
+        yield
+        return
+    module = importlib.util.resolve_name(optim.METHODS[registered].builder.partition(":")[0], "optim")
+    current = sys.modules[module]
+    sys.modules[module] = _module_at(rev, module)
+    try:
+        yield
+    finally:
+        sys.modules[module] = current
+
+
+def _variants(model_name: str, methods: list[str], against: str | None = None):
     build, img = MODELS[model_name]
     torch.manual_seed(0)
     model = build().train()
@@ -122,18 +157,25 @@ def _variants(model_name: str, methods: list[str]):
             clock.model_s += time.thread_time() - t0
 
     steps = {}
-    for name in ["none", *methods]:
+    builds = [(name, None) for name in ["none", *methods]]
+    builds += [(name, against) for name in methods] if against else []
+    for name, rev in builds:
         base = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
         registered, kinds = STEP_KINDS.get(name, (name, {}))
-        method = optim.create(registered, base, model=model, num_samples=64, num_classes=10, **kinds,
-                              **METHOD_HPARAMS.get(registered, {}))  # fmt: skip
-        steps[name] = lambda m=method: m.train_step(forward, inputs=x, indices=idx, epoch=0)
+        with _built_from(rev, registered):
+            method = optim.create(registered, base, model=model, num_samples=64, num_classes=10, **kinds,
+                                  **METHOD_HPARAMS.get(registered, {}))  # fmt: skip
+        steps[name if rev is None else f"{name}@{rev}"] = lambda m=method: m.train_step(
+            forward, inputs=x, indices=idx, epoch=0
+        )
     return steps, clock, counter
 
 
-def measure(model_name: str, methods: list[str], steps: int, repeats: int) -> dict[str, tuple[float, float, float]]:
+def measure(
+    model_name: str, methods: list[str], steps: int, repeats: int, against: str | None = None
+) -> dict[str, tuple[float, float, float]]:
     """Per variant: (optimizer-side host ms/step, its spread over rounds as max-min, optimizer-side ops/step)."""
-    variants, clock, counter = _variants(model_name, methods)
+    variants, clock, counter = _variants(model_name, methods, against)
     for step in variants.values():
         for _ in range(3):
             step()
@@ -171,6 +213,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the host's work alone)")
+    ap.add_argument("--against", default=None, metavar="REV",
+                    help="also time each method as its module was at git revision REV, in the same rounds")  # fmt: skip
     ap.add_argument("--record", action="store_true", help=f"append the figures to benchmarks/results/{QUESTION}.csv")
     ap.add_argument("--label", default="", help="a tag for the recorded figures, e.g. 'before' or 'after'")
     args = ap.parse_args(argv)
@@ -178,7 +222,7 @@ def main(argv=None) -> None:
     methods = [m for m in args.methods.split(",") if m and m != "none"]
     rows = []
     for model_name in args.models.split(","):
-        results = measure(model_name, methods, args.steps, args.repeats)
+        results = measure(model_name, methods, args.steps, args.repeats, args.against)
         print(f"# {model_name}: optimizer-side host ms/step (spread) and aten ops/step, CPU proxy", flush=True)
         for name, (ms, spread, ops) in results.items():
             print(f"{model_name:22s} {name:12s} {ms:7.3f} ms (±{spread / 2:.3f})  {ops:7.1f} ops", flush=True)

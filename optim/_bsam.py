@@ -99,9 +99,7 @@ class BSAM(SeededDraws, Method):
         for ps, ss, ws in group_by_device_dtype(params, [self._state(p)[1] for p in params],
                                                 [self._buffer(self._saved, p) for p in params]):  # fmt: skip
             torch._foreach_copy_(ws, ps)
-            flat = torch.randn(sum(p.numel() for p in ps), generator=self._gen(ps[0].device), dtype=ps[0].dtype,
-                               device=ps[0].device)  # fmt: skip
-            zs = [z.view(p.shape) for p, z in zip(ps, flat.split([p.numel() for p in ps]))]
+            zs = self._noise(ps)
             std = torch._foreach_mul(ss, self.num_data)
             torch._foreach_rsqrt_(std)
             torch._foreach_addcmul_(ps, zs, std)
@@ -223,8 +221,8 @@ class BSAM(SeededDraws, Method):
         return 2.0
 
     def extra_state_bytes(self) -> int:
-        # m, s, the saved w and pass 1's |g|: four copies of the trainable weights.
-        return 4 * sum(p.numel() * p.element_size() for p in self._trainable())
+        # m, s, the saved w, pass 1's |g| and the kept noise buffer: five copies of the trainable weights.
+        return 5 * sum(p.numel() * p.element_size() for p in self._trainable())
 
     def _method_state(self) -> dict:
         return {"m": self._indexed(self._m), "s": self._indexed(self._s), "generators": self._gen_states()}

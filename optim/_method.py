@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -101,6 +102,14 @@ def global_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def group_by_device_dtype(*lists: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], ...]]:
     """Split aligned tensor lists into buckets of one (device, dtype) so every foreach call takes its fast path."""
+    first = lists[0] if lists else ()
+    if first:
+        # The usual case, one device and one dtype: the one bucket without the per-item loop below (a step calls
+        # this several times over every parameter, and the step is host-bound on small models).
+        device, dtype = first[0].device, first[0].dtype
+        same_length = all(len(items) == len(first) for items in lists)  # else zip's truncation, below
+        if same_length and all(t.dtype is dtype and t.device == device for t in first):
+            return [tuple(list(items) for items in lists)]
     buckets: dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], ...]] = {}
     for items in zip(*lists):
         key = (items[0].device, items[0].dtype)
@@ -119,6 +128,24 @@ def kept_buffer(store: dict, p: torch.Tensor) -> torch.Tensor:
     if buf is None or buf.shape != p.shape or buf.device != p.device or buf.dtype != p.dtype:
         buf = store[p] = torch.empty_like(p, memory_format=torch.preserve_format)
     return buf
+
+
+def _following_casts(step: Callable) -> Callable:
+    """``step`` (a Method's ``train_step`` or ``first_step``), with its state made to follow a cast of the model
+    first (``Method._follow_casts``); a step entered from inside another (SAM's train_step calls first_step, a
+    scheduled method its inner one's train_step on itself) checks once."""
+
+    @functools.wraps(step)
+    def wrapped(self, *args, **kwargs):
+        if self.__dict__.get("_entered", 0) == 0 and "_cast_key" in self.__dict__:
+            self._follow_casts()
+        self.__dict__["_entered"] = self.__dict__.get("_entered", 0) + 1
+        try:
+            return step(self, *args, **kwargs)
+        finally:
+            self._entered -= 1
+
+    return wrapped
 
 
 class _BNGuard:
@@ -227,6 +254,9 @@ class Method(abc.ABC):
         with ``**common`` replaced by ``Method.__init__``'s keyword-only parameters and their defaults, which is
         what it accepts; the call itself still goes through ``**common``, so nothing is checked twice."""
         super().__init_subclass__(**kwargs)
+        for entry in ("train_step", "first_step"):
+            if entry in cls.__dict__ and not getattr(cls.__dict__[entry], "__isabstractmethod__", False):
+                setattr(cls, entry, _following_casts(cls.__dict__[entry]))
         init = cls.__dict__.get("__init__")
         if init is None:
             return
@@ -274,6 +304,8 @@ class Method(abc.ABC):
             )
         self.base_optimizer = base_optimizer
         self.model = model
+        self._cast_key: list | None = None  # the parameters' (dtype, device) when the method's state last matched
+        self._entered = 0  # steps under way: the outermost entry alone checks for a cast
         self.grad_clip = grad_clip
         self.scaler = scaler if scaler is not None and scaler.is_enabled() else None
         self.global_perturbation = bool(global_perturbation)
@@ -345,6 +377,22 @@ class Method(abc.ABC):
         scaler_state = state.get("scaler")
         if self.scaler is not None and scaler_state:
             self.scaler.load_state_dict(scaler_state)
+
+    def _follow_casts(self) -> None:
+        """Where the parameters' dtypes or devices changed since the last step (``model.double()``, ``model.to(dev)``
+        keep the parameter objects and replace their data), put the method's own state on them as a method built
+        after the cast and loaded from a checkpoint would have it (``_by_param`` casts each tensor to its
+        parameter's dtype and device). The buffers the steps reuse (saved w, g, noise, the step plans) check or key
+        on dtype and device themselves. One (dtype, device) read per parameter per step."""
+        key = [(p.dtype, p.device) for p in self._params()]
+        if key != self._cast_key:
+            if self._cast_key is not None:
+                self._on_cast()
+            self._cast_key = key
+
+    def _on_cast(self) -> None:
+        """The method's state re-made on the parameters' current dtypes and devices (see ``_follow_casts``)."""
+        self._load_method_state(self._method_state())
 
     def _method_state(self) -> dict:
         return {}
@@ -572,6 +620,25 @@ class SeededDraws:
 
     _seed: int
     _gens: dict[str, torch.Generator]
+    # (device, dtype, shapes) -> (one flat buffer, its views shaped as the tensors): made once per parameter list.
+    # The key holds what a view's validity rests on, so a cast or a move of the model (``model.double()``) or a
+    # resized tensor draws into a fresh buffer instead of a stale one.
+    _noise_buffers: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]]
+
+    def _noise(self, ps: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A standard normal draw for the tensors ``ps`` (one device and dtype), shaped as each: one ``randn`` of
+        all their elements from the device's generator, split into them in order. Drawn into a kept buffer whose
+        views are made once (``randn(out=)`` fills it exactly as a fresh ``randn`` would), not one view per tensor
+        per step: a host-bound step pays per op."""
+        key = (ps[0].device, ps[0].dtype, tuple(p.shape for p in ps))
+        buffers = self.__dict__.setdefault("_noise_buffers", {})
+        found = buffers.get(key)
+        if found is None:
+            flat = torch.empty(sum(p.numel() for p in ps), dtype=ps[0].dtype, device=ps[0].device)
+            found = buffers[key] = (flat, [z.view(p.shape) for p, z in zip(ps, flat.split([p.numel() for p in ps]))])
+        flat, views = found
+        torch.randn(flat.shape, generator=self._gen(ps[0].device), out=flat)
+        return views
 
     def _gen(self, device: torch.device) -> torch.Generator:
         key = str(device)

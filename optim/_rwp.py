@@ -65,6 +65,7 @@ class RWP(SeededDraws, Method):
         self._fisher: dict[torch.Tensor, torch.Tensor] = {}  # param -> F, true units
         self._shrink: dict[torch.Tensor, torch.Tensor] = {}  # param -> 1 / sqrt(1 + eta F) as the draw reads it
         self._saved: dict[torch.Tensor, torch.Tensor] = {}  # param -> w
+        self._restore_pairs: list[tuple[list[torch.Tensor], ...]] = []  # (params, their saved w) of the last draw
 
     # ---------------------------------------------------------------- the draw
     def _moved(self) -> list[torch.Tensor]:
@@ -80,10 +81,9 @@ class RWP(SeededDraws, Method):
             if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
                 buf = self._saved[p] = torch.empty_like(p)
             saved.append(buf)
-        for ps, ss in group_by_device_dtype(params, saved):
+        self._restore_pairs = group_by_device_dtype(params, saved)  # _restore copies back along these
+        for ps, ss in self._restore_pairs:
             torch._foreach_copy_(ss, ps)
-            flat = torch.randn(sum(p.numel() for p in ps), generator=self._gen(ps[0].device), dtype=ps[0].dtype,
-                               device=ps[0].device)  # fmt: skip
             acc = torch.float64 if ps[0].dtype == torch.float64 else torch.float32
             vectors = [p for p in ps if p.dim() < 2]
             whole = dict(zip(vectors, torch._foreach_norm(vectors, 2, dtype=acc))) if vectors else {}
@@ -103,9 +103,11 @@ class RWP(SeededDraws, Method):
                         part, torch._foreach_mul([s for _, s, _ in part], [h for _, _, h in part])
                     ):
                         stds[i] = prod
-            for p, z, std in zip(ps, flat.split([p.numel() for p in ps]), stds):
-                # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout.
-                p.addcmul_(z.view(p.shape), std.to(p.dtype), value=self.sigma)
+            # Broadcast, not reshaped: a channels-last weight is perturbed in place, in its own layout. The stds'
+            # shapes differ from the tensors', so foreach runs each tensor's own addcmul_ (the same op as one by one),
+            # dispatched once from Python instead of once per tensor.
+            stds = [s if s.dtype == p.dtype else s.to(p.dtype) for p, s in zip(ps, stds)]
+            torch._foreach_addcmul_(ps, self._noise(ps), stds, value=self.sigma)
 
     @torch.no_grad()
     def _shrinks(self, fisher: dict[torch.Tensor, torch.Tensor]) -> dict[torch.Tensor, torch.Tensor]:
@@ -132,8 +134,9 @@ class RWP(SeededDraws, Method):
         return dict(zip(params, out))
 
     @torch.no_grad()
-    def _restore(self, params: list[torch.Tensor]) -> None:
-        for ps, ss in group_by_device_dtype(params, [self._saved[p] for p in params]):
+    def _restore(self) -> None:
+        """``w`` back from the buffers the last ``_perturb`` saved it in, along its buckets (no lookup per tensor)."""
+        for ps, ss in self._restore_pairs:
             torch._foreach_copy_(ps, ss)  # exact: the values of w come back
 
     # ---------------------------------------------------------------- the step
@@ -150,7 +153,7 @@ class RWP(SeededDraws, Method):
         if self.m is None or n is None or self.m >= n:
             self._perturb(moved)
             loss, logits, _, _ = self._pass(forward, local=False, n=n)
-            self._restore(moved)
+            self._restore()
             return loss, logits
         acc: dict[torch.Tensor, torch.Tensor] = {}
         losses, logits_out = [], []
@@ -159,7 +162,7 @@ class RWP(SeededDraws, Method):
             weight = (rows.stop - rows.start) / n
             self._perturb(moved)
             loss, logits, _, _ = self._pass(forward, local=True, rows=rows)
-            self._restore(moved)
+            self._restore()
             with torch.no_grad():
                 for p in self._params_with_grad():
                     acc[p] = p.grad.mul_(weight) if p not in acc else acc[p].add_(p.grad, alpha=weight)
@@ -263,5 +266,5 @@ class RWP(SeededDraws, Method):
     def extra_state_bytes(self) -> int:
         size = sum(p.numel() * p.element_size() for p in self._moved())
         trainable = sum(p.numel() * p.element_size() for p in self._params() if p.requires_grad)
-        # Saved w; the clean gradient kept over the perturbed pass; F and the next F (eta > 0).
-        return size + (trainable if 0.0 < self.lmbda < 1.0 else 0) + (2 * size if self.eta != 0.0 else 0)
+        # Saved w and the kept noise buffer; the clean gradient kept over the perturbed pass; F and the next F.
+        return 2 * size + (trainable if 0.0 < self.lmbda < 1.0 else 0) + (2 * size if self.eta != 0.0 else 0)

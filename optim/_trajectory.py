@@ -316,6 +316,24 @@ class MESA:
                 self._other_t.append(t)
                 self._other_s.append(s)
 
+    @torch.no_grad()
+    def follow_student(self) -> None:
+        """After a cast or a move of the model (``model.double()``, ``model.to(device)``): each teacher tensor on
+        its student counterpart's dtype and device (as a teacher copied from the cast model and loaded from a
+        checkpoint is), and the pairs the EMA reads made again (the cast replaced the student's buffers)."""
+        s_named = dict(self.student.named_parameters())
+        s_named.update(self.student.named_buffers())
+        for name, t in self.teacher.named_parameters():
+            s = s_named[name]
+            if (t.dtype, t.device) != (s.dtype, s.device):
+                t.data = t.data.to(device=s.device, dtype=s.dtype)
+        for prefix, module in self.teacher.named_modules():
+            for key, b in list(module._buffers.items()):
+                s = s_named.get(f"{prefix}.{key}" if prefix else key)
+                if b is not None and s is not None and (b.dtype, b.device) != (s.dtype, s.device):
+                    module._buffers[key] = b.to(device=s.device, dtype=s.dtype)
+        self._pairs()
+
     def active(self, epoch: int) -> bool:
         return epoch > self.e_start
 
@@ -439,6 +457,12 @@ class Regularised(Method):
         hook = getattr(self.regulariser, "compile_modules", None)  # MESA's teacher; SAF holds no module
         if hook is not None:
             hook(compiler)
+
+    def _on_cast(self) -> None:
+        hook = getattr(self.regulariser, "follow_student", None)  # MESA's teacher; SAF holds no module
+        if hook is not None:
+            hook()
+        super()._on_cast()
 
     def _method_state(self) -> dict:
         return self.regulariser.state_dict()

@@ -190,7 +190,7 @@ def _known_path(path: str) -> bool:
 def expand(spec: Study, *, smoke: bool = False, require_data: bool = True) -> tuple[list[Cell], list[str]]:
     """Cells of the study, each validated with its search bounds substituted; returns (cells, problems)."""
     owners = _method_hparams()
-    problems = _factor_problems(spec) + _path_problems(spec, owners)
+    problems = _factor_problems(spec) + _path_problems(spec, owners) + _method_settings_problems(spec, owners)
     if problems:
         return [], problems
     factor_levels, problems = _planned_levels(spec, smoke)
@@ -305,6 +305,55 @@ def _path_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def _own_update_hint(problem: str, method: Any) -> str:
+    """A problem of a method whose update is its own (optim.check_base's: a base-optimizer setting it refuses),
+    with where a study sets that for its cells alone: levels shared with the other methods cannot."""
+    from optim import METHODS
+
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    knobs = () if spec is None or spec.own_update is None else (*spec.own_update.requires, *spec.own_update.ignores)
+    if not any(f"{knob} must" in problem for knob in knobs):  # check_base's alone, not a schedule's or a scope's
+        return problem
+    # What it requires, and the base optimizer it ignores at the trial config's default (optim's own_update).
+    wanted = {f"optimizer.{knob}": value for knob, value in spec.own_update.requires.items()}
+    if "base" in spec.own_update.ignores:
+        wanted = {"optimizer.base": TrialConfig().optimizer.base, **wanted}
+    written = ", ".join(f"{k}: {v}" for k, v in wanted.items())
+    return (
+        f"{problem}. In a study whose levels set the base optimizer for the other methods: method_settings: "
+        f"{{{method}: {{{written}}}}} sets it in {method}'s cells alone"
+    )
+
+
+def _method_settings_problems(spec: Study, owners: dict[str, set[str]]) -> list[str]:
+    """``method_settings``: each key a registered method, each path a trial config path that does not choose the
+    method itself nor what the search samples."""
+    from optim import METHODS
+
+    problems: list[str] = []
+    for method, settings in spec.method_settings.items():
+        where = f"method_settings.{method if method in METHODS else shown(method)}"
+        if method not in METHODS:
+            problems.append(
+                f"{where}: not a registered method. Fix: use one of {sorted(METHODS)} (optim.METHODS), or remove it."
+            )
+            continue
+        for path in settings:
+            if str(path) == "optimizer" or str(path).startswith("optimizer.method"):
+                problems.append(
+                    f"{where}.{path}: method_settings apply to the cells whose method is {method}, so they may not "
+                    f"choose the method. Fix: name the method in a factor's level, and drop {path} here."
+                )
+            elif _is_knob(str(path), owners):
+                problems.append(
+                    f"{where}.{path}: a bare knob name is not taken here. Fix: write optimizer.hparams.{path}."
+                )
+            elif not _known_path(str(path)):
+                problems.append(f"{where}.{path}: not a trial config path. Fix: check its spelling (docs/config.md).")
+        problems += _searched_by_level(spec, where, settings, owners)
+    return problems
+
+
 def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, dict) and value:
         return [leaf for k, v in value.items() for leaf in _leaves(f"{prefix}.{k}", v)]
@@ -368,6 +417,9 @@ def _merged_trees(
             for knob, value in knobs.items():
                 if method in owners[knob]:
                     set_path(tree, f"optimizer.hparams.{knob}", value)
+            # The method's own settings over every level's (method_settings; none of them names the method).
+            if isinstance(method, str) and method in spec.method_settings:
+                tree = deep_merge(tree, _overrides_to_tree(spec.method_settings[method]))
         except ValueError as err:
             problems.append(f"factors: {err}. Fix: set a value there, or set the section as a whole.")
             continue
@@ -425,7 +477,7 @@ def _cell(
                 except ValueError as err:
                     problems.append(f"search.{path} in {label}: {err}. Fix: search a value, not inside one.")
     except ConfigError as err:
-        problems.extend(f"{label}: {p}" for p in err.problems)
+        problems.extend(f"{label}: {_own_update_hint(p, method)}" for p in err.problems)
         return None
     trials, problem = _cell_trials(spec.budget, space, label)
     if problem:
@@ -463,6 +515,13 @@ def _study_wide_problems(spec: Study, cells: list[Cell], owners: dict[str, set[s
                         f"factors.{fname}.{level}.{knob}: applies to no cell (no method of the cells with this level takes "
                         f"it: {sorted(owners[knob])} do). Fix: add such a method to the factors, or remove it."
                     )
+    ran = {_method_of(c.config) for c in cells}
+    for method in spec.method_settings:
+        if cells and not smoke and method not in ran:
+            problems.append(
+                f"method_settings.{method}: applies to no cell (no cell's method is {method}). "
+                f"Fix: add a level with optimizer.method: {method} to the factors, or remove it."
+            )
     used = {p for c in cells for p in c.space}
     for skey in spec.search:
         if cells and _resolve_search_key(skey, owners) not in used:

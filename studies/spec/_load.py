@@ -76,6 +76,9 @@ def _fixed_by_study(spec: Study, key: str) -> str | None:
         path = _resolve_search_key(skey, owners)
         if path == key or _overlapping([key, path]):
             return f"search key {skey!r}"
+    for method, settings in spec.method_settings.items():
+        if any(_overlapping([key, str(p)]) or str(p) == key for p in settings):
+            return f"method_settings.{method} (in the cells of {method})"
     return None
 
 

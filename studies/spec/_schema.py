@@ -319,6 +319,12 @@ class Study(_Strict):
     base: dict[str, Any] = Field(default_factory=dict, description="Trial config shared by every cell.")
     factors: dict[str, dict[str, dict[str, Any]] | list[Any]] = Field(default_factory=dict)
     search: dict[str, Domain] = Field(default_factory=dict)
+    method_settings: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Method name -> dotted config paths and values set in every cell whose method it is, over the "
+        "factors' levels: what a method whose update is its own (bSAM: no weight decay, the base optimizer lending "
+        "only its lr) needs where the other cells' levels set the base optimizer.",
+    )
     budget: Budget = Field(default_factory=Budget)
     resources: Resources = Field(default_factory=Resources)
     tracking: Tracking = Field(default_factory=Tracking)

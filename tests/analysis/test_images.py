@@ -171,7 +171,7 @@ def _staged(confirm_subsets, search_subset=0):
 def test_the_report_reads_from_the_runs_whether_each_confirm_seed_drew_its_subset(subsets, per_seed):
     """confirm.subsets: per_seed is read from what the runs record (data.fraction_seed = train.seed on every confirm
     run, two or more seeds), so an older store, or one run by hand, is said as it is."""
-    from analysis.images import subsets_per_seed
+    from analysis.runs import subsets_per_seed
 
     assert subsets_per_seed(_staged(subsets)) is per_seed
 

@@ -290,3 +290,59 @@ def test_sampas_two_rank_form_needs_two_workers_before_ray_starts(tmp_path, work
         f"needs resources.workers_per_trial = 2, got {workers}" in said
         and "Fix: set resources.workers_per_trial: 2" in said
     )
+
+
+def _with_bsam(settings=None):
+    """GOOD with an SGD architecture and bSAM (an own-update method: no weight decay, no SGD base) among the methods."""
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["search"] = {}
+    data["factors"]["arch"]["resnet"].update({"optimizer.base": "sgd", "optimizer.weight_decay": 5e-4})
+    data["factors"]["method"]["bsam"] = {"optimizer.method": "bsam"}
+    if settings is not None:
+        data["method_settings"] = settings
+    return data
+
+
+def test_method_settings_apply_to_their_methods_cells_over_the_levels(tmp_path):
+    with pytest.raises(StudyError, match="weight_decay must be 0.0 for bsam") as err:
+        load_study(write(tmp_path, _with_bsam()))  # the architecture's SGD and weight decay reach bSAM's cells
+    # The fix names the section that sets them in bSAM's cells alone, with the values it would take.
+    assert "method_settings: {bsam: {optimizer.base: adamw, optimizer.weight_decay: 0.0}}" in str(err.value)
+    settings = {"bsam": {"optimizer.base": "adamw", "optimizer.weight_decay": 0.0}}
+    cells = {c.key: c.config["optimizer"] for c in load_study(write(tmp_path, _with_bsam(settings))).cells}
+    assert cells["arch=resnet,method=bsam"]["base"] == "adamw"
+    assert cells["arch=resnet,method=bsam"]["weight_decay"] == 0.0
+    assert cells["arch=vit,method=bsam"]["weight_decay"] == 0.0
+    assert (cells["arch=resnet,method=sam"]["base"], cells["arch=resnet,method=sam"]["weight_decay"]) == ("sgd", 5e-4)
+    assert "weight_decay" not in cells["arch=vit,method=sam"]  # the others keep the levels' and base's settings
+    settings["bsam"]["optimizer.grad_clip"] = 1.0  # a path no level sets: a --set of it the settings would replace
+    with pytest.raises(StudyError, match="method_settings.bsam"):
+        load_study(write(tmp_path, _with_bsam(settings)), overrides={"optimizer.grad_clip": 0.5})
+
+
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"bsamm": {"optimizer.weight_decay": 0.0}}, "method_settings.'bsamm': not a registered method"),
+        ({"bsam": {"optimizer.method": "sam"}}, "method_settings.bsam.optimizer.method: method_settings apply to"),
+        ({"bsam": {"delta": 1e-4}}, "method_settings.bsam.delta: a bare knob name is not taken here"),
+        ({"bsam": {"optimizer.wd": 0.0}}, "method_settings.bsam.optimizer.wd: not a trial config path"),
+        ({"gam": {"optimizer.weight_decay": 0.0}}, "method_settings.gam: applies to no cell"),
+    ],
+)
+def test_bad_method_settings_name_the_field_and_the_fix(tmp_path, settings, expected):
+    data = _with_bsam({"bsam": {"optimizer.base": "adamw", "optimizer.weight_decay": 0.0}, **settings})
+    with pytest.raises(StudyError) as err:
+        load_study(write(tmp_path, data))
+    assert expected in str(err.value) and "Fix:" in str(err.value), str(err.value)
+
+
+def test_method_settings_may_not_set_what_the_search_samples(tmp_path):
+    data = _with_bsam(
+        {"bsam": {"optimizer.base": "adamw", "optimizer.weight_decay": 0.0, "optimizer.hparams.rho": 0.02}}
+    )
+    data["search"] = {"rho": {"type": "loguniform", "low": 0.01, "high": 0.5}}
+    with pytest.raises(
+        StudyError, match="method_settings.bsam.optimizer.hparams.rho: a level may not set what the search"
+    ):
+        load_study(write(tmp_path, data))
