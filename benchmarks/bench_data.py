@@ -7,6 +7,9 @@ Needs only torch, timm and pydantic (no Ray, Optuna or MLflow).
 
   python -m benchmarks.bench_data                 # the issue's table on one GPU
   python -m benchmarks.bench_data --quick         # tiny CPU smoke of the script itself, measures nothing
+
+--record appends each path's img/s and ratio to benchmarks/results/data_path.csv; the strong path's ratios are the
+share of a clean epoch that `sharpscale run --dry-run` costs a strong-augmentation trial at (studies/cost.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from studies.cost import RATIO_TO_SYNTHETIC, STRONG_AUGMENT_PATH
 from trainables import fit
 
 # (label, data overrides, target ratio to synthetic with the same method)
@@ -36,7 +40,7 @@ PATHS = [
         {"augment": "basic", "device_resident": False, "num_workers": 0},
         None,
     ),
-    ("cifar10 strong (RandAugment + mixup), host workers", {"augment": "strong"}, {"none": 0.90}),
+    (STRONG_AUGMENT_PATH, {"augment": "strong"}, {"none": 0.90}),
 ]
 
 
@@ -120,6 +124,7 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=["none", "sam"])
     p.add_argument("--n-train", type=int, default=50_000)
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
+    p.add_argument("--record", action="store_true", help="append the figures to benchmarks/results/data_path.csv")
     args = p.parse_args()
 
     if args.quick:
@@ -166,6 +171,7 @@ def main() -> None:
     print()
     print("| data path | method | img/s | ratio to synthetic | target |")
     print("| --- | --- | --- | --- | --- |")
+    rows = []
     for method in args.methods:
         base = statistics.median(results[(PATHS[0][0], method)])
         for label, _, targets in PATHS:
@@ -175,6 +181,15 @@ def main() -> None:
             target = (targets or {}).get(method)
             verdict = "" if target is None else f">= {target} ({'met' if ips / base >= target else 'MISSED'})"
             print(f"| {label} | {method} | {ips:,.0f} | {ips / base:.3f} | {verdict} |")
+            note = f"ViT-S/4 @32, batch {batch}, {args.steps} steps x {args.epochs} epochs, {args.rounds} rounds"
+            rows += [
+                {"figure": f"{label}, {method} :: img/s", "value": f"{ips:.0f}", "unit": "img/s", "note": note},
+                {"figure": f"{label}, {method} :: {RATIO_TO_SYNTHETIC}", "value": f"{ips / base:.3f}", "note": note},
+            ]
+    if args.record and not args.quick:
+        from benchmarks import results as recorded
+
+        print(f"appended to {recorded.append('data_path', rows)}")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,8 @@ def main() -> None:
         help="append the medians to benchmarks/results/startup.csv (docs/benchmarks.md)",
     )
     p.add_argument("--study", help="run this study's --smoke form through the CLI and measure its start-up")
+    p.add_argument("--full", action="store_true", help="with --study: the study as written, not its --smoke form")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="with --study: passed to sharpscale run --set")
     p.add_argument("--num-cpus", type=int, help="the study's local Ray cluster's CPUs (default: this machine's)")
     p.add_argument(
         "--check",
@@ -132,79 +134,147 @@ def main() -> None:
 
 # What a trial spends on Ray's and MLflow's side, beside what bench_trial_cost measures in trainables.fit alone.
 RECORD_PARTS = ("start", "record_open", "imports", "report", "record")
+# The estimate's trial parts (studies/cost.py _cell_cost) and the trial's own records of each (trainables.metrics):
+# `training` is the trial's seconds less its fixed seconds, the others fixed_<phase>_s sums.
+ACTUAL_PARTS = {
+    "validation": ("validation",),
+    "geometry": ("geometry",),
+    "data load and model build": ("data_load", "model_build"),
+    "records": RECORD_PARTS,
+    "compile": ("compile",),
+    "checkpoints": ("checkpoint",),
+}
+
+
+def _form(args) -> str:
+    """How the measured run is named in its rows: the study's stem, its form, and what --set changed."""
+    form = "full" if args.full else "--smoke"
+    return " ".join([Path(args.study).stem, form, *(f"--set {kv}" for kv in args.set or ())])
+
+
+def _run_study(args, tmp: str) -> tuple[float, list[str]]:
+    """Run the study through the CLI in `tmp`; (command seconds, the printed lines)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env.update(RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    cmd = [*_sharpscale(), "run", *([] if args.full else ["--smoke"]), str(Path(args.study).resolve())]
+    cmd += ["--tracking-uri", uri, "--storage", f"{tmp}/runs", "--set", f"tracking.artifact_location={tmp}/mlartifacts"]
+    for kv in args.set or ():
+        cmd += ["--set", kv]
+    if args.num_cpus:
+        cmd += ["--num-cpus", str(args.num_cpus)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return time.perf_counter() - t0, done.stdout.strip().splitlines()
+
+
+def _read_back(uri: str, experiment: str) -> dict:
+    """What the run recorded: its wall, its estimate, the start-up, and each trial's span and parts."""
+    from mlflow.tracking import MlflowClient
+
+    from trainables.metrics import FIXED_TIME, TRIAL_TIME, fixed_phase_metric
+    from trainables.naming import kind_filter
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    (run,) = client.search_runs([exp.experiment_id], filter_string=kind_filter("study"))
+    (wall,) = client.get_metric_history(run.info.run_id, "wall_h")
+    launched_ms = wall.timestamp - wall.value * 3600 * 1000
+    trials = client.search_runs([exp.experiment_id], filter_string=kind_filter("trial"), max_results=1000)
+    parts = []  # each trial's seconds by the estimate's part
+    for t in trials:
+        m = t.data.metrics
+        mine = {"training": m.get(TRIAL_TIME, 0.0) - m.get(FIXED_TIME, 0.0)}
+        for name, phases in ACTUAL_PARTS.items():
+            mine[name] = sum(m.get(fixed_phase_metric(ph), 0.0) for ph in phases)
+        mine["rest of the trial"] = m.get(TRIAL_TIME, 0.0) - sum(mine.values())  # imports, optimizer, other
+        parts.append(mine)
+    return {
+        "run": run,
+        "wall_s": wall.value * 3600,
+        "startup_s": (min(t.info.start_time for t in trials) - launched_ms) / 1000,
+        "records_s": statistics.median(p["records"] for p in parts),
+        "spans": [(t.info.end_time - t.info.start_time) / 1000 for t in trials if t.info.end_time],
+        "parts": parts,
+    }
+
+
+def _compare(study, got: dict, cpus: int | None) -> list[tuple[str, float, float]]:
+    """(part, estimated, actual) seconds: the wall and start-up, then each part summed over the study's trials."""
+    import math
+
+    from studies.cost import estimate_study
+
+    estimate = estimate_study(study, cpus=cpus, gpus=None)
+    rows = [("wall", got["run"].data.metrics.get("estimate.wall_h", math.nan) * 3600, got["wall_s"])]
+    rows.append(("start-up", estimate.startup_s or 0.0, got["startup_s"]))
+    summed: dict[str, float] = {}
+    for cell in estimate.cells:
+        for name, sec in cell.trial_parts:
+            summed[name] = summed.get(name, 0.0) + cell.trials * sec
+    names = dict.fromkeys([*summed, *got["parts"][0]])
+    for name in names:
+        actual = sum(p.get(name, 0.0) for p in got["parts"])
+        rows.append((f"{name}, all trials", summed.get(name, 0.0), actual))
+    estimated_trials = sum(c.trials * c.trial_s for c in estimate.cells)
+    rows.append(("trial spans, all trials", estimated_trials, sum(got["spans"])))
+    return rows
 
 
 def study_startup(args) -> None:
-    import math
+    from studies.spec import load_study, parse_overrides
+    from trainables.naming import ESTIMATE_CHECK_TAG, ESTIMATE_TAG
 
-    from mlflow.tracking import MlflowClient
-
-    from studies.spec import load_study
-    from trainables.metrics import fixed_phase_metric
-    from trainables.naming import ESTIMATE_CHECK_TAG, ESTIMATE_TAG, kind_filter
-
-    study = load_study(args.study, smoke=True, require_data=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    env.update(RAY_USAGE_STATS_ENABLED="0", MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
+    overrides = parse_overrides(args.set or [], args.study)  # as `sharpscale run --set` reads them
+    study = load_study(args.study, smoke=not args.full, overrides=overrides, require_data=False)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_startup_study_") as tmp:
-        uri = f"sqlite:///{tmp}/mlflow.db"
-        cmd = [*_sharpscale(), "run", "--smoke", str(Path(args.study).resolve()), "--tracking-uri", uri]
-        cmd += ["--storage", f"{tmp}/runs", "--set", f"tracking.artifact_location={tmp}/mlartifacts"]
-        if args.num_cpus:
-            cmd += ["--num-cpus", str(args.num_cpus)]
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, check=False)
-        command_s = time.perf_counter() - t0
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-        client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(study.experiment_name)
-        (run,) = client.search_runs([exp.experiment_id], filter_string=kind_filter("study"))
-        (wall,) = client.get_metric_history(run.info.run_id, "wall_h")
-        launched_ms = wall.timestamp - wall.value * 3600 * 1000
-        trials = client.search_runs([exp.experiment_id], filter_string=kind_filter("trial"), max_results=1000)
-        startup = (min(t.info.start_time for t in trials) - launched_ms) / 1000
-        records = statistics.median(
-            sum(t.data.metrics.get(fixed_phase_metric(part), 0.0) for part in RECORD_PARTS) for t in trials
-        )
-        estimate = run.data.metrics.get("estimate.wall_h", math.nan) * 3600
-        # Each trial's own seconds (its run's span) and its epochs', against what the estimate gave a trial.
-        spans = [(t.info.end_time - t.info.start_time) / 1000 for t in trials if t.info.end_time]
-        epochs = [t.data.metrics.get("epoch_time_s", math.nan) for t in trials]
+        command_s, printed = _run_study(args, tmp)
+        got = _read_back(f"sqlite:///{tmp}/mlflow.db", study.experiment_name)
     load = os.getloadavg()[0]
-    print(
-        f"trial spans median {statistics.median(spans):.1f} s (min {min(spans):.1f}, max {max(spans):.1f}); "
-        f"last epoch_time_s median {statistics.median(epochs):.2f} s; load average {load:.1f} at the end"
-    )
-    print(done.stdout.strip().splitlines()[-3:])
-    print(f"command {command_s:.1f} s; study wall {wall.value * 3600:.1f} s from its launch; start-up {startup:.1f} s;")
-    print(f"a trial's records (median of {len(trials)}: {', '.join(RECORD_PARTS)}) {records:.2f} s;")
+    run, spans = got["run"], got["spans"]
+    compared = _compare(study, got, args.num_cpus or os.cpu_count())
+    print(printed[-3:])
+    print(f"command {command_s:.1f} s; study wall {got['wall_s']:.1f} s from its launch; load average {load_before:.1f}"
+          f" at the start, {load:.1f} at the end; trial spans median {statistics.median(spans):.1f} s")  # fmt: skip
     print(f"recorded: {run.data.tags.get(ESTIMATE_CHECK_TAG)}; estimate {run.data.tags.get(ESTIMATE_TAG)}")
-    if args.record:
-        from benchmarks import results
-        from studies.cost import CPU_CARD
+    for name, est, act in compared:
+        print(f"  {name}: estimated {est:.1f} s, took {act:.1f} s" + (f" ({act / est:.2f}x)" if est else ""))
+    if not args.record:
+        return
+    from benchmarks import results
+    from studies.cost import CPU_CARD
 
-        device = None if study.resources.gpus_per_trial > 0 else results.card()
-        assert device is None or device.startswith(CPU_CARD)
-        note = (
-            f"{Path(args.study).name} --smoke, {len(trials)} trials, the study's own Ray cluster; load average "
-            f"{load:.1f} (2 cores shared)"
-        )
-        if not args.check:
-            figures = [
-                {"figure": "start-up", "value": f"{startup:.3g}", "unit": "s", "note": note},
-                {"figure": "trial records", "value": f"{records:.3g}", "unit": "s", "note": note + "; median"},
-            ]
-            print(f"appended to {results.append('trial_cost', figures, device=device)}")
-            return
-        check = [
-            {"figure": f"{Path(args.study).stem} --smoke estimated wall", "value": f"{estimate:.3g}", "unit": "s",
-             "note": f"the estimate the run recorded (estimate.wall_h): {run.data.tags.get(ESTIMATE_TAG)}"},
-            {"figure": f"{Path(args.study).stem} --smoke wall", "value": f"{wall.value * 3600:.3g}", "unit": "s",
-             "note": f"from the launch (wall_h); took/estimated {wall.value * 3600 / estimate:.2f}; median trial "
-                     f"span {statistics.median(spans):.1f} s; {note}"},
-        ]  # fmt: skip
-        print(f"appended to {results.append('estimate', check, device=device)}")
+    device = None if study.resources.gpus_per_trial > 0 else results.card()
+    assert device is None or device.startswith(CPU_CARD)
+    form = _form(args)
+    note = (
+        f"{form}, {len(got['parts'])} trials, the study's own Ray cluster"
+        + (f" of {args.num_cpus} CPUs" if args.num_cpus else "")
+        + f"; load average {load_before:.1f} at the start, {load:.1f} at the end ({os.cpu_count()} cores shared)"
+    )
+    if not args.check:
+        figures = [
+            {"figure": "start-up", "value": f"{got['startup_s']:.3g}", "unit": "s", "note": note},
+            {"figure": "trial records", "value": f"{got['records_s']:.3g}", "unit": "s", "note": note + "; median"},
+        ]
+        print(f"appended to {results.append('trial_cost', figures, device=device)}")
+        return
+    check = [
+        {"figure": f"{form} estimated wall", "value": f"{compared[0][1]:.3g}", "unit": "s",
+         "note": f"the estimate the run recorded (estimate.wall_h): {run.data.tags.get(ESTIMATE_TAG)}"},
+        {"figure": f"{form} wall", "value": f"{got['wall_s']:.3g}", "unit": "s",
+         "note": f"from the launch (wall_h); took/estimated {got['wall_s'] / compared[0][1]:.2f}; median trial span "
+                 f"{statistics.median(spans):.1f} s; {note}"},
+    ]  # fmt: skip
+    check += [
+        {"figure": f"{form}: {name}, took/estimated", "value": f"{act / est:.3g}" if est else "-",
+         "note": f"estimated {est:.3g} s, took {act:.3g} s; {note}"}
+        for name, est, act in compared[1:]
+    ]  # fmt: skip
+    print(f"appended to {results.append('estimate', check, device=device)}")
 
 
 if __name__ == "__main__":

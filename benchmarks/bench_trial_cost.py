@@ -16,10 +16,13 @@ With --record, each model's figures become rows of benchmarks/results/trial_cost
 (the trial's wall less its epochs, validation, checkpoints and geometry), checkpoint_s (one), geometry_s (one
 Hessian-vector product per measurement image) and, on the GPU, nothing of the compiled step (bench_trainables
 compile measures that). --smoke measures the three tiny models of a study's --smoke form on the embedded digits on
-CPU (studies/spec/_smoke.py), so that a --smoke study gets an estimate that its run then checks.
+CPU (studies/spec/_smoke.py), so that a --smoke study gets an estimate that its run then checks. --study STUDY
+measures the models of a study's own cells (each distinct model, image size and batch once, none and SAM, on the
+device and data the study sets, --epochs of them): the rows a study such as the quickstart on CPU is costed from.
 
   python -m benchmarks.bench_trial_cost --geometry --record  # on the GPU: the three models, none and SAM
   python -m benchmarks.bench_trial_cost --smoke --record     # CPU: the --smoke form's models
+  python -m benchmarks.bench_trial_cost --study studies/quickstart.yaml --record  # the quickstart's own models
   python -m benchmarks.bench_trial_cost --quick              # tiny model, digits-sized, on CPU: the script only
 """
 
@@ -116,7 +119,31 @@ def _env(root: str) -> dict[str, str]:
     return env
 
 
+def study_models(path: str) -> dict[str, dict]:
+    """One trial config of each distinct (model, image size, batch) among the study's cells, keyed by its figure
+    prefix (studies.cost's key of the model); the cell's data, train and geometry sections as the study sets them."""
+    from studies.cost import model_key
+    from studies.spec import load_study
+    from trainables.config import TrialConfig
+    from trainables.data.registry import DATASETS
+
+    out = {}
+    for cell in load_study(path, require_data=False).cells:
+        data = TrialConfig.load(cell.config).data
+        size = data.img_size or DATASETS[data.name].default_size
+        out.setdefault(f"{model_key(cell.config.get('model', {}))} {size}px b{data.batch_size}", cell.config)
+    return out
+
+
 def _config(model: dict, method: str, args, device: str, root: str | None) -> dict:
+    if args.study:  # `model` is the cell's whole config (study_models)
+        cfg = copy.deepcopy(model)
+        cfg["optimizer"] = {**cfg.get("optimizer", {}), "method": method}
+        cfg["optimizer"]["hparams"] = {"rho": 0.05} if method == "sam" else {}
+        cfg["schedule"] = {**cfg.get("schedule", {}), "epochs": args.epochs, "warmup_epochs": 0}
+        if not args.geometry:
+            cfg.pop("geometry", None)
+        return cfg
     if args.smoke:
         from studies.spec._smoke import _SMOKE
 
@@ -164,16 +191,20 @@ def _figures(cfg: dict, wall: float, train: float, spent: dict, calls: dict, see
 def _record(rows: list[tuple]) -> None:
     """Each model's figures as trial_cost.csv rows: train_* from each method's trial, the rest from the SAM trial
     (the process's later trial of the model, past the first trial's warm-up)."""
+    import os
+
     from benchmarks import results
     from studies.cost import model_key
     from trainables.config import TrialConfig
+    from trainables.data.registry import DATASETS
 
+    load = f"load average {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} cores)"
     out = []
     for key, model in {key: cfg["model"] for key, _, cfg, _ in rows}.items():
         mine = {method: figs for k, method, _, figs in rows if k == key}
         cfg = next(c for k, m, c, _ in rows if k == key)
         config = TrialConfig.load(cfg)
-        size = config.data.img_size or 32
+        size = config.data.img_size or DATASETS[config.data.name].default_size
         prefix = f"{model_key(model)} {size}px b{config.data.batch_size}"
         late = mine.get("sam") or next(iter(mine.values()))
         for method in ("none", "sam"):
@@ -183,12 +214,19 @@ def _record(rows: list[tuple]) -> None:
                         "figure": f"{prefix} train_{method}",
                         "value": f"{mine[method]['train']:.4g}",
                         "unit": "img/s",
-                        "note": f"{key}, the last of {config.schedule.epochs} epochs",
+                        "note": f"{key}, the last of {config.schedule.epochs} epochs; {load}",
                     }
                 )
         for field, unit in (("val", "img/s"), ("fixed_s", "s"), ("checkpoint_s", "s"), ("geometry_s", "s")):
             if field in late:
-                out.append({"figure": f"{prefix} {field}", "value": f"{late[field]:.4g}", "unit": unit, "note": key})
+                out.append(
+                    {
+                        "figure": f"{prefix} {field}",
+                        "value": f"{late[field]:.4g}",
+                        "unit": unit,
+                        "note": f"{key}; {load}",
+                    }
+                )
     path = results.append("trial_cost", out)
     print(f"# {len(out)} rows appended to {path}")
 
@@ -203,12 +241,16 @@ def main() -> None:
     p.add_argument("--geometry", action="store_true", help="also rho_sensitivity's measures after the last epoch")
     p.add_argument("--quick", action="store_true", help="tiny model and data on CPU: checks the script only")
     p.add_argument("--smoke", action="store_true", help="the --smoke form's models on digits, on CPU")
+    p.add_argument("--study", help="the models of this study's cells, on its own device and data")
     p.add_argument("--record", action="store_true", help="append the figures to benchmarks/results/trial_cost.csv")
     args = p.parse_args()
     from benchmarks.bench_data import write_fake_cifar10
 
     device = "cpu" if args.quick or args.smoke else "cuda"
-    if args.smoke:
+    if args.study:
+        models = study_models(args.study)
+        device = next(iter(models.values())).get("train", {}).get("device") or device
+    elif args.smoke:
         from studies.spec._smoke import _SMOKE_MODELS
 
         models = {f"smoke {family}": model for family, model in _SMOKE_MODELS.items()}
@@ -220,7 +262,7 @@ def main() -> None:
     print(f"# a trial's time outside training, {card}, torch {torch.__version__}")
     print(f"# cold trial process: {cold_start(device)}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        if not args.smoke:
+        if not (args.smoke or args.study):
             write_fake_cifar10(Path(tmp), n_train, n_val)
         rows = []
         for key, model in models.items():
@@ -233,7 +275,7 @@ def main() -> None:
                     probe = make_probe(cfg)
                 calls: dict[str, int] = collections.defaultdict(int)
                 wall, train, spent, seen = trial(cfg, device, probe, calls)
-                if args.smoke:
+                if args.smoke or args.study:
                     from trainables.data.registry import DATASETS
 
                     n_val = DATASETS[cfg["data"]["name"]].split_sizes[1]

@@ -62,7 +62,11 @@ class CardFigures:
 # versions, commit, date and command that measured it; `python -m benchmarks.bench_trial_cost --record` appends, and
 # docs/benchmarks.md's table of it is generated). A figure's name is "<model key> <img>px b<batch> <field>" (fields:
 # CardFigures' own), or one of CARD_WIDE for the card's studies; the newest row of each figure on each card counts.
-FIGURES_CSV = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "trial_cost.csv"
+# studies/figures/ holds links to the results files the estimate reads, so that they ship as the package's data
+# (pyproject's package-data copies what a link points to) and an installed sharpscale, with no checkout's benchmarks/
+# on disk, estimates as the checkout does; in a checkout the link reads the file the benchmark appends to.
+FIGURES = Path(__file__).resolve().parent / "figures"
+FIGURES_CSV = FIGURES / "trial_cost.csv"
 CARD_WIDE = {"start-up": "startup_s", "trial records": "records_s"}  # figure name -> CardFigures field
 _FIELDS = {f.name for f in fields(CardFigures)} - {"card", "model", "img_size", "batch_size", "source"}
 _FIELDS -= set(CARD_WIDE.values())
@@ -112,9 +116,37 @@ CARD_FIGURES: tuple[CardFigures, ...] = load_figures()
 # The card an estimate assumes where the cluster's card has no row (or is not known here).
 REFERENCE_CARD = "NVIDIA H100 80GB HBM3"
 
-# Share of a clean epoch's throughput under strong augmentation (RandAugment in host workers, mixup): the host-worker
-# path measured 0.891-0.926 of synthetic for `none` on the H100 (docs/benchmarks.md, "does the data path feed the GPU?").
-STRONG_AUGMENT_SHARE = 0.9
+# A strong-augmentation epoch's throughput as a share of a clean one's (RandAugment in host workers, mixup): the data
+# path's measured ratio to synthetic data with the same method, from the rows benchmarks/bench_data.py writes to
+# data_path.csv ("<STRONG_AUGMENT_PATH>, <method> :: ratio to synthetic", the newest of each method).
+DATA_PATH_CSV = FIGURES / "data_path.csv"
+STRONG_AUGMENT_PATH = "cifar10 strong (RandAugment + mixup), host workers"
+RATIO_TO_SYNTHETIC = "ratio to synthetic"
+
+
+def load_strong_augment_shares(path: Path = DATA_PATH_CSV) -> dict[str, tuple[float, str]]:
+    """method -> (the newest measured share, its card) of STRONG_AUGMENT_PATH's rows in `path`; empty without any.
+    A transcribed row's figure carries its table's name in brackets before the path's label."""
+    if not path.exists():
+        return {}
+    pattern = re.compile(r"(?:\[[^\]]*\] )?" + re.escape(STRONG_AUGMENT_PATH) + rf", (\w+) :: {RATIO_TO_SYNTHETIC}")
+    out = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            found = pattern.fullmatch(row["figure"])
+            if found is not None:
+                out[found.group(1)] = (float(row["value"]), card_of(row["card"]))
+    return out
+
+
+STRONG_AUGMENT_SHARES = load_strong_augment_shares()
+
+
+def strong_augment_share(method: str) -> float | None:
+    """The method's own measured share, else `none`'s (the lowest-cost step, the most host-bound: an upper bound on
+    the epoch's time); None where data_path.csv has neither."""
+    found = STRONG_AUGMENT_SHARES.get(method) or STRONG_AUGMENT_SHARES.get("none")
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -336,11 +368,15 @@ def _cell_cost(
     on = check_schedule(cfg.optimizer.schedule, epochs=epochs).share(epochs)
     if on < 1.0:
         speed = 1.0 / (on / speed + (1.0 - on) / none)
+    missing = []
     if data.augment == "strong":
-        speed *= STRONG_AUGMENT_SHARE
+        share = strong_augment_share(method)
+        if share is None:
+            missing.append("strong augmentation")
+        else:
+            speed *= share
     seen = (round(n_train * data.fraction) // data.batch_size) * data.batch_size  # the loop drops the last batch
     parts = {"training": epochs * seen / speed}
-    missing = []
     if row.val:
         parts["validation"] = sum(cfg.train.evaluates(e, epochs) for e in range(epochs)) * n_val / row.val
     else:

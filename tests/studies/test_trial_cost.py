@@ -162,13 +162,13 @@ def test_a_cpu_study_is_costed_in_trial_hours_from_the_cpu_rows(capsys):
 
     assert main(["run", "--dry-run", str(Path(__file__).resolve().parents[2] / "studies" / "quickstart.yaml")]) == 0
     out = capsys.readouterr().out
-    # The full quickstart's models at 16 px have no CPU row: no estimate, said per cell; its --smoke form has them.
-    assert "No estimate for cell vit/adamw: no measured figure of vit_tiny_patch16_224" in out
+    # The full quickstart's models (bench_trial_cost --study) and its --smoke form's have their CPU rows.
+    card = next(r.card for r in CARD_FIGURES if r.card.startswith(CPU_CARD))
+    assert f"trial-hours (one trial's CPUs each) on {card}" in out and "No estimate" not in out
     assert (
         main(["run", "--dry-run", "--smoke", str(Path(__file__).resolve().parents[2] / "studies/quickstart.yaml")]) == 0
     )
     out = capsys.readouterr().out
-    card = next(r.card for r in CARD_FIGURES if r.card.startswith(CPU_CARD))
     assert f"trial-hours (one trial's CPUs each) on {card}" in out and "No estimate" not in out
     assert "start-up" in out and "tail of the last trials" in out
 
@@ -234,6 +234,12 @@ def test_each_shipped_cost_comment_is_the_dry_runs_estimate(path):
     estimate = estimate_study(load_study(path, require_data=False))
     if not estimate.cells:
         assert "no GPU needed" in header  # a CPU study says so instead
+        return
+    if estimate.cpu:  # a CPU study costed from the CPU rows: its wall on the cores the comment names
+        found = re.search(r"about ([\d.]+) minutes on (\d+) CPU cores, no GPU needed", header)
+        assert found, f"{path.name}: no 'about X minutes on N CPU cores, no GPU needed' in its Cost comment"
+        decimals = len(found.group(1).partition(".")[2])
+        assert found.group(1) == f"{estimate.wall_h * 60:.{decimals}f}" and estimate.slots == int(found.group(2))
         return
     found = re.search(
         r"about ([\d.]+) GPU-hours of training epochs on an? (NVIDIA [A-Z0-9]+ [0-9]+GB [A-Z0-9]+)", header
