@@ -187,7 +187,7 @@ def _sharpscale_ui(uri: str, log_path: Path, timeout_s: float = 900.0):
     from studies.server import stop_process_group
 
     port = free_port()
-    cmd = [sys.executable, "-m", "studies.ui_app", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "studies.ui_app", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", "1", "--uvicorn-opts", "--no-access-log"]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
