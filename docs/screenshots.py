@@ -32,7 +32,7 @@ from mlflow.tracking import MlflowClient
 from analysis.report import HTML_REPORT
 from analysis.runs import UI_WORKFLOW
 from studies.records import BEST_RUN_ID_TAG
-from studies.server import free_port
+from studies.server import free_port, stop_process_group
 from trainables.naming import KIND_TAG
 from trainables.tracking import resolve_tracking_uri
 
@@ -172,8 +172,9 @@ class Browser:
         self._loop.run_until_complete(self._ws.close())
         self._loop.run_until_complete(self._session.close())
         self._loop.close()
-        self._proc.terminate()
-        self._proc.wait(timeout=30)
+        # Every process of Chromium's group, not its first one only: a child left writing into the profile made
+        # its removal fail ("Directory not empty: 'Default'", a loaded 2-core machine).
+        stop_process_group(self._proc, timeout_s=30)
         self._profile.cleanup()
 
 
@@ -184,10 +185,8 @@ def _sharpscale_ui(uri: str, log_path: Path, timeout_s: float = 900.0):
     import urllib.error
     import urllib.request
 
-    from studies.server import stop_process_group
-
     port = free_port()
-    cmd = [sys.executable, "-m", "studies.ui_app", "--backend-store-uri", uri, "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "studies.ui_app", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", "1", "--uvicorn-opts", "--no-access-log"]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -50,6 +50,7 @@ __all__ = [
     "cell_params",
     "chart_state",
     "describe_experiment",
+    "enveloped_view",
     "find_run",
     "find_study_run",
     "launch_of",
@@ -128,7 +129,29 @@ def saved_view(state: dict[str, Any], previous: str | None = None) -> str:
         created = int(json.loads(previous)["createdAt"]) if previous else now
     except (ValueError, KeyError, TypeError):
         pass  # a view written before the envelope (the bare state): created now
-    return json.dumps({"name": VIEW_NAME, "createdAt": created, "updatedAt": now, "state": json.dumps(state)})
+    return _envelope(json.dumps(state), created, now)
+
+
+def _envelope(state: str, created: int, updated: int) -> str:
+    import json
+
+    return json.dumps({"name": VIEW_NAME, "createdAt": created, "updatedAt": updated, "state": state})
+
+
+def enveloped_view(value: str, created: int) -> str | None:
+    """`value` of a view tag written before the envelope (a store from before MLflow's "Views" menu listed it: the
+    bare view state, which the UI neither lists nor opens) as `saved_view` writes it, created at `created` (ms);
+    None for a value that is an envelope already, or no view state. For readers that must not write (the UI that
+    `sharpscale ui` and `sharpscale server` serve); `resume` rewrites the tag itself."""
+    import json
+
+    try:
+        bare = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(bare, dict) or "state" in bare or "searchFilter" not in bare:
+        return None
+    return _envelope(value, created, created)
 
 
 def _column(kind: str, key: str) -> str:

@@ -86,6 +86,9 @@ _OWNED_OPTIONS = {
     "--cors-allowed-origins": "--allowed-origin ORIGIN (repeatable) before --",
     "--disable-security-middleware": "--allowed-host NAME for each name clients use; the host check stays on",
     "--app-name": "--auth for MLflow's basic auth",
+    # Served by another server than uvicorn, MLflow's page would open on the GenAI side (studies.ui_app).
+    "--gunicorn-opts": "--uvicorn-opts '...' (sharpscale serves MLflow's UI through uvicorn)",
+    "--waitress-opts": "--uvicorn-opts '...' (sharpscale serves MLflow's UI through uvicorn)",
 }
 # Settings of MLflow's host and origin checks that would silently replace or switch off the lists built here.
 _OWNED_ENV = {
@@ -447,7 +450,7 @@ def mlflow_server_command(
     extra_args: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The `python -m mlflow server` command line, every option checked: relative SQLite paths and artifact
+    """The `mlflow server` command line (run as `python -m studies.ui_app server`), every option checked: relative SQLite paths and artifact
     directories made absolute, `--serve-artifacts` always on (clients on other nodes upload artifacts over HTTP; no
     shared filesystem), the Host headers and origins of `allowed_hosts` / `allowed_origins` (MLflow's defaults, this
     machine's names, `allowed_host`, `allowed_origin`), and MLflow's basic-auth app when `auth`.
@@ -467,7 +470,7 @@ def mlflow_server_command(
     cmd = [
         sys.executable,
         "-m",
-        "mlflow",
+        "studies.ui_app",  # `mlflow server`, whose page opens each way into a study on its view, as `sharpscale ui`'s
         "server",
         "--backend-store-uri",
         resolve_tracking_uri(backend_store_uri),

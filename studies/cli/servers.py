@@ -161,6 +161,7 @@ class UI(Command):
             sys.executable,
             "-m",
             "studies.ui_app",  # `mlflow ui`, whose page opens each way into a study on its view
+            "ui",
             "--backend-store-uri",
             uri,
             "--host",

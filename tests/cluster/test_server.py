@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -40,7 +41,7 @@ def _opt(cmd: list[str], name: str) -> str:
 def test_command_makes_local_paths_absolute_and_serves_artifacts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cmd = mlflow_server_command()
-    assert cmd[:4] == [sys.executable, "-m", "mlflow", "server"]
+    assert cmd[:4] == [sys.executable, "-m", "studies.ui_app", "server"]  # mlflow server, with the study pages
     assert _opt(cmd, "--backend-store-uri") == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert _opt(cmd, "--artifacts-destination") == str(tmp_path / "mlartifacts")
     assert "--serve-artifacts" in cmd  # clients on other nodes upload over HTTP, no shared filesystem
@@ -296,3 +297,42 @@ def test_sigterm_stops_the_server_and_all_its_processes(tmp_path, tracking_uri):
             if pgid is not None and group_alive(pgid):
                 os.killpg(pgid, signal.SIGKILL)
         launcher.wait()
+
+
+@pytest.mark.parametrize("option", ["--gunicorn-opts", "--waitress-opts"])
+def test_another_server_than_uvicorn_is_refused_naming_the_fix(option):
+    # Served by gunicorn or waitress, MLflow's page would not open the studies on the model-training side.
+    with pytest.raises(ServerOptionError, match=f"sets {option} itself.*Fix: use --uvicorn-opts"):
+        mlflow_server_command(extra_args=[option, "--timeout 60"])
+
+
+@pytest.mark.timeout(600)
+def test_the_login_servers_page_opens_studies_as_sharpscale_ui_does(auth_server):
+    """`sharpscale server --auth` serves the page of studies.ui_app (a new browser on the model-training side, a
+    study's address on its view) and answers an old store's bare view tag as MLflow's saved view, writing nothing."""
+    import base64
+
+    from mlflow.tracking import MlflowClient
+
+    from studies.records import VIEW_NAME, VIEW_TAG
+    from studies.ui_app import WORKFLOW_STORAGE_KEY
+
+    user, password = auth_server["admin"]
+    login = {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    with urllib.request.urlopen(urllib.request.Request(auth_server["url"] + "/", headers=login), timeout=60) as resp:
+        page = resp.read().decode()
+    assert json.dumps(WORKFLOW_STORAGE_KEY) in page and "viewStateShareKey=" in page
+
+    bare = json.dumps({"searchFilter": "tags.`sharpscale.kind` = 'trial'", "orderByKey": "metrics.`val_acc`"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_USERNAME", user)
+        mp.setenv("MLFLOW_TRACKING_PASSWORD", password)
+        client = MlflowClient(auth_server["url"])
+        exp = client.create_experiment(f"old-store-{os.getpid()}-{time.monotonic_ns()}", tags={VIEW_TAG: bare})
+        served = client.get_experiment(exp).tags[VIEW_TAG]  # through the server's REST answer
+    saved = json.loads(served)
+    assert saved["name"] == VIEW_NAME and saved["state"] == bare and isinstance(saved["createdAt"], int)
+    stored = sqlite3.connect(auth_server["dir"] / "mlflow.db").execute(
+        "SELECT value FROM experiment_tags WHERE experiment_id = ? AND key = ?", (exp, VIEW_TAG)
+    )
+    assert stored.fetchone()[0] == bare  # the store keeps what it holds: reading it wrote nothing

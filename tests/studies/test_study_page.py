@@ -2,6 +2,7 @@
 (and, where Chromium is installed, on the first screen of a real headless browser), `sharpscale ui` printing that
 page's address and nothing else; and a store that travels (`sharpscale export`)."""
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -18,7 +19,7 @@ import pytest
 from studies.records import RESULTS_MARKER, VIEW_KEY, VIEW_NAME, describe_experiment, roll_up, source_tags
 from studies.server import free_port, group_alive
 from studies.spec import load_study
-from trainables.naming import CELL_TAG, KIND_TAG, factor_tag
+from trainables.naming import CELL_TAG, KIND_TAG, LOG_FILE, factor_tag
 from trainables.tracking import TrackingTarget, TrialRecorder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,47 +278,106 @@ def test_the_ui_side_is_chosen_by_the_browsers_storage_as_studies_ui_app_sets_it
     assert page.index("<script>") > page.index('<meta charset="utf-8"/>')  # the charset stays first
 
 
-@pytest.mark.timeout(900)
-def test_every_way_into_a_study_lands_on_its_view_on_the_model_training_side(tmp_path, tracking_uri, cli_process):
-    """A typed `/#/experiments/<id>` and a click on the experiment in MLflow's list, in a new browser, open the
-    study's runs table (every trial, the objective's column) on the model-training side, its view named under
-    "Views"; the Default experiment, which has no view, opens MLflow's own runs page on that side."""
+@contextlib.contextmanager
+def _serving(how: str, uri: str, tmp_path: Path, cli_process):
+    """The MLflow UI over `uri` as `sharpscale ui` (`how` "ui") or `sharpscale server` ("server") serves it: yields
+    its base address once it answers."""
+    if how == "server":
+        from studies.server import start_server
+
+        artifacts = str(tmp_path / "served-artifacts")
+        with start_server(backend_store_uri=uri, artifacts_destination=artifacts, log_path=tmp_path / "server.log") as (
+            _,
+            base,
+        ):
+            yield base
+        return
+    port = free_port()
+    proc = cli_process.start("ui", "--tracking-uri", uri, "--port", port, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith("MLflow UI: ")
+    yield f"http://127.0.0.1:{port}"
+
+
+def _needs_browser() -> None:
     if not (shutil.which("chromium") or shutil.which("chromium-browser")):
         assert not os.environ.get("SHARPSCALE_REQUIRE_BROWSER"), "no chromium on PATH"
         pytest.skip("no chromium on PATH")
+
+
+def _on_the_view(chrome, name: str, tmp_path: Path) -> None:
+    """The page `chrome` shows is the study's view on the model-training side: every trial, the objective's column,
+    the view named under "Views"."""
+    shown = _shows(chrome, "sam-tied-later", timeout_s=300)
+    chrome.shoot(tmp_path / f"{name}.png")
+    where = chrome.evaluate("location.href")
+    assert shown, f"{name}: no trial row at {where}; see {tmp_path / name}.png"
+    assert "workflowType=machine_learning" in where and f"viewStateShareKey={VIEW_KEY}" in where, where
+    headers = chrome.evaluate("[...document.querySelectorAll('[role=columnheader]')].map(h => h.innerText)")
+    assert any("val_acc" in h for h in headers), headers
+    assert _shows(chrome, VIEW_NAME, timeout_s=30), "the view is not named in the Views menu"
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("how", ["ui", "server"])
+def test_every_way_into_a_study_lands_on_its_view_on_the_model_training_side(how, tmp_path, tracking_uri, cli_process):
+    """A typed `/#/experiments/<id>` and a click on the experiment in MLflow's list, in a new browser, open the
+    study's runs table (every trial, the objective's column) on the model-training side, its view named under
+    "Views", in the UI of `sharpscale ui` and of `sharpscale server` alike; the Default experiment, which has no
+    view, opens MLflow's own runs page on that side."""
+    _needs_browser()
     study, exp, _, _ = _recorded_study(tracking_uri)
-    port = free_port()
-    proc = cli_process.start("ui", "--tracking-uri", tracking_uri, "--port", port, stderr=subprocess.PIPE)
-    assert proc.stdout.readline().startswith("MLflow UI: ")
-    base = f"http://127.0.0.1:{port}"
     shots = _screenshots_module()
-    chrome = shots.Browser()
+    with _serving(how, tracking_uri, tmp_path, cli_process) as base:
+        chrome = shots.Browser()
+        try:
+            chrome.open(f"{base}/#/experiments/{exp}", shows="sam-tied-later", timeout_s=300)
+            _on_the_view(chrome, "typed", tmp_path)
+            chrome.open(f"{base}/#/experiments", shows=study.experiment_name, timeout_s=300)
+            chrome.evaluate(
+                f"[...document.querySelectorAll('a')].filter(a => a.innerText.trim() === "
+                f"{json.dumps(study.experiment_name)})[0].click(); true"
+            )
+            _on_the_view(chrome, "clicked", tmp_path)
+            chrome.open(f"{base}/#/experiments/0", shows="Run Name", timeout_s=300)
+            where = chrome.evaluate("location.href")
+            assert "/experiments/0/runs" in where and "workflowType=machine_learning" in where, where
+            assert "viewStateShareKey" not in where
+        finally:
+            chrome.close()
 
-    def on_the_view(name: str) -> None:
-        shown = _shows(chrome, "sam-tied-later", timeout_s=300)
-        chrome.shoot(tmp_path / f"{name}.png")
-        where = chrome.evaluate("location.href")
-        assert shown, f"{name}: no trial row at {where}; see {tmp_path / name}.png"
-        assert "workflowType=machine_learning" in where and f"viewStateShareKey={VIEW_KEY}" in where, where
-        headers = chrome.evaluate("[...document.querySelectorAll('[role=columnheader]')].map(h => h.innerText)")
-        assert any("val_acc" in h for h in headers), headers
-        assert _shows(chrome, VIEW_NAME, timeout_s=30), "the view is not named in the Views menu"
 
-    try:
-        chrome.open(f"{base}/#/experiments/{exp}", shows="sam-tied-later", timeout_s=300)
-        on_the_view("typed")
-        chrome.open(f"{base}/#/experiments", shows=study.experiment_name, timeout_s=300)
-        chrome.evaluate(
-            f"[...document.querySelectorAll('a')].filter(a => a.innerText.trim() === "
-            f"{json.dumps(study.experiment_name)})[0].click(); true"
-        )
-        on_the_view("clicked")
-        chrome.open(f"{base}/#/experiments/0", shows="Run Name", timeout_s=300)
-        where = chrome.evaluate("location.href")
-        assert "/experiments/0/runs" in where and "workflowType=machine_learning" in where, where
-        assert "viewStateShareKey" not in where
-    finally:
-        chrome.close()
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.timeout(900)
+def test_a_store_from_before_the_views_envelope_opens_on_its_view_and_is_not_written(
+    tmp_path, new_mlflow_store, cli_process
+):
+    """A store whose view tag is the bare view state (written before the tag held MLflow's envelope, until a
+    `resume` rewrites it): `sharpscale ui` opens the study on its view, listed under "Views", and leaves the store
+    as it was, byte for byte, with no file added but the UI's own log."""
+    from mlflow.tracking import MlflowClient
+
+    from studies.records import VIEW_TAG, view_state
+
+    _needs_browser()
+    store = tmp_path / "old"
+    uri = new_mlflow_store(store / "mlflow.db")
+    study, exp, _, _ = _recorded_study(uri, artifacts=store / "mlartifacts")
+    MlflowClient(uri).set_experiment_tag(exp, VIEW_TAG, json.dumps(view_state(study)))  # as 7c2d88f wrote it
+    before = _files(store)
+    shots = _screenshots_module()
+    with _serving("ui", uri, tmp_path, cli_process) as base:
+        chrome = shots.Browser()
+        try:
+            chrome.open(f"{base}/#/experiments/{exp}", shows="sam-tied-later", timeout_s=300)
+            _on_the_view(chrome, "old_store", tmp_path)
+        finally:
+            chrome.close()
+    after = _files(store)
+    after.pop(LOG_FILE)  # the server's output (tests above): written by `ui` beside the store, never into it
+    assert after.keys() == before.keys() and after == before, sorted(set(after) ^ set(before))
 
 
 @pytest.mark.timeout(600)
