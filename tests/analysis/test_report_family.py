@@ -82,6 +82,8 @@ def _launch(tmp_path, new_mlflow_store, text: str, seed: int):
     return sim, uri, name
 
 
+# 8 CPU-s alone (128 runs recorded in a real store, then the whole report): out of `make test-fast`.
+@pytest.mark.slow
 def test_a_null_report_adjusts_every_gain_it_prints_as_one_family(tmp_path, new_mlflow_store):
     sim, uri, name = _launch(tmp_path, new_mlflow_store, DESIGN, 3)
     out = tmp_path / "report"

@@ -198,6 +198,8 @@ def test_the_training_share_is_training_device_seconds_over_held_device_seconds(
     assert training_share([10.0], plan, 10.0, {"CPU": 4.0}) is None  # no GPU held: no share of it
 
 
+# 13 CPU-s alone (side-by-side copies of a trial, each a process importing torch and timm): out of `make test-fast`.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_calibrate_measures_copies_of_a_trial_side_by_side_and_recommends(tmp_path, capsys, tiny_model):
     from studies.cli import main

@@ -102,6 +102,8 @@ def _interrupt_after(epoch):
     return reporter
 
 
+# 8 CPU-s alone (three 3-epoch SAM trainings of a ResNet): out of `make test-fast`; the Mixer's resume tests stay in.
+@pytest.mark.slow
 def test_resume_continues_bit_exactly(tmp_path, config):
     straight = tmp_path / "straight"
     fit(config("resnet", "sam", epochs=3), checkpoint_dir=straight)

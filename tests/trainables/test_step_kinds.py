@@ -46,6 +46,8 @@ def test_each_epoch_records_its_perturbed_share_and_passes(config):
     assert every["passes_per_step"] == pytest.approx(1.0 + share, abs=1e-12)
 
 
+# 6-7 CPU-s alone (three 3-epoch SAM trainings of a ResNet): out of `make test-fast`.
+@pytest.mark.slow
 def test_a_scheduled_trial_resumes_bit_exactly(tmp_path, config):
     cfg = config(epochs=3, schedule={"probability": 0.5}, scope="norm")
     straight = tmp_path / "straight"
