@@ -260,8 +260,12 @@ def test_weighted_rand_augment_draws_without_replacement_at_timms_weights():
 
 
 # What the device augmentation of commit 39f8b88 (op by op, a copy per op) gave on the inputs below: digests of its
-# outputs and its generator's state, written by that code itself before it was removed (its text stays in git).
-# The vectorised host side must reproduce it to the bit, generator reads included.
+# outputs and its generator's state, written by that code itself before it was removed (its text stays in git: the
+# parent of 9426b0e). The vectorised host side must reproduce it to the bit, generator reads included. The pixels
+# of the geometric ops are torch's CPU kernels', whose rounding differs from one CPU to another (that old code on an
+# AMD EPYC with AVX-512 kernels against its default kernels: up to 0.12% of pixels by one level, one pixel by more),
+# so each machine kind the old code ran on has its byte digests ("kernel_variants"), and the new code must give one
+# kind's bytes exactly; the generator's reads and the draws are the same everywhere and have one digest each.
 GOLDEN_39F8B88 = Path(__file__).with_name("jpeg_39f8b88.json")
 
 
@@ -269,6 +273,17 @@ def _golden() -> dict:
     import json
 
     return json.loads(GOLDEN_39F8B88.read_text())
+
+
+def _byte_digests(kind: str, key: str) -> list:
+    """Every recorded machine kind's byte digests of one transform case (kind 'transform': a list over its seeds) or
+    op (kind 'ops': {mode: digest}), the first written's first."""
+    golden = _golden()
+    first = golden[kind][key]
+    first = (
+        [s["bytes"] for s in first["seeds"]] if kind == "transform" else {m: first[m] for m in ("bilinear", "bicubic")}
+    )
+    return [first, *(v[kind][key] for v in golden.get("kernel_variants", []))]
 
 
 def _digest(x: torch.Tensor) -> str:
@@ -318,11 +333,13 @@ def test_transform_gives_the_bytes_and_draws_of_commit_39f8b88(config, interpola
     new = FolderBytes([], np.arange(0), size, train=True, rand_augment=ra)
     images = _mixed_batch(n)
     assert len(images.groups) == 4
+    got_bytes = []
     for seed, want in zip(range(3), old["seeds"], strict=True):
         b = torch.Generator().manual_seed(seed)
-        got = new.transform(images, CPU, b)
-        assert _digest(got) == want["bytes"], seed
+        got_bytes.append(_digest(new.transform(images, CPU, b)))
         assert _digest(b.get_state()) == want["generator"]  # the same reads of the generator: later batches agree too
+    # Every seed's bytes those of one machine kind the old code ran on (a kind's kernels round alike on every seed).
+    assert got_bytes in _byte_digests("transform", f"{config}|{interpolation}|{'all' if ops else None}"), got_bytes
     # The draws themselves, layer by layer.
     draws = new.rand_augment.draws(n, torch.Generator().manual_seed(5))
     for w, g in zip(old["draws"], draws, strict=True):
@@ -341,9 +358,11 @@ def test_level_args_and_apply_op_are_those_of_commit_39f8b88(name):
     assert str(got.dtype) == want["dtype"] and list(got.shape) == want["shape"], (got.dtype, got.shape)
     assert [float(v).hex() for v in got.double().flatten()] == want["hex"], got
     x = torch.from_numpy(_smooth_image(24, 32, seed=4).copy()).permute(2, 0, 1)[None].float().expand(16, -1, -1, -1)
-    for mode in ("bilinear", "bicubic"):
-        kw = {"mode": mode, "fill": (124, 116, 104)}
-        assert _digest(apply_op(name, x.clone(), got, **kw)) == old[mode], mode
+    outputs = {
+        mode: _digest(apply_op(name, x.clone(), got, mode=mode, fill=(124, 116, 104)))
+        for mode in ("bilinear", "bicubic")
+    }
+    assert outputs in _byte_digests("ops", name), outputs  # both modes one machine kind's bytes
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
