@@ -12,6 +12,7 @@ interval, and the share of reports where some interval of that quantity excludes
 
     python -m benchmarks.sim_null_intervals --design studies/data_scaling.yaml --reports 150 \
         --csv benchmarks/results/null_intervals.csv
+    python -m benchmarks.sim_null_intervals --markdown benchmarks/results/null_intervals.csv
 """
 
 from __future__ import annotations
@@ -116,13 +117,35 @@ def summarise(design_name: str, rows: list[dict], seconds: float) -> pd.DataFram
     return pd.DataFrame(out)
 
 
+def markdown(csv: Path) -> str:
+    """The table docs/science.md carries: the newest run's rows of a --csv file (its last commit and seconds)."""
+    frame = pd.read_csv(csv)
+    last = frame[(frame["commit"] == frame["commit"].iloc[-1]) & (frame["seconds"] == frame["seconds"].iloc[-1])]
+    lines = [
+        "| quantity (null value) | null reports | intervals excluding the null (Clopper-Pearson 95%) | absent "
+        "| reports where one of its 6 excludes it |",
+        "|---|---|---|---|---|",
+    ]
+    for r in last.itertuples():
+        null = "1" if r.quantity.startswith("multiplier") else "0"
+        lines.append(
+            f"| {r.quantity} ({null}) | {r.reports} | {r.excluding}/{r.intervals} = {r.rate:.1%} "
+            f"({r.cp_low:.1%}-{r.cp_high:.1%}) | {r.absent} | {r.reports_with_one_excluding:.1%} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--design", type=Path, default=Path("studies/data_scaling.yaml"))
     ap.add_argument("--reports", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", type=Path, help="append the per-quantity rows here")
+    ap.add_argument("--markdown", type=Path, help="a --csv file: print its newest run's table (docs/science.md)")
     args = ap.parse_args()
+    if args.markdown is not None:
+        print(markdown(args.markdown))
+        return
     design = _design(args.design)
     t0 = time.time()
     rows = [r for i in range(args.reports) for r in one_replicate(design, args.seed + i)]
