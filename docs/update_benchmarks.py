@@ -72,7 +72,10 @@ def files_of(question: Question) -> list[str]:
 
 
 # Results files another page renders with its own generator (their columns are not a figure's row).
-ELSEWHERE = {"report_null": "docs/science.md, by python -m benchmarks.sim_report_null --summarise"}
+ELSEWHERE = {
+    "report_null": "docs/science.md, by python -m benchmarks.sim_report_null --summarise",
+    "null_intervals": "docs/science.md, by python -m benchmarks.sim_null_intervals --markdown",
+}
 
 
 def unclaimed() -> list[str]:
