@@ -5,7 +5,7 @@
   python docs/update_readme.py --quickstart  # only README.md's quickstart block
 
 The block between the `<!-- quickstart-output -->` markers in README.md is replaced by what `sharpscale run` printed,
-from its summary line on (Ray's and Optuna's start-up lines are left out), with the temporary paths shown as the
+from its estimate check and summary on (Ray's and Optuna's start-up lines are left out), with the temporary paths shown as the
 defaults a user gets. The reference pages' blocks (`PAGES`) are generated from their sources' own text: the methods
 table from `optim.METHODS`, the trial config from the pydantic fields of `trainables.config.TrialConfig` (their
 `description`, type, default and bounds), the CLI from `studies.cli.build_parser()`'s help. tests/test_docs.py fails
@@ -170,9 +170,9 @@ def quickstart_output() -> str:
             check=True,
             timeout=1800,
         ).stdout
-        text = out[
-            out.index("sharpscale: 15 trials") if "sharpscale: 15 trials" in out else out.rindex("sharpscale: ") :
-        ]
+        # From the run's estimate check on ("estimated X, took Y": every run prints it before its summary).
+        starts = [out.find(m) for m in ("sharpscale: estimated ", "sharpscale: took ", "sharpscale: 15 trials")]
+        text = out[min((i for i in starts if i >= 0), default=out.rindex("sharpscale: ")) :]
         # As `make demo` shows it, run from the repository's root: paths relative to it, and the next commands
         # as it prints them (it runs .venv/bin/sharpscale; this script ran `python -m studies.cli`).
         text = text.replace(tmp + "/", "").replace(tmp, ".").replace(str(REPO) + "/", "").rstrip()
