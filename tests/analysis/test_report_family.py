@@ -188,3 +188,20 @@ def test_the_reports_law_form_is_m4_only_where_the_design_can_check_it():
     assert _law_form(six)[0] == "m4"
     unknown = SimpleNamespace(**{**vars(six), "compared": pd.DataFrame({"data.name": ["imagefolder"]})})
     assert _law_form(unknown)[0] == "saturating" and "unknown" in _law_form(unknown)[2]
+
+
+def test_the_family_alone_gives_the_whole_reports_verdict(tmp_path, new_mlflow_store):
+    # sim_report_null --family measures the family-wise rate on thousands of replicates from the family alone: it
+    # must claim exactly where the whole report's CSVs do (seed 22 claims in gain_all, seed 5 nowhere).
+    sim = _sim()
+    study = tmp_path / "study.yaml"
+    study.write_text(SCOPE_DESIGN)
+    template = tmp_path / "empty.db"
+    new_mlflow_store(template)
+    (tmp_path / "direct").mkdir()
+    direct = sim.Direct(sim._design(study), tmp_path / "direct", template)
+    for seed, where in ((22, ["gain_all.csv"]), (5, None)):
+        family = direct.family(seed, tmp_path / f"family{seed}")
+        report = direct.report(seed, 50, tmp_path / f"report{seed}")
+        assert family["family"] == report["any"] == (where is not None), seed
+        assert family.get("where") == report.get("where") == where, seed
